@@ -1,2 +1,29 @@
-//! placeholder
-fn main() {}
+//! The `samewise` binary: command-line parsing and composition only.
+//!
+//! Each subcommand lives in its own module under `src/cmd/` and builds the library parts it
+//! needs from configuration; no product logic lives here.
+
+mod cmd;
+
+use clap::Parser;
+
+/// samewise keeps LLM endpoints honest: an OpenAI-compatible aggregation proxy that checks
+/// every provider against the reference weights.
+#[derive(Debug, Parser)]
+#[command(name = "samewise", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: cmd::Command,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    cmd::init_tracing();
+    match cmd::run(cli.command) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
