@@ -1,1 +1,30 @@
-//! placeholder
+//! samewise-engine: the reference engine. It loads Llama-family decoder weights (GGUF or a
+//! Hugging Face safetensors directory) and computes exact, deterministic logprobs from
+//! them on the CPU: scoring, generation, and continuous batching of concurrent requests.
+//!
+//! It owns the numerical contract of samewise: f32 arithmetic on the exactly dequantized
+//! weights, with results that are bit-identical whatever the batch composition, the
+//! thread count, or whether a sequence is scored whole or decoded token by token. It must
+//! not approximate (no activation quantization, no split-K reductions that depend on batch
+//! shape), must not panic on any input, and must not reach the network.
+//!
+//! # Layout
+//! - [`error`]: the crate's [`EngineError`].
+//! - [`gguf`]: bounds-checked GGUF reader (metadata API used by the tokenizer).
+//! - [`quant`]: ggml block dequantization (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K).
+//! - [`hf`]: Hugging Face `config.json` + safetensors (single file or sharded).
+//! - [`config`]: the model hyper-parameters, from either source.
+//! - [`kernels`]: thread pool, packed-panel GEMM, attention and norm kernels.
+//! - [`model`]: weights in kernel layout and the forward pass.
+//! - [`kv`]: the per-sequence KV cache.
+//! - [`sample`]: log-softmax, top-k, greedy and seeded sampling.
+//! - [`engine`]: the library API ([`Engine`]): load, score, generate.
+//! - [`batcher`]: a worker thread that batches concurrent jobs (continuous batching).
+//! - [`tokenizer`]: text <-> ids (tokenizer.json or GGUF metadata), token bytes, streaming
+//!   detokenisation.
+
+pub mod error;
+pub mod gguf;
+pub mod tokenizer;
+
+pub use error::{EngineError, Result};
