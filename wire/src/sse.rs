@@ -1,0 +1,317 @@
+//! Server-Sent Events, as OpenAI-compatible servers stream them: an incremental decoder that
+//! survives events split across reads at any byte, and the encoder.
+//!
+//! The decoder follows the WHATWG event-stream rules that matter on this path: lines end with
+//! CRLF, LF or CR (a CR at the end of one read and an LF at the start of the next are one line
+//! end); `data:` lines of one event are joined with `\n`; one space after the colon is dropped;
+//! lines starting with `:` are comments; an event is dispatched on a blank line and only if it
+//! carried data. It is bounded: an event (or a line) larger than the configured maximum is an
+//! error, so an upstream that never sends a line end cannot grow memory without limit.
+
+use thiserror::Error;
+
+/// The data of the event that ends an OpenAI stream.
+pub const DONE: &str = "[DONE]";
+
+/// The bytes of `data: [DONE]` followed by the blank line.
+pub const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
+
+/// Default bound on one event's size (data plus the line being read): 4 MiB.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
+
+/// One dispatched event.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SseEvent {
+    /// The `event:` field, when sent (OpenAI sends none; some providers send `error`).
+    pub event: Option<String>,
+    /// The `data:` lines joined with `\n`.
+    pub data: String,
+    /// The `id:` field, when sent.
+    pub id: Option<String>,
+}
+
+impl SseEvent {
+    /// Whether this is the `[DONE]` sentinel.
+    pub fn is_done(&self) -> bool {
+        self.data.trim() == DONE
+    }
+}
+
+/// Why a stream could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SseError {
+    /// An event or line grew past the bound.
+    #[error("server-sent event larger than {max} bytes")]
+    EventTooLarge {
+        /// The bound that was passed.
+        max: usize,
+    },
+    /// A line was not UTF-8.
+    #[error("server-sent event line is not valid UTF-8")]
+    InvalidUtf8,
+}
+
+/// Incremental decoder: feed it bytes as they arrive, get back whole events.
+#[derive(Debug, Clone)]
+pub struct SseDecoder {
+    /// Bytes of the line being read (no line end yet).
+    line: Vec<u8>,
+    /// The last byte fed was a CR: an LF first in the next read belongs to it.
+    pending_cr: bool,
+    /// Data of the event being assembled.
+    data: String,
+    /// Whether any `data:` line arrived for the event being assembled.
+    has_data: bool,
+    /// `event:` of the event being assembled.
+    event: Option<String>,
+    /// `id:` of the event being assembled.
+    id: Option<String>,
+    /// Bound on line plus data.
+    max: usize,
+    /// Nothing has been read yet (a UTF-8 BOM is skipped there).
+    at_start: bool,
+}
+
+impl Default for SseDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SseDecoder {
+    /// A decoder bounded at [`DEFAULT_MAX_EVENT_BYTES`].
+    pub fn new() -> Self {
+        Self::with_max_event_bytes(DEFAULT_MAX_EVENT_BYTES)
+    }
+
+    /// A decoder with its own bound on one event's size.
+    pub fn with_max_event_bytes(max: usize) -> Self {
+        SseDecoder {
+            line: Vec::new(),
+            pending_cr: false,
+            data: String::new(),
+            has_data: false,
+            event: None,
+            id: None,
+            max,
+            at_start: true,
+        }
+    }
+
+    /// Feeds the next bytes; returns the events they complete, in order.
+    pub fn feed(&mut self, mut bytes: &[u8]) -> Result<Vec<SseEvent>, SseError> {
+        let mut out = Vec::new();
+        if self.at_start && !bytes.is_empty() {
+            self.at_start = false;
+            if let Some(rest) = bytes.strip_prefix(b"\xEF\xBB\xBF") {
+                bytes = rest;
+            }
+        }
+        if self.pending_cr && !bytes.is_empty() {
+            self.pending_cr = false;
+            if let Some(rest) = bytes.strip_prefix(b"\n") {
+                bytes = rest;
+            }
+        }
+        while !bytes.is_empty() {
+            match bytes.iter().position(|&b| b == b'\n' || b == b'\r') {
+                None => {
+                    self.line.extend_from_slice(bytes);
+                    self.check_size()?;
+                    break;
+                }
+                Some(i) => {
+                    self.line.extend_from_slice(&bytes[..i]);
+                    self.check_size()?;
+                    let was_cr = bytes[i] == b'\r';
+                    bytes = &bytes[i + 1..];
+                    if was_cr {
+                        if bytes.is_empty() {
+                            self.pending_cr = true;
+                        } else if bytes[0] == b'\n' {
+                            bytes = &bytes[1..];
+                        }
+                    }
+                    let line = std::mem::take(&mut self.line);
+                    if let Some(ev) = self.take_line(&line)? {
+                        out.push(ev);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// At the end of the stream: the event still being assembled, if it has data (a stream
+    /// whose last event lacks its blank line). A partial last line is processed first.
+    pub fn finish(&mut self) -> Result<Option<SseEvent>, SseError> {
+        if !self.line.is_empty() {
+            let line = std::mem::take(&mut self.line);
+            if let Some(ev) = self.take_line(&line)? {
+                return Ok(Some(ev));
+            }
+        }
+        Ok(self.dispatch())
+    }
+
+    /// Whether bytes of an unfinished event are held (a stream cut here was cut mid-event).
+    pub fn has_partial(&self) -> bool {
+        !self.line.is_empty() || self.has_data || self.event.is_some()
+    }
+
+    fn check_size(&self) -> Result<(), SseError> {
+        if self.line.len() + self.data.len() > self.max {
+            return Err(SseError::EventTooLarge { max: self.max });
+        }
+        Ok(())
+    }
+
+    fn take_line(&mut self, line: &[u8]) -> Result<Option<SseEvent>, SseError> {
+        if line.is_empty() {
+            return Ok(self.dispatch());
+        }
+        let line = std::str::from_utf8(line).map_err(|_| SseError::InvalidUtf8)?;
+        if line.starts_with(':') {
+            return Ok(None);
+        }
+        let (field, value) = match line.split_once(':') {
+            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+            None => (line, ""),
+        };
+        match field {
+            "data" => {
+                if self.has_data {
+                    self.data.push('\n');
+                }
+                self.data.push_str(value);
+                self.has_data = true;
+                self.check_size()?;
+            }
+            "event" => self.event = Some(value.to_owned()),
+            "id" => self.id = Some(value.to_owned()),
+            _ => {}
+        }
+        Ok(None)
+    }
+
+    fn dispatch(&mut self) -> Option<SseEvent> {
+        let event = self.event.take();
+        let id = self.id.take();
+        if !self.has_data {
+            return None;
+        }
+        self.has_data = false;
+        Some(SseEvent { event, data: std::mem::take(&mut self.data), id })
+    }
+}
+
+/// Encodes one event: `event:` when given, then one `data:` line per line of `data`, then the
+/// blank line.
+pub fn encode_event(event: Option<&str>, data: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() + 16);
+    if let Some(e) = event {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(e.as_bytes());
+        out.push(b'\n');
+    }
+    for line in data.split('\n') {
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(line.strip_suffix('\r').unwrap_or(line).as_bytes());
+        out.push(b'\n');
+    }
+    out.push(b'\n');
+    out
+}
+
+/// Encodes a `data:` event carrying `data`.
+pub fn encode_data(data: &str) -> Vec<u8> {
+    encode_event(None, data)
+}
+
+/// Encodes a `data:` event carrying the JSON of `value`.
+pub fn encode_json<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
+    Ok(encode_data(&serde_json::to_string(value)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STREAM: &str = "data: {\"a\":1}\n\n: keep-alive\n\nevent: error\r\ndata: x\r\ndata: y\r\n\r\ndata:nospace\r\rdata: [DONE]\n\n";
+
+    fn expected() -> Vec<SseEvent> {
+        vec![
+            SseEvent { event: None, data: "{\"a\":1}".into(), id: None },
+            SseEvent { event: Some("error".into()), data: "x\ny".into(), id: None },
+            SseEvent { event: None, data: "nospace".into(), id: None },
+            SseEvent { event: None, data: "[DONE]".into(), id: None },
+        ]
+    }
+
+    #[test]
+    fn decodes_whole_stream() {
+        let mut d = SseDecoder::new();
+        let evs = d.feed(STREAM.as_bytes()).unwrap();
+        assert_eq!(evs, expected());
+        assert!(evs[3].is_done());
+        assert!(!d.has_partial());
+        assert_eq!(d.finish().unwrap(), None);
+    }
+
+    #[test]
+    fn any_split_gives_the_same_events() {
+        let bytes = STREAM.as_bytes();
+        for a in 0..=bytes.len() {
+            for b in a..=bytes.len() {
+                let mut d = SseDecoder::new();
+                let mut evs = d.feed(&bytes[..a]).unwrap();
+                evs.extend(d.feed(&bytes[a..b]).unwrap());
+                evs.extend(d.feed(&bytes[b..]).unwrap());
+                assert_eq!(evs, expected(), "split at {a},{b}");
+            }
+        }
+    }
+
+    #[test]
+    fn byte_at_a_time_with_multibyte_chars() {
+        let s = "data: héllo 🎉\n\n";
+        let mut d = SseDecoder::new();
+        let mut evs = Vec::new();
+        for b in s.as_bytes() {
+            evs.extend(d.feed(std::slice::from_ref(b)).unwrap());
+        }
+        assert_eq!(evs[0].data, "héllo 🎉");
+    }
+
+    #[test]
+    fn unterminated_last_event_is_returned_by_finish() {
+        let mut d = SseDecoder::new();
+        assert!(d.feed(b"data: {\"x\":1}\ndata: tail").unwrap().is_empty());
+        assert!(d.has_partial());
+        assert_eq!(d.finish().unwrap().unwrap().data, "{\"x\":1}\ntail");
+    }
+
+    #[test]
+    fn bounded_against_endless_lines() {
+        let mut d = SseDecoder::with_max_event_bytes(64);
+        let err = (0..100).find_map(|_| d.feed(b"data: xxxxxxxxxx").err());
+        assert_eq!(err, Some(SseError::EventTooLarge { max: 64 }));
+    }
+
+    #[test]
+    fn invalid_utf8_is_an_error() {
+        let mut d = SseDecoder::new();
+        assert_eq!(d.feed(b"data: \xff\xfe\n\n"), Err(SseError::InvalidUtf8));
+    }
+
+    #[test]
+    fn bom_is_skipped_and_encoder_round_trips() {
+        let mut d = SseDecoder::new();
+        let mut bytes = b"\xEF\xBB\xBF".to_vec();
+        bytes.extend(encode_event(Some("error"), "line1\nline2"));
+        bytes.extend(DONE_EVENT);
+        let evs = d.feed(&bytes).unwrap();
+        assert_eq!(evs[0], SseEvent { event: Some("error".into()), data: "line1\nline2".into(), id: None });
+        assert!(evs[1].is_done());
+    }
+}
