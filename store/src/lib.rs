@@ -1,1 +1,42 @@
-//! placeholder
+//! samewise-store owns every SQL statement of samewise: the schema and its versioned
+//! migrations for PostgreSQL (production) and SQLite (the embedded default), the typed rows
+//! that other crates read and write, and the batch writer that takes request records off
+//! the request path. It must not know HTTP, and no other crate writes SQL: a crate that
+//! needs a new query asks for a method here.
+//!
+//! Both backends sit behind one [`Store`] handle; each method carries its own statement per
+//! dialect where they differ. Queries are built at run time with `sqlx::query` and
+//! `QueryBuilder` (no compile-time macros, so no database is needed to build).
+//!
+//! # Layout
+//! - [`error`]: [`StoreError`], what failed in the caller's terms; database URLs in it are
+//!   redacted.
+//! - [`connect`]: [`Store`], [`Backend`], URL resolution and pool set-up.
+//! - [`migrate`]: the migration runner over the SQL files embedded from `migrations/`.
+//! - [`records`]: [`RequestRecord`] (one row per upstream attempt) and its queries.
+//! - [`keys`]: [`ApiKey`]; keys are stored as SHA-256 hashes only.
+//! - [`writer`]: [`RecordWriter`] / [`RecordSender`], the bounded queue and batched writes.
+//! - `testing` (feature `testing`): fresh PostgreSQL and SQLite databases for tests.
+
+pub mod connect;
+pub mod error;
+pub mod keys;
+pub mod migrate;
+pub mod records;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub mod writer;
+
+pub use connect::{Backend, Store};
+pub use error::StoreError;
+pub use keys::ApiKey;
+pub use records::{RecordQuery, RequestRecord};
+pub use writer::{RecordSender, RecordWriter, RecordWriterConfig};
+
+/// The current time as unix milliseconds, the unit of every timestamp in the store.
+pub fn now_ms() -> i64 {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
+}

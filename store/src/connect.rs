@@ -1,0 +1,185 @@
+//! The [`Store`] handle: which backend a database URL names, how its pool is set up, and
+//! start-up (connect, then migrate). Methods that run SQL live in [`crate::records`] and
+//! [`crate::keys`].
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use crate::error::{redact_url, scrub};
+use crate::{StoreError, migrate};
+
+/// Which database engine a [`Store`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// PostgreSQL, the production store (`DATABASE_URL=postgres://...`).
+    Postgres,
+    /// SQLite, the embedded default (a file in the data directory).
+    Sqlite,
+}
+
+impl Backend {
+    /// The engine's name for messages: "PostgreSQL" or "SQLite".
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Postgres => "PostgreSQL",
+            Backend::Sqlite => "SQLite",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A cheap-to-clone handle on the database: one connection pool of one backend.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pub(crate) pool: Pool,
+}
+
+/// The pool behind a [`Store`]; each method matches on it to pick its dialect.
+#[derive(Clone, Debug)]
+pub(crate) enum Pool {
+    Postgres(PgPool),
+    Sqlite(SqlitePool),
+}
+
+/// Name of the SQLite file created in the data directory when no URL is given.
+pub const DEFAULT_SQLITE_FILE: &str = "samewise.db";
+
+/// Connections in a PostgreSQL pool: the writer holds one for each batch, readers the rest.
+const PG_MAX_CONNECTIONS: u32 = 10;
+/// Connections in a SQLite pool: writes serialise on the file lock anyway.
+const SQLITE_MAX_CONNECTIONS: u32 = 4;
+/// How long a SQLite statement waits for another writer (another process) before failing.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long acquiring a pooled connection may take before the call fails.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Store {
+    /// Opens the database and brings its schema up to date.
+    ///
+    /// `database_url` is `Some("postgres://...")` (or `postgresql://`), `Some("sqlite://path")`
+    /// (`sqlite::memory:` for a private in-memory database), or `None` (an empty string counts
+    /// as `None`) for the SQLite file `<data_dir>/samewise.db`, created with its directory.
+    /// Migrations are versioned and idempotent; on PostgreSQL they run under an advisory
+    /// lock, so several processes may start at once.
+    pub async fn connect(database_url: Option<&str>, data_dir: &Path) -> Result<Store, StoreError> {
+        let url = database_url.map(str::trim).filter(|u| !u.is_empty());
+        let store = match url {
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                Store::connect_postgres(url).await?
+            }
+            Some(url) if url.starts_with("sqlite:") => {
+                let options =
+                    SqliteConnectOptions::from_str(url).map_err(|e| StoreError::InvalidUrl {
+                        url: redact_url(url),
+                        reason: scrub(e.to_string(), url),
+                    })?;
+                Store::connect_sqlite(options, url).await?
+            }
+            Some(url) => {
+                return Err(StoreError::InvalidUrl {
+                    url: redact_url(url),
+                    reason: "expected a postgres://, postgresql:// or sqlite: URL".to_owned(),
+                });
+            }
+            None => {
+                tokio::fs::create_dir_all(data_dir)
+                    .await
+                    .map_err(|source| StoreError::DataDir {
+                        path: data_dir.to_path_buf(),
+                        source,
+                    })?;
+                let path = data_dir.join(DEFAULT_SQLITE_FILE);
+                let shown = format!("sqlite://{}", path.display());
+                let options = SqliteConnectOptions::new().filename(&path);
+                Store::connect_sqlite(options, &shown).await?
+            }
+        };
+        migrate::run(&store).await?;
+        Ok(store)
+    }
+
+    /// Which engine this store talks to.
+    pub fn backend(&self) -> Backend {
+        match self.pool {
+            Pool::Postgres(_) => Backend::Postgres,
+            Pool::Sqlite(_) => Backend::Sqlite,
+        }
+    }
+
+    /// Closes every pooled connection, waiting for those in use to be returned. Calls made
+    /// after `close` fail with a [`StoreError::Query`] naming a closed pool.
+    pub async fn close(&self) {
+        match &self.pool {
+            Pool::Postgres(p) => p.close().await,
+            Pool::Sqlite(p) => p.close().await,
+        }
+    }
+
+    async fn connect_postgres(url: &str) -> Result<Store, StoreError> {
+        let options = PgConnectOptions::from_str(url).map_err(|e| StoreError::InvalidUrl {
+            url: redact_url(url),
+            reason: scrub(e.to_string(), url),
+        })?;
+        let pool = PgPoolOptions::new()
+            .max_connections(PG_MAX_CONNECTIONS)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(options)
+            .await
+            .map_err(|e| StoreError::Connect {
+                backend: Backend::Postgres.name(),
+                url: redact_url(url),
+                detail: scrub(e.to_string(), url),
+            })?;
+        Ok(Store {
+            pool: Pool::Postgres(pool),
+        })
+    }
+
+    async fn connect_sqlite(
+        options: SqliteConnectOptions,
+        shown_url: &str,
+    ) -> Result<Store, StoreError> {
+        let in_memory = options
+            .get_filename()
+            .to_string_lossy()
+            .starts_with("file:sqlx-in-memory");
+        let options = options
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(SQLITE_BUSY_TIMEOUT)
+            .foreign_keys(true);
+        let mut pool_options = SqlitePoolOptions::new()
+            .max_connections(SQLITE_MAX_CONNECTIONS)
+            .acquire_timeout(ACQUIRE_TIMEOUT);
+        if in_memory {
+            // An in-memory database lives as long as one connection to it: keep one forever.
+            pool_options = pool_options
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None);
+        }
+        let pool = pool_options
+            .connect_with(options)
+            .await
+            .map_err(|e| StoreError::Connect {
+                backend: Backend::Sqlite.name(),
+                url: redact_url(shown_url),
+                detail: e.to_string(),
+            })?;
+        Ok(Store {
+            pool: Pool::Sqlite(pool),
+        })
+    }
+}

@@ -1,0 +1,266 @@
+//! The migration runner. Each dialect has an ordered list of SQL files embedded at build
+//! time from `store/migrations/{postgres,sqlite}/`; the `schema_migrations` table records
+//! which versions ran (with a SHA-256 of their text, so an edited migration is caught
+//! instead of silently diverging). Every migration runs in its own transaction.
+//!
+//! Concurrency: on PostgreSQL the whole run holds a session advisory lock, so processes
+//! that start together migrate one after the other and the later ones find nothing to do.
+//! On SQLite the run is one `BEGIN IMMEDIATE` transaction, which takes the file's write
+//! lock up front (other processes wait on the busy timeout).
+
+use sha2::{Digest, Sha256};
+use sqlx::{Connection, Row};
+
+use crate::connect::{Backend, Pool};
+use crate::{Store, StoreError};
+
+/// One schema change, in both dialects' lists under the same version.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// Position in the order; recorded in `schema_migrations.version`.
+    pub version: i64,
+    /// Short description, recorded next to the version.
+    pub name: &'static str,
+    /// The statements, run as one batch.
+    pub sql: &'static str,
+}
+
+/// PostgreSQL migrations, in order.
+pub const POSTGRES: &[Migration] = &[Migration {
+    version: 1,
+    name: "request records and api keys",
+    sql: include_str!("../migrations/postgres/0001_init.sql"),
+}];
+
+/// SQLite migrations, in order (the same versions as [`POSTGRES`]).
+pub const SQLITE: &[Migration] = &[Migration {
+    version: 1,
+    name: "request records and api keys",
+    sql: include_str!("../migrations/sqlite/0001_init.sql"),
+}];
+
+/// Key of the PostgreSQL advisory lock held while migrating ("samewise" in ASCII, 8 bytes).
+pub const PG_MIGRATION_LOCK: i64 = 0x7361_6d65_7769_7365;
+
+const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    BIGINT PRIMARY KEY,
+    name       TEXT   NOT NULL,
+    checksum   TEXT   NOT NULL,
+    applied_ms BIGINT NOT NULL
+)";
+
+/// Brings the store's schema up to date. Called by [`Store::connect`].
+pub async fn run(store: &Store) -> Result<(), StoreError> {
+    match &store.pool {
+        Pool::Postgres(pool) => {
+            let mut conn = pool
+                .acquire()
+                .await
+                .map_err(pg_err("acquiring a connection"))?;
+            sqlx::query("SELECT pg_advisory_lock($1)")
+                .bind(PG_MIGRATION_LOCK)
+                .execute(&mut *conn)
+                .await
+                .map_err(pg_err("taking the migration lock"))?;
+            let result = run_postgres(&mut conn).await;
+            let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
+                .bind(PG_MIGRATION_LOCK)
+                .execute(&mut *conn)
+                .await;
+            if unlocked.is_err() {
+                // The lock is tied to this session: drop the connection so it goes with it.
+                conn.detach();
+            }
+            result
+        }
+        Pool::Sqlite(pool) => {
+            let mut conn = pool
+                .acquire()
+                .await
+                .map_err(sqlite_err("acquiring a connection"))?;
+            let mut tx = conn
+                .begin_with("BEGIN IMMEDIATE")
+                .await
+                .map_err(sqlite_err("taking the write lock"))?;
+            sqlx::query(CREATE_TABLE)
+                .execute(&mut *tx)
+                .await
+                .map_err(sqlite_err("creating schema_migrations"))?;
+            let applied = applied(&mut *tx, Backend::Sqlite).await?;
+            check_known(&applied, SQLITE, Backend::Sqlite)?;
+            for m in SQLITE {
+                if applied.iter().any(|(v, _)| *v == m.version) {
+                    continue;
+                }
+                sqlx::raw_sql(m.sql)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| failed(Backend::Sqlite, m, &e))?;
+                record_sqlite(&mut tx, m)
+                    .await
+                    .map_err(|e| failed(Backend::Sqlite, m, &e))?;
+                tracing::info!(
+                    version = m.version,
+                    name = m.name,
+                    "applied SQLite migration"
+                );
+            }
+            tx.commit()
+                .await
+                .map_err(sqlite_err("committing migrations"))?;
+            Ok(())
+        }
+    }
+}
+
+async fn run_postgres(conn: &mut sqlx::PgConnection) -> Result<(), StoreError> {
+    sqlx::query(CREATE_TABLE)
+        .execute(&mut *conn)
+        .await
+        .map_err(pg_err("creating schema_migrations"))?;
+    let applied = applied(&mut *conn, Backend::Postgres).await?;
+    check_known(&applied, POSTGRES, Backend::Postgres)?;
+    for m in POSTGRES {
+        if applied.iter().any(|(v, _)| *v == m.version) {
+            continue;
+        }
+        let mut tx = conn
+            .begin()
+            .await
+            .map_err(pg_err("starting a transaction"))?;
+        sqlx::raw_sql(m.sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| failed(Backend::Postgres, m, &e))?;
+        record_postgres(&mut tx, m)
+            .await
+            .map_err(|e| failed(Backend::Postgres, m, &e))?;
+        tx.commit()
+            .await
+            .map_err(|e| failed(Backend::Postgres, m, &e))?;
+        tracing::info!(
+            version = m.version,
+            name = m.name,
+            "applied PostgreSQL migration"
+        );
+    }
+    Ok(())
+}
+
+/// The versions already applied, with their recorded checksums.
+async fn applied<'c, E>(conn: E, backend: Backend) -> Result<Vec<(i64, String)>, StoreError>
+where
+    E: sqlx::Executor<'c>,
+    i64: for<'r> sqlx::Decode<'r, E::Database> + sqlx::Type<E::Database>,
+    String: for<'r> sqlx::Decode<'r, E::Database> + sqlx::Type<E::Database>,
+    usize: sqlx::ColumnIndex<<E::Database as sqlx::Database>::Row>,
+    for<'q> <E::Database as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, E::Database>,
+{
+    let rows = sqlx::query::<E::Database>(
+        "SELECT version, checksum FROM schema_migrations ORDER BY version",
+    )
+    .fetch_all(conn)
+    .await
+    .map_err(|e| StoreError::Migrate {
+        backend: backend.name(),
+        detail: format!("reading schema_migrations: {e}"),
+    })?;
+    rows.iter()
+        .map(|row| {
+            let version: i64 = row.try_get(0).map_err(|e| StoreError::Migrate {
+                backend: backend.name(),
+                detail: format!("reading schema_migrations.version: {e}"),
+            })?;
+            let checksum: String = row.try_get(1).map_err(|e| StoreError::Migrate {
+                backend: backend.name(),
+                detail: format!("reading schema_migrations.checksum: {e}"),
+            })?;
+            Ok((version, checksum))
+        })
+        .collect()
+}
+
+/// Refuses a database migrated by a newer samewise, or one whose applied migration text
+/// differs from ours.
+fn check_known(
+    applied: &[(i64, String)],
+    known: &[Migration],
+    backend: Backend,
+) -> Result<(), StoreError> {
+    for (version, checksum) in applied {
+        match known.iter().find(|m| m.version == *version) {
+            None => {
+                let ours = known.iter().map(|m| m.version).max().unwrap_or(0);
+                return Err(StoreError::Migrate {
+                    backend: backend.name(),
+                    detail: format!(
+                        "the database has schema version {version}, newer than this build knows ({ours}); upgrade samewise"
+                    ),
+                });
+            }
+            Some(m) if checksum_of(m) != *checksum => {
+                return Err(StoreError::Migrate {
+                    backend: backend.name(),
+                    detail: format!(
+                        "migration {} ({}) was applied from different SQL than this build carries",
+                        m.version, m.name
+                    ),
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+async fn record_postgres(conn: &mut sqlx::PgConnection, m: &Migration) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO schema_migrations (version, name, checksum, applied_ms) VALUES ($1, $2, $3, $4)")
+        .bind(m.version)
+        .bind(m.name)
+        .bind(checksum_of(m))
+        .bind(crate::now_ms())
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+async fn record_sqlite(
+    conn: &mut sqlx::SqliteConnection,
+    m: &Migration,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO schema_migrations (version, name, checksum, applied_ms) VALUES (?, ?, ?, ?)",
+    )
+    .bind(m.version)
+    .bind(m.name)
+    .bind(checksum_of(m))
+    .bind(crate::now_ms())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+fn checksum_of(m: &Migration) -> String {
+    hex::encode(Sha256::digest(m.sql.as_bytes()))
+}
+
+fn failed(backend: Backend, m: &Migration, e: &sqlx::Error) -> StoreError {
+    StoreError::Migrate {
+        backend: backend.name(),
+        detail: format!("migration {} ({}): {e}", m.version, m.name),
+    }
+}
+
+fn pg_err(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+    move |e| StoreError::Migrate {
+        backend: Backend::Postgres.name(),
+        detail: format!("{what}: {e}"),
+    }
+}
+
+fn sqlite_err(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+    move |e| StoreError::Migrate {
+        backend: Backend::Sqlite.name(),
+        detail: format!("{what}: {e}"),
+    }
+}

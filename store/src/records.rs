@@ -1,0 +1,357 @@
+//! Request records: one row per upstream attempt of one client request, written in batches
+//! by [`crate::writer`] and read back for dashboards, drift statistics and tests.
+//!
+//! The primary key is `(request_id, attempt)`. Inserts skip rows whose key is already
+//! stored (`ON CONFLICT DO NOTHING`), so a batch retried after an ambiguous failure cannot
+//! fail forever or double-count; skipped rows are logged at WARN, never silent.
+
+use sqlx::{Database, QueryBuilder, Row};
+
+use crate::connect::Pool;
+use crate::{Store, StoreError};
+
+/// One upstream attempt of one client request (attempt 1..n; `final_attempt` marks the one
+/// whose answer reached the client). Requests rejected before any upstream attempt (bad
+/// input, auth, rate limit, unknown model) are recorded too, with `endpoint = None` and
+/// `attempt = 0`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RequestRecord {
+    /// The id samewise gave the client request; shared by all its attempts.
+    pub request_id: String,
+    /// 1-based attempt number; 0 for a request rejected before any upstream attempt.
+    pub attempt: u32,
+    /// True for the attempt whose answer (or error) reached the client.
+    pub final_attempt: bool,
+    /// When the attempt started, unix milliseconds.
+    pub ts_ms: i64,
+    /// The samewise API key's id, when the request presented a valid one.
+    pub key_id: Option<i64>,
+    /// The logical model name the client asked for (as sent, even if unknown).
+    pub model: String,
+    /// The provider that served this attempt.
+    pub provider: Option<String>,
+    /// The endpoint (provider + provider model) that served this attempt.
+    pub endpoint: Option<String>,
+    /// "chat" | "completions" | "models".
+    pub route: String,
+    /// Whether the client asked for a stream.
+    pub stream: bool,
+    /// HTTP status of the upstream answer (or samewise's own for rejected requests).
+    pub status: Option<u16>,
+    /// Short machine-readable error class ("timeout", "connect", "upstream_5xx", ...).
+    pub error_kind: Option<String>,
+    /// How many attempts the client request took in total.
+    pub attempts: u32,
+    /// Time to first token (first content byte), milliseconds.
+    pub ttft_ms: Option<f64>,
+    /// Total attempt latency, milliseconds.
+    pub latency_ms: f64,
+    /// Time per output token after the first, milliseconds.
+    pub tpot_ms: Option<f64>,
+    /// Prompt tokens (upstream usage, else counted by samewise).
+    pub prompt_tokens: Option<i64>,
+    /// Completion tokens (upstream usage, else counted by samewise).
+    pub completion_tokens: Option<i64>,
+    /// True when the token counts were counted by samewise, not reported by the upstream.
+    pub usage_counted: bool,
+    /// The finish reason of the (first) choice.
+    pub finish_reason: Option<String>,
+    /// Characters of generated output.
+    pub output_chars: i64,
+    /// Cost from the configured prices, US dollars.
+    pub cost_usd: Option<f64>,
+    /// Tool calls returned.
+    pub tool_calls: u32,
+    /// Tool calls whose arguments are not valid JSON.
+    pub tool_invalid_json: u32,
+    /// Tool calls naming a tool the request did not declare.
+    pub tool_unknown_name: u32,
+    /// Tool calls whose arguments fail the declared JSON Schema.
+    pub tool_schema_mismatch: u32,
+    /// "finish_without_calls" | "calls_without_finish" when finish_reason and calls disagree.
+    pub tool_finish_mismatch: Option<String>,
+    /// True if any tool call erred (or the finish reason disagreed).
+    pub tool_errored: bool,
+    /// True when the degeneration guard cut the generation.
+    pub degenerate: bool,
+}
+
+/// Filters for [`Store::request_records`]; unset filters match everything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordQuery {
+    /// Only the attempts of this client request.
+    pub request_id: Option<String>,
+    /// Only this logical model.
+    pub model: Option<String>,
+    /// Only this endpoint.
+    pub endpoint: Option<String>,
+    /// Only records with `ts_ms >= since_ms`.
+    pub since_ms: Option<i64>,
+    /// At most this many rows (capped at [`MAX_QUERY_LIMIT`]); 0 returns nothing.
+    pub limit: u32,
+}
+
+impl Default for RecordQuery {
+    fn default() -> Self {
+        RecordQuery {
+            request_id: None,
+            model: None,
+            endpoint: None,
+            since_ms: None,
+            limit: 100,
+        }
+    }
+}
+
+/// The most rows one [`Store::request_records`] call returns.
+pub const MAX_QUERY_LIMIT: u32 = 100_000;
+
+/// Rows per INSERT statement: 29 bound values each, well under SQLite's 32,766 and
+/// PostgreSQL's 65,535 parameter limits.
+const ROWS_PER_STATEMENT: usize = 500;
+
+/// The columns, in the order they are inserted and selected.
+const COLUMNS: &str = "request_id, attempt, final_attempt, ts_ms, key_id, model, provider, endpoint, \
+route, stream, status, error_kind, attempts, ttft_ms, latency_ms, tpot_ms, prompt_tokens, \
+completion_tokens, usage_counted, finish_reason, output_chars, cost_usd, tool_calls, \
+tool_invalid_json, tool_unknown_name, tool_schema_mismatch, tool_finish_mismatch, tool_errored, \
+degenerate";
+
+impl Store {
+    /// Inserts `rows` in one transaction with multi-row statements. Rows whose
+    /// `(request_id, attempt)` is already stored are skipped (and logged at WARN).
+    pub async fn insert_request_records(&self, rows: &[RequestRecord]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        const OP: &str = "inserting request records";
+        let inserted = match &self.pool {
+            Pool::Postgres(pool) => {
+                let mut tx = pool.begin().await.map_err(StoreError::query(OP))?;
+                let mut inserted = 0;
+                for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+                    let mut qb = insert_statement::<sqlx::Postgres>(chunk);
+                    inserted += qb
+                        .build()
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(StoreError::query(OP))?
+                        .rows_affected();
+                }
+                tx.commit().await.map_err(StoreError::query(OP))?;
+                inserted
+            }
+            Pool::Sqlite(pool) => {
+                let mut tx = pool
+                    .begin_with("BEGIN IMMEDIATE")
+                    .await
+                    .map_err(StoreError::query(OP))?;
+                let mut inserted = 0;
+                for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+                    let mut qb = insert_statement::<sqlx::Sqlite>(chunk);
+                    inserted += qb
+                        .build()
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(StoreError::query(OP))?
+                        .rows_affected();
+                }
+                tx.commit().await.map_err(StoreError::query(OP))?;
+                inserted
+            }
+        };
+        let skipped = (rows.len() as u64).saturating_sub(inserted);
+        if skipped > 0 {
+            tracing::warn!(
+                skipped,
+                "request records already stored under the same (request_id, attempt) were skipped"
+            );
+        }
+        Ok(())
+    }
+
+    /// Records matching `q`, newest first (ties: request id, then attempt, descending).
+    pub async fn request_records(&self, q: &RecordQuery) -> Result<Vec<RequestRecord>, StoreError> {
+        const OP: &str = "reading request records";
+        match &self.pool {
+            Pool::Postgres(pool) => {
+                let mut qb = select_statement::<sqlx::Postgres>(q);
+                let rows = qb
+                    .build()
+                    .fetch_all(pool)
+                    .await
+                    .map_err(StoreError::query(OP))?;
+                rows.iter().map(record_from_row).collect()
+            }
+            Pool::Sqlite(pool) => {
+                let mut qb = select_statement::<sqlx::Sqlite>(q);
+                let rows = qb
+                    .build()
+                    .fetch_all(pool)
+                    .await
+                    .map_err(StoreError::query(OP))?;
+                rows.iter().map(record_from_row).collect()
+            }
+        }
+    }
+
+    /// Deletes records older than `ts_ms` (retention); returns how many were deleted.
+    pub async fn delete_request_records_before(&self, ts_ms: i64) -> Result<u64, StoreError> {
+        const OP: &str = "deleting old request records";
+        let done = match &self.pool {
+            Pool::Postgres(pool) => sqlx::query("DELETE FROM request_records WHERE ts_ms < $1")
+                .bind(ts_ms)
+                .execute(pool)
+                .await
+                .map_err(StoreError::query(OP))?
+                .rows_affected(),
+            Pool::Sqlite(pool) => sqlx::query("DELETE FROM request_records WHERE ts_ms < ?")
+                .bind(ts_ms)
+                .execute(pool)
+                .await
+                .map_err(StoreError::query(OP))?
+                .rows_affected(),
+        };
+        Ok(done)
+    }
+}
+
+/// `INSERT INTO request_records (...) VALUES (...), ... ON CONFLICT DO NOTHING` for `rows`.
+fn insert_statement<'a, DB>(rows: &'a [RequestRecord]) -> QueryBuilder<'a, DB>
+where
+    DB: Database,
+    &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    Option<&'a str>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    Option<i64>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    f64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    Option<f64>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    bool: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+{
+    let mut qb = QueryBuilder::<DB>::new("INSERT INTO request_records (");
+    qb.push(COLUMNS);
+    qb.push(") ");
+    qb.push_values(rows, |mut b, r| {
+        b.push_bind(r.request_id.as_str())
+            .push_bind(i64::from(r.attempt))
+            .push_bind(r.final_attempt)
+            .push_bind(r.ts_ms)
+            .push_bind(r.key_id)
+            .push_bind(r.model.as_str())
+            .push_bind(r.provider.as_deref())
+            .push_bind(r.endpoint.as_deref())
+            .push_bind(r.route.as_str())
+            .push_bind(r.stream)
+            .push_bind(r.status.map(i64::from))
+            .push_bind(r.error_kind.as_deref())
+            .push_bind(i64::from(r.attempts))
+            .push_bind(r.ttft_ms)
+            .push_bind(r.latency_ms)
+            .push_bind(r.tpot_ms)
+            .push_bind(r.prompt_tokens)
+            .push_bind(r.completion_tokens)
+            .push_bind(r.usage_counted)
+            .push_bind(r.finish_reason.as_deref())
+            .push_bind(r.output_chars)
+            .push_bind(r.cost_usd)
+            .push_bind(i64::from(r.tool_calls))
+            .push_bind(i64::from(r.tool_invalid_json))
+            .push_bind(i64::from(r.tool_unknown_name))
+            .push_bind(i64::from(r.tool_schema_mismatch))
+            .push_bind(r.tool_finish_mismatch.as_deref())
+            .push_bind(r.tool_errored)
+            .push_bind(r.degenerate);
+    });
+    qb.push(" ON CONFLICT (request_id, attempt) DO NOTHING");
+    qb
+}
+
+/// `SELECT ... WHERE <filters> ORDER BY ts_ms DESC ... LIMIT n` for `q`.
+fn select_statement<'a, DB>(q: &'a RecordQuery) -> QueryBuilder<'a, DB>
+where
+    DB: Database,
+    &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+{
+    let mut qb = QueryBuilder::<DB>::new("SELECT ");
+    qb.push(COLUMNS);
+    qb.push(" FROM request_records WHERE 1 = 1");
+    if let Some(id) = &q.request_id {
+        qb.push(" AND request_id = ").push_bind(id.as_str());
+    }
+    if let Some(model) = &q.model {
+        qb.push(" AND model = ").push_bind(model.as_str());
+    }
+    if let Some(endpoint) = &q.endpoint {
+        qb.push(" AND endpoint = ").push_bind(endpoint.as_str());
+    }
+    if let Some(since) = q.since_ms {
+        qb.push(" AND ts_ms >= ").push_bind(since);
+    }
+    qb.push(" ORDER BY ts_ms DESC, request_id DESC, attempt DESC LIMIT ")
+        .push_bind(i64::from(q.limit.min(MAX_QUERY_LIMIT)));
+    qb
+}
+
+/// Decodes one row selected with [`COLUMNS`] (by position).
+fn record_from_row<R>(row: &R) -> Result<RequestRecord, StoreError>
+where
+    R: Row,
+    usize: sqlx::ColumnIndex<R>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Option<String>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Option<i64>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    f64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Option<f64>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    bool: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    const OP: &str = "decoding a request record";
+    let get_u32 = |i: usize, column: &'static str| -> Result<u32, StoreError> {
+        let v: i64 = row.try_get(i).map_err(StoreError::query(OP))?;
+        u32::try_from(v).map_err(|_| StoreError::Corrupt {
+            column,
+            detail: format!("{v} is not a u32"),
+        })
+    };
+    let status: Option<i64> = row.try_get(10).map_err(StoreError::query(OP))?;
+    let status = status
+        .map(|s| {
+            u16::try_from(s).map_err(|_| StoreError::Corrupt {
+                column: "status",
+                detail: format!("{s} is not an HTTP status"),
+            })
+        })
+        .transpose()?;
+    Ok(RequestRecord {
+        request_id: row.try_get(0).map_err(StoreError::query(OP))?,
+        attempt: get_u32(1, "attempt")?,
+        final_attempt: row.try_get(2).map_err(StoreError::query(OP))?,
+        ts_ms: row.try_get(3).map_err(StoreError::query(OP))?,
+        key_id: row.try_get(4).map_err(StoreError::query(OP))?,
+        model: row.try_get(5).map_err(StoreError::query(OP))?,
+        provider: row.try_get(6).map_err(StoreError::query(OP))?,
+        endpoint: row.try_get(7).map_err(StoreError::query(OP))?,
+        route: row.try_get(8).map_err(StoreError::query(OP))?,
+        stream: row.try_get(9).map_err(StoreError::query(OP))?,
+        status,
+        error_kind: row.try_get(11).map_err(StoreError::query(OP))?,
+        attempts: get_u32(12, "attempts")?,
+        ttft_ms: row.try_get(13).map_err(StoreError::query(OP))?,
+        latency_ms: row.try_get(14).map_err(StoreError::query(OP))?,
+        tpot_ms: row.try_get(15).map_err(StoreError::query(OP))?,
+        prompt_tokens: row.try_get(16).map_err(StoreError::query(OP))?,
+        completion_tokens: row.try_get(17).map_err(StoreError::query(OP))?,
+        usage_counted: row.try_get(18).map_err(StoreError::query(OP))?,
+        finish_reason: row.try_get(19).map_err(StoreError::query(OP))?,
+        output_chars: row.try_get(20).map_err(StoreError::query(OP))?,
+        cost_usd: row.try_get(21).map_err(StoreError::query(OP))?,
+        tool_calls: get_u32(22, "tool_calls")?,
+        tool_invalid_json: get_u32(23, "tool_invalid_json")?,
+        tool_unknown_name: get_u32(24, "tool_unknown_name")?,
+        tool_schema_mismatch: get_u32(25, "tool_schema_mismatch")?,
+        tool_finish_mismatch: row.try_get(26).map_err(StoreError::query(OP))?,
+        tool_errored: row.try_get(27).map_err(StoreError::query(OP))?,
+        degenerate: row.try_get(28).map_err(StoreError::query(OP))?,
+    })
+}

@@ -1,0 +1,216 @@
+//! Test support (feature `testing`): a fresh, private database per test on either backend,
+//! for this crate's tests and any other crate's. PostgreSQL tests use the real server at
+//! `$SAMEWISE_TEST_PG_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`): each
+//! [`TestDb`] creates a database `samewise_test_<random>` and drops it (with `FORCE`) when
+//! the `TestDb` is dropped, even after a failed assertion. SQLite tests get a file in a
+//! fresh temporary directory. An unreachable PostgreSQL is an error that says so; it is
+//! never a reason to skip.
+
+use std::path::Path;
+
+use rand::TryRngCore;
+use sqlx::Connection;
+use tempfile::TempDir;
+
+use crate::error::redact_url;
+use crate::{Backend, Store, StoreError};
+
+/// The PostgreSQL server tests use when `SAMEWISE_TEST_PG_URL` is unset.
+pub const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// The maintenance database URL tests create their databases through.
+pub fn pg_admin_url() -> String {
+    std::env::var("SAMEWISE_TEST_PG_URL")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_PG_URL.to_owned())
+}
+
+/// A private database with a connected, migrated [`Store`] on it.
+#[derive(Debug)]
+pub struct TestDb {
+    /// The store, connected and migrated.
+    pub store: Store,
+    /// The URL that reaches the same database (give it to another process or a second
+    /// `Store::connect`).
+    url: String,
+    /// Data directory: holds the SQLite file; empty for PostgreSQL but usable as a data dir.
+    dir: TempDir,
+    /// Set for PostgreSQL: what to drop on `Drop`.
+    pg: Option<PgDatabase>,
+}
+
+#[derive(Debug)]
+struct PgDatabase {
+    admin_url: String,
+    name: String,
+}
+
+impl TestDb {
+    /// A fresh database on `backend`.
+    pub async fn new(backend: Backend) -> Result<TestDb, StoreError> {
+        match backend {
+            Backend::Postgres => TestDb::postgres().await,
+            Backend::Sqlite => TestDb::sqlite().await,
+        }
+    }
+
+    /// A fresh SQLite file in a new temporary directory.
+    pub async fn sqlite() -> Result<TestDb, StoreError> {
+        let dir = temp_dir()?;
+        let path = dir.path().join(crate::connect::DEFAULT_SQLITE_FILE);
+        let url = format!("sqlite://{}", path.display());
+        let store = Store::connect(Some(&url), dir.path()).await?;
+        Ok(TestDb {
+            store,
+            url,
+            dir,
+            pg: None,
+        })
+    }
+
+    /// A fresh database `samewise_test_<random>` on the test PostgreSQL server.
+    pub async fn postgres() -> Result<TestDb, StoreError> {
+        let admin_url = pg_admin_url();
+        let mut random = [0u8; 8];
+        rand::rngs::OsRng
+            .try_fill_bytes(&mut random)
+            .map_err(|e| StoreError::Random(e.to_string()))?;
+        let name = format!("samewise_test_{}", hex::encode(random));
+        let mut admin = sqlx::PgConnection::connect(&admin_url).await.map_err(|e| StoreError::Connect {
+            backend: "PostgreSQL",
+            url: redact_url(&admin_url),
+            detail: format!(
+                "{}; the store's PostgreSQL tests need a running server (start it, or set SAMEWISE_TEST_PG_URL)",
+                crate::error::scrub(e.to_string(), &admin_url)
+            ),
+        })?;
+        sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&mut admin)
+            .await
+            .map_err(StoreError::query("creating a test database"))?;
+        let _ = admin.close().await;
+        let pg = PgDatabase { admin_url, name };
+        let url = with_database(&pg.admin_url, &pg.name);
+        let dir = temp_dir()?;
+        // From here on a failure still drops the database: build the guard first.
+        let store = match Store::connect(Some(&url), dir.path()).await {
+            Ok(store) => store,
+            Err(e) => {
+                drop_pg_database(&pg);
+                return Err(e);
+            }
+        };
+        Ok(TestDb {
+            store,
+            url,
+            dir,
+            pg: Some(pg),
+        })
+    }
+
+    /// Which backend this database is on.
+    pub fn backend(&self) -> Backend {
+        self.store.backend()
+    }
+
+    /// A URL that reaches this same database.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A temporary directory that lives as long as this `TestDb`.
+    pub fn data_dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some(pg) = &self.pg {
+            drop_pg_database(pg);
+        }
+    }
+}
+
+/// Drops the test database from a separate thread with its own runtime (Drop cannot await,
+/// and the test's runtime may be single-threaded). `FORCE` ends the store's open sessions.
+fn drop_pg_database(pg: &PgDatabase) {
+    let admin_url = pg.admin_url.clone();
+    let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", pg.name);
+    let name = pg.name.clone();
+    let joined = std::thread::spawn(move || {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => return Err(e.to_string()),
+        };
+        runtime.block_on(async {
+            let mut admin = sqlx::PgConnection::connect(&admin_url)
+                .await
+                .map_err(|e| e.to_string())?;
+            sqlx::raw_sql(&sql)
+                .execute(&mut admin)
+                .await
+                .map_err(|e| e.to_string())?;
+            let _ = admin.close().await;
+            Ok(())
+        })
+    })
+    .join();
+    match joined {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("samewise-store testing: could not drop test database {name}: {e}"),
+        Err(_) => eprintln!("samewise-store testing: dropping test database {name} panicked"),
+    }
+}
+
+/// `admin_url` with its database path replaced by `database`.
+fn with_database(admin_url: &str, database: &str) -> String {
+    let (base, query) = match admin_url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (admin_url, None),
+    };
+    let authority_start = base.find("://").map_or(0, |i| i + 3);
+    let path_start = base[authority_start..]
+        .find('/')
+        .map(|i| i + authority_start);
+    let root = match path_start {
+        Some(i) => &base[..i],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{root}/{database}?{q}"),
+        None => format!("{root}/{database}"),
+    }
+}
+
+fn temp_dir() -> Result<TempDir, StoreError> {
+    tempfile::Builder::new()
+        .prefix("samewise-store-test")
+        .tempdir()
+        .map_err(|source| StoreError::DataDir {
+            path: std::env::temp_dir(),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_database;
+
+    #[test]
+    fn replaces_the_database_in_a_url() {
+        assert_eq!(
+            with_database("postgres://postgres@127.0.0.1:5432/postgres", "t1"),
+            "postgres://postgres@127.0.0.1:5432/t1"
+        );
+        assert_eq!(with_database("postgres://u@h", "t1"), "postgres://u@h/t1");
+        assert_eq!(
+            with_database("postgres://u@h/db?sslmode=disable", "t1"),
+            "postgres://u@h/t1?sslmode=disable"
+        );
+    }
+}

@@ -1,0 +1,254 @@
+//! The batch writer that keeps the database off the request path. The proxy hands each
+//! [`RequestRecord`] to [`RecordSender::try_send`], which never blocks or awaits: the
+//! record goes into a bounded queue, or, when the queue is full, is dropped and counted in
+//! [`RecordSender::dropped`]. One task drains the queue and writes batches of up to
+//! `max_batch` rows, at most `flush_interval` after the first row of a batch arrived. A
+//! failed batch is retried with doubling backoff `max_retries` times; if it still fails,
+//! its rows are counted in [`RecordSender::write_errors`] and logged at ERROR. Nothing is
+//! lost without a count. [`RecordWriter::shutdown`] closes the queue, writes everything
+//! still in it, and waits for the task.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::{RequestRecord, Store};
+
+/// Tuning of the writer.
+#[derive(Debug, Clone)]
+pub struct RecordWriterConfig {
+    /// Records the queue holds before `try_send` starts dropping.
+    pub capacity: usize,
+    /// Most rows written in one transaction.
+    pub max_batch: usize,
+    /// Longest a record waits in a partial batch before the batch is written.
+    pub flush_interval: Duration,
+    /// Retries of a failed batch before its rows are counted as write errors.
+    pub max_retries: u32,
+    /// Wait before the first retry; doubles on each further one.
+    pub retry_backoff: Duration,
+}
+
+impl Default for RecordWriterConfig {
+    fn default() -> Self {
+        RecordWriterConfig {
+            capacity: 10_000,
+            max_batch: 500,
+            flush_interval: Duration::from_millis(200),
+            max_retries: 4,
+            retry_backoff: Duration::from_millis(100),
+        }
+    }
+}
+
+/// The request path's end of the queue. Cheap to clone; all clones share the counters.
+#[derive(Debug, Clone)]
+pub struct RecordSender {
+    tx: mpsc::Sender<RequestRecord>,
+    counters: Arc<Counters>,
+}
+
+/// The writer task's handle: keep it to drain the queue on shutdown.
+#[derive(Debug)]
+pub struct RecordWriter {
+    task: JoinHandle<()>,
+    stop: watch::Sender<bool>,
+    counters: Arc<Counters>,
+}
+
+/// Counters shared by the senders and the task.
+#[derive(Debug, Default)]
+struct Counters {
+    /// Records refused because the queue was full (or the writer had shut down).
+    dropped: AtomicU64,
+    /// Records committed to the database.
+    written: AtomicU64,
+    /// Records given up on after every retry failed.
+    write_errors: AtomicU64,
+}
+
+impl RecordSender {
+    /// Queues `r` for writing without waiting. Returns false, and counts the record as
+    /// dropped, when the queue is full or the writer has shut down.
+    pub fn try_send(&self, r: RequestRecord) -> bool {
+        match self.tx.try_send(r) {
+            Ok(()) => true,
+            Err(_) => {
+                self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// Records dropped so far because the queue was full (or closed).
+    pub fn dropped(&self) -> u64 {
+        self.counters.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Records committed to the database so far.
+    pub fn written(&self) -> u64 {
+        self.counters.written.load(Ordering::Relaxed)
+    }
+
+    /// Records lost because their batch failed every retry.
+    pub fn write_errors(&self) -> u64 {
+        self.counters.write_errors.load(Ordering::Relaxed)
+    }
+
+    /// Records waiting in the queue now (not counting a batch being written).
+    pub fn queued(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
+}
+
+impl RecordWriter {
+    /// Starts the writer task on the current Tokio runtime and returns the sender for the
+    /// request path and the handle that drains and stops the task. A `capacity` or
+    /// `max_batch` of 0 is treated as 1.
+    pub fn spawn(store: Store, cfg: RecordWriterConfig) -> (RecordSender, RecordWriter) {
+        let (tx, rx) = mpsc::channel(cfg.capacity.max(1));
+        let (stop, stop_rx) = watch::channel(false);
+        let counters = Arc::new(Counters::default());
+        let task = tokio::spawn(run(store, cfg, rx, stop_rx, Arc::clone(&counters)));
+        let sender = RecordSender {
+            tx,
+            counters: Arc::clone(&counters),
+        };
+        (
+            sender,
+            RecordWriter {
+                task,
+                stop,
+                counters,
+            },
+        )
+    }
+
+    /// Stops accepting records, writes everything already queued, and waits for the task.
+    /// Records sent after this call are counted as dropped.
+    pub async fn shutdown(self) {
+        // The task may already have ended (every sender dropped): then nobody listens.
+        let _ = self.stop.send(true);
+        if let Err(e) = self.task.await {
+            tracing::error!(error = %e, "the request-record writer task failed");
+        }
+        tracing::debug!(
+            written = self.counters.written.load(Ordering::Relaxed),
+            dropped = self.counters.dropped.load(Ordering::Relaxed),
+            write_errors = self.counters.write_errors.load(Ordering::Relaxed),
+            "request-record writer stopped"
+        );
+    }
+}
+
+/// The writer task: gather a batch, write it, repeat; on stop, close and drain the queue.
+async fn run(
+    store: Store,
+    cfg: RecordWriterConfig,
+    mut rx: mpsc::Receiver<RequestRecord>,
+    mut stop: watch::Receiver<bool>,
+    counters: Arc<Counters>,
+) {
+    let max_batch = cfg.max_batch.max(1);
+    let mut batch: Vec<RequestRecord> = Vec::with_capacity(max_batch);
+    // Set once shutdown was asked for: the queue is closed and only drained from then on.
+    let mut stopping = false;
+    // False once the RecordWriter was dropped without shutdown: then the task runs until
+    // the last sender is gone.
+    let mut handle_alive = true;
+    loop {
+        if stopping {
+            if rx.recv_many(&mut batch, max_batch).await == 0 {
+                break; // closed and empty
+            }
+        } else {
+            // Wait for the first record of a batch, or the stop signal.
+            tokio::select! {
+                biased;
+                changed = stop.changed(), if handle_alive => {
+                    if changed.is_ok() {
+                        stopping = true;
+                        rx.close();
+                    } else {
+                        handle_alive = false;
+                    }
+                    continue;
+                }
+                n = rx.recv_many(&mut batch, max_batch) => {
+                    if n == 0 {
+                        break; // every sender is gone and the queue is empty
+                    }
+                }
+            }
+            // Fill the batch until it is full or flush_interval has passed.
+            let deadline = tokio::time::Instant::now() + cfg.flush_interval;
+            while batch.len() < max_batch && !stopping {
+                let room = max_batch - batch.len();
+                tokio::select! {
+                    biased;
+                    changed = stop.changed(), if handle_alive => {
+                        if changed.is_ok() {
+                            stopping = true;
+                            rx.close();
+                        } else {
+                            handle_alive = false;
+                        }
+                    }
+                    n = rx.recv_many(&mut batch, room) => {
+                        if n == 0 {
+                            break;
+                        }
+                    }
+                    () = tokio::time::sleep_until(deadline) => break,
+                }
+            }
+        }
+        write_batch(&store, &cfg, &batch, &counters).await;
+        batch.clear();
+    }
+}
+
+/// Writes one batch, retrying with doubling backoff; counts the outcome.
+async fn write_batch(
+    store: &Store,
+    cfg: &RecordWriterConfig,
+    batch: &[RequestRecord],
+    counters: &Counters,
+) {
+    if batch.is_empty() {
+        return;
+    }
+    let mut backoff = cfg.retry_backoff;
+    let mut attempt = 0u32;
+    loop {
+        match store.insert_request_records(batch).await {
+            Ok(()) => {
+                counters
+                    .written
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                return;
+            }
+            Err(e) if attempt < cfg.max_retries => {
+                attempt += 1;
+                tracing::warn!(error = %e, rows = batch.len(), attempt, "writing request records failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = backoff.saturating_mul(2);
+            }
+            Err(e) => {
+                counters
+                    .write_errors
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                tracing::error!(
+                    error = %e,
+                    rows = batch.len(),
+                    retries = cfg.max_retries,
+                    "writing request records failed after every retry; these records are lost"
+                );
+                return;
+            }
+        }
+    }
+}
