@@ -1,0 +1,44 @@
+//! samewise-testkit: test doubles for the third parties samewise talks to, speaking their real
+//! protocols over real loopback sockets.
+//!
+//! It owns [`MockUpstream`], an OpenAI-protocol provider (`/v1/chat/completions`,
+//! `/v1/completions`, `/v1/models`, streaming and not) that records every request it receives
+//! and misbehaves on demand from a scripted queue of [`Behavior`]s. It must not depend on any
+//! samewise crate: it is an independent implementation of the provider side of the protocol,
+//! so a bug in our own wire types cannot hide itself in both ends of a test.
+//!
+//! # Layout
+//! - `mock`: [`MockUpstream`], its builder, the accept loop and request recording.
+//! - `behavior`: [`Behavior`], [`Reply`], [`ToolCall`]: what the mock answers.
+//! - `render`: the OpenAI JSON and SSE bodies for a parsed request and a reply.
+//! - `http1`: a small hand-written HTTP/1.1 server side (keep-alive, chunked bodies), so the
+//!   mock can reset connections, split writes and stall at exact byte offsets.
+
+mod behavior;
+mod http1;
+mod mock;
+mod render;
+
+pub use behavior::{Behavior, LogprobsMode, Reply, ToolCall};
+pub use mock::{MockUpstream, MockUpstreamBuilder, RecordedRequest};
+
+/// Everything that can go wrong while starting or driving a test double.
+#[derive(Debug, thiserror::Error)]
+pub enum TestkitError {
+    /// The listener could not be bound (the address is taken or not local).
+    #[error("cannot bind the mock upstream on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: String,
+        /// The operating system's reason.
+        source: std::io::Error,
+    },
+    /// Waiting for requests to arrive ran past its deadline.
+    #[error("timed out waiting for {wanted} request(s) at the mock upstream; {seen} arrived")]
+    WaitTimeout {
+        /// How many requests the caller waited for.
+        wanted: usize,
+        /// How many had arrived at the deadline.
+        seen: usize,
+    },
+}
