@@ -25,6 +25,8 @@
 
 pub mod error;
 pub mod gguf;
+pub mod kernels;
+pub mod quant;
 pub mod tokenizer;
 
 pub use error::{EngineError, Result};

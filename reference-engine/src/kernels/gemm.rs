@@ -1,0 +1,431 @@
+//! Weight matrices packed as column panels, and the GEMM `y[m][n] = Σ_k x[m][k] · w[n][k]`.
+//!
+//! A [`Linear`] stores `n` output columns in panels of [`NR`] = 16 columns laid out
+//! `[k][16]`, either as f32 or as small integers with a per-group f32 scale and offset (the
+//! exact ggml dequantization, see [`crate::quant::decompose_row`]). A thread dequantizes one
+//! panel into scratch (`q * scale + offset`, multiply then add) and runs the microkernel
+//! over every row tile: each output element is one fused-multiply-add chain over k = 0..K
+//! in order, started from zero. Threads split panels; K is never split; so the result of
+//! an element is independent of M, the tile, the thread count and the ISA.
+
+use std::cell::RefCell;
+
+use super::pool::split;
+use super::{Ctx, Isa, SyncPtr};
+use crate::error::{EngineError, Result};
+use crate::quant::Decomposed;
+
+/// Columns per panel.
+pub const NR: usize = 16;
+
+/// One output row of a weight matrix, as the loader produced it.
+pub enum RowSource {
+    /// Plain f32 values (from F32/F16/BF16).
+    F32(Vec<f32>),
+    /// Integers with per-group scale/offset (from a quantized type).
+    Quant(Decomposed),
+}
+
+#[derive(Debug)]
+enum Data {
+    F32(Vec<f32>),
+    Quant {
+        /// Elements per group along k (16 or 32).
+        group: usize,
+        /// `[panel][k][16]` integers.
+        q: Vec<i8>,
+        /// `[panel][k/group][16]` scales.
+        scale: Vec<f32>,
+        /// `[panel][k/group][16]` offsets, when any is non-zero.
+        offset: Option<Vec<f32>>,
+    },
+}
+
+/// A weight matrix `[n][k]` in kernel layout.
+#[derive(Debug)]
+pub struct Linear {
+    /// Output columns.
+    pub n: usize,
+    /// Input length.
+    pub k: usize,
+    data: Data,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Linear {
+    /// Packs `n` rows of length `k`, asking `row(i)` for row `i`. The rows must all be f32 or
+    /// all quantized; quantized rows may mix group sizes 16 and 32 (stored at 16 then).
+    pub fn pack(n: usize, k: usize, row: &mut dyn FnMut(usize) -> Result<RowSource>) -> Result<Self> {
+        let panels = n.div_ceil(NR);
+        let mut rows: Vec<RowSource> = Vec::with_capacity(NR);
+        // peek at row 0 to choose the storage
+        let first = row(0)?;
+        let data = match &first {
+            RowSource::F32(_) => Data::F32(vec![0.0; panels * k * NR]),
+            RowSource::Quant(d) => {
+                let group = d.group;
+                if k % group != 0 {
+                    return Err(EngineError::corrupt(format!("row length {k} is not a multiple of {group}")));
+                }
+                Data::Quant { group, q: vec![0; panels * k * NR], scale: vec![0.0; panels * k / group * NR], offset: None }
+            }
+        };
+        let mut lin = Self { n, k, data };
+        let mut pending = Some(first);
+        for p in 0..panels {
+            rows.clear();
+            for c in 0..NR.min(n - p * NR) {
+                let r = match pending.take() {
+                    Some(r) => r,
+                    None => row(p * NR + c)?,
+                };
+                rows.push(r);
+            }
+            lin.put_panel(p, &rows)?;
+        }
+        Ok(lin)
+    }
+
+    fn put_panel(&mut self, p: usize, rows: &[RowSource]) -> Result<()> {
+        let k = self.k;
+        match &mut self.data {
+            Data::F32(w) => {
+                for (c, r) in rows.iter().enumerate() {
+                    let RowSource::F32(v) = r else {
+                        return Err(EngineError::corrupt("a weight matrix mixes float and quantized rows"));
+                    };
+                    if v.len() != k {
+                        return Err(EngineError::corrupt("weight row has the wrong length"));
+                    }
+                    for (kk, &x) in v.iter().enumerate() {
+                        w[(p * k + kk) * NR + c] = x;
+                    }
+                }
+            }
+            Data::Quant { group, q, scale, offset } => {
+                let ng = k / *group;
+                for (c, r) in rows.iter().enumerate() {
+                    let RowSource::Quant(d) = r else {
+                        return Err(EngineError::corrupt("a weight matrix mixes float and quantized rows"));
+                    };
+                    if d.q.len() != k || (d.group != *group && d.group % *group != 0) {
+                        return Err(EngineError::corrupt("quantized weight row does not match its matrix"));
+                    }
+                    for (kk, &x) in d.q.iter().enumerate() {
+                        q[(p * k + kk) * NR + c] = x;
+                    }
+                    for g in 0..ng {
+                        let src = g * *group / d.group;
+                        scale[(p * ng + g) * NR + c] = d.scale[src];
+                        if let Some(o) = &d.offset {
+                            let off = offset.get_or_insert_with(|| vec![0.0; scale.len()]);
+                            off[(p * ng + g) * NR + c] = o[src];
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes held by the packed weights.
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            Data::F32(w) => w.len() * 4,
+            Data::Quant { q, scale, offset, .. } => q.len() + scale.len() * 4 + offset.as_ref().map_or(0, |o| o.len() * 4),
+        }
+    }
+
+    /// Row `i` (output column `i`) dequantized: the embedding lookup for tied weights.
+    pub fn row(&self, i: usize, out: &mut [f32]) {
+        let (p, c) = (i / NR, i % NR);
+        let k = self.k;
+        match &self.data {
+            Data::F32(w) => {
+                for (kk, o) in out.iter_mut().enumerate().take(k) {
+                    *o = w[(p * k + kk) * NR + c];
+                }
+            }
+            Data::Quant { group, q, scale, offset } => {
+                let ng = k / group;
+                for (kk, o) in out.iter_mut().enumerate().take(k) {
+                    let g = (p * ng + kk / group) * NR + c;
+                    let v = f32::from(q[(p * k + kk) * NR + c]) * scale[g];
+                    *o = match offset {
+                        Some(off) => v + off[g],
+                        None => v,
+                    };
+                }
+            }
+        }
+    }
+
+    /// Writes panel `p` as f32 `[k][16]` into `out`.
+    fn dequant_panel(&self, p: usize, out: &mut [f32]) {
+        let k = self.k;
+        match &self.data {
+            Data::F32(w) => out[..k * NR].copy_from_slice(&w[p * k * NR..(p + 1) * k * NR]),
+            Data::Quant { group, q, scale, offset } => {
+                let ng = k / group;
+                let q = &q[p * k * NR..(p + 1) * k * NR];
+                for g in 0..ng {
+                    let s: &[f32; NR] = slice16(&scale[(p * ng + g) * NR..]);
+                    let rows = &q[g * group * NR..(g + 1) * group * NR];
+                    let dst = &mut out[g * group * NR..(g + 1) * group * NR];
+                    match offset {
+                        Some(off) => {
+                            let o: &[f32; NR] = slice16(&off[(p * ng + g) * NR..]);
+                            for (d, qq) in dst.chunks_exact_mut(NR).zip(rows.chunks_exact(NR)) {
+                                for c in 0..NR {
+                                    d[c] = f32::from(qq[c]) * s[c] + o[c];
+                                }
+                            }
+                        }
+                        None => {
+                            for (d, qq) in dst.chunks_exact_mut(NR).zip(rows.chunks_exact(NR)) {
+                                for c in 0..NR {
+                                    d[c] = f32::from(qq[c]) * s[c];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `y[m][n] = Σ_k x[m][k] · w[n][k]` for `m` rows of `x` (`[m][k]`), into `y` (`[m][n]`).
+    pub fn matmul(&self, ctx: &Ctx, x: &[f32], m: usize, y: &mut [f32]) {
+        let (n, k) = (self.n, self.k);
+        assert!(x.len() >= m * k && y.len() >= m * n, "matmul buffers too small");
+        let panels = n.div_ceil(NR);
+        let yp = SyncPtr(y.as_mut_ptr());
+        let threads = ctx.pool.threads();
+        let isa = ctx.isa;
+        ctx.pool.run(&|t| {
+            let yp = yp;
+            SCRATCH.with(|s| {
+                let mut s = s.borrow_mut();
+                if s.len() < k * NR {
+                    s.resize(k * NR, 0.0);
+                }
+                for p in split(panels, t, threads) {
+                    self.dequant_panel(p, &mut s);
+                    let cols = NR.min(n - p * NR);
+                    // SAFETY: thread t writes only columns of its own panels; bounds
+                    // were asserted above.
+                    unsafe { panel_rows(isa, &s[..k * NR], x, m, k, yp.0.add(p * NR), n, cols) };
+                }
+            });
+        });
+    }
+}
+
+fn slice16(s: &[f32]) -> &[f32; NR] {
+    s[..NR].try_into().unwrap_or(&[0.0; NR])
+}
+
+/// Runs the microkernel over all rows for one dequantized panel `w` (`[k][16]`).
+///
+/// # Safety
+/// `y` must be valid for writes at `y + r*ldy + c` for r < m, c < cols; `x` holds m*k.
+#[allow(clippy::too_many_arguments)]
+unsafe fn panel_rows(isa: Isa, w: &[f32], x: &[f32], m: usize, k: usize, y: *mut f32, ldy: usize, cols: usize) {
+    let mut r = 0;
+    while r < m {
+        let left = m - r;
+        let xr = &x[r * k..];
+        // SAFETY: row offsets stay inside the caller's bounds.
+        let yr = unsafe { y.add(r * ldy) };
+        let done = match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: Avx512 is only chosen when the CPU has it.
+            Isa::Avx512 => unsafe { x86::tile_avx512(w, xr, left, k, yr, ldy, cols) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: Avx2 is only chosen when the CPU has AVX2 and FMA.
+            Isa::Avx2 => unsafe { x86::tile_avx2(w, xr, left, k, yr, ldy, cols) },
+            // SAFETY: as above.
+            _ => unsafe { tile_scalar(w, xr, left, k, yr, ldy, cols) },
+        };
+        r += done;
+    }
+}
+
+/// Scalar microkernel: up to 4 rows; returns rows done.
+///
+/// # Safety
+/// As [`panel_rows`].
+unsafe fn tile_scalar(w: &[f32], x: &[f32], m: usize, k: usize, y: *mut f32, ldy: usize, cols: usize) -> usize {
+    let rows = m.min(4);
+    for r in 0..rows {
+        let mut acc = [0f32; NR];
+        let xr = &x[r * k..r * k + k];
+        for (kk, &xv) in xr.iter().enumerate() {
+            let wk = &w[kk * NR..kk * NR + NR];
+            for c in 0..NR {
+                acc[c] = xv.mul_add(wk[c], acc[c]);
+            }
+        }
+        for (c, &a) in acc.iter().enumerate().take(cols) {
+            // SAFETY: caller guarantees the bounds.
+            unsafe { *y.add(r * ldy + c) = a };
+        }
+    }
+    rows
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::NR;
+
+    macro_rules! tile512 {
+        ($name:ident, $r:expr) => {
+            #[target_feature(enable = "avx512f")]
+            unsafe fn $name(w: &[f32], x: &[f32], k: usize, y: *mut f32, ldy: usize, mask: u16) {
+                let mut acc = [_mm512_setzero_ps(); $r];
+                let wp = w.as_ptr();
+                let xp = x.as_ptr();
+                for kk in 0..k {
+                    // SAFETY: w holds k*16, x holds rows*k (checked by the caller).
+                    let wv = unsafe { _mm512_loadu_ps(wp.add(kk * NR)) };
+                    for r in 0..$r {
+                        let xv = unsafe { _mm512_set1_ps(*xp.add(r * k + kk)) };
+                        acc[r] = _mm512_fmadd_ps(xv, wv, acc[r]);
+                    }
+                }
+                for r in 0..$r {
+                    // SAFETY: the mask limits the store to the valid columns.
+                    unsafe { _mm512_mask_storeu_ps(y.add(r * ldy), mask, acc[r]) };
+                }
+            }
+        };
+    }
+    tile512!(t512_1, 1);
+    tile512!(t512_2, 2);
+    tile512!(t512_4, 4);
+    tile512!(t512_8, 8);
+
+    /// AVX-512 microkernel; returns rows done.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn tile_avx512(w: &[f32], x: &[f32], m: usize, k: usize, y: *mut f32, ldy: usize, cols: usize) -> usize {
+        assert!(w.len() >= k * NR && x.len() >= m.min(8) * k);
+        let mask: u16 = if cols >= 16 { 0xFFFF } else { (1u16 << cols) - 1 };
+        // SAFETY: bounds asserted above and guaranteed for y by the caller.
+        unsafe {
+            if m >= 8 {
+                t512_8(w, x, k, y, ldy, mask);
+                8
+            } else if m >= 4 {
+                t512_4(w, x, k, y, ldy, mask);
+                4
+            } else if m >= 2 {
+                t512_2(w, x, k, y, ldy, mask);
+                2
+            } else {
+                t512_1(w, x, k, y, ldy, mask);
+                1
+            }
+        }
+    }
+
+    macro_rules! tile256 {
+        ($name:ident, $r:expr) => {
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn $name(w: &[f32], x: &[f32], k: usize, out: &mut [[f32; NR]]) {
+                let mut lo = [_mm256_setzero_ps(); $r];
+                let mut hi = [_mm256_setzero_ps(); $r];
+                let wp = w.as_ptr();
+                let xp = x.as_ptr();
+                for kk in 0..k {
+                    // SAFETY: bounds checked by the caller.
+                    let (w0, w1) = unsafe { (_mm256_loadu_ps(wp.add(kk * NR)), _mm256_loadu_ps(wp.add(kk * NR + 8))) };
+                    for r in 0..$r {
+                        let xv = unsafe { _mm256_set1_ps(*xp.add(r * k + kk)) };
+                        lo[r] = _mm256_fmadd_ps(xv, w0, lo[r]);
+                        hi[r] = _mm256_fmadd_ps(xv, w1, hi[r]);
+                    }
+                }
+                for r in 0..$r {
+                    // SAFETY: out rows hold 16 floats.
+                    unsafe {
+                        _mm256_storeu_ps(out[r].as_mut_ptr(), lo[r]);
+                        _mm256_storeu_ps(out[r].as_mut_ptr().add(8), hi[r]);
+                    }
+                }
+            }
+        };
+    }
+    tile256!(t256_1, 1);
+    tile256!(t256_2, 2);
+    tile256!(t256_4, 4);
+
+    /// AVX2+FMA microkernel; returns rows done.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile_avx2(w: &[f32], x: &[f32], m: usize, k: usize, y: *mut f32, ldy: usize, cols: usize) -> usize {
+        assert!(w.len() >= k * NR && x.len() >= m.min(4) * k);
+        let mut out = [[0f32; NR]; 4];
+        let rows = if m >= 4 { 4 } else if m >= 2 { 2 } else { 1 };
+        // SAFETY: bounds asserted above.
+        unsafe {
+            match rows {
+                4 => t256_4(w, x, k, &mut out),
+                2 => t256_2(w, x, k, &mut out),
+                _ => t256_1(w, x, k, &mut out),
+            }
+        }
+        for (r, o) in out.iter().enumerate().take(rows) {
+            for (c, &v) in o.iter().enumerate().take(cols) {
+                // SAFETY: caller guarantees the bounds.
+                unsafe { *y.add(r * ldy + c) = v };
+            }
+        }
+        rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::Pool;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    }
+
+    #[test]
+    fn gemm_matches_reference_on_every_isa_and_thread_count() {
+        let (n, k, m) = (37, 64, 11);
+        let mut seed = 7;
+        let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed)).collect();
+        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+        let lin = Linear::pack(n, k, &mut |i| Ok(RowSource::F32(w[i * k..i * k + k].to_vec()))).unwrap();
+        let mut want = vec![0f32; m * n];
+        for r in 0..m {
+            for c in 0..n {
+                let mut a = 0f32;
+                for kk in 0..k {
+                    a = x[r * k + kk].mul_add(w[c * k + kk], a);
+                }
+                want[r * n + c] = a;
+            }
+        }
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
+            for threads in [1, 2, 3] {
+                let ctx = Ctx { pool: Pool::new(threads), isa: Isa::at_most(isa) };
+                for rows in [1, 3, m] {
+                    let mut y = vec![0f32; rows * n];
+                    lin.matmul(&ctx, &x, rows, &mut y);
+                    for i in 0..rows * n {
+                        assert_eq!(y[i].to_bits(), want[i].to_bits(), "{isa:?} t={threads} rows={rows} i={i}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! The numeric kernels: a thread pool, the packed-panel GEMM and the row-wise operations
+//! (dot products, RMSNorm, RoPE, attention, exp).
+//!
+//! The invariant every kernel keeps: an output element is computed by one fixed sequence
+//! of f32 operations that depends only on the data of its own row, never on how many rows
+//! are processed together, how work is split over threads, or which instruction set runs
+//! it. The AVX-512, AVX2+FMA and scalar paths therefore agree bit for bit (the scalar path
+//! uses `f32::mul_add` where the vector paths use a fused multiply-add).
+
+pub mod gemm;
+pub mod ops;
+pub mod pool;
+
+pub use gemm::{Linear, RowSource};
+pub use pool::Pool;
+
+/// Which instruction set the kernels use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// Portable Rust, `f32::mul_add`.
+    Scalar,
+    /// AVX2 with FMA (x86-64).
+    Avx2,
+    /// AVX-512F (x86-64).
+    Avx512,
+}
+
+impl Isa {
+    /// The best instruction set this CPU supports.
+    pub fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return Self::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                return Self::Avx2;
+            }
+        }
+        Self::Scalar
+    }
+
+    /// `want` if this CPU supports it, else the best it does support below it.
+    pub fn at_most(want: Self) -> Self {
+        let best = Self::detect();
+        match (want, best) {
+            (Self::Scalar, _) | (_, Self::Scalar) => Self::Scalar,
+            (Self::Avx2, _) | (_, Self::Avx2) => Self::Avx2,
+            _ => Self::Avx512,
+        }
+    }
+}
+
+/// What every kernel call needs: the pool and the instruction set.
+#[derive(Debug)]
+pub struct Ctx {
+    /// Threads for parallel kernels.
+    pub pool: Pool,
+    /// Instruction set in use.
+    pub isa: Isa,
+}
+
+/// A raw pointer that threads may share to write disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+pub(crate) struct SyncPtr(pub *mut f32);
+// SAFETY: users only write disjoint index ranges from different threads.
+unsafe impl Send for SyncPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SyncPtr {}

@@ -1,0 +1,263 @@
+//! Row-wise kernels with a fixed reduction order: dot products (16 lanes, then a fixed
+//! pairwise tree), RMSNorm, rotate-half RoPE, causal attention for one query row over the
+//! KV cache, and an `exp` built from plain IEEE operations so that every ISA (and the
+//! compiler's auto-vectorization) gives the same bits.
+//!
+//! Attention for a query row reads only that row and its sequence's cache, so it is the same
+//! computation in prefill and in decode.
+
+use super::Isa;
+
+/// `Σ a[i]·b[i]` accumulated in 16 lanes (element i in lane i % 16, fused multiply-add in
+/// index order), then lanes summed as `l[i] + l[i+8]`, `+ l[i+4]`, `+ l[i+2]`, `+ l[i+1]`.
+pub fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: chosen only when the CPU supports it.
+        Isa::Avx512 => unsafe { x86::dot_avx512(a, b) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: chosen only when the CPU supports it.
+        Isa::Avx2 => unsafe { x86::dot_avx2(a, b) },
+        _ => dot_scalar(a, b),
+    }
+}
+
+fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
+    let mut l = [0f32; 16];
+    for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
+        l[i % 16] = x.mul_add(y, l[i % 16]);
+    }
+    reduce16(&mut l)
+}
+
+fn reduce16(l: &mut [f32; 16]) -> f32 {
+    for h in [8, 4, 2, 1] {
+        for i in 0..h {
+            l[i] += l[i + h];
+        }
+    }
+    l[0]
+}
+
+/// `acc[i] = fma(p, v[i], acc[i])` for every i.
+pub fn axpy(isa: Isa, p: f32, v: &[f32], acc: &mut [f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: chosen only when the CPU supports it.
+        Isa::Avx512 => unsafe { x86::axpy_avx512(p, v, acc) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: chosen only when the CPU supports it.
+        Isa::Avx2 => unsafe { x86::axpy_avx2(p, v, acc) },
+        _ => {
+            for (a, &x) in acc.iter_mut().zip(v) {
+                *a = p.mul_add(x, *a);
+            }
+        }
+    }
+}
+
+/// `out[i] = w[i] * (x[i] * r)` with `r = 1 / sqrt(mean(x²) + eps)` (the HF order).
+pub fn rms_norm(isa: Isa, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss = dot(isa, x, x);
+    let r = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    for ((o, &xv), &wv) in out.iter_mut().zip(x).zip(w) {
+        *o = wv * (xv * r);
+    }
+}
+
+/// Rotate-half RoPE on one head vector `x` (length 2·half) with this position's tables.
+pub fn rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let half = cos.len();
+    for i in 0..half {
+        let (x0, x1) = (x[i], x[i + half]);
+        x[i] = x0 * cos[i] - x1 * sin[i];
+        x[i + half] = x1 * cos[i] + x0 * sin[i];
+    }
+}
+
+/// `e^x` from plain f32 operations (Cody–Waite reduction, Cephes polynomial): about 1 ulp,
+/// bit-identical whatever vectorizes it. Inputs are clamped to [-87.3, 88].
+#[inline]
+pub fn exp(x: f32) -> f32 {
+    let x = x.clamp(-87.336_54, 88.0);
+    let n = (x * std::f32::consts::LOG2_E + 12_582_912.0) - 12_582_912.0;
+    let r = x - n * 0.693_359_4;
+    let r = r - n * -2.121_944_4e-4;
+    let z = r * r;
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 5.000_000_1e-1;
+    let y = p * z + r + 1.0;
+    #[allow(clippy::cast_possible_truncation)]
+    let bits = ((n as i32 + 127) as u32) << 23;
+    y * f32::from_bits(bits)
+}
+
+/// `x · sigmoid(x)` = `x * (1 / (1 + e^-x))`.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x * (1.0 / (1.0 + exp(-x)))
+}
+
+/// Causal attention for one query head vector `q` over `n_keys` cached positions:
+/// `keys`/`values` are the sequence's cache rows (stride `stride`, this head's kv slice at
+/// `off`). `scores` is scratch of at least `n_keys`; the result goes to `out` (head_dim).
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    isa: Isa,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    stride: usize,
+    off: usize,
+    n_keys: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let mut max = f32::NEG_INFINITY;
+    for j in 0..n_keys {
+        let k = &keys[j * stride + off..j * stride + off + hd];
+        let s = dot(isa, q, k) * scale;
+        scores[j] = s;
+        max = max.max(s);
+    }
+    let mut sum = 0f32;
+    for s in &mut scores[..n_keys] {
+        *s = exp(*s - max);
+        sum += *s;
+    }
+    out.fill(0.0);
+    for j in 0..n_keys {
+        let p = scores[j] / sum;
+        axpy(isa, p, &values[j * stride + off..j * stride + off + hd], out);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len();
+        let mut acc = _mm512_setzero_ps();
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: i + 16 <= n for both slices.
+            unsafe { acc = _mm512_fmadd_ps(_mm512_loadu_ps(a.as_ptr().add(i)), _mm512_loadu_ps(b.as_ptr().add(i)), acc) };
+            i += 16;
+        }
+        let mut l = [0f32; 16];
+        // SAFETY: l holds 16 floats.
+        unsafe { _mm512_storeu_ps(l.as_mut_ptr(), acc) };
+        for j in i..n {
+            l[j - i] = a[j].mul_add(b[j], l[j - i]);
+        }
+        super::reduce16(&mut l)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len();
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: i + 16 <= n for both slices.
+            unsafe {
+                lo = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i)), lo);
+                hi = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i + 8)), _mm256_loadu_ps(b.as_ptr().add(i + 8)), hi);
+            }
+            i += 16;
+        }
+        let mut l = [0f32; 16];
+        // SAFETY: l holds 16 floats.
+        unsafe {
+            _mm256_storeu_ps(l.as_mut_ptr(), lo);
+            _mm256_storeu_ps(l.as_mut_ptr().add(8), hi);
+        }
+        for j in i..n {
+            l[j - i] = a[j].mul_add(b[j], l[j - i]);
+        }
+        super::reduce16(&mut l)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn axpy_avx512(p: f32, v: &[f32], acc: &mut [f32]) {
+        let n = v.len().min(acc.len());
+        let pv = _mm512_set1_ps(p);
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: i + 16 <= n for both slices.
+            unsafe {
+                let a = _mm512_loadu_ps(acc.as_ptr().add(i));
+                _mm512_storeu_ps(acc.as_mut_ptr().add(i), _mm512_fmadd_ps(pv, _mm512_loadu_ps(v.as_ptr().add(i)), a));
+            }
+            i += 16;
+        }
+        for j in i..n {
+            acc[j] = p.mul_add(v[j], acc[j]);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn axpy_avx2(p: f32, v: &[f32], acc: &mut [f32]) {
+        let n = v.len().min(acc.len());
+        let pv = _mm256_set1_ps(p);
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n for both slices.
+            unsafe {
+                let a = _mm256_loadu_ps(acc.as_ptr().add(i));
+                _mm256_storeu_ps(acc.as_mut_ptr().add(i), _mm256_fmadd_ps(pv, _mm256_loadu_ps(v.as_ptr().add(i)), a));
+            }
+            i += 8;
+        }
+        for j in i..n {
+            acc[j] = p.mul_add(v[j], acc[j]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_and_axpy_agree_across_isas() {
+        let a: Vec<f32> = (0..77).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..77).map(|i| (i as f32 * 0.11).cos()).collect();
+        let want = dot(Isa::Scalar, &a, &b);
+        let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
+        assert!((f64::from(want) - exact).abs() < 1e-5);
+        for isa in [Isa::Avx2, Isa::Avx512] {
+            let isa = Isa::at_most(isa);
+            assert_eq!(dot(isa, &a, &b).to_bits(), want.to_bits(), "{isa:?}");
+            let mut x = b.clone();
+            let mut y = b.clone();
+            axpy(Isa::Scalar, 0.3, &a, &mut x);
+            axpy(isa, 0.3, &a, &mut y);
+            assert_eq!(x, y);
+        }
+    }
+
+    #[test]
+    fn exp_is_accurate() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let got = f64::from(exp(x));
+            let want = f64::from(x).exp();
+            worst = worst.max(((got - want) / want).abs());
+            x += 0.0137;
+        }
+        assert!(worst < 3e-7, "worst relative error {worst}");
+        assert_eq!(exp(0.0), 1.0);
+    }
+}
