@@ -20,9 +20,12 @@
 //! - [`sample`]: log-softmax, top-k, greedy and seeded sampling.
 //! - [`engine`]: the library API ([`Engine`]): load, score, generate.
 //! - [`batcher`]: a worker thread that batches concurrent jobs (continuous batching).
+//! - [`chat`]: chat templates rendered as Hugging Face does, the tools convention, tool-call
+//!   parsing.
 //! - [`tokenizer`]: text <-> ids (tokenizer.json or GGUF metadata), token bytes, streaming
 //!   detokenisation.
 
+pub mod chat;
 pub mod error;
 pub mod gguf;
 pub mod kernels;
