@@ -1,0 +1,525 @@
+//! The completion request path: authenticate, read and check the body, plan endpoints, then
+//! walk the plan attempt by attempt until one answers.
+//!
+//! Failover happens only before the first byte reaches the client: connect errors, timeouts
+//! (connect, response head), 429 and 5xx move the request to the next endpoint after a
+//! jittered exponential backoff, within `limits.max_attempts`. A 429's `Retry-After` marks
+//! that endpoint unavailable until then (for every request); when every endpoint of the plan
+//! is waiting, the request waits for the first to come back if that is within
+//! `limits.retry_after_max`. Each endpoint's breaker is asked before each attempt. Other 4xx
+//! answers are the client's and pass through. Once an answer is committed, a non-streamed
+//! body is sent whole (after its side reading, so a degenerate answer can still be retried
+//! once elsewhere) and a stream goes through [`Relay`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http_body_util::BodyExt;
+use rand::Rng;
+use samewise_wire::sse::SseDecoder;
+use tokio::time::Instant;
+
+use crate::body::{ClientRequest, Route};
+use crate::error::ApiError;
+use crate::health::Admission;
+use crate::inspect::Inspector;
+use crate::record::{self, AttemptCtx, RequestCtx};
+use crate::relay::Relay;
+use crate::routing::{self, Endpoint, NoPlan};
+use crate::state::AppState;
+
+/// Largest non-streamed upstream answer read (a bigger one is an error, not an OOM).
+const MAX_UPSTREAM_BODY: usize = 64 * 1024 * 1024;
+
+/// Header carrying samewise's request id (also the records' `request_id`).
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Header that pins a conversation to one endpoint under cache affinity.
+pub const SESSION_HEADER: &str = "x-session-id";
+
+/// A fresh request id.
+pub(crate) fn new_request_id(rng: &mut impl Rng) -> String {
+    format!("req-{:016x}{:08x}", rng.random::<u64>(), rng.random::<u32>())
+}
+
+/// Handles one `POST /v1/chat/completions` or `/v1/completions`.
+pub async fn handle(state: AppState, route: Route, headers: HeaderMap, body: Body) -> Response {
+    let mut rng = state.rng();
+    let request_id = new_request_id(&mut rng);
+    let mut ctx = RequestCtx {
+        request_id: request_id.clone(),
+        ts_ms: samewise_store::now_ms(),
+        started: Instant::now(),
+        key_id: None,
+        model: String::new(),
+        model_label: "unknown".to_owned(),
+        route: route.label(),
+        stream: false,
+        prompt_chars: 0,
+        earlier: Vec::new(),
+    };
+    let mut resp = run(&state, route, &headers, body, &mut ctx, &mut rng).await;
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        resp.headers_mut().insert(REQUEST_ID_HEADER, v);
+    }
+    resp
+}
+
+/// Rejects a request before any upstream attempt, recording it.
+fn reject(state: &AppState, ctx: &mut RequestCtx, err: ApiError) -> Response {
+    let rec = ctx.rejected_record(err.status.as_u16(), err.kind);
+    record::finish(state, ctx, rec);
+    err.into_response()
+}
+
+async fn run(
+    state: &AppState,
+    route: Route,
+    headers: &HeaderMap,
+    body: Body,
+    ctx: &mut RequestCtx,
+    rng: &mut impl Rng,
+) -> Response {
+    let key = match state.inner.auth.authenticate(headers).await {
+        Ok(k) => k,
+        Err(e) => return reject(state, ctx, e),
+    };
+    ctx.key_id = Some(key.id);
+
+    let bytes = match read_limited(body, state.inner.body_limit).await {
+        Ok(b) => b,
+        Err(e) => return reject(state, ctx, e),
+    };
+    let req = match ClientRequest::parse(route, &bytes) {
+        Ok(r) => r,
+        Err(e) => {
+            // Keep the model name when it could be read, so the rejection is attributed.
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes)
+                && let Some(m) = v.get("model").and_then(|m| m.as_str())
+            {
+                ctx.model = m.to_owned();
+            }
+            return reject(state, ctx, e);
+        }
+    };
+    ctx.model.clone_from(&req.model);
+    ctx.stream = req.stream;
+    ctx.prompt_chars = req.prompt_chars;
+
+    let Some(model) = state.inner.models.get(&req.model).cloned() else {
+        let e = ApiError::new(
+            StatusCode::NOT_FOUND,
+            "model_not_found",
+            "invalid_request_error",
+            format!("The model `{}` does not exist", req.model),
+        );
+        return reject(state, ctx, e);
+    };
+    ctx.model_label.clone_from(&model.name);
+
+    let affinity = headers
+        .get(SESSION_HEADER)
+        .map(|v| routing::fnv1a(v.as_bytes(), 1))
+        .unwrap_or(req.prefix_hash);
+    let plan = match routing::plan(&model, &req.prefs, affinity, rng) {
+        Ok(p) => p,
+        Err(NoPlan::NoneMatch) => {
+            let e = ApiError::new(
+                StatusCode::NOT_FOUND,
+                "no_endpoints_match",
+                "invalid_request_error",
+                "no endpoint of this model matches the request's `provider` preferences",
+            );
+            return reject(state, ctx, e);
+        }
+        Err(NoPlan::AllExcluded) => {
+            let e = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no_endpoints_available",
+                "server_error",
+                "every endpoint of this model is currently excluded",
+            );
+            return reject(state, ctx, e);
+        }
+    };
+
+    attempts(state, &req, &plan.endpoints, ctx, rng).await
+}
+
+/// Reads the request body up to `limit` bytes; more is a 413.
+async fn read_limited(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            "invalid_request_error",
+            format!("the request body is larger than {limit} bytes"),
+        )
+    };
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large()),
+        Err(_) => Err(ApiError::bad_request("invalid_body", "the request body could not be read", None)),
+    }
+}
+
+/// How one attempt ended when it did not answer the client.
+struct Retry {
+    /// The error shown to the client if no attempt is left.
+    err: ApiError,
+}
+
+/// How one attempt ended.
+enum Outcome {
+    /// The client has its answer.
+    Answered(Response),
+    /// Try the next endpoint.
+    Retry(Retry),
+    /// A degenerate non-streamed answer: retry once elsewhere, else send this.
+    Degenerate(Response),
+}
+
+async fn attempts(
+    state: &AppState,
+    req: &ClientRequest,
+    plan: &[Arc<Endpoint>],
+    ctx: &mut RequestCtx,
+    rng: &mut impl Rng,
+) -> Response {
+    let limits = &state.inner.limits;
+    let give_up_waiting_at = Instant::now() + limits.retry_after_max;
+    let mut next = 0usize;
+    let mut attempt = 0u32;
+    let mut last_err: Option<ApiError> = None;
+    let mut degenerate_fallback: Option<Response> = None;
+    let mut excluded: Option<usize> = None; // endpoint not to retry on (degenerate)
+    while attempt < limits.max_attempts {
+        // The next endpoint in plan order (cycling) that is not waiting out a Retry-After
+        // and whose breaker lets a request through.
+        let mut pick = None;
+        for k in 0..plan.len() {
+            let i = (next + k) % plan.len();
+            if Some(i) == excluded && plan.len() > 1 {
+                continue;
+            }
+            let ep = &plan[i];
+            if ep.health.not_before().is_some() {
+                continue;
+            }
+            if let Some(adm) = ep.health.try_acquire() {
+                pick = Some((i, adm));
+                break;
+            }
+        }
+        let Some((i, admission)) = pick else {
+            // Everything is waiting or refusing: wait for the earliest Retry-After if it is
+            // within the budget, else give up.
+            let earliest = plan.iter().filter_map(|e| e.health.not_before()).min();
+            match earliest {
+                Some(t) if t <= give_up_waiting_at => {
+                    tokio::time::sleep_until(t).await;
+                    continue;
+                }
+                _ => break,
+            }
+        };
+        if attempt > 0 {
+            tokio::time::sleep(backoff(limits.backoff_base, limits.backoff_max, attempt, rng)).await;
+        }
+        attempt += 1;
+        next = i + 1;
+        let ep = Arc::clone(&plan[i]);
+        match one_attempt(state, req, ep, admission, attempt, ctx).await {
+            Outcome::Answered(resp) => return resp,
+            Outcome::Retry(r) => last_err = Some(r.err),
+            Outcome::Degenerate(resp) => {
+                if degenerate_fallback.is_some() || plan.len() < 2 {
+                    // Retried once already (or nowhere else to go): the last answer stands.
+                    return finish_degenerate(state, ctx, resp);
+                }
+                degenerate_fallback = Some(resp);
+                excluded = Some(i);
+            }
+        }
+    }
+    if let Some(resp) = degenerate_fallback {
+        return finish_degenerate(state, ctx, resp);
+    }
+    let err = last_err.unwrap_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_endpoints_available",
+            "server_error",
+            "every endpoint of this model is unavailable (circuit open or rate limited); try again later",
+        )
+        .with_retry_after(1)
+    });
+    // The last failed attempt becomes the final one; with none, record a rejection.
+    match ctx.earlier.pop() {
+        Some(last) => record::finish(state, ctx, last),
+        None => {
+            let rec = ctx.rejected_record(err.status.as_u16(), err.kind);
+            record::finish(state, ctx, rec);
+        }
+    }
+    err.into_response()
+}
+
+/// A degenerate answer that was not (or could not be) replaced: its record was kept as the
+/// last earlier attempt; finish with it.
+fn finish_degenerate(state: &AppState, ctx: &mut RequestCtx, resp: Response) -> Response {
+    if let Some(pos) = ctx.earlier.iter().rposition(|r| r.degenerate) {
+        let rec = ctx.earlier.remove(pos);
+        record::finish(state, ctx, rec);
+    }
+    resp
+}
+
+/// Full-jitter-on-top exponential backoff: half the exponential delay plus a random half.
+fn backoff(base: Duration, max: Duration, retry: u32, rng: &mut impl Rng) -> Duration {
+    let exp = base.saturating_mul(1u32 << (retry - 1).min(16)).min(max);
+    let half = exp / 2;
+    half + half.mul_f64(rng.random::<f64>())
+}
+
+async fn one_attempt(
+    state: &AppState,
+    req: &ClientRequest,
+    ep: Arc<Endpoint>,
+    admission: Admission,
+    attempt: u32,
+    ctx: &mut RequestCtx,
+) -> Outcome {
+    let att = AttemptCtx { attempt, ts_ms: samewise_store::now_ms(), started: Instant::now(), endpoint: Arc::clone(&ep) };
+    let Some(up) = state.inner.upstreams.get(&ep.provider) else {
+        ep.health.release(admission);
+        let rec = ctx.attempt_record(&att, None, Some("config"), None, Instant::now());
+        ctx.earlier.push(rec);
+        return Outcome::Retry(Retry { err: upstream_error(StatusCode::BAD_GATEWAY, "upstream_error") });
+    };
+    let body = match req.body_for(&ep.upstream_model) {
+        Ok(b) => b,
+        Err(e) => {
+            ep.health.release(admission);
+            return Outcome::Answered(e.into_response());
+        }
+    };
+    let inflight = ep.health.start_request();
+    let mut rb = up
+        .client
+        .post(format!("{}{}", up.base_url, req.route.upstream_path()))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body);
+    if let Some(auth) = &up.auth {
+        rb = rb.header(header::AUTHORIZATION, auth.clone());
+    }
+    if req.stream {
+        rb = rb.header(header::ACCEPT, "text/event-stream");
+    }
+
+    let sent = tokio::time::timeout(up.first_byte_timeout, rb.send()).await;
+    let resp = match sent {
+        Err(_) => return failed(ctx, &att, admission, None, "timeout", StatusCode::GATEWAY_TIMEOUT),
+        Ok(Err(e)) => {
+            let kind = if e.is_connect() {
+                "connect"
+            } else if e.is_timeout() {
+                "timeout"
+            } else {
+                "upstream_io"
+            };
+            let status = if kind == "timeout" { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
+            return failed(ctx, &att, admission, None, kind, status);
+        }
+        Ok(Ok(r)) => r,
+    };
+    let status = resp.status();
+    ep.health.observe_latency(att.started.elapsed());
+
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        let retry_after = retry_after(resp.headers());
+        if let Some(d) = retry_after {
+            ep.health.set_not_before(Instant::now() + d);
+        }
+        // Rate limiting says nothing about the endpoint's health: no breaker outcome.
+        ep.health.release(admission);
+        let rec = ctx.attempt_record(&att, Some(429), Some("rate_limited"), None, Instant::now());
+        ctx.earlier.push(rec);
+        let mut err = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "upstream_rate_limited",
+            "rate_limit_error",
+            "every endpoint of this model is rate limited; try again later",
+        );
+        if let Some(d) = retry_after {
+            err = err.with_retry_after(d.as_secs().max(1));
+        }
+        return Outcome::Retry(Retry { err });
+    }
+    if status.is_server_error() {
+        return failed(ctx, &att, admission, Some(status.as_u16()), "upstream_5xx", StatusCode::BAD_GATEWAY);
+    }
+    // The endpoint answered: it is alive (a 4xx is the request's fault, not the endpoint's).
+    ep.health.record(admission, true);
+
+    let upstream_ct = resp.headers().get(header::CONTENT_TYPE).cloned();
+    let is_sse = upstream_ct
+        .as_ref()
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let inspector = Inspector::new(req.route, req.strip_usage_chunk, req.tools.as_ref(), state.inner.limits.degenerate_repeat);
+
+    if req.stream && status.is_success() && is_sse {
+        let relay = Relay {
+            state: state.clone(),
+            // the relay owns the earlier attempts' records from here on
+            ctx: RequestCtx { earlier: std::mem::take(&mut ctx.earlier), ..ctx.clone() },
+            att,
+            status: status.as_u16(),
+            upstream: resp.bytes_stream().boxed(),
+            idle: up.idle_timeout,
+            decoder: SseDecoder::new(),
+            inspector: Some(inspector),
+            _inflight: inflight,
+        };
+        let mut out = Response::new(relay.into_body());
+        *out.status_mut() = status;
+        let h = out.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        return Outcome::Answered(out);
+    }
+
+    // Not a stream (or not SSE): read the whole answer, bounded, with the idle timeout.
+    let body = match read_upstream(resp, up.idle_timeout).await {
+        Ok(b) => b,
+        Err(kind) => {
+            drop(inflight);
+            ep.health.record(Admission::Normal, false);
+            return failed_after_head(ctx, &att, status.as_u16(), kind);
+        }
+    };
+    drop(inflight);
+    let mut inspector = inspector;
+    let parsed = inspector.on_body(&body, Instant::now());
+    let obs = inspector.finish();
+    let kind = if !status.is_success() {
+        Some("upstream_4xx")
+    } else if req.stream {
+        Some("not_sse")
+    } else if !parsed {
+        Some("invalid_json")
+    } else if obs.degenerate {
+        Some("degenerate")
+    } else if obs.upstream_error {
+        Some("upstream_error_body")
+    } else {
+        None
+    };
+    let rec = ctx.attempt_record(&att, Some(status.as_u16()), kind, Some(&obs), Instant::now());
+    let mut out = Response::new(Body::from(body));
+    *out.status_mut() = status;
+    out.headers_mut().insert(
+        header::CONTENT_TYPE,
+        upstream_ct.unwrap_or_else(|| HeaderValue::from_static("application/json")),
+    );
+    if obs.degenerate {
+        ctx.earlier.push(rec);
+        return Outcome::Degenerate(out);
+    }
+    record::finish(state, ctx, rec);
+    Outcome::Answered(out)
+}
+
+/// A failed attempt before the response head.
+fn failed(
+    ctx: &mut RequestCtx,
+    att: &AttemptCtx,
+    admission: Admission,
+    status: Option<u16>,
+    kind: &'static str,
+    client_status: StatusCode,
+) -> Outcome {
+    att.endpoint.health.record(admission, false);
+    let rec = ctx.attempt_record(att, status, Some(kind), None, Instant::now());
+    ctx.earlier.push(rec);
+    Outcome::Retry(Retry { err: upstream_error(client_status, kind) })
+}
+
+/// The body of a committed non-streamed answer broke: nothing reached the client yet, so it
+/// can still be retried.
+fn failed_after_head(ctx: &mut RequestCtx, att: &AttemptCtx, status: u16, kind: &'static str) -> Outcome {
+    let rec = ctx.attempt_record(att, Some(status), Some(kind), None, Instant::now());
+    ctx.earlier.push(rec);
+    Outcome::Retry(Retry { err: upstream_error(StatusCode::BAD_GATEWAY, kind) })
+}
+
+fn upstream_error(status: StatusCode, kind: &'static str) -> ApiError {
+    let message = match kind {
+        "timeout" => "the upstream provider did not answer in time",
+        "connect" => "the upstream provider could not be reached",
+        "upstream_5xx" => "the upstream provider failed",
+        _ => "the upstream provider's answer was unusable",
+    };
+    ApiError::new(status, kind, "server_error", message)
+}
+
+/// Reads a whole upstream body with a per-read idle timeout and a size bound.
+async fn read_upstream(resp: reqwest::Response, idle: Duration) -> Result<Bytes, &'static str> {
+    let mut stream = resp.bytes_stream();
+    let mut buf = Vec::new();
+    loop {
+        match tokio::time::timeout(idle, stream.next()).await {
+            Err(_) => return Err("body_idle_timeout"),
+            Ok(None) => return Ok(Bytes::from(buf)),
+            Ok(Some(Err(_))) => return Err("body_reset"),
+            Ok(Some(Ok(b))) => {
+                if buf.len() + b.len() > MAX_UPSTREAM_BODY {
+                    return Err("body_too_large");
+                }
+                buf.extend_from_slice(&b);
+            }
+        }
+    }
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is not used by LLM providers; it is ignored).
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let v = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
+    v.parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0).map(|s| Duration::from_secs_f64(s.min(86_400.0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn backoff_grows_with_jitter_and_caps() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        let base = Duration::from_millis(100);
+        let max = Duration::from_millis(1000);
+        for retry in 1..8u32 {
+            let exp = (base * (1 << (retry - 1))).min(max);
+            for _ in 0..100 {
+                let d = backoff(base, max, retry, &mut rng);
+                assert!(d >= exp / 2 && d <= exp, "{retry}: {d:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn retry_after_seconds() {
+        let mut h = HeaderMap::new();
+        assert_eq!(retry_after(&h), None);
+        h.insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(2)));
+        h.insert(header::RETRY_AFTER, HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"));
+        assert_eq!(retry_after(&h), None);
+    }
+}

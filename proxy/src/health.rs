@@ -1,0 +1,434 @@
+//! Per-endpoint health as the router sees it: a circuit breaker, a peak-EWMA latency estimate
+//! with an in-flight count (for lowest-latency routing), a "not before" instant set by an
+//! upstream's `Retry-After`, and a quality flag that drift alerts will set (an endpoint can be
+//! demoted to the back of every plan or excluded from it).
+//!
+//! All clocks are `tokio::time::Instant`, so tests drive them with `tokio::time::pause()`.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::BreakerConfig;
+
+/// Breaker states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    /// Requests flow; outcomes are counted.
+    Closed,
+    /// Requests are refused until the cool-down ends.
+    Open,
+    /// A limited number of trial requests are let through.
+    HalfOpen,
+}
+
+impl BreakerState {
+    /// The value exported on `/metrics` (0 closed, 1 half-open, 2 open).
+    pub fn as_gauge(self) -> i64 {
+        match self {
+            BreakerState::Closed => 0,
+            BreakerState::HalfOpen => 1,
+            BreakerState::Open => 2,
+        }
+    }
+}
+
+/// Quality verdict on an endpoint, set by the probe path's alerts (none yet set it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quality {
+    /// Routed normally.
+    Ok,
+    /// Tried only after every healthy endpoint.
+    Demoted,
+    /// Never routed to.
+    Excluded,
+}
+
+/// What the breaker allowed for one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// A normal request.
+    Normal,
+    /// One of the limited trials of a half-open breaker.
+    Trial,
+}
+
+/// A circuit breaker (see the module doc); not thread-safe by itself, see [`EndpointHealth`].
+#[derive(Debug)]
+pub struct Breaker {
+    cfg: BreakerConfig,
+    state: BreakerState,
+    /// Failures in a row while closed.
+    consecutive: u32,
+    /// Outcomes (time, failed) in the error-rate window.
+    window: VecDeque<(Instant, bool)>,
+    /// When the open state ends.
+    open_until: Instant,
+    /// Trials in flight while half-open.
+    trials: u32,
+}
+
+impl Breaker {
+    /// A closed breaker.
+    pub fn new(cfg: BreakerConfig) -> Self {
+        Breaker {
+            cfg,
+            state: BreakerState::Closed,
+            consecutive: 0,
+            window: VecDeque::new(),
+            open_until: Instant::now(),
+            trials: 0,
+        }
+    }
+
+    /// The state at `now` (an open breaker whose cool-down has passed reports half-open).
+    pub fn state(&self, now: Instant) -> BreakerState {
+        match self.state {
+            BreakerState::Open if now >= self.open_until => BreakerState::HalfOpen,
+            s => s,
+        }
+    }
+
+    /// Asks to send one request at `now`; None when the breaker refuses.
+    pub fn try_acquire(&mut self, now: Instant) -> Option<Admission> {
+        if self.state == BreakerState::Open && now >= self.open_until {
+            self.state = BreakerState::HalfOpen;
+            self.trials = 0;
+        }
+        match self.state {
+            BreakerState::Closed => Some(Admission::Normal),
+            BreakerState::Open => None,
+            BreakerState::HalfOpen if self.trials < self.cfg.half_open_trials => {
+                self.trials += 1;
+                Some(Admission::Trial)
+            }
+            BreakerState::HalfOpen => None,
+        }
+    }
+
+    /// A trial that ended without an outcome (the client went away) frees its slot.
+    pub fn release_trial(&mut self) {
+        if self.state == BreakerState::HalfOpen {
+            self.trials = self.trials.saturating_sub(1);
+        }
+    }
+
+    /// Records a success.
+    pub fn on_success(&mut self, now: Instant, admission: Admission) {
+        match (self.state, admission) {
+            (BreakerState::HalfOpen, Admission::Trial) => self.close(),
+            (BreakerState::Closed, _) => {
+                self.consecutive = 0;
+                self.push(now, false);
+            }
+            _ => {}
+        }
+    }
+
+    /// Records a failure.
+    pub fn on_failure(&mut self, now: Instant, admission: Admission) {
+        match (self.state, admission) {
+            (BreakerState::HalfOpen, Admission::Trial) => self.open(now),
+            (BreakerState::Closed, _) => {
+                self.consecutive += 1;
+                self.push(now, true);
+                if self.consecutive >= self.cfg.consecutive_failures || self.rate_tripped() {
+                    self.open(now);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn push(&mut self, now: Instant, failed: bool) {
+        self.window.push_back((now, failed));
+        while let Some((t, _)) = self.window.front() {
+            if now.duration_since(*t) > self.cfg.window {
+                self.window.pop_front();
+            } else {
+                break;
+            }
+        }
+        // Bound memory under very high rates: the oldest outcomes matter least.
+        while self.window.len() > 10_000 {
+            self.window.pop_front();
+        }
+    }
+
+    fn rate_tripped(&self) -> bool {
+        let n = self.window.len();
+        if n < self.cfg.min_requests as usize || n == 0 {
+            return false;
+        }
+        let failed = self.window.iter().filter(|(_, f)| *f).count();
+        failed as f64 / n as f64 >= self.cfg.error_rate
+    }
+
+    fn open(&mut self, now: Instant) {
+        self.state = BreakerState::Open;
+        self.open_until = now + self.cfg.cooldown;
+        self.trials = 0;
+        self.consecutive = 0;
+        self.window.clear();
+    }
+
+    fn close(&mut self) {
+        self.state = BreakerState::Closed;
+        self.trials = 0;
+        self.consecutive = 0;
+        self.window.clear();
+    }
+}
+
+/// Peak-EWMA latency (Finagle / linkerd): a new sample above the estimate replaces it at once
+/// (peak), a lower one is blended in with weight decaying over `tau`. The routing cost is the
+/// estimate times (in-flight + 1), so a busy endpoint looks slower before its latency shows it.
+#[derive(Debug)]
+pub struct PeakEwma {
+    tau: Duration,
+    estimate_ms: f64,
+    stamp: Instant,
+}
+
+impl PeakEwma {
+    /// An estimator starting at `initial` (a guess for endpoints not yet measured).
+    pub fn new(tau: Duration, initial: Duration) -> Self {
+        PeakEwma { tau, estimate_ms: initial.as_secs_f64() * 1e3, stamp: Instant::now() }
+    }
+
+    /// Adds one latency sample observed at `now`.
+    pub fn observe(&mut self, now: Instant, sample: Duration) {
+        let ms = sample.as_secs_f64() * 1e3;
+        if ms > self.estimate_ms {
+            self.estimate_ms = ms;
+        } else {
+            let elapsed = now.saturating_duration_since(self.stamp).as_secs_f64();
+            let w = (-elapsed / self.tau.as_secs_f64().max(1e-9)).exp();
+            self.estimate_ms = self.estimate_ms * w + ms * (1.0 - w);
+        }
+        self.stamp = now;
+    }
+
+    /// The current estimate in milliseconds.
+    pub fn estimate_ms(&self) -> f64 {
+        self.estimate_ms
+    }
+}
+
+/// Everything the router and the attempt loop know about one endpoint's health.
+#[derive(Debug)]
+pub struct EndpointHealth {
+    breaker: Mutex<Breaker>,
+    ewma: Mutex<PeakEwma>,
+    /// Requests in flight now (for the latency cost).
+    inflight: AtomicU32,
+    /// Not routed to before this instant (an upstream `Retry-After`).
+    not_before: Mutex<Option<Instant>>,
+    /// [`Quality`] as a byte: 0 ok, 1 demoted, 2 excluded.
+    quality: AtomicU8,
+}
+
+impl EndpointHealth {
+    /// A healthy endpoint.
+    pub fn new(cfg: BreakerConfig) -> Self {
+        EndpointHealth {
+            breaker: Mutex::new(Breaker::new(cfg)),
+            ewma: Mutex::new(PeakEwma::new(Duration::from_secs(10), Duration::from_millis(50))),
+            inflight: AtomicU32::new(0),
+            not_before: Mutex::new(None),
+            quality: AtomicU8::new(0),
+        }
+    }
+
+    /// The breaker state now.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.breaker.lock().map(|b| b.state(Instant::now())).unwrap_or(BreakerState::Closed)
+    }
+
+    /// Whether the breaker would refuse a request now (used to order plans; the attempt itself
+    /// asks [`EndpointHealth::try_acquire`]).
+    pub fn is_open(&self) -> bool {
+        self.breaker.lock().map(|b| b.state(Instant::now()) == BreakerState::Open).unwrap_or(false)
+    }
+
+    /// Asks the breaker for one attempt.
+    pub fn try_acquire(&self) -> Option<Admission> {
+        self.breaker.lock().ok().and_then(|mut b| b.try_acquire(Instant::now()))
+    }
+
+    /// Records the outcome of an attempt that the breaker admitted.
+    pub fn record(&self, admission: Admission, ok: bool) {
+        if let Ok(mut b) = self.breaker.lock() {
+            let now = Instant::now();
+            if ok { b.on_success(now, admission) } else { b.on_failure(now, admission) }
+        }
+    }
+
+    /// An admitted attempt that ended without an outcome.
+    pub fn release(&self, admission: Admission) {
+        if admission == Admission::Trial
+            && let Ok(mut b) = self.breaker.lock()
+        {
+            b.release_trial();
+        }
+    }
+
+    /// Adds a latency sample (time to the response head).
+    pub fn observe_latency(&self, sample: Duration) {
+        if let Ok(mut e) = self.ewma.lock() {
+            e.observe(Instant::now(), sample);
+        }
+    }
+
+    /// The lowest-latency policy's cost: peak-EWMA estimate times (in-flight + 1).
+    pub fn latency_cost(&self) -> f64 {
+        let est = self.ewma.lock().map(|e| e.estimate_ms()).unwrap_or(f64::MAX);
+        est * f64::from(self.inflight.load(Ordering::Relaxed) + 1)
+    }
+
+    /// Counts a request in flight until the guard drops.
+    pub fn start_request(self: &Arc<Self>) -> InflightGuard {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        InflightGuard { health: Arc::clone(self) }
+    }
+
+    /// Marks the endpoint unavailable until `until` (from `Retry-After`).
+    pub fn set_not_before(&self, until: Instant) {
+        if let Ok(mut nb) = self.not_before.lock() {
+            *nb = Some(nb.map_or(until, |old| old.max(until)));
+        }
+    }
+
+    /// When the endpoint may be used again, if it asked us to wait.
+    pub fn not_before(&self) -> Option<Instant> {
+        self.not_before.lock().ok().and_then(|nb| *nb).filter(|t| *t > Instant::now())
+    }
+
+    /// The quality verdict.
+    pub fn quality(&self) -> Quality {
+        match self.quality.load(Ordering::Relaxed) {
+            0 => Quality::Ok,
+            1 => Quality::Demoted,
+            _ => Quality::Excluded,
+        }
+    }
+
+    /// Sets the quality verdict (for the probe path's alerts).
+    pub fn set_quality(&self, q: Quality) {
+        let v = match q {
+            Quality::Ok => 0,
+            Quality::Demoted => 1,
+            Quality::Excluded => 2,
+        };
+        self.quality.store(v, Ordering::Relaxed);
+    }
+}
+
+/// Decrements the in-flight count on drop.
+#[derive(Debug)]
+pub struct InflightGuard {
+    health: Arc<EndpointHealth>,
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.health.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> BreakerConfig {
+        BreakerConfig {
+            consecutive_failures: 3,
+            error_rate: 0.5,
+            min_requests: 10,
+            window: Duration::from_secs(10),
+            cooldown: Duration::from_secs(5),
+            half_open_trials: 1,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn opens_after_consecutive_failures_then_half_opens_after_cooldown() {
+        let mut b = Breaker::new(cfg());
+        for _ in 0..2 {
+            let a = b.try_acquire(Instant::now());
+            assert_eq!(a, Some(Admission::Normal));
+            b.on_failure(Instant::now(), Admission::Normal);
+        }
+        assert_eq!(b.state(Instant::now()), BreakerState::Closed);
+        b.on_failure(Instant::now(), Admission::Normal);
+        assert_eq!(b.state(Instant::now()), BreakerState::Open);
+        assert_eq!(b.try_acquire(Instant::now()), None);
+
+        tokio::time::advance(Duration::from_millis(4_999)).await;
+        assert_eq!(b.try_acquire(Instant::now()), None);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(b.try_acquire(Instant::now()), Some(Admission::Trial));
+        // only one trial at a time
+        assert_eq!(b.try_acquire(Instant::now()), None);
+        // a failed trial re-opens for another cool-down
+        b.on_failure(Instant::now(), Admission::Trial);
+        assert_eq!(b.state(Instant::now()), BreakerState::Open);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(b.try_acquire(Instant::now()), Some(Admission::Trial));
+        b.on_success(Instant::now(), Admission::Trial);
+        assert_eq!(b.state(Instant::now()), BreakerState::Closed);
+        assert_eq!(b.try_acquire(Instant::now()), Some(Admission::Normal));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn opens_on_error_rate_over_window() {
+        let mut b = Breaker::new(cfg());
+        // alternate: never 3 in a row, but 50% errors once 10 outcomes are in the window
+        for i in 0..9 {
+            if i % 2 == 0 { b.on_failure(Instant::now(), Admission::Normal) } else { b.on_success(Instant::now(), Admission::Normal) }
+            assert_eq!(b.state(Instant::now()), BreakerState::Closed, "after {i}");
+        }
+        b.on_failure(Instant::now(), Admission::Normal);
+        assert_eq!(b.state(Instant::now()), BreakerState::Open);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn old_outcomes_leave_the_window() {
+        let mut b = Breaker::new(cfg());
+        for _ in 0..8 {
+            b.on_success(Instant::now(), Admission::Normal);
+        }
+        tokio::time::advance(Duration::from_secs(11)).await;
+        for i in 0..9 {
+            if i % 2 == 0 { b.on_failure(Instant::now(), Admission::Normal) } else { b.on_success(Instant::now(), Admission::Normal) }
+        }
+        // 9 outcomes in the window (the 8 old ones expired): below min_requests
+        assert_eq!(b.state(Instant::now()), BreakerState::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn abandoned_trial_frees_its_slot() {
+        let mut b = Breaker::new(cfg());
+        for _ in 0..3 {
+            b.on_failure(Instant::now(), Admission::Normal);
+        }
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(b.try_acquire(Instant::now()), Some(Admission::Trial));
+        b.release_trial();
+        assert_eq!(b.try_acquire(Instant::now()), Some(Admission::Trial));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn peak_ewma_jumps_up_and_decays_down() {
+        let mut e = PeakEwma::new(Duration::from_secs(10), Duration::from_millis(50));
+        e.observe(Instant::now(), Duration::from_millis(500));
+        assert!((e.estimate_ms() - 500.0).abs() < 1e-9);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        e.observe(Instant::now(), Duration::from_millis(100));
+        let expected = 500.0 * (-1.0f64).exp() + 100.0 * (1.0 - (-1.0f64).exp());
+        assert!((e.estimate_ms() - expected).abs() < 1e-6, "{}", e.estimate_ms());
+    }
+}

@@ -1,0 +1,303 @@
+//! The side reader of a response: it looks at the decoded SSE events of a stream (or the whole
+//! JSON body of a non-streamed answer) while the bytes go to the client untouched, and keeps
+//! what a request record needs — time to first token, token timing, usage, finish reason,
+//! output length, tool calls — and whether the generation degenerated.
+//!
+//! Token counts when the upstream sends no `usage` (marked `usage_counted` in the record):
+//! completion tokens are the number of streamed content and tool-call deltas (servers send
+//! about one token per delta), or ceil(output characters / 4) for a non-streamed answer;
+//! prompt tokens are ceil(prompt characters / 4). Both are approximations.
+
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use crate::body::Route;
+
+/// What the side reader saw of one attempt's answer.
+#[derive(Debug, Clone, Default)]
+pub struct Observation {
+    /// When the first content (or tool-call) delta arrived.
+    pub first_token_at: Option<Instant>,
+    /// When the last one arrived.
+    pub last_token_at: Option<Instant>,
+    /// Content and tool-call deltas seen (streams).
+    pub deltas: u64,
+    /// Characters of generated text (content and tool-call arguments).
+    pub output_chars: usize,
+    /// The first choice's finish reason.
+    pub finish_reason: Option<String>,
+    /// `usage` as reported by the upstream.
+    pub usage: Option<(i64, i64)>,
+    /// The upstream sent an error object inside a 200 answer.
+    pub upstream_error: bool,
+    /// The `[DONE]` sentinel arrived.
+    pub done: bool,
+    /// The degeneration guard fired.
+    pub degenerate: bool,
+    /// Tool-call check results.
+    pub tools: ToolCounts,
+}
+
+/// Tool-call classification counts of one answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolCounts {
+    /// Calls returned.
+    pub calls: u32,
+    /// Calls whose arguments are not JSON.
+    pub invalid_json: u32,
+    /// Calls naming an undeclared tool.
+    pub unknown_name: u32,
+    /// Calls whose arguments fail the declared schema.
+    pub schema_mismatch: u32,
+    /// Finish reason and calls disagree.
+    pub finish_mismatch: Option<String>,
+}
+
+impl ToolCounts {
+    /// Whether any check failed.
+    pub fn errored(&self) -> bool {
+        self.invalid_json + self.unknown_name + self.schema_mismatch > 0 || self.finish_mismatch.is_some()
+    }
+}
+
+/// What to do with one decoded event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventAction {
+    /// Send it on.
+    Forward,
+    /// Drop it (the usage-only chunk the client did not ask for).
+    Drop,
+    /// The generation degenerated here: end the stream (this event is not sent).
+    Cut,
+}
+
+/// Side reader state for one attempt.
+#[derive(Debug)]
+pub struct Inspector {
+    route: Route,
+    strip_usage_chunk: bool,
+    obs: Observation,
+    degen: crate::degen::RepeatGuard,
+    tools: Option<crate::toolcheck::ToolSet>,
+    assembler: crate::toolcheck::ToolCallAssembler,
+}
+
+#[derive(Debug, Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Vec<ChunkChoice>,
+    #[serde(default)]
+    usage: Option<UsageLite>,
+    #[serde(default)]
+    error: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChunkChoice {
+    #[serde(default)]
+    index: u32,
+    #[serde(default)]
+    delta: Option<DeltaLite>,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct DeltaLite {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<Vec<serde_json::Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct UsageLite {
+    #[serde(default)]
+    prompt_tokens: i64,
+    #[serde(default)]
+    completion_tokens: i64,
+}
+
+#[derive(Debug, Deserialize)]
+struct FullResponse {
+    #[serde(default)]
+    choices: Vec<FullChoice>,
+    #[serde(default)]
+    usage: Option<UsageLite>,
+    #[serde(default)]
+    error: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct FullChoice {
+    #[serde(default)]
+    index: u32,
+    #[serde(default)]
+    message: Option<FullMessage>,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+    #[serde(default)]
+    logprobs: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct FullMessage {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<Vec<serde_json::Value>>,
+}
+
+impl Inspector {
+    /// A reader for one attempt; `tools` are the request's declared tools.
+    pub fn new(route: Route, strip_usage_chunk: bool, tools: Option<&serde_json::Value>, degenerate_repeat: usize) -> Self {
+        Inspector {
+            route,
+            strip_usage_chunk,
+            obs: Observation::default(),
+            degen: crate::degen::RepeatGuard::new(degenerate_repeat),
+            tools: tools.map(crate::toolcheck::ToolSet::from_request_tools),
+            assembler: crate::toolcheck::ToolCallAssembler::new(),
+        }
+    }
+
+    /// Whether a finish reason arrived (the generation completed).
+    pub fn saw_finish(&self) -> bool {
+        self.obs.finish_reason.is_some()
+    }
+
+    /// Reads one stream event's data (everything but `[DONE]`).
+    pub fn on_event(&mut self, data: &str, now: Instant) -> EventAction {
+        if data.trim() == samewise_wire::sse::DONE {
+            self.obs.done = true;
+            return EventAction::Forward;
+        }
+        let Ok(chunk) = serde_json::from_str::<Chunk>(data) else {
+            // Not a chunk we understand: pass it on, the client decides.
+            return EventAction::Forward;
+        };
+        if chunk.error.is_some() {
+            self.obs.upstream_error = true;
+        }
+        if let Some(u) = &chunk.usage {
+            self.obs.usage = Some((u.prompt_tokens, u.completion_tokens));
+        }
+        let mut action = EventAction::Forward;
+        for choice in &chunk.choices {
+            let text = match self.route {
+                Route::Chat => choice.delta.as_ref().and_then(|d| d.content.as_deref()),
+                Route::Completions => choice.text.as_deref(),
+            };
+            let mut produced = false;
+            if let Some(t) = text.filter(|t| !t.is_empty()) {
+                produced = true;
+                self.obs.output_chars += t.chars().count();
+                if choice.index == 0 && self.degen.push(t) {
+                    self.obs.degenerate = true;
+                    action = EventAction::Cut;
+                }
+            }
+            if let Some(calls) = choice.delta.as_ref().and_then(|d| d.tool_calls.as_ref()) {
+                for call in calls {
+                    produced = true;
+                    if let Some(args) = call.pointer("/function/arguments").and_then(|a| a.as_str()) {
+                        self.obs.output_chars += args.chars().count();
+                    }
+                    if choice.index == 0 {
+                        self.assembler.push(call);
+                    }
+                }
+            }
+            if produced {
+                self.obs.deltas += 1;
+                self.obs.first_token_at.get_or_insert(now);
+                self.obs.last_token_at = Some(now);
+            }
+            if choice.index == 0 && choice.finish_reason.is_some() {
+                self.obs.finish_reason.clone_from(&choice.finish_reason);
+            }
+        }
+        if action == EventAction::Forward && self.strip_usage_chunk && chunk.choices.is_empty() && chunk.usage.is_some() {
+            return EventAction::Drop;
+        }
+        action
+    }
+
+    /// Reads a whole non-streamed body. Returns false when it is not valid JSON.
+    pub fn on_body(&mut self, body: &[u8], now: Instant) -> bool {
+        let Ok(resp) = serde_json::from_slice::<FullResponse>(body) else {
+            return false;
+        };
+        if resp.error.is_some() {
+            self.obs.upstream_error = true;
+        }
+        if let Some(u) = &resp.usage {
+            self.obs.usage = Some((u.prompt_tokens, u.completion_tokens));
+        }
+        self.obs.first_token_at = Some(now);
+        self.obs.last_token_at = Some(now);
+        for choice in &resp.choices {
+            let text = match self.route {
+                Route::Chat => choice.message.as_ref().and_then(|m| m.content.as_deref()),
+                Route::Completions => choice.text.as_deref(),
+            };
+            if let Some(t) = text {
+                self.obs.output_chars += t.chars().count();
+            }
+            if choice.index != 0 {
+                continue;
+            }
+            self.obs.finish_reason.clone_from(&choice.finish_reason);
+            for token in logprob_tokens(choice.logprobs.as_ref()) {
+                if self.degen.push(token) {
+                    self.obs.degenerate = true;
+                    break;
+                }
+            }
+            if let Some(calls) = choice.message.as_ref().and_then(|m| m.tool_calls.as_ref()) {
+                for call in calls {
+                    if let Some(args) = call.pointer("/function/arguments").and_then(|a| a.as_str()) {
+                        self.obs.output_chars += args.chars().count();
+                    }
+                    self.assembler.push_whole(call);
+                }
+            }
+        }
+        true
+    }
+
+    /// Ends the reading: runs the tool-call checks and returns the observation.
+    pub fn finish(mut self) -> Observation {
+        let calls = self.assembler.finish();
+        if self.tools.is_some() || !calls.is_empty() {
+            let empty = crate::toolcheck::ToolSet::default();
+            let set = self.tools.as_ref().unwrap_or(&empty);
+            let report = crate::toolcheck::check_calls(set, &calls, self.obs.finish_reason.as_deref());
+            self.obs.tools = ToolCounts {
+                calls: report.calls,
+                invalid_json: report.invalid_json,
+                unknown_name: report.unknown_name,
+                schema_mismatch: report.schema_mismatch,
+                finish_mismatch: report.finish_mismatch.map(|m| m.as_str().to_owned()),
+            };
+        }
+        self.obs
+    }
+}
+
+/// The generated tokens of a non-streamed choice's logprobs (chat `content[].token`, or
+/// completions `tokens[]`).
+fn logprob_tokens(lp: Option<&serde_json::Value>) -> Vec<&str> {
+    let Some(lp) = lp else { return Vec::new() };
+    if let Some(content) = lp.get("content").and_then(|c| c.as_array()) {
+        return content.iter().filter_map(|t| t.get("token").and_then(|s| s.as_str())).collect();
+    }
+    if let Some(tokens) = lp.get("tokens").and_then(|c| c.as_array()) {
+        return tokens.iter().filter_map(|s| s.as_str()).collect();
+    }
+    Vec::new()
+}

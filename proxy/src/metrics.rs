@@ -1,0 +1,158 @@
+//! The gateway's Prometheus metrics (`GET /metrics`, text format). Labels are bounded: the
+//! configured model names (anything else is `unknown`), configured endpoint ids, status
+//! classes and a fixed set of error kinds — never prompt text, keys or request ids.
+
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use samewise_store::RecordSender;
+
+use crate::routing::Endpoint;
+
+/// `model`, `endpoint`, `status_class`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// Logical model (or `unknown`).
+    pub model: String,
+    /// Endpoint id (or `none` for requests answered before routing).
+    pub endpoint: String,
+    /// `2xx`, `4xx`, `5xx`.
+    pub status_class: String,
+}
+
+/// `endpoint`, `kind`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// Endpoint id.
+    pub endpoint: String,
+    /// Error kind.
+    pub kind: String,
+}
+
+/// `model`, `endpoint`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    /// Logical model.
+    pub model: String,
+    /// Endpoint id.
+    pub endpoint: String,
+}
+
+/// `model`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabels {
+    /// Logical model (or `unknown`).
+    pub model: String,
+}
+
+/// `model`, `endpoint`, `kind`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolLabels {
+    /// Logical model.
+    pub model: String,
+    /// Endpoint id.
+    pub endpoint: String,
+    /// `invalid_json`, `unknown_name`, `schema_mismatch`, `finish_mismatch`.
+    pub kind: String,
+}
+
+/// Builds latency histograms: 1 ms .. ~65 s.
+#[derive(Debug, Clone, Copy)]
+pub struct SecondsBuckets;
+
+impl MetricConstructor<Histogram> for SecondsBuckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(exponential_buckets(0.001, 2.0, 17))
+    }
+}
+
+/// Every metric the request path updates, and the registry that renders them.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Client requests answered.
+    pub requests: Family<RequestLabels, Counter>,
+    /// Failed upstream attempts by kind.
+    pub upstream_errors: Family<ErrorLabels, Counter>,
+    /// Client request duration (to the last byte).
+    pub request_duration: Family<ModelLabels, Histogram, SecondsBuckets>,
+    /// Time to first token per endpoint.
+    pub ttft: Family<EndpointLabels, Histogram, SecondsBuckets>,
+    /// Tool calls that failed a check.
+    pub tool_call_errors: Family<ToolLabels, Counter>,
+    /// Generations cut by the degeneration guard.
+    pub degenerate_cuts: Family<EndpointLabels, Counter>,
+}
+
+impl Metrics {
+    /// Registers everything; `records` and `endpoints` are read at each scrape.
+    pub fn new(records: RecordSender, endpoints: Vec<Arc<Endpoint>>) -> Self {
+        let mut registry = Registry::with_prefix("samewise");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register("requests", "Client requests answered, by final status class", requests.clone());
+        let upstream_errors = Family::<ErrorLabels, Counter>::default();
+        registry.register("upstream_errors", "Failed upstream attempts, by error kind", upstream_errors.clone());
+        let request_duration = Family::new_with_constructor(SecondsBuckets);
+        registry.register("request_duration_seconds", "Client request duration to the last byte", request_duration.clone());
+        let ttft = Family::new_with_constructor(SecondsBuckets);
+        registry.register("ttft_seconds", "Time to first token per endpoint", ttft.clone());
+        let tool_call_errors = Family::<ToolLabels, Counter>::default();
+        registry.register("tool_call_errors", "Tool calls that failed a check, by kind", tool_call_errors.clone());
+        let degenerate_cuts = Family::<EndpointLabels, Counter>::default();
+        registry.register("degenerate_cuts", "Generations cut by the degeneration guard", degenerate_cuts.clone());
+        registry.register_collector(Box::new(ScrapeTime { records, endpoints }));
+        Metrics { registry, requests, upstream_errors, request_duration, ttft, tool_call_errors, degenerate_cuts }
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            tracing::error!("encoding metrics failed");
+        }
+        out
+    }
+}
+
+/// Values read at scrape time: the record queue's counters and the breakers.
+#[derive(Debug)]
+struct ScrapeTime {
+    records: RecordSender,
+    endpoints: Vec<Arc<Endpoint>>,
+}
+
+impl Collector for ScrapeTime {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for (name, help, v) in [
+            ("record_queue_dropped", "Request records dropped because the queue was full", self.records.dropped()),
+            ("records_written", "Request records written to the store", self.records.written()),
+            ("record_write_errors", "Request records lost after every write retry failed", self.records.write_errors()),
+        ] {
+            let c = ConstCounter::new(v);
+            let me = encoder.encode_descriptor(name, help, None, c.metric_type())?;
+            c.encode(me)?;
+        }
+        let queued = ConstGauge::new(i64::try_from(self.records.queued()).unwrap_or(i64::MAX));
+        let me = encoder.encode_descriptor("record_queue_depth", "Request records waiting in the queue", None, queued.metric_type())?;
+        queued.encode(me)?;
+
+        let mut family = encoder.encode_descriptor(
+            "breaker_state",
+            "Circuit breaker per endpoint: 0 closed, 1 half-open, 2 open",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for e in &self.endpoints {
+            let labels = [("endpoint", e.id.as_str())];
+            let g = ConstGauge::new(e.health.breaker_state().as_gauge());
+            g.encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}

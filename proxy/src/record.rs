@@ -1,0 +1,182 @@
+//! Turning what happened into telemetry: one [`RequestRecord`] per upstream attempt (and one
+//! for a request rejected before any), sent through the non-blocking record queue, and the
+//! matching metric updates. The request path never waits here.
+
+use std::sync::Arc;
+
+use samewise_store::RequestRecord;
+use tokio::time::Instant;
+
+use crate::inspect::Observation;
+use crate::metrics::{EndpointLabels, ErrorLabels, ModelLabels, RequestLabels, ToolLabels};
+use crate::routing::Endpoint;
+use crate::state::AppState;
+
+/// What is known about a client request from its start.
+#[derive(Debug, Clone)]
+pub(crate) struct RequestCtx {
+    pub(crate) request_id: String,
+    pub(crate) ts_ms: i64,
+    pub(crate) started: Instant,
+    pub(crate) key_id: Option<i64>,
+    /// The model as the client sent it.
+    pub(crate) model: String,
+    /// The model for metric labels: a configured name, or `unknown`.
+    pub(crate) model_label: String,
+    pub(crate) route: &'static str,
+    pub(crate) stream: bool,
+    pub(crate) prompt_chars: usize,
+    /// Records of failed attempts so far, sent with the final one.
+    pub(crate) earlier: Vec<RequestRecord>,
+}
+
+/// One attempt on one endpoint.
+#[derive(Debug, Clone)]
+pub(crate) struct AttemptCtx {
+    pub(crate) attempt: u32,
+    pub(crate) ts_ms: i64,
+    pub(crate) started: Instant,
+    pub(crate) endpoint: Arc<Endpoint>,
+}
+
+impl RequestCtx {
+    /// A record of this request with nothing measured yet.
+    fn base(&self) -> RequestRecord {
+        RequestRecord {
+            request_id: self.request_id.clone(),
+            ts_ms: self.ts_ms,
+            key_id: self.key_id,
+            model: self.model.clone(),
+            route: self.route.to_owned(),
+            stream: self.stream,
+            ..RequestRecord::default()
+        }
+    }
+
+    /// The record of an attempt.
+    pub(crate) fn attempt_record(
+        &self,
+        att: &AttemptCtx,
+        status: Option<u16>,
+        error_kind: Option<&str>,
+        obs: Option<&Observation>,
+        now: Instant,
+    ) -> RequestRecord {
+        let mut r = self.base();
+        r.attempt = att.attempt;
+        r.ts_ms = att.ts_ms;
+        r.provider = Some(att.endpoint.provider.clone());
+        r.endpoint = Some(att.endpoint.id.clone());
+        r.status = status;
+        r.error_kind = error_kind.map(str::to_owned);
+        r.latency_ms = ms(now.saturating_duration_since(att.started));
+        if let Some(o) = obs {
+            r.ttft_ms = o.first_token_at.map(|t| ms(t.saturating_duration_since(att.started)));
+            r.finish_reason.clone_from(&o.finish_reason);
+            r.output_chars = i64::try_from(o.output_chars).unwrap_or(i64::MAX);
+            let (prompt, completion, counted) = match o.usage {
+                Some((p, c)) => (p, c, false),
+                None => {
+                    let completion = if self.stream { o.deltas as i64 } else { o.output_chars.div_ceil(4) as i64 };
+                    (self.prompt_chars.div_ceil(4) as i64, completion, true)
+                }
+            };
+            r.prompt_tokens = Some(prompt);
+            r.completion_tokens = Some(completion);
+            r.usage_counted = counted;
+            r.cost_usd = Some(
+                prompt as f64 * att.endpoint.price_input_per_mtok / 1e6
+                    + completion as f64 * att.endpoint.price_output_per_mtok / 1e6,
+            );
+            if let (Some(first), Some(last)) = (o.first_token_at, o.last_token_at)
+                && self.stream
+                && completion > 1
+            {
+                r.tpot_ms = Some(ms(last.saturating_duration_since(first)) / (completion - 1) as f64);
+            }
+            r.tool_calls = o.tools.calls;
+            r.tool_invalid_json = o.tools.invalid_json;
+            r.tool_unknown_name = o.tools.unknown_name;
+            r.tool_schema_mismatch = o.tools.schema_mismatch;
+            r.tool_finish_mismatch.clone_from(&o.tools.finish_mismatch);
+            r.tool_errored = o.tools.errored();
+            r.degenerate = o.degenerate;
+        }
+        r
+    }
+
+    /// A request answered before any upstream attempt.
+    pub(crate) fn rejected_record(&self, status: u16, kind: &str) -> RequestRecord {
+        let mut r = self.base();
+        r.final_attempt = true;
+        r.status = Some(status);
+        r.error_kind = Some(kind.to_owned());
+        r.latency_ms = ms(self.started.elapsed());
+        r
+    }
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Sends every record of a finished request (the earlier attempts and `last`, the one whose
+/// answer reached the client) and updates the request metrics.
+pub(crate) fn finish(state: &AppState, ctx: &mut RequestCtx, mut last: RequestRecord) {
+    let m = &state.inner.metrics;
+    let attempts = u32::try_from(ctx.earlier.len()).unwrap_or(u32::MAX) + u32::from(last.attempt > 0);
+    last.final_attempt = true;
+    last.attempts = attempts;
+    let endpoint = last.endpoint.clone().unwrap_or_else(|| "none".to_owned());
+    let status_class = match last.status {
+        Some(s) if (200..300).contains(&s) && last.error_kind.is_none() => "2xx",
+        Some(s) if (200..300).contains(&s) => "stream_error",
+        Some(s) if (400..500).contains(&s) => "4xx",
+        _ => "5xx",
+    };
+    m.requests
+        .get_or_create(&RequestLabels {
+            model: ctx.model_label.clone(),
+            endpoint: endpoint.clone(),
+            status_class: status_class.to_owned(),
+        })
+        .inc();
+    m.request_duration.get_or_create(&ModelLabels { model: ctx.model_label.clone() }).observe(ctx.started.elapsed().as_secs_f64());
+    if last.endpoint.is_some() {
+        let labels = EndpointLabels { model: ctx.model_label.clone(), endpoint: endpoint.clone() };
+        if let Some(t) = last.ttft_ms {
+            m.ttft.get_or_create(&labels).observe(t / 1e3);
+        }
+        if last.degenerate {
+            m.degenerate_cuts.get_or_create(&labels).inc();
+        }
+    }
+    for r in ctx.earlier.iter().chain(std::iter::once(&last)) {
+        let Some(ep) = &r.endpoint else { continue };
+        if let Some(kind) = &r.error_kind {
+            m.upstream_errors.get_or_create(&ErrorLabels { endpoint: ep.clone(), kind: kind.clone() }).inc();
+        }
+        for (kind, n) in [
+            ("invalid_json", r.tool_invalid_json),
+            ("unknown_name", r.tool_unknown_name),
+            ("schema_mismatch", r.tool_schema_mismatch),
+            ("finish_mismatch", u32::from(r.tool_finish_mismatch.is_some())),
+        ] {
+            if n > 0 {
+                let labels = ToolLabels { model: ctx.model_label.clone(), endpoint: ep.clone(), kind: kind.to_owned() };
+                m.tool_call_errors.get_or_create(&labels).inc_by(u64::from(n));
+            }
+        }
+    }
+    for mut r in ctx.earlier.drain(..) {
+        r.attempts = attempts;
+        send(state, r);
+    }
+    send(state, last);
+}
+
+fn send(state: &AppState, r: RequestRecord) {
+    if !state.inner.records.try_send(r) {
+        tracing::debug!("request-record queue full; record dropped (counted in samewise_record_queue_dropped_total)");
+    }
+}

@@ -1,0 +1,181 @@
+//! The streaming response body: upstream SSE bytes go to the client event by event as they
+//! arrive, never buffered whole, while the [`Inspector`] reads each event on the side.
+//!
+//! Each decoded event is written on as `data: <the upstream's data, unchanged>` (plus its
+//! `event:`/`id:` lines), so the payload bytes are the upstream's; only framing is normalised
+//! (comments and keep-alives are dropped). This lets the relay drop the usage-only chunk the
+//! client did not ask for and cut a degenerate generation at an event boundary.
+//!
+//! Whatever ends the stream — `[DONE]`, the upstream closing early, a reset, an idle timeout,
+//! broken SSE, the degeneration guard, or the client going away (the body is dropped) — the
+//! attempt is recorded exactly once. A failure after the first byte ends the stream with an
+//! OpenAI-style error event, `data: {"error": {...}}`.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use samewise_wire::ErrorBody;
+use samewise_wire::sse::{SseDecoder, SseEvent, encode_data, encode_event};
+use tokio::time::Instant;
+
+use crate::health::{Admission, InflightGuard};
+use crate::inspect::{EventAction, Inspector};
+use crate::record::{self, AttemptCtx, RequestCtx};
+use crate::state::AppState;
+
+/// One streaming attempt whose answer is going to the client.
+pub(crate) struct Relay {
+    pub(crate) state: AppState,
+    pub(crate) ctx: RequestCtx,
+    pub(crate) att: AttemptCtx,
+    pub(crate) status: u16,
+    pub(crate) upstream: BoxStream<'static, reqwest::Result<Bytes>>,
+    pub(crate) idle: Duration,
+    pub(crate) decoder: SseDecoder,
+    pub(crate) inspector: Option<Inspector>,
+    pub(crate) _inflight: InflightGuard,
+}
+
+impl Relay {
+    /// The response body.
+    pub(crate) fn into_body(self) -> axum::body::Body {
+        let stream = futures_util::stream::unfold(self, |mut relay| async move {
+            relay.next_chunk().await.map(|b| (Ok::<Bytes, Infallible>(b), relay))
+        });
+        axum::body::Body::from_stream(stream)
+    }
+
+    /// The next bytes for the client, or None when the stream is over.
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        loop {
+            self.inspector.as_ref()?;
+            match tokio::time::timeout(self.idle, self.upstream.next()).await {
+                Err(_) => return Some(self.fail("stream_idle_timeout", "the upstream stopped sending")),
+                Ok(Some(Err(_))) => return Some(self.fail("stream_reset", "the upstream connection broke mid-stream")),
+                Ok(None) => return self.at_end(),
+                Ok(Some(Ok(bytes))) => {
+                    let events = match self.decoder.feed(&bytes) {
+                        Ok(events) => events,
+                        Err(_) => return Some(self.fail("broken_sse", "the upstream sent an invalid event stream")),
+                    };
+                    if let Some(out) = self.pass(&events) {
+                        return Some(out);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads `events` on the side and encodes those to forward; None when nothing is to be sent.
+    fn pass(&mut self, events: &[SseEvent]) -> Option<Bytes> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for ev in events {
+            let action = match self.inspector.as_mut() {
+                Some(i) => i.on_event(&ev.data, now),
+                None => return None,
+            };
+            match action {
+                EventAction::Forward => out.extend_from_slice(&encode(ev)),
+                EventAction::Drop => {}
+                EventAction::Cut => {
+                    out.extend_from_slice(&error_event(
+                        "degenerate",
+                        "generation stopped: the same output repeated too many times in a row",
+                    ));
+                    self.finalize(Some("degenerate"), false);
+                    return Some(Bytes::from(out));
+                }
+            }
+            if ev.is_done() {
+                // Nothing after [DONE] matters; end here.
+                self.finalize(None, true);
+                return Some(Bytes::from(out));
+            }
+        }
+        (!out.is_empty()).then(|| Bytes::from(out))
+    }
+
+    /// The upstream body ended.
+    fn at_end(&mut self) -> Option<Bytes> {
+        let mut out = Vec::new();
+        match self.decoder.finish() {
+            Ok(Some(ev)) => {
+                if let Some(b) = self.pass(std::slice::from_ref(&ev)) {
+                    out.extend_from_slice(&b);
+                }
+            }
+            Ok(None) => {}
+            Err(_) => {
+                out.extend_from_slice(&self.fail("broken_sse", "the upstream sent an invalid event stream"));
+                return Some(Bytes::from(out));
+            }
+        }
+        if self.inspector.is_none() {
+            return (!out.is_empty()).then(|| Bytes::from(out));
+        }
+        let saw_finish = self.inspector.as_ref().is_some_and(Inspector::saw_finish);
+        if saw_finish {
+            // Finished but without [DONE]: complete enough; record it and end cleanly.
+            self.finalize(Some("missing_done"), true);
+            return (!out.is_empty()).then(|| Bytes::from(out));
+        }
+        out.extend_from_slice(&self.fail("stream_truncated", "the upstream ended the stream before it finished"));
+        Some(Bytes::from(out))
+    }
+
+    /// Ends the stream with an error event and records the failure.
+    fn fail(&mut self, kind: &'static str, message: &str) -> Bytes {
+        self.finalize(Some(kind), false);
+        error_event(kind, message)
+    }
+
+    /// Records the attempt once; `healthy` is the breaker outcome.
+    fn finalize(&mut self, error_kind: Option<&str>, healthy: bool) {
+        let Some(inspector) = self.inspector.take() else { return };
+        let obs = inspector.finish();
+        let kind = match error_kind {
+            Some(k) => Some(k),
+            None if obs.upstream_error => Some("upstream_stream_error"),
+            None => None,
+        };
+        if !healthy {
+            self.att.endpoint.health.record(Admission::Normal, false);
+        }
+        let record = self.ctx.attempt_record(&self.att, Some(self.status), kind, Some(&obs), Instant::now());
+        record::finish(&self.state, &mut self.ctx, record);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        // The client went away before the stream ended (or the server is shutting down).
+        if self.inspector.is_some() {
+            self.finalize(Some("client_disconnect"), true);
+        }
+    }
+}
+
+/// An event as the client receives it.
+fn encode(ev: &SseEvent) -> Vec<u8> {
+    let mut out = Vec::new();
+    if let Some(id) = &ev.id {
+        out.extend_from_slice(b"id: ");
+        out.extend_from_slice(id.as_bytes());
+        out.push(b'\n');
+    }
+    match &ev.event {
+        Some(name) => out.extend_from_slice(&encode_event(Some(name), &ev.data)),
+        None => out.extend_from_slice(&encode_data(&ev.data)),
+    }
+    out
+}
+
+/// The OpenAI-style error event that ends a failed stream.
+pub(crate) fn error_event(code: &str, message: &str) -> Bytes {
+    let body = ErrorBody::new(message, "server_error", Some(code));
+    Bytes::from(encode_data(&body.to_json()))
+}

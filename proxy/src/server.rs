@@ -1,0 +1,94 @@
+//! The HTTP surface: [`router`] maps routes to thin handlers over [`AppState`], and [`serve`]
+//! runs it on a listener until a shutdown future resolves, then waits for in-flight requests
+//! (streams included) to finish.
+
+use std::future::Future;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use samewise_wire::ModelList;
+
+use crate::body::Route;
+use crate::error::ApiError;
+use crate::forward;
+use crate::record::RequestCtx;
+use crate::state::AppState;
+
+/// The gateway's routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
+/// `/metrics`, `/healthz`; anything else is an OpenAI-shaped 404.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// Serves `router(state)` on `listener` until `shutdown` resolves, then drains in-flight
+/// requests.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), crate::ProxyError> {
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await?;
+    Ok(())
+}
+
+async fn chat(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    forward::handle(state, Route::Chat, headers, body).await
+}
+
+async fn completions(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    forward::handle(state, Route::Completions, headers, body).await
+}
+
+async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err(e) = state.inner.auth.authenticate(&headers).await {
+        let mut ctx = RequestCtx {
+            request_id: forward::new_request_id(&mut state.rng()),
+            ts_ms: samewise_store::now_ms(),
+            started: tokio::time::Instant::now(),
+            key_id: None,
+            model: String::new(),
+            model_label: "unknown".to_owned(),
+            route: "models",
+            stream: false,
+            prompt_chars: 0,
+            earlier: Vec::new(),
+        };
+        let rec = ctx.rejected_record(e.status.as_u16(), e.kind);
+        crate::record::finish(&state, &mut ctx, rec);
+        return e.into_response();
+    }
+    let mut names: Vec<String> = state.inner.models.keys().cloned().collect();
+    names.sort();
+    let list = ModelList::of(names, "samewise", 0);
+    match serde_json::to_string(&list) {
+        Ok(json) => ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], json).into_response(),
+        Err(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "server_error", "model list").into_response(),
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"))],
+        state.render_metrics(),
+    )
+        .into_response()
+}
+
+async fn healthz() -> Response {
+    ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], r#"{"status":"ok"}"#).into_response()
+}
+
+async fn not_found() -> Response {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "invalid_request_error", "no such route").into_response()
+}

@@ -1,0 +1,167 @@
+//! [`AppState`]: everything a handler needs, built once from the configuration — the routes
+//! per model, one HTTP client per provider with its (secret) auth header, the authenticator,
+//! the record queue and the metrics. It is a `Clone` of one `Arc`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::HeaderValue;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use samewise_store::{RecordSender, Store};
+
+use crate::auth::Authenticator;
+use crate::config::{Config, Limits};
+use crate::health::EndpointHealth;
+use crate::metrics::Metrics;
+use crate::routing::{Endpoint, ModelRoute};
+use crate::ProxyError;
+
+/// Shared state of the gateway; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// The one copy of the state.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) limits: Limits,
+    pub(crate) body_limit: usize,
+    pub(crate) models: HashMap<String, Arc<ModelRoute>>,
+    pub(crate) upstreams: HashMap<String, Upstream>,
+    pub(crate) auth: Authenticator,
+    pub(crate) records: RecordSender,
+    pub(crate) metrics: Metrics,
+    pub(crate) rng: Mutex<SmallRng>,
+}
+
+/// How to reach one provider.
+#[derive(Debug)]
+pub(crate) struct Upstream {
+    /// Base URL including `/v1`.
+    pub(crate) base_url: String,
+    /// `Bearer <provider key>`, marked sensitive so it is never printed.
+    pub(crate) auth: Option<HeaderValue>,
+    /// Client with this provider's connect timeout.
+    pub(crate) client: reqwest::Client,
+    /// Time allowed to the response head.
+    pub(crate) first_byte_timeout: Duration,
+    /// Longest silence while reading a body.
+    pub(crate) idle_timeout: Duration,
+}
+
+impl AppState {
+    /// Builds the state. Provider keys are read from the environment here; a missing one is an
+    /// error naming the variable (never its value).
+    pub fn new(config: &Config, store: Store, records: RecordSender) -> Result<AppState, ProxyError> {
+        Self::with_env(config, store, records, |name| std::env::var(name).ok())
+    }
+
+    /// As [`AppState::new`], reading variables through `env` (tests pass their own).
+    pub fn with_env(
+        config: &Config,
+        store: Store,
+        records: RecordSender,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<AppState, ProxyError> {
+        let mut upstreams = HashMap::new();
+        for (name, p) in &config.providers {
+            let auth = match &p.api_key_env {
+                None => None,
+                Some(var) => {
+                    let key = env(var).filter(|v| !v.is_empty()).ok_or_else(|| ProxyError::MissingProviderKey {
+                        provider: name.clone(),
+                        env: var.clone(),
+                    })?;
+                    let mut v = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| ProxyError::HttpClient {
+                        provider: name.clone(),
+                        message: format!("${var} holds characters not allowed in an HTTP header"),
+                    })?;
+                    v.set_sensitive(true);
+                    Some(v)
+                }
+            };
+            let client = reqwest::Client::builder()
+                .connect_timeout(p.connect_timeout)
+                .tcp_nodelay(true)
+                .pool_idle_timeout(Duration::from_secs(60))
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .map_err(|e| ProxyError::HttpClient { provider: name.clone(), message: e.to_string() })?;
+            upstreams.insert(
+                name.clone(),
+                Upstream {
+                    base_url: p.base_url.clone(),
+                    auth,
+                    client,
+                    first_byte_timeout: p.first_byte_timeout,
+                    idle_timeout: p.idle_timeout,
+                },
+            );
+        }
+
+        let mut models = HashMap::new();
+        let mut all = Vec::new();
+        for (name, m) in &config.models {
+            let mut endpoints = Vec::new();
+            for e in &m.endpoints {
+                let Some(p) = config.providers.get(&e.provider) else {
+                    return Err(ProxyError::ConfigInvalid {
+                        key: format!("models.{name}.endpoints"),
+                        line: None,
+                        message: format!("names unknown provider \"{}\"", e.provider),
+                    });
+                };
+                let ep = Arc::new(Endpoint {
+                    id: format!("{}/{}", e.provider, e.model),
+                    provider: e.provider.clone(),
+                    upstream_model: e.model.clone(),
+                    weight: e.weight,
+                    price_input_per_mtok: p.price_input_per_mtok,
+                    price_output_per_mtok: p.price_output_per_mtok,
+                    data_collection: p.data_collection,
+                    quantization: p.quantization.clone(),
+                    health: Arc::new(EndpointHealth::new(config.breaker.clone())),
+                });
+                all.push(Arc::clone(&ep));
+                endpoints.push(ep);
+            }
+            models.insert(name.clone(), Arc::new(ModelRoute { name: name.clone(), policy: m.policy, endpoints }));
+        }
+
+        let metrics = Metrics::new(records.clone(), all);
+        Ok(AppState {
+            inner: Arc::new(Inner {
+                limits: config.limits.clone(),
+                body_limit: config.server.body_limit_bytes,
+                models,
+                upstreams,
+                auth: Authenticator::new(store, config.limits.key_cache_ttl),
+                records,
+                metrics,
+                rng: Mutex::new(SmallRng::from_os_rng()),
+            }),
+        })
+    }
+
+    /// The route of a logical model, for the probe path and tests (health flags live on its
+    /// endpoints).
+    pub fn model(&self, name: &str) -> Option<Arc<ModelRoute>> {
+        self.inner.models.get(name).cloned()
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render_metrics(&self) -> String {
+        self.inner.metrics.render()
+    }
+
+    /// A per-request random generator seeded from the shared one.
+    pub(crate) fn rng(&self) -> SmallRng {
+        match self.inner.rng.lock() {
+            Ok(mut r) => SmallRng::from_rng(&mut *r),
+            Err(_) => SmallRng::seed_from_u64(0x5eed),
+        }
+    }
+}
