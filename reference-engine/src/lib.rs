@@ -15,21 +15,38 @@
 //! - [`hf`]: Hugging Face `config.json` + safetensors (single file or sharded).
 //! - [`config`]: the model hyper-parameters, from either source.
 //! - [`kernels`]: thread pool, packed-panel GEMM, attention and norm kernels.
-//! - [`model`]: weights in kernel layout and the forward pass.
+//! - [`model`]: weights in kernel layout, loaded from either source.
+//! - [`forward`]: the batched forward pass.
 //! - [`kv`]: the per-sequence KV cache.
 //! - [`sample`]: log-softmax, top-k, greedy and seeded sampling.
 //! - [`engine`]: the library API ([`Engine`]): load, score, generate.
 //! - [`batcher`]: a worker thread that batches concurrent jobs (continuous batching).
 //! - [`chat`]: chat templates rendered as Hugging Face does, the tools convention, tool-call
 //!   parsing.
+//! - [`profile`]: serving profiles that emulate provider faults (re-quantized weights,
+//!   8-bit activations, KV-cache formats, truncation, tool-call corruption, ...).
 //! - [`tokenizer`]: text <-> ids (tokenizer.json or GGUF metadata), token bytes, streaming
 //!   detokenisation.
 
 pub mod chat;
+pub mod config;
+pub mod engine;
 pub mod error;
+pub mod forward;
 pub mod gguf;
+pub mod hf;
 pub mod kernels;
+pub mod kv;
+pub mod model;
+pub mod profile;
 pub mod quant;
+pub mod sample;
 pub mod tokenizer;
 
+pub use config::{Arch, ModelConfig};
+pub use engine::{
+    Engine, Finish, FinishReason, GenerateParams, GeneratedToken, Generation, LoadOptions, ScoredPosition, ScoredSequence,
+};
 pub use error::{EngineError, Result};
+pub use kernels::Isa;
+pub use sample::{SamplingParams, TokenLogprob};

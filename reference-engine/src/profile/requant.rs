@@ -1,0 +1,252 @@
+//! The numerical faults a serving profile can inject, as pure functions over f32 rows:
+//! weight re-quantization (round-to-nearest, group-wise, 2 to 8 bits), 8-bit activation
+//! quantization per 32-value block, and KV-cache storage rounding (f16, bf16, 8-bit).
+//!
+//! Each function maps a row of reference values to the values a provider using that
+//! number format would compute with ("fake quantization": quantize, then dequantize in
+//! f32). The forward pass stays the exact f32 pass; only its inputs change, so a profile's
+//! drift is the drift of the number format alone.
+
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+
+/// How weights are re-quantized (round-to-nearest, one scale per group of consecutive
+/// values along a row, i.e. along the reduction dimension, as GGUF blocks are).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightQuant {
+    /// Bits per weight: 2, 3, 4, 5, 6 or 8.
+    pub bits: u8,
+    /// Values per group sharing one scale: 32, 64 or 128.
+    #[serde(default = "default_group")]
+    pub group_size: usize,
+    /// Symmetric (ggml's `Q*_0` style: scale only, the value of largest magnitude maps to
+    /// `-2^(bits-1)`) or asymmetric (`Q*_1` style: scale and minimum, `2^bits` levels from
+    /// the group's minimum to its maximum).
+    #[serde(default = "default_true")]
+    pub symmetric: bool,
+}
+
+fn default_group() -> usize {
+    32
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl WeightQuant {
+    /// Whether the parameters are in the supported ranges; the message names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if !matches!(self.bits, 2..=6 | 8) {
+            return Err(format!("weights.bits must be 2, 3, 4, 5, 6 or 8, not {}", self.bits));
+        }
+        if !matches!(self.group_size, 32 | 64 | 128) {
+            return Err(format!("weights.group_size must be 32, 64 or 128, not {}", self.group_size));
+        }
+        Ok(())
+    }
+
+    /// Re-quantizes one row in place. A trailing partial group gets its own scale.
+    pub fn apply(&self, row: &mut [f32]) {
+        for group in row.chunks_mut(self.group_size.max(1)) {
+            if self.symmetric {
+                quantize_symmetric(group, self.bits);
+            } else {
+                quantize_asymmetric(group, self.bits);
+            }
+        }
+    }
+}
+
+/// ggml's symmetric scheme generalised to `bits`: `d = max / -2^(bits-1)` where `max` is the
+/// value of largest magnitude (sign kept), `q = clamp(round(x / d), -2^(bits-1), 2^(bits-1)-1)`,
+/// value `q * d`. (For 4 bits this is exactly `Q4_0`'s rounding; 8 bits uses `Q8_0`'s
+/// `d = amax / 127` instead, as ggml does.)
+fn quantize_symmetric(group: &mut [f32], bits: u8) {
+    let half_levels = (1i32 << (bits - 1)) as f32;
+    let (d, qmin, qmax) = if bits == 8 {
+        let amax = group.iter().fold(0f32, |m, &x| m.max(x.abs()));
+        (amax / 127.0, -127.0, 127.0)
+    } else {
+        let max = group.iter().fold(0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
+        (max / -half_levels, -half_levels, half_levels - 1.0)
+    };
+    if d == 0.0 || !d.is_finite() {
+        group.iter_mut().for_each(|x| *x = 0.0);
+        return;
+    }
+    let id = 1.0 / d;
+    for x in group.iter_mut() {
+        let q = (*x * id).round().clamp(qmin, qmax);
+        *x = q * d;
+    }
+}
+
+/// ggml's asymmetric scheme generalised to `bits`: `d = (max - min) / (2^bits - 1)`,
+/// `q = clamp(round((x - min) / d), 0, 2^bits - 1)`, value `q * d + min`.
+fn quantize_asymmetric(group: &mut [f32], bits: u8) {
+    let levels = ((1u32 << bits) - 1) as f32;
+    let (min, max) = group
+        .iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+    let d = (max - min) / levels;
+    if d == 0.0 || !d.is_finite() {
+        group.iter_mut().for_each(|x| *x = min);
+        return;
+    }
+    let id = 1.0 / d;
+    for x in group.iter_mut() {
+        let q = ((*x - min) * id).round().clamp(0.0, levels);
+        *x = q * d + min;
+    }
+}
+
+/// Quantizes activations the way llama.cpp's CPU kernels do before a quantized matmul:
+/// blocks of 32 values along the row, `d = amax / 127`, `q = round(x / d)`, value `q * d`
+/// (`Q8_0`). Applied to every matmul input under the `activations` knob.
+pub fn quantize_activations_q8(row: &mut [f32]) {
+    for block in row.chunks_mut(32) {
+        quantize_symmetric(block, 8);
+    }
+}
+
+/// How the KV cache stores keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvDtype {
+    /// Exact (the reference).
+    #[default]
+    F32,
+    /// IEEE half precision, round to nearest even.
+    F16,
+    /// bfloat16, round to nearest even.
+    Bf16,
+    /// 8 bits per value with one f32 scale per 32 values along the head dimension (`Q8_0`).
+    Q8,
+}
+
+impl KvDtype {
+    /// Rounds one head vector (or any row) to what the cache would give back.
+    pub fn apply(self, row: &mut [f32]) {
+        match self {
+            KvDtype::F32 => {}
+            KvDtype::F16 => row.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32()),
+            KvDtype::Bf16 => row.iter_mut().for_each(|x| *x = bf16::from_f32(*x).to_f32()),
+            KvDtype::Q8 => quantize_activations_q8(row),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg_row(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2
+            })
+            .collect()
+    }
+
+    fn rmse(a: &[f32], b: &[f32]) -> f64 {
+        (a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>() / a.len() as f64).sqrt()
+    }
+
+    #[test]
+    fn error_falls_as_bits_rise_for_both_schemes() {
+        let orig = lcg_row(4096, 7);
+        for symmetric in [true, false] {
+            let errs: Vec<f64> = [2u8, 3, 4, 5, 6, 8]
+                .iter()
+                .map(|&bits| {
+                    let mut r = orig.clone();
+                    WeightQuant { bits, group_size: 32, symmetric }.apply(&mut r);
+                    rmse(&orig, &r)
+                })
+                .collect();
+            assert!(errs.windows(2).all(|w| w[0] > w[1]), "symmetric={symmetric}: {errs:?}");
+            assert!(errs[5] > 0.0);
+        }
+    }
+
+    #[test]
+    fn values_land_on_the_grid_and_error_is_at_most_half_a_step() {
+        let orig = lcg_row(256, 3);
+        let mut r = orig.clone();
+        let q = WeightQuant { bits: 4, group_size: 64, symmetric: false };
+        q.apply(&mut r);
+        for (g, gr) in orig.chunks(64).zip(r.chunks(64)) {
+            let (lo, hi) = g.iter().fold((f32::MAX, f32::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+            let d = (hi - lo) / 15.0;
+            let mut levels: Vec<i64> = gr.iter().map(|&x| ((x - lo) / d).round() as i64).collect();
+            levels.sort_unstable();
+            levels.dedup();
+            assert!(levels.len() <= 16 && levels.iter().all(|l| (0..=15).contains(l)));
+            for (x, y) in g.iter().zip(gr) {
+                assert!((x - y).abs() <= d * 0.5 + 1e-6, "{x} -> {y}, step {d}");
+            }
+        }
+    }
+
+    #[test]
+    fn symmetric_4_bit_matches_q4_0_rounding() {
+        // ggml quantize_row_q4_0: d = max / -8, q = min(15, (int)(x/d + 8.5)) - 8.
+        let orig = lcg_row(32, 11);
+        let max = orig.iter().fold(0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
+        let d = max / -8.0;
+        let expected: Vec<f32> = orig
+            .iter()
+            .map(|&x| (((x / d + 8.5) as i32).min(15) - 8) as f32 * d)
+            .collect();
+        let mut r = orig.clone();
+        WeightQuant { bits: 4, group_size: 32, symmetric: true }.apply(&mut r);
+        for (a, b) in r.iter().zip(&expected) {
+            assert!((a - b).abs() <= d.abs() * 1e-5, "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn degenerate_groups_do_not_produce_nan() {
+        for symmetric in [true, false] {
+            let mut zeros = vec![0f32; 40];
+            WeightQuant { bits: 3, group_size: 32, symmetric }.apply(&mut zeros);
+            assert!(zeros.iter().all(|x| *x == 0.0));
+            let mut flat = vec![0.25f32; 33];
+            WeightQuant { bits: 2, group_size: 32, symmetric }.apply(&mut flat);
+            assert!(flat.iter().all(|x| x.is_finite()));
+        }
+    }
+
+    #[test]
+    fn activation_and_kv_rounding() {
+        let orig = lcg_row(100, 5);
+        let mut a = orig.clone();
+        quantize_activations_q8(&mut a);
+        for (blk, qb) in orig.chunks(32).zip(a.chunks(32)) {
+            let d = blk.iter().fold(0f32, |m, &x| m.max(x.abs())) / 127.0;
+            for (x, y) in blk.iter().zip(qb) {
+                assert!((x - y).abs() <= d * 0.5 + 1e-7);
+            }
+        }
+        assert_ne!(a, orig);
+        let mut f = orig.clone();
+        KvDtype::F32.apply(&mut f);
+        assert_eq!(f, orig);
+        for dt in [KvDtype::F16, KvDtype::Bf16, KvDtype::Q8] {
+            let mut r = orig.clone();
+            dt.apply(&mut r);
+            assert_ne!(r, orig, "{dt:?}");
+            assert!(rmse(&orig, &r) < 1e-2);
+        }
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        assert!(WeightQuant { bits: 7, group_size: 32, symmetric: true }.validate().unwrap_err().contains("weights.bits"));
+        assert!(WeightQuant { bits: 4, group_size: 48, symmetric: true }.validate().unwrap_err().contains("weights.group_size"));
+    }
+}
