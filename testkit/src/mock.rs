@@ -63,6 +63,8 @@ pub struct MockUpstreamBuilder {
     default: Behavior,
     /// Keep request bodies (off for load tests, where they would pile up).
     record_bodies: bool,
+    /// Keep requests at all (off for load tests; they are still counted).
+    record: bool,
     /// Where to listen; `127.0.0.1:0` unless set.
     bind: String,
 }
@@ -86,6 +88,7 @@ struct Shared {
     queue: Mutex<VecDeque<Behavior>>,
     default: Mutex<Behavior>,
     record_bodies: bool,
+    record: bool,
     requests: Mutex<Vec<RecordedRequest>>,
     /// Requests seen so far (also numbers the answers' ids).
     seen: AtomicU64,
@@ -142,6 +145,13 @@ impl MockUpstreamBuilder {
         self
     }
 
+    /// Whether requests are recorded at all (default true; they are always counted).
+    #[must_use]
+    pub fn record(mut self, on: bool) -> Self {
+        self.record = on;
+        self
+    }
+
     /// Listens on this address instead of `127.0.0.1:0`.
     #[must_use]
     pub fn bind(mut self, addr: &str) -> Self {
@@ -164,6 +174,7 @@ impl MockUpstreamBuilder {
             queue: Mutex::new(self.queue),
             default: Mutex::new(self.default),
             record_bodies: self.record_bodies,
+            record: self.record,
             requests: Mutex::new(Vec::new()),
             seen: AtomicU64::new(0),
             arrived: Notify::new(),
@@ -184,6 +195,7 @@ impl MockUpstream {
             queue: VecDeque::new(),
             default: Behavior::Ok(Reply::default()),
             record_bodies: true,
+            record: true,
             bind: "127.0.0.1:0".to_owned(),
         }
     }
@@ -315,7 +327,7 @@ async fn serve_conn(stream: TcpStream, shared: Arc<Shared>, cancel: Cancellation
         };
         let Ok(Some(request)) = request else { return };
         let seq = shared.seen.load(Ordering::SeqCst) + 1;
-        {
+        if shared.record {
             let mut log = lock(&shared.requests);
             log.push(RecordedRequest {
                 method: request.method.clone(),
@@ -323,6 +335,8 @@ async fn serve_conn(stream: TcpStream, shared: Arc<Shared>, cancel: Cancellation
                 headers: request.headers.clone(),
                 body: if shared.record_bodies { request.body.clone() } else { Bytes::new() },
             });
+            shared.seen.fetch_add(1, Ordering::SeqCst);
+        } else {
             shared.seen.fetch_add(1, Ordering::SeqCst);
         }
         shared.arrived.notify_waiters();
