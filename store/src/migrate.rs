@@ -9,7 +9,7 @@
 //! lock up front (other processes wait on the busy timeout).
 
 use sha2::{Digest, Sha256};
-use sqlx::{Connection, Row};
+use sqlx::Connection;
 
 use crate::connect::{Backend, Pool};
 use crate::{Store, StoreError};
@@ -86,14 +86,13 @@ pub async fn run(store: &Store) -> Result<(), StoreError> {
                 .execute(&mut *tx)
                 .await
                 .map_err(sqlite_err("creating schema_migrations"))?;
-            let applied = applied(&mut *tx, Backend::Sqlite).await?;
+            let applied = applied_sqlite(&mut tx).await?;
             check_known(&applied, SQLITE, Backend::Sqlite)?;
             for m in SQLITE {
                 if applied.iter().any(|(v, _)| *v == m.version) {
                     continue;
                 }
-                sqlx::raw_sql(m.sql)
-                    .execute(&mut *tx)
+                sqlx::Executor::execute(&mut *tx, m.sql)
                     .await
                     .map_err(|e| failed(Backend::Sqlite, m, &e))?;
                 record_sqlite(&mut tx, m)
@@ -118,7 +117,7 @@ async fn run_postgres(conn: &mut sqlx::PgConnection) -> Result<(), StoreError> {
         .execute(&mut *conn)
         .await
         .map_err(pg_err("creating schema_migrations"))?;
-    let applied = applied(&mut *conn, Backend::Postgres).await?;
+    let applied = applied_postgres(&mut *conn).await?;
     check_known(&applied, POSTGRES, Backend::Postgres)?;
     for m in POSTGRES {
         if applied.iter().any(|(v, _)| *v == m.version) {
@@ -128,8 +127,7 @@ async fn run_postgres(conn: &mut sqlx::PgConnection) -> Result<(), StoreError> {
             .begin()
             .await
             .map_err(pg_err("starting a transaction"))?;
-        sqlx::raw_sql(m.sql)
-            .execute(&mut *tx)
+        sqlx::Executor::execute(&mut *tx, m.sql)
             .await
             .map_err(|e| failed(Backend::Postgres, m, &e))?;
         record_postgres(&mut tx, m)
@@ -147,37 +145,22 @@ async fn run_postgres(conn: &mut sqlx::PgConnection) -> Result<(), StoreError> {
     Ok(())
 }
 
+const SELECT_APPLIED: &str = "SELECT version, checksum FROM schema_migrations ORDER BY version";
+
 /// The versions already applied, with their recorded checksums.
-async fn applied<'c, E>(conn: E, backend: Backend) -> Result<Vec<(i64, String)>, StoreError>
-where
-    E: sqlx::Executor<'c>,
-    i64: for<'r> sqlx::Decode<'r, E::Database> + sqlx::Type<E::Database>,
-    String: for<'r> sqlx::Decode<'r, E::Database> + sqlx::Type<E::Database>,
-    usize: sqlx::ColumnIndex<<E::Database as sqlx::Database>::Row>,
-    for<'q> <E::Database as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, E::Database>,
-{
-    let rows = sqlx::query::<E::Database>(
-        "SELECT version, checksum FROM schema_migrations ORDER BY version",
-    )
-    .fetch_all(conn)
-    .await
-    .map_err(|e| StoreError::Migrate {
-        backend: backend.name(),
-        detail: format!("reading schema_migrations: {e}"),
-    })?;
-    rows.iter()
-        .map(|row| {
-            let version: i64 = row.try_get(0).map_err(|e| StoreError::Migrate {
-                backend: backend.name(),
-                detail: format!("reading schema_migrations.version: {e}"),
-            })?;
-            let checksum: String = row.try_get(1).map_err(|e| StoreError::Migrate {
-                backend: backend.name(),
-                detail: format!("reading schema_migrations.checksum: {e}"),
-            })?;
-            Ok((version, checksum))
-        })
-        .collect()
+async fn applied_postgres(conn: &mut sqlx::PgConnection) -> Result<Vec<(i64, String)>, StoreError> {
+    sqlx::query_as(SELECT_APPLIED)
+        .fetch_all(conn)
+        .await
+        .map_err(pg_err("reading schema_migrations"))
+}
+
+/// The versions already applied, with their recorded checksums.
+async fn applied_sqlite(conn: &mut sqlx::SqliteConnection) -> Result<Vec<(i64, String)>, StoreError> {
+    sqlx::query_as(SELECT_APPLIED)
+        .fetch_all(conn)
+        .await
+        .map_err(sqlite_err("reading schema_migrations"))
 }
 
 /// Refuses a database migrated by a newer samewise, or one whose applied migration text
@@ -262,5 +245,34 @@ fn sqlite_err(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
     move |e| StoreError::Migrate {
         backend: Backend::Sqlite.name(),
         detail: format!("{what}: {e}"),
+    }
+}
+
+impl Store {
+    /// The highest schema version applied to the database (0 when none).
+    pub async fn schema_version(&self) -> Result<i64, StoreError> {
+        const SQL: &str = "SELECT COALESCE(MAX(version), 0) FROM schema_migrations";
+        const OP: &str = "reading the schema version";
+        let v: i64 = match &self.pool {
+            Pool::Postgres(p) => sqlx::query_scalar(SQL).fetch_one(p).await,
+            Pool::Sqlite(p) => sqlx::query_scalar(SQL).fetch_one(p).await,
+        }
+        .map_err(StoreError::query(OP))?;
+        Ok(v)
+    }
+
+    /// How many migrations are recorded as applied.
+    pub async fn applied_migrations(&self) -> Result<u64, StoreError> {
+        const SQL: &str = "SELECT COUNT(*) FROM schema_migrations";
+        const OP: &str = "counting applied migrations";
+        let n: i64 = match &self.pool {
+            Pool::Postgres(p) => sqlx::query_scalar(SQL).fetch_one(p).await,
+            Pool::Sqlite(p) => sqlx::query_scalar(SQL).fetch_one(p).await,
+        }
+        .map_err(StoreError::query(OP))?;
+        u64::try_from(n).map_err(|_| StoreError::Corrupt {
+            column: "schema_migrations",
+            detail: format!("count {n}"),
+        })
     }
 }

@@ -36,14 +36,62 @@ pub struct TestDb {
     url: String,
     /// Data directory: holds the SQLite file; empty for PostgreSQL but usable as a data dir.
     dir: TempDir,
-    /// Set for PostgreSQL: what to drop on `Drop`.
-    pg: Option<PgDatabase>,
+    /// Set for PostgreSQL: drops the database when the `TestDb` goes. Declared after
+    /// `store` so that it is dropped after it.
+    #[allow(dead_code, reason = "held for its Drop")]
+    pg: Option<PgTestDatabase>,
 }
 
+/// An empty database `samewise_test_<random>` on the test PostgreSQL server, dropped (with
+/// `FORCE`) when this guard is dropped. [`TestDb::postgres`] migrates one; use this one
+/// directly to test what happens on an empty database.
 #[derive(Debug)]
-struct PgDatabase {
+pub struct PgTestDatabase {
     admin_url: String,
     name: String,
+    url: String,
+}
+
+impl PgTestDatabase {
+    /// Creates the database; fails with a message that names the server when it is down.
+    pub async fn create() -> Result<PgTestDatabase, StoreError> {
+        let admin_url = pg_admin_url();
+        let mut random = [0u8; 8];
+        rand::rngs::OsRng
+            .try_fill_bytes(&mut random)
+            .map_err(|e| StoreError::Random(e.to_string()))?;
+        let name = format!("samewise_test_{}", hex::encode(random));
+        let mut admin = sqlx::PgConnection::connect(&admin_url).await.map_err(|e| StoreError::Connect {
+            backend: "PostgreSQL",
+            url: redact_url(&admin_url),
+            detail: format!(
+                "{}; the store's PostgreSQL tests need a running server (start it, or set SAMEWISE_TEST_PG_URL)",
+                crate::error::scrub(e.to_string(), &admin_url)
+            ),
+        })?;
+        sqlx::Executor::execute(&mut admin, format!("CREATE DATABASE \"{name}\"").as_str())
+            .await
+            .map_err(StoreError::query("creating a test database"))?;
+        let _ = admin.close().await;
+        let url = with_database(&admin_url, &name);
+        Ok(PgTestDatabase { admin_url, name, url })
+    }
+
+    /// The URL of the new database.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The database's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for PgTestDatabase {
+    fn drop(&mut self) {
+        drop_pg_database(self);
+    }
 }
 
 impl TestDb {
@@ -69,41 +117,14 @@ impl TestDb {
         })
     }
 
-    /// A fresh database `samewise_test_<random>` on the test PostgreSQL server.
+    /// A fresh, migrated database `samewise_test_<random>` on the test PostgreSQL server.
     pub async fn postgres() -> Result<TestDb, StoreError> {
-        let admin_url = pg_admin_url();
-        let mut random = [0u8; 8];
-        rand::rngs::OsRng
-            .try_fill_bytes(&mut random)
-            .map_err(|e| StoreError::Random(e.to_string()))?;
-        let name = format!("samewise_test_{}", hex::encode(random));
-        let mut admin = sqlx::PgConnection::connect(&admin_url).await.map_err(|e| StoreError::Connect {
-            backend: "PostgreSQL",
-            url: redact_url(&admin_url),
-            detail: format!(
-                "{}; the store's PostgreSQL tests need a running server (start it, or set SAMEWISE_TEST_PG_URL)",
-                crate::error::scrub(e.to_string(), &admin_url)
-            ),
-        })?;
-        sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
-            .execute(&mut admin)
-            .await
-            .map_err(StoreError::query("creating a test database"))?;
-        let _ = admin.close().await;
-        let pg = PgDatabase { admin_url, name };
-        let url = with_database(&pg.admin_url, &pg.name);
+        let pg = PgTestDatabase::create().await?;
         let dir = temp_dir()?;
-        // From here on a failure still drops the database: build the guard first.
-        let store = match Store::connect(Some(&url), dir.path()).await {
-            Ok(store) => store,
-            Err(e) => {
-                drop_pg_database(&pg);
-                return Err(e);
-            }
-        };
+        let store = Store::connect(Some(pg.url()), dir.path()).await?;
         Ok(TestDb {
             store,
-            url,
+            url: pg.url.clone(),
             dir,
             pg: Some(pg),
         })
@@ -125,17 +146,9 @@ impl TestDb {
     }
 }
 
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        if let Some(pg) = &self.pg {
-            drop_pg_database(pg);
-        }
-    }
-}
-
 /// Drops the test database from a separate thread with its own runtime (Drop cannot await,
 /// and the test's runtime may be single-threaded). `FORCE` ends the store's open sessions.
-fn drop_pg_database(pg: &PgDatabase) {
+fn drop_pg_database(pg: &PgTestDatabase) {
     let admin_url = pg.admin_url.clone();
     let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", pg.name);
     let name = pg.name.clone();
@@ -151,8 +164,7 @@ fn drop_pg_database(pg: &PgDatabase) {
             let mut admin = sqlx::PgConnection::connect(&admin_url)
                 .await
                 .map_err(|e| e.to_string())?;
-            sqlx::raw_sql(&sql)
-                .execute(&mut admin)
+            sqlx::Executor::execute(&mut admin, sql.as_str())
                 .await
                 .map_err(|e| e.to_string())?;
             let _ = admin.close().await;
