@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden logprobs and tokenizer/chat-template fixtures for the samewise reference engine.
+"""Golden logprobs and the tokenizer reference for the samewise reference engine.
 
 Hugging Face `transformers` is the independent implementation the engine is checked against:
 it loads the same GGUF (dequantized to float32 by `gguf_file=`), scores the texts in
@@ -10,8 +10,7 @@ scripts/golden/texts/, and this script writes
       alignment: entry i is the logprob of token i given the tokens before it)
   reference-engine/tests/fixtures/smollm2/tokenizer.json, tokenizer_config.json
       the tokenizer transformers derives from the GGUF metadata (the tokenizer reference)
-  reference-engine/tests/fixtures/chat_template_cases.json
-      chat messages and the exact string `apply_chat_template` renders for them
+(scripts/golden/chat_cases.py writes the chat-template fixture with the same venv.)
 
 CI does not run this; its outputs are committed. To regenerate (≈3 GB of wheels, CPU only):
 
@@ -86,40 +85,6 @@ def score(model, ids):
     return logprobs, tops
 
 
-CHAT_CASES = [
-    {"name": "single_user", "messages": [{"role": "user", "content": "Hello!"}], "add_generation_prompt": True},
-    {
-        "name": "system_and_turns",
-        "messages": [
-            {"role": "system", "content": "Be brief."},
-            {"role": "user", "content": "What is 2+2?"},
-            {"role": "assistant", "content": "4"},
-            {"role": "user", "content": "And 3+3?"},
-        ],
-        "add_generation_prompt": True,
-    },
-    {
-        "name": "no_generation_prompt",
-        "messages": [{"role": "user", "content": "Line one\nLine two\n\n  indented"}],
-        "add_generation_prompt": False,
-    },
-    {
-        "name": "unicode_and_quotes",
-        "messages": [{"role": "user", "content": "Ünïcødé \"quotes\" 'single' <tag> & ampersand 🚀"}],
-        "add_generation_prompt": True,
-    },
-    {
-        "name": "tool_result_role",
-        "messages": [
-            {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "content": "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>"},
-            {"role": "tool", "content": "{\"temp_c\": 18}"},
-        ],
-        "add_generation_prompt": True,
-    },
-]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=pathlib.Path, default=default_model())
@@ -171,13 +136,6 @@ def main() -> int:
     }
     (FIXTURES / "golden_smollm2.json").write_text(json.dumps(golden) + "\n", encoding="utf-8")
 
-    cases = []
-    for case in CHAT_CASES:
-        rendered = tok.apply_chat_template(
-            case["messages"], tokenize=False, add_generation_prompt=case["add_generation_prompt"]
-        )
-        cases.append({**case, "expected": rendered})
-    (FIXTURES / "chat_template_cases.json").write_text(json.dumps(cases, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"{total} scored positions over {len(texts)} texts", file=sys.stderr)
     return 0
 
