@@ -56,33 +56,26 @@ thread_local! {
 }
 
 impl Linear {
-    /// Packs `n` rows of length `k`, asking `row(i)` for row `i`. The rows must all be f32 or
-    /// all quantized; quantized rows may mix group sizes 16 and 32 (stored at 16 then).
-    pub fn pack(n: usize, k: usize, row: &mut dyn FnMut(usize) -> Result<RowSource>) -> Result<Self> {
+    /// Packs `n` rows of length `k`, asking `row(i)` for row `i`. `group` is None to store
+    /// f32 (every row must then be [`RowSource::F32`]), or the quantization group size along
+    /// k (every row then [`RowSource::Quant`] with a group that is a multiple of it).
+    pub fn pack(n: usize, k: usize, group: Option<usize>, row: &mut dyn FnMut(usize) -> Result<RowSource>) -> Result<Self> {
         let panels = n.div_ceil(NR);
-        let mut rows: Vec<RowSource> = Vec::with_capacity(NR);
-        // peek at row 0 to choose the storage
-        let first = row(0)?;
-        let data = match &first {
-            RowSource::F32(_) => Data::F32(vec![0.0; panels * k * NR]),
-            RowSource::Quant(d) => {
-                let group = d.group;
-                if k % group != 0 {
+        let data = match group {
+            None => Data::F32(vec![0.0; panels * k * NR]),
+            Some(group) => {
+                if group == 0 || k % group != 0 {
                     return Err(EngineError::corrupt(format!("row length {k} is not a multiple of {group}")));
                 }
                 Data::Quant { group, q: vec![0; panels * k * NR], scale: vec![0.0; panels * k / group * NR], offset: None }
             }
         };
         let mut lin = Self { n, k, data };
-        let mut pending = Some(first);
+        let mut rows: Vec<RowSource> = Vec::with_capacity(NR);
         for p in 0..panels {
             rows.clear();
             for c in 0..NR.min(n - p * NR) {
-                let r = match pending.take() {
-                    Some(r) => r,
-                    None => row(p * NR + c)?,
-                };
-                rows.push(r);
+                rows.push(row(p * NR + c)?);
             }
             lin.put_panel(p, &rows)?;
         }
@@ -404,7 +397,7 @@ mod tests {
         let mut seed = 7;
         let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed)).collect();
         let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
-        let lin = Linear::pack(n, k, &mut |i| Ok(RowSource::F32(w[i * k..i * k + k].to_vec()))).unwrap();
+        let lin = Linear::pack(n, k, None, &mut |i| Ok(RowSource::F32(w[i * k..i * k + k].to_vec()))).unwrap();
         let mut want = vec![0f32; m * n];
         for r in 0..m {
             for c in 0..n {

@@ -1,0 +1,428 @@
+//! The library API: [`Engine::load`], [`Engine::score`], [`Engine::generate`].
+//!
+//! Both calls (and the [`crate::batcher`]) run on one step machine: a [`Seq`] holds a
+//! sequence's tokens, its KV cache and what it is for (scoring or generating); [`Engine::step`]
+//! advances any set of sequences by one batched forward pass (a prefill chunk for some, one
+//! decode token for others). Because rows are batch-invariant, a sequence's numbers do not
+//! depend on the company it keeps or on how it was chunked.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+use crate::forward::{BatchItem, forward};
+use crate::gguf::GgufFile;
+use crate::hf::HfDir;
+use crate::kernels::{Ctx, Isa, Pool};
+use crate::kv::KvCache;
+use crate::model::Weights;
+use crate::sample::{self, Sampler, SamplingParams, TokenLogprob};
+
+/// Most top-k entries a request may ask for.
+pub const MAX_TOP_K: usize = 20;
+/// Most rows one forward pass processes.
+const ROW_BUDGET: usize = 512;
+/// Most new tokens one sequence contributes to one forward pass.
+const CHUNK: usize = 256;
+/// Rows of logits computed at once (bounds memory: rows × vocab f32).
+const LOGIT_ROWS: usize = 32;
+
+/// How to load a model.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Kernel threads (the caller's thread included). Default 2.
+    pub threads: usize,
+    /// Cap the instruction set (for tests and comparisons); None uses the best available.
+    pub isa: Option<Isa>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self { threads: 2, isa: None }
+    }
+}
+
+/// A loaded model and its kernel threads.
+#[derive(Debug)]
+pub struct Engine {
+    weights: Weights,
+    ctx: Ctx,
+}
+
+/// One position of a scored sequence.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ScoredPosition {
+    /// The token at this position.
+    pub token: u32,
+    /// `log p(token | tokens before it)`; None at position 0 (vLLM's alignment).
+    pub logprob: Option<f32>,
+    /// The `top_k` most likely tokens at this position (empty at position 0), by logprob
+    /// descending then id ascending.
+    pub top: Vec<TokenLogprob>,
+}
+
+/// A scored sequence: one entry per input token.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ScoredSequence {
+    /// Per position, in order.
+    pub positions: Vec<ScoredPosition>,
+}
+
+/// Generation request parameters (stop *strings* are the caller's business).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateParams {
+    /// Greedy / sampling parameters.
+    pub sampling: SamplingParams,
+    /// Most tokens to generate (at least 1).
+    pub max_tokens: usize,
+    /// Generation stops when one of these is sampled (it is not part of the output).
+    pub stop_token_ids: Vec<u32>,
+    /// Alternatives to report per generated token (at most [`MAX_TOP_K`]).
+    pub top_logprobs: usize,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        Self { sampling: SamplingParams::default(), max_tokens: 16, stop_token_ids: Vec::new(), top_logprobs: 0 }
+    }
+}
+
+/// One generated token.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GeneratedToken {
+    /// The token.
+    pub token: u32,
+    /// Its logprob under the model (temperature 1, unfiltered).
+    pub logprob: f32,
+    /// The `top_logprobs` most likely tokens at this step.
+    pub top: Vec<TokenLogprob>,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A stop token was sampled.
+    Stop,
+    /// `max_tokens` reached or the context is full.
+    Length,
+    /// The caller stopped it.
+    Cancelled,
+}
+
+/// How a generation ended.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Finish {
+    /// Why.
+    pub reason: FinishReason,
+    /// The stop token sampled, for [`FinishReason::Stop`].
+    pub stop_token: Option<u32>,
+    /// Prompt length.
+    pub prompt_tokens: usize,
+    /// Tokens generated (the stop token not counted).
+    pub completion_tokens: usize,
+}
+
+/// A finished generation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Generation {
+    /// The generated tokens.
+    pub tokens: Vec<GeneratedToken>,
+    /// How it ended.
+    pub finish: Finish,
+}
+
+/// A sequence in flight: tokens, cache, purpose.
+#[derive(Debug)]
+pub struct Seq {
+    cache: KvCache,
+    tokens: Vec<u32>,
+    /// Tokens already in the cache.
+    fed: usize,
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Score { top_k: usize, out: Vec<ScoredPosition> },
+    Gen { params: GenerateParams, sampler: Sampler, prompt_len: usize, new: Vec<GeneratedToken>, count: usize, finish: Option<Finish> },
+}
+
+impl Seq {
+    /// True when nothing is left to compute.
+    pub fn is_done(&self) -> bool {
+        match &self.kind {
+            Kind::Score { .. } => self.fed == self.tokens.len(),
+            Kind::Gen { finish, .. } => finish.is_some(),
+        }
+    }
+
+    /// For a finished score sequence, its result.
+    pub fn take_scored(&mut self) -> Option<ScoredSequence> {
+        match &mut self.kind {
+            Kind::Score { out, .. } if self.fed == self.tokens.len() => Some(ScoredSequence { positions: std::mem::take(out) }),
+            _ => None,
+        }
+    }
+
+    /// For a generation, the tokens produced since the last call.
+    pub fn take_new_tokens(&mut self) -> Vec<GeneratedToken> {
+        match &mut self.kind {
+            Kind::Gen { new, .. } => std::mem::take(new),
+            Kind::Score { .. } => Vec::new(),
+        }
+    }
+
+    /// For a generation, how it ended (once it has).
+    pub fn finish(&self) -> Option<&Finish> {
+        match &self.kind {
+            Kind::Gen { finish, .. } => finish.as_ref(),
+            Kind::Score { .. } => None,
+        }
+    }
+
+    /// Ends a generation early (the caller went away).
+    pub fn cancel(&mut self) {
+        let done = self.tokens.len();
+        if let Kind::Gen { finish, prompt_len, count, .. } = &mut self.kind {
+            finish.get_or_insert(Finish {
+                reason: FinishReason::Cancelled,
+                stop_token: None,
+                prompt_tokens: *prompt_len,
+                completion_tokens: (*count).min(done),
+            });
+        }
+    }
+}
+
+impl Engine {
+    /// Loads a GGUF file, or an HF directory (config.json + safetensors).
+    pub fn load(path: &Path, opts: LoadOptions) -> Result<Self> {
+        let weights = if path.is_dir() {
+            Weights::from_hf(&HfDir::open(path)?)?
+        } else {
+            Weights::from_gguf(&GgufFile::open(path)?)?
+        };
+        let isa = opts.isa.map_or_else(Isa::detect, Isa::at_most);
+        Ok(Self { weights, ctx: Ctx { pool: Pool::new(opts.threads), isa } })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.weights.config
+    }
+
+    /// Kernel threads in use.
+    pub fn threads(&self) -> usize {
+        self.ctx.pool.threads()
+    }
+
+    /// The instruction set in use.
+    pub fn isa(&self) -> Isa {
+        self.ctx.isa
+    }
+
+    /// Bytes held by the packed weights.
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.bytes()
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        let c = self.config();
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyInput("a sequence has no tokens".into()));
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+            return Err(EngineError::TokenOutOfVocab { token: t, vocab_size: c.vocab_size });
+        }
+        Ok(())
+    }
+
+    /// A sequence to score: validates the ids, the length and `top_k`.
+    pub fn score_seq(&self, tokens: Vec<u32>, top_k: usize) -> Result<Seq> {
+        self.check_tokens(&tokens)?;
+        let n_ctx = self.config().n_ctx;
+        if tokens.len() > n_ctx {
+            return Err(EngineError::SequenceTooLong { len: tokens.len(), n_ctx });
+        }
+        if top_k > MAX_TOP_K {
+            return Err(EngineError::InvalidRequest(format!("top_k {top_k} exceeds {MAX_TOP_K}")));
+        }
+        let first = ScoredPosition { token: tokens[0], logprob: None, top: Vec::new() };
+        Ok(Seq {
+            cache: KvCache::new(self.config().n_layer),
+            tokens,
+            fed: 0,
+            kind: Kind::Score { top_k, out: vec![first] },
+        })
+    }
+
+    /// A sequence to generate from `prompt`: validates ids, length and parameters.
+    pub fn generate_seq(&self, prompt: Vec<u32>, params: GenerateParams) -> Result<Seq> {
+        self.check_tokens(&prompt)?;
+        let c = self.config();
+        if prompt.len() >= c.n_ctx {
+            return Err(EngineError::SequenceTooLong { len: prompt.len() + 1, n_ctx: c.n_ctx });
+        }
+        if params.max_tokens == 0 {
+            return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
+        }
+        if params.top_logprobs > MAX_TOP_K {
+            return Err(EngineError::InvalidRequest(format!("top_logprobs {} exceeds {MAX_TOP_K}", params.top_logprobs)));
+        }
+        let s = &params.sampling;
+        if !(s.temperature.is_finite() && s.temperature >= 0.0) || !(s.top_p > 0.0 && s.top_p <= 1.0) {
+            return Err(EngineError::InvalidRequest("temperature must be >= 0 and top_p in (0, 1]".into()));
+        }
+        let sampler = Sampler::new(params.sampling.clone());
+        let prompt_len = prompt.len();
+        Ok(Seq {
+            cache: KvCache::new(c.n_layer),
+            tokens: prompt,
+            fed: 0,
+            kind: Kind::Gen { params, sampler, prompt_len, new: Vec::new(), count: 0, finish: None },
+        })
+    }
+
+    /// Scores sequences: for each, per position the logprob of the token given those before
+    /// it (None at position 0) and the `top_k` alternatives (k ≤ 20). Sequences are batched.
+    pub fn score(&self, seqs: &[Vec<u32>], top_k: usize) -> Result<Vec<ScoredSequence>> {
+        if seqs.is_empty() {
+            return Err(EngineError::EmptyInput("no sequences".into()));
+        }
+        let mut work = seqs.iter().map(|s| self.score_seq(s.clone(), top_k)).collect::<Result<Vec<_>>>()?;
+        loop {
+            let mut live: Vec<&mut Seq> = work.iter_mut().filter(|s| !s.is_done()).collect();
+            if live.is_empty() {
+                break;
+            }
+            self.step(&mut live)?;
+        }
+        Ok(work.iter_mut().filter_map(Seq::take_scored).collect())
+    }
+
+    /// Generates from `prompt`. `on_token` sees every token as it is produced and returns
+    /// false to stop (finish reason [`FinishReason::Cancelled`]).
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        params: &GenerateParams,
+        on_token: &mut dyn FnMut(&GeneratedToken) -> bool,
+    ) -> Result<Generation> {
+        let mut seq = self.generate_seq(prompt.to_vec(), params.clone())?;
+        let mut all = Vec::new();
+        while !seq.is_done() {
+            self.step(&mut [&mut seq])?;
+            for t in seq.take_new_tokens() {
+                if !on_token(&t) {
+                    seq.cancel();
+                }
+                all.push(t);
+            }
+        }
+        let finish = seq.finish().cloned().ok_or_else(|| EngineError::InvalidRequest("generation did not finish".into()))?;
+        Ok(Generation { tokens: all, finish })
+    }
+
+    /// Advances every sequence by one forward pass: the next prefill chunk of those still
+    /// reading their input, one token for those generating. Finished ones are skipped.
+    pub fn step(&self, seqs: &mut [&mut Seq]) -> Result<()> {
+        let c = &self.weights.config;
+        // choose each sequence's slice of new tokens
+        let mut budget = ROW_BUDGET;
+        let mut take = vec![0usize; seqs.len()];
+        // decode rows first (one each), then prefill chunks in order
+        for (i, s) in seqs.iter().enumerate() {
+            if !s.is_done() && s.tokens.len() - s.fed == 1 && budget > 0 {
+                take[i] = 1;
+                budget -= 1;
+            }
+        }
+        for (i, s) in seqs.iter().enumerate() {
+            if !s.is_done() && take[i] == 0 && budget > 0 {
+                let n = (s.tokens.len() - s.fed).min(CHUNK).min(budget);
+                take[i] = n;
+                budget -= n;
+            }
+        }
+        // logits wanted: (row in batch, seq index, position of the row)
+        let mut want = Vec::new();
+        let mut row = 0;
+        for (i, s) in seqs.iter().enumerate() {
+            let n = take[i];
+            for p in s.fed..s.fed + n {
+                let needed = match s.kind {
+                    Kind::Score { .. } => p + 1 < s.tokens.len(),
+                    Kind::Gen { .. } => p + 1 == s.tokens.len(),
+                };
+                if needed {
+                    want.push((row, i, p));
+                }
+                row += 1;
+            }
+        }
+        let hidden = {
+            let mut items: Vec<BatchItem<'_>> = seqs
+                .iter_mut()
+                .zip(&take)
+                .filter(|(_, n)| **n > 0)
+                .map(|(s, &n)| {
+                    let s: &mut Seq = s;
+                    BatchItem { cache: &mut s.cache, tokens: &s.tokens[s.fed..s.fed + n] }
+                })
+                .collect();
+            forward(&self.weights, &self.ctx, &mut items)?
+        };
+        for (i, s) in seqs.iter_mut().enumerate() {
+            s.fed += take[i];
+        }
+        let e = c.n_embd;
+        let v = c.vocab_size;
+        let head = self.weights.head();
+        let mut x = vec![0f32; LOGIT_ROWS.min(want.len()) * e];
+        let mut logits = vec![0f32; LOGIT_ROWS.min(want.len()) * v];
+        for chunk in want.chunks(LOGIT_ROWS) {
+            for (j, &(r, _, _)) in chunk.iter().enumerate() {
+                x[j * e..(j + 1) * e].copy_from_slice(&hidden[r * e..(r + 1) * e]);
+            }
+            head.matmul(&self.ctx, &x, chunk.len(), &mut logits);
+            for (j, &(_, i, p)) in chunk.iter().enumerate() {
+                let l = &logits[j * v..(j + 1) * v];
+                self.consume(seqs[i], p, l);
+            }
+        }
+        Ok(())
+    }
+
+    /// Uses the logits of position `p` of `s`.
+    fn consume(&self, s: &mut Seq, p: usize, l: &[f32]) {
+        let lse = sample::log_sum_exp(l);
+        let n_ctx = self.weights.config.n_ctx;
+        match &mut s.kind {
+            Kind::Score { top_k, out } => {
+                let t = s.tokens[p + 1];
+                out.push(ScoredPosition { token: t, logprob: Some(sample::logprob(l, lse, t)), top: sample::top_k(l, lse, *top_k) });
+            }
+            Kind::Gen { params, sampler, prompt_len, new, count, finish } => {
+                let t = sampler.pick(l);
+                if params.stop_token_ids.contains(&t) {
+                    *finish = Some(Finish {
+                        reason: FinishReason::Stop,
+                        stop_token: Some(t),
+                        prompt_tokens: *prompt_len,
+                        completion_tokens: *count,
+                    });
+                    return;
+                }
+                new.push(GeneratedToken { token: t, logprob: sample::logprob(l, lse, t), top: sample::top_k(l, lse, params.top_logprobs) });
+                s.tokens.push(t);
+                *count += 1;
+                if *count >= params.max_tokens || s.tokens.len() >= n_ctx {
+                    *finish = Some(Finish { reason: FinishReason::Length, stop_token: None, prompt_tokens: *prompt_len, completion_tokens: *count });
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! The per-sequence KV cache: for every layer, the keys (after RoPE) and values of every
+//! position processed so far, `[pos][n_head_kv * head_dim]`.
+
+/// One sequence's cache.
+#[derive(Debug, Clone, Default)]
+pub struct KvCache {
+    /// Per layer: (keys, values).
+    pub(crate) layers: Vec<(Vec<f32>, Vec<f32>)>,
+    /// Positions fully processed (through every layer).
+    pub(crate) len: usize,
+}
+
+impl KvCache {
+    /// An empty cache for `n_layer` layers.
+    pub fn new(n_layer: usize) -> Self {
+        Self { layers: vec![(Vec::new(), Vec::new()); n_layer], len: 0 }
+    }
+
+    /// Positions processed so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True before anything was processed.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().map(|(k, v)| (k.capacity() + v.capacity()) * 4).sum()
+    }
+}
