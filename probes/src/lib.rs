@@ -1,0 +1,72 @@
+//! samewise-probes: the statistics behind samewise's drift probes and detectors.
+//!
+//! This crate owns everything that turns probe answers and passive traffic into a verdict:
+//! per-position comparison of an endpoint against the reference weights (KL over the top-k
+//! support with a tail bucket, Δ logprob, same-top-1, top-k overlap), token alignment between
+//! an endpoint's tokens and the reference vocabulary, the samples two-sample test of Model
+//! Equality Testing (MMD with a Hamming kernel, permutation p-value), the "changed?" CUSUM
+//! detector with a documented in-control run length, the passive cross-endpoint tests
+//! (two-proportion z, Mann–Whitney U, chi-square, Benjamini–Hochberg), the calibration ladder
+//! that turns a statistic into "≈ N-bit equivalent", and the noise-floor rule.
+//!
+//! Everything here is pure: functions over numbers and token lists, no IO, no HTTP, no
+//! database, no clocks. The probe scheduler, reference client and alerts built on top of it
+//! run beside the proxy and must never block the request path; nothing in this crate is
+//! called from the proxy's request handling. Bad input (NaN, empty samples, mismatched
+//! lengths) is answered with a [`ProbesError`], never a panic.
+//!
+//! # Layout
+//! - [`compare`]: per-position endpoint-vs-reference metrics, run aggregates, full-vocabulary
+//!   KL, and the compact binary encoding of raw per-position data.
+//! - [`align`]: mapping an endpoint's token strings/bytes onto reference ids
+//!   ([`align::ReferenceVocab`]), with re-tokenization by byte offsets as the fallback.
+//! - [`mmd`]: the samples probe's tests: MMD² with a Hamming kernel over the first 1,000
+//!   characters with a within-prompt permutation p-value, and the reference-log-likelihood
+//!   rank test.
+//! - [`sequential`]: CUSUM on a standardized per-round statistic, with Siegmund's ARL
+//!   approximation to choose the threshold.
+//! - [`passive`]: two-proportion z-test, Mann–Whitney U (tie-corrected), chi-square on
+//!   counts, Benjamini–Hochberg.
+//! - [`ladder`]: the calibration-ladder JSON (`samewise calibrate`) and "≈ N-bit" lookup.
+//! - [`noise`]: the repeat-noise floor and the faithful/unfaithful decision rule.
+//!
+//! Prompt-set data files for the probes live in `probes/data/` (see its README).
+
+// pub mod align;
+pub mod compare;
+// pub mod ladder;
+// pub mod mmd;
+// pub mod noise;
+// pub mod passive;
+// pub mod sequential;
+
+/// Everything that can go wrong in this crate: all of it is bad input.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ProbesError {
+    /// An argument is outside what the function accepts (empty sample, NaN, bad level...).
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// Two inputs that must have the same length do not.
+    #[error("length mismatch: {what} ({left} vs {right})")]
+    LengthMismatch {
+        /// Which inputs.
+        what: &'static str,
+        /// Length of the first.
+        left: usize,
+        /// Length of the second.
+        right: usize,
+    },
+    /// Encoded per-position data could not be decoded.
+    #[error("cannot decode per-position data: {0}")]
+    Decode(String),
+    /// A calibration ladder is malformed or lacks what was asked of it.
+    #[error("calibration ladder: {0}")]
+    Ladder(String),
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T> = std::result::Result<T, ProbesError>;
+
+pub(crate) fn invalid(msg: impl Into<String>) -> ProbesError {
+    ProbesError::InvalidInput(msg.into())
+}
