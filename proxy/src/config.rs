@@ -525,7 +525,7 @@ model = "m-1"
         let src = GOOD.replace("provider = \"a\"", "provider = \"nope\"");
         let err = Config::from_toml_str(&src).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("models.m.endpoints[0].provider"), "{err}");
-        assert!(err.contains("line 14"), "{err}");
+        assert!(err.contains("line 13"), "{err}");
     }
 
     #[test]

@@ -252,8 +252,15 @@ impl Inspector {
                 continue;
             }
             self.obs.finish_reason.clone_from(&choice.finish_reason);
-            for token in logprob_tokens(choice.logprobs.as_ref()) {
-                if self.degen.push(token) {
+            // Units: the logprob tokens when present, else the words of the text.
+            let tokens = logprob_tokens(choice.logprobs.as_ref());
+            let units: Box<dyn Iterator<Item = &str>> = if tokens.is_empty() {
+                Box::new(crate::degen::text_units(text.unwrap_or_default()))
+            } else {
+                Box::new(tokens.into_iter())
+            };
+            for unit in units {
+                if self.degen.push(unit) {
                     self.obs.degenerate = true;
                     break;
                 }

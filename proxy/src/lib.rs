@@ -30,6 +30,7 @@
 pub mod auth;
 pub mod body;
 pub mod config;
+pub mod degen;
 pub mod error;
 pub mod forward;
 pub mod health;
@@ -40,11 +41,10 @@ mod relay;
 pub mod routing;
 pub mod server;
 pub mod state;
+pub mod toolcheck;
 
 pub use config::Config;
 pub use error::{ApiError, ProxyError};
 pub use server::{router, serve};
 pub use state::AppState;
 
-pub mod degen;
-pub mod toolcheck;
