@@ -156,7 +156,9 @@ async fn applied_postgres(conn: &mut sqlx::PgConnection) -> Result<Vec<(i64, Str
 }
 
 /// The versions already applied, with their recorded checksums.
-async fn applied_sqlite(conn: &mut sqlx::SqliteConnection) -> Result<Vec<(i64, String)>, StoreError> {
+async fn applied_sqlite(
+    conn: &mut sqlx::SqliteConnection,
+) -> Result<Vec<(i64, String)>, StoreError> {
     sqlx::query_as(SELECT_APPLIED)
         .fetch_all(conn)
         .await

@@ -74,7 +74,11 @@ impl PgTestDatabase {
             .map_err(StoreError::query("creating a test database"))?;
         let _ = admin.close().await;
         let url = with_database(&admin_url, &name);
-        Ok(PgTestDatabase { admin_url, name, url })
+        Ok(PgTestDatabase {
+            admin_url,
+            name,
+            url,
+        })
     }
 
     /// The URL of the new database.

@@ -140,13 +140,19 @@ async fn stored_key_columns(db: &TestDb, name: &str) -> Result<Vec<String>> {
     let (a, b, c): (String, String, String) = match db.backend() {
         Backend::Postgres => {
             let pool = sqlx::PgPool::connect(db.url()).await?;
-            let row = sqlx::query_as(&format!("{SQL}$1")).bind(name).fetch_one(&pool).await?;
+            let row = sqlx::query_as(&format!("{SQL}$1"))
+                .bind(name)
+                .fetch_one(&pool)
+                .await?;
             pool.close().await;
             row
         }
         Backend::Sqlite => {
             let pool = sqlx::SqlitePool::connect(db.url()).await?;
-            let row = sqlx::query_as(&format!("{SQL}?")).bind(name).fetch_one(&pool).await?;
+            let row = sqlx::query_as(&format!("{SQL}?"))
+                .bind(name)
+                .fetch_one(&pool)
+                .await?;
             pool.close().await;
             row
         }
@@ -165,13 +171,18 @@ where
         if cond().await? {
             return Ok(());
         }
-        ensure!(tokio::time::Instant::now() < deadline, "timed out after {within:?} waiting for: {what}");
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {within:?} waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
 async fn migrations_are_idempotent(db: TestDb) -> Result<()> {
-    db.store.insert_request_records(&[full_record("r1", 1, 1000)]).await?;
+    db.store
+        .insert_request_records(&[full_record("r1", 1, 1000)])
+        .await?;
     db.store.create_api_key("k", None).await?;
     // connect again, twice: the migrations find everything applied and leave data alone
     for _ in 0..2 {
@@ -208,15 +219,24 @@ async fn concurrent_connects_migrate_once(db: TestDb) -> Result<()> {
     }
     let mut stores = Vec::new();
     while let Some(joined) = set.join_next().await {
-        stores.push(joined.context("connect task panicked")?.context("concurrent connect failed")?);
+        stores.push(
+            joined
+                .context("connect task panicked")?
+                .context("concurrent connect failed")?,
+        );
     }
     ensure!(stores.len() == 8);
-    stores[0].insert_request_records(&[full_record("race", 1, 5)]).await?;
+    stores[0]
+        .insert_request_records(&[full_record("race", 1, 5)])
+        .await?;
     let latest = samewise_store::migrate::POSTGRES.len() as i64;
     for s in &stores {
         ensure!(s.request_records(&by_id("race")).await?.len() == 1);
         ensure!(s.schema_version().await? == latest);
-        ensure!(s.applied_migrations().await? == latest as u64, "a migration was recorded twice");
+        ensure!(
+            s.applied_migrations().await? == latest as u64,
+            "a migration was recorded twice"
+        );
     }
     for s in &stores {
         s.close().await;
@@ -225,19 +245,30 @@ async fn concurrent_connects_migrate_once(db: TestDb) -> Result<()> {
 }
 
 async fn round_trip_every_field(db: TestDb) -> Result<()> {
-    let rows = vec![full_record("req-a", 1, 1_700_000_000_000), full_record("req-a", 2, 1_700_000_000_001)];
+    let rows = vec![
+        full_record("req-a", 1, 1_700_000_000_000),
+        full_record("req-a", 2, 1_700_000_000_001),
+    ];
     db.store.insert_request_records(&rows).await?;
     let mut got = db.store.request_records(&by_id("req-a")).await?;
     got.reverse(); // newest first -> oldest first
-    ensure!(got == rows, "round trip differs:\n got {got:#?}\nwant {rows:#?}");
+    ensure!(
+        got == rows,
+        "round trip differs:\n got {got:#?}\nwant {rows:#?}"
+    );
     Ok(())
 }
 
 async fn round_trip_none_values(db: TestDb) -> Result<()> {
     let row = bare_record("rejected", 7);
-    db.store.insert_request_records(std::slice::from_ref(&row)).await?;
+    db.store
+        .insert_request_records(std::slice::from_ref(&row))
+        .await?;
     let got = db.store.request_records(&by_id("rejected")).await?;
-    ensure!(got == vec![row.clone()], "round trip differs: {got:#?} vs {row:#?}");
+    ensure!(
+        got == vec![row.clone()],
+        "round trip differs: {got:#?} vs {row:#?}"
+    );
     Ok(())
 }
 
@@ -249,7 +280,10 @@ async fn batch_of_a_thousand(db: TestDb) -> Result<()> {
     let got = db.store.request_records(&all(5000)).await?;
     ensure!(got.len() == 1000, "got {} rows", got.len());
     ensure!(got[0].request_id == "bulk-0999" && got[999].request_id == "bulk-0000");
-    ensure!(got.iter().rev().eq(rows.iter()), "rows differ after the bulk insert");
+    ensure!(
+        got.iter().rev().eq(rows.iter()),
+        "rows differ after the bulk insert"
+    );
     Ok(())
 }
 
@@ -257,17 +291,33 @@ async fn query_filters_and_order(db: TestDb) -> Result<()> {
     let mut rows = Vec::new();
     for i in 0..10i64 {
         let mut r = full_record(&format!("q{i}"), 1, 100 + i);
-        r.model = if i % 2 == 0 { "even".into() } else { "odd".into() };
+        r.model = if i % 2 == 0 {
+            "even".into()
+        } else {
+            "odd".into()
+        };
         r.endpoint = Some(format!("ep{}", i % 3));
         rows.push(r);
     }
     db.store.insert_request_records(&rows).await?;
     let ids = |v: Vec<RequestRecord>| v.into_iter().map(|r| r.request_id).collect::<Vec<_>>();
-    let q = RecordQuery { model: Some("even".into()), limit: 100, ..RecordQuery::default() };
+    let q = RecordQuery {
+        model: Some("even".into()),
+        limit: 100,
+        ..RecordQuery::default()
+    };
     ensure!(ids(db.store.request_records(&q).await?) == ["q8", "q6", "q4", "q2", "q0"]);
-    let q = RecordQuery { endpoint: Some("ep1".into()), limit: 100, ..RecordQuery::default() };
+    let q = RecordQuery {
+        endpoint: Some("ep1".into()),
+        limit: 100,
+        ..RecordQuery::default()
+    };
     ensure!(ids(db.store.request_records(&q).await?) == ["q7", "q4", "q1"]);
-    let q = RecordQuery { since_ms: Some(107), limit: 100, ..RecordQuery::default() };
+    let q = RecordQuery {
+        since_ms: Some(107),
+        limit: 100,
+        ..RecordQuery::default()
+    };
     ensure!(ids(db.store.request_records(&q).await?) == ["q9", "q8", "q7"]);
     let q = RecordQuery {
         model: Some("odd".into()),
@@ -291,11 +341,15 @@ async fn query_filters_and_order(db: TestDb) -> Result<()> {
 
 async fn duplicate_attempts_are_skipped(db: TestDb) -> Result<()> {
     let r = full_record("dup", 1, 1);
-    db.store.insert_request_records(std::slice::from_ref(&r)).await?;
+    db.store
+        .insert_request_records(std::slice::from_ref(&r))
+        .await?;
     let mut changed = r.clone();
     changed.latency_ms = 999.0;
     // a retried batch that partly reached the database must not fail or double-count
-    db.store.insert_request_records(&[changed, full_record("dup", 2, 2)]).await?;
+    db.store
+        .insert_request_records(&[changed, full_record("dup", 2, 2)])
+        .await?;
     let got = db.store.request_records(&by_id("dup")).await?;
     ensure!(got.len() == 2);
     ensure!(got[1] == r, "the first stored attempt was overwritten");
@@ -303,7 +357,9 @@ async fn duplicate_attempts_are_skipped(db: TestDb) -> Result<()> {
 }
 
 async fn retention_deletes_old_records(db: TestDb) -> Result<()> {
-    let rows: Vec<_> = (0..10).map(|i| full_record(&format!("t{i}"), 1, i64::from(i) * 100)).collect();
+    let rows: Vec<_> = (0..10)
+        .map(|i| full_record(&format!("t{i}"), 1, i64::from(i) * 100))
+        .collect();
     db.store.insert_request_records(&rows).await?;
     ensure!(db.store.delete_request_records_before(500).await? == 5);
     ensure!(db.store.delete_request_records_before(500).await? == 0);
@@ -314,28 +370,52 @@ async fn retention_deletes_old_records(db: TestDb) -> Result<()> {
 
 async fn api_key_lifecycle(db: TestDb) -> Result<()> {
     let (key, plaintext) = db.store.create_api_key("team-a", Some(60)).await?;
-    ensure!(plaintext.starts_with("sw-") && plaintext.len() == 3 + 64, "bad key shape: {}", plaintext.len());
+    ensure!(
+        plaintext.starts_with("sw-") && plaintext.len() == 3 + 64,
+        "bad key shape: {}",
+        plaintext.len()
+    );
     ensure!(plaintext[3..].chars().all(|c| c.is_ascii_hexdigit()));
     ensure!(key.prefix == plaintext[..8]);
     ensure!(key.name == "team-a" && key.rpm_limit == Some(60) && !key.revoked);
-    let found = db.store.find_api_key(&plaintext).await?.context("created key not found")?;
+    let found = db
+        .store
+        .find_api_key(&plaintext)
+        .await?
+        .context("created key not found")?;
     ensure!(found == key, "found {found:?}, created {key:?}");
     // wrong keys: another random key, a truncated one, garbage
     let (_, other) = db.store.create_api_key("team-b", None).await?;
     ensure!(other != plaintext);
-    ensure!(db.store.find_api_key(&plaintext[..plaintext.len() - 1]).await?.is_none());
+    ensure!(
+        db.store
+            .find_api_key(&plaintext[..plaintext.len() - 1])
+            .await?
+            .is_none()
+    );
     ensure!(db.store.find_api_key("sw-0000").await?.is_none());
     ensure!(db.store.find_api_key("").await?.is_none());
-    ensure!(db.store.find_api_key(&plaintext.to_uppercase()).await?.is_none());
+    ensure!(
+        db.store
+            .find_api_key(&plaintext.to_uppercase())
+            .await?
+            .is_none()
+    );
     // only the hash is stored: no column of the row holds the plaintext
     let stored = stored_key_columns(&db, "team-b").await?;
     ensure!(stored.contains(&samewise_store::keys::hash_key(&other)));
-    ensure!(stored.iter().all(|c| !c.contains(&other)), "plaintext stored: {stored:?}");
+    ensure!(
+        stored.iter().all(|c| !c.contains(&other)),
+        "plaintext stored: {stored:?}"
+    );
     // revoke
     ensure!(db.store.revoke_api_key("team-a").await?);
     ensure!(!db.store.revoke_api_key("team-a").await?);
     ensure!(!db.store.revoke_api_key("nobody").await?);
-    ensure!(db.store.find_api_key(&plaintext).await?.is_none(), "revoked key still authenticates");
+    ensure!(
+        db.store.find_api_key(&plaintext).await?.is_none(),
+        "revoked key still authenticates"
+    );
     ensure!(db.store.find_api_key(&other).await?.is_some());
     let listed = db.store.list_api_keys().await?;
     ensure!(listed.len() == 2);
@@ -356,7 +436,10 @@ async fn api_key_names(db: TestDb) -> Result<()> {
     ensure!(again.rpm_limit == Some(u32::MAX));
     for bad in ["", "   ", "a\nb"] {
         ensure!(
-            matches!(db.store.create_api_key(bad, None).await, Err(StoreError::InvalidInput(_))),
+            matches!(
+                db.store.create_api_key(bad, None).await,
+                Err(StoreError::InvalidInput(_))
+            ),
             "name {bad:?} accepted"
         );
     }
@@ -401,11 +484,16 @@ async fn writer_delivers_records(db: TestDb) -> Result<()> {
 }
 
 async fn writer_counts_drops_when_full(db: TestDb) -> Result<()> {
-    let cfg = RecordWriterConfig { capacity: 10, ..RecordWriterConfig::default() };
+    let cfg = RecordWriterConfig {
+        capacity: 10,
+        ..RecordWriterConfig::default()
+    };
     let (tx, writer) = RecordWriter::spawn(db.store.clone(), cfg);
     // The test runtime is single-threaded and try_send never yields, so the writer cannot
     // drain between these sends: exactly 10 fit.
-    let accepted = (0..15).filter(|i| tx.try_send(full_record(&format!("d{i}"), 1, *i))).count();
+    let accepted = (0..15)
+        .filter(|i| tx.try_send(full_record(&format!("d{i}"), 1, *i)))
+        .count();
     ensure!(accepted == 10, "accepted {accepted}");
     ensure!(tx.dropped() == 5 && tx.queued() == 10);
     writer.shutdown().await;
@@ -451,7 +539,11 @@ async fn writer_counts_write_errors(db: TestDb) -> Result<()> {
         ensure!(tx.try_send(full_record(&format!("e{i}"), 1, i)));
     }
     writer.shutdown().await;
-    ensure!(tx.write_errors() == 10, "write_errors = {}", tx.write_errors());
+    ensure!(
+        tx.write_errors() == 10,
+        "write_errors = {}",
+        tx.write_errors()
+    );
     ensure!(tx.written() == 0 && tx.dropped() == 0);
     ensure!(db.store.request_records(&all(100)).await?.is_empty());
     Ok(())
@@ -461,21 +553,33 @@ async fn writer_counts_write_errors(db: TestDb) -> Result<()> {
 async fn unreachable_postgres_is_a_clear_error_without_password() -> Result<()> {
     let dir = tempfile::tempdir()?;
     // port 1 on loopback: nothing listens there
-    let err = Store::connect(Some("postgres://app:hunter2@127.0.0.1:1/x?connect_timeout=2"), dir.path())
-        .await
-        .err()
-        .context("connecting to a closed port succeeded")?;
+    let err = Store::connect(
+        Some("postgres://app:hunter2@127.0.0.1:1/x?connect_timeout=2"),
+        dir.path(),
+    )
+    .await
+    .err()
+    .context("connecting to a closed port succeeded")?;
     let msg = err.to_string();
-    ensure!(msg.contains("PostgreSQL") && msg.contains("127.0.0.1:1"), "{msg}");
+    ensure!(
+        msg.contains("PostgreSQL") && msg.contains("127.0.0.1:1"),
+        "{msg}"
+    );
     ensure!(!msg.contains("hunter2"), "password leaked: {msg}");
-    ensure!(!format!("{err:?}").contains("hunter2"), "password leaked in Debug");
+    ensure!(
+        !format!("{err:?}").contains("hunter2"),
+        "password leaked in Debug"
+    );
     Ok(())
 }
 
 #[tokio::test]
 async fn bad_urls_are_refused() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let err = Store::connect(Some("mysql://u:pw@h/db"), dir.path()).await.err().context("mysql accepted")?;
+    let err = Store::connect(Some("mysql://u:pw@h/db"), dir.path())
+        .await
+        .err()
+        .context("mysql accepted")?;
     ensure!(matches!(err, StoreError::InvalidUrl { .. }));
     ensure!(!err.to_string().contains("pw@"), "{err}");
     Ok(())
@@ -500,7 +604,9 @@ async fn default_is_sqlite_in_the_data_dir() -> Result<()> {
 async fn in_memory_sqlite_works() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let store = Store::connect(Some("sqlite::memory:"), dir.path()).await?;
-    store.insert_request_records(&[full_record("m", 1, 1)]).await?;
+    store
+        .insert_request_records(&[full_record("m", 1, 1)])
+        .await?;
     ensure!(store.request_records(&by_id("m")).await?.len() == 1);
     store.close().await;
     Ok(())

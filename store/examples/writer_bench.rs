@@ -1,0 +1,104 @@
+//! Measures how fast the [`RecordWriter`] moves request records into each backend: N
+//! records are queued (capacity N, so nothing is dropped) and the clock stops when
+//! `shutdown` returns, i.e. when every record is committed. Also reports the cost of one
+//! `try_send` on the request path. Uses a fresh SQLite file and a fresh PostgreSQL
+//! database (`$SAMEWISE_TEST_PG_URL`, default postgres://postgres@127.0.0.1:5432/postgres).
+//!
+//! Run: `cargo run -p samewise-store --example writer_bench -- [ROWS] [sqlite|postgres|both]`
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use samewise_store::testing::TestDb;
+use samewise_store::{Backend, RecordQuery, RecordWriter, RecordWriterConfig, RequestRecord};
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let rows: usize = match args.next() {
+        Some(n) => n.parse().context("ROWS must be a number")?,
+        None => 100_000,
+    };
+    let which = args.next().unwrap_or_else(|| "both".to_owned());
+    let backends: &[Backend] = match which.as_str() {
+        "sqlite" => &[Backend::Sqlite],
+        "postgres" => &[Backend::Postgres],
+        "both" => &[Backend::Sqlite, Backend::Postgres],
+        other => anyhow::bail!("unknown backend {other:?}: sqlite, postgres or both"),
+    };
+    for &backend in backends {
+        let db = TestDb::new(backend)
+            .await
+            .with_context(|| format!("opening {backend}"))?;
+        let records: Vec<RequestRecord> = (0..rows).map(record).collect();
+        let cfg = RecordWriterConfig {
+            capacity: rows,
+            ..RecordWriterConfig::default()
+        };
+        let (tx, writer) = RecordWriter::spawn(db.store.clone(), cfg.clone());
+        let start = Instant::now();
+        for r in records {
+            anyhow::ensure!(tx.try_send(r), "queue full: capacity is {rows}");
+        }
+        let enqueue = start.elapsed();
+        writer.shutdown().await;
+        let total = start.elapsed();
+        anyhow::ensure!(
+            tx.written() == rows as u64,
+            "written {} of {rows}",
+            tx.written()
+        );
+        anyhow::ensure!(tx.write_errors() == 0 && tx.dropped() == 0);
+        let stored = db
+            .store
+            .request_records(&RecordQuery {
+                limit: 1,
+                ..RecordQuery::default()
+            })
+            .await?;
+        anyhow::ensure!(stored.len() == 1);
+        println!(
+            "{backend:>10}: {rows} records, batches of {}, in {:.3} s = {:.0} rows/s; try_send {:.0} ns each",
+            cfg.max_batch,
+            total.as_secs_f64(),
+            rows as f64 / total.as_secs_f64(),
+            enqueue.as_nanos() as f64 / rows as f64,
+        );
+    }
+    Ok(())
+}
+
+/// A realistic record: a streamed chat attempt with usage, cost and tool-call counts.
+fn record(i: usize) -> RequestRecord {
+    RequestRecord {
+        request_id: format!("req-{i:010}"),
+        attempt: 1,
+        final_attempt: true,
+        ts_ms: 1_700_000_000_000 + i as i64,
+        key_id: Some(1),
+        model: "smollm2-135m".to_owned(),
+        provider: Some(format!("provider-{}", i % 4)),
+        endpoint: Some(format!("provider-{}/smollm2", i % 4)),
+        route: "chat".to_owned(),
+        stream: i % 2 == 0,
+        status: Some(200),
+        error_kind: None,
+        attempts: 1,
+        ttft_ms: Some(35.5),
+        latency_ms: 812.25,
+        tpot_ms: Some(9.75),
+        prompt_tokens: Some(412),
+        completion_tokens: Some(80),
+        usage_counted: false,
+        finish_reason: Some("stop".to_owned()),
+        output_chars: 350,
+        cost_usd: Some(0.000_042),
+        tool_calls: 0,
+        tool_invalid_json: 0,
+        tool_unknown_name: 0,
+        tool_schema_mismatch: 0,
+        tool_finish_mismatch: None,
+        tool_errored: false,
+        degenerate: false,
+    }
+}
