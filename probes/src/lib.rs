@@ -37,7 +37,7 @@ pub mod compare;
 // pub mod ladder;
 // pub mod mmd;
 // pub mod noise;
-// pub mod passive;
+pub mod passive;
 // pub mod sequential;
 
 /// Everything that can go wrong in this crate: all of it is bad input.
@@ -70,3 +70,6 @@ pub type Result<T> = std::result::Result<T, ProbesError>;
 pub(crate) fn invalid(msg: impl Into<String>) -> ProbesError {
     ProbesError::InvalidInput(msg.into())
 }
+
+#[cfg(test)]
+mod sim;
