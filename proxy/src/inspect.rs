@@ -32,6 +32,8 @@ pub struct Observation {
     pub upstream_error: bool,
     /// The `[DONE]` sentinel arrived.
     pub done: bool,
+    /// Events whose data was not JSON (passed on as they were).
+    pub invalid_events: u32,
     /// The degeneration guard fired.
     pub degenerate: bool,
     /// Tool-call check results.
@@ -177,7 +179,8 @@ impl Inspector {
             return EventAction::Forward;
         }
         let Ok(chunk) = serde_json::from_str::<Chunk>(data) else {
-            // Not a chunk we understand: pass it on, the client decides.
+            // Not a chunk we understand: pass it on (the client decides) and count it.
+            self.obs.invalid_events += 1;
             return EventAction::Forward;
         };
         if chunk.error.is_some() {

@@ -140,6 +140,7 @@ impl Relay {
         let kind = match error_kind {
             Some(k) => Some(k),
             None if obs.upstream_error => Some("upstream_stream_error"),
+            None if obs.invalid_events > 0 => Some("invalid_json"),
             None => None,
         };
         if !healthy {

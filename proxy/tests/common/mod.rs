@@ -56,12 +56,18 @@ impl Default for Options {
     }
 }
 
-/// A `[providers.NAME]` table for a mock (or any base URL), keyed by `TEST_PROVIDER_KEY`.
+/// A `[providers.NAME]` table for a mock (or any base URL), keyed by `TEST_PROVIDER_KEY`;
+/// `extra` adds lines (and overrides the default timeouts it names).
 pub fn provider(name: &str, base_url: &str, extra: &str) -> String {
-    format!(
-        "[providers.{name}]\nbase_url = \"{base_url}\"\napi_key_env = \"TEST_PROVIDER_KEY\"\n\
-         connect_timeout_ms = 500\nfirst_byte_timeout_ms = 2000\nidle_timeout_ms = 2000\n{extra}\n"
-    )
+    let mut s = format!("[providers.{name}]\nbase_url = \"{base_url}\"\napi_key_env = \"TEST_PROVIDER_KEY\"\n");
+    for (key, default) in [("connect_timeout_ms", 500), ("first_byte_timeout_ms", 2000), ("idle_timeout_ms", 2000)] {
+        if !extra.contains(key) {
+            s.push_str(&format!("{key} = {default}\n"));
+        }
+    }
+    s.push_str(extra);
+    s.push('\n');
+    s
 }
 
 /// A `[models.NAME]` table over `(provider, upstream model)` endpoints.
