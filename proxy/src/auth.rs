@@ -68,6 +68,13 @@ impl Authenticator {
 
     /// The key a request presents, checked and charged against its rate limit.
     pub async fn authenticate(&self, headers: &HeaderMap) -> Result<ApiKey, ApiError> {
+        let key = self.identify(headers).await?;
+        self.charge(&key)?;
+        Ok(key)
+    }
+
+    /// The valid key a request presents (401 otherwise).
+    pub async fn identify(&self, headers: &HeaderMap) -> Result<ApiKey, ApiError> {
         let presented = bearer(headers).ok_or_else(|| {
             ApiError::new(
                 StatusCode::UNAUTHORIZED,
@@ -76,26 +83,28 @@ impl Authenticator {
                 "missing API key: send `Authorization: Bearer <samewise key>`",
             )
         })?;
-        let key = self.lookup(presented).await?.ok_or_else(|| {
+        self.lookup(presented).await?.ok_or_else(|| {
             ApiError::new(StatusCode::UNAUTHORIZED, "invalid_api_key", "authentication_error", "invalid API key")
-        })?;
-        if let Some(rpm) = key.rpm_limit {
-            let now = Instant::now();
-            let verdict = match self.buckets.lock() {
-                Ok(mut b) => b.entry(key.id).or_insert_with(|| Bucket::full(rpm, now)).take(rpm, now),
-                Err(_) => Ok(()),
-            };
-            if let Err(wait) = verdict {
-                return Err(ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limit_exceeded",
-                    "rate_limit_error",
-                    format!("rate limit of {rpm} requests per minute reached for this key"),
-                )
-                .with_retry_after(wait));
-            }
-        }
-        Ok(key)
+        })
+    }
+
+    /// Charges one request to `key`'s per-minute limit (429 with Retry-After when spent).
+    pub fn charge(&self, key: &ApiKey) -> Result<(), ApiError> {
+        let Some(rpm) = key.rpm_limit else { return Ok(()) };
+        let now = Instant::now();
+        let verdict = match self.buckets.lock() {
+            Ok(mut b) => b.entry(key.id).or_insert_with(|| Bucket::full(rpm, now)).take(rpm, now),
+            Err(_) => Ok(()),
+        };
+        verdict.map_err(|wait| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_exceeded",
+                "rate_limit_error",
+                format!("rate limit of {rpm} requests per minute reached for this key"),
+            )
+            .with_retry_after(wait)
+        })
     }
 
     async fn lookup(&self, presented: &str) -> Result<Option<ApiKey>, ApiError> {

@@ -85,11 +85,14 @@ async fn run(
     ctx: &mut RequestCtx,
     rng: &mut impl Rng,
 ) -> Response {
-    let key = match state.inner.auth.authenticate(headers).await {
+    let key = match state.inner.auth.identify(headers).await {
         Ok(k) => k,
         Err(e) => return reject(state, ctx, e),
     };
     ctx.key_id = Some(key.id);
+    if let Err(e) = state.inner.auth.charge(&key) {
+        return reject(state, ctx, e);
+    }
 
     let bytes = match read_limited(body, state.inner.body_limit).await {
         Ok(b) => b,
