@@ -106,9 +106,27 @@ impl Default for RecordQuery {
 /// The most rows one [`Store::request_records`] call returns.
 pub const MAX_QUERY_LIMIT: u32 = 100_000;
 
-/// Rows per INSERT statement: 29 bound values each, well under SQLite's 32,766 and
-/// PostgreSQL's 65,535 parameter limits.
+/// Rows per SQLite INSERT statement: 29 bound values each, well under SQLite's 32,766
+/// parameter limit.
 const ROWS_PER_STATEMENT: usize = 500;
+
+/// Rows per PostgreSQL INSERT: the rows travel as 29 arrays, so the statement text (and its
+/// prepared plan) is the same whatever the batch size; this only bounds one message.
+const PG_ROWS_PER_STATEMENT: usize = 10_000;
+
+/// The PostgreSQL insert: one array per column, unnested into rows. One fixed statement,
+/// prepared once per connection, instead of a new multi-row VALUES text per batch size.
+const PG_INSERT: &str = "INSERT INTO request_records (request_id, attempt, final_attempt, ts_ms, \
+key_id, model, provider, endpoint, route, stream, status, error_kind, attempts, ttft_ms, \
+latency_ms, tpot_ms, prompt_tokens, completion_tokens, usage_counted, finish_reason, output_chars, \
+cost_usd, tool_calls, tool_invalid_json, tool_unknown_name, tool_schema_mismatch, \
+tool_finish_mismatch, tool_errored, degenerate) \
+SELECT * FROM UNNEST($1::text[], $2::int8[], $3::bool[], $4::int8[], $5::int8[], $6::text[], \
+$7::text[], $8::text[], $9::text[], $10::bool[], $11::int8[], $12::text[], $13::int8[], \
+$14::float8[], $15::float8[], $16::float8[], $17::int8[], $18::int8[], $19::bool[], $20::text[], \
+$21::int8[], $22::float8[], $23::int8[], $24::int8[], $25::int8[], $26::int8[], $27::text[], \
+$28::bool[], $29::bool[]) \
+ON CONFLICT (request_id, attempt) DO NOTHING";
 
 /// The columns, in the order they are inserted and selected.
 const COLUMNS: &str = "request_id, attempt, final_attempt, ts_ms, key_id, model, provider, endpoint, \
@@ -129,14 +147,10 @@ impl Store {
             Pool::Postgres(pool) => {
                 let mut tx = pool.begin().await.map_err(StoreError::query(OP))?;
                 let mut inserted = 0;
-                for chunk in rows.chunks(ROWS_PER_STATEMENT) {
-                    let mut qb = insert_statement::<sqlx::Postgres>(chunk);
-                    inserted += qb
-                        .build()
-                        .execute(&mut *tx)
+                for chunk in rows.chunks(PG_ROWS_PER_STATEMENT) {
+                    inserted += insert_postgres(&mut tx, chunk)
                         .await
-                        .map_err(StoreError::query(OP))?
-                        .rows_affected();
+                        .map_err(StoreError::query(OP))?;
                 }
                 tx.commit().await.map_err(StoreError::query(OP))?;
                 inserted
@@ -216,7 +230,51 @@ impl Store {
     }
 }
 
-/// `INSERT INTO request_records (...) VALUES (...), ... ON CONFLICT DO NOTHING` for `rows`.
+/// Inserts `rows` on PostgreSQL with [`PG_INSERT`]; returns how many were new.
+async fn insert_postgres(
+    conn: &mut sqlx::PgConnection,
+    rows: &[RequestRecord],
+) -> Result<u64, sqlx::Error> {
+    fn col<'a, T>(rows: &'a [RequestRecord], f: impl Fn(&'a RequestRecord) -> T) -> Vec<T> {
+        rows.iter().map(f).collect()
+    }
+    let done = sqlx::query(PG_INSERT)
+        .bind(col(rows, |r| r.request_id.as_str()))
+        .bind(col(rows, |r| i64::from(r.attempt)))
+        .bind(col(rows, |r| r.final_attempt))
+        .bind(col(rows, |r| r.ts_ms))
+        .bind(col(rows, |r| r.key_id))
+        .bind(col(rows, |r| r.model.as_str()))
+        .bind(col(rows, |r| r.provider.as_deref()))
+        .bind(col(rows, |r| r.endpoint.as_deref()))
+        .bind(col(rows, |r| r.route.as_str()))
+        .bind(col(rows, |r| r.stream))
+        .bind(col(rows, |r| r.status.map(i64::from)))
+        .bind(col(rows, |r| r.error_kind.as_deref()))
+        .bind(col(rows, |r| i64::from(r.attempts)))
+        .bind(col(rows, |r| r.ttft_ms))
+        .bind(col(rows, |r| r.latency_ms))
+        .bind(col(rows, |r| r.tpot_ms))
+        .bind(col(rows, |r| r.prompt_tokens))
+        .bind(col(rows, |r| r.completion_tokens))
+        .bind(col(rows, |r| r.usage_counted))
+        .bind(col(rows, |r| r.finish_reason.as_deref()))
+        .bind(col(rows, |r| r.output_chars))
+        .bind(col(rows, |r| r.cost_usd))
+        .bind(col(rows, |r| i64::from(r.tool_calls)))
+        .bind(col(rows, |r| i64::from(r.tool_invalid_json)))
+        .bind(col(rows, |r| i64::from(r.tool_unknown_name)))
+        .bind(col(rows, |r| i64::from(r.tool_schema_mismatch)))
+        .bind(col(rows, |r| r.tool_finish_mismatch.as_deref()))
+        .bind(col(rows, |r| r.tool_errored))
+        .bind(col(rows, |r| r.degenerate))
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// `INSERT INTO request_records (...) VALUES (...), ... ON CONFLICT DO NOTHING` for `rows`
+/// (SQLite).
 fn insert_statement<'a, DB>(rows: &'a [RequestRecord]) -> QueryBuilder<'a, DB>
 where
     DB: Database,

@@ -260,14 +260,21 @@ async fn round_trip_every_field(db: TestDb) -> Result<()> {
 }
 
 async fn round_trip_none_values(db: TestDb) -> Result<()> {
+    // None and Some values of the same column in one batch
     let row = bare_record("rejected", 7);
+    let full = full_record("served", 1, 6);
     db.store
-        .insert_request_records(std::slice::from_ref(&row))
+        .insert_request_records(&[row.clone(), full.clone()])
         .await?;
     let got = db.store.request_records(&by_id("rejected")).await?;
     ensure!(
         got == vec![row.clone()],
         "round trip differs: {got:#?} vs {row:#?}"
+    );
+    let got = db.store.request_records(&by_id("served")).await?;
+    ensure!(
+        got == vec![full.clone()],
+        "round trip differs: {got:#?} vs {full:#?}"
     );
     Ok(())
 }
