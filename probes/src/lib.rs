@@ -35,7 +35,7 @@
 // pub mod align;
 pub mod compare;
 // pub mod ladder;
-// pub mod mmd;
+pub mod mmd;
 // pub mod noise;
 pub mod passive;
 // pub mod sequential;
