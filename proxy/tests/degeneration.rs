@@ -139,3 +139,21 @@ async fn the_threshold_comes_from_the_config() -> Result<()> {
     a.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn streamed_legacy_completions_are_guarded_too() -> Result<()> {
+    let a = MockUpstream::builder().name("a").behavior(repeat(" na", 7)).start().await?;
+    let proxy = Proxy::start(Backend::Sqlite, &[&a], "").await?;
+    let body = json!({"model": checks::MODEL, "prompt": "Batman theme:", "stream": true, "max_tokens": 16});
+    let (status, text) = proxy.post("/completions", &body).await?;
+    assert_eq!(status, 200);
+    let events = sse_json(&text)?;
+    let got: String = events.iter().filter_map(|e| e.pointer("/choices/0/text").and_then(Value::as_str)).collect();
+    assert_eq!(got, " na na na", "{text}");
+    assert_eq!(events.last().map(|e| e["error"]["code"].clone()), Some(json!("degenerate")), "{text}");
+    let records = proxy.records(1).await?;
+    assert!(records[0].degenerate && records[0].route == "completions", "{records:#?}");
+    proxy.stop().await?;
+    a.shutdown().await;
+    Ok(())
+}

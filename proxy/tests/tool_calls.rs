@@ -185,3 +185,20 @@ async fn requests_without_tools_record_no_tool_activity() -> Result<()> {
     mock.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_tool_schema_that_does_not_compile_is_not_the_endpoints_fault() -> Result<()> {
+    let calls = vec![ToolCall::new("odd", r#"{"a": 1}"#), ToolCall::new("odd", "{oops")];
+    let mock = MockUpstream::builder().behavior(Behavior::tool_calls(calls, "tool_calls")).start().await?;
+    let proxy = Proxy::start(Backend::Sqlite, &[&mock], "").await?;
+    let mut body = chat(false);
+    body["tools"] = json!([{"type": "function", "function": {"name": "odd", "parameters": {"type": "no-such-type"}}}]);
+    let (status, text) = proxy.post("/chat/completions", &body).await?;
+    assert_eq!(status, 200, "the answer still reaches the client: {text}");
+    let r = proxy.records(1).await?;
+    // only JSON-ness can be checked against an unusable schema
+    assert_eq!((r[0].tool_calls, r[0].tool_invalid_json, r[0].tool_schema_mismatch), (2, 1, 0), "{r:#?}");
+    proxy.stop().await?;
+    mock.shutdown().await;
+    Ok(())
+}

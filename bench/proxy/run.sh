@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# The proxy benchmark: added latency of `samewise serve` over going straight to the upstream,
+# and the proxy's memory with many streams open. Not a test: it prints numbers.
+#
+#   bench/proxy/run.sh            # the full run: 30 s per point (about 4 minutes)
+#   DURATION=5 RATES="500" bench/proxy/run.sh   # a quick look
+#
+# What it does, all on this machine over loopback, release builds:
+#  1. starts two mock upstreams (samewise-testkit's `mock-upstream`): one that answers at once
+#     (JSON or SSE), one that holds every stream open;
+#  2. starts `samewise serve` with both as providers, SQLite records in a scratch data dir;
+#  3. for non-streaming and streaming chat at each rate in RATES (default 500 1000 2000 rps)
+#     for DURATION seconds, `loadgen rate` fires, every 1/rate s, one request straight to the
+#     mock and one through the proxy at the same moment (open loop), and reports latency
+#     quantiles of both and the added latency (through - direct);
+#  4. restarts the proxy and has `loadgen hold` open STREAMS (default 1000) streams through it,
+#     then samples the proxy's resident memory (VmRSS, and VmHWM = peak) from /proc.
+# Results land in bench/out/proxy-TIMESTAMP/ (results.jsonl, hold.json, table.md, logs).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+DURATION=${DURATION:-30}
+WARMUP=${WARMUP:-3}
+RATES=${RATES:-"500 1000 2000"}
+STREAMS=${STREAMS:-1000}
+OUT=${OUT:-bench/out/proxy-$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$OUT/data"
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+cargo build --release -p samewise -p samewise-testkit --bins
+BIN=target/release
+
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# waits for "listening on URL" in a log and prints URL
+wait_url() {
+    for _ in $(seq 1 100); do
+        url=$(sed -n 's/^listening on //p' "$1" | head -1)
+        if [ -n "$url" ]; then echo "$url"; return 0; fi
+        sleep 0.1
+    done
+    echo "no 'listening on' line in $1" >&2; return 1
+}
+
+$BIN/mock-upstream --name bench --model bench-model >"$OUT/mock.log" 2>&1 &
+PIDS+=($!)
+$BIN/mock-upstream --name hold --model hold-model --never-ends >"$OUT/mock-hold.log" 2>&1 &
+PIDS+=($!)
+MOCK=$(wait_url "$OUT/mock.log")
+HOLD=$(wait_url "$OUT/mock-hold.log")
+
+PORT=$(free_port)
+CONFIG="$OUT/samewise.toml"
+cat >"$CONFIG" <<TOML
+[server]
+listen = "127.0.0.1:$PORT"
+data_dir = "$OUT/data"
+
+[limits]
+record_queue_capacity = 100000
+
+[providers.bench]
+base_url = "$MOCK/v1"
+first_byte_timeout_ms = 10000
+idle_timeout_ms = 600000
+
+[providers.hold]
+base_url = "$HOLD/v1"
+first_byte_timeout_ms = 10000
+idle_timeout_ms = 600000
+
+[models.bench]
+policy = "weighted"
+[[models.bench.endpoints]]
+provider = "bench"
+model = "bench-model"
+
+[models.hold]
+policy = "weighted"
+[[models.hold.endpoints]]
+provider = "hold"
+model = "hold-model"
+TOML
+
+unset DATABASE_URL
+KEY=$($BIN/samewise keys create bench --config "$CONFIG" 2>>"$OUT/keys.log" | grep -Eo 'sw-[0-9a-f]+' | head -1)
+if [ -z "$KEY" ]; then echo "could not create a key (see $OUT/keys.log)" >&2; exit 1; fi
+
+PROXY_PID=
+start_proxy() {
+    RUST_LOG=${RUST_LOG:-warn} $BIN/samewise serve --config "$CONFIG" >>"$OUT/proxy.log" 2>&1 &
+    PROXY_PID=$!
+    PIDS+=("$PROXY_PID")
+    for _ in $(seq 1 100); do
+        if curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1; then return 0; fi
+        sleep 0.1
+    done
+    echo "the proxy did not come up (see $OUT/proxy.log)" >&2; return 1
+}
+rss_kb() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
+
+start_proxy
+: >"$OUT/results.jsonl"
+for mode in json stream; do
+    flag=""; [ "$mode" = stream ] && flag="--stream"
+    for rate in $RATES; do
+        echo "== $mode at $rate rps for ${DURATION}s" >&2
+        $BIN/loadgen rate --direct "$MOCK/v1" --proxy "http://127.0.0.1:$PORT/v1" --key "$KEY" \
+            --model bench --direct-model bench-model --rate "$rate" --duration "$DURATION" \
+            --warmup "$WARMUP" $flag | tee -a "$OUT/results.jsonl"
+    done
+done
+curl -fsS "http://127.0.0.1:$PORT/metrics" >"$OUT/metrics-after-rate.txt" || true
+echo "proxy peak RSS during the rate runs: $(rss_kb "$PROXY_PID" VmHWM) kB" >&2
+
+# memory with STREAMS open streams, on a fresh proxy
+kill "$PROXY_PID"; wait "$PROXY_PID" 2>/dev/null || true
+start_proxy
+sleep 1
+RSS_BEFORE=$(rss_kb "$PROXY_PID" VmRSS)
+$BIN/loadgen hold --proxy "http://127.0.0.1:$PORT/v1" --key "$KEY" --model hold --streams "$STREAMS" \
+    --hold 5 >"$OUT/hold.log" 2>&1 &
+HOLD_PID=$!
+for _ in $(seq 1 600); do grep -q '^ready' "$OUT/hold.log" && break; sleep 0.1; done
+sleep 2
+RSS_OPEN=$(rss_kb "$PROXY_PID" VmRSS)
+HWM=$(rss_kb "$PROXY_PID" VmHWM)
+READY=$(sed -n 's/^ready \([0-9]*\).*/\1/p' "$OUT/hold.log")
+wait "$HOLD_PID" || echo "loadgen hold reported failures (see $OUT/hold.log)" >&2
+printf '{"streams": %s, "ready": %s, "rss_before_kb": %s, "rss_open_kb": %s, "hwm_kb": %s}\n' \
+    "$STREAMS" "${READY:-0}" "$RSS_BEFORE" "$RSS_OPEN" "$HWM" | tee "$OUT/hold.json"
+
+python3 bench/proxy/report.py "$OUT/results.jsonl" "$OUT/hold.json" | tee "$OUT/table.md"
+echo "results in $OUT" >&2
