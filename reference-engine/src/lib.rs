@@ -25,9 +25,11 @@
 //!   parsing.
 //! - [`profile`]: serving profiles that emulate provider faults (re-quantized weights,
 //!   8-bit activations, KV-cache formats, truncation, tool-call corruption, ...).
+//! - [`server`]: the OpenAI-compatible HTTP API (axum): `router`, `serve`.
 //! - [`tokenizer`]: text <-> ids (tokenizer.json or GGUF metadata), token bytes, streaming
 //!   detokenisation.
 
+pub mod batcher;
 pub mod chat;
 pub mod config;
 pub mod engine;
@@ -41,6 +43,7 @@ pub mod model;
 pub mod profile;
 pub mod quant;
 pub mod sample;
+pub mod server;
 pub mod tokenizer;
 
 pub use config::{Arch, ModelConfig};

@@ -17,6 +17,8 @@ use crate::quant::Decomposed;
 
 /// Columns per panel.
 pub const NR: usize = 16;
+/// Up to this many rows, AVX-512 dequantizes in registers instead of into scratch.
+const FUSED_MAX_ROWS: usize = 8;
 
 /// One output row of a weight matrix, as the loader produced it.
 pub enum RowSource {
@@ -36,8 +38,9 @@ enum Data {
         q: Vec<i8>,
         /// `[panel][k/group][16]` scales.
         scale: Vec<f32>,
-        /// `[panel][k/group][16]` offsets, when any is non-zero.
-        offset: Option<Vec<f32>>,
+        /// `[panel][k/group][16]` offsets (zero where the type has none: every path adds
+        /// it, so all paths compute the same `q * scale + offset`).
+        offset: Vec<f32>,
     },
 }
 
@@ -67,7 +70,12 @@ impl Linear {
                 if group == 0 || k % group != 0 {
                     return Err(EngineError::corrupt(format!("row length {k} is not a multiple of {group}")));
                 }
-                Data::Quant { group, q: vec![0; panels * k * NR], scale: vec![0.0; panels * k / group * NR], offset: None }
+                Data::Quant {
+                    group,
+                    q: vec![0; panels * k * NR],
+                    scale: vec![0.0; panels * k / group * NR],
+                    offset: vec![0.0; panels * k / group * NR],
+                }
             }
         };
         let mut lin = Self { n, k, data };
@@ -114,8 +122,7 @@ impl Linear {
                         let src = g * *group / d.group;
                         scale[(p * ng + g) * NR + c] = d.scale[src];
                         if let Some(o) = &d.offset {
-                            let off = offset.get_or_insert_with(|| vec![0.0; scale.len()]);
-                            off[(p * ng + g) * NR + c] = o[src];
+                            offset[(p * ng + g) * NR + c] = o[src];
                         }
                     }
                 }
@@ -128,7 +135,7 @@ impl Linear {
     pub fn bytes(&self) -> usize {
         match &self.data {
             Data::F32(w) => w.len() * 4,
-            Data::Quant { q, scale, offset, .. } => q.len() + scale.len() * 4 + offset.as_ref().map_or(0, |o| o.len() * 4),
+            Data::Quant { q, scale, offset, .. } => q.len() + (scale.len() + offset.len()) * 4,
         }
     }
 
@@ -146,11 +153,7 @@ impl Linear {
                 let ng = k / group;
                 for (kk, o) in out.iter_mut().enumerate().take(k) {
                     let g = (p * ng + kk / group) * NR + c;
-                    let v = f32::from(q[(p * k + kk) * NR + c]) * scale[g];
-                    *o = match offset {
-                        Some(off) => v + off[g],
-                        None => v,
-                    };
+                    *o = f32::from(q[(p * k + kk) * NR + c]) * scale[g] + offset[g];
                 }
             }
         }
@@ -168,21 +171,10 @@ impl Linear {
                     let s: &[f32; NR] = slice16(&scale[(p * ng + g) * NR..]);
                     let rows = &q[g * group * NR..(g + 1) * group * NR];
                     let dst = &mut out[g * group * NR..(g + 1) * group * NR];
-                    match offset {
-                        Some(off) => {
-                            let o: &[f32; NR] = slice16(&off[(p * ng + g) * NR..]);
-                            for (d, qq) in dst.chunks_exact_mut(NR).zip(rows.chunks_exact(NR)) {
-                                for c in 0..NR {
-                                    d[c] = f32::from(qq[c]) * s[c] + o[c];
-                                }
-                            }
-                        }
-                        None => {
-                            for (d, qq) in dst.chunks_exact_mut(NR).zip(rows.chunks_exact(NR)) {
-                                for c in 0..NR {
-                                    d[c] = f32::from(qq[c]) * s[c];
-                                }
-                            }
+                    let o: &[f32; NR] = slice16(&offset[(p * ng + g) * NR..]);
+                    for (d, qq) in dst.chunks_exact_mut(NR).zip(rows.chunks_exact(NR)) {
+                        for c in 0..NR {
+                            d[c] = f32::from(qq[c]) * s[c] + o[c];
                         }
                     }
                 }
@@ -198,6 +190,23 @@ impl Linear {
         let yp = SyncPtr(y.as_mut_ptr());
         let threads = ctx.pool.threads();
         let isa = ctx.isa;
+        #[cfg(target_arch = "x86_64")]
+        if let (Isa::Avx512, Data::Quant { group, q, scale, offset }, true) = (isa, &self.data, m <= FUSED_MAX_ROWS) {
+            let group = *group;
+            ctx.pool.run(&|t| {
+                let yp = yp;
+                let panels_t = split(panels, t, threads);
+                let mut r = 0;
+                while r < m {
+                    let rows = if m - r >= 8 { 8 } else if m - r >= 4 { 4 } else if m - r >= 2 { 2 } else { 1 };
+                    let args = x86::Fused { q, scale, offset, group, k, n, x: &x[r * k..], y: yp.0, ldy: n, row0: r };
+                    // SAFETY: AVX-512 was detected; thread t writes only its own panels' columns.
+                    unsafe { x86::fused_rows(&args, rows, panels_t.clone()) };
+                    r += rows;
+                }
+            });
+            return;
+        }
         ctx.pool.run(&|t| {
             let yp = yp;
             SCRATCH.with(|s| {
@@ -298,6 +307,121 @@ mod x86 {
             }
         };
     }
+    /// Arguments of the fused (dequantize-in-registers) kernel.
+    pub(super) struct Fused<'a> {
+        pub q: &'a [i8],
+        pub scale: &'a [f32],
+        pub offset: &'a [f32],
+        pub group: usize,
+        pub k: usize,
+        pub n: usize,
+        /// Rows of x starting at `row0`.
+        pub x: &'a [f32],
+        /// Output base (row 0).
+        pub y: *mut f32,
+        pub ldy: usize,
+        pub row0: usize,
+    }
+
+    /// Rows `row0..row0+rows` (rows in {1, 2, 4, 8}) times the panels in `panels`.
+    ///
+    /// # Safety
+    /// AVX-512F must be available; `y` valid for those rows and panels' columns.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn fused_rows(a: &Fused<'_>, rows: usize, panels: std::ops::Range<usize>) {
+        let mut p = panels.start;
+        // SAFETY: forwarded.
+        unsafe {
+            while p < panels.end {
+                let left = panels.end - p;
+                let step = match rows {
+                    8 if left >= 2 => {
+                        fused::<8, 2>(a, p);
+                        2
+                    }
+                    8 => {
+                        fused::<8, 1>(a, p);
+                        1
+                    }
+                    4 if left >= 4 => {
+                        fused::<4, 4>(a, p);
+                        4
+                    }
+                    4 => {
+                        fused::<4, 1>(a, p);
+                        1
+                    }
+                    2 if left >= 4 => {
+                        fused::<2, 4>(a, p);
+                        4
+                    }
+                    2 => {
+                        fused::<2, 1>(a, p);
+                        1
+                    }
+                    _ if left >= 4 => {
+                        fused::<1, 4>(a, p);
+                        4
+                    }
+                    _ => {
+                        fused::<1, 1>(a, p);
+                        1
+                    }
+                };
+                p += step;
+            }
+        }
+    }
+
+    /// R rows × P panels starting at panel `p0`: `w = q * scale + offset` in registers, then
+    /// one FMA chain per output element over k in order (the same arithmetic as the
+    /// scratch path).
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fused<const R: usize, const P: usize>(a: &Fused<'_>, p0: usize) {
+        let (k, group) = (a.k, a.group);
+        let ng = k / group;
+        assert!(a.x.len() >= R * k && (p0 + P) * k * NR <= a.q.len() && (p0 + P) * ng * NR <= a.scale.len());
+        let mut acc = [[_mm512_setzero_ps(); P]; R];
+        let qp = a.q.as_ptr();
+        let xp = a.x.as_ptr();
+        for g in 0..ng {
+            let mut s = [_mm512_setzero_ps(); P];
+            let mut o = [_mm512_setzero_ps(); P];
+            for j in 0..P {
+                // SAFETY: bounds asserted above.
+                unsafe {
+                    s[j] = _mm512_loadu_ps(a.scale.as_ptr().add(((p0 + j) * ng + g) * NR));
+                    o[j] = _mm512_loadu_ps(a.offset.as_ptr().add(((p0 + j) * ng + g) * NR));
+                }
+            }
+            for kk in g * group..(g + 1) * group {
+                let mut w = [_mm512_setzero_ps(); P];
+                for j in 0..P {
+                    // SAFETY: bounds asserted above.
+                    let qv = unsafe { _mm_loadu_si128(qp.add(((p0 + j) * k + kk) * NR).cast()) };
+                    let wf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qv));
+                    w[j] = _mm512_add_ps(_mm512_mul_ps(wf, s[j]), o[j]);
+                }
+                for r in 0..R {
+                    // SAFETY: bounds asserted above.
+                    let xb = unsafe { _mm512_set1_ps(*xp.add(r * k + kk)) };
+                    for j in 0..P {
+                        acc[r][j] = _mm512_fmadd_ps(xb, w[j], acc[r][j]);
+                    }
+                }
+            }
+        }
+        for j in 0..P {
+            let col = (p0 + j) * NR;
+            let cols = NR.min(a.n - col);
+            let mask: u16 = if cols >= 16 { 0xFFFF } else { (1u16 << cols) - 1 };
+            for r in 0..R {
+                // SAFETY: the caller guarantees y for these rows and columns.
+                unsafe { _mm512_mask_storeu_ps(a.y.add((a.row0 + r) * a.ldy + col), mask, acc[r][j]) };
+            }
+        }
+    }
+
     tile512!(t512_1, 1);
     tile512!(t512_2, 2);
     tile512!(t512_4, 4);
@@ -389,6 +513,48 @@ mod tests {
     fn lcg(seed: &mut u64) -> f32 {
         *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    }
+
+    #[test]
+    fn quantized_gemm_paths_agree_bitwise() {
+        let (n, k) = (70, 96);
+        let mut seed = 11;
+        let rows: Vec<Decomposed> = (0..n)
+            .map(|_| Decomposed {
+                group: 32,
+                q: (0..k).map(|_| (lcg(&mut seed) * 30.0) as i8).collect(),
+                scale: (0..k / 32).map(|_| lcg(&mut seed) * 0.1).collect(),
+                offset: Some((0..k / 32).map(|_| lcg(&mut seed) * 0.05).collect()),
+            })
+            .collect();
+        let lin = Linear::pack(n, k, Some(32), &mut |i| Ok(RowSource::Quant(rows[i].clone()))).unwrap();
+        let m = 13;
+        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+        let mut want = vec![0f32; m * n];
+        for r in 0..m {
+            for c in 0..n {
+                let mut a = 0f32;
+                for kk in 0..k {
+                    a = x[r * k + kk].mul_add(rows[c].value(kk), a);
+                }
+                want[r * n + c] = a;
+            }
+        }
+        let mut row = vec![0f32; k];
+        lin.row(5, &mut row);
+        assert!((0..k).all(|kk| row[kk] == rows[5].value(kk)));
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
+            for threads in [1, 2] {
+                let ctx = Ctx { pool: Pool::new(threads), isa: Isa::at_most(isa) };
+                for rows in 1..=m {
+                    let mut y = vec![0f32; rows * n];
+                    lin.matmul(&ctx, &x, rows, &mut y);
+                    for i in 0..rows * n {
+                        assert_eq!(y[i].to_bits(), want[i].to_bits(), "{isa:?} t={threads} rows={rows} i={i}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -100,8 +100,15 @@ impl Pool {
         }
         self.shared.wake.notify_all();
         f(0);
+        let mut spins = 0u32;
         while self.shared.pending.load(Ordering::Acquire) != 0 {
-            std::hint::spin_loop();
+            // on a loaded machine the worker may share our core: let it run
+            spins += 1;
+            if spins < 2_000 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         if self.shared.panicked.swap(false, Ordering::SeqCst) {
             tracing::error!("a kernel worker panicked; its part of the result is invalid");

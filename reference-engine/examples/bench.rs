@@ -1,0 +1,71 @@
+//! Throughput benchmark (not a test): prompt tokens/s scoring 512-token sequences at batch
+//! 1 and 8, generation tokens/s, and the RSS after loading.
+//!
+//! `cargo run --release -p samewise-engine --example bench -- --model PATH --threads 2`
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use samewise_engine::{Engine, GenerateParams, LoadOptions};
+
+fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()))
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut model = None;
+    let mut threads = 2;
+    let mut len = 512;
+    let mut gen_tokens = 128;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--model" => model = args.next().map(PathBuf::from),
+            "--threads" => threads = args.next().and_then(|v| v.parse().ok()).unwrap_or(2),
+            "--len" => len = args.next().and_then(|v| v.parse().ok()).unwrap_or(512),
+            "--gen" => gen_tokens = args.next().and_then(|v| v.parse().ok()).unwrap_or(128),
+            other => anyhow::bail!("unknown argument {other} (use --model PATH --threads N [--len N] [--gen N])"),
+        }
+    }
+    let model = model.ok_or_else(|| anyhow::anyhow!("--model PATH is required"))?;
+    let t0 = Instant::now();
+    let engine = Engine::load(&model, LoadOptions { threads, isa: None })?;
+    println!(
+        "loaded {} in {:.2}s: isa {:?}, threads {}, packed weights {:.1} MiB, RSS {:.1} MiB",
+        model.display(),
+        t0.elapsed().as_secs_f64(),
+        engine.isa(),
+        engine.threads(),
+        engine.weight_bytes() as f64 / (1 << 20) as f64,
+        rss_mib()
+    );
+    let vocab = engine.config().vocab_size as u64;
+    let mut state = 12345u64;
+    let mut seq = |n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((state >> 33) % vocab) as u32
+            })
+            .collect()
+    };
+    for batch in [1usize, 8] {
+        let seqs: Vec<Vec<u32>> = (0..batch).map(|_| seq(len)).collect();
+        let t = Instant::now();
+        let out = engine.score(&seqs, 20)?;
+        let dt = t.elapsed().as_secs_f64();
+        let n: usize = out.iter().map(|s| s.positions.len()).sum();
+        println!("score: batch {batch} x {len} tokens: {:.1} prompt tokens/s ({dt:.2}s)", n as f64 / dt);
+    }
+    let prompt = seq(16);
+    let params = GenerateParams { max_tokens: gen_tokens, ..GenerateParams::default() };
+    let t = Instant::now();
+    let g = engine.generate(&prompt, &params, &mut |_| true)?;
+    let dt = t.elapsed().as_secs_f64();
+    println!("generate: {} tokens: {:.1} tokens/s ({dt:.2}s)", g.tokens.len(), g.tokens.len() as f64 / dt);
+    println!("RSS after run {:.1} MiB", rss_mib());
+    Ok(())
+}
