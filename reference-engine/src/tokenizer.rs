@@ -296,7 +296,7 @@ impl Tokenizer {
 
     /// A streaming detokenizer over this tokenizer.
     pub fn detokenizer(&self, skip_special_tokens: bool) -> Detokenizer<'_> {
-        Detokenizer { tokenizer: self, skip_special_tokens, pending: Vec::new() }
+        Detokenizer { tokenizer: self, skip_special_tokens, utf8: Utf8Stream::default() }
     }
 }
 
@@ -307,8 +307,8 @@ pub struct Detokenizer<'t> {
     tokenizer: &'t Tokenizer,
     /// Whether special tokens are dropped from the text.
     skip_special_tokens: bool,
-    /// Bytes of an incomplete UTF-8 character carried over to the next token.
-    pending: Vec<u8>,
+    /// The byte stream being decoded.
+    utf8: Utf8Stream,
 }
 
 impl Detokenizer<'_> {
@@ -317,14 +317,35 @@ impl Detokenizer<'_> {
         if self.skip_special_tokens && self.tokenizer.is_special(id) {
             return Ok(String::new());
         }
-        self.pending.extend_from_slice(self.tokenizer.token_bytes(id)?);
+        Ok(self.utf8.push(self.tokenizer.token_bytes(id)?))
+    }
+
+    /// Flushes what is left (an incomplete character becomes U+FFFD).
+    pub fn finish(&mut self) -> String {
+        self.utf8.finish()
+    }
+}
+
+/// Bytes in, complete UTF-8 text out: the owned core of [`Detokenizer`], for callers that
+/// cannot hold a borrow of the tokenizer (a streaming response). Invalid sequences become
+/// U+FFFD exactly as `String::from_utf8_lossy` over the whole stream would.
+#[derive(Debug, Default, Clone)]
+pub struct Utf8Stream {
+    /// Bytes of an incomplete UTF-8 character carried over to the next push.
+    pending: Vec<u8>,
+}
+
+impl Utf8Stream {
+    /// Adds bytes; returns the text that is now complete (possibly empty).
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
         let mut out = String::new();
         loop {
             match std::str::from_utf8(&self.pending) {
                 Ok(s) => {
                     out.push_str(s);
                     self.pending.clear();
-                    return Ok(out);
+                    return out;
                 }
                 Err(e) => {
                     let valid = e.valid_up_to();
@@ -338,7 +359,7 @@ impl Detokenizer<'_> {
                         // an incomplete character at the end: wait for more bytes
                         None => {
                             self.pending.drain(..valid);
-                            return Ok(out);
+                            return out;
                         }
                     }
                 }

@@ -1,0 +1,250 @@
+//! `POST /v1/chat/completions`: messages through the model's chat template, generation with
+//! OpenAI's sampling parameters, `logprobs`/`top_logprobs`, `n`, `stop`, SSE streaming with
+//! `stream_options.include_usage`, and `tools`: rendered by the template when it supports
+//! them, else by the engine's system-prompt convention ([`crate::chat`]); calls found in
+//! the output become `tool_calls` with finish reason `tool_calls`. With tools, a streamed
+//! answer is sent once complete (content or tool calls in one delta), since whether text is
+//! a call is only known at its end.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use samewise_wire::{
+    ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs, ChatMessage, Extra, FunctionCall,
+    MessageContent, ToolCall, Usage,
+};
+use serde_json::{Value, json};
+
+use crate::chat::parse_tool_calls;
+use crate::engine::GeneratedToken;
+
+use super::stream::{GenRequest, chat_logprob, check_prompt, sse_response};
+use super::text::{ChoiceEvent, TextStream};
+use super::{ApiError, ServerState, json_response, now_secs, parse_body};
+
+pub(crate) async fn handle(State(state): State<ServerState>, body: Bytes) -> Response {
+    match run(&state, &body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Renders a chat request's messages (and tools) to prompt ids; shared with `/v1/score`
+/// and `/tokenize`.
+pub(crate) fn render_prompt(
+    state: &ServerState,
+    messages: &[Value],
+    tools: Option<&[Value]>,
+    add_generation_prompt: bool,
+    kwargs: Option<&serde_json::Map<String, Value>>,
+) -> Result<Vec<u32>, ApiError> {
+    let template = state
+        .template()
+        .ok_or_else(|| ApiError::bad_request("this model has no chat template; use /v1/completions", Some("messages")))?;
+    if messages.is_empty() {
+        return Err(ApiError::bad_request("messages must not be empty", Some("messages")));
+    }
+    let text = template.render(messages, tools, add_generation_prompt, kwargs)?;
+    Ok(state.tokenizer().encode(&text, false)?)
+}
+
+async fn run(state: &ServerState, body: &[u8]) -> Result<Response, ApiError> {
+    let req: ChatCompletionRequest = parse_body(body)?;
+    let messages = req
+        .messages
+        .iter()
+        .map(|m| serde_json::to_value(m).map_err(|e| ApiError::bad_request(format!("bad message: {e}"), Some("messages"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let tools_off = req.tool_choice.as_ref().and_then(Value::as_str) == Some("none");
+    let tools: Option<Vec<Value>> = match &req.tools {
+        Some(t) if !t.is_empty() && !tools_off => Some(
+            t.iter()
+                .map(|t| serde_json::to_value(t).map_err(|e| ApiError::bad_request(format!("bad tool: {e}"), Some("tools"))))
+                .collect::<Result<_, _>>()?,
+        ),
+        _ => None,
+    };
+    let kwargs = match req.extra.get("chat_template_kwargs") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(m)) => Some(m.clone()),
+        Some(_) => return Err(ApiError::bad_request("chat_template_kwargs must be an object", Some("chat_template_kwargs"))),
+    };
+    let prompt = render_prompt(state, &messages, tools.as_deref(), true, kwargs.as_ref())?;
+
+    let want_logprobs = req.logprobs.unwrap_or(false);
+    let top = req.top_logprobs.unwrap_or(0) as usize;
+    if top > 0 && !want_logprobs {
+        return Err(ApiError::bad_request("top_logprobs needs logprobs: true", Some("top_logprobs")));
+    }
+    let stops = req.stop.as_ref().map(samewise_wire::Stop::to_vec).unwrap_or_default();
+    let gen_req = GenRequest::new(req.temperature, req.top_p, req.seed, req.n, stops, top)
+        .map_err(|e| rename_param(e, "logprobs", "top_logprobs"))?;
+    let max_tokens = match req.max_completion_tokens.or(req.max_tokens) {
+        Some(0) => return Err(ApiError::bad_request("max_tokens must be at least 1", Some("max_tokens"))),
+        Some(m) => m as usize,
+        None => state.inner.n_ctx.saturating_sub(prompt.len()).max(1),
+    };
+    check_prompt(state, &prompt, max_tokens)?;
+
+    let mut streams = Vec::new();
+    for j in 0..gen_req.n {
+        streams.push((j, TextStream::start(state, prompt.clone(), gen_req.params(state, max_tokens, j), gen_req.stops.clone())?));
+    }
+    let id = state.next_id("chatcmpl");
+    let created = now_secs();
+    let prompt_tokens = prompt.len() as u64;
+    let ctx = Ctx { state: state.clone(), id, created, want_logprobs, tools: tools.is_some() };
+
+    if req.stream.unwrap_or(false) {
+        let include_usage = req.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+        return Ok(stream(ctx, streams, prompt_tokens, include_usage));
+    }
+
+    let results = futures_util::future::join_all(streams.into_iter().map(|(i, s)| async move { (i, s.collect().await) })).await;
+    let mut choices = Vec::new();
+    let mut completion_tokens = 0u64;
+    for (index, r) in results {
+        let c = r?;
+        completion_tokens += c.completion_tokens as u64;
+        let (message, reason) = ctx.message(index, c.text, c.reason);
+        choices.push(ChatChoice {
+            index,
+            message,
+            finish_reason: Some(reason.to_owned()),
+            logprobs: ctx.logprobs(&c.tokens),
+            extra: Extra::new(),
+        });
+    }
+    let resp = ChatCompletionResponse {
+        id: ctx.id.clone(),
+        object: "chat.completion".into(),
+        created,
+        model: state.model_name().to_owned(),
+        choices,
+        usage: Some(Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens, extra: Extra::new() }),
+        extra: Extra::new(),
+    };
+    Ok(json_response(&resp))
+}
+
+fn rename_param(mut e: ApiError, from: &str, to: &str) -> ApiError {
+    if e.body.error.param.as_deref() == Some(from) {
+        e.body.error.param = Some(to.to_owned());
+    }
+    e
+}
+
+/// What every choice of one response shares.
+#[derive(Clone)]
+struct Ctx {
+    state: ServerState,
+    id: String,
+    created: u64,
+    want_logprobs: bool,
+    tools: bool,
+}
+
+impl Ctx {
+    /// The assistant message for a finished choice; tool calls parsed when tools are on.
+    fn message(&self, index: u32, text: String, reason: &'static str) -> (ChatMessage, &'static str) {
+        if self.tools {
+            let parsed = parse_tool_calls(&text);
+            if !parsed.tool_calls.is_empty() {
+                let calls = parsed
+                    .tool_calls
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, c)| ToolCall {
+                        id: format!("call_{}_{index}_{i}", self.id),
+                        kind: "function".into(),
+                        function: FunctionCall { name: c.name, arguments: c.arguments },
+                        extra: Extra::new(),
+                    })
+                    .collect();
+                let msg = ChatMessage {
+                    role: "assistant".into(),
+                    content: parsed.content.map(MessageContent::Text),
+                    tool_calls: Some(calls),
+                    ..ChatMessage::default()
+                };
+                return (msg, "tool_calls");
+            }
+        }
+        (ChatMessage::text("assistant", text), reason)
+    }
+
+    fn logprobs(&self, tokens: &[GeneratedToken]) -> Option<ChatLogprobs> {
+        self.want_logprobs.then(|| ChatLogprobs {
+            content: Some(tokens.iter().map(|t| chat_logprob(&self.state, t)).collect()),
+            extra: Extra::new(),
+        })
+    }
+
+    fn chunk(&self, index: u32, delta: Value, logprobs: Option<ChatLogprobs>, finish: Option<&str>) -> Value {
+        json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+               "model": self.state.model_name(),
+               "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+    }
+}
+
+fn stream(ctx: Ctx, streams: Vec<(u32, TextStream)>, prompt_tokens: u64, include_usage: bool) -> Response {
+    let head: Vec<Value> =
+        streams.iter().map(|(i, _)| ctx.chunk(*i, json!({"role": "assistant", "content": ""}), None, None)).collect();
+    let render_ctx = ctx.clone();
+    // with tools, each choice's text and tokens are held until it ends
+    let mut held: Vec<(String, Vec<GeneratedToken>)> = streams.iter().map(|_| Default::default()).collect();
+    let render = Box::new(move |index: u32, ev: ChoiceEvent, total: &mut u64| {
+        let c = &render_ctx;
+        let slot = index as usize;
+        match ev {
+            ChoiceEvent::Piece(p) if c.tools => {
+                if let Some(h) = held.get_mut(slot) {
+                    h.0.push_str(&p.text);
+                    h.1.extend(p.tokens);
+                }
+                Vec::new()
+            }
+            ChoiceEvent::Piece(p) => {
+                if p.text.is_empty() && p.tokens.is_empty() {
+                    return Vec::new();
+                }
+                vec![c.chunk(index, json!({"content": p.text}), c.logprobs(&p.tokens), None)]
+            }
+            ChoiceEvent::End { reason, completion_tokens } => {
+                *total += completion_tokens as u64;
+                let mut out = Vec::new();
+                let mut reason = reason;
+                if c.tools {
+                    let (text, tokens) = held.get_mut(slot).map(std::mem::take).unwrap_or_default();
+                    let (msg, r) = c.message(index, text, reason);
+                    reason = r;
+                    let mut delta = json!({});
+                    if let Some(MessageContent::Text(t)) = &msg.content {
+                        delta["content"] = json!(t);
+                    }
+                    if let Some(calls) = &msg.tool_calls {
+                        delta["tool_calls"] = calls
+                            .iter()
+                            .enumerate()
+                            .map(|(i, tc)| json!({"index": i, "id": tc.id, "type": "function",
+                                "function": {"name": tc.function.name, "arguments": tc.function.arguments}}))
+                            .collect();
+                    }
+                    out.push(c.chunk(index, delta, c.logprobs(&tokens), None));
+                }
+                out.push(c.chunk(index, json!({}), None, Some(reason)));
+                out
+            }
+            ChoiceEvent::Failed(_) => Vec::new(),
+        }
+    });
+    let tail = Box::new(move |completion_tokens: u64| {
+        include_usage.then(|| {
+            json!({"id": ctx.id, "object": "chat.completion.chunk", "created": ctx.created,
+                   "model": ctx.state.model_name(), "choices": [],
+                   "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                             "total_tokens": prompt_tokens + completion_tokens}})
+        })
+    });
+    sse_response(head, streams, render, tail)
+}

@@ -1,0 +1,253 @@
+//! `POST /v1/completions`: text or token-id prompts (one or a list), generation, and
+//! `echo` + `logprobs` prompt logprobs in vLLM's alignment (entry i is the logprob of prompt
+//! token i given the tokens before it; the first is null). `max_tokens: 0` with `echo`
+//! scores the prompt without generating. The top-logprobs map of each position holds the
+//! `logprobs` most likely tokens and the actual one, as OpenAI and vLLM send it.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use samewise_wire::{CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Extra, Prompt, Usage};
+use serde_json::{Map, Value, json};
+
+use crate::engine::{GeneratedToken, ScoredSequence};
+use crate::sample::TokenLogprob as EngineLogprob;
+
+use super::stream::{GenRequest, check_prompt, sse_response};
+use super::text::{ChoiceEvent, TextStream};
+use super::{ApiError, ServerState, json_response, now_secs, parse_body};
+
+/// OpenAI's default `max_tokens` for completions.
+const DEFAULT_MAX_TOKENS: usize = 16;
+
+pub(crate) async fn handle(State(state): State<ServerState>, body: Bytes) -> Response {
+    match run(&state, &body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// One prompt: its ids and the text `echo` returns.
+struct PromptIn {
+    ids: Vec<u32>,
+    text: String,
+}
+
+async fn run(state: &ServerState, body: &[u8]) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse_body(body)?;
+    let tok = state.tokenizer();
+    let prompts: Vec<PromptIn> = match &req.prompt {
+        Prompt::Text(t) => vec![PromptIn { ids: tok.encode(t, true)?, text: t.clone() }],
+        Prompt::Texts(ts) => ts.iter().map(|t| Ok(PromptIn { ids: tok.encode(t, true)?, text: t.clone() })).collect::<Result<_, ApiError>>()?,
+        Prompt::Tokens(ids) => vec![PromptIn { ids: ids.clone(), text: String::new() }],
+        Prompt::TokenBatches(b) => b.iter().map(|ids| PromptIn { ids: ids.clone(), text: String::new() }).collect(),
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::bad_request("prompt is empty", Some("prompt")));
+    }
+    let max_tokens = req.max_tokens.map_or(DEFAULT_MAX_TOKENS, |m| m as usize);
+    let echo = req.echo.unwrap_or(false);
+    let k = req.logprobs.map(|k| k as usize);
+    let stops = req.stop.as_ref().map(samewise_wire::Stop::to_vec).unwrap_or_default();
+    let gen_req = GenRequest::new(req.temperature, req.top_p, req.seed, req.n, stops, k.unwrap_or(0))?;
+    let mut prompts = prompts;
+    for p in &mut prompts {
+        check_prompt(state, &p.ids, max_tokens)?;
+        if p.text.is_empty() {
+            // token-id prompts echo their decoded text
+            p.text = tok.decode(&p.ids, false)?;
+        }
+    }
+    let id = state.next_id("cmpl");
+    let created = now_secs();
+    let prompt_tokens: u64 = prompts.iter().map(|p| p.ids.len() as u64).sum::<u64>() * u64::from(gen_req.n);
+
+    // prompt logprobs (echo + logprobs), one scoring per prompt
+    let mut scored: Vec<Option<ScoredSequence>> = Vec::with_capacity(prompts.len());
+    if echo && k.is_some() {
+        let futs = prompts.iter().map(|p| state.inner.backend.score(p.ids.clone(), k.unwrap_or(0)));
+        for r in futures_util::future::join_all(futs).await {
+            scored.push(Some(r?));
+        }
+    } else {
+        scored.resize_with(prompts.len(), || None);
+    }
+
+    // start every generation before waiting on any (they run concurrently)
+    let mut streams = Vec::new();
+    if max_tokens > 0 {
+        for (pi, p) in prompts.iter().enumerate() {
+            for j in 0..gen_req.n {
+                let index = pi as u32 * gen_req.n + j;
+                let ts = TextStream::start(state, p.ids.clone(), gen_req.params(state, max_tokens, j), gen_req.stops.clone())?;
+                streams.push((index, ts));
+            }
+        }
+    }
+
+    if req.stream.unwrap_or(false) {
+        return Ok(stream(state, &req, id, created, prompts, scored, streams, gen_req.n, k, prompt_tokens));
+    }
+
+    let mut collected = Vec::new();
+    for r in futures_util::future::join_all(streams.into_iter().map(|(i, s)| async move { (i, s.collect().await) })).await {
+        collected.push((r.0, r.1?));
+    }
+    let mut choices = Vec::new();
+    let mut completion_tokens = 0u64;
+    for (pi, p) in prompts.iter().enumerate() {
+        for j in 0..gen_req.n {
+            let index = pi as u32 * gen_req.n + j;
+            let generated = collected.iter_mut().find(|(i, _)| *i == index).map(|(_, c)| std::mem::take(c));
+            let mut text = if echo { p.text.clone() } else { String::new() };
+            let mut lp = k.map(|_| Lp::default());
+            if let (Some(lp), Some(s)) = (lp.as_mut(), scored[pi].as_ref().filter(|_| echo)) {
+                lp.push_scored(state, s, k.unwrap_or(0));
+            }
+            let reason = match generated {
+                Some(g) => {
+                    completion_tokens += g.completion_tokens as u64;
+                    if let Some(lp) = lp.as_mut() {
+                        lp.push_generated(state, &g.tokens, k.unwrap_or(0));
+                    }
+                    text.push_str(&g.text);
+                    g.reason
+                }
+                None => "length",
+            };
+            choices.push(CompletionChoice {
+                index,
+                text,
+                logprobs: lp.map(Lp::finish),
+                finish_reason: Some(reason.to_owned()),
+                extra: Extra::new(),
+            });
+        }
+    }
+    let resp = CompletionResponse {
+        id,
+        object: "text_completion".into(),
+        created,
+        model: state.model_name().to_owned(),
+        choices,
+        usage: Some(Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens, extra: Extra::new() }),
+        extra: Extra::new(),
+    };
+    Ok(json_response(&resp))
+}
+
+/// The legacy parallel-array logprobs, built position by position.
+#[derive(Default)]
+struct Lp {
+    tokens: Vec<String>,
+    token_logprobs: Vec<Option<f64>>,
+    top: Vec<Option<Map<String, Value>>>,
+    offsets: Vec<u32>,
+    chars: u32,
+}
+
+impl Lp {
+    fn push(&mut self, state: &ServerState, token: u32, logprob: Option<f32>, top: Option<&[EngineLogprob]>, k: usize) {
+        let text = state.tokenizer().token_str(token).unwrap_or_default();
+        self.tokens.push(text.to_owned());
+        self.token_logprobs.push(logprob.map(f64::from));
+        self.top.push(top.map(|alts| {
+            let mut m = Map::new();
+            for a in alts.iter().take(k) {
+                let t = state.tokenizer().token_str(a.token).unwrap_or_default();
+                m.entry(t.to_owned()).or_insert(json!(f64::from(a.logprob)));
+            }
+            if let Some(lp) = logprob {
+                m.entry(text.to_owned()).or_insert(json!(f64::from(lp)));
+            }
+            m
+        }));
+        self.offsets.push(self.chars);
+        self.chars += text.chars().count() as u32;
+    }
+
+    fn push_scored(&mut self, state: &ServerState, s: &ScoredSequence, k: usize) {
+        for p in &s.positions {
+            let top = p.logprob.map(|_| p.top.as_slice());
+            self.push(state, p.token, p.logprob, top, k);
+        }
+    }
+
+    fn push_generated(&mut self, state: &ServerState, toks: &[GeneratedToken], k: usize) {
+        for t in toks {
+            self.push(state, t.token, Some(t.logprob), Some(&t.top), k);
+        }
+    }
+
+    fn finish(self) -> CompletionLogprobs {
+        CompletionLogprobs {
+            tokens: self.tokens,
+            token_logprobs: self.token_logprobs,
+            top_logprobs: Some(self.top),
+            text_offset: self.offsets,
+            extra: Extra::new(),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn stream(
+    state: &ServerState,
+    req: &CompletionRequest,
+    id: String,
+    created: u64,
+    prompts: Vec<PromptIn>,
+    scored: Vec<Option<ScoredSequence>>,
+    streams: Vec<(u32, TextStream)>,
+    n: u32,
+    k: Option<usize>,
+    prompt_tokens: u64,
+) -> Response {
+    let model = state.model_name().to_owned();
+    let chunk = {
+        let (id, model) = (id.clone(), model.clone());
+        move |index: u32, text: String, logprobs: Option<CompletionLogprobs>, finish: Option<&str>| {
+            json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                   "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]})
+        }
+    };
+    let mut head = Vec::new();
+    if req.echo.unwrap_or(false) {
+        for (pi, p) in prompts.iter().enumerate() {
+            for j in 0..n {
+                let lp = scored[pi].as_ref().map(|s| {
+                    let mut lp = Lp::default();
+                    lp.push_scored(state, s, k.unwrap_or(0));
+                    lp.finish()
+                });
+                head.push(chunk(pi as u32 * n + j, p.text.clone(), lp, None));
+            }
+        }
+    }
+    let include_usage = req.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+    let st = state.clone();
+    let render_chunk = chunk.clone();
+    let render = Box::new(move |index: u32, ev: ChoiceEvent, total: &mut u64| match ev {
+        ChoiceEvent::Piece(p) => {
+            let lp = k.map(|k| {
+                let mut lp = Lp::default();
+                lp.push_generated(&st, &p.tokens, k);
+                lp.finish()
+            });
+            vec![render_chunk(index, p.text, lp, None)]
+        }
+        ChoiceEvent::End { reason, completion_tokens } => {
+            *total += completion_tokens as u64;
+            vec![render_chunk(index, String::new(), None, Some(reason))]
+        }
+        ChoiceEvent::Failed(_) => Vec::new(),
+    });
+    let tail = Box::new(move |completion_tokens: u64| {
+        include_usage.then(|| {
+            json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": [],
+                   "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                             "total_tokens": prompt_tokens + completion_tokens}})
+        })
+    });
+    sse_response(head, streams, render, tail)
+}

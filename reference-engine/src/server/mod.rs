@@ -1,0 +1,261 @@
+//! The engine's HTTP API: an OpenAI-compatible server (axum) over a loaded model.
+//!
+//! Routes: `POST /v1/completions` (text or token-id prompts, `echo` + `logprobs` giving
+//! prompt logprobs in vLLM's alignment: entry i is the logprob of token i given the tokens
+//! before it, the first null), `POST /v1/chat/completions` (chat template, logprobs,
+//! sampling, `stop`, `n`, SSE streaming with `stream_options.include_usage`, `tools` →
+//! `tool_calls`), `GET /v1/models`, `POST /tokenize`, `POST /detokenize`, `GET /healthz`, and
+//! the native `POST /v1/score` (token ids, text or chat messages → per position logprob and
+//! top-k).
+//!
+//! Handlers are thin: they parse the body themselves (so a malformed request gets an
+//! OpenAI-shaped 400, not axum's plain-text rejection), then call the tokenizer, the chat
+//! template and the [`backend`]. Every error a client can cause is an OpenAI error JSON with a
+//! 4xx status; nothing on a request path panics. The `model` field of requests is accepted
+//! whatever it names (the proxy in front rewrites it); responses carry the served name.
+//!
+//! Layout: [`backend`] (the batching worker), `text` (stop strings and streamed text),
+//! `stream` (SSE responses and shared request checks),
+//! `completions`, `chat_api`, `native` (score, tokenize, detokenize, models, health).
+
+mod backend;
+mod chat_api;
+mod completions;
+mod native;
+mod stream;
+mod text;
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use samewise_wire::ErrorBody;
+
+use crate::chat::{self, ChatTemplate};
+use crate::engine::{Engine, LoadOptions};
+use crate::error::{EngineError, Result};
+use crate::gguf::GgufFile;
+use crate::tokenizer::Tokenizer;
+
+use backend::Backend;
+
+/// Largest request body accepted (token-id prompts of a full context fit easily).
+const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+
+/// Everything a handler needs, cheap to clone.
+#[derive(Clone)]
+pub struct ServerState {
+    /// Shared, immutable after start.
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// The name served in `/v1/models` and in responses.
+    model_name: String,
+    /// Unix seconds at start (`created` of the model object).
+    created: u64,
+    /// Text <-> ids.
+    tokenizer: Tokenizer,
+    /// The model's chat template, if it has one.
+    template: Option<ChatTemplate>,
+    /// The compute side.
+    backend: Backend,
+    /// Context window.
+    n_ctx: usize,
+    /// Vocabulary size of the model (ids at or above are rejected).
+    vocab_size: usize,
+    /// Source of response ids.
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for ServerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerState").field("model", &self.inner.model_name).finish_non_exhaustive()
+    }
+}
+
+impl ServerState {
+    /// State over an already loaded engine, tokenizer and template.
+    pub fn new(engine: Arc<Engine>, tokenizer: Tokenizer, template: Option<ChatTemplate>, model_name: String) -> Self {
+        let n_ctx = engine.config().n_ctx;
+        let vocab_size = engine.config().vocab_size;
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Self {
+            inner: Arc::new(Inner {
+                model_name,
+                created,
+                tokenizer,
+                template,
+                backend: Backend::new(engine),
+                n_ctx,
+                vocab_size,
+                next_id: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// Loads a model (GGUF file or HF directory) with its tokenizer and chat template.
+    /// The served name defaults to the file (or directory) name without extension.
+    pub fn load(path: &Path, opts: LoadOptions, model_name: Option<String>) -> Result<Self> {
+        let engine = Arc::new(Engine::load(path, opts)?);
+        let (tokenizer, template_src) = if path.is_dir() {
+            (Tokenizer::from_hf_dir(path)?, chat::template_from_hf_dir(path)?)
+        } else {
+            let gguf = GgufFile::open(path)?;
+            (Tokenizer::from_gguf(&gguf)?, chat::template_from_gguf(&gguf))
+        };
+        let template = match template_src {
+            Some(src) => Some(ChatTemplate::new(
+                &src,
+                tokenizer.bos_token().unwrap_or_default(),
+                tokenizer.eos_token().unwrap_or_default(),
+            )?),
+            None => None,
+        };
+        let name = model_name.unwrap_or_else(|| {
+            path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+        });
+        Ok(Self::new(engine, tokenizer, template, name))
+    }
+
+    /// The served model name.
+    pub fn model_name(&self) -> &str {
+        &self.inner.model_name
+    }
+
+    /// The tokenizer (tests compare against the library with it).
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.inner.tokenizer
+    }
+
+    /// The chat template, if the model has one.
+    pub fn template(&self) -> Option<&ChatTemplate> {
+        self.inner.template.as_ref()
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        self.inner.backend.engine()
+    }
+
+    fn next_id(&self, prefix: &str) -> String {
+        let n = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{:x}{n:08x}", self.inner.created)
+    }
+}
+
+/// The API's routes over `state`.
+pub fn router(state: ServerState) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions::handle))
+        .route("/v1/chat/completions", post(chat_api::handle))
+        .route("/v1/score", post(native::score))
+        .route("/v1/models", get(native::models))
+        .route("/tokenize", post(native::tokenize))
+        .route("/detokenize", post(native::detokenize))
+        .route("/healthz", get(native::health))
+        .fallback(not_found)
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until `shutdown` completes and every open connection
+/// (including open streams) has ended. The batching worker stops when the state is dropped.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: ServerState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "no such route", "invalid_request_error", Some("not_found"))
+}
+
+/// An error as an HTTP client sees it: a status and OpenAI's error JSON.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    body: ErrorBody,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>, kind: &str, code: Option<&str>) -> Self {
+        Self { status, body: ErrorBody::new(message, kind, code) }
+    }
+
+    /// A 400 `invalid_request_error` naming the field at fault.
+    pub(crate) fn bad_request(message: impl Into<String>, param: Option<&str>) -> Self {
+        let mut e = Self::new(StatusCode::BAD_REQUEST, message, "invalid_request_error", None);
+        if let Some(p) = param {
+            e.body = e.body.with_param(p);
+        }
+        e
+    }
+
+    /// The request body did not parse into the expected shape.
+    pub(crate) fn bad_json(err: &serde_json::Error) -> Self {
+        let mut e = Self::bad_request(format!("invalid request body: {err}"), None);
+        e.body.error.code = Some("invalid_json".into());
+        e
+    }
+
+    pub(crate) fn body(&self) -> &ErrorBody {
+        &self.body
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        let code = match &e {
+            EngineError::TokenOutOfVocab { .. } => Some("token_out_of_vocab"),
+            EngineError::SequenceTooLong { .. } => Some("context_length_exceeded"),
+            EngineError::ChatTemplate(_) => Some("chat_template_error"),
+            _ => None,
+        };
+        if e.is_client_error() {
+            return Self::new(StatusCode::BAD_REQUEST, e.to_string(), "invalid_request_error", code);
+        }
+        if matches!(e, EngineError::Shutdown) {
+            return Self::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), "server_error", Some("shutting_down"));
+        }
+        tracing::error!(error = %e, "engine request failed");
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal engine error", "server_error", None)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, [(header::CONTENT_TYPE, "application/json")], self.body.to_json()).into_response()
+    }
+}
+
+/// A JSON response with status 200.
+pub(crate) fn json_response<T: serde::Serialize>(value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(bytes) => ([(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "serialising a response failed");
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error", "server_error", None).into_response()
+        }
+    }
+}
+
+/// Parses a request body as `T`, or a 400 saying what is wrong.
+pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_json(&e))
+}
+
+/// Unix seconds now.
+pub(crate) fn now_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}

@@ -1,0 +1,159 @@
+//! The engine's own routes: `POST /v1/score` (per position logprob and top-k for token ids,
+//! text or chat messages), `POST /tokenize` and `POST /detokenize` (vLLM's shapes),
+//! `GET /v1/models` and `GET /healthz`.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use samewise_wire::{ModelList, ModelObject};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use crate::engine::MAX_TOP_K;
+
+use super::chat_api::render_prompt;
+use super::{ApiError, ServerState, json_response, parse_body};
+
+/// `POST /v1/score` body: exactly one of `tokens`, `text`, `messages`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScoreRequest {
+    /// Accepted and ignored (one model is served).
+    #[serde(default)]
+    #[allow(dead_code)]
+    model: Option<String>,
+    /// Token ids to score.
+    #[serde(default)]
+    tokens: Option<Vec<u32>>,
+    /// Text to tokenize and score.
+    #[serde(default)]
+    text: Option<String>,
+    /// Chat messages rendered with the chat template.
+    #[serde(default)]
+    messages: Option<Vec<Value>>,
+    /// Tools for the chat template.
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+    /// With `messages`: end with the assistant header (default false: score the whole chat).
+    #[serde(default)]
+    add_generation_prompt: bool,
+    /// With `text`: add the tokenizer's special tokens (default true).
+    #[serde(default)]
+    add_special_tokens: Option<bool>,
+    /// Alternatives per position, 0..=20.
+    #[serde(default)]
+    top_k: usize,
+}
+
+pub(crate) async fn score(State(state): State<ServerState>, body: Bytes) -> Response {
+    match run_score(&state, &body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn run_score(state: &ServerState, body: &[u8]) -> Result<Response, ApiError> {
+    let req: ScoreRequest = parse_body(body)?;
+    if req.top_k > MAX_TOP_K {
+        return Err(ApiError::bad_request(format!("top_k must be at most {MAX_TOP_K}"), Some("top_k")));
+    }
+    let tok = state.tokenizer();
+    let ids = match (req.tokens, req.text, req.messages) {
+        (Some(ids), None, None) => ids,
+        (None, Some(text), None) => tok.encode(&text, req.add_special_tokens.unwrap_or(true))?,
+        (None, None, Some(messages)) => render_prompt(state, &messages, req.tools.as_deref(), req.add_generation_prompt, None)?,
+        _ => return Err(ApiError::bad_request("give exactly one of tokens, text, messages", None)),
+    };
+    let scored = state.inner.backend.score(ids.clone(), req.top_k).await?;
+    let positions: Vec<Value> = scored
+        .positions
+        .iter()
+        .map(|p| {
+            json!({
+                "token": p.token,
+                "text": tok.token_str(p.token).unwrap_or_default(),
+                "logprob": p.logprob,
+                "top": p.top.iter().map(|a| json!({"token": a.token, "text": tok.token_str(a.token).unwrap_or_default(),
+                                                    "logprob": a.logprob})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(json_response(&json!({
+        "object": "score",
+        "model": state.model_name(),
+        "tokens": ids,
+        "positions": positions,
+        "usage": {"prompt_tokens": ids.len(), "completion_tokens": 0, "total_tokens": ids.len()},
+    })))
+}
+
+/// `POST /tokenize` body (vLLM's): `prompt` or `messages`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenizeRequest {
+    #[serde(default)]
+    #[allow(dead_code)]
+    model: Option<String>,
+    #[serde(default)]
+    prompt: Option<String>,
+    #[serde(default)]
+    messages: Option<Vec<Value>>,
+    #[serde(default)]
+    tools: Option<Vec<Value>>,
+    #[serde(default)]
+    add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    add_special_tokens: Option<bool>,
+}
+
+pub(crate) async fn tokenize(State(state): State<ServerState>, body: Bytes) -> Response {
+    let run = || -> Result<Response, ApiError> {
+        let req: TokenizeRequest = parse_body(&body)?;
+        let ids = match (req.prompt, req.messages) {
+            (Some(p), None) => state.tokenizer().encode(&p, req.add_special_tokens.unwrap_or(true))?,
+            (None, Some(m)) => render_prompt(&state, &m, req.tools.as_deref(), req.add_generation_prompt.unwrap_or(true), None)?,
+            _ => return Err(ApiError::bad_request("give exactly one of prompt, messages", None)),
+        };
+        Ok(json_response(&json!({"tokens": ids, "count": ids.len(), "max_model_len": state.inner.n_ctx})))
+    };
+    run().unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /detokenize` body: `tokens`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DetokenizeRequest {
+    #[serde(default)]
+    #[allow(dead_code)]
+    model: Option<String>,
+    tokens: Vec<u32>,
+}
+
+pub(crate) async fn detokenize(State(state): State<ServerState>, body: Bytes) -> Response {
+    let run = || -> Result<Response, ApiError> {
+        let req: DetokenizeRequest = parse_body(&body)?;
+        let text = state.tokenizer().decode(&req.tokens, false)?;
+        Ok(json_response(&json!({"prompt": text})))
+    };
+    run().unwrap_or_else(IntoResponse::into_response)
+}
+
+pub(crate) async fn models(State(state): State<ServerState>) -> Response {
+    let mut extra = Map::new();
+    extra.insert("max_model_len".into(), json!(state.inner.n_ctx));
+    let list = ModelList {
+        object: "list".into(),
+        data: vec![ModelObject {
+            id: state.model_name().to_owned(),
+            object: "model".into(),
+            created: state.inner.created,
+            owned_by: "samewise".into(),
+            extra,
+        }],
+    };
+    json_response(&list)
+}
+
+pub(crate) async fn health() -> Response {
+    json_response(&json!({"status": "ok"}))
+}

@@ -1,0 +1,210 @@
+//! Server-Sent Events responses over choice streams, and the request checks and logprob
+//! shapes the completions and chat routes share.
+//!
+//! Choices are streamed one after the other (each chunk names its `index`, so clients
+//! reassemble them as they do interleaved ones); their generations run concurrently from
+//! the start. A failure in the middle of a stream becomes one `data:` event holding OpenAI's
+//! error JSON, then the stream ends.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+use axum::body::{Body, Bytes};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use samewise_wire::sse::{encode_data, encode_json};
+use samewise_wire::{TokenLogprob, TopLogprob};
+
+use crate::engine::{GenerateParams, GeneratedToken, MAX_TOP_K};
+use crate::sample::{SamplingParams, TokenLogprob as EngineLogprob};
+
+use super::text::{ChoiceEvent, TextStream};
+use super::{ApiError, ServerState};
+
+/// Most choices (`n`) one request may ask for.
+pub(crate) const MAX_N: u32 = 16;
+
+/// Turns one choice event into the SSE chunks to send (as JSON values); `usage_out`
+/// accumulates completion tokens.
+pub(crate) type Render = Box<dyn FnMut(u32, ChoiceEvent, &mut u64) -> Vec<serde_json::Value> + Send>;
+/// Builds the final usage chunk from the completion-token total.
+pub(crate) type Tail = Box<dyn FnOnce(u64) -> Option<serde_json::Value> + Send>;
+
+/// An SSE response: `head` chunks first, then each choice's chunks, then `tail`, then
+/// `data: [DONE]`.
+pub(crate) fn sse_response(head: Vec<serde_json::Value>, choices: Vec<(u32, TextStream)>, render: Render, tail: Tail) -> Response {
+    struct St {
+        out: VecDeque<Bytes>,
+        choices: VecDeque<(u32, TextStream)>,
+        render: Render,
+        tail: Option<Tail>,
+        completion_tokens: u64,
+        failed: bool,
+        done: bool,
+    }
+    let mut out = VecDeque::new();
+    for v in &head {
+        out.push_back(json_event(v));
+    }
+    let st = St {
+        out,
+        choices: choices.into(),
+        render,
+        tail: Some(tail),
+        completion_tokens: 0,
+        failed: false,
+        done: false,
+    };
+    let stream = futures_util::stream::unfold(st, |mut s| async move {
+        loop {
+            if let Some(b) = s.out.pop_front() {
+                return Some((Ok::<Bytes, Infallible>(b), s));
+            }
+            if s.done {
+                return None;
+            }
+            if !s.failed
+                && let Some((index, choice)) = s.choices.front_mut()
+            {
+                let index = *index;
+                match choice.next().await {
+                    Some(ChoiceEvent::Failed(e)) => {
+                        s.failed = true;
+                        s.choices.clear();
+                        s.out.push_back(Bytes::from(encode_data(&e.body().to_json())));
+                    }
+                    Some(ev) => {
+                        for v in (s.render)(index, ev, &mut s.completion_tokens) {
+                            s.out.push_back(json_event(&v));
+                        }
+                    }
+                    None => {
+                        s.choices.pop_front();
+                    }
+                }
+                continue;
+            }
+            if !s.failed
+                && let Some(tail) = s.tail.take()
+                && let Some(v) = tail(s.completion_tokens)
+            {
+                s.out.push_back(json_event(&v));
+            }
+            s.out.push_back(Bytes::from(encode_data("[DONE]")));
+            s.done = true;
+        }
+    });
+    (
+        [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+fn json_event(v: &serde_json::Value) -> Bytes {
+    Bytes::from(encode_json(v).unwrap_or_else(|_| encode_data("{}")))
+}
+
+/// Validated sampling and length parameters shared by both routes.
+#[derive(Debug, Clone)]
+pub(crate) struct GenRequest {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub seed: Option<u64>,
+    pub n: u32,
+    pub stops: Vec<String>,
+    pub top_logprobs: usize,
+}
+
+impl GenRequest {
+    /// Checks OpenAI's ranges; `None`s take OpenAI's defaults.
+    pub(crate) fn new(
+        temperature: Option<f64>,
+        top_p: Option<f64>,
+        seed: Option<u64>,
+        n: Option<u32>,
+        stops: Vec<String>,
+        top_logprobs: usize,
+    ) -> Result<Self, ApiError> {
+        let temperature = temperature.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::bad_request("temperature must be between 0 and 2", Some("temperature")));
+        }
+        let top_p = top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::bad_request("top_p must be in (0, 1]", Some("top_p")));
+        }
+        let n = n.unwrap_or(1);
+        if n == 0 || n > MAX_N {
+            return Err(ApiError::bad_request(format!("n must be between 1 and {MAX_N}"), Some("n")));
+        }
+        if stops.len() > 16 {
+            return Err(ApiError::bad_request("at most 16 stop sequences", Some("stop")));
+        }
+        if top_logprobs > MAX_TOP_K {
+            return Err(ApiError::bad_request(format!("at most {MAX_TOP_K} logprobs per position"), Some("logprobs")));
+        }
+        Ok(Self { temperature: temperature as f32, top_p: top_p as f32, seed, n, stops, top_logprobs })
+    }
+
+    /// Engine parameters for choice `j` (seeded choices get seeds `seed + j`, so `n`
+    /// samples differ but repeat exactly).
+    pub(crate) fn params(&self, state: &ServerState, max_tokens: usize, j: u32) -> GenerateParams {
+        GenerateParams {
+            sampling: SamplingParams {
+                temperature: self.temperature,
+                top_p: self.top_p,
+                top_k: 0,
+                seed: self.seed.map(|s| s.wrapping_add(u64::from(j))),
+            },
+            max_tokens,
+            stop_token_ids: state.tokenizer().stop_ids().iter().copied().collect(),
+            top_logprobs: self.top_logprobs,
+        }
+    }
+}
+
+/// Rejects prompts (plus the tokens to generate) longer than the context, and ids outside
+/// the vocabulary, before any work starts.
+pub(crate) fn check_prompt(state: &ServerState, prompt: &[u32], max_tokens: usize) -> Result<(), ApiError> {
+    let n_ctx = state.inner.n_ctx;
+    if prompt.is_empty() {
+        return Err(ApiError::bad_request("the prompt is empty", Some("prompt")));
+    }
+    if let Some(&t) = prompt.iter().find(|&&t| t as usize >= state.inner.vocab_size) {
+        return Err(crate::error::EngineError::TokenOutOfVocab { token: t, vocab_size: state.inner.vocab_size }.into());
+    }
+    if prompt.len() + max_tokens > n_ctx {
+        let mut e = ApiError::bad_request(
+            format!(
+                "this model's maximum context length is {n_ctx} tokens; the request has {} prompt tokens \
+                 and asks for {max_tokens} more",
+                prompt.len()
+            ),
+            Some("messages"),
+        );
+        e.body.error.code = Some("context_length_exceeded".into());
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// A chat-style logprob entry for one generated token.
+pub(crate) fn chat_logprob(state: &ServerState, t: &GeneratedToken) -> TokenLogprob {
+    let tok = state.tokenizer();
+    TokenLogprob {
+        token: tok.token_str(t.token).unwrap_or_default().to_owned(),
+        logprob: f64::from(t.logprob),
+        bytes: Some(tok.token_bytes(t.token).unwrap_or_default().to_vec()),
+        top_logprobs: t.top.iter().map(|a| top_entry(state, a)).collect(),
+    }
+}
+
+fn top_entry(state: &ServerState, a: &EngineLogprob) -> TopLogprob {
+    let tok = state.tokenizer();
+    TopLogprob {
+        token: tok.token_str(a.token).unwrap_or_default().to_owned(),
+        logprob: f64::from(a.logprob),
+        bytes: Some(tok.token_bytes(a.token).unwrap_or_default().to_vec()),
+    }
+}
