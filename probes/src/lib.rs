@@ -38,7 +38,7 @@ pub mod compare;
 pub mod mmd;
 // pub mod noise;
 pub mod passive;
-// pub mod sequential;
+pub mod sequential;
 
 /// Everything that can go wrong in this crate: all of it is bad input.
 #[derive(Debug, thiserror::Error, PartialEq)]
