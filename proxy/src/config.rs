@@ -151,6 +151,18 @@ pub enum Policy {
     CacheAffinity,
 }
 
+impl Policy {
+    /// The name used in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Weighted => "weighted",
+            Policy::LowestLatency => "lowest_latency",
+            Policy::Cheapest => "cheapest",
+            Policy::CacheAffinity => "cache_affinity",
+        }
+    }
+}
+
 /// `[[models.NAME.endpoints]]`.
 #[derive(Debug, Clone)]
 pub struct EndpointConfig {
@@ -193,7 +205,7 @@ impl Config {
         for (name, model) in &self.models {
             let eps: Vec<String> =
                 model.endpoints.iter().map(|e| format!("{}/{}", e.provider, e.model)).collect();
-            out.push_str(&format!("  model {name}: {:?} over {}\n", model.policy, eps.join(", ")));
+            out.push_str(&format!("  model {name}: {} over {}\n", model.policy.name(), eps.join(", ")));
         }
         out
     }

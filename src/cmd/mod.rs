@@ -5,13 +5,28 @@
 
 use clap::Subcommand;
 
+pub mod config;
+pub mod keys;
+pub mod serve;
+
 /// Every subcommand of the binary.
 #[derive(Debug, Subcommand)]
-pub enum Command {}
+pub enum Command {
+    /// Run the gateway (OpenAI-compatible proxy) from a configuration file.
+    Serve(serve::ServeArgs),
+    /// Check a configuration file.
+    Config(config::ConfigArgs),
+    /// Manage samewise API keys.
+    Keys(keys::KeysArgs),
+}
 
 /// Runs one subcommand to completion on a fresh tokio runtime where it needs one.
 pub fn run(command: Command) -> anyhow::Result<()> {
-    match command {}
+    match command {
+        Command::Serve(args) => serve::run(args),
+        Command::Config(args) => config::run(args),
+        Command::Keys(args) => keys::run(args),
+    }
 }
 
 /// Logs go to stderr, filtered by `RUST_LOG` (default `info`).

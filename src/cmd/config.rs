@@ -1,0 +1,42 @@
+//! `samewise config check FILE`: validates a configuration without starting anything. Prints a
+//! summary and exits 0, or prints the error (naming the key and its line) and exits non-zero.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use samewise_proxy::Config;
+
+/// Arguments of `samewise config`.
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    #[command(subcommand)]
+    pub command: ConfigCommand,
+}
+
+/// `samewise config` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Validate a configuration file.
+    Check {
+        /// The configuration file (TOML).
+        file: PathBuf,
+    },
+}
+
+/// Runs `samewise config ...`.
+pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
+    match args.command {
+        ConfigCommand::Check { file } => {
+            let config = Config::load(&file)?;
+            print!("{}: ok\n{}", file.display(), config.summary());
+            for (name, p) in &config.providers {
+                if let Some(var) = &p.api_key_env
+                    && std::env::var_os(var).is_none()
+                {
+                    println!("  note: provider {name} reads its key from ${var}, which is not set here");
+                }
+            }
+            Ok(())
+        }
+    }
+}

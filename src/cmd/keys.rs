@@ -1,0 +1,90 @@
+//! `samewise keys create NAME [--rpm N]`, `keys list`, `keys revoke NAME`: samewise API keys
+//! in the store (PostgreSQL when `DATABASE_URL` is set, else SQLite in the data directory of
+//! `--config`, or `--data-dir`). A new key is printed once; only its hash is stored. A revoked
+//! key stops working on running gateways within `limits.key_cache_ttl_ms` (default 10 s).
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use samewise_proxy::Config;
+use samewise_store::Store;
+
+/// Arguments of `samewise keys`.
+#[derive(Debug, Args)]
+pub struct KeysArgs {
+    /// Take the data directory from this configuration file.
+    #[arg(long, short, global = true)]
+    pub config: Option<PathBuf>,
+    /// The data directory (default: the config's `server.data_dir`, else `samewise-data`).
+    #[arg(long, global = true)]
+    pub data_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: KeysCommand,
+}
+
+/// `samewise keys` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Create a key and print it (once).
+    Create {
+        /// A name for the key (unique among live keys).
+        name: String,
+        /// Requests per minute allowed with this key.
+        #[arg(long)]
+        rpm: Option<u32>,
+    },
+    /// List keys (never their secrets).
+    List,
+    /// Revoke a key by name.
+    Revoke {
+        /// The key's name.
+        name: String,
+    },
+}
+
+/// Runs `samewise keys ...`.
+pub fn run(args: KeysArgs) -> anyhow::Result<()> {
+    let data_dir = match (&args.data_dir, &args.config) {
+        (Some(d), _) => d.clone(),
+        (None, Some(c)) => Config::load(c)?.server.data_dir,
+        (None, None) => PathBuf::from("samewise-data"),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let database_url = std::env::var("DATABASE_URL").ok().filter(|u| !u.trim().is_empty());
+        let store = Store::connect(database_url.as_deref(), &data_dir).await?;
+        let result = keys(&store, args.command).await;
+        store.close().await;
+        result
+    })
+}
+
+async fn keys(store: &Store, command: KeysCommand) -> anyhow::Result<()> {
+    match command {
+        KeysCommand::Create { name, rpm } => {
+            let (key, plaintext) = store.create_api_key(&name, rpm).await?;
+            eprintln!(
+                "created key \"{}\" (id {}, {}); it is shown once, store it now:",
+                key.name,
+                key.id,
+                key.rpm_limit.map_or("no rate limit".to_owned(), |r| format!("{r} requests/minute"))
+            );
+            println!("{plaintext}");
+        }
+        KeysCommand::List => {
+            for k in store.list_api_keys().await? {
+                let rpm = k.rpm_limit.map_or("-".to_owned(), |r| r.to_string());
+                let state = if k.revoked { "revoked" } else { "active" };
+                println!("{}\t{}\t{}...\trpm={}\t{}", k.id, k.name, k.prefix, rpm, state);
+            }
+        }
+        KeysCommand::Revoke { name } => {
+            if store.revoke_api_key(&name).await? {
+                println!("revoked \"{name}\"");
+            } else {
+                anyhow::bail!("no active key named \"{name}\"");
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,85 @@
+//! `samewise serve --config FILE`: runs the gateway. The store is PostgreSQL when
+//! `DATABASE_URL` is set, else SQLite in the configured data directory. SIGINT or SIGTERM stops
+//! accepting connections, lets in-flight requests (streams included) finish, drains the
+//! request-record queue into the store, then exits.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use samewise_proxy::{AppState, Config};
+use samewise_store::{RecordWriter, RecordWriterConfig, Store};
+
+/// Arguments of `samewise serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The configuration file (TOML).
+    #[arg(long, short)]
+    pub config: PathBuf,
+    /// Listen here instead of `server.listen` (e.g. `127.0.0.1:0` for any free port).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+}
+
+/// Runs the gateway until a shutdown signal.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = Config::load(&args.config)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(serve(config, args.listen))
+}
+
+async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()> {
+    let database_url = std::env::var("DATABASE_URL").ok().filter(|u| !u.trim().is_empty());
+    let store = Store::connect(database_url.as_deref(), &config.server.data_dir).await?;
+    tracing::info!(backend = store.backend().name(), "store ready");
+    let writer_cfg = RecordWriterConfig { capacity: config.limits.record_queue_capacity, ..RecordWriterConfig::default() };
+    let (records, writer) = RecordWriter::spawn(store.clone(), writer_cfg);
+    let state = match AppState::new(&config, store.clone(), records) {
+        Ok(s) => s,
+        Err(e) => {
+            writer.shutdown().await;
+            store.close().await;
+            return Err(e.into());
+        }
+    };
+    let addr = listen.unwrap_or(config.server.listen);
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr()?;
+    tracing::info!(addr = %local, models = config.models.len(), "samewise gateway listening");
+    // One line on stdout for scripts and tests that start the gateway on port 0.
+    println!("listening on http://{local}");
+    let served = samewise_proxy::serve(listener, state, shutdown_signal()).await;
+    tracing::info!("draining request records");
+    writer.shutdown().await;
+    store.close().await;
+    served?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutdown signal received; finishing in-flight requests");
+}
