@@ -1,0 +1,138 @@
+//! The real `samewise` binary, spawned as a process: `config check` (exit codes, errors that
+//! name the key and line), `keys create`, and `serve` end to end — a request through the
+//! gateway to a mock provider with the provider key from the environment, then SIGTERM: the
+//! process exits 0 after draining, and the request's record is in the SQLite store.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use samewise_testkit::MockUpstream;
+
+const BIN: &str = env!("CARGO_BIN_EXE_samewise");
+
+fn write(dir: &std::path::Path, name: &str, text: &str) -> Result<std::path::PathBuf> {
+    let p = dir.join(name);
+    std::fs::write(&p, text)?;
+    Ok(p)
+}
+
+fn config(base_url: &str, data_dir: &std::path::Path) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n\
+         [providers.mock]\nbase_url = \"{base_url}\"\napi_key_env = \"CLI_TEST_PROVIDER_KEY\"\n\
+         price_input_per_mtok = 1.0\nprice_output_per_mtok = 1.0\n\n\
+         [models.smol]\npolicy = \"weighted\"\n[[models.smol.endpoints]]\nprovider = \"mock\"\nmodel = \"up-smol\"\n",
+        data_dir.display()
+    )
+}
+
+#[test]
+fn config_check_accepts_the_example_and_names_bad_keys_with_lines() -> Result<()> {
+    let out = Command::new(BIN).args(["config", "check", "examples/samewise.toml"]).current_dir(env!("CARGO_MANIFEST_DIR")).output()?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout)?;
+    assert!(stdout.contains("ok") && stdout.contains("model smollm2"), "{stdout}");
+
+    let dir = tempfile::tempdir()?;
+    let bad = config("http://127.0.0.1:9/v1", dir.path()).replace("price_output_per_mtok = 1.0", "price_output_per_mtok = 1.0\nprice_per_token = 3");
+    let path = write(dir.path(), "bad.toml", &bad)?;
+    let out = Command::new(BIN).args(["config", "check"]).arg(&path).output()?;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr)?;
+    assert!(stderr.contains("price_per_token") && stderr.contains("line 10"), "{stderr}");
+
+    let bad = config("http://127.0.0.1:9/v1", dir.path()).replace("provider = \"mock\"", "provider = \"absent\"");
+    let path = write(dir.path(), "bad2.toml", &bad)?;
+    let out = Command::new(BIN).args(["config", "check"]).arg(&path).output()?;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr)?;
+    assert!(stderr.contains("models.smol.endpoints[0].provider") && stderr.contains("line 14"), "{stderr}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_create_then_serve_forward_and_drain_on_sigterm() -> Result<()> {
+    let mock = MockUpstream::builder().name("cli").start().await?;
+    let dir = tempfile::tempdir()?;
+    let cfg = write(dir.path(), "samewise.toml", &config(&mock.base_url(), &dir.path().join("data")))?;
+
+    let out = Command::new(BIN).args(["keys", "create", "cli-test", "--config"]).arg(&cfg).env_remove("DATABASE_URL").output()?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let key = String::from_utf8(out.stdout)?.trim().to_owned();
+    assert!(key.starts_with("sw-"), "{key}");
+
+    // Without the provider key in the environment, serve refuses to start and names the variable.
+    let out = Command::new(BIN).args(["serve", "--config"]).arg(&cfg).env_remove("CLI_TEST_PROVIDER_KEY").env_remove("DATABASE_URL").output()?;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("CLI_TEST_PROVIDER_KEY"));
+
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .env("CLI_TEST_PROVIDER_KEY", "sk-cli-secret")
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+    });
+    let line = rx.recv_timeout(Duration::from_secs(20)).context("no 'listening on' line from samewise serve")?;
+    let url = line.strip_prefix("listening on ").context("unexpected first line")?.to_owned();
+
+    let http = reqwest::Client::new();
+    let resp = http
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(&key)
+        .header("content-type", "application/json")
+        .body(r#"{"model":"smol","messages":[{"role":"user","content":"hi"}],"seed":3}"#)
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 200);
+    let request_id = resp.headers()["x-request-id"].to_str()?.to_owned();
+    let body = resp.text().await?;
+    assert!(body.contains("up-smol"), "{body}");
+    let reqs = mock.wait_for_requests(1, Duration::from_secs(2)).await?;
+    assert_eq!(reqs[0].header("authorization"), Some("Bearer sk-cli-secret"));
+
+    let resp = http.post(format!("{url}/v1/chat/completions")).body("{}").send().await?;
+    assert_eq!(resp.status(), 401);
+
+    // SIGTERM: graceful exit with status 0, records drained to SQLite.
+    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status()?;
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "samewise serve did not stop after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        std::io::Read::read_to_string(&mut e, &mut stderr)?;
+    }
+    assert!(exit.success(), "exit {exit:?}: {stderr}");
+    assert!(!stderr.contains("sk-cli-secret"));
+    let _ = reader.join();
+
+    let store = samewise_store::Store::connect(None, &dir.path().join("data")).await?;
+    let q = samewise_store::RecordQuery { request_id: Some(request_id), ..Default::default() };
+    let recs = store.request_records(&q).await?;
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].endpoint.as_deref(), Some("mock/up-smol"));
+    assert!(recs[0].final_attempt);
+    store.close().await;
+    Ok(())
+}
