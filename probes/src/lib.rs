@@ -34,7 +34,7 @@
 
 // pub mod align;
 pub mod compare;
-// pub mod ladder;
+pub mod ladder;
 pub mod mmd;
 // pub mod noise;
 pub mod passive;
