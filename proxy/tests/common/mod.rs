@@ -171,8 +171,13 @@ impl Gateway {
         Ok(self.http.get(self.url("/metrics")).send().await?.text().await?)
     }
 
-    /// Stops gracefully: shutdown signal, drain, writer drained.
-    pub async fn stop(mut self) -> Result<()> {
+    /// Stops gracefully: shutdown signal, in-flight requests finish, writer drained.
+    pub async fn stop(self) -> Result<()> {
+        self.stop_keep_db().await.map(drop)
+    }
+
+    /// As [`Gateway::stop`], handing back the database for reading after the stop.
+    pub async fn stop_keep_db(mut self) -> Result<TestDb> {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
@@ -182,7 +187,7 @@ impl Gateway {
         if let Some(w) = self.writer.take() {
             w.shutdown().await;
         }
-        Ok(())
+        Ok(self.db)
     }
 }
 
