@@ -80,7 +80,7 @@ fn record(i: usize) -> RequestRecord {
         provider: Some(format!("provider-{}", i % 4)),
         endpoint: Some(format!("provider-{}/smollm2", i % 4)),
         route: "chat".to_owned(),
-        stream: i % 2 == 0,
+        stream: i.is_multiple_of(2),
         status: Some(200),
         error_kind: None,
         attempts: 1,

@@ -106,6 +106,13 @@ impl Store {
             }
         };
         migrate::run(&store).await?;
+        if let Err(e) = store
+            .ensure_record_partitions(crate::now_ms(), crate::partitions::DAYS_AHEAD)
+            .await
+        {
+            // records still land in the default partition: degrade, do not refuse to start
+            tracing::warn!(error = %e, "could not create request-record day partitions");
+        }
         Ok(store)
     }
 

@@ -14,6 +14,7 @@
 //! - [`connect`]: [`Store`], [`Backend`], URL resolution and pool set-up.
 //! - [`migrate`]: the migration runner over the SQL files embedded from `migrations/`.
 //! - [`records`]: [`RequestRecord`] (one row per upstream attempt) and its queries.
+//! - [`partitions`]: daily partitions of `request_records` on PostgreSQL, and retention.
 //! - [`keys`]: [`ApiKey`]; keys are stored as SHA-256 hashes only.
 //! - [`writer`]: [`RecordWriter`] / [`RecordSender`], the bounded queue and batched writes.
 //! - `testing` (feature `testing`): fresh PostgreSQL and SQLite databases for tests.
@@ -22,6 +23,7 @@ pub mod connect;
 pub mod error;
 pub mod keys;
 pub mod migrate;
+pub mod partitions;
 pub mod records;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -1,9 +1,11 @@
 //! Request records: one row per upstream attempt of one client request, written in batches
 //! by [`crate::writer`] and read back for dashboards, drift statistics and tests.
 //!
-//! The primary key is `(request_id, attempt)`. Inserts skip rows whose key is already
-//! stored (`ON CONFLICT DO NOTHING`), so a batch retried after an ambiguous failure cannot
-//! fail forever or double-count; skipped rows are logged at WARN, never silent.
+//! The primary key is `(request_id, attempt)` (on PostgreSQL `(request_id, attempt, ts_ms)`,
+//! since the table is partitioned by `ts_ms`, see [`crate::partitions`]). Inserts skip rows
+//! whose key is already stored (`ON CONFLICT DO NOTHING`), so a batch retried after an
+//! ambiguous failure cannot fail forever or double-count; skipped rows are logged at WARN,
+//! never silent.
 
 use sqlx::{Database, QueryBuilder, Row};
 
@@ -126,7 +128,7 @@ $7::text[], $8::text[], $9::text[], $10::bool[], $11::int8[], $12::text[], $13::
 $14::float8[], $15::float8[], $16::float8[], $17::int8[], $18::int8[], $19::bool[], $20::text[], \
 $21::int8[], $22::float8[], $23::int8[], $24::int8[], $25::int8[], $26::int8[], $27::text[], \
 $28::bool[], $29::bool[]) \
-ON CONFLICT (request_id, attempt) DO NOTHING";
+ON CONFLICT (request_id, attempt, ts_ms) DO NOTHING";
 
 /// The columns, in the order they are inserted and selected.
 const COLUMNS: &str = "request_id, attempt, final_attempt, ts_ms, key_id, model, provider, endpoint, \
@@ -207,26 +209,6 @@ impl Store {
                 rows.iter().map(record_from_row).collect()
             }
         }
-    }
-
-    /// Deletes records older than `ts_ms` (retention); returns how many were deleted.
-    pub async fn delete_request_records_before(&self, ts_ms: i64) -> Result<u64, StoreError> {
-        const OP: &str = "deleting old request records";
-        let done = match &self.pool {
-            Pool::Postgres(pool) => sqlx::query("DELETE FROM request_records WHERE ts_ms < $1")
-                .bind(ts_ms)
-                .execute(pool)
-                .await
-                .map_err(StoreError::query(OP))?
-                .rows_affected(),
-            Pool::Sqlite(pool) => sqlx::query("DELETE FROM request_records WHERE ts_ms < ?")
-                .bind(ts_ms)
-                .execute(pool)
-                .await
-                .map_err(StoreError::query(OP))?
-                .rows_affected(),
-        };
-        Ok(done)
     }
 }
 

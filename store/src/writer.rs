@@ -17,6 +17,10 @@ use tokio::task::JoinHandle;
 
 use crate::{RequestRecord, Store};
 
+/// How often the writer makes sure the next days' partitions exist (they are created
+/// [`crate::partitions::DAYS_AHEAD`] days ahead, so an hour is ample).
+const PARTITION_CHECK_EVERY: Duration = Duration::from_secs(3600);
+
 /// Tuning of the writer.
 #[derive(Debug, Clone)]
 pub struct RecordWriterConfig {
@@ -159,6 +163,8 @@ async fn run(
     // False once the RecordWriter was dropped without shutdown: then the task runs until
     // the last sender is gone.
     let mut handle_alive = true;
+    // When to next make sure the coming days have their partitions (PostgreSQL).
+    let mut next_partition_check = tokio::time::Instant::now() + PARTITION_CHECK_EVERY;
     loop {
         if stopping {
             if rx.recv_many(&mut batch, max_batch).await == 0 {
@@ -204,6 +210,15 @@ async fn run(
                     }
                     () = tokio::time::sleep_until(deadline) => break,
                 }
+            }
+        }
+        if tokio::time::Instant::now() >= next_partition_check {
+            next_partition_check = tokio::time::Instant::now() + PARTITION_CHECK_EVERY;
+            if let Err(e) = store
+                .ensure_record_partitions(crate::now_ms(), crate::partitions::DAYS_AHEAD)
+                .await
+            {
+                tracing::warn!(error = %e, "could not create request-record day partitions");
             }
         }
         write_batch(&store, &cfg, &batch, &counters).await;

@@ -41,6 +41,7 @@ both!(
     query_filters_and_order,
     duplicate_attempts_are_skipped,
     retention_deletes_old_records,
+    retention_drops_day_partitions,
     api_key_lifecycle,
     api_key_names,
     writer_delivers_records,
@@ -372,6 +373,74 @@ async fn retention_deletes_old_records(db: TestDb) -> Result<()> {
     ensure!(db.store.delete_request_records_before(500).await? == 0);
     let left = db.store.request_records(&all(100)).await?;
     ensure!(left.len() == 5 && left.iter().all(|r| r.ts_ms >= 500));
+    Ok(())
+}
+
+async fn retention_drops_day_partitions(db: TestDb) -> Result<()> {
+    use samewise_store::partitions::{DAY_MS, partition_name};
+    let d = 20_000i64; // 2024-10-04, long before "today"
+    let created = db.store.ensure_record_partitions(d * DAY_MS + 5, 2).await?;
+    let expected: Vec<String> = (d..=d + 2).map(partition_name).collect();
+    match db.backend() {
+        Backend::Postgres => ensure!(created == expected, "created {created:?}"),
+        Backend::Sqlite => ensure!(created.is_empty()),
+    }
+    // asking again creates nothing
+    ensure!(
+        db.store
+            .ensure_record_partitions(d * DAY_MS, 2)
+            .await?
+            .is_empty()
+    );
+    let mut rows = Vec::new();
+    for day in d..=d + 2 {
+        for i in 0..3 {
+            rows.push(full_record(
+                &format!("p{day}-{i}"),
+                1,
+                day * DAY_MS + i * 1000,
+            ));
+        }
+    }
+    rows.push(full_record("old", 1, 1)); // 1970: the default partition
+    db.store.insert_request_records(&rows).await?;
+    ensure!(db.store.request_records(&all(100)).await?.len() == 10);
+    let partitions = db.store.record_partitions().await?;
+    if db.backend() == Backend::Postgres {
+        ensure!(
+            expected.iter().all(|p| partitions.contains(p)),
+            "{partitions:?}"
+        );
+    }
+    // cut in the middle of day d+2: days d and d+1 go whole, plus "old" and one row of d+2
+    let deleted = db
+        .store
+        .delete_request_records_before((d + 2) * DAY_MS + 500)
+        .await?;
+    ensure!(deleted == 3 + 3 + 1 + 1, "deleted {deleted}");
+    let left = db.store.request_records(&all(100)).await?;
+    ensure!(left.len() == 2 && left.iter().all(|r| r.ts_ms >= (d + 2) * DAY_MS + 500));
+    let partitions = db.store.record_partitions().await?;
+    ensure!(
+        !partitions.contains(&partition_name(d)) && !partitions.contains(&partition_name(d + 1))
+    );
+    if db.backend() == Backend::Postgres {
+        ensure!(partitions.contains(&partition_name(d + 2)));
+        // today's partition (made at connect) is untouched
+        ensure!(partitions.contains(&partition_name(samewise_store::now_ms().div_euclid(DAY_MS))));
+    }
+    // a day whose rows already sit in the default partition is skipped, not an error
+    let late = d - 10;
+    db.store
+        .insert_request_records(&[full_record("late", 1, late * DAY_MS)])
+        .await?;
+    ensure!(
+        db.store
+            .ensure_record_partitions(late * DAY_MS, 0)
+            .await?
+            .is_empty()
+    );
+    ensure!(db.store.request_records(&by_id("late")).await?.len() == 1);
     Ok(())
 }
 

@@ -1,6 +1,10 @@
 -- samewise schema v1 (PostgreSQL): request records and API keys.
 -- Timestamps are BIGINT unix milliseconds. Integer columns are BIGINT so that every
 -- unsigned counter of the Rust rows fits and decodes as i64.
+--
+-- request_records is partitioned by ts_ms, one partition per UTC day
+-- (request_records_pYYYYMMDD, created ahead by the store), so retention drops whole days.
+-- Rows outside every day partition land in request_records_default.
 
 CREATE TABLE request_records (
     request_id           TEXT             NOT NULL,
@@ -32,10 +36,14 @@ CREATE TABLE request_records (
     tool_finish_mismatch TEXT,
     tool_errored         BOOLEAN          NOT NULL,
     degenerate           BOOLEAN          NOT NULL,
-    PRIMARY KEY (request_id, attempt)
-);
+    -- a partitioned table's key must contain the partition column; the attempts of one
+    -- request are written once, so (request_id, attempt) stays unique in practice
+    PRIMARY KEY (request_id, attempt, ts_ms)
+) PARTITION BY RANGE (ts_ms);
 
--- newest-first listings and retention deletes
+CREATE TABLE request_records_default PARTITION OF request_records DEFAULT;
+
+-- newest-first listings and retention deletes (indexes cascade to every partition)
 CREATE INDEX request_records_ts ON request_records (ts_ms);
 -- per-model and per-endpoint time windows (dashboards, passive drift statistics)
 CREATE INDEX request_records_model_ts ON request_records (model, ts_ms);
