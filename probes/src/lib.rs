@@ -36,7 +36,7 @@
 pub mod compare;
 pub mod ladder;
 pub mod mmd;
-// pub mod noise;
+pub mod noise;
 pub mod passive;
 pub mod sequential;
 
