@@ -32,7 +32,7 @@
 //!
 //! Prompt-set data files for the probes live in `probes/data/` (see its README).
 
-// pub mod align;
+pub mod align;
 pub mod compare;
 pub mod ladder;
 pub mod mmd;
