@@ -27,7 +27,6 @@ pub fn pg_admin_url() -> String {
 }
 
 /// A private database with a connected, migrated [`Store`] on it.
-#[derive(Debug)]
 pub struct TestDb {
     /// The store, connected and migrated.
     pub store: Store,
@@ -45,7 +44,6 @@ pub struct TestDb {
 /// An empty database `samewise_test_<random>` on the test PostgreSQL server, dropped (with
 /// `FORCE`) when this guard is dropped. [`TestDb::postgres`] migrates one; use this one
 /// directly to test what happens on an empty database.
-#[derive(Debug)]
 pub struct PgTestDatabase {
     admin_url: String,
     name: String,
@@ -89,6 +87,25 @@ impl PgTestDatabase {
     /// The database's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+}
+
+impl std::fmt::Debug for TestDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestDb")
+            .field("backend", &self.backend())
+            .field("url", &redact_url(&self.url))
+            .field("dir", &self.dir.path())
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for PgTestDatabase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgTestDatabase")
+            .field("name", &self.name)
+            .field("url", &redact_url(&self.url))
+            .finish_non_exhaustive()
     }
 }
 
