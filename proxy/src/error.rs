@@ -61,8 +61,8 @@ pub enum ProxyError {
 pub struct ApiError {
     /// The HTTP status.
     pub status: StatusCode,
-    /// The JSON body.
-    pub body: ErrorBody,
+    /// The JSON body (boxed: errors travel in `Result`s on the hot path).
+    pub body: Box<ErrorBody>,
     /// `Retry-After` seconds, for 429 and 503.
     pub retry_after: Option<u64>,
     /// Short machine-readable class recorded in telemetry (`invalid_json`, `auth`, ...).
@@ -76,12 +76,12 @@ impl ApiError {
         if let Some(p) = param {
             body = body.with_param(p);
         }
-        ApiError { status: StatusCode::BAD_REQUEST, body, retry_after: None, kind }
+        ApiError { status: StatusCode::BAD_REQUEST, body: Box::new(body), retry_after: None, kind }
     }
 
     /// Any status with a type and code.
     pub fn new(status: StatusCode, kind: &'static str, error_type: &str, message: impl Into<String>) -> Self {
-        ApiError { status, body: ErrorBody::new(message, error_type, Some(kind)), retry_after: None, kind }
+        ApiError { status, body: Box::new(ErrorBody::new(message, error_type, Some(kind))), retry_after: None, kind }
     }
 
     /// The same error with a `Retry-After`.
