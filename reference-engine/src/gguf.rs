@@ -263,10 +263,10 @@ impl GgufFile {
         let n_kv = r.u64()?;
         // every kv takes at least 12 bytes, every tensor info at least 24
         if n_kv > (r.remaining() / 12) as u64 {
-            return Err(EngineError::corrupt(format!("metadata count {n_kv} exceeds the file")));
+            return Err(EngineError::Truncated(format!("{n_kv} metadata entries cannot fit in the file")));
         }
         if n_tensors > (r.remaining() / 24) as u64 {
-            return Err(EngineError::corrupt(format!("tensor count {n_tensors} exceeds the file")));
+            return Err(EngineError::Truncated(format!("{n_tensors} tensor infos cannot fit in the file")));
         }
         let mut metadata = BTreeMap::new();
         for _ in 0..n_kv {
