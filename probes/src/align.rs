@@ -79,7 +79,7 @@ impl From<&TopLogprob> for EndpointToken {
 /// Decodes `\xNN\xNN...` (nothing else allowed).
 fn parse_hex_escapes(s: &str) -> Option<Vec<u8>> {
     let b = s.as_bytes();
-    if b.is_empty() || b.len() % 4 != 0 {
+    if b.is_empty() || !b.len().is_multiple_of(4) {
         return None;
     }
     b.chunks(4)

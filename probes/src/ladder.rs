@@ -240,7 +240,7 @@ impl Ladder {
     /// The weights levels, most bits first, with their monotone (running-max) badness.
     fn scale(&self, metric: Metric) -> Vec<(u32, f64)> {
         let mut w: Vec<&Level> = self.levels.iter().filter(|l| l.kind == LevelKind::Weights).collect();
-        w.sort_by(|a, b| b.bits.cmp(&a.bits));
+        w.sort_by_key(|l| std::cmp::Reverse(l.bits));
         let mut running = f64::NEG_INFINITY;
         w.iter()
             .map(|l| {

@@ -40,10 +40,9 @@ fn siegmund_known_values() {
 
 #[test]
 fn bad_inputs_are_errors() {
-    let mut c = CusumConfig::default();
-    c.baseline_rounds = 1;
+    let c = CusumConfig { baseline_rounds: 1, ..CusumConfig::default() };
     assert!(Cusum::new(c).is_err());
-    c = CusumConfig { min_sd: 0.0, ..CusumConfig::default() };
+    let c = CusumConfig { min_sd: 0.0, ..CusumConfig::default() };
     assert!(Cusum::new(c).is_err());
     let mut chart = Cusum::with_baseline(CusumConfig::default(), 0.0, 1.0).unwrap();
     assert!(chart.observe(f64::NAN).is_err());
