@@ -5,7 +5,10 @@
 //! since the table is partitioned by `ts_ms`, see [`crate::partitions`]). Inserts skip rows
 //! whose key is already stored (`ON CONFLICT DO NOTHING`), so a batch retried after an
 //! ambiguous failure cannot fail forever or double-count; skipped rows are logged at WARN,
-//! never silent.
+//! never silent. NUL characters in text fields are stored as U+FFFD (PostgreSQL's TEXT
+//! cannot hold them, and one such row would otherwise fail its whole batch).
+
+use std::borrow::Cow;
 
 use sqlx::{Database, QueryBuilder, Row};
 
@@ -212,6 +215,16 @@ impl Store {
     }
 }
 
+/// Text as stored: NUL characters, which PostgreSQL's TEXT cannot hold (and which would fail
+/// the whole batch), become U+FFFD on both backends, so that both store the same thing.
+fn text(s: &str) -> Cow<'_, str> {
+    if s.contains('\0') {
+        Cow::Owned(s.replace('\0', "\u{FFFD}"))
+    } else {
+        Cow::Borrowed(s)
+    }
+}
+
 /// Inserts `rows` on PostgreSQL with [`PG_INSERT`]; returns how many were new.
 async fn insert_postgres(
     conn: &mut sqlx::PgConnection,
@@ -221,18 +234,18 @@ async fn insert_postgres(
         rows.iter().map(f).collect()
     }
     let done = sqlx::query(PG_INSERT)
-        .bind(col(rows, |r| r.request_id.as_str()))
+        .bind(col(rows, |r| text(&r.request_id)))
         .bind(col(rows, |r| i64::from(r.attempt)))
         .bind(col(rows, |r| r.final_attempt))
         .bind(col(rows, |r| r.ts_ms))
         .bind(col(rows, |r| r.key_id))
-        .bind(col(rows, |r| r.model.as_str()))
-        .bind(col(rows, |r| r.provider.as_deref()))
-        .bind(col(rows, |r| r.endpoint.as_deref()))
-        .bind(col(rows, |r| r.route.as_str()))
+        .bind(col(rows, |r| text(&r.model)))
+        .bind(col(rows, |r| r.provider.as_deref().map(text)))
+        .bind(col(rows, |r| r.endpoint.as_deref().map(text)))
+        .bind(col(rows, |r| text(&r.route)))
         .bind(col(rows, |r| r.stream))
         .bind(col(rows, |r| r.status.map(i64::from)))
-        .bind(col(rows, |r| r.error_kind.as_deref()))
+        .bind(col(rows, |r| r.error_kind.as_deref().map(text)))
         .bind(col(rows, |r| i64::from(r.attempts)))
         .bind(col(rows, |r| r.ttft_ms))
         .bind(col(rows, |r| r.latency_ms))
@@ -240,14 +253,14 @@ async fn insert_postgres(
         .bind(col(rows, |r| r.prompt_tokens))
         .bind(col(rows, |r| r.completion_tokens))
         .bind(col(rows, |r| r.usage_counted))
-        .bind(col(rows, |r| r.finish_reason.as_deref()))
+        .bind(col(rows, |r| r.finish_reason.as_deref().map(text)))
         .bind(col(rows, |r| r.output_chars))
         .bind(col(rows, |r| r.cost_usd))
         .bind(col(rows, |r| i64::from(r.tool_calls)))
         .bind(col(rows, |r| i64::from(r.tool_invalid_json)))
         .bind(col(rows, |r| i64::from(r.tool_unknown_name)))
         .bind(col(rows, |r| i64::from(r.tool_schema_mismatch)))
-        .bind(col(rows, |r| r.tool_finish_mismatch.as_deref()))
+        .bind(col(rows, |r| r.tool_finish_mismatch.as_deref().map(text)))
         .bind(col(rows, |r| r.tool_errored))
         .bind(col(rows, |r| r.degenerate))
         .execute(conn)
@@ -260,8 +273,8 @@ async fn insert_postgres(
 fn insert_statement<'a, DB>(rows: &'a [RequestRecord]) -> QueryBuilder<'a, DB>
 where
     DB: Database,
-    &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    Option<&'a str>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    Cow<'a, str>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    Option<Cow<'a, str>>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
     i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
     Option<i64>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
     f64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
@@ -272,18 +285,18 @@ where
     qb.push(COLUMNS);
     qb.push(") ");
     qb.push_values(rows, |mut b, r| {
-        b.push_bind(r.request_id.as_str())
+        b.push_bind(text(&r.request_id))
             .push_bind(i64::from(r.attempt))
             .push_bind(r.final_attempt)
             .push_bind(r.ts_ms)
             .push_bind(r.key_id)
-            .push_bind(r.model.as_str())
-            .push_bind(r.provider.as_deref())
-            .push_bind(r.endpoint.as_deref())
-            .push_bind(r.route.as_str())
+            .push_bind(text(&r.model))
+            .push_bind(r.provider.as_deref().map(text))
+            .push_bind(r.endpoint.as_deref().map(text))
+            .push_bind(text(&r.route))
             .push_bind(r.stream)
             .push_bind(r.status.map(i64::from))
-            .push_bind(r.error_kind.as_deref())
+            .push_bind(r.error_kind.as_deref().map(text))
             .push_bind(i64::from(r.attempts))
             .push_bind(r.ttft_ms)
             .push_bind(r.latency_ms)
@@ -291,14 +304,14 @@ where
             .push_bind(r.prompt_tokens)
             .push_bind(r.completion_tokens)
             .push_bind(r.usage_counted)
-            .push_bind(r.finish_reason.as_deref())
+            .push_bind(r.finish_reason.as_deref().map(text))
             .push_bind(r.output_chars)
             .push_bind(r.cost_usd)
             .push_bind(i64::from(r.tool_calls))
             .push_bind(i64::from(r.tool_invalid_json))
             .push_bind(i64::from(r.tool_unknown_name))
             .push_bind(i64::from(r.tool_schema_mismatch))
-            .push_bind(r.tool_finish_mismatch.as_deref())
+            .push_bind(r.tool_finish_mismatch.as_deref().map(text))
             .push_bind(r.tool_errored)
             .push_bind(r.degenerate);
     });
@@ -310,20 +323,20 @@ where
 fn select_statement<'a, DB>(q: &'a RecordQuery) -> QueryBuilder<'a, DB>
 where
     DB: Database,
-    &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    Cow<'a, str>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
     i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
 {
     let mut qb = QueryBuilder::<DB>::new("SELECT ");
     qb.push(COLUMNS);
     qb.push(" FROM request_records WHERE 1 = 1");
     if let Some(id) = &q.request_id {
-        qb.push(" AND request_id = ").push_bind(id.as_str());
+        qb.push(" AND request_id = ").push_bind(text(id));
     }
     if let Some(model) = &q.model {
-        qb.push(" AND model = ").push_bind(model.as_str());
+        qb.push(" AND model = ").push_bind(text(model));
     }
     if let Some(endpoint) = &q.endpoint {
-        qb.push(" AND endpoint = ").push_bind(endpoint.as_str());
+        qb.push(" AND endpoint = ").push_bind(text(endpoint));
     }
     if let Some(since) = q.since_ms {
         qb.push(" AND ts_ms >= ").push_bind(since);

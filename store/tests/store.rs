@@ -37,6 +37,7 @@ both!(
     concurrent_connects_migrate_once,
     round_trip_every_field,
     round_trip_none_values,
+    nul_characters_do_not_fail_a_batch,
     batch_of_a_thousand,
     query_filters_and_order,
     duplicate_attempts_are_skipped,
@@ -277,6 +278,21 @@ async fn round_trip_none_values(db: TestDb) -> Result<()> {
         got == vec![full.clone()],
         "round trip differs: {got:#?} vs {full:#?}"
     );
+    Ok(())
+}
+
+async fn nul_characters_do_not_fail_a_batch(db: TestDb) -> Result<()> {
+    let mut odd = full_record("nul\0id", 1, 3);
+    odd.model = "m\0".into();
+    odd.finish_reason = Some("\0".into());
+    let ok = full_record("fine", 1, 4);
+    db.store.insert_request_records(&[odd, ok.clone()]).await?;
+    ensure!(db.store.request_records(&by_id("fine")).await? == vec![ok]);
+    // stored with U+FFFD in place of NUL; a query naming the NUL form finds it too
+    let got = db.store.request_records(&by_id("nul\0id")).await?;
+    ensure!(got.len() == 1, "{got:?}");
+    ensure!(got[0].request_id == "nul\u{FFFD}id" && got[0].model == "m\u{FFFD}");
+    ensure!(got[0].finish_reason.as_deref() == Some("\u{FFFD}"));
     Ok(())
 }
 
