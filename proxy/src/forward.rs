@@ -26,6 +26,7 @@ use tokio::time::Instant;
 
 use crate::body::{ClientRequest, Route};
 use crate::error::ApiError;
+use crate::frames::EventFramer;
 use crate::health::Admission;
 use crate::inspect::Inspector;
 use crate::record::{self, AttemptCtx, RequestCtx};
@@ -386,6 +387,7 @@ async fn one_attempt(
             status: status.as_u16(),
             upstream: resp.bytes_stream().boxed(),
             idle: up.idle_timeout,
+            framer: EventFramer::new(samewise_wire::sse::DEFAULT_MAX_EVENT_BYTES),
             decoder: SseDecoder::new(),
             inspector: Some(inspector),
             _inflight: inflight,

@@ -20,6 +20,7 @@
 //! - [`routing`]: endpoints, policies, the `provider` preferences, plans.
 //! - [`health`]: circuit breaker, peak-EWMA latency, Retry-After and quality flags.
 //! - [`relay`]: the streaming body with side reading and error events.
+//! - [`frames`]: byte-exact SSE event blocks for the relay.
 //! - [`inspect`]: the side reader (usage, timing, finish reason, tool calls, degeneration).
 //! - [`record`]: request records and request metrics.
 //! - [`auth`]: key lookup cache and per-key rate limits.
@@ -33,6 +34,7 @@ pub mod config;
 pub mod degen;
 pub mod error;
 pub mod forward;
+pub mod frames;
 pub mod health;
 pub mod inspect;
 pub mod metrics;

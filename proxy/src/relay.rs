@@ -1,10 +1,10 @@
 //! The streaming response body: upstream SSE bytes go to the client event by event as they
 //! arrive, never buffered whole, while the [`Inspector`] reads each event on the side.
 //!
-//! Each decoded event is written on as `data: <the upstream's data, unchanged>` (plus its
-//! `event:`/`id:` lines), so the payload bytes are the upstream's; only framing is normalised
-//! (comments and keep-alives are dropped). This lets the relay drop the usage-only chunk the
-//! client did not ask for and cut a degenerate generation at an event boundary.
+//! The bytes are cut into whole event blocks by [`EventFramer`] and each block is forwarded as
+//! the upstream sent it (comments and keep-alives included) as soon as its blank line arrives;
+//! working per block lets the relay drop the usage-only chunk the client did not ask for and
+//! cut a degenerate generation at an event boundary without re-encoding anything.
 //!
 //! Whatever ends the stream — `[DONE]`, the upstream closing early, a reset, an idle timeout,
 //! broken SSE, the degeneration guard, or the client going away (the body is dropped) — the
@@ -14,13 +14,14 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use samewise_wire::ErrorBody;
-use samewise_wire::sse::{SseDecoder, SseEvent, encode_data, encode_event};
+use samewise_wire::sse::{SseDecoder, encode_data};
 use tokio::time::Instant;
 
+use crate::frames::EventFramer;
 use crate::health::{Admission, InflightGuard};
 use crate::inspect::{EventAction, Inspector};
 use crate::record::{self, AttemptCtx, RequestCtx};
@@ -34,6 +35,7 @@ pub(crate) struct Relay {
     pub(crate) status: u16,
     pub(crate) upstream: BoxStream<'static, reqwest::Result<Bytes>>,
     pub(crate) idle: Duration,
+    pub(crate) framer: EventFramer,
     pub(crate) decoder: SseDecoder,
     pub(crate) inspector: Option<Inspector>,
     pub(crate) _inflight: InflightGuard,
@@ -57,11 +59,11 @@ impl Relay {
                 Ok(Some(Err(_))) => return Some(self.fail("stream_reset", "the upstream connection broke mid-stream")),
                 Ok(None) => return self.at_end(),
                 Ok(Some(Ok(bytes))) => {
-                    let events = match self.decoder.feed(&bytes) {
-                        Ok(events) => events,
-                        Err(_) => return Some(self.fail("broken_sse", "the upstream sent an invalid event stream")),
+                    let blocks = match self.framer.push(&bytes) {
+                        Ok(blocks) => blocks,
+                        Err(_) => return Some(self.fail("broken_sse", "the upstream sent an event larger than allowed")),
                     };
-                    if let Some(out) = self.pass(&events) {
+                    if let Some(out) = self.pass(blocks) {
                         return Some(out);
                     }
                 }
@@ -69,17 +71,33 @@ impl Relay {
         }
     }
 
-    /// Reads `events` on the side and encodes those to forward; None when nothing is to be sent.
-    fn pass(&mut self, events: &[SseEvent]) -> Option<Bytes> {
+    /// Reads whole event blocks on the side and returns the bytes to forward (each block as
+    /// the upstream sent it); None when nothing is to be sent.
+    fn pass(&mut self, blocks: Vec<Bytes>) -> Option<Bytes> {
         let now = Instant::now();
-        let mut out = Vec::new();
-        for ev in events {
-            let action = match self.inspector.as_mut() {
-                Some(i) => i.on_event(&ev.data, now),
-                None => return None,
+        let mut out = BytesMut::new();
+        for block in blocks {
+            let events = match self.decoder.feed(&block) {
+                Ok(events) => events,
+                Err(_) => {
+                    out.extend_from_slice(&self.fail("broken_sse", "the upstream sent an invalid event stream"));
+                    return Some(out.freeze());
+                }
             };
+            let Some(inspector) = self.inspector.as_mut() else { return None };
+            // A block holds at most one event (or none: a comment or keep-alive).
+            let mut action = EventAction::Forward;
+            let mut done = false;
+            for ev in &events {
+                done |= ev.is_done();
+                match inspector.on_event(&ev.data, now) {
+                    EventAction::Cut => action = EventAction::Cut,
+                    EventAction::Drop if action == EventAction::Forward => action = EventAction::Drop,
+                    _ => {}
+                }
+            }
             match action {
-                EventAction::Forward => out.extend_from_slice(&encode(ev)),
+                EventAction::Forward => out.extend_from_slice(&block),
                 EventAction::Drop => {}
                 EventAction::Cut => {
                     out.extend_from_slice(&error_event(
@@ -87,44 +105,30 @@ impl Relay {
                         "generation stopped: the same output repeated too many times in a row",
                     ));
                     self.finalize(Some("degenerate"), false);
-                    return Some(Bytes::from(out));
+                    return Some(out.freeze());
                 }
             }
-            if ev.is_done() {
+            if done {
                 // Nothing after [DONE] matters; end here.
                 self.finalize(None, true);
-                return Some(Bytes::from(out));
+                return Some(out.freeze());
             }
         }
-        (!out.is_empty()).then(|| Bytes::from(out))
+        (!out.is_empty()).then(|| out.freeze())
     }
 
     /// The upstream body ended.
     fn at_end(&mut self) -> Option<Bytes> {
-        let mut out = Vec::new();
-        match self.decoder.finish() {
-            Ok(Some(ev)) => {
-                if let Some(b) = self.pass(std::slice::from_ref(&ev)) {
-                    out.extend_from_slice(&b);
-                }
-            }
-            Ok(None) => {}
-            Err(_) => {
-                out.extend_from_slice(&self.fail("broken_sse", "the upstream sent an invalid event stream"));
-                return Some(Bytes::from(out));
-            }
+        if self.framer.has_partial() {
+            // Half an event is never forwarded: the client's parser would glue it to ours.
+            return Some(self.fail("stream_truncated", "the upstream ended the stream in the middle of an event"));
         }
-        if self.inspector.is_none() {
-            return (!out.is_empty()).then(|| Bytes::from(out));
-        }
-        let saw_finish = self.inspector.as_ref().is_some_and(Inspector::saw_finish);
-        if saw_finish {
+        if self.inspector.as_ref().is_some_and(Inspector::saw_finish) {
             // Finished but without [DONE]: complete enough; record it and end cleanly.
             self.finalize(Some("missing_done"), true);
-            return (!out.is_empty()).then(|| Bytes::from(out));
+            return None;
         }
-        out.extend_from_slice(&self.fail("stream_truncated", "the upstream ended the stream before it finished"));
-        Some(Bytes::from(out))
+        Some(self.fail("stream_truncated", "the upstream ended the stream before it finished"))
     }
 
     /// Ends the stream with an error event and records the failure.
@@ -158,21 +162,6 @@ impl Drop for Relay {
             self.finalize(Some("client_disconnect"), true);
         }
     }
-}
-
-/// An event as the client receives it.
-fn encode(ev: &SseEvent) -> Vec<u8> {
-    let mut out = Vec::new();
-    if let Some(id) = &ev.id {
-        out.extend_from_slice(b"id: ");
-        out.extend_from_slice(id.as_bytes());
-        out.push(b'\n');
-    }
-    match &ev.event {
-        Some(name) => out.extend_from_slice(&encode_event(Some(name), &ev.data)),
-        None => out.extend_from_slice(&encode_data(&ev.data)),
-    }
-    out
 }
 
 /// The OpenAI-style error event that ends a failed stream.

@@ -226,3 +226,27 @@ async fn records_go_to_postgres_too() -> Result<()> {
     assert_eq!(recs[0].endpoint.as_deref(), Some("p1/upstream-smol"));
     gw.stop().await
 }
+
+#[tokio::test]
+async fn streamed_bytes_are_the_upstreams_bytes() -> Result<()> {
+    let mock = MockUpstream::builder().name("m1").start().await?;
+    let gw = Gateway::start(&one_provider(&mock, "weighted")).await?;
+    let body = |model: &str| {
+        json!({"model": model, "messages": [{"role": "user", "content": "Say hi"}], "stream": true,
+               "stream_options": {"include_usage": true}})
+    };
+    // Directly at the mock first (its answer #1), then through the gateway (answer #2).
+    let direct = gw
+        .http
+        .post(format!("{}/chat/completions", mock.base_url()))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&body("upstream-smol"))?)
+        .send()
+        .await?
+        .text()
+        .await?;
+    let via = gw.chat(&body("smol")).await?.text().await?;
+    assert!(direct.contains("chatcmpl-m1-1"), "{direct}");
+    assert_eq!(via, direct.replace("chatcmpl-m1-1", "chatcmpl-m1-2"));
+    gw.stop().await
+}
