@@ -84,7 +84,7 @@ impl Relay {
                     return Some(out.freeze());
                 }
             };
-            let Some(inspector) = self.inspector.as_mut() else { return None };
+            let inspector = self.inspector.as_mut()?;
             // A block holds at most one event (or none: a comment or keep-alive).
             let mut action = EventAction::Forward;
             let mut done = false;
