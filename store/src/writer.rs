@@ -4,8 +4,9 @@
 //! [`RecordSender::dropped`]. One task drains the queue and writes batches of up to
 //! `max_batch` rows, at most `flush_interval` after the first row of a batch arrived. A
 //! failed batch is retried with doubling backoff `max_retries` times; if it still fails,
-//! its rows are counted in [`RecordSender::write_errors`] and logged at ERROR. Nothing is
-//! lost without a count. [`RecordWriter::shutdown`] closes the queue, writes everything
+//! its rows are counted in [`RecordSender::write_errors`] and logged at ERROR. A batch the
+//! database refuses because of one row's data is written in halves until that row is
+//! isolated, so a bad row costs only itself. Nothing is lost without a count. [`RecordWriter::shutdown`] closes the queue, writes everything
 //! still in it, and waits for the task.
 
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::{RequestRecord, Store};
+use crate::{RequestRecord, Store, StoreError};
 
 /// How often the writer makes sure the next days' partitions exist (they are created
 /// [`crate::partitions::DAYS_AHEAD`] days ahead, so an hour is ample).
@@ -226,7 +227,10 @@ async fn run(
     }
 }
 
-/// Writes one batch, retrying with doubling backoff; counts the outcome.
+/// Writes one batch, retrying with doubling backoff; counts the outcome. When the batch
+/// still fails because of a row's data (a constraint or data error, not a connection or
+/// server problem), it is written again in halves until the refused rows are isolated, so
+/// that one bad row costs only itself.
 async fn write_batch(
     store: &Store,
     cfg: &RecordWriterConfig,
@@ -246,24 +250,80 @@ async fn write_batch(
                     .fetch_add(batch.len() as u64, Ordering::Relaxed);
                 return;
             }
-            Err(e) if attempt < cfg.max_retries => {
+            Err(e) if is_row_error(&e) && batch.len() > 1 => {
+                tracing::warn!(error = %e, rows = batch.len(), "a row of the batch was refused; writing the batch in parts to isolate it");
+                isolate(store, batch, counters).await;
+                return;
+            }
+            Err(e) if attempt < cfg.max_retries && !is_row_error(&e) => {
                 attempt += 1;
                 tracing::warn!(error = %e, rows = batch.len(), attempt, "writing request records failed; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = backoff.saturating_mul(2);
             }
             Err(e) => {
-                counters
-                    .write_errors
-                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                tracing::error!(
-                    error = %e,
-                    rows = batch.len(),
-                    retries = cfg.max_retries,
-                    "writing request records failed after every retry; these records are lost"
-                );
+                lost(counters, batch, &e, attempt);
                 return;
             }
         }
+    }
+}
+
+/// Writes `batch` in ever smaller parts; parts refused for a row error are split again,
+/// single refused rows (and parts failing for any other reason) are counted as lost.
+async fn isolate(store: &Store, batch: &[RequestRecord], counters: &Counters) {
+    let mut parts = vec![batch];
+    while let Some(part) = parts.pop() {
+        match store.insert_request_records(part).await {
+            Ok(()) => {
+                counters
+                    .written
+                    .fetch_add(part.len() as u64, Ordering::Relaxed);
+            }
+            Err(e) if is_row_error(&e) && part.len() > 1 => {
+                let (a, b) = part.split_at(part.len() / 2);
+                parts.push(b);
+                parts.push(a);
+            }
+            Err(e) => lost(counters, part, &e, 0),
+        }
+    }
+}
+
+/// Counts `rows` as lost and says so at ERROR (a person must look: records are missing).
+fn lost(counters: &Counters, rows: &[RequestRecord], e: &StoreError, retries: u32) {
+    counters
+        .write_errors
+        .fetch_add(rows.len() as u64, Ordering::Relaxed);
+    tracing::error!(
+        error = %e,
+        rows = rows.len(),
+        retries,
+        first_request_id = rows.first().map(|r| r.request_id.as_str()).unwrap_or_default(),
+        "writing request records failed; these records are lost"
+    );
+}
+
+/// True when the database refused the statement because of the data in it (constraint
+/// violations, invalid values), which retrying cannot fix but splitting the batch can.
+fn is_row_error(e: &StoreError) -> bool {
+    let StoreError::Query {
+        source: sqlx::Error::Database(db),
+        ..
+    } = e
+    else {
+        return false;
+    };
+    if !matches!(db.kind(), sqlx::error::ErrorKind::Other) {
+        return true;
+    }
+    let code = db.code().unwrap_or_default();
+    if code.len() == 5 {
+        // a PostgreSQL SQLSTATE: classes 22 (data exception) and 23 (integrity constraint)
+        code.starts_with("22") || code.starts_with("23")
+    } else {
+        // a SQLite result code: TOOBIG (18), CONSTRAINT (19, and its extended codes), MISMATCH (20)
+        code.parse::<i32>()
+            .is_ok_and(|c| matches!(c & 0xff, 18..=20))
     }
 }

@@ -49,6 +49,7 @@ both!(
     writer_counts_drops_when_full,
     writer_shutdown_flushes,
     writer_counts_write_errors,
+    writer_isolates_a_refused_row,
 );
 
 /// A record with every optional field set, distinct per `i`.
@@ -638,6 +639,43 @@ async fn writer_counts_write_errors(db: TestDb) -> Result<()> {
     );
     ensure!(tx.written() == 0 && tx.dropped() == 0);
     ensure!(db.store.request_records(&all(100)).await?.is_empty());
+    Ok(())
+}
+
+async fn writer_isolates_a_refused_row(db: TestDb) -> Result<()> {
+    // SQLite stores a bound NaN as NULL, which latency_ms (NOT NULL) refuses: that row,
+    // and only that row, is lost (and counted). PostgreSQL stores NaN as it is.
+    let cfg = RecordWriterConfig {
+        max_batch: 100,
+        retry_backoff: Duration::from_millis(1),
+        ..RecordWriterConfig::default()
+    };
+    let (tx, writer) = RecordWriter::spawn(db.store.clone(), cfg);
+    for i in 0..100 {
+        let mut r = full_record(&format!("n{i:03}"), 1, i);
+        if i == 37 {
+            r.latency_ms = f64::NAN;
+        }
+        ensure!(tx.try_send(r));
+    }
+    writer.shutdown().await;
+    let stored = db.store.request_records(&all(1000)).await?;
+    match db.backend() {
+        Backend::Sqlite => {
+            ensure!(
+                tx.written() == 99 && tx.write_errors() == 1,
+                "written {} errors {}",
+                tx.written(),
+                tx.write_errors()
+            );
+            ensure!(stored.len() == 99 && stored.iter().all(|r| r.request_id != "n037"));
+        }
+        Backend::Postgres => {
+            ensure!(tx.written() == 100 && tx.write_errors() == 0);
+            let nan = db.store.request_records(&by_id("n037")).await?;
+            ensure!(nan.len() == 1 && nan[0].latency_ms.is_nan());
+        }
+    }
     Ok(())
 }
 
