@@ -29,6 +29,7 @@
 //!   counts, Benjamini–Hochberg.
 //! - [`ladder`]: the calibration-ladder JSON (`samewise calibrate`) and "≈ N-bit" lookup.
 //! - [`noise`]: the repeat-noise floor and the faithful/unfaithful decision rule.
+//! - [`prompts`]: the built-in prompt sets of `probes/data/` and parsers for users' own.
 //!
 //! Prompt-set data files for the probes live in `probes/data/` (see its README).
 
@@ -38,6 +39,7 @@ pub mod ladder;
 pub mod mmd;
 pub mod noise;
 pub mod passive;
+pub mod prompts;
 pub mod sequential;
 
 /// Everything that can go wrong in this crate: all of it is bad input.
@@ -59,6 +61,9 @@ pub enum ProbesError {
     /// Encoded per-position data could not be decoded.
     #[error("cannot decode per-position data: {0}")]
     Decode(String),
+    /// A prompt-set data file is malformed.
+    #[error("prompt data: {0}")]
+    Data(String),
     /// A calibration ladder is malformed or lacks what was asked of it.
     #[error("calibration ladder: {0}")]
     Ladder(String),
