@@ -32,41 +32,87 @@ fn config(base_url: &str, data_dir: &std::path::Path) -> String {
 
 #[test]
 fn config_check_accepts_the_example_and_names_bad_keys_with_lines() -> Result<()> {
-    let out = Command::new(BIN).args(["config", "check", "examples/samewise.toml"]).current_dir(env!("CARGO_MANIFEST_DIR")).output()?;
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN)
+        .args(["config", "check", "examples/samewise.toml"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout)?;
-    assert!(stdout.contains("ok") && stdout.contains("model smollm2"), "{stdout}");
+    assert!(
+        stdout.contains("ok") && stdout.contains("model smollm2"),
+        "{stdout}"
+    );
 
     let dir = tempfile::tempdir()?;
-    let bad = config("http://127.0.0.1:9/v1", dir.path()).replace("price_output_per_mtok = 1.0", "price_output_per_mtok = 1.0\nprice_per_token = 3");
+    let bad = config("http://127.0.0.1:9/v1", dir.path()).replace(
+        "price_output_per_mtok = 1.0",
+        "price_output_per_mtok = 1.0\nprice_per_token = 3",
+    );
     let path = write(dir.path(), "bad.toml", &bad)?;
-    let out = Command::new(BIN).args(["config", "check"]).arg(&path).output()?;
+    let out = Command::new(BIN)
+        .args(["config", "check"])
+        .arg(&path)
+        .output()?;
     assert!(!out.status.success());
     let stderr = String::from_utf8(out.stderr)?;
-    assert!(stderr.contains("price_per_token") && stderr.contains("line 10"), "{stderr}");
+    assert!(
+        stderr.contains("price_per_token") && stderr.contains("line 10"),
+        "{stderr}"
+    );
 
-    let bad = config("http://127.0.0.1:9/v1", dir.path()).replace("provider = \"mock\"", "provider = \"absent\"");
+    let bad = config("http://127.0.0.1:9/v1", dir.path())
+        .replace("provider = \"mock\"", "provider = \"absent\"");
     let path = write(dir.path(), "bad2.toml", &bad)?;
-    let out = Command::new(BIN).args(["config", "check"]).arg(&path).output()?;
+    let out = Command::new(BIN)
+        .args(["config", "check"])
+        .arg(&path)
+        .output()?;
     assert!(!out.status.success());
     let stderr = String::from_utf8(out.stderr)?;
-    assert!(stderr.contains("models.smol.endpoints[0].provider") && stderr.contains("line 14"), "{stderr}");
+    assert!(
+        stderr.contains("models.smol.endpoints[0].provider") && stderr.contains("line 14"),
+        "{stderr}"
+    );
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keys_create_then_serve_forward_and_drain_on_sigterm() -> Result<()> {
+/// keys create, serve (on SQLite in the data dir, or on `database_url`), one request, SIGTERM,
+/// and the record read back from the same store.
+async fn serve_end_to_end(database_url: Option<&str>) -> Result<()> {
     let mock = MockUpstream::builder().name("cli").start().await?;
     let dir = tempfile::tempdir()?;
-    let cfg = write(dir.path(), "samewise.toml", &config(&mock.base_url(), &dir.path().join("data")))?;
+    let cfg = write(
+        dir.path(),
+        "samewise.toml",
+        &config(&mock.base_url(), &dir.path().join("data")),
+    )?;
 
-    let out = Command::new(BIN).args(["keys", "create", "cli-test", "--config"]).arg(&cfg).env_remove("DATABASE_URL").output()?;
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN)
+        .args(["keys", "create", "cli-test", "--config"])
+        .arg(&cfg)
+        .env_remove("DATABASE_URL")
+        .envs(database_url.map(|u| ("DATABASE_URL", u)))
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let key = String::from_utf8(out.stdout)?.trim().to_owned();
     assert!(key.starts_with("sw-"), "{key}");
 
     // Without the provider key in the environment, serve refuses to start and names the variable.
-    let out = Command::new(BIN).args(["serve", "--config"]).arg(&cfg).env_remove("CLI_TEST_PROVIDER_KEY").env_remove("DATABASE_URL").output()?;
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .env_remove("CLI_TEST_PROVIDER_KEY")
+        .env_remove("DATABASE_URL")
+        .envs(database_url.map(|u| ("DATABASE_URL", u)))
+        .output()?;
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("CLI_TEST_PROVIDER_KEY"));
 
@@ -75,6 +121,7 @@ async fn keys_create_then_serve_forward_and_drain_on_sigterm() -> Result<()> {
         .arg(&cfg)
         .env("CLI_TEST_PROVIDER_KEY", "sk-cli-secret")
         .env_remove("DATABASE_URL")
+        .envs(database_url.map(|u| ("DATABASE_URL", u)))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -87,8 +134,13 @@ async fn keys_create_then_serve_forward_and_drain_on_sigterm() -> Result<()> {
             let _ = tx.send(line);
         }
     });
-    let line = rx.recv_timeout(Duration::from_secs(20)).context("no 'listening on' line from samewise serve")?;
-    let url = line.strip_prefix("listening on ").context("unexpected first line")?.to_owned();
+    let line = rx
+        .recv_timeout(Duration::from_secs(20))
+        .context("no 'listening on' line from samewise serve")?;
+    let url = line
+        .strip_prefix("listening on ")
+        .context("unexpected first line")?
+        .to_owned();
 
     let http = reqwest::Client::new();
     let resp = http
@@ -103,20 +155,32 @@ async fn keys_create_then_serve_forward_and_drain_on_sigterm() -> Result<()> {
     let body = resp.text().await?;
     assert!(body.contains("up-smol"), "{body}");
     let reqs = mock.wait_for_requests(1, Duration::from_secs(2)).await?;
-    assert_eq!(reqs[0].header("authorization"), Some("Bearer sk-cli-secret"));
+    assert_eq!(
+        reqs[0].header("authorization"),
+        Some("Bearer sk-cli-secret")
+    );
 
-    let resp = http.post(format!("{url}/v1/chat/completions")).body("{}").send().await?;
+    let resp = http
+        .post(format!("{url}/v1/chat/completions"))
+        .body("{}")
+        .send()
+        .await?;
     assert_eq!(resp.status(), 401);
 
     // SIGTERM: graceful exit with status 0, records drained to SQLite.
-    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status()?;
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()?;
     assert!(status.success());
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let exit = loop {
         if let Some(s) = child.try_wait()? {
             break s;
         }
-        assert!(std::time::Instant::now() < deadline, "samewise serve did not stop after SIGTERM");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "samewise serve did not stop after SIGTERM"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let mut stderr = String::new();
@@ -127,12 +191,32 @@ async fn keys_create_then_serve_forward_and_drain_on_sigterm() -> Result<()> {
     assert!(!stderr.contains("sk-cli-secret"));
     let _ = reader.join();
 
-    let store = samewise_store::Store::connect(None, &dir.path().join("data")).await?;
-    let q = samewise_store::RecordQuery { request_id: Some(request_id), ..Default::default() };
+    let sqlite_file = dir.path().join("data").join("samewise.db");
+    assert_eq!(
+        sqlite_file.exists(),
+        database_url.is_none(),
+        "SQLite is used exactly when DATABASE_URL is unset"
+    );
+    let store = samewise_store::Store::connect(database_url, &dir.path().join("data")).await?;
+    let q = samewise_store::RecordQuery {
+        request_id: Some(request_id),
+        ..Default::default()
+    };
     let recs = store.request_records(&q).await?;
     assert_eq!(recs.len(), 1);
     assert_eq!(recs[0].endpoint.as_deref(), Some("mock/up-smol"));
     assert!(recs[0].final_attempt);
     store.close().await;
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_create_then_serve_on_sqlite_forward_and_drain_on_sigterm() -> Result<()> {
+    serve_end_to_end(None).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_uses_postgres_when_database_url_is_set() -> Result<()> {
+    let pg = samewise_store::testing::PgTestDatabase::create().await?;
+    serve_end_to_end(Some(pg.url())).await
 }

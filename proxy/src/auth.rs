@@ -40,7 +40,10 @@ pub struct Bucket {
 impl Bucket {
     /// A full bucket.
     pub fn full(rpm: u32, now: Instant) -> Self {
-        Bucket { tokens: f64::from(rpm), stamp: now }
+        Bucket {
+            tokens: f64::from(rpm),
+            stamp: now,
+        }
     }
 
     /// Takes one request; Err(seconds to wait) when empty.
@@ -63,7 +66,12 @@ impl Bucket {
 impl Authenticator {
     /// An authenticator over `store` whose lookups live `ttl`.
     pub fn new(store: Store, ttl: Duration) -> Self {
-        Authenticator { store, ttl, cache: Mutex::new(HashMap::new()), buckets: Mutex::new(HashMap::new()) }
+        Authenticator {
+            store,
+            ttl,
+            cache: Mutex::new(HashMap::new()),
+            buckets: Mutex::new(HashMap::new()),
+        }
     }
 
     /// The key a request presents, checked and charged against its rate limit.
@@ -84,16 +92,26 @@ impl Authenticator {
             )
         })?;
         self.lookup(presented).await?.ok_or_else(|| {
-            ApiError::new(StatusCode::UNAUTHORIZED, "invalid_api_key", "authentication_error", "invalid API key")
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_api_key",
+                "authentication_error",
+                "invalid API key",
+            )
         })
     }
 
     /// Charges one request to `key`'s per-minute limit (429 with Retry-After when spent).
     pub fn charge(&self, key: &ApiKey) -> Result<(), ApiError> {
-        let Some(rpm) = key.rpm_limit else { return Ok(()) };
+        let Some(rpm) = key.rpm_limit else {
+            return Ok(());
+        };
         let now = Instant::now();
         let verdict = match self.buckets.lock() {
-            Ok(mut b) => b.entry(key.id).or_insert_with(|| Bucket::full(rpm, now)).take(rpm, now),
+            Ok(mut b) => b
+                .entry(key.id)
+                .or_insert_with(|| Bucket::full(rpm, now))
+                .take(rpm, now),
             Err(_) => Ok(()),
         };
         verdict.map_err(|wait| {
@@ -166,11 +184,20 @@ mod tests {
     fn bearer_parsing() {
         let mut h = HeaderMap::new();
         assert_eq!(bearer(&h), None);
-        h.insert(header::AUTHORIZATION, axum::http::HeaderValue::from_static("Bearer sw-abc"));
+        h.insert(
+            header::AUTHORIZATION,
+            axum::http::HeaderValue::from_static("Bearer sw-abc"),
+        );
         assert_eq!(bearer(&h), Some("sw-abc"));
-        h.insert(header::AUTHORIZATION, axum::http::HeaderValue::from_static("Basic xyz"));
+        h.insert(
+            header::AUTHORIZATION,
+            axum::http::HeaderValue::from_static("Basic xyz"),
+        );
         assert_eq!(bearer(&h), None);
-        h.insert(header::AUTHORIZATION, axum::http::HeaderValue::from_static("Bearer "));
+        h.insert(
+            header::AUTHORIZATION,
+            axum::http::HeaderValue::from_static("Bearer "),
+        );
         assert_eq!(bearer(&h), None);
     }
 }

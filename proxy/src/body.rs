@@ -76,23 +76,39 @@ impl ClientRequest {
     pub fn parse(route: Route, body: &[u8]) -> Result<ClientRequest, ApiError> {
         let mut fields: RawMap = serde_json::from_slice(body).map_err(|e| {
             if e.is_data() {
-                ApiError::bad_request("invalid_request", "the request body must be a JSON object", None)
+                ApiError::bad_request(
+                    "invalid_request",
+                    "the request body must be a JSON object",
+                    None,
+                )
             } else {
-                ApiError::bad_request("invalid_json", format!("the request body is not valid JSON: {e}"), None)
+                ApiError::bad_request(
+                    "invalid_json",
+                    format!("the request body is not valid JSON: {e}"),
+                    None,
+                )
             }
         })?;
 
         let model = match fields.get("model") {
-            None => return Err(ApiError::bad_request("missing_field", "you must provide a `model`", Some("model"))),
-            Some(raw) => serde_json::from_str::<String>(raw.get())
-                .map_err(|_| ApiError::bad_request("invalid_type", "`model` must be a string", Some("model")))?,
+            None => {
+                return Err(ApiError::bad_request(
+                    "missing_field",
+                    "you must provide a `model`",
+                    Some("model"),
+                ));
+            }
+            Some(raw) => serde_json::from_str::<String>(raw.get()).map_err(|_| {
+                ApiError::bad_request("invalid_type", "`model` must be a string", Some("model"))
+            })?,
         };
 
         let stream = match fields.get("stream") {
             None => false,
             Some(raw) if raw.get() == "null" => false,
-            Some(raw) => serde_json::from_str::<bool>(raw.get())
-                .map_err(|_| ApiError::bad_request("invalid_type", "`stream` must be a boolean", Some("stream")))?,
+            Some(raw) => serde_json::from_str::<bool>(raw.get()).map_err(|_| {
+                ApiError::bad_request("invalid_type", "`stream` must be a boolean", Some("stream"))
+            })?,
         };
 
         let (prompt_key, prompt_raw) = match route {
@@ -100,10 +116,20 @@ impl ClientRequest {
             Route::Completions => ("prompt", fields.get("prompt")),
         };
         let Some(prompt_raw) = prompt_raw else {
-            return Err(ApiError::bad_request("missing_field", format!("you must provide `{prompt_key}`"), Some(prompt_key)));
+            return Err(ApiError::bad_request(
+                "missing_field",
+                format!("you must provide `{prompt_key}`"),
+                Some(prompt_key),
+            ));
         };
-        let prompt_value: serde_json::Value = serde_json::from_str(prompt_raw.get())
-            .map_err(|_| ApiError::bad_request("invalid_type", format!("`{prompt_key}` is not valid"), Some(prompt_key)))?;
+        let prompt_value: serde_json::Value =
+            serde_json::from_str(prompt_raw.get()).map_err(|_| {
+                ApiError::bad_request(
+                    "invalid_type",
+                    format!("`{prompt_key}` is not valid"),
+                    Some(prompt_key),
+                )
+            })?;
         let prompt_chars = check_prompt(route, &prompt_value)?;
         let prefix = prompt_raw.get().as_bytes();
         let prefix_hash = fnv1a(&prefix[..prefix.len().min(AFFINITY_PREFIX_BYTES)], 0);
@@ -113,10 +139,15 @@ impl ClientRequest {
         let tools = match fields.get("tools") {
             None => None,
             Some(raw) => {
-                let v: serde_json::Value = serde_json::from_str(raw.get())
-                    .map_err(|_| ApiError::bad_request("invalid_type", "`tools` is not valid", Some("tools")))?;
+                let v: serde_json::Value = serde_json::from_str(raw.get()).map_err(|_| {
+                    ApiError::bad_request("invalid_type", "`tools` is not valid", Some("tools"))
+                })?;
                 if !(v.is_array() || v.is_null()) {
-                    return Err(ApiError::bad_request("invalid_type", "`tools` must be an array", Some("tools")));
+                    return Err(ApiError::bad_request(
+                        "invalid_type",
+                        "`tools` must be an array",
+                        Some("tools"),
+                    ));
                 }
                 Some(v).filter(|v| !v.is_null())
             }
@@ -125,7 +156,11 @@ impl ClientRequest {
         let prefs = match fields.shift_remove("provider") {
             None => ProviderPrefs::default(),
             Some(raw) => serde_json::from_str(raw.get()).map_err(|e| {
-                ApiError::bad_request("invalid_provider", format!("the `provider` object is not valid: {e}"), Some("provider"))
+                ApiError::bad_request(
+                    "invalid_provider",
+                    format!("the `provider` object is not valid: {e}"),
+                    Some("provider"),
+                )
             })?,
         };
 
@@ -135,7 +170,11 @@ impl ClientRequest {
                 None => RawMap::new(),
                 Some(raw) if raw.get() == "null" => RawMap::new(),
                 Some(raw) => serde_json::from_str(raw.get()).map_err(|_| {
-                    ApiError::bad_request("invalid_type", "`stream_options` must be an object", Some("stream_options"))
+                    ApiError::bad_request(
+                        "invalid_type",
+                        "`stream_options` must be an object",
+                        Some("stream_options"),
+                    )
                 })?,
             };
             let asked = match opts.get("include_usage") {
@@ -158,7 +197,17 @@ impl ClientRequest {
             }
         }
 
-        Ok(ClientRequest { route, model, stream, strip_usage_chunk, prefs, tools, prefix_hash, prompt_chars, fields })
+        Ok(ClientRequest {
+            route,
+            model,
+            stream,
+            strip_usage_chunk,
+            prefs,
+            tools,
+            prefix_hash,
+            prompt_chars,
+            fields,
+        })
     }
 
     /// The body for one upstream: the client's fields with `model` set to `upstream_model`.
@@ -166,12 +215,19 @@ impl ClientRequest {
         let mut fields = self.fields.clone();
         let model = serde_json::to_string(upstream_model).map_err(|_| internal())?;
         fields.insert("model".to_owned(), raw_json(&model)?);
-        serde_json::to_vec(&fields).map(Bytes::from).map_err(|_| internal())
+        serde_json::to_vec(&fields)
+            .map(Bytes::from)
+            .map_err(|_| internal())
     }
 }
 
 fn internal() -> ApiError {
-    ApiError::new(http::StatusCode::INTERNAL_SERVER_ERROR, "internal", "server_error", "the request could not be re-encoded")
+    ApiError::new(
+        http::StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "server_error",
+        "the request could not be re-encoded",
+    )
 }
 
 fn raw_json(s: &str) -> Result<Box<RawValue>, ApiError> {
@@ -183,20 +239,36 @@ fn check_prompt(route: Route, v: &serde_json::Value) -> Result<usize, ApiError> 
     match route {
         Route::Chat => {
             let Some(msgs) = v.as_array() else {
-                return Err(ApiError::bad_request("invalid_type", "`messages` must be an array", Some("messages")));
+                return Err(ApiError::bad_request(
+                    "invalid_type",
+                    "`messages` must be an array",
+                    Some("messages"),
+                ));
             };
             if msgs.is_empty() {
-                return Err(ApiError::bad_request("invalid_value", "`messages` must not be empty", Some("messages")));
+                return Err(ApiError::bad_request(
+                    "invalid_value",
+                    "`messages` must not be empty",
+                    Some("messages"),
+                ));
             }
             let mut chars = 0;
             for (i, m) in msgs.iter().enumerate() {
                 let Some(obj) = m.as_object() else {
                     let p = format!("messages[{i}]");
-                    return Err(ApiError::bad_request("invalid_type", format!("`{p}` must be an object"), Some(&p)));
+                    return Err(ApiError::bad_request(
+                        "invalid_type",
+                        format!("`{p}` must be an object"),
+                        Some(&p),
+                    ));
                 };
                 if !obj.get("role").is_some_and(serde_json::Value::is_string) {
                     let p = format!("messages[{i}].role");
-                    return Err(ApiError::bad_request("invalid_type", format!("`{p}` must be a string"), Some(&p)));
+                    return Err(ApiError::bad_request(
+                        "invalid_type",
+                        format!("`{p}` must be a string"),
+                        Some(&p),
+                    ));
                 }
                 chars += text_chars(obj.get("content"));
             }
@@ -204,7 +276,9 @@ fn check_prompt(route: Route, v: &serde_json::Value) -> Result<usize, ApiError> 
         }
         Route::Completions => match v {
             serde_json::Value::String(s) => Ok(s.chars().count()),
-            serde_json::Value::Array(items) if !items.is_empty() => Ok(items.iter().map(|i| text_chars(Some(i))).sum()),
+            serde_json::Value::Array(items) if !items.is_empty() => {
+                Ok(items.iter().map(|i| text_chars(Some(i))).sum())
+            }
             _ => Err(ApiError::bad_request(
                 "invalid_type",
                 "`prompt` must be a string or a non-empty array",
@@ -233,14 +307,29 @@ fn text_chars(v: Option<&serde_json::Value>) -> usize {
 
 /// Type checks on the common sampling fields; other fields are the upstream's business.
 fn check_types(fields: &RawMap) -> Result<(), ApiError> {
-    const INTEGERS: [&str; 5] = ["n", "max_tokens", "max_completion_tokens", "top_logprobs", "seed"];
-    const NUMBERS: [&str; 4] = ["temperature", "top_p", "presence_penalty", "frequency_penalty"];
+    const INTEGERS: [&str; 5] = [
+        "n",
+        "max_tokens",
+        "max_completion_tokens",
+        "top_logprobs",
+        "seed",
+    ];
+    const NUMBERS: [&str; 4] = [
+        "temperature",
+        "top_p",
+        "presence_penalty",
+        "frequency_penalty",
+    ];
     for key in INTEGERS {
         if let Some(raw) = fields.get(key)
             && raw.get() != "null"
             && serde_json::from_str::<i64>(raw.get()).is_err()
         {
-            return Err(ApiError::bad_request("invalid_type", format!("`{key}` must be an integer"), Some(key)));
+            return Err(ApiError::bad_request(
+                "invalid_type",
+                format!("`{key}` must be an integer"),
+                Some(key),
+            ));
         }
     }
     for key in NUMBERS {
@@ -248,7 +337,11 @@ fn check_types(fields: &RawMap) -> Result<(), ApiError> {
             && raw.get() != "null"
             && serde_json::from_str::<f64>(raw.get()).is_err()
         {
-            return Err(ApiError::bad_request("invalid_type", format!("`{key}` must be a number"), Some(key)));
+            return Err(ApiError::bad_request(
+                "invalid_type",
+                format!("`{key}` must be a number"),
+                Some(key),
+            ));
         }
     }
     Ok(())
@@ -265,7 +358,9 @@ mod tests {
         assert_eq!(req.model, "m");
         assert!(!req.stream);
         assert_eq!(req.prefs.only.as_deref(), Some(&["a".to_owned()][..]));
-        let out = req.body_for("up/model-1").unwrap_or_else(|e| panic!("{e:?}"));
+        let out = req
+            .body_for("up/model-1")
+            .unwrap_or_else(|e| panic!("{e:?}"));
         let s = std::str::from_utf8(&out).unwrap_or_default();
         assert_eq!(
             s,
@@ -276,14 +371,20 @@ mod tests {
     #[test]
     fn streams_ask_for_usage() {
         let body = br#"{"model":"m","prompt":"hi","stream":true,"stream_options":{"foo":1}}"#;
-        let req = ClientRequest::parse(Route::Completions, body).unwrap_or_else(|e| panic!("{e:?}"));
+        let req =
+            ClientRequest::parse(Route::Completions, body).unwrap_or_else(|e| panic!("{e:?}"));
         assert!(req.stream && req.strip_usage_chunk);
         let out = req.body_for("x").unwrap_or_default();
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap_or_default();
-        assert_eq!(v["stream_options"], serde_json::json!({"foo": 1, "include_usage": true}));
+        assert_eq!(
+            v["stream_options"],
+            serde_json::json!({"foo": 1, "include_usage": true})
+        );
 
-        let body = br#"{"model":"m","prompt":"hi","stream":true,"stream_options":{"include_usage":true}}"#;
-        let req = ClientRequest::parse(Route::Completions, body).unwrap_or_else(|e| panic!("{e:?}"));
+        let body =
+            br#"{"model":"m","prompt":"hi","stream":true,"stream_options":{"include_usage":true}}"#;
+        let req =
+            ClientRequest::parse(Route::Completions, body).unwrap_or_else(|e| panic!("{e:?}"));
         assert!(!req.strip_usage_chunk);
     }
 
@@ -301,7 +402,9 @@ mod tests {
             (br#"{"model":"m","messages":[{"role":"user","content":"x"}],"provider":{"onlyy":[]}}"#, "provider"),
         ];
         for (body, what) in cases {
-            let err = ClientRequest::parse(Route::Chat, body).err().unwrap_or_else(|| panic!("accepted {what}"));
+            let err = ClientRequest::parse(Route::Chat, body)
+                .err()
+                .unwrap_or_else(|| panic!("accepted {what}"));
             assert_eq!(err.status, http::StatusCode::BAD_REQUEST);
             let j = err.body.to_json();
             assert!(j.contains(what), "{what}: {j}");
@@ -310,10 +413,23 @@ mod tests {
 
     #[test]
     fn prefix_hash_depends_on_prompt_only() {
-        let a = ClientRequest::parse(Route::Chat, br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"seed":1}"#);
-        let b = ClientRequest::parse(Route::Chat, br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"seed":2}"#);
-        let c = ClientRequest::parse(Route::Chat, br#"{"model":"m","messages":[{"role":"user","content":"ho"}]}"#);
-        let (a, b, c) = (a.map(|r| r.prefix_hash).ok(), b.map(|r| r.prefix_hash).ok(), c.map(|r| r.prefix_hash).ok());
+        let a = ClientRequest::parse(
+            Route::Chat,
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"seed":1}"#,
+        );
+        let b = ClientRequest::parse(
+            Route::Chat,
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"seed":2}"#,
+        );
+        let c = ClientRequest::parse(
+            Route::Chat,
+            br#"{"model":"m","messages":[{"role":"user","content":"ho"}]}"#,
+        );
+        let (a, b, c) = (
+            a.map(|r| r.prefix_hash).ok(),
+            b.map(|r| r.prefix_hash).ok(),
+            c.map(|r| r.prefix_hash).ok(),
+        );
         assert!(a.is_some());
         assert_eq!(a, b);
         assert_ne!(a, c);

@@ -203,9 +203,16 @@ impl Config {
             self.limits.max_attempts
         );
         for (name, model) in &self.models {
-            let eps: Vec<String> =
-                model.endpoints.iter().map(|e| format!("{}/{}", e.provider, e.model)).collect();
-            out.push_str(&format!("  model {name}: {} over {}\n", model.policy.name(), eps.join(", ")));
+            let eps: Vec<String> = model
+                .endpoints
+                .iter()
+                .map(|e| format!("{}/{}", e.provider, e.model))
+                .collect();
+            out.push_str(&format!(
+                "  model {name}: {} over {}\n",
+                model.policy.name(),
+                eps.join(", ")
+            ));
         }
         out
     }
@@ -214,7 +221,11 @@ impl Config {
 /// The 1-based line of a byte offset range's start.
 fn line_of(src: &str, span: &Range<usize>) -> usize {
     let end = span.start.min(src.len());
-    src.as_bytes()[..end].iter().filter(|b| **b == b'\n').count() + 1
+    src.as_bytes()[..end]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
 }
 
 #[derive(Debug, Deserialize)]
@@ -302,7 +313,12 @@ struct Validator<'a> {
 }
 
 impl Validator<'_> {
-    fn err<T>(&self, key: impl Into<String>, span: Option<Range<usize>>, message: impl Into<String>) -> Result<T, ProxyError> {
+    fn err<T>(
+        &self,
+        key: impl Into<String>,
+        span: Option<Range<usize>>,
+        message: impl Into<String>,
+    ) -> Result<T, ProxyError> {
         Err(ProxyError::ConfigInvalid {
             key: key.into(),
             line: span.map(|s| line_of(self.src, &s)),
@@ -310,7 +326,12 @@ impl Validator<'_> {
         })
     }
 
-    fn positive_ms(&self, key: &str, v: Option<Spanned<u64>>, default_ms: u64) -> Result<Duration, ProxyError> {
+    fn positive_ms(
+        &self,
+        key: &str,
+        v: Option<Spanned<u64>>,
+        default_ms: u64,
+    ) -> Result<Duration, ProxyError> {
         match v {
             None => Ok(Duration::from_millis(default_ms)),
             Some(s) if *s.get_ref() == 0 => self.err(key, Some(s.span()), "must be greater than 0"),
@@ -345,7 +366,13 @@ impl Validator<'_> {
         if models.is_empty() {
             return self.err("models", None, "at least one [models.NAME] table is needed");
         }
-        Ok(Config { server, limits, breaker, providers, models })
+        Ok(Config {
+            server,
+            limits,
+            breaker,
+            providers,
+            models,
+        })
     }
 
     fn server(&self, raw: RawServer) -> Result<ServerConfig, ProxyError> {
@@ -353,34 +380,62 @@ impl Validator<'_> {
             None => SocketAddr::from(([127, 0, 0, 1], 8080)),
             Some(s) => match s.get_ref().parse::<SocketAddr>() {
                 Ok(a) => a,
-                Err(_) => return self.err("server.listen", Some(s.span()), "must be an address like \"127.0.0.1:8080\""),
+                Err(_) => {
+                    return self.err(
+                        "server.listen",
+                        Some(s.span()),
+                        "must be an address like \"127.0.0.1:8080\"",
+                    );
+                }
             },
         };
         let body_limit_bytes = match raw.body_limit_bytes {
             None => 10 * 1024 * 1024,
-            Some(s) if *s.get_ref() == 0 => return self.err("server.body_limit_bytes", Some(s.span()), "must be greater than 0"),
+            Some(s) if *s.get_ref() == 0 => {
+                return self.err(
+                    "server.body_limit_bytes",
+                    Some(s.span()),
+                    "must be greater than 0",
+                );
+            }
             Some(s) => usize::try_from(*s.get_ref()).unwrap_or(usize::MAX),
         };
         let data_dir = PathBuf::from(raw.data_dir.unwrap_or_else(|| "samewise-data".to_owned()));
-        Ok(ServerConfig { listen, body_limit_bytes, data_dir })
+        Ok(ServerConfig {
+            listen,
+            body_limit_bytes,
+            data_dir,
+        })
     }
 
     fn limits(&self, raw: RawLimits) -> Result<Limits, ProxyError> {
         let max_attempts = match raw.max_attempts {
             None => 3,
-            Some(s) if *s.get_ref() == 0 => return self.err("limits.max_attempts", Some(s.span()), "must be at least 1"),
+            Some(s) if *s.get_ref() == 0 => {
+                return self.err("limits.max_attempts", Some(s.span()), "must be at least 1");
+            }
             Some(s) => *s.get_ref(),
         };
         let record_queue_capacity = match raw.record_queue_capacity {
             None => 10_000,
             Some(s) if *s.get_ref() == 0 => {
-                return self.err("limits.record_queue_capacity", Some(s.span()), "must be at least 1");
+                return self.err(
+                    "limits.record_queue_capacity",
+                    Some(s.span()),
+                    "must be at least 1",
+                );
             }
             Some(s) => usize::try_from(*s.get_ref()).unwrap_or(usize::MAX),
         };
         let degenerate_repeat = match raw.degenerate_repeat {
             None => 4,
-            Some(s) if *s.get_ref() < 2 => return self.err("limits.degenerate_repeat", Some(s.span()), "must be at least 2"),
+            Some(s) if *s.get_ref() < 2 => {
+                return self.err(
+                    "limits.degenerate_repeat",
+                    Some(s.span()),
+                    "must be at least 2",
+                );
+            }
             Some(s) => usize::try_from(*s.get_ref()).unwrap_or(usize::MAX),
         };
         let backoff_base = Duration::from_millis(raw.backoff_base_ms.unwrap_or(25));
@@ -390,7 +445,11 @@ impl Validator<'_> {
             backoff_base,
             backoff_max: backoff_max.max(backoff_base),
             retry_after_max: Duration::from_millis(raw.retry_after_max_ms.unwrap_or(5_000)),
-            key_cache_ttl: self.positive_ms("limits.key_cache_ttl_ms", raw.key_cache_ttl_ms, 10_000)?,
+            key_cache_ttl: self.positive_ms(
+                "limits.key_cache_ttl_ms",
+                raw.key_cache_ttl_ms,
+                10_000,
+            )?,
             record_queue_capacity,
             degenerate_repeat,
         })
@@ -401,7 +460,11 @@ impl Validator<'_> {
         let consecutive_failures = match raw.consecutive_failures {
             None => d.consecutive_failures,
             Some(s) if *s.get_ref() == 0 => {
-                return self.err("breaker.consecutive_failures", Some(s.span()), "must be at least 1");
+                return self.err(
+                    "breaker.consecutive_failures",
+                    Some(s.span()),
+                    "must be at least 1",
+                );
             }
             Some(s) => *s.get_ref(),
         };
@@ -414,7 +477,13 @@ impl Validator<'_> {
         };
         let half_open_trials = match raw.half_open_trials {
             None => d.half_open_trials,
-            Some(s) if *s.get_ref() == 0 => return self.err("breaker.half_open_trials", Some(s.span()), "must be at least 1"),
+            Some(s) if *s.get_ref() == 0 => {
+                return self.err(
+                    "breaker.half_open_trials",
+                    Some(s.span()),
+                    "must be at least 1",
+                );
+            }
             Some(s) => *s.get_ref(),
         };
         Ok(BreakerConfig {
@@ -430,44 +499,79 @@ impl Validator<'_> {
     fn provider(&self, name: &str, raw: RawProvider) -> Result<ProviderConfig, ProxyError> {
         let key = |k: &str| format!("providers.{name}.{k}");
         let url = raw.base_url.get_ref().trim();
-        if !(url.starts_with("http://") || url.starts_with("https://")) || url.len() <= "https://".len() {
-            return self.err(key("base_url"), Some(raw.base_url.span()), "must be an http:// or https:// URL");
+        if !(url.starts_with("http://") || url.starts_with("https://"))
+            || url.len() <= "https://".len()
+        {
+            return self.err(
+                key("base_url"),
+                Some(raw.base_url.span()),
+                "must be an http:// or https:// URL",
+            );
         }
         if let Some(env) = &raw.api_key_env {
             let ok = !env.get_ref().is_empty()
-                && env.get_ref().chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                && env
+                    .get_ref()
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_');
             if !ok {
-                return self.err(key("api_key_env"), Some(env.span()), "must be an environment variable name (A-Z, 0-9, _)");
+                return self.err(
+                    key("api_key_env"),
+                    Some(env.span()),
+                    "must be an environment variable name (A-Z, 0-9, _)",
+                );
             }
         }
         Ok(ProviderConfig {
             base_url: url.trim_end_matches('/').to_owned(),
             api_key_env: raw.api_key_env.map(Spanned::into_inner),
-            connect_timeout: self.positive_ms(&key("connect_timeout_ms"), raw.connect_timeout_ms, 5_000)?,
-            first_byte_timeout: self.positive_ms(&key("first_byte_timeout_ms"), raw.first_byte_timeout_ms, 60_000)?,
+            connect_timeout: self.positive_ms(
+                &key("connect_timeout_ms"),
+                raw.connect_timeout_ms,
+                5_000,
+            )?,
+            first_byte_timeout: self.positive_ms(
+                &key("first_byte_timeout_ms"),
+                raw.first_byte_timeout_ms,
+                60_000,
+            )?,
             idle_timeout: self.positive_ms(&key("idle_timeout_ms"), raw.idle_timeout_ms, 60_000)?,
-            price_input_per_mtok: self.price(key("price_input_per_mtok"), raw.price_input_per_mtok)?,
-            price_output_per_mtok: self.price(key("price_output_per_mtok"), raw.price_output_per_mtok)?,
+            price_input_per_mtok: self
+                .price(key("price_input_per_mtok"), raw.price_input_per_mtok)?,
+            price_output_per_mtok: self
+                .price(key("price_output_per_mtok"), raw.price_output_per_mtok)?,
             region: raw.region,
             data_collection: raw.data_collection.unwrap_or(DataCollection::Allow),
             quantization: raw.quantization,
         })
     }
 
-    fn model(&self, name: &str, raw: RawModel, providers: &BTreeMap<String, ProviderConfig>) -> Result<ModelConfig, ProxyError> {
+    fn model(
+        &self,
+        name: &str,
+        raw: RawModel,
+        providers: &BTreeMap<String, ProviderConfig>,
+    ) -> Result<ModelConfig, ProxyError> {
         let (span, raw_endpoints) = match raw.endpoints {
             Some(e) => (Some(e.span()), e.into_inner()),
             None => (None, Vec::new()),
         };
         if raw_endpoints.is_empty() {
-            return self.err(format!("models.{name}.endpoints"), span, "a model needs at least one endpoint");
+            return self.err(
+                format!("models.{name}.endpoints"),
+                span,
+                "a model needs at least one endpoint",
+            );
         }
         let mut endpoints = Vec::with_capacity(raw_endpoints.len());
         let mut seen = std::collections::HashSet::new();
         for (i, e) in raw_endpoints.into_iter().enumerate() {
             let key = |k: &str| format!("models.{name}.endpoints[{i}].{k}");
             if !providers.contains_key(e.provider.get_ref()) {
-                let msg = format!("names provider \"{}\", which is not in [providers]", e.provider.get_ref());
+                let msg = format!(
+                    "names provider \"{}\", which is not in [providers]",
+                    e.provider.get_ref()
+                );
                 return self.err(key("provider"), Some(e.provider.span()), msg);
             }
             if e.model.get_ref().is_empty() {
@@ -490,7 +594,10 @@ impl Validator<'_> {
                 weight,
             });
         }
-        Ok(ModelConfig { policy: raw.policy.unwrap_or(Policy::Weighted), endpoints })
+        Ok(ModelConfig {
+            policy: raw.policy.unwrap_or(Policy::Weighted),
+            endpoints,
+        })
     }
 }
 
@@ -526,8 +633,14 @@ model = "m-1"
 
     #[test]
     fn unknown_key_names_key_and_line() {
-        let src = GOOD.replace("price_output_per_mtok = 1.5", "price_output_per_mtok = 1.5\nbogus_key = 3");
-        let err = Config::from_toml_str(&src).err().map(|e| e.to_string()).unwrap_or_default();
+        let src = GOOD.replace(
+            "price_output_per_mtok = 1.5",
+            "price_output_per_mtok = 1.5\nbogus_key = 3",
+        );
+        let err = Config::from_toml_str(&src)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(err.contains("bogus_key"), "{err}");
         assert!(err.contains("line 9"), "{err}");
     }
@@ -535,7 +648,10 @@ model = "m-1"
     #[test]
     fn unknown_provider_names_key_and_line() {
         let src = GOOD.replace("provider = \"a\"", "provider = \"nope\"");
-        let err = Config::from_toml_str(&src).err().map(|e| e.to_string()).unwrap_or_default();
+        let err = Config::from_toml_str(&src)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(err.contains("models.m.endpoints[0].provider"), "{err}");
         assert!(err.contains("line 13"), "{err}");
     }
@@ -543,13 +659,28 @@ model = "m-1"
     #[test]
     fn bad_values_are_rejected() {
         for (from, to, key) in [
-            ("listen = \"127.0.0.1:0\"", "listen = \"nowhere\"", "server.listen"),
-            ("base_url = \"http://127.0.0.1:9/v1/\"", "base_url = \"ftp://x\"", "providers.a.base_url"),
-            ("price_input_per_mtok = 0.5", "price_input_per_mtok = -1.0", "providers.a.price_input_per_mtok"),
+            (
+                "listen = \"127.0.0.1:0\"",
+                "listen = \"nowhere\"",
+                "server.listen",
+            ),
+            (
+                "base_url = \"http://127.0.0.1:9/v1/\"",
+                "base_url = \"ftp://x\"",
+                "providers.a.base_url",
+            ),
+            (
+                "price_input_per_mtok = 0.5",
+                "price_input_per_mtok = -1.0",
+                "providers.a.price_input_per_mtok",
+            ),
             ("policy = \"cheapest\"", "policy = \"fastest\"", "fastest"),
         ] {
             let src = GOOD.replace(from, to);
-            let err = Config::from_toml_str(&src).err().map(|e| e.to_string()).unwrap_or_default();
+            let err = Config::from_toml_str(&src)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
             assert!(err.contains(key), "{key}: {err}");
             assert!(err.contains("line"), "{key}: {err}");
         }

@@ -71,17 +71,36 @@ pub struct ApiError {
 
 impl ApiError {
     /// A 400 `invalid_request_error`.
-    pub fn bad_request(kind: &'static str, message: impl Into<String>, param: Option<&str>) -> Self {
+    pub fn bad_request(
+        kind: &'static str,
+        message: impl Into<String>,
+        param: Option<&str>,
+    ) -> Self {
         let mut body = ErrorBody::new(message, "invalid_request_error", Some(kind));
         if let Some(p) = param {
             body = body.with_param(p);
         }
-        ApiError { status: StatusCode::BAD_REQUEST, body: Box::new(body), retry_after: None, kind }
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            body: Box::new(body),
+            retry_after: None,
+            kind,
+        }
     }
 
     /// Any status with a type and code.
-    pub fn new(status: StatusCode, kind: &'static str, error_type: &str, message: impl Into<String>) -> Self {
-        ApiError { status, body: Box::new(ErrorBody::new(message, error_type, Some(kind))), retry_after: None, kind }
+    pub fn new(
+        status: StatusCode,
+        kind: &'static str,
+        error_type: &str,
+        message: impl Into<String>,
+    ) -> Self {
+        ApiError {
+            status,
+            body: Box::new(ErrorBody::new(message, error_type, Some(kind))),
+            retry_after: None,
+            kind,
+        }
     }
 
     /// The same error with a `Retry-After`.
@@ -95,7 +114,10 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (self.status, self.body.to_json()).into_response();
         let headers = resp.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         if let Some(secs) = self.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }

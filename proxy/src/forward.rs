@@ -45,7 +45,11 @@ pub const SESSION_HEADER: &str = "x-session-id";
 
 /// A fresh request id.
 pub(crate) fn new_request_id(rng: &mut impl Rng) -> String {
-    format!("req-{:016x}{:08x}", rng.random::<u64>(), rng.random::<u32>())
+    format!(
+        "req-{:016x}{:08x}",
+        rng.random::<u64>(),
+        rng.random::<u32>()
+    )
 }
 
 /// Handles one `POST /v1/chat/completions` or `/v1/completions`.
@@ -167,8 +171,17 @@ async fn read_limited(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     };
     match http_body_util::Limited::new(body, limit).collect().await {
         Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large()),
-        Err(_) => Err(ApiError::bad_request("invalid_body", "the request body could not be read", None)),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(too_large())
+        }
+        Err(_) => Err(ApiError::bad_request(
+            "invalid_body",
+            "the request body could not be read",
+            None,
+        )),
     }
 }
 
@@ -233,7 +246,13 @@ async fn attempts(
             }
         };
         if attempt > 0 {
-            tokio::time::sleep(backoff(limits.backoff_base, limits.backoff_max, attempt, rng)).await;
+            tokio::time::sleep(backoff(
+                limits.backoff_base,
+                limits.backoff_max,
+                attempt,
+                rng,
+            ))
+            .await;
         }
         attempt += 1;
         next = i + 1;
@@ -299,12 +318,19 @@ async fn one_attempt(
     attempt: u32,
     ctx: &mut RequestCtx,
 ) -> Outcome {
-    let att = AttemptCtx { attempt, ts_ms: samewise_store::now_ms(), started: Instant::now(), endpoint: Arc::clone(&ep) };
+    let att = AttemptCtx {
+        attempt,
+        ts_ms: samewise_store::now_ms(),
+        started: Instant::now(),
+        endpoint: Arc::clone(&ep),
+    };
     let Some(up) = state.inner.upstreams.get(&ep.provider) else {
         ep.health.release(admission);
         let rec = ctx.attempt_record(&att, None, Some("config"), None, Instant::now());
         ctx.earlier.push(rec);
-        return Outcome::Retry(Retry { err: upstream_error(StatusCode::BAD_GATEWAY, "upstream_error") });
+        return Outcome::Retry(Retry {
+            err: upstream_error(StatusCode::BAD_GATEWAY, "upstream_error"),
+        });
     };
     let body = match req.body_for(&ep.upstream_model) {
         Ok(b) => b,
@@ -328,7 +354,16 @@ async fn one_attempt(
 
     let sent = tokio::time::timeout(up.first_byte_timeout, rb.send()).await;
     let resp = match sent {
-        Err(_) => return failed(ctx, &att, admission, None, "timeout", StatusCode::GATEWAY_TIMEOUT),
+        Err(_) => {
+            return failed(
+                ctx,
+                &att,
+                admission,
+                None,
+                "timeout",
+                StatusCode::GATEWAY_TIMEOUT,
+            );
+        }
         Ok(Err(e)) => {
             let kind = if e.is_connect() {
                 "connect"
@@ -337,7 +372,11 @@ async fn one_attempt(
             } else {
                 "upstream_io"
             };
-            let status = if kind == "timeout" { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY };
+            let status = if kind == "timeout" {
+                StatusCode::GATEWAY_TIMEOUT
+            } else {
+                StatusCode::BAD_GATEWAY
+            };
             return failed(ctx, &att, admission, None, kind, status);
         }
         Ok(Ok(r)) => r,
@@ -366,7 +405,14 @@ async fn one_attempt(
         return Outcome::Retry(Retry { err });
     }
     if status.is_server_error() {
-        return failed(ctx, &att, admission, Some(status.as_u16()), "upstream_5xx", StatusCode::BAD_GATEWAY);
+        return failed(
+            ctx,
+            &att,
+            admission,
+            Some(status.as_u16()),
+            "upstream_5xx",
+            StatusCode::BAD_GATEWAY,
+        );
     }
     // The endpoint answered: it is alive (a 4xx is the request's fault, not the endpoint's).
     ep.health.record(admission, true);
@@ -376,13 +422,21 @@ async fn one_attempt(
         .as_ref()
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    let inspector = Inspector::new(req.route, req.strip_usage_chunk, req.tools.as_ref(), state.inner.limits.degenerate_repeat);
+    let inspector = Inspector::new(
+        req.route,
+        req.strip_usage_chunk,
+        req.tools.as_ref(),
+        state.inner.limits.degenerate_repeat,
+    );
 
     if req.stream && status.is_success() && is_sse {
         let relay = Relay {
             state: state.clone(),
             // the relay owns the earlier attempts' records from here on
-            ctx: RequestCtx { earlier: std::mem::take(&mut ctx.earlier), ..ctx.clone() },
+            ctx: RequestCtx {
+                earlier: std::mem::take(&mut ctx.earlier),
+                ..ctx.clone()
+            },
             att,
             status: status.as_u16(),
             upstream: resp.bytes_stream().boxed(),
@@ -395,7 +449,10 @@ async fn one_attempt(
         let mut out = Response::new(relay.into_body());
         *out.status_mut() = status;
         let h = out.headers_mut();
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         return Outcome::Answered(out);
     }
@@ -426,7 +483,13 @@ async fn one_attempt(
     } else {
         None
     };
-    let rec = ctx.attempt_record(&att, Some(status.as_u16()), kind, Some(&obs), Instant::now());
+    let rec = ctx.attempt_record(
+        &att,
+        Some(status.as_u16()),
+        kind,
+        Some(&obs),
+        Instant::now(),
+    );
     let mut out = Response::new(Body::from(body));
     *out.status_mut() = status;
     out.headers_mut().insert(
@@ -453,15 +516,24 @@ fn failed(
     att.endpoint.health.record(admission, false);
     let rec = ctx.attempt_record(att, status, Some(kind), None, Instant::now());
     ctx.earlier.push(rec);
-    Outcome::Retry(Retry { err: upstream_error(client_status, kind) })
+    Outcome::Retry(Retry {
+        err: upstream_error(client_status, kind),
+    })
 }
 
 /// The body of a committed non-streamed answer broke: nothing reached the client yet, so it
 /// can still be retried.
-fn failed_after_head(ctx: &mut RequestCtx, att: &AttemptCtx, status: u16, kind: &'static str) -> Outcome {
+fn failed_after_head(
+    ctx: &mut RequestCtx,
+    att: &AttemptCtx,
+    status: u16,
+    kind: &'static str,
+) -> Outcome {
     let rec = ctx.attempt_record(att, Some(status), Some(kind), None, Instant::now());
     ctx.earlier.push(rec);
-    Outcome::Retry(Retry { err: upstream_error(StatusCode::BAD_GATEWAY, kind) })
+    Outcome::Retry(Retry {
+        err: upstream_error(StatusCode::BAD_GATEWAY, kind),
+    })
 }
 
 fn upstream_error(status: StatusCode, kind: &'static str) -> ApiError {
@@ -496,7 +568,10 @@ async fn read_upstream(resp: reqwest::Response, idle: Duration) -> Result<Bytes,
 /// `Retry-After` in seconds (the HTTP-date form is not used by LLM providers; it is ignored).
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let v = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
-    v.parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0).map(|s| Duration::from_secs_f64(s.min(86_400.0)))
+    v.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(|s| Duration::from_secs_f64(s.min(86_400.0)))
 }
 
 #[cfg(test)]
@@ -524,7 +599,10 @@ mod tests {
         assert_eq!(retry_after(&h), None);
         h.insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
         assert_eq!(retry_after(&h), Some(Duration::from_secs(2)));
-        h.insert(header::RETRY_AFTER, HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"));
+        h.insert(
+            header::RETRY_AFTER,
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
         assert_eq!(retry_after(&h), None);
     }
 }

@@ -30,7 +30,12 @@ pub struct BlockTooLarge;
 impl EventFramer {
     /// A framer that accepts blocks up to `max` bytes.
     pub fn new(max: usize) -> Self {
-        EventFramer { buf: BytesMut::new(), scan: 0, line_start: 0, max }
+        EventFramer {
+            buf: BytesMut::new(),
+            scan: 0,
+            line_start: 0,
+            max,
+        }
     }
 
     /// Adds bytes; returns the blocks they complete, in order.
@@ -46,7 +51,11 @@ impl EventFramer {
                     if i + 1 == self.buf.len() {
                         break; // an LF may follow in the next read
                     }
-                    if self.buf[i + 1] == b'\n' { i + 2 } else { i + 1 }
+                    if self.buf[i + 1] == b'\n' {
+                        i + 2
+                    } else {
+                        i + 1
+                    }
                 }
                 _ => {
                     i += 1;
@@ -111,7 +120,10 @@ mod tests {
     #[test]
     fn cr_at_the_end_of_a_read_waits_for_the_next() {
         let (out, partial) = blocks(&[b"data: x\r\n\r", b"\ndata: y\n\n"]);
-        assert_eq!(out, vec![b"data: x\r\n\r\n".to_vec(), b"data: y\n\n".to_vec()]);
+        assert_eq!(
+            out,
+            vec![b"data: x\r\n\r\n".to_vec(), b"data: y\n\n".to_vec()]
+        );
         assert!(!partial);
     }
 

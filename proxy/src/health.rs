@@ -6,8 +6,8 @@
 //! All clocks are `tokio::time::Instant`, so tests drive them with `tokio::time::pause()`.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -196,7 +196,11 @@ pub struct PeakEwma {
 impl PeakEwma {
     /// An estimator starting at `initial` (a guess for endpoints not yet measured).
     pub fn new(tau: Duration, initial: Duration) -> Self {
-        PeakEwma { tau, estimate_ms: initial.as_secs_f64() * 1e3, stamp: Instant::now() }
+        PeakEwma {
+            tau,
+            estimate_ms: initial.as_secs_f64() * 1e3,
+            stamp: Instant::now(),
+        }
     }
 
     /// Adds one latency sample observed at `now`.
@@ -236,7 +240,10 @@ impl EndpointHealth {
     pub fn new(cfg: BreakerConfig) -> Self {
         EndpointHealth {
             breaker: Mutex::new(Breaker::new(cfg)),
-            ewma: Mutex::new(PeakEwma::new(Duration::from_secs(10), Duration::from_millis(50))),
+            ewma: Mutex::new(PeakEwma::new(
+                Duration::from_secs(10),
+                Duration::from_millis(50),
+            )),
             inflight: AtomicU32::new(0),
             not_before: Mutex::new(None),
             quality: AtomicU8::new(0),
@@ -245,25 +252,38 @@ impl EndpointHealth {
 
     /// The breaker state now.
     pub fn breaker_state(&self) -> BreakerState {
-        self.breaker.lock().map(|b| b.state(Instant::now())).unwrap_or(BreakerState::Closed)
+        self.breaker
+            .lock()
+            .map(|b| b.state(Instant::now()))
+            .unwrap_or(BreakerState::Closed)
     }
 
     /// Whether the breaker would refuse a request now (used to order plans; the attempt itself
     /// asks [`EndpointHealth::try_acquire`]).
     pub fn is_open(&self) -> bool {
-        self.breaker.lock().map(|b| b.state(Instant::now()) == BreakerState::Open).unwrap_or(false)
+        self.breaker
+            .lock()
+            .map(|b| b.state(Instant::now()) == BreakerState::Open)
+            .unwrap_or(false)
     }
 
     /// Asks the breaker for one attempt.
     pub fn try_acquire(&self) -> Option<Admission> {
-        self.breaker.lock().ok().and_then(|mut b| b.try_acquire(Instant::now()))
+        self.breaker
+            .lock()
+            .ok()
+            .and_then(|mut b| b.try_acquire(Instant::now()))
     }
 
     /// Records the outcome of an attempt that the breaker admitted.
     pub fn record(&self, admission: Admission, ok: bool) {
         if let Ok(mut b) = self.breaker.lock() {
             let now = Instant::now();
-            if ok { b.on_success(now, admission) } else { b.on_failure(now, admission) }
+            if ok {
+                b.on_success(now, admission)
+            } else {
+                b.on_failure(now, admission)
+            }
         }
     }
 
@@ -285,14 +305,20 @@ impl EndpointHealth {
 
     /// The lowest-latency policy's cost: peak-EWMA estimate times (in-flight + 1).
     pub fn latency_cost(&self) -> f64 {
-        let est = self.ewma.lock().map(|e| e.estimate_ms()).unwrap_or(f64::MAX);
+        let est = self
+            .ewma
+            .lock()
+            .map(|e| e.estimate_ms())
+            .unwrap_or(f64::MAX);
         est * f64::from(self.inflight.load(Ordering::Relaxed) + 1)
     }
 
     /// Counts a request in flight until the guard drops.
     pub fn start_request(self: &Arc<Self>) -> InflightGuard {
         self.inflight.fetch_add(1, Ordering::Relaxed);
-        InflightGuard { health: Arc::clone(self) }
+        InflightGuard {
+            health: Arc::clone(self),
+        }
     }
 
     /// Marks the endpoint unavailable until `until` (from `Retry-After`).
@@ -304,7 +330,11 @@ impl EndpointHealth {
 
     /// When the endpoint may be used again, if it asked us to wait.
     pub fn not_before(&self) -> Option<Instant> {
-        self.not_before.lock().ok().and_then(|nb| *nb).filter(|t| *t > Instant::now())
+        self.not_before
+            .lock()
+            .ok()
+            .and_then(|nb| *nb)
+            .filter(|t| *t > Instant::now())
     }
 
     /// The quality verdict.
@@ -388,7 +418,11 @@ mod tests {
         let mut b = Breaker::new(cfg());
         // alternate: never 3 in a row, but 50% errors once 10 outcomes are in the window
         for i in 0..9 {
-            if i % 2 == 0 { b.on_failure(Instant::now(), Admission::Normal) } else { b.on_success(Instant::now(), Admission::Normal) }
+            if i % 2 == 0 {
+                b.on_failure(Instant::now(), Admission::Normal)
+            } else {
+                b.on_success(Instant::now(), Admission::Normal)
+            }
             assert_eq!(b.state(Instant::now()), BreakerState::Closed, "after {i}");
         }
         b.on_failure(Instant::now(), Admission::Normal);
@@ -403,7 +437,11 @@ mod tests {
         }
         tokio::time::advance(Duration::from_secs(11)).await;
         for i in 0..9 {
-            if i % 2 == 0 { b.on_failure(Instant::now(), Admission::Normal) } else { b.on_success(Instant::now(), Admission::Normal) }
+            if i % 2 == 0 {
+                b.on_failure(Instant::now(), Admission::Normal)
+            } else {
+                b.on_success(Instant::now(), Admission::Normal)
+            }
         }
         // 9 outcomes in the window (the 8 old ones expired): below min_requests
         assert_eq!(b.state(Instant::now()), BreakerState::Closed);
@@ -429,6 +467,10 @@ mod tests {
         tokio::time::advance(Duration::from_secs(10)).await;
         e.observe(Instant::now(), Duration::from_millis(100));
         let expected = 500.0 * (-1.0f64).exp() + 100.0 * (1.0 - (-1.0f64).exp());
-        assert!((e.estimate_ms() - expected).abs() < 1e-6, "{}", e.estimate_ms());
+        assert!(
+            (e.estimate_ms() - expected).abs() < 1e-6,
+            "{}",
+            e.estimate_ms()
+        );
     }
 }

@@ -58,7 +58,8 @@ pub struct ToolCounts {
 impl ToolCounts {
     /// Whether any check failed.
     pub fn errored(&self) -> bool {
-        self.invalid_json + self.unknown_name + self.schema_mismatch > 0 || self.finish_mismatch.is_some()
+        self.invalid_json + self.unknown_name + self.schema_mismatch > 0
+            || self.finish_mismatch.is_some()
     }
 }
 
@@ -156,7 +157,12 @@ struct FullMessage {
 
 impl Inspector {
     /// A reader for one attempt; `tools` are the request's declared tools.
-    pub fn new(route: Route, strip_usage_chunk: bool, tools: Option<&serde_json::Value>, degenerate_repeat: usize) -> Self {
+    pub fn new(
+        route: Route,
+        strip_usage_chunk: bool,
+        tools: Option<&serde_json::Value>,
+        degenerate_repeat: usize,
+    ) -> Self {
         Inspector {
             route,
             strip_usage_chunk,
@@ -207,7 +213,8 @@ impl Inspector {
             if let Some(calls) = choice.delta.as_ref().and_then(|d| d.tool_calls.as_ref()) {
                 for call in calls {
                     produced = true;
-                    if let Some(args) = call.pointer("/function/arguments").and_then(|a| a.as_str()) {
+                    if let Some(args) = call.pointer("/function/arguments").and_then(|a| a.as_str())
+                    {
                         self.obs.output_chars += args.chars().count();
                     }
                     if choice.index == 0 {
@@ -224,7 +231,11 @@ impl Inspector {
                 self.obs.finish_reason.clone_from(&choice.finish_reason);
             }
         }
-        if action == EventAction::Forward && self.strip_usage_chunk && chunk.choices.is_empty() && chunk.usage.is_some() {
+        if action == EventAction::Forward
+            && self.strip_usage_chunk
+            && chunk.choices.is_empty()
+            && chunk.usage.is_some()
+        {
             return EventAction::Drop;
         }
         action
@@ -270,7 +281,8 @@ impl Inspector {
             }
             if let Some(calls) = choice.message.as_ref().and_then(|m| m.tool_calls.as_ref()) {
                 for call in calls {
-                    if let Some(args) = call.pointer("/function/arguments").and_then(|a| a.as_str()) {
+                    if let Some(args) = call.pointer("/function/arguments").and_then(|a| a.as_str())
+                    {
                         self.obs.output_chars += args.chars().count();
                     }
                     self.assembler.push_whole(call);
@@ -286,7 +298,8 @@ impl Inspector {
         if self.tools.is_some() || !calls.is_empty() {
             let empty = crate::toolcheck::ToolSet::default();
             let set = self.tools.as_ref().unwrap_or(&empty);
-            let report = crate::toolcheck::check_calls(set, &calls, self.obs.finish_reason.as_deref());
+            let report =
+                crate::toolcheck::check_calls(set, &calls, self.obs.finish_reason.as_deref());
             self.obs.tools = ToolCounts {
                 calls: report.calls,
                 invalid_json: report.invalid_json,
@@ -304,7 +317,10 @@ impl Inspector {
 fn logprob_tokens(lp: Option<&serde_json::Value>) -> Vec<&str> {
     let Some(lp) = lp else { return Vec::new() };
     if let Some(content) = lp.get("content").and_then(|c| c.as_array()) {
-        return content.iter().filter_map(|t| t.get("token").and_then(|s| s.as_str())).collect();
+        return content
+            .iter()
+            .filter_map(|t| t.get("token").and_then(|s| s.as_str()))
+            .collect();
     }
     if let Some(tokens) = lp.get("tokens").and_then(|c| c.as_array()) {
         return tokens.iter().filter_map(|s| s.as_str()).collect();

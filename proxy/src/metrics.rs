@@ -95,19 +95,51 @@ impl Metrics {
     pub fn new(records: RecordSender, endpoints: Vec<Arc<Endpoint>>) -> Self {
         let mut registry = Registry::with_prefix("samewise");
         let requests = Family::<RequestLabels, Counter>::default();
-        registry.register("requests", "Client requests answered, by final status class", requests.clone());
+        registry.register(
+            "requests",
+            "Client requests answered, by final status class",
+            requests.clone(),
+        );
         let upstream_errors = Family::<ErrorLabels, Counter>::default();
-        registry.register("upstream_errors", "Failed upstream attempts, by error kind", upstream_errors.clone());
+        registry.register(
+            "upstream_errors",
+            "Failed upstream attempts, by error kind",
+            upstream_errors.clone(),
+        );
         let request_duration = Family::new_with_constructor(SecondsBuckets);
-        registry.register("request_duration_seconds", "Client request duration to the last byte", request_duration.clone());
+        registry.register(
+            "request_duration_seconds",
+            "Client request duration to the last byte",
+            request_duration.clone(),
+        );
         let ttft = Family::new_with_constructor(SecondsBuckets);
-        registry.register("ttft_seconds", "Time to first token per endpoint", ttft.clone());
+        registry.register(
+            "ttft_seconds",
+            "Time to first token per endpoint",
+            ttft.clone(),
+        );
         let tool_call_errors = Family::<ToolLabels, Counter>::default();
-        registry.register("tool_call_errors", "Tool calls that failed a check, by kind", tool_call_errors.clone());
+        registry.register(
+            "tool_call_errors",
+            "Tool calls that failed a check, by kind",
+            tool_call_errors.clone(),
+        );
         let degenerate_cuts = Family::<EndpointLabels, Counter>::default();
-        registry.register("degenerate_cuts", "Generations cut by the degeneration guard", degenerate_cuts.clone());
+        registry.register(
+            "degenerate_cuts",
+            "Generations cut by the degeneration guard",
+            degenerate_cuts.clone(),
+        );
         registry.register_collector(Box::new(ScrapeTime { records, endpoints }));
-        Metrics { registry, requests, upstream_errors, request_duration, ttft, tool_call_errors, degenerate_cuts }
+        Metrics {
+            registry,
+            requests,
+            upstream_errors,
+            request_duration,
+            ttft,
+            tool_call_errors,
+            degenerate_cuts,
+        }
     }
 
     /// The text exposition.
@@ -130,16 +162,33 @@ struct ScrapeTime {
 impl Collector for ScrapeTime {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         for (name, help, v) in [
-            ("record_queue_dropped", "Request records dropped because the queue was full", self.records.dropped()),
-            ("records_written", "Request records written to the store", self.records.written()),
-            ("record_write_errors", "Request records lost after every write retry failed", self.records.write_errors()),
+            (
+                "record_queue_dropped",
+                "Request records dropped because the queue was full",
+                self.records.dropped(),
+            ),
+            (
+                "records_written",
+                "Request records written to the store",
+                self.records.written(),
+            ),
+            (
+                "record_write_errors",
+                "Request records lost after every write retry failed",
+                self.records.write_errors(),
+            ),
         ] {
             let c = ConstCounter::new(v);
             let me = encoder.encode_descriptor(name, help, None, c.metric_type())?;
             c.encode(me)?;
         }
         let queued = ConstGauge::new(i64::try_from(self.records.queued()).unwrap_or(i64::MAX));
-        let me = encoder.encode_descriptor("record_queue_depth", "Request records waiting in the queue", None, queued.metric_type())?;
+        let me = encoder.encode_descriptor(
+            "record_queue_depth",
+            "Request records waiting in the queue",
+            None,
+            queued.metric_type(),
+        )?;
         queued.encode(me)?;
 
         let mut family = encoder.encode_descriptor(

@@ -71,13 +71,19 @@ impl RequestCtx {
         r.error_kind = error_kind.map(str::to_owned);
         r.latency_ms = ms(now.saturating_duration_since(att.started));
         if let Some(o) = obs {
-            r.ttft_ms = o.first_token_at.map(|t| ms(t.saturating_duration_since(att.started)));
+            r.ttft_ms = o
+                .first_token_at
+                .map(|t| ms(t.saturating_duration_since(att.started)));
             r.finish_reason.clone_from(&o.finish_reason);
             r.output_chars = i64::try_from(o.output_chars).unwrap_or(i64::MAX);
             let (prompt, completion, counted) = match o.usage {
                 Some((p, c)) => (p, c, false),
                 None => {
-                    let completion = if self.stream { o.deltas as i64 } else { o.output_chars.div_ceil(4) as i64 };
+                    let completion = if self.stream {
+                        o.deltas as i64
+                    } else {
+                        o.output_chars.div_ceil(4) as i64
+                    };
                     (self.prompt_chars.div_ceil(4) as i64, completion, true)
                 }
             };
@@ -92,7 +98,8 @@ impl RequestCtx {
                 && self.stream
                 && completion > 1
             {
-                r.tpot_ms = Some(ms(last.saturating_duration_since(first)) / (completion - 1) as f64);
+                r.tpot_ms =
+                    Some(ms(last.saturating_duration_since(first)) / (completion - 1) as f64);
             }
             r.tool_calls = o.tools.calls;
             r.tool_invalid_json = o.tools.invalid_json;
@@ -124,7 +131,8 @@ fn ms(d: std::time::Duration) -> f64 {
 /// answer reached the client) and updates the request metrics.
 pub(crate) fn finish(state: &AppState, ctx: &mut RequestCtx, mut last: RequestRecord) {
     let m = &state.inner.metrics;
-    let attempts = u32::try_from(ctx.earlier.len()).unwrap_or(u32::MAX) + u32::from(last.attempt > 0);
+    let attempts =
+        u32::try_from(ctx.earlier.len()).unwrap_or(u32::MAX) + u32::from(last.attempt > 0);
     last.final_attempt = true;
     last.attempts = attempts;
     let endpoint = last.endpoint.clone().unwrap_or_else(|| "none".to_owned());
@@ -141,9 +149,16 @@ pub(crate) fn finish(state: &AppState, ctx: &mut RequestCtx, mut last: RequestRe
             status_class: status_class.to_owned(),
         })
         .inc();
-    m.request_duration.get_or_create(&ModelLabels { model: ctx.model_label.clone() }).observe(ctx.started.elapsed().as_secs_f64());
+    m.request_duration
+        .get_or_create(&ModelLabels {
+            model: ctx.model_label.clone(),
+        })
+        .observe(ctx.started.elapsed().as_secs_f64());
     if last.endpoint.is_some() {
-        let labels = EndpointLabels { model: ctx.model_label.clone(), endpoint: endpoint.clone() };
+        let labels = EndpointLabels {
+            model: ctx.model_label.clone(),
+            endpoint: endpoint.clone(),
+        };
         if let Some(t) = last.ttft_ms {
             m.ttft.get_or_create(&labels).observe(t / 1e3);
         }
@@ -154,17 +169,31 @@ pub(crate) fn finish(state: &AppState, ctx: &mut RequestCtx, mut last: RequestRe
     for r in ctx.earlier.iter().chain(std::iter::once(&last)) {
         let Some(ep) = &r.endpoint else { continue };
         if let Some(kind) = &r.error_kind {
-            m.upstream_errors.get_or_create(&ErrorLabels { endpoint: ep.clone(), kind: kind.clone() }).inc();
+            m.upstream_errors
+                .get_or_create(&ErrorLabels {
+                    endpoint: ep.clone(),
+                    kind: kind.clone(),
+                })
+                .inc();
         }
         for (kind, n) in [
             ("invalid_json", r.tool_invalid_json),
             ("unknown_name", r.tool_unknown_name),
             ("schema_mismatch", r.tool_schema_mismatch),
-            ("finish_mismatch", u32::from(r.tool_finish_mismatch.is_some())),
+            (
+                "finish_mismatch",
+                u32::from(r.tool_finish_mismatch.is_some()),
+            ),
         ] {
             if n > 0 {
-                let labels = ToolLabels { model: ctx.model_label.clone(), endpoint: ep.clone(), kind: kind.to_owned() };
-                m.tool_call_errors.get_or_create(&labels).inc_by(u64::from(n));
+                let labels = ToolLabels {
+                    model: ctx.model_label.clone(),
+                    endpoint: ep.clone(),
+                    kind: kind.to_owned(),
+                };
+                m.tool_call_errors
+                    .get_or_create(&labels)
+                    .inc_by(u64::from(n));
             }
         }
     }
@@ -177,6 +206,8 @@ pub(crate) fn finish(state: &AppState, ctx: &mut RequestCtx, mut last: RequestRe
 
 fn send(state: &AppState, r: RequestRecord) {
     if !state.inner.records.try_send(r) {
-        tracing::debug!("request-record queue full; record dropped (counted in samewise_record_queue_dropped_total)");
+        tracing::debug!(
+            "request-record queue full; record dropped (counted in samewise_record_queue_dropped_total)"
+        );
     }
 }

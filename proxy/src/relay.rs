@@ -45,7 +45,10 @@ impl Relay {
     /// The response body.
     pub(crate) fn into_body(self) -> axum::body::Body {
         let stream = futures_util::stream::unfold(self, |mut relay| async move {
-            relay.next_chunk().await.map(|b| (Ok::<Bytes, Infallible>(b), relay))
+            relay
+                .next_chunk()
+                .await
+                .map(|b| (Ok::<Bytes, Infallible>(b), relay))
         });
         axum::body::Body::from_stream(stream)
     }
@@ -55,13 +58,24 @@ impl Relay {
         loop {
             self.inspector.as_ref()?;
             match tokio::time::timeout(self.idle, self.upstream.next()).await {
-                Err(_) => return Some(self.fail("stream_idle_timeout", "the upstream stopped sending")),
-                Ok(Some(Err(_))) => return Some(self.fail("stream_reset", "the upstream connection broke mid-stream")),
+                Err(_) => {
+                    return Some(self.fail("stream_idle_timeout", "the upstream stopped sending"));
+                }
+                Ok(Some(Err(_))) => {
+                    return Some(
+                        self.fail("stream_reset", "the upstream connection broke mid-stream"),
+                    );
+                }
                 Ok(None) => return self.at_end(),
                 Ok(Some(Ok(bytes))) => {
                     let blocks = match self.framer.push(&bytes) {
                         Ok(blocks) => blocks,
-                        Err(_) => return Some(self.fail("broken_sse", "the upstream sent an event larger than allowed")),
+                        Err(_) => {
+                            return Some(self.fail(
+                                "broken_sse",
+                                "the upstream sent an event larger than allowed",
+                            ));
+                        }
                     };
                     if let Some(out) = self.pass(blocks) {
                         return Some(out);
@@ -80,7 +94,9 @@ impl Relay {
             let events = match self.decoder.feed(&block) {
                 Ok(events) => events,
                 Err(_) => {
-                    out.extend_from_slice(&self.fail("broken_sse", "the upstream sent an invalid event stream"));
+                    out.extend_from_slice(
+                        &self.fail("broken_sse", "the upstream sent an invalid event stream"),
+                    );
                     return Some(out.freeze());
                 }
             };
@@ -92,7 +108,9 @@ impl Relay {
                 done |= ev.is_done();
                 match inspector.on_event(&ev.data, now) {
                     EventAction::Cut => action = EventAction::Cut,
-                    EventAction::Drop if action == EventAction::Forward => action = EventAction::Drop,
+                    EventAction::Drop if action == EventAction::Forward => {
+                        action = EventAction::Drop
+                    }
                     _ => {}
                 }
             }
@@ -121,14 +139,20 @@ impl Relay {
     fn at_end(&mut self) -> Option<Bytes> {
         if self.framer.has_partial() {
             // Half an event is never forwarded: the client's parser would glue it to ours.
-            return Some(self.fail("stream_truncated", "the upstream ended the stream in the middle of an event"));
+            return Some(self.fail(
+                "stream_truncated",
+                "the upstream ended the stream in the middle of an event",
+            ));
         }
         if self.inspector.as_ref().is_some_and(Inspector::saw_finish) {
             // Finished but without [DONE]: complete enough; record it and end cleanly.
             self.finalize(Some("missing_done"), true);
             return None;
         }
-        Some(self.fail("stream_truncated", "the upstream ended the stream before it finished"))
+        Some(self.fail(
+            "stream_truncated",
+            "the upstream ended the stream before it finished",
+        ))
     }
 
     /// Ends the stream with an error event and records the failure.
@@ -139,7 +163,9 @@ impl Relay {
 
     /// Records the attempt once; `healthy` is the breaker outcome.
     fn finalize(&mut self, error_kind: Option<&str>, healthy: bool) {
-        let Some(inspector) = self.inspector.take() else { return };
+        let Some(inspector) = self.inspector.take() else {
+            return;
+        };
         let obs = inspector.finish();
         let kind = match error_kind {
             Some(k) => Some(k),
@@ -150,7 +176,13 @@ impl Relay {
         if !healthy {
             self.att.endpoint.health.record(Admission::Normal, false);
         }
-        let record = self.ctx.attempt_record(&self.att, Some(self.status), kind, Some(&obs), Instant::now());
+        let record = self.ctx.attempt_record(
+            &self.att,
+            Some(self.status),
+            kind,
+            Some(&obs),
+            Instant::now(),
+        );
         record::finish(&self.state, &mut self.ctx, record);
     }
 }

@@ -132,7 +132,12 @@ impl Endpoint {
 
 /// Orders `route`'s endpoints for one request. `affinity` is the cache-affinity key (session id
 /// or prompt-prefix hash).
-pub fn plan(route: &ModelRoute, prefs: &ProviderPrefs, affinity: u64, rng: &mut impl Rng) -> Result<Plan, NoPlan> {
+pub fn plan(
+    route: &ModelRoute,
+    prefs: &ProviderPrefs,
+    affinity: u64,
+    rng: &mut impl Rng,
+) -> Result<Plan, NoPlan> {
     let mut candidates: Vec<Arc<Endpoint>> = route
         .endpoints
         .iter()
@@ -147,9 +152,15 @@ pub fn plan(route: &ModelRoute, prefs: &ProviderPrefs, affinity: u64, rng: &mut 
         })
         .filter(|e| match &prefs.quantizations {
             None => true,
-            Some(qs) => e.quantization.as_ref().is_some_and(|q| qs.iter().any(|x| x.eq_ignore_ascii_case(q))),
+            Some(qs) => e
+                .quantization
+                .as_ref()
+                .is_some_and(|q| qs.iter().any(|x| x.eq_ignore_ascii_case(q))),
         })
-        .filter(|e| prefs.data_collection != Some(DataCollection::Deny) || e.data_collection == DataCollection::Deny)
+        .filter(|e| {
+            prefs.data_collection != Some(DataCollection::Deny)
+                || e.data_collection == DataCollection::Deny
+        })
         .cloned()
         .collect();
     if candidates.is_empty() {
@@ -173,7 +184,9 @@ pub fn plan(route: &ModelRoute, prefs: &ProviderPrefs, affinity: u64, rng: &mut 
         let mut front: Vec<Arc<Endpoint>> = Vec::new();
         for name in order {
             for e in &candidates {
-                if (&e.provider == name || &e.id == name) && !front.iter().any(|f| Arc::ptr_eq(f, e)) {
+                if (&e.provider == name || &e.id == name)
+                    && !front.iter().any(|f| Arc::ptr_eq(f, e))
+                {
                     front.push(Arc::clone(e));
                 }
             }
@@ -181,8 +194,10 @@ pub fn plan(route: &ModelRoute, prefs: &ProviderPrefs, affinity: u64, rng: &mut 
         if !allow_fallbacks {
             candidates = front;
         } else {
-            let rest: Vec<Arc<Endpoint>> =
-                candidates.into_iter().filter(|e| !front.iter().any(|f| Arc::ptr_eq(f, e))).collect();
+            let rest: Vec<Arc<Endpoint>> = candidates
+                .into_iter()
+                .filter(|e| !front.iter().any(|f| Arc::ptr_eq(f, e)))
+                .collect();
             front.extend(rest);
             candidates = front;
         }
@@ -195,8 +210,11 @@ pub fn plan(route: &ModelRoute, prefs: &ProviderPrefs, affinity: u64, rng: &mut 
 
     // Healthy first; demoted and open-breaker endpoints keep their relative order at the back.
     // (Stable sort: a plan with fallbacks still tries them when nothing better is left.)
-    candidates.sort_by_key(|e| u8::from(e.health.quality() == Quality::Demoted || e.health.is_open()));
-    Ok(Plan { endpoints: candidates })
+    candidates
+        .sort_by_key(|e| u8::from(e.health.quality() == Quality::Demoted || e.health.is_open()));
+    Ok(Plan {
+        endpoints: candidates,
+    })
 }
 
 fn order_by_policy(eps: &mut [Arc<Endpoint>], policy: Policy, affinity: u64, rng: &mut impl Rng) {
@@ -205,7 +223,12 @@ fn order_by_policy(eps: &mut [Arc<Endpoint>], policy: Policy, affinity: u64, rng
             // Efraimidis-Spirakis weighted sampling without replacement: key = u^(1/w).
             let mut keyed: Vec<(f64, Arc<Endpoint>)> = eps
                 .iter()
-                .map(|e| (rng.random::<f64>().powf(1.0 / e.weight.max(1e-9)), Arc::clone(e)))
+                .map(|e| {
+                    (
+                        rng.random::<f64>().powf(1.0 / e.weight.max(1e-9)),
+                        Arc::clone(e),
+                    )
+                })
                 .collect();
             keyed.sort_by(|a, b| b.0.total_cmp(&a.0));
             for (slot, (_, e)) in eps.iter_mut().zip(keyed) {
@@ -241,7 +264,9 @@ fn order_by_policy(eps: &mut [Arc<Endpoint>], policy: Policy, affinity: u64, rng
             // Weighted rendezvous hashing: every request with the same key ranks endpoints the
             // same way, and removing one endpoint only moves the keys that were on it.
             eps.sort_by(|a, b| {
-                rendezvous_score(affinity, a).total_cmp(&rendezvous_score(affinity, b)).reverse()
+                rendezvous_score(affinity, a)
+                    .total_cmp(&rendezvous_score(affinity, b))
+                    .reverse()
             });
         }
     }
@@ -283,7 +308,13 @@ mod tests {
     use rand::SeedableRng;
     use rand::rngs::SmallRng;
 
-    fn ep(provider: &str, weight: f64, price: f64, dc: DataCollection, q: Option<&str>) -> Arc<Endpoint> {
+    fn ep(
+        provider: &str,
+        weight: f64,
+        price: f64,
+        dc: DataCollection,
+        q: Option<&str>,
+    ) -> Arc<Endpoint> {
         Arc::new(Endpoint {
             id: format!("{provider}/m"),
             provider: provider.to_owned(),
@@ -323,7 +354,8 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(7);
         let mut b = 0;
         for _ in 0..5000 {
-            let p = plan(&r, &ProviderPrefs::default(), 0, &mut rng).unwrap_or_else(|_| panic!("plan"));
+            let p =
+                plan(&r, &ProviderPrefs::default(), 0, &mut rng).unwrap_or_else(|_| panic!("plan"));
             assert_eq!(p.endpoints.len(), 3);
             if first(&p) == "b" {
                 b += 1;
@@ -344,13 +376,20 @@ mod tests {
     #[test]
     fn lowest_latency_prefers_the_faster_of_two() {
         let r = route(Policy::LowestLatency);
-        r.endpoints[0].health.observe_latency(std::time::Duration::from_millis(500));
-        r.endpoints[1].health.observe_latency(std::time::Duration::from_millis(400));
-        r.endpoints[2].health.observe_latency(std::time::Duration::from_millis(300));
+        r.endpoints[0]
+            .health
+            .observe_latency(std::time::Duration::from_millis(500));
+        r.endpoints[1]
+            .health
+            .observe_latency(std::time::Duration::from_millis(400));
+        r.endpoints[2]
+            .health
+            .observe_latency(std::time::Duration::from_millis(300));
         let mut rng = SmallRng::seed_from_u64(3);
         let mut firsts = std::collections::HashMap::new();
         for _ in 0..3000 {
-            let p = plan(&r, &ProviderPrefs::default(), 0, &mut rng).unwrap_or_else(|_| panic!("plan"));
+            let p =
+                plan(&r, &ProviderPrefs::default(), 0, &mut rng).unwrap_or_else(|_| panic!("plan"));
             *firsts.entry(first(&p).to_owned()).or_insert(0) += 1;
         }
         // P2C: the slowest is never first; the fastest wins 2 of 3 pairs
@@ -364,8 +403,10 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(3);
         let mut spread = std::collections::HashSet::new();
         for key in 0..64u64 {
-            let p1 = plan(&r, &ProviderPrefs::default(), key, &mut rng).unwrap_or_else(|_| panic!("plan"));
-            let p2 = plan(&r, &ProviderPrefs::default(), key, &mut rng).unwrap_or_else(|_| panic!("plan"));
+            let p1 = plan(&r, &ProviderPrefs::default(), key, &mut rng)
+                .unwrap_or_else(|_| panic!("plan"));
+            let p2 = plan(&r, &ProviderPrefs::default(), key, &mut rng)
+                .unwrap_or_else(|_| panic!("plan"));
             assert_eq!(providers(&p1), providers(&p2));
             spread.insert(first(&p1).to_owned());
         }
@@ -382,27 +423,82 @@ mod tests {
     fn provider_filters_and_order() {
         let r = route(Policy::Cheapest);
         let mut rng = SmallRng::seed_from_u64(1);
-        let prefs = |v: serde_json::Value| -> ProviderPrefs { serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}")) };
-        let p = plan(&r, &prefs(serde_json::json!({"only": ["a", "c"]})), 0, &mut rng).unwrap_or_else(|_| panic!("plan"));
+        let prefs = |v: serde_json::Value| -> ProviderPrefs {
+            serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let p = plan(
+            &r,
+            &prefs(serde_json::json!({"only": ["a", "c"]})),
+            0,
+            &mut rng,
+        )
+        .unwrap_or_else(|_| panic!("plan"));
         assert_eq!(providers(&p), ["c", "a"]);
-        let p = plan(&r, &prefs(serde_json::json!({"ignore": ["b"]})), 0, &mut rng).unwrap_or_else(|_| panic!("plan"));
+        let p = plan(
+            &r,
+            &prefs(serde_json::json!({"ignore": ["b"]})),
+            0,
+            &mut rng,
+        )
+        .unwrap_or_else(|_| panic!("plan"));
         assert_eq!(providers(&p), ["c", "a"]);
-        let p = plan(&r, &prefs(serde_json::json!({"order": ["a"]})), 0, &mut rng).unwrap_or_else(|_| panic!("plan"));
-        assert_eq!(providers(&p), ["a", "b", "c"]);
-        let p = plan(&r, &prefs(serde_json::json!({"order": ["a", "c/m"], "allow_fallbacks": false})), 0, &mut rng)
+        let p = plan(&r, &prefs(serde_json::json!({"order": ["a"]})), 0, &mut rng)
             .unwrap_or_else(|_| panic!("plan"));
+        assert_eq!(providers(&p), ["a", "b", "c"]);
+        let p = plan(
+            &r,
+            &prefs(serde_json::json!({"order": ["a", "c/m"], "allow_fallbacks": false})),
+            0,
+            &mut rng,
+        )
+        .unwrap_or_else(|_| panic!("plan"));
         assert_eq!(providers(&p), ["a", "c"]);
-        let p = plan(&r, &prefs(serde_json::json!({"allow_fallbacks": false})), 0, &mut rng).unwrap_or_else(|_| panic!("plan"));
+        let p = plan(
+            &r,
+            &prefs(serde_json::json!({"allow_fallbacks": false})),
+            0,
+            &mut rng,
+        )
+        .unwrap_or_else(|_| panic!("plan"));
         assert_eq!(providers(&p), ["b"]);
-        let p = plan(&r, &prefs(serde_json::json!({"max_price": {"prompt": 2.0}})), 0, &mut rng).unwrap_or_else(|_| panic!("plan"));
+        let p = plan(
+            &r,
+            &prefs(serde_json::json!({"max_price": {"prompt": 2.0}})),
+            0,
+            &mut rng,
+        )
+        .unwrap_or_else(|_| panic!("plan"));
         assert_eq!(providers(&p), ["b", "c"]);
-        let p = plan(&r, &prefs(serde_json::json!({"quantizations": ["FP8"]})), 0, &mut rng).unwrap_or_else(|_| panic!("plan"));
+        let p = plan(
+            &r,
+            &prefs(serde_json::json!({"quantizations": ["FP8"]})),
+            0,
+            &mut rng,
+        )
+        .unwrap_or_else(|_| panic!("plan"));
         assert_eq!(providers(&p), ["a"]);
-        let p = plan(&r, &prefs(serde_json::json!({"data_collection": "deny"})), 0, &mut rng).unwrap_or_else(|_| panic!("plan"));
+        let p = plan(
+            &r,
+            &prefs(serde_json::json!({"data_collection": "deny"})),
+            0,
+            &mut rng,
+        )
+        .unwrap_or_else(|_| panic!("plan"));
         assert_eq!(providers(&p), ["b", "c"]);
-        let p = plan(&r, &prefs(serde_json::json!({"sort": "price"})), 0, &mut rng).unwrap_or_else(|_| panic!("plan"));
+        let p = plan(
+            &r,
+            &prefs(serde_json::json!({"sort": "price"})),
+            0,
+            &mut rng,
+        )
+        .unwrap_or_else(|_| panic!("plan"));
         assert_eq!(providers(&p), ["b", "c", "a"]);
-        let none = plan(&r, &prefs(serde_json::json!({"only": ["zzz"]})), 0, &mut rng);
+        let none = plan(
+            &r,
+            &prefs(serde_json::json!({"only": ["zzz"]})),
+            0,
+            &mut rng,
+        );
         assert_eq!(none.err(), Some(NoPlan::NoneMatch));
     }
 

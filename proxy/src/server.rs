@@ -38,7 +38,9 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), crate::ProxyError> {
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await?;
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await?;
     Ok(())
 }
 
@@ -72,23 +74,52 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
     names.sort();
     let list = ModelList::of(names, "samewise", 0);
     match serde_json::to_string(&list) {
-        Ok(json) => ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], json).into_response(),
-        Err(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "server_error", "model list").into_response(),
+        Ok(json) => (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            json,
+        )
+            .into_response(),
+        Err(_) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "server_error",
+            "model list",
+        )
+        .into_response(),
     }
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
     (
-        [(header::CONTENT_TYPE, HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"))],
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        )],
         state.render_metrics(),
     )
         .into_response()
 }
 
 async fn healthz() -> Response {
-    ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], r#"{"status":"ok"}"#).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        r#"{"status":"ok"}"#,
+    )
+        .into_response()
 }
 
 async fn not_found() -> Response {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", "invalid_request_error", "no such route").into_response()
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "invalid_request_error",
+        "no such route",
+    )
+    .into_response()
 }

@@ -11,12 +11,12 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use samewise_store::{RecordSender, Store};
 
+use crate::ProxyError;
 use crate::auth::Authenticator;
 use crate::config::{Config, Limits};
 use crate::health::EndpointHealth;
 use crate::metrics::Metrics;
 use crate::routing::{Endpoint, ModelRoute};
-use crate::ProxyError;
 
 /// Shared state of the gateway; cheap to clone.
 #[derive(Debug, Clone)]
@@ -55,7 +55,11 @@ pub(crate) struct Upstream {
 impl AppState {
     /// Builds the state. Provider keys are read from the environment here; a missing one is an
     /// error naming the variable (never its value).
-    pub fn new(config: &Config, store: Store, records: RecordSender) -> Result<AppState, ProxyError> {
+    pub fn new(
+        config: &Config,
+        store: Store,
+        records: RecordSender,
+    ) -> Result<AppState, ProxyError> {
         Self::with_env(config, store, records, |name| std::env::var(name).ok())
     }
 
@@ -71,13 +75,19 @@ impl AppState {
             let auth = match &p.api_key_env {
                 None => None,
                 Some(var) => {
-                    let key = env(var).filter(|v| !v.is_empty()).ok_or_else(|| ProxyError::MissingProviderKey {
-                        provider: name.clone(),
-                        env: var.clone(),
+                    let key = env(var).filter(|v| !v.is_empty()).ok_or_else(|| {
+                        ProxyError::MissingProviderKey {
+                            provider: name.clone(),
+                            env: var.clone(),
+                        }
                     })?;
-                    let mut v = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| ProxyError::HttpClient {
-                        provider: name.clone(),
-                        message: format!("${var} holds characters not allowed in an HTTP header"),
+                    let mut v = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                        ProxyError::HttpClient {
+                            provider: name.clone(),
+                            message: format!(
+                                "${var} holds characters not allowed in an HTTP header"
+                            ),
+                        }
                     })?;
                     v.set_sensitive(true);
                     Some(v)
@@ -89,7 +99,10 @@ impl AppState {
                 .pool_idle_timeout(Duration::from_secs(60))
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
-                .map_err(|e| ProxyError::HttpClient { provider: name.clone(), message: e.to_string() })?;
+                .map_err(|e| ProxyError::HttpClient {
+                    provider: name.clone(),
+                    message: e.to_string(),
+                })?;
             upstreams.insert(
                 name.clone(),
                 Upstream {
@@ -128,7 +141,14 @@ impl AppState {
                 all.push(Arc::clone(&ep));
                 endpoints.push(ep);
             }
-            models.insert(name.clone(), Arc::new(ModelRoute { name: name.clone(), policy: m.policy, endpoints }));
+            models.insert(
+                name.clone(),
+                Arc::new(ModelRoute {
+                    name: name.clone(),
+                    policy: m.policy,
+                    endpoints,
+                }),
+            );
         }
 
         let metrics = Metrics::new(records.clone(), all);

@@ -40,7 +40,11 @@ async fn closed_port_url() -> Result<String> {
 
 #[tokio::test]
 async fn server_error_fails_over_to_the_next_endpoint() -> Result<()> {
-    let a = MockUpstream::builder().name("a").behavior(Behavior::Status(500, r#"{"error":"boom"}"#.into())).start().await?;
+    let a = MockUpstream::builder()
+        .name("a")
+        .behavior(Behavior::Status(500, r#"{"error":"boom"}"#.into()))
+        .start()
+        .await?;
     let b = MockUpstream::builder().name("b").start().await?;
     let gw = Gateway::start(&two(&a.base_url(), &b.base_url(), "", "")).await?;
     let resp = gw.chat(&ordered(false)).await?;
@@ -75,9 +79,19 @@ async fn connect_error_fails_over() -> Result<()> {
 
 #[tokio::test]
 async fn first_byte_timeout_fails_over() -> Result<()> {
-    let a = MockUpstream::builder().name("a").behavior(Behavior::DelayHeaders(Duration::from_secs(5))).start().await?;
+    let a = MockUpstream::builder()
+        .name("a")
+        .behavior(Behavior::DelayHeaders(Duration::from_secs(5)))
+        .start()
+        .await?;
     let b = MockUpstream::builder().name("b").start().await?;
-    let gw = Gateway::start(&two(&a.base_url(), &b.base_url(), "first_byte_timeout_ms = 150", "")).await?;
+    let gw = Gateway::start(&two(
+        &a.base_url(),
+        &b.base_url(),
+        "first_byte_timeout_ms = 150",
+        "",
+    ))
+    .await?;
     let started = tokio::time::Instant::now();
     let resp = gw.chat(&ordered(false)).await?;
     assert_eq!(resp.status(), 200);
@@ -95,7 +109,11 @@ async fn reset_before_the_answer_is_retried() -> Result<()> {
         .behaviors([Behavior::ResetBeforeResponse, Behavior::ResetAfterBytes(20)])
         .start()
         .await?;
-    let cfg = format!("{FAST_LIMITS}{}{}", provider("a", &a.base_url(), ""), model("smol", "weighted", &[("a", "sa")]));
+    let cfg = format!(
+        "{FAST_LIMITS}{}{}",
+        provider("a", &a.base_url(), ""),
+        model("smol", "weighted", &[("a", "sa")])
+    );
     let gw = Gateway::start(&cfg).await?;
     // a non-streamed answer is read whole before anything reaches the client, so a reset
     // inside its body is retried too
@@ -111,7 +129,13 @@ async fn reset_before_the_answer_is_retried() -> Result<()> {
 
 #[tokio::test]
 async fn rate_limit_moves_on_and_retry_after_is_honoured_for_later_requests() -> Result<()> {
-    let a = MockUpstream::builder().name("a").behavior(Behavior::RateLimited { retry_after: Some(30) }).start().await?;
+    let a = MockUpstream::builder()
+        .name("a")
+        .behavior(Behavior::RateLimited {
+            retry_after: Some(30),
+        })
+        .start()
+        .await?;
     let b = MockUpstream::builder().name("b").start().await?;
     let gw = Gateway::start(&two(&a.base_url(), &b.base_url(), "", "")).await?;
     let resp = gw.chat(&ordered(false)).await?;
@@ -131,8 +155,18 @@ async fn rate_limit_moves_on_and_retry_after_is_honoured_for_later_requests() ->
 
 #[tokio::test]
 async fn rate_limit_beyond_the_wait_budget_reaches_the_client_as_429() -> Result<()> {
-    let a = MockUpstream::builder().name("a").default_behavior(Behavior::RateLimited { retry_after: Some(30) }).start().await?;
-    let cfg = format!("{FAST_LIMITS}{}{}", provider("a", &a.base_url(), ""), model("smol", "weighted", &[("a", "sa")]));
+    let a = MockUpstream::builder()
+        .name("a")
+        .default_behavior(Behavior::RateLimited {
+            retry_after: Some(30),
+        })
+        .start()
+        .await?;
+    let cfg = format!(
+        "{FAST_LIMITS}{}{}",
+        provider("a", &a.base_url(), ""),
+        model("smol", "weighted", &[("a", "sa")])
+    );
     let gw = Gateway::start(&cfg).await?;
     let resp = gw.chat(&chat_body("smol")).await?;
     assert_eq!(resp.status(), 429);
@@ -153,8 +187,16 @@ async fn rate_limit_beyond_the_wait_budget_reaches_the_client_as_429() -> Result
 #[tokio::test]
 async fn every_attempt_failing_gives_an_openai_error_and_a_record_each() -> Result<()> {
     let boom = Behavior::Status(503, r#"{"error":{"message":"overloaded"}}"#.into());
-    let a = MockUpstream::builder().name("a").default_behavior(boom.clone()).start().await?;
-    let b = MockUpstream::builder().name("b").default_behavior(boom).start().await?;
+    let a = MockUpstream::builder()
+        .name("a")
+        .default_behavior(boom.clone())
+        .start()
+        .await?;
+    let b = MockUpstream::builder()
+        .name("b")
+        .default_behavior(boom)
+        .start()
+        .await?;
     let gw = Gateway::start(&two(&a.base_url(), &b.base_url(), "", "")).await?;
     let resp = gw.chat(&ordered(false)).await?;
     assert_eq!(resp.status(), 502);
@@ -166,7 +208,10 @@ async fn every_attempt_failing_gives_an_openai_error_and_a_record_each() -> Resu
     assert_eq!(v["error"]["code"], "upstream_5xx");
     let recs = gw.records(&id).await?;
     assert_eq!(recs.len(), 3, "max_attempts = 3");
-    let eps: Vec<_> = recs.iter().map(|r| r.endpoint.clone().unwrap_or_default()).collect();
+    let eps: Vec<_> = recs
+        .iter()
+        .map(|r| r.endpoint.clone().unwrap_or_default())
+        .collect();
     assert_eq!(eps, ["a/sa", "b/sb", "a/sa"]);
     assert_eq!(recs.iter().filter(|r| r.final_attempt).count(), 1);
     assert!(recs[2].final_attempt);
@@ -175,7 +220,11 @@ async fn every_attempt_failing_gives_an_openai_error_and_a_record_each() -> Resu
 
 #[tokio::test]
 async fn breaker_opens_and_the_endpoint_is_skipped() -> Result<()> {
-    let a = MockUpstream::builder().name("a").default_behavior(Behavior::Status(500, "{}".into())).start().await?;
+    let a = MockUpstream::builder()
+        .name("a")
+        .default_behavior(Behavior::Status(500, "{}".into()))
+        .start()
+        .await?;
     let b = MockUpstream::builder().name("b").start().await?;
     let breaker = "[breaker]\nconsecutive_failures = 2\ncooldown_ms = 60000\n";
     let gw = Gateway::start(&two(&a.base_url(), &b.base_url(), "", breaker)).await?;
@@ -184,8 +233,15 @@ async fn breaker_opens_and_the_endpoint_is_skipped() -> Result<()> {
     }
     assert_eq!(a.request_count(), 2);
     let metrics = gw.metrics().await?;
-    assert_eq!(metric_value(&metrics, "samewise_breaker_state", "endpoint=\"a/sa\""), Some(2.0), "{metrics}");
-    assert_eq!(metric_value(&metrics, "samewise_breaker_state", "endpoint=\"b/sb\""), Some(0.0));
+    assert_eq!(
+        metric_value(&metrics, "samewise_breaker_state", "endpoint=\"a/sa\""),
+        Some(2.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric_value(&metrics, "samewise_breaker_state", "endpoint=\"b/sb\""),
+        Some(0.0)
+    );
     // open: a is not contacted although the request prefers it
     let resp = gw.chat(&ordered(false)).await?;
     assert_eq!(resp.status(), 200);
@@ -198,8 +254,16 @@ async fn breaker_opens_and_the_endpoint_is_skipped() -> Result<()> {
 
 #[tokio::test]
 async fn reset_mid_stream_ends_with_an_error_event() -> Result<()> {
-    let a = MockUpstream::builder().name("a").behavior(Behavior::ResetAfterBytes(400)).start().await?;
-    let cfg = format!("{FAST_LIMITS}{}{}", provider("a", &a.base_url(), ""), model("smol", "weighted", &[("a", "sa")]));
+    let a = MockUpstream::builder()
+        .name("a")
+        .behavior(Behavior::ResetAfterBytes(400))
+        .start()
+        .await?;
+    let cfg = format!(
+        "{FAST_LIMITS}{}{}",
+        provider("a", &a.base_url(), ""),
+        model("smol", "weighted", &[("a", "sa")])
+    );
     let gw = Gateway::start(&cfg).await?;
     let mut body = chat_body("smol");
     body["stream"] = json!(true);
@@ -208,7 +272,8 @@ async fn reset_mid_stream_ends_with_an_error_event() -> Result<()> {
     let id = request_id(&resp);
     let text = resp.text().await?;
     let events = sse_data(&text);
-    let last: serde_json::Value = serde_json::from_str(events.last().map(String::as_str).unwrap_or("{}"))?;
+    let last: serde_json::Value =
+        serde_json::from_str(events.last().map(String::as_str).unwrap_or("{}"))?;
     assert_eq!(last["error"]["code"], "stream_reset", "{text}");
     assert!(!text.contains("[DONE]"));
     let recs = gw.records(&id).await?;
@@ -220,7 +285,11 @@ async fn reset_mid_stream_ends_with_an_error_event() -> Result<()> {
 
 #[tokio::test]
 async fn never_ending_stream_hits_the_idle_timeout() -> Result<()> {
-    let a = MockUpstream::builder().name("a").behavior(Behavior::NeverEnds).start().await?;
+    let a = MockUpstream::builder()
+        .name("a")
+        .behavior(Behavior::NeverEnds)
+        .start()
+        .await?;
     let cfg = format!(
         "{FAST_LIMITS}{}{}",
         provider("a", &a.base_url(), "idle_timeout_ms = 200"),
@@ -233,16 +302,28 @@ async fn never_ending_stream_hits_the_idle_timeout() -> Result<()> {
     let id = request_id(&resp);
     let text = tokio::time::timeout(Duration::from_secs(3), resp.text()).await??;
     let events = sse_data(&text);
-    let last: serde_json::Value = serde_json::from_str(events.last().map(String::as_str).unwrap_or("{}"))?;
+    let last: serde_json::Value =
+        serde_json::from_str(events.last().map(String::as_str).unwrap_or("{}"))?;
     assert_eq!(last["error"]["code"], "stream_idle_timeout", "{text}");
-    assert_eq!(gw.records(&id).await?[0].error_kind.as_deref(), Some("stream_idle_timeout"));
+    assert_eq!(
+        gw.records(&id).await?[0].error_kind.as_deref(),
+        Some("stream_idle_timeout")
+    );
     gw.stop().await
 }
 
 #[tokio::test]
 async fn broken_sse_is_ended_and_recorded() -> Result<()> {
-    let a = MockUpstream::builder().name("a").behavior(Behavior::BrokenSse).start().await?;
-    let cfg = format!("{FAST_LIMITS}{}{}", provider("a", &a.base_url(), ""), model("smol", "weighted", &[("a", "sa")]));
+    let a = MockUpstream::builder()
+        .name("a")
+        .behavior(Behavior::BrokenSse)
+        .start()
+        .await?;
+    let cfg = format!(
+        "{FAST_LIMITS}{}{}",
+        provider("a", &a.base_url(), ""),
+        model("smol", "weighted", &[("a", "sa")])
+    );
     let gw = Gateway::start(&cfg).await?;
     let mut body = chat_body("smol");
     body["stream"] = json!(true);
@@ -251,24 +332,42 @@ async fn broken_sse_is_ended_and_recorded() -> Result<()> {
     let text = resp.text().await?;
     let events = sse_data(&text);
     assert!(events.len() >= 3, "two good events, then the error: {text}");
-    let last: serde_json::Value = serde_json::from_str(events.last().map(String::as_str).unwrap_or("{}"))?;
+    let last: serde_json::Value =
+        serde_json::from_str(events.last().map(String::as_str).unwrap_or("{}"))?;
     assert_eq!(last["error"]["code"], "stream_truncated", "{text}");
-    assert_eq!(gw.records(&id).await?[0].error_kind.as_deref(), Some("stream_truncated"));
+    assert_eq!(
+        gw.records(&id).await?[0].error_kind.as_deref(),
+        Some("stream_truncated")
+    );
     gw.stop().await
 }
 
 #[tokio::test]
 async fn malformed_json_passes_through_and_is_recorded() -> Result<()> {
-    let a = MockUpstream::builder().name("a").behaviors([Behavior::MalformedJson, Behavior::MalformedJson]).start().await?;
-    let cfg = format!("{FAST_LIMITS}{}{}", provider("a", &a.base_url(), ""), model("smol", "weighted", &[("a", "sa")]));
+    let a = MockUpstream::builder()
+        .name("a")
+        .behaviors([Behavior::MalformedJson, Behavior::MalformedJson])
+        .start()
+        .await?;
+    let cfg = format!(
+        "{FAST_LIMITS}{}{}",
+        provider("a", &a.base_url(), ""),
+        model("smol", "weighted", &[("a", "sa")])
+    );
     let gw = Gateway::start(&cfg).await?;
     let resp = gw.chat(&chat_body("smol")).await?;
     assert_eq!(resp.status(), 200);
     let id = request_id(&resp);
     let bytes = resp.bytes().await?;
-    assert!(serde_json::from_slice::<serde_json::Value>(&bytes).is_err(), "the upstream's bytes, as sent");
+    assert!(
+        serde_json::from_slice::<serde_json::Value>(&bytes).is_err(),
+        "the upstream's bytes, as sent"
+    );
     assert!(!bytes.is_empty());
-    assert_eq!(gw.records(&id).await?[0].error_kind.as_deref(), Some("invalid_json"));
+    assert_eq!(
+        gw.records(&id).await?[0].error_kind.as_deref(),
+        Some("invalid_json")
+    );
 
     let mut body = chat_body("smol");
     body["stream"] = json!(true);
@@ -276,26 +375,74 @@ async fn malformed_json_passes_through_and_is_recorded() -> Result<()> {
     let id = request_id(&resp);
     let text = resp.text().await?;
     assert!(text.contains("[DONE]"));
-    assert_eq!(gw.records(&id).await?[0].error_kind.as_deref(), Some("invalid_json"));
+    assert_eq!(
+        gw.records(&id).await?[0].error_kind.as_deref(),
+        Some("invalid_json")
+    );
     gw.stop().await
 }
 
 #[tokio::test]
 async fn upstream_errors_show_on_metrics() -> Result<()> {
-    let a = MockUpstream::builder().name("a").behavior(Behavior::Status(500, "{}".into())).start().await?;
+    let a = MockUpstream::builder()
+        .name("a")
+        .behavior(Behavior::Status(500, "{}".into()))
+        .start()
+        .await?;
     let b = MockUpstream::builder().name("b").start().await?;
     let gw = Gateway::start(&two(&a.base_url(), &b.base_url(), "", "")).await?;
     let resp = gw.chat(&ordered(false)).await?;
     gw.records(&request_id(&resp)).await?;
     let m = gw.metrics().await?;
-    assert_eq!(metric_value(&m, "samewise_upstream_errors_total", "kind=\"upstream_5xx\""), Some(1.0), "{m}");
     assert_eq!(
-        metric_value(&m, "samewise_requests_total", "endpoint=\"b/sb\",status_class=\"2xx\""),
+        metric_value(
+            &m,
+            "samewise_upstream_errors_total",
+            "kind=\"upstream_5xx\""
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric_value(
+            &m,
+            "samewise_requests_total",
+            "endpoint=\"b/sb\",status_class=\"2xx\""
+        ),
         Some(1.0),
         "{m}"
     );
     assert!(m.contains("samewise_ttft_seconds_bucket"), "{m}");
-    assert!(m.contains("samewise_request_duration_seconds_count{model=\"smol\"} 1"), "{m}");
+    assert!(
+        m.contains("samewise_request_duration_seconds_count{model=\"smol\"} 1"),
+        "{m}"
+    );
     assert!(!m.contains(PROVIDER_SECRET));
+    gw.stop().await
+}
+
+#[tokio::test]
+async fn upstream_client_errors_pass_through_without_failover() -> Result<()> {
+    let body = r#"{"error":{"message":"max_tokens is too large","type":"invalid_request_error","param":"max_tokens","code":null}}"#;
+    let a = MockUpstream::builder()
+        .name("a")
+        .behavior(Behavior::Status(400, body.into()))
+        .start()
+        .await?;
+    let b = MockUpstream::builder().name("b").start().await?;
+    let gw = Gateway::start(&two(&a.base_url(), &b.base_url(), "", "")).await?;
+    let resp = gw.chat(&ordered(false)).await?;
+    assert_eq!(resp.status(), 400);
+    let id = request_id(&resp);
+    assert_eq!(resp.text().await?, body);
+    let recs = gw.records(&id).await?;
+    assert_eq!(
+        recs.len(),
+        1,
+        "a 4xx is the request's fault: no other endpoint is tried"
+    );
+    assert_eq!(recs[0].error_kind.as_deref(), Some("upstream_4xx"));
+    assert_eq!(recs[0].status, Some(400));
+    assert_eq!(b.request_count(), 0);
     gw.stop().await
 }

@@ -15,7 +15,11 @@ use serde_json::json;
 fn one_provider(mock: &MockUpstream, policy: &str) -> String {
     format!(
         "{FAST_LIMITS}{}{}",
-        provider("p1", &mock.base_url(), "price_input_per_mtok = 1.0\nprice_output_per_mtok = 2.0"),
+        provider(
+            "p1",
+            &mock.base_url(),
+            "price_input_per_mtok = 1.0\nprice_output_per_mtok = 2.0"
+        ),
         model("smol", policy, &[("p1", "upstream-smol")])
     )
 }
@@ -41,8 +45,15 @@ async fn raw_body_reaches_upstream_untouched_but_model_and_provider() -> Result<
     let expected = r#"{"model":"upstream-smol","messages":[{"role":"user","content":"hi \u00e9"}],"logprobs":true,"top_logprobs":5,"n":1,"seed":7,"temperature":0.70,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":"auto","response_format":{"type":"json_object"},"x_vendor":{"keep":[1.0,2e3]}}"#;
     assert_eq!(sent, expected);
     // Upstream auth is the provider's key, never the client's.
-    assert_eq!(reqs[0].header("authorization"), Some(format!("Bearer {PROVIDER_SECRET}").as_str()));
-    assert!(!reqs.iter().any(|r| r.headers.iter().any(|(_, v)| v.contains(&gw.key))));
+    assert_eq!(
+        reqs[0].header("authorization"),
+        Some(format!("Bearer {PROVIDER_SECRET}").as_str())
+    );
+    assert!(
+        !reqs
+            .iter()
+            .any(|r| r.headers.iter().any(|(_, v)| v.contains(&gw.key)))
+    );
     // The answer is the upstream's JSON (the mock names itself in it).
     let v: serde_json::Value = serde_json::from_slice(&upstream_answer)?;
     assert!(v["choices"][0]["message"].is_object(), "{v}");
@@ -76,8 +87,13 @@ async fn non_streamed_answer_is_recorded_with_usage_and_cost() -> Result<()> {
     assert!(!r.usage_counted);
     let expected_cost = pt.unwrap_or(0) as f64 * 1.0 / 1e6 + ct.unwrap_or(0) as f64 * 2.0 / 1e6;
     assert!((r.cost_usd.unwrap_or(-1.0) - expected_cost).abs() < 1e-12);
-    assert_eq!(r.finish_reason.as_deref(), v["choices"][0]["finish_reason"].as_str());
-    let content = v["choices"][0]["message"]["content"].as_str().unwrap_or_default();
+    assert_eq!(
+        r.finish_reason.as_deref(),
+        v["choices"][0]["finish_reason"].as_str()
+    );
+    let content = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default();
     assert_eq!(r.output_chars, content.chars().count() as i64);
     assert!(r.latency_ms > 0.0);
     gw.stop().await
@@ -91,7 +107,11 @@ async fn stream_passes_events_and_strips_usage_chunk_when_not_asked() -> Result<
     body["stream"] = json!(true);
     let resp = gw.chat(&body).await?;
     assert_eq!(resp.status(), 200);
-    assert!(resp.headers()["content-type"].to_str()?.starts_with("text/event-stream"));
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()?
+            .starts_with("text/event-stream")
+    );
     let id = request_id(&resp);
     let text = resp.text().await?;
     let reqs = mock.wait_for_requests(1, Duration::from_secs(2)).await?;
@@ -102,13 +122,23 @@ async fn stream_passes_events_and_strips_usage_chunk_when_not_asked() -> Result<
     let mut content = String::new();
     for e in &events[..events.len() - 1] {
         let v: serde_json::Value = serde_json::from_str(e)?;
-        assert!(!v["choices"].as_array().is_some_and(Vec::is_empty), "usage-only chunk reached the client: {e}");
-        content.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap_or_default());
+        assert!(
+            !v["choices"].as_array().is_some_and(Vec::is_empty),
+            "usage-only chunk reached the client: {e}"
+        );
+        content.push_str(
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or_default(),
+        );
     }
     assert!(!content.is_empty());
     let r = &gw.records(&id).await?[0];
     assert!(r.stream);
-    assert!(!r.usage_counted, "usage was asked for upstream and recorded");
+    assert!(
+        !r.usage_counted,
+        "usage was asked for upstream and recorded"
+    );
     assert!(r.completion_tokens.unwrap_or(0) > 0);
     assert!(r.ttft_ms.is_some());
     assert_eq!(r.output_chars, content.chars().count() as i64);
@@ -136,8 +166,15 @@ async fn stream_keeps_usage_chunk_when_client_asked() -> Result<()> {
 
 #[tokio::test]
 async fn stream_reaches_client_before_upstream_finishes() -> Result<()> {
-    let reply = Reply { chunk_delay: Duration::from_millis(150), ..Reply::text(["a", "b", "c", "d"]) };
-    let mock = MockUpstream::builder().name("m1").default_behavior(Behavior::Ok(reply)).start().await?;
+    let reply = Reply {
+        chunk_delay: Duration::from_millis(150),
+        ..Reply::text(["a", "b", "c", "d"])
+    };
+    let mock = MockUpstream::builder()
+        .name("m1")
+        .default_behavior(Behavior::Ok(reply))
+        .start()
+        .await?;
     let gw = Gateway::start(&one_provider(&mock, "weighted")).await?;
     let mut body = chat_body("smol");
     body["stream"] = json!(true);
@@ -152,13 +189,20 @@ async fn stream_reaches_client_before_upstream_finishes() -> Result<()> {
     let all_at = started.elapsed();
     assert!(!first.is_empty());
     // At least three 150 ms pauses separate the first event from the end.
-    assert!(all_at - first_at >= Duration::from_millis(400), "first {first_at:?}, all {all_at:?}");
+    assert!(
+        all_at - first_at >= Duration::from_millis(400),
+        "first {first_at:?}, all {all_at:?}"
+    );
     gw.stop().await
 }
 
 #[tokio::test]
 async fn split_events_are_reassembled_and_counted_without_usage() -> Result<()> {
-    let mock = MockUpstream::builder().name("m1").behaviors([Behavior::SplitEvents, Behavior::NoUsage]).start().await?;
+    let mock = MockUpstream::builder()
+        .name("m1")
+        .behaviors([Behavior::SplitEvents, Behavior::NoUsage])
+        .start()
+        .await?;
     let gw = Gateway::start(&one_provider(&mock, "weighted")).await?;
     let mut body = chat_body("smol");
     body["stream"] = json!(true);
@@ -180,7 +224,11 @@ async fn split_events_are_reassembled_and_counted_without_usage() -> Result<()> 
     let deltas = sse_data(&text)
         .iter()
         .filter_map(|e| serde_json::from_str::<serde_json::Value>(e).ok())
-        .filter(|v| v["choices"][0]["delta"]["content"].as_str().is_some_and(|c| !c.is_empty()))
+        .filter(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|c| !c.is_empty())
+        })
         .count();
     let r = &gw.records(&id).await?[0];
     assert!(r.usage_counted);
@@ -194,7 +242,12 @@ async fn split_events_are_reassembled_and_counted_without_usage() -> Result<()> 
 async fn completions_route_and_models_list() -> Result<()> {
     let mock = MockUpstream::builder().name("m1").start().await?;
     let gw = Gateway::start(&one_provider(&mock, "weighted")).await?;
-    let resp = gw.post("/v1/completions", &json!({"model": "smol", "prompt": "Once", "logprobs": 2, "echo": true})).await?;
+    let resp = gw
+        .post(
+            "/v1/completions",
+            &json!({"model": "smol", "prompt": "Once", "logprobs": 2, "echo": true}),
+        )
+        .await?;
     assert_eq!(resp.status(), 200);
     let id = request_id(&resp);
     let v: serde_json::Value = serde_json::from_slice(&resp.bytes().await?)?;
@@ -216,7 +269,10 @@ async fn completions_route_and_models_list() -> Result<()> {
 #[tokio::test]
 async fn records_go_to_postgres_too() -> Result<()> {
     let mock = MockUpstream::builder().name("m1").start().await?;
-    let opts = Options { backend: samewise_store::Backend::Postgres, ..Options::default() };
+    let opts = Options {
+        backend: samewise_store::Backend::Postgres,
+        ..Options::default()
+    };
     let gw = Gateway::start_with(&one_provider(&mock, "weighted"), opts).await?;
     let resp = gw.chat(&chat_body("smol")).await?;
     assert_eq!(resp.status(), 200);

@@ -12,7 +12,11 @@ use samewise_testkit::MockUpstream;
 use serde_json::json;
 
 fn cfg(mock: &MockUpstream, server: &str) -> String {
-    format!("{server}{FAST_LIMITS}{}{}", provider("p1", &mock.base_url(), ""), model("smol", "weighted", &[("p1", "up")]))
+    format!(
+        "{server}{FAST_LIMITS}{}{}",
+        provider("p1", &mock.base_url(), ""),
+        model("smol", "weighted", &[("p1", "up")])
+    )
 }
 
 async fn error_json(resp: reqwest::Response) -> Result<serde_json::Value> {
@@ -28,7 +32,10 @@ async fn missing_or_wrong_key_is_401_and_recorded() -> Result<()> {
     let gw = Gateway::start(&cfg(&mock, "")).await?;
     let body = serde_json::to_vec(&chat_body("smol"))?;
     for auth in [None, Some("Bearer sw-0000"), Some("Basic abc")] {
-        let mut rb = gw.http.post(gw.url("/v1/chat/completions")).body(body.clone());
+        let mut rb = gw
+            .http
+            .post(gw.url("/v1/chat/completions"))
+            .body(body.clone());
         if let Some(a) = auth {
             rb = rb.header("authorization", a);
         }
@@ -40,7 +47,10 @@ async fn missing_or_wrong_key_is_401_and_recorded() -> Result<()> {
         assert_eq!(v["error"]["code"], "invalid_api_key");
         let recs = gw.records(&id).await?;
         assert_eq!(recs.len(), 1);
-        assert_eq!((recs[0].attempt, recs[0].endpoint.clone(), recs[0].status), (0, None, Some(401)));
+        assert_eq!(
+            (recs[0].attempt, recs[0].endpoint.clone(), recs[0].status),
+            (0, None, Some(401))
+        );
         assert_eq!(recs[0].error_kind.as_deref(), Some("invalid_api_key"));
     }
     let resp = gw.http.get(gw.url("/v1/models")).send().await?;
@@ -52,7 +62,14 @@ async fn missing_or_wrong_key_is_401_and_recorded() -> Result<()> {
 #[tokio::test]
 async fn per_key_rpm_limit_gives_429_with_retry_after() -> Result<()> {
     let mock = MockUpstream::builder().start().await?;
-    let gw = Gateway::start_with(&cfg(&mock, ""), Options { rpm: Some(2), ..Options::default() }).await?;
+    let gw = Gateway::start_with(
+        &cfg(&mock, ""),
+        Options {
+            rpm: Some(2),
+            ..Options::default()
+        },
+    )
+    .await?;
     for _ in 0..2 {
         assert_eq!(gw.chat(&chat_body("smol")).await?.status(), 200);
     }
@@ -65,7 +82,10 @@ async fn per_key_rpm_limit_gives_429_with_retry_after() -> Result<()> {
     assert_eq!(v["error"]["type"], "rate_limit_error");
     let recs = gw.records(&id).await?;
     assert_eq!(recs[0].status, Some(429));
-    assert!(recs[0].key_id.is_some(), "a rate-limited request is attributed to its key");
+    assert!(
+        recs[0].key_id.is_some(),
+        "a rate-limited request is attributed to its key"
+    );
     assert_eq!(mock.request_count(), 2);
     gw.stop().await
 }
@@ -84,7 +104,10 @@ async fn revoked_key_stops_working_within_the_cache_ttl() -> Result<()> {
             break;
         }
         assert_eq!(status, 200);
-        assert!(revoked_at.elapsed() < Duration::from_secs(2), "revocation not seen after 2 s");
+        assert!(
+            revoked_at.elapsed() < Duration::from_secs(2),
+            "revocation not seen after 2 s"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     gw.stop().await
@@ -94,17 +117,66 @@ async fn revoked_key_stops_working_within_the_cache_ttl() -> Result<()> {
 async fn bad_input_gets_openai_4xx_and_is_recorded() -> Result<()> {
     let mock = MockUpstream::builder().start().await?;
     let gw = Gateway::start(&cfg(&mock, "[server]\nbody_limit_bytes = 2048\n")).await?;
-    let big = format!(r#"{{"model":"smol","messages":[{{"role":"user","content":"{}"}}]}}"#, "x".repeat(4096));
+    let big = format!(
+        r#"{{"model":"smol","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(4096)
+    );
     let cases: Vec<(&str, String, u16, &str)> = vec![
-        ("/v1/chat/completions", "{not json".into(), 400, "invalid_json"),
-        ("/v1/chat/completions", "[1,2]".into(), 400, "invalid_request"),
-        ("/v1/chat/completions", r#"{"model":"smol"}"#.into(), 400, "missing_field"),
-        ("/v1/chat/completions", r#"{"model":"smol","messages":"hi"}"#.into(), 400, "invalid_type"),
-        ("/v1/chat/completions", r#"{"model":"smol","messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#.into(), 400, "invalid_type"),
-        ("/v1/chat/completions", r#"{"model":["smol"],"messages":[]}"#.into(), 400, "invalid_type"),
-        ("/v1/completions", r#"{"model":"smol"}"#.into(), 400, "missing_field"),
-        ("/v1/completions", r#"{"model":"smol","prompt":7}"#.into(), 400, "invalid_type"),
-        ("/v1/chat/completions", r#"{"model":"nope","messages":[{"role":"user","content":"x"}]}"#.into(), 404, "model_not_found"),
+        (
+            "/v1/chat/completions",
+            "{not json".into(),
+            400,
+            "invalid_json",
+        ),
+        (
+            "/v1/chat/completions",
+            "[1,2]".into(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"smol"}"#.into(),
+            400,
+            "missing_field",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"smol","messages":"hi"}"#.into(),
+            400,
+            "invalid_type",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"smol","messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#
+                .into(),
+            400,
+            "invalid_type",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":["smol"],"messages":[]}"#.into(),
+            400,
+            "invalid_type",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"smol"}"#.into(),
+            400,
+            "missing_field",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"smol","prompt":7}"#.into(),
+            400,
+            "invalid_type",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"nope","messages":[{"role":"user","content":"x"}]}"#.into(),
+            404,
+            "model_not_found",
+        ),
         ("/v1/chat/completions", big, 413, "request_too_large"),
     ];
     for (path, body, status, code) in cases {
@@ -129,7 +201,12 @@ async fn bad_input_gets_openai_4xx_and_is_recorded() -> Result<()> {
     }
     // the unknown model is attributed to the name sent, and labelled `unknown` in metrics
     let m = gw.metrics().await?;
-    assert!(m.contains(r#"samewise_requests_total{model="unknown",endpoint="none",status_class="4xx"}"#), "{m}");
+    assert!(
+        m.contains(
+            r#"samewise_requests_total{model="unknown",endpoint="none",status_class="4xx"}"#
+        ),
+        "{m}"
+    );
     assert!(!m.contains("nope"));
     assert_eq!(mock.request_count(), 0);
     gw.stop().await
@@ -143,7 +220,10 @@ async fn provider_preferences_that_match_nothing_are_a_404() -> Result<()> {
     body["provider"] = json!({"only": ["elsewhere"]});
     let resp = gw.chat(&body).await?;
     assert_eq!(resp.status(), 404);
-    assert_eq!(error_json(resp).await?["error"]["code"], "no_endpoints_match");
+    assert_eq!(
+        error_json(resp).await?["error"]["code"],
+        "no_endpoints_match"
+    );
     body["provider"] = json!({"sort": "fastest"});
     let resp = gw.chat(&body).await?;
     assert_eq!(resp.status(), 400);

@@ -12,17 +12,27 @@ use samewise_testkit::{Behavior, MockUpstream, Reply};
 use serde_json::json;
 
 fn single(mock: &MockUpstream, limits: &str) -> String {
-    format!("{limits}{}{}", provider("p1", &mock.base_url(), ""), model("smol", "weighted", &[("p1", "up")]))
+    format!(
+        "{limits}{}{}",
+        provider("p1", &mock.base_url(), ""),
+        model("smol", "weighted", &[("p1", "up")])
+    )
 }
 
 fn slow_stream(pieces: usize, delay_ms: u64) -> Behavior {
     let text: Vec<String> = (0..pieces).map(|i| format!("w{i} ")).collect();
-    Behavior::Ok(Reply { chunk_delay: Duration::from_millis(delay_ms), ..Reply::text(text) })
+    Behavior::Ok(Reply {
+        chunk_delay: Duration::from_millis(delay_ms),
+        ..Reply::text(text)
+    })
 }
 
 #[tokio::test]
 async fn client_going_away_mid_stream_is_recorded_once() -> Result<()> {
-    let mock = MockUpstream::builder().default_behavior(slow_stream(50, 50)).start().await?;
+    let mock = MockUpstream::builder()
+        .default_behavior(slow_stream(50, 50))
+        .start()
+        .await?;
     let gw = Gateway::start(&single(&mock, FAST_LIMITS)).await?;
     let mut body = chat_body("smol");
     body["stream"] = json!(true);
@@ -39,7 +49,10 @@ async fn client_going_away_mid_stream_is_recorded_once() -> Result<()> {
 
 #[tokio::test]
 async fn shutdown_lets_an_open_stream_finish_and_drains_its_record() -> Result<()> {
-    let mock = MockUpstream::builder().default_behavior(slow_stream(6, 40)).start().await?;
+    let mock = MockUpstream::builder()
+        .default_behavior(slow_stream(6, 40))
+        .start()
+        .await?;
     let gw = Gateway::start(&single(&mock, FAST_LIMITS)).await?;
     let mut body = chat_body("smol");
     body["stream"] = json!(true);
@@ -61,7 +74,10 @@ async fn shutdown_lets_an_open_stream_finish_and_drains_its_record() -> Result<(
     let (text, db) = (text?, stopped?);
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     // stop() drained the writer: the record is there without polling
-    let q = samewise_store::RecordQuery { request_id: Some(id), ..Default::default() };
+    let q = samewise_store::RecordQuery {
+        request_id: Some(id),
+        ..Default::default()
+    };
     let recs = store.request_records(&q).await?;
     assert_eq!(recs.len(), 1);
     assert_eq!(recs[0].error_kind, None);
@@ -71,13 +87,22 @@ async fn shutdown_lets_an_open_stream_finish_and_drains_its_record() -> Result<(
 
 #[tokio::test]
 async fn short_retry_after_is_waited_out_on_the_same_endpoint() -> Result<()> {
-    let mock = MockUpstream::builder().behavior(Behavior::RateLimited { retry_after: Some(1) }).start().await?;
+    let mock = MockUpstream::builder()
+        .behavior(Behavior::RateLimited {
+            retry_after: Some(1),
+        })
+        .start()
+        .await?;
     let limits = FAST_LIMITS.replace("retry_after_max_ms = 300", "retry_after_max_ms = 2000");
     let gw = Gateway::start(&single(&mock, &limits)).await?;
     let started = tokio::time::Instant::now();
     let resp = gw.chat(&chat_body("smol")).await?;
     assert_eq!(resp.status(), 200);
-    assert!(started.elapsed() >= Duration::from_millis(900), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
     let recs = gw.records(&request_id(&resp)).await?;
     assert_eq!(recs.len(), 2);
     assert_eq!(recs[0].status, Some(429));

@@ -24,26 +24,47 @@ async fn three(policy: &str, slow_a: bool) -> Result<Three> {
     for name in ["a", "b", "c"] {
         let mut b = MockUpstream::builder().name(name);
         if slow_a && name == "a" {
-            let reply = Reply { header_delay: Duration::from_millis(60), ..Reply::default() };
+            let reply = Reply {
+                header_delay: Duration::from_millis(60),
+                ..Reply::default()
+            };
             b = b.default_behavior(Behavior::Ok(reply));
         }
         mocks.push(b.start().await?);
     }
     let cfg = format!(
         "{FAST_LIMITS}{}{}{}{}",
-        provider("a", &mocks[0].base_url(), "price_input_per_mtok = 0.1\nprice_output_per_mtok = 0.2\nquantization = \"fp8\"\ndata_collection = \"allow\""),
-        provider("b", &mocks[1].base_url(), "price_input_per_mtok = 0.5\nprice_output_per_mtok = 1.0\nquantization = \"bf16\"\ndata_collection = \"deny\""),
-        provider("c", &mocks[2].base_url(), "price_input_per_mtok = 2.0\nprice_output_per_mtok = 4.0\nquantization = \"bf16\"\ndata_collection = \"deny\""),
+        provider(
+            "a",
+            &mocks[0].base_url(),
+            "price_input_per_mtok = 0.1\nprice_output_per_mtok = 0.2\nquantization = \"fp8\"\ndata_collection = \"allow\""
+        ),
+        provider(
+            "b",
+            &mocks[1].base_url(),
+            "price_input_per_mtok = 0.5\nprice_output_per_mtok = 1.0\nquantization = \"bf16\"\ndata_collection = \"deny\""
+        ),
+        provider(
+            "c",
+            &mocks[2].base_url(),
+            "price_input_per_mtok = 2.0\nprice_output_per_mtok = 4.0\nquantization = \"bf16\"\ndata_collection = \"deny\""
+        ),
         model("smol", policy, &[("a", "m"), ("b", "m"), ("c", "m")])
     );
-    Ok(Three { mocks, gw: Gateway::start(&cfg).await? })
+    Ok(Three {
+        mocks,
+        gw: Gateway::start(&cfg).await?,
+    })
 }
 
 /// Which mock answered (the mock names itself in its default reply).
 async fn served_by(resp: reqwest::Response) -> Result<String> {
     assert_eq!(resp.status(), 200);
     let v: serde_json::Value = serde_json::from_slice(&resp.bytes().await?)?;
-    let content = v["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_owned();
+    let content = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     for name in ["a", "b", "c"] {
         if content.contains(&format!("from {name} ")) {
             return Ok(name.to_owned());
@@ -75,12 +96,17 @@ async fn session_header_and_prompt_prefix_stick_to_one_endpoint() -> Result<()> 
                 .send()
                 .await?;
             let who = served_by(resp).await?;
-            let first = by_session.entry(session.clone()).or_insert_with(|| who.clone());
+            let first = by_session
+                .entry(session.clone())
+                .or_insert_with(|| who.clone());
             assert_eq!(*first, who, "{session} moved in round {round}");
         }
     }
     let distinct: std::collections::HashSet<_> = by_session.values().collect();
-    assert!(distinct.len() >= 2, "8 sessions all on one endpoint: {by_session:?}");
+    assert!(
+        distinct.len() >= 2,
+        "8 sessions all on one endpoint: {by_session:?}"
+    );
 
     // without a session, the same leading prompt goes to the same endpoint
     let prompt = json!({"model": "smol", "messages": [{"role": "system", "content": "long shared system prompt"}, {"role": "user", "content": "q"}]});
@@ -89,8 +115,15 @@ async fn session_header_and_prompt_prefix_stick_to_one_endpoint() -> Result<()> 
         assert_eq!(served_by(t.gw.chat(&prompt).await?).await?, first);
     }
     // ...until that endpoint is excluded; then another takes over, and it comes back after
-    let route = t.gw.state.model("smol").ok_or_else(|| anyhow::anyhow!("no route"))?;
-    let ep = route.endpoints.iter().find(|e| e.provider == first).ok_or_else(|| anyhow::anyhow!("no ep"))?;
+    let route =
+        t.gw.state
+            .model("smol")
+            .ok_or_else(|| anyhow::anyhow!("no route"))?;
+    let ep = route
+        .endpoints
+        .iter()
+        .find(|e| e.provider == first)
+        .ok_or_else(|| anyhow::anyhow!("no ep"))?;
     ep.health.set_quality(Quality::Excluded);
     let moved = served_by(t.gw.chat(&prompt).await?).await?;
     assert_ne!(moved, first);
@@ -114,7 +147,9 @@ async fn lowest_latency_prefers_fast_endpoints() -> Result<()> {
     let t = three("lowest_latency", true).await?;
     let mut count: HashMap<String, usize> = HashMap::new();
     for _ in 0..30 {
-        *count.entry(served_by(t.gw.chat(&chat_body("smol")).await?).await?).or_default() += 1;
+        *count
+            .entry(served_by(t.gw.chat(&chat_body("smol")).await?).await?)
+            .or_default() += 1;
     }
     // a takes 60 ms to answer; once measured it only wins when P2C draws... never: the
     // other of the pair is always faster. It is tried at most until first measured.
@@ -130,7 +165,10 @@ async fn provider_object_filters_orders_and_is_not_forwarded() -> Result<()> {
         (json!({"ignore": ["a"]}), "b"),
         (json!({"order": ["c", "a"]}), "c"),
         (json!({"order": ["b/m"], "allow_fallbacks": false}), "b"),
-        (json!({"max_price": {"prompt": 1.0, "completion": 3.0}, "sort": "price"}), "a"),
+        (
+            json!({"max_price": {"prompt": 1.0, "completion": 3.0}, "sort": "price"}),
+            "a",
+        ),
         (json!({"quantizations": ["bf16"]}), "b"),
         (json!({"data_collection": "deny", "sort": "price"}), "b"),
     ];
@@ -141,7 +179,10 @@ async fn provider_object_filters_orders_and_is_not_forwarded() -> Result<()> {
     for m in &t.mocks {
         for r in m.requests() {
             let v = r.json().unwrap_or_default();
-            assert!(v.get("provider").is_none(), "provider object forwarded: {v}");
+            assert!(
+                v.get("provider").is_none(),
+                "provider object forwarded: {v}"
+            );
             assert_eq!(v["model"], "m");
         }
     }
@@ -150,22 +191,35 @@ async fn provider_object_filters_orders_and_is_not_forwarded() -> Result<()> {
     for _ in 0..3 {
         t.mocks[2].push(Behavior::Status(500, "{}".into()));
     }
-    let resp = t.gw.chat(&with_provider(json!({"order": ["c"], "allow_fallbacks": false}))).await?;
+    let resp =
+        t.gw.chat(&with_provider(
+            json!({"order": ["c"], "allow_fallbacks": false}),
+        ))
+        .await?;
     assert_eq!(resp.status(), 502);
     let recs = t.gw.records(&request_id(&resp)).await?;
     assert_eq!(recs.len(), 3);
-    assert!(recs.iter().all(|r| r.endpoint.as_deref() == Some("c/m")), "{recs:?}");
+    assert!(
+        recs.iter().all(|r| r.endpoint.as_deref() == Some("c/m")),
+        "{recs:?}"
+    );
     t.gw.stop().await
 }
 
 #[tokio::test]
 async fn demoted_endpoints_are_tried_last() -> Result<()> {
     let t = three("cheapest", false).await?;
-    let route = t.gw.state.model("smol").ok_or_else(|| anyhow::anyhow!("no route"))?;
+    let route =
+        t.gw.state
+            .model("smol")
+            .ok_or_else(|| anyhow::anyhow!("no route"))?;
     route.endpoints[0].health.set_quality(Quality::Demoted);
     assert_eq!(served_by(t.gw.chat(&chat_body("smol")).await?).await?, "b");
     // demoted, not excluded: still used when it is the only one allowed
-    assert_eq!(served_by(t.gw.chat(&with_provider(json!({"only": ["a"]}))).await?).await?, "a");
+    assert_eq!(
+        served_by(t.gw.chat(&with_provider(json!({"only": ["a"]}))).await?).await?,
+        "a"
+    );
     for e in &route.endpoints {
         e.health.set_quality(Quality::Excluded);
     }

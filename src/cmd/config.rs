@@ -33,7 +33,9 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
                 if let Some(var) = &p.api_key_env
                     && std::env::var_os(var).is_none()
                 {
-                    println!("  note: provider {name} reads its key from ${var}, which is not set here");
+                    println!(
+                        "  note: provider {name} reads its key from ${var}, which is not set here"
+                    );
                 }
             }
             Ok(())

@@ -49,9 +49,13 @@ pub fn run(args: KeysArgs) -> anyhow::Result<()> {
         (None, Some(c)) => Config::load(c)?.server.data_dir,
         (None, None) => PathBuf::from("samewise-data"),
     };
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async move {
-        let database_url = std::env::var("DATABASE_URL").ok().filter(|u| !u.trim().is_empty());
+        let database_url = std::env::var("DATABASE_URL")
+            .ok()
+            .filter(|u| !u.trim().is_empty());
         let store = Store::connect(database_url.as_deref(), &data_dir).await?;
         let result = keys(&store, args.command).await;
         store.close().await;
@@ -67,7 +71,10 @@ async fn keys(store: &Store, command: KeysCommand) -> anyhow::Result<()> {
                 "created key \"{}\" (id {}, {}); it is shown once, store it now:",
                 key.name,
                 key.id,
-                key.rpm_limit.map_or("no rate limit".to_owned(), |r| format!("{r} requests/minute"))
+                key.rpm_limit
+                    .map_or("no rate limit".to_owned(), |r| format!(
+                        "{r} requests/minute"
+                    ))
             );
             println!("{plaintext}");
         }
@@ -75,7 +82,10 @@ async fn keys(store: &Store, command: KeysCommand) -> anyhow::Result<()> {
             for k in store.list_api_keys().await? {
                 let rpm = k.rpm_limit.map_or("-".to_owned(), |r| r.to_string());
                 let state = if k.revoked { "revoked" } else { "active" };
-                println!("{}\t{}\t{}...\trpm={}\t{}", k.id, k.name, k.prefix, rpm, state);
+                println!(
+                    "{}\t{}\t{}...\trpm={}\t{}",
+                    k.id, k.name, k.prefix, rpm, state
+                );
             }
         }
         KeysCommand::Revoke { name } => {

@@ -25,15 +25,22 @@ pub struct ServeArgs {
 /// Runs the gateway until a shutdown signal.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config::load(&args.config)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(serve(config, args.listen))
 }
 
 async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()> {
-    let database_url = std::env::var("DATABASE_URL").ok().filter(|u| !u.trim().is_empty());
+    let database_url = std::env::var("DATABASE_URL")
+        .ok()
+        .filter(|u| !u.trim().is_empty());
     let store = Store::connect(database_url.as_deref(), &config.server.data_dir).await?;
     tracing::info!(backend = store.backend().name(), "store ready");
-    let writer_cfg = RecordWriterConfig { capacity: config.limits.record_queue_capacity, ..RecordWriterConfig::default() };
+    let writer_cfg = RecordWriterConfig {
+        capacity: config.limits.record_queue_capacity,
+        ..RecordWriterConfig::default()
+    };
     let (records, writer) = RecordWriter::spawn(store.clone(), writer_cfg);
     let state = match AppState::new(&config, store.clone(), records) {
         Ok(s) => s,
@@ -44,7 +51,9 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
         }
     };
     let addr = listen.unwrap_or(config.server.listen);
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
     let local = listener.local_addr()?;
     tracing::info!(addr = %local, models = config.models.len(), "samewise gateway listening");
     // One line on stdout for scripts and tests that start the gateway on port 0.

@@ -52,15 +52,25 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { backend: Backend::Sqlite, rpm: None, queue: 10_000 }
+        Options {
+            backend: Backend::Sqlite,
+            rpm: None,
+            queue: 10_000,
+        }
     }
 }
 
 /// A `[providers.NAME]` table for a mock (or any base URL), keyed by `TEST_PROVIDER_KEY`;
 /// `extra` adds lines (and overrides the default timeouts it names).
 pub fn provider(name: &str, base_url: &str, extra: &str) -> String {
-    let mut s = format!("[providers.{name}]\nbase_url = \"{base_url}\"\napi_key_env = \"TEST_PROVIDER_KEY\"\n");
-    for (key, default) in [("connect_timeout_ms", 500), ("first_byte_timeout_ms", 2000), ("idle_timeout_ms", 2000)] {
+    let mut s = format!(
+        "[providers.{name}]\nbase_url = \"{base_url}\"\napi_key_env = \"TEST_PROVIDER_KEY\"\n"
+    );
+    for (key, default) in [
+        ("connect_timeout_ms", 500),
+        ("first_byte_timeout_ms", 2000),
+        ("idle_timeout_ms", 2000),
+    ] {
         if !extra.contains(key) {
             s.push_str(&format!("{key} = {default}\n"));
         }
@@ -74,7 +84,9 @@ pub fn provider(name: &str, base_url: &str, extra: &str) -> String {
 pub fn model(name: &str, policy: &str, endpoints: &[(&str, &str)]) -> String {
     let mut s = format!("[models.{name}]\npolicy = \"{policy}\"\n");
     for (p, m) in endpoints {
-        s.push_str(&format!("[[models.{name}.endpoints]]\nprovider = \"{p}\"\nmodel = \"{m}\"\n"));
+        s.push_str(&format!(
+            "[[models.{name}.endpoints]]\nprovider = \"{p}\"\nmodel = \"{m}\"\n"
+        ));
     }
     s
 }
@@ -96,7 +108,11 @@ impl Gateway {
         let _ = key_row;
         let (records, writer) = RecordWriter::spawn(
             db.store.clone(),
-            RecordWriterConfig { capacity: opts.queue, flush_interval: Duration::from_millis(5), ..RecordWriterConfig::default() },
+            RecordWriterConfig {
+                capacity: opts.queue,
+                flush_interval: Duration::from_millis(5),
+                ..RecordWriterConfig::default()
+            },
         );
         let state = AppState::with_env(&config, db.store.clone(), records, |name| {
             (name == "TEST_PROVIDER_KEY").then(|| PROVIDER_SECRET.to_owned())
@@ -143,24 +159,40 @@ impl Gateway {
 
     /// GETs a path with the test key.
     pub async fn get(&self, path: &str) -> Result<reqwest::Response> {
-        Ok(self.http.get(self.url(path)).bearer_auth(&self.key).send().await?)
+        Ok(self
+            .http
+            .get(self.url(path))
+            .bearer_auth(&self.key)
+            .send()
+            .await?)
     }
 
     /// Every record of `request_id`, once its final record is written (polls up to 5 s).
     pub async fn records(&self, request_id: &str) -> Result<Vec<RequestRecord>> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         loop {
-            let q = RecordQuery { request_id: Some(request_id.to_owned()), ..RecordQuery::default() };
+            let q = RecordQuery {
+                request_id: Some(request_id.to_owned()),
+                ..RecordQuery::default()
+            };
             let mut rows = self.db.store.request_records(&q).await?;
             if rows.iter().any(|r| r.final_attempt) {
-                let expected = rows.iter().find(|r| r.final_attempt).map(|r| r.attempts as usize).unwrap_or(1).max(1);
+                let expected = rows
+                    .iter()
+                    .find(|r| r.final_attempt)
+                    .map(|r| r.attempts as usize)
+                    .unwrap_or(1)
+                    .max(1);
                 if rows.len() >= expected {
                     rows.sort_by_key(|r| r.attempt);
                     return Ok(rows);
                 }
             }
             if tokio::time::Instant::now() > deadline {
-                bail!("no final record for {request_id} after 5 s (have {})", rows.len());
+                bail!(
+                    "no final record for {request_id} after 5 s (have {})",
+                    rows.len()
+                );
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -168,7 +200,13 @@ impl Gateway {
 
     /// The `/metrics` text.
     pub async fn metrics(&self) -> Result<String> {
-        Ok(self.http.get(self.url("/metrics")).send().await?.text().await?)
+        Ok(self
+            .http
+            .get(self.url("/metrics"))
+            .send()
+            .await?
+            .text()
+            .await?)
     }
 
     /// Stops gracefully: shutdown signal, in-flight requests finish, writer drained.
@@ -193,7 +231,11 @@ impl Gateway {
 
 /// The `x-request-id` of a response.
 pub fn request_id(resp: &reqwest::Response) -> String {
-    resp.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned()
+    resp.headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// A minimal chat body.
@@ -205,7 +247,11 @@ pub fn chat_body(model: &str) -> serde_json::Value {
 pub fn sse_data(body: &str) -> Vec<String> {
     body.split("\n\n")
         .filter_map(|ev| {
-            let lines: Vec<&str> = ev.lines().filter_map(|l| l.strip_prefix("data:")).map(|d| d.strip_prefix(' ').unwrap_or(d)).collect();
+            let lines: Vec<&str> = ev
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                .collect();
             (!lines.is_empty()).then(|| lines.join("\n"))
         })
         .collect()
