@@ -305,6 +305,64 @@ impl Ladder {
     }
 }
 
+/// Builds one ladder [`Level`] from per-position full logits, with exactly the definitions
+/// the probes use: `samewise calibrate` feeds it the unmodified engine's logits and the
+/// degraded engine's logits at each scored position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LevelBuilder {
+    top_k: usize,
+    full_kl: Vec<f64>,
+    positions: Vec<crate::compare::PositionMetrics>,
+}
+
+impl LevelBuilder {
+    /// A builder for top-k statistics at `top_k` (≥ 1).
+    pub fn new(top_k: usize) -> Result<Self> {
+        if top_k == 0 {
+            return Err(ProbesError::InvalidInput("top_k must be at least 1".into()));
+        }
+        Ok(Self { top_k, full_kl: Vec::new(), positions: Vec::new() })
+    }
+
+    /// Adds one position: both sides' raw logits over the whole vocabulary and the actual
+    /// next token.
+    pub fn add(&mut self, reference_logits: &[f32], level_logits: &[f32], actual_id: u32) -> Result<()> {
+        use crate::compare::{compare_position, kl_full, log_softmax, position_from_full_logprobs};
+        let kl = kl_full(reference_logits, level_logits)?;
+        let (r, l) = (log_softmax(reference_logits)?, log_softmax(level_logits)?);
+        let p = position_from_full_logprobs(&r, &l, actual_id, self.top_k)?;
+        self.positions.push(compare_position(&p)?);
+        self.full_kl.push(kl);
+        Ok(())
+    }
+
+    /// Positions added so far.
+    pub fn len(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Whether no position was added.
+    pub fn is_empty(&self) -> bool {
+        self.positions.is_empty()
+    }
+
+    /// The level's statistics (errors when no position was added).
+    pub fn finish(&self, name: &str, kind: LevelKind, bits: u32) -> Result<Level> {
+        let s = crate::compare::summarize(&self.positions)?;
+        Ok(Level {
+            name: name.to_owned(),
+            kind,
+            bits,
+            kl_mean: self.full_kl.iter().sum::<f64>() / self.full_kl.len() as f64,
+            kl_p99: crate::compare::quantile_nearest_rank(&self.full_kl, 0.99)?,
+            kl_topk_mean: s.kl_mean,
+            dlogprob_mean: s.abs_dlogprob_mean,
+            top1_same: s.top1_same,
+            topk_overlap: s.topk_overlap,
+        })
+    }
+}
+
 #[cfg(test)]
 #[path = "ladder_tests.rs"]
 mod tests;

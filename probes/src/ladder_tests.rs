@@ -126,3 +126,35 @@ fn summary_metrics_map_to_probe_statistics() {
     assert_eq!(Metric::KlMean.of_summary(&s), None);
     assert_eq!(Metric::KlP99.of_summary(&s), None);
 }
+
+#[test]
+fn level_builder_uses_the_probe_definitions() {
+    let mut same = LevelBuilder::new(2).unwrap();
+    let mut moved = LevelBuilder::new(2).unwrap();
+    assert!(same.is_empty());
+    assert!(same.finish("w8", LevelKind::Weights, 8).is_err());
+    let r = [2.0f32, 1.0, 0.0, -1.0];
+    // the level swaps the two most likely tokens
+    let l = [1.0f32, 2.0, 0.0, -1.0];
+    for actual in [0u32, 1, 2] {
+        same.add(&r, &r, actual).unwrap();
+        moved.add(&r, &l, actual).unwrap();
+    }
+    let s = same.finish("w8", LevelKind::Weights, 8).unwrap();
+    assert_eq!((s.kl_mean, s.kl_topk_mean, s.dlogprob_mean), (0.0, 0.0, 0.0));
+    assert_eq!((s.top1_same, s.topk_overlap), (1.0, 1.0));
+    let m = moved.finish("w2", LevelKind::Weights, 2).unwrap();
+    assert_eq!(moved.len(), 3);
+    assert_eq!(m.top1_same, 0.0);
+    assert_eq!(m.topk_overlap, 1.0);
+    // p = softmax(2,1,0,-1): swapping the top two gives KL = (p0 − p1)·1 (p0·(2−1) + p1·(1−2))
+    let z: f64 = [2.0f64, 1.0, 0.0, -1.0].iter().map(|x| x.exp()).sum();
+    let want = (2f64.exp() - 1f64.exp()) / z;
+    assert!((m.kl_mean - want).abs() < 1e-6, "{} vs {want}", m.kl_mean);
+    // the top-2 support holds both swapped tokens: the coarsening loses nothing here
+    assert!((m.kl_topk_mean - want).abs() < 1e-6);
+    // |Δ logprob| is 1 for actual 0 and 1, 0 for actual 2
+    assert!((m.dlogprob_mean - 2.0 / 3.0).abs() < 1e-6);
+    assert!(LevelBuilder::new(0).is_err());
+    assert!(same.add(&r, &r[..3], 0).is_err());
+}

@@ -137,3 +137,51 @@ fn bh_simulation_holds_fdr() {
     // BH is not vacuous: most true shifts are found
     assert!(power > 0.5, "power {power}");
 }
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::super::*;
+
+    proptest! {
+        #[test]
+        fn mann_whitney_is_symmetric(x in prop::collection::vec(0u8..20, 1..30), y in prop::collection::vec(0u8..20, 1..30)) {
+            let x: Vec<f64> = x.into_iter().map(f64::from).collect();
+            let y: Vec<f64> = y.into_iter().map(f64::from).collect();
+            let a = mann_whitney_u(&x, &y).unwrap();
+            let b = mann_whitney_u(&y, &x).unwrap();
+            prop_assert!((a.p_value - b.p_value).abs() < 1e-12);
+            prop_assert!((a.statistic + b.statistic - (x.len() * y.len()) as f64).abs() < 1e-9);
+            prop_assert!((0.0..=1.0).contains(&a.p_value));
+        }
+
+        #[test]
+        fn bh_rejections_are_the_smallest_p_values(ps in prop::collection::vec(0.0f64..=1.0, 0..40), q in 0.01f64..0.5) {
+            let rej = benjamini_hochberg(&ps, q).unwrap();
+            let max_rejected = ps.iter().zip(&rej).filter(|(_, r)| **r).map(|(p, _)| *p).fold(f64::NEG_INFINITY, f64::max);
+            for (p, r) in ps.iter().zip(&rej) {
+                if *p < max_rejected {
+                    prop_assert!(*r, "p {} below a rejected {} but kept", p, max_rejected);
+                }
+            }
+            // BH rejects at least what Bonferroni rejects
+            let m = ps.len() as f64;
+            for (p, r) in ps.iter().zip(&rej) {
+                if *p <= q / m {
+                    prop_assert!(*r);
+                }
+            }
+        }
+
+        #[test]
+        fn chi_square_ignores_row_order(t in prop::collection::vec(prop::collection::vec(0u64..50, 3), 2..5)) {
+            let (a, da) = chi_square_independence(&t).unwrap();
+            let mut r = t.clone();
+            r.reverse();
+            let (b, db) = chi_square_independence(&r).unwrap();
+            prop_assert_eq!(da, db);
+            prop_assert!((a.statistic - b.statistic).abs() < 1e-9 * (1.0 + a.statistic));
+            prop_assert!((0.0..=1.0).contains(&a.p_value));
+        }
+    }
+}
