@@ -16,9 +16,10 @@
 //! **Tools with a template that has no tools support** (it never mentions `tools`, like
 //! SmolLM2's): the engine's documented convention is used instead. A system message is
 //! prepended (or the first system message extended) with [`TOOLS_PREAMBLE`] followed by one
-//! JSON line per tool; earlier assistant tool calls are rendered as
-//! `<tool_call>{"name": …, "arguments": …}</tool_call>` lines, and `tool` messages keep
-//! their role with their content wrapped in `<tool_response>…</tool_response>`.
+//! JSON line per tool, and `tool` messages keep their role with their content wrapped in
+//! `<tool_response>…</tool_response>`. Earlier assistant tool calls are rendered as
+//! `<tool_call>{"name": …, "arguments": …}</tool_call>` lines of the content with such a
+//! template whether or not the request has tools (it could not render them otherwise).
 //! [`parse_tool_calls`] reads calls back from `<tool_call>` blocks or from a bare JSON
 //! object (or array of objects) with `name` and `arguments` (or `parameters`).
 
@@ -111,6 +112,10 @@ impl ChatTemplate {
         let mut ctx = Map::new();
         if let Some(extra) = extra {
             ctx.extend(extra.clone());
+        }
+        if !self.supports_tools {
+            // calls in the history are rendered as text even when this request has no tools
+            calls_as_text(&mut messages);
         }
         match tools {
             Some(tools) if !self.supports_tools => apply_tool_convention(&mut messages, tools),
@@ -236,6 +241,31 @@ fn normalize_message(m: &Value) -> Result<Value> {
     Ok(Value::Object(out))
 }
 
+/// Assistant `tool_calls` become `<tool_call>{"name": …, "arguments": …}</tool_call>` lines
+/// of the content (for templates that cannot render them).
+fn calls_as_text(messages: &mut [Value]) {
+    for m in messages.iter_mut() {
+        let Some(obj) = m.as_object_mut() else { continue };
+        if obj.get("role").and_then(Value::as_str) != Some("assistant") {
+            continue;
+        }
+        let Some(Value::Array(calls)) = obj.remove("tool_calls") else { continue };
+        let mut text = obj.get("content").and_then(Value::as_str).unwrap_or_default().to_owned();
+        for c in &calls {
+            let f = c.get("function").unwrap_or(c);
+            let call = serde_json::json!({
+                "name": f.get("name").cloned().unwrap_or(Value::Null),
+                "arguments": f.get("arguments").cloned().unwrap_or(Value::Null),
+            });
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(&format!("<tool_call>{}</tool_call>", python_json(&call, None)));
+        }
+        obj.insert("content".into(), Value::String(text));
+    }
+}
+
 /// The system-prompt convention for templates without tools support.
 fn apply_tool_convention(messages: &mut Vec<Value>, tools: &[Value]) {
     let mut preamble = String::from(TOOLS_PREAMBLE);
@@ -245,32 +275,13 @@ fn apply_tool_convention(messages: &mut Vec<Value>, tools: &[Value]) {
     }
     for m in messages.iter_mut() {
         let Some(obj) = m.as_object_mut() else { continue };
-        match obj.get("role").and_then(Value::as_str) {
-            Some("assistant") => {
-                let Some(Value::Array(calls)) = obj.remove("tool_calls") else { continue };
-                let mut text = obj.get("content").and_then(Value::as_str).unwrap_or_default().to_owned();
-                for c in &calls {
-                    let f = c.get("function").unwrap_or(c);
-                    let call = serde_json::json!({
-                        "name": f.get("name").cloned().unwrap_or(Value::Null),
-                        "arguments": f.get("arguments").cloned().unwrap_or(Value::Null),
-                    });
-                    if !text.is_empty() {
-                        text.push('\n');
-                    }
-                    text.push_str(&format!("<tool_call>{}</tool_call>", python_json(&call, None)));
-                }
-                obj.insert("content".into(), Value::String(text));
-            }
-            Some("tool") => {
-                let body = match obj.get("content") {
-                    Some(Value::String(s)) => s.clone(),
-                    Some(other) => other.to_string(),
-                    None => String::new(),
-                };
-                obj.insert("content".into(), Value::String(format!("<tool_response>\n{body}\n</tool_response>")));
-            }
-            _ => {}
+        if obj.get("role").and_then(Value::as_str) == Some("tool") {
+            let body = match obj.get("content") {
+                Some(Value::String(s)) => s.clone(),
+                Some(other) => other.to_string(),
+                None => String::new(),
+            };
+            obj.insert("content".into(), Value::String(format!("<tool_response>\n{body}\n</tool_response>")));
         }
     }
     match messages.first_mut().and_then(Value::as_object_mut) {
