@@ -1,0 +1,136 @@
+//! Connecting: URL forms, the default SQLite file, migrations run twice and by eight
+//! processes at once, and what an unreachable server looks like.
+
+use super::*;
+use anyhow::Context;
+use samewise_store::testing::PgTestDatabase;
+
+both!(migrations_are_idempotent, concurrent_connects_migrate_once);
+
+async fn migrations_are_idempotent(db: TestDb) -> Result<()> {
+    db.store
+        .insert_request_records(&[full_record("r1", 1, 1000)])
+        .await?;
+    db.store.create_api_key("k", None).await?;
+    // connect again, twice: the migrations find everything applied and leave data alone
+    for _ in 0..2 {
+        let again = Store::connect(Some(db.url()), db.data_dir()).await?;
+        ensure!(again.backend() == db.backend());
+        ensure!(again.request_records(&all(10)).await?.len() == 1);
+        ensure!(again.list_api_keys().await?.len() == 1);
+        again.close().await;
+    }
+    Ok(())
+}
+
+async fn concurrent_connects_migrate_once(db: TestDb) -> Result<()> {
+    // Eight stores start at once on an empty database (a new PostgreSQL database, or a new
+    // SQLite file next to the test's): all succeed, and the schema is migrated once.
+    let _guard;
+    let url = match db.backend() {
+        Backend::Postgres => {
+            let pg = PgTestDatabase::create().await?;
+            let url = pg.url().to_owned();
+            _guard = Some(pg);
+            url
+        }
+        Backend::Sqlite => {
+            _guard = None;
+            format!("sqlite://{}", db.data_dir().join("race.db").display())
+        }
+    };
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let url = url.clone();
+        let dir = db.data_dir().to_path_buf();
+        set.spawn(async move { Store::connect(Some(&url), &dir).await });
+    }
+    let mut stores = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        stores.push(
+            joined
+                .context("connect task panicked")?
+                .context("concurrent connect failed")?,
+        );
+    }
+    ensure!(stores.len() == 8);
+    stores[0]
+        .insert_request_records(&[full_record("race", 1, 5)])
+        .await?;
+    let latest = samewise_store::migrate::POSTGRES.len() as i64;
+    for s in &stores {
+        ensure!(s.request_records(&by_id("race")).await?.len() == 1);
+        ensure!(s.schema_version().await? == latest);
+        ensure!(
+            s.applied_migrations().await? == latest as u64,
+            "a migration was recorded twice"
+        );
+    }
+    for s in &stores {
+        s.close().await;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn unreachable_postgres_is_a_clear_error_without_password() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    // port 1 on loopback: nothing listens there
+    let err = Store::connect(
+        Some("postgres://app:hunter2@127.0.0.1:1/x?connect_timeout=2"),
+        dir.path(),
+    )
+    .await
+    .err()
+    .context("connecting to a closed port succeeded")?;
+    let msg = err.to_string();
+    ensure!(
+        msg.contains("PostgreSQL") && msg.contains("127.0.0.1:1"),
+        "{msg}"
+    );
+    ensure!(!msg.contains("hunter2"), "password leaked: {msg}");
+    ensure!(
+        !format!("{err:?}").contains("hunter2"),
+        "password leaked in Debug"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_urls_are_refused() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let err = Store::connect(Some("mysql://u:pw@h/db"), dir.path())
+        .await
+        .err()
+        .context("mysql accepted")?;
+    ensure!(matches!(err, StoreError::InvalidUrl { .. }));
+    ensure!(!err.to_string().contains("pw@"), "{err}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn default_is_sqlite_in_the_data_dir() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("nested").join("data");
+    let store = Store::connect(None, &data).await?;
+    ensure!(store.backend() == Backend::Sqlite);
+    ensure!(data.join("samewise.db").is_file());
+    store.close().await;
+    // an empty DATABASE_URL means the same
+    let store = Store::connect(Some(""), &data).await?;
+    ensure!(store.backend() == Backend::Sqlite);
+    store.close().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn in_memory_sqlite_works() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = Store::connect(Some("sqlite::memory:"), dir.path()).await?;
+    store
+        .insert_request_records(&[full_record("m", 1, 1)])
+        .await?;
+    ensure!(store.request_records(&by_id("m")).await?.len() == 1);
+    store.close().await;
+    Ok(())
+}

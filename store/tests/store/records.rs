@@ -1,0 +1,229 @@
+//! Request records: every field round-trips (Some and None), batches, query filters and
+//! order, duplicates, retention and day partitions.
+
+use super::*;
+
+both!(
+    round_trip_every_field,
+    round_trip_none_values,
+    nul_characters_do_not_fail_a_batch,
+    batch_of_a_thousand,
+    query_filters_and_order,
+    duplicate_attempts_are_skipped,
+    retention_deletes_old_records,
+    retention_drops_day_partitions,
+);
+
+async fn round_trip_every_field(db: TestDb) -> Result<()> {
+    let rows = vec![
+        full_record("req-a", 1, 1_700_000_000_000),
+        full_record("req-a", 2, 1_700_000_000_001),
+    ];
+    db.store.insert_request_records(&rows).await?;
+    let mut got = db.store.request_records(&by_id("req-a")).await?;
+    got.reverse(); // newest first -> oldest first
+    ensure!(
+        got == rows,
+        "round trip differs:\n got {got:#?}\nwant {rows:#?}"
+    );
+    Ok(())
+}
+
+async fn round_trip_none_values(db: TestDb) -> Result<()> {
+    // None and Some values of the same column in one batch
+    let row = bare_record("rejected", 7);
+    let full = full_record("served", 1, 6);
+    db.store
+        .insert_request_records(&[row.clone(), full.clone()])
+        .await?;
+    let got = db.store.request_records(&by_id("rejected")).await?;
+    ensure!(
+        got == vec![row.clone()],
+        "round trip differs: {got:#?} vs {row:#?}"
+    );
+    let got = db.store.request_records(&by_id("served")).await?;
+    ensure!(
+        got == vec![full.clone()],
+        "round trip differs: {got:#?} vs {full:#?}"
+    );
+    Ok(())
+}
+
+async fn nul_characters_do_not_fail_a_batch(db: TestDb) -> Result<()> {
+    let mut odd = full_record("nul\0id", 1, 3);
+    odd.model = "m\0".into();
+    odd.finish_reason = Some("\0".into());
+    let ok = full_record("fine", 1, 4);
+    db.store.insert_request_records(&[odd, ok.clone()]).await?;
+    ensure!(db.store.request_records(&by_id("fine")).await? == vec![ok]);
+    // stored with U+FFFD in place of NUL; a query naming the NUL form finds it too
+    let got = db.store.request_records(&by_id("nul\0id")).await?;
+    ensure!(got.len() == 1, "{got:?}");
+    ensure!(got[0].request_id == "nul\u{FFFD}id" && got[0].model == "m\u{FFFD}");
+    ensure!(got[0].finish_reason.as_deref() == Some("\u{FFFD}"));
+    Ok(())
+}
+
+async fn batch_of_a_thousand(db: TestDb) -> Result<()> {
+    let rows: Vec<RequestRecord> = (0..1000)
+        .map(|i| full_record(&format!("bulk-{i:04}"), 1, 10_000 + i64::from(i)))
+        .collect();
+    db.store.insert_request_records(&rows).await?;
+    let got = db.store.request_records(&all(5000)).await?;
+    ensure!(got.len() == 1000, "got {} rows", got.len());
+    ensure!(got[0].request_id == "bulk-0999" && got[999].request_id == "bulk-0000");
+    ensure!(
+        got.iter().rev().eq(rows.iter()),
+        "rows differ after the bulk insert"
+    );
+    Ok(())
+}
+
+async fn query_filters_and_order(db: TestDb) -> Result<()> {
+    let mut rows = Vec::new();
+    for i in 0..10i64 {
+        let mut r = full_record(&format!("q{i}"), 1, 100 + i);
+        r.model = if i % 2 == 0 {
+            "even".into()
+        } else {
+            "odd".into()
+        };
+        r.endpoint = Some(format!("ep{}", i % 3));
+        rows.push(r);
+    }
+    db.store.insert_request_records(&rows).await?;
+    let ids = |v: Vec<RequestRecord>| v.into_iter().map(|r| r.request_id).collect::<Vec<_>>();
+    let q = RecordQuery {
+        model: Some("even".into()),
+        limit: 100,
+        ..RecordQuery::default()
+    };
+    ensure!(ids(db.store.request_records(&q).await?) == ["q8", "q6", "q4", "q2", "q0"]);
+    let q = RecordQuery {
+        endpoint: Some("ep1".into()),
+        limit: 100,
+        ..RecordQuery::default()
+    };
+    ensure!(ids(db.store.request_records(&q).await?) == ["q7", "q4", "q1"]);
+    let q = RecordQuery {
+        since_ms: Some(107),
+        limit: 100,
+        ..RecordQuery::default()
+    };
+    ensure!(ids(db.store.request_records(&q).await?) == ["q9", "q8", "q7"]);
+    let q = RecordQuery {
+        model: Some("odd".into()),
+        endpoint: Some("ep0".into()),
+        since_ms: Some(100),
+        limit: 100,
+        request_id: None,
+    };
+    ensure!(ids(db.store.request_records(&q).await?) == ["q9", "q3"]);
+    ensure!(ids(db.store.request_records(&all(2)).await?) == ["q9", "q8"]);
+    ensure!(db.store.request_records(&all(0)).await?.is_empty());
+    ensure!(db.store.request_records(&by_id("nope")).await?.is_empty());
+    // attempts of one request come back newest (highest attempt) first at equal ts
+    db.store
+        .insert_request_records(&[full_record("multi", 1, 500), full_record("multi", 2, 500)])
+        .await?;
+    let got = db.store.request_records(&by_id("multi")).await?;
+    ensure!(got.iter().map(|r| r.attempt).collect::<Vec<_>>() == [2, 1]);
+    Ok(())
+}
+
+async fn duplicate_attempts_are_skipped(db: TestDb) -> Result<()> {
+    let r = full_record("dup", 1, 1);
+    db.store
+        .insert_request_records(std::slice::from_ref(&r))
+        .await?;
+    let mut changed = r.clone();
+    changed.latency_ms = 999.0;
+    // a retried batch that partly reached the database must not fail or double-count
+    db.store
+        .insert_request_records(&[changed, full_record("dup", 2, 2)])
+        .await?;
+    let got = db.store.request_records(&by_id("dup")).await?;
+    ensure!(got.len() == 2);
+    ensure!(got[1] == r, "the first stored attempt was overwritten");
+    Ok(())
+}
+
+async fn retention_deletes_old_records(db: TestDb) -> Result<()> {
+    let rows: Vec<_> = (0..10)
+        .map(|i| full_record(&format!("t{i}"), 1, i64::from(i) * 100))
+        .collect();
+    db.store.insert_request_records(&rows).await?;
+    ensure!(db.store.delete_request_records_before(500).await? == 5);
+    ensure!(db.store.delete_request_records_before(500).await? == 0);
+    let left = db.store.request_records(&all(100)).await?;
+    ensure!(left.len() == 5 && left.iter().all(|r| r.ts_ms >= 500));
+    Ok(())
+}
+
+async fn retention_drops_day_partitions(db: TestDb) -> Result<()> {
+    use samewise_store::partitions::{DAY_MS, partition_name};
+    let d = 20_000i64; // 2024-10-04, long before "today"
+    let created = db.store.ensure_record_partitions(d * DAY_MS + 5, 2).await?;
+    let expected: Vec<String> = (d..=d + 2).map(partition_name).collect();
+    match db.backend() {
+        Backend::Postgres => ensure!(created == expected, "created {created:?}"),
+        Backend::Sqlite => ensure!(created.is_empty()),
+    }
+    // asking again creates nothing
+    ensure!(
+        db.store
+            .ensure_record_partitions(d * DAY_MS, 2)
+            .await?
+            .is_empty()
+    );
+    let mut rows = Vec::new();
+    for day in d..=d + 2 {
+        for i in 0..3 {
+            rows.push(full_record(
+                &format!("p{day}-{i}"),
+                1,
+                day * DAY_MS + i * 1000,
+            ));
+        }
+    }
+    rows.push(full_record("old", 1, 1)); // 1970: the default partition
+    db.store.insert_request_records(&rows).await?;
+    ensure!(db.store.request_records(&all(100)).await?.len() == 10);
+    let partitions = db.store.record_partitions().await?;
+    if db.backend() == Backend::Postgres {
+        ensure!(
+            expected.iter().all(|p| partitions.contains(p)),
+            "{partitions:?}"
+        );
+    }
+    // cut in the middle of day d+2: days d and d+1 go whole, plus "old" and one row of d+2
+    let deleted = db
+        .store
+        .delete_request_records_before((d + 2) * DAY_MS + 500)
+        .await?;
+    ensure!(deleted == 3 + 3 + 1 + 1, "deleted {deleted}");
+    let left = db.store.request_records(&all(100)).await?;
+    ensure!(left.len() == 2 && left.iter().all(|r| r.ts_ms >= (d + 2) * DAY_MS + 500));
+    let partitions = db.store.record_partitions().await?;
+    ensure!(
+        !partitions.contains(&partition_name(d)) && !partitions.contains(&partition_name(d + 1))
+    );
+    if db.backend() == Backend::Postgres {
+        ensure!(partitions.contains(&partition_name(d + 2)));
+        // today's partition (made at connect) is untouched
+        ensure!(partitions.contains(&partition_name(samewise_store::now_ms().div_euclid(DAY_MS))));
+    }
+    // a day whose rows already sit in the default partition is skipped, not an error
+    let late = d - 10;
+    db.store
+        .insert_request_records(&[full_record("late", 1, late * DAY_MS)])
+        .await?;
+    ensure!(
+        db.store
+            .ensure_record_partitions(late * DAY_MS, 0)
+            .await?
+            .is_empty()
+    );
+    ensure!(db.store.request_records(&by_id("late")).await?.len() == 1);
+    Ok(())
+}
