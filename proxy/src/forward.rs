@@ -514,6 +514,7 @@ fn failed(
     client_status: StatusCode,
 ) -> Outcome {
     att.endpoint.health.record(admission, false);
+    tracing::debug!(endpoint = %att.endpoint.id, attempt = att.attempt, kind, "upstream attempt failed");
     let rec = ctx.attempt_record(att, status, Some(kind), None, Instant::now());
     ctx.earlier.push(rec);
     Outcome::Retry(Retry {
@@ -529,6 +530,7 @@ fn failed_after_head(
     status: u16,
     kind: &'static str,
 ) -> Outcome {
+    tracing::debug!(endpoint = %att.endpoint.id, attempt = att.attempt, kind, "upstream body failed");
     let rec = ctx.attempt_record(att, Some(status), Some(kind), None, Instant::now());
     ctx.earlier.push(rec);
     Outcome::Retry(Retry {

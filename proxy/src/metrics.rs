@@ -103,7 +103,7 @@ impl Metrics {
         let upstream_errors = Family::<ErrorLabels, Counter>::default();
         registry.register(
             "upstream_errors",
-            "Failed upstream attempts, by error kind",
+            "Failed or faulty upstream attempts, by error kind (client disconnects excluded)",
             upstream_errors.clone(),
         );
         let request_duration = Family::new_with_constructor(SecondsBuckets);

@@ -168,7 +168,7 @@ pub(crate) fn finish(state: &AppState, ctx: &mut RequestCtx, mut last: RequestRe
     }
     for r in ctx.earlier.iter().chain(std::iter::once(&last)) {
         let Some(ep) = &r.endpoint else { continue };
-        if let Some(kind) = &r.error_kind {
+        if let Some(kind) = r.error_kind.as_ref().filter(|k| *k != "client_disconnect") {
             m.upstream_errors
                 .get_or_create(&ErrorLabels {
                     endpoint: ep.clone(),
