@@ -24,7 +24,8 @@
 //!   characters with a within-prompt permutation p-value, and the reference-log-likelihood
 //!   rank test.
 //! - [`sequential`]: CUSUM on a standardized per-round statistic, with Siegmund's ARL
-//!   approximation to choose the threshold.
+//!   approximation to choose the threshold, or the e-detector threshold with a
+//!   distribution-free ARL0 floor.
 //! - [`passive`]: two-proportion z-test, Mann–Whitney U (tie-corrected), chi-square on
 //!   counts, Benjamini–Hochberg.
 //! - [`ladder`]: the calibration-ladder JSON (`samewise calibrate`) and "≈ N-bit" lookup.

@@ -147,3 +147,37 @@ fn estimated_baseline_keeps_most_of_arl0() {
     let nominal_median = cfg.arl0() * std::f64::consts::LN_2;
     assert!(median as f64 > nominal_median / 3.0, "median {median} vs nominal {nominal_median:.0}");
 }
+
+/// The e-detector threshold: mean in-control run length ≥ the bound for two different
+/// 1-sub-Gaussian in-control sequences (normal and ±1 coin flips), 300 runs each.
+#[test]
+fn e_detector_bound_holds() {
+    use rand::Rng;
+    let bound = 200.0;
+    let cfg = CusumConfig::e_detector(0.5, bound, false).unwrap();
+    assert!((cfg.h - bound.ln()).abs() < 1e-12);
+    assert!(CusumConfig::e_detector(0.0, bound, false).is_err());
+    assert!(CusumConfig::e_detector(0.5, 1.0, false).is_err());
+    let two = CusumConfig::e_detector(0.5, bound, true).unwrap();
+    assert!(two.h > cfg.h);
+    let mut g = sim::rng(12);
+    let runs = 300;
+    for coin in [false, true] {
+        let mut total = 0u64;
+        for _ in 0..runs {
+            let mut c = Cusum::with_baseline(cfg, 0.0, 1.0).unwrap();
+            let mut t = 0u64;
+            loop {
+                t += 1;
+                let z = if coin { if g.random::<bool>() { 1.0 } else { -1.0 } } else { sim::normal(&mut g) };
+                if c.observe(z).unwrap().alarm.is_some() || t >= 1_000_000 {
+                    break;
+                }
+            }
+            total += t;
+        }
+        let mean = total as f64 / runs as f64;
+        eprintln!("e-detector (k=0.5, bound {bound}, h={:.2}) coin={coin}: mean in-control run length {mean:.0}", cfg.h);
+        assert!(mean >= bound, "{mean}");
+    }
+}
