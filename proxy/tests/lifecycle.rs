@@ -1,6 +1,7 @@
 //! Request lifecycles at the edges: a client that goes away mid-stream (recorded once, as
 //! `client_disconnect`), graceful shutdown that lets an in-flight stream finish and drains its
-//! record, and a `Retry-After` short enough to be waited out on the same endpoint.
+//! record, a `Retry-After` short enough to be waited out on the same endpoint, records that
+//! cannot be queued counted on `/metrics`, and a breaker's half-open trial over real time.
 
 mod common;
 
@@ -107,5 +108,80 @@ async fn short_retry_after_is_waited_out_on_the_same_endpoint() -> Result<()> {
     assert_eq!(recs.len(), 2);
     assert_eq!(recs[0].status, Some(429));
     assert_eq!(recs[1].status, Some(200));
+    gw.stop().await
+}
+
+#[tokio::test]
+async fn records_that_cannot_be_queued_are_counted_on_metrics() -> Result<()> {
+    let mock = MockUpstream::builder().start().await?;
+    let mut gw = Gateway::start(&single(&mock, FAST_LIMITS)).await?;
+    gw.stop_writer().await;
+    for _ in 0..3 {
+        assert_eq!(
+            gw.chat(&chat_body("smol")).await?.status(),
+            200,
+            "the request path does not depend on the store"
+        );
+    }
+    let m = gw.metrics().await?;
+    assert_eq!(
+        metric_value(&m, "samewise_record_queue_dropped_total", ""),
+        Some(3.0),
+        "{m}"
+    );
+    gw.stop().await
+}
+
+#[tokio::test]
+async fn an_open_breaker_lets_a_trial_through_after_the_cooldown_and_closes() -> Result<()> {
+    let a = MockUpstream::builder()
+        .name("a")
+        .behaviors([
+            Behavior::Status(500, "{}".into()),
+            Behavior::Status(500, "{}".into()),
+        ])
+        .start()
+        .await?;
+    let b = MockUpstream::builder().name("b").start().await?;
+    let cfg = format!(
+        "{FAST_LIMITS}[breaker]\nconsecutive_failures = 2\ncooldown_ms = 150\n{}{}{}",
+        provider("a", &a.base_url(), ""),
+        provider("b", &b.base_url(), ""),
+        model("smol", "weighted", &[("a", "sa"), ("b", "sb")])
+    );
+    let gw = Gateway::start(&cfg).await?;
+    let mut body = chat_body("smol");
+    body["provider"] = json!({"order": ["a", "b"]});
+    for _ in 0..2 {
+        assert_eq!(gw.chat(&body).await?.status(), 200);
+    }
+    let m = gw.metrics().await?;
+    assert_eq!(
+        metric_value(&m, "samewise_breaker_state", "endpoint=\"a/sa\""),
+        Some(2.0)
+    );
+    let resp = gw.chat(&body).await?;
+    assert_eq!(
+        gw.records(&request_id(&resp)).await?[0].endpoint.as_deref(),
+        Some("b/sb"),
+        "open: a skipped"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let m = gw.metrics().await?;
+    assert_eq!(
+        metric_value(&m, "samewise_breaker_state", "endpoint=\"a/sa\""),
+        Some(1.0),
+        "half-open after the cool-down"
+    );
+    // the trial goes to a (healthy again) and closes the breaker
+    let resp = gw.chat(&body).await?;
+    let recs = gw.records(&request_id(&resp)).await?;
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].endpoint.as_deref(), Some("a/sa"));
+    let m = gw.metrics().await?;
+    assert_eq!(
+        metric_value(&m, "samewise_breaker_state", "endpoint=\"a/sa\""),
+        Some(0.0)
+    );
     gw.stop().await
 }

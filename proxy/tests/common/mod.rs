@@ -209,6 +209,14 @@ impl Gateway {
             .await?)
     }
 
+    /// Stops the record writer only (the gateway keeps serving): later records are dropped,
+    /// which must show on `/metrics`.
+    pub async fn stop_writer(&mut self) {
+        if let Some(w) = self.writer.take() {
+            w.shutdown().await;
+        }
+    }
+
     /// Stops gracefully: shutdown signal, in-flight requests finish, writer drained.
     pub async fn stop(self) -> Result<()> {
         self.stop_keep_db().await.map(drop)
