@@ -4,6 +4,7 @@
 #
 #   bench/proxy/run.sh            # the full run: 30 s per point (about 4 minutes)
 #   DURATION=5 RATES="500" bench/proxy/run.sh   # a quick look
+#   TOKIO_WORKER_THREADS=1 ...   # (read by every tokio runtime here) fewer workers per process
 #
 # What it does, all on this machine over loopback, release builds:
 #  1. starts two mock upstreams (samewise-testkit's `mock-upstream`): one that answers at once
@@ -27,8 +28,14 @@ OUT=${OUT:-bench/out/proxy-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT/data"
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
-cargo build --release -p samewise -p samewise-testkit --bins
-BIN=target/release
+# PROFILE=dev checks the script itself on debug builds (numbers from those mean nothing)
+if [ "${PROFILE:-release}" = dev ]; then
+    cargo build -p samewise -p samewise-testkit --bins
+    BIN=target/debug
+else
+    cargo build --release -p samewise -p samewise-testkit --bins
+    BIN=target/release
+fi
 
 PIDS=()
 cleanup() {
