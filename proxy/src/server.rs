@@ -28,6 +28,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
@@ -112,6 +113,16 @@ async fn healthz() -> Response {
         r#"{"status":"ok"}"#,
     )
         .into_response()
+}
+
+async fn method_not_allowed() -> Response {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "invalid_request_error",
+        "this route does not accept that method",
+    )
+    .into_response()
 }
 
 async fn not_found() -> Response {

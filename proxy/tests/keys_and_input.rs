@@ -240,6 +240,9 @@ async fn health_metrics_and_unknown_routes() -> Result<()> {
     let resp = gw.get("/v1/nothing").await?;
     assert_eq!(resp.status(), 404);
     error_json(resp).await?;
+    let resp = gw.get("/v1/chat/completions").await?;
+    assert_eq!(resp.status(), 405);
+    error_json(resp).await?;
     let resp = gw.chat(&chat_body("smol")).await?;
     gw.records(&request_id(&resp)).await?;
     let m = gw.metrics().await?;
