@@ -20,6 +20,7 @@ fn main() -> anyhow::Result<()> {
     let mut threads = 2;
     let mut len = 512;
     let mut gen_tokens = 128;
+    let mut batches = vec![1usize, 8];
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -27,7 +28,10 @@ fn main() -> anyhow::Result<()> {
             "--threads" => threads = args.next().and_then(|v| v.parse().ok()).unwrap_or(2),
             "--len" => len = args.next().and_then(|v| v.parse().ok()).unwrap_or(512),
             "--gen" => gen_tokens = args.next().and_then(|v| v.parse().ok()).unwrap_or(128),
-            other => anyhow::bail!("unknown argument {other} (use --model PATH --threads N [--len N] [--gen N])"),
+            "--batches" => {
+                batches = args.next().unwrap_or_default().split(',').filter_map(|v| v.parse().ok()).collect();
+            }
+            other => anyhow::bail!("unknown argument {other} (use --model PATH --threads N [--len N] [--gen N] [--batches 1,8])"),
         }
     }
     let model = model.ok_or_else(|| anyhow::anyhow!("--model PATH is required"))?;
@@ -52,7 +56,7 @@ fn main() -> anyhow::Result<()> {
             })
             .collect()
     };
-    for batch in [1usize, 8] {
+    for &batch in &batches {
         let seqs: Vec<Vec<u32>> = (0..batch).map(|_| seq(len)).collect();
         let t = Instant::now();
         let out = engine.score(&seqs, 20)?;

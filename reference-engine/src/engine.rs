@@ -27,7 +27,7 @@ const ROW_BUDGET: usize = 512;
 /// Most new tokens one sequence contributes to one forward pass.
 const CHUNK: usize = 256;
 /// Rows of logits computed at once (bounds memory: rows × vocab f32).
-const LOGIT_ROWS: usize = 32;
+const LOGIT_ROWS: usize = 256;
 
 /// How to load a model.
 #[derive(Debug, Clone)]

@@ -103,10 +103,19 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
         // append k, v to the caches
         let mut r = 0;
         for it in items.iter_mut() {
+            let start = it.cache.len;
             let (kc, vc) = &mut it.cache.layers[li];
-            for _ in 0..it.tokens.len() {
+            for j in 0..it.tokens.len() {
                 let row = &qkv[r * qkvd..(r + 1) * qkvd];
-                kc.extend_from_slice(&row[qd..qd + kvd]);
+                // keys in blocks of 16 positions, `[block][kv_head][d][16]`
+                let (pos, block, lane) = (start + j, (start + j) / 16, (start + j) % 16);
+                if kc.len() < (block + 1) * kvd * 16 {
+                    kc.resize((block + 1) * kvd * 16, 0.0);
+                }
+                for (i, &kv) in row[qd..qd + kvd].iter().enumerate() {
+                    kc[block * kvd * 16 + i * 16 + lane] = kv;
+                }
+                debug_assert_eq!(vc.len(), pos * kvd);
                 vc.extend_from_slice(&row[qd + kvd..qd + 2 * kvd]);
                 r += 1;
             }

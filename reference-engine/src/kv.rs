@@ -1,10 +1,12 @@
 //! The per-sequence KV cache: for every layer, the keys (after RoPE) and values of every
-//! position processed so far, `[pos][n_head_kv * head_dim]`.
+//! position processed so far. Values are rows `[pos][n_head_kv * head_dim]`; keys are
+//! blocks of 16 positions `[pos / 16][n_head_kv * head_dim][pos % 16]`, so that attention
+//! scores 16 keys per vector instruction (each score still one sequential FMA chain).
 
 /// One sequence's cache.
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
-    /// Per layer: (keys, values).
+    /// Per layer: (keys in 16-position blocks, values as rows).
     pub(crate) layers: Vec<(Vec<f32>, Vec<f32>)>,
     /// Positions fully processed (through every layer).
     pub(crate) len: usize,

@@ -211,10 +211,33 @@ impl Linear {
             let yp = yp;
             SCRATCH.with(|s| {
                 let mut s = s.borrow_mut();
-                if s.len() < k * NR {
-                    s.resize(k * NR, 0.0);
+                if s.len() < 2 * k * NR {
+                    s.resize(2 * k * NR, 0.0);
                 }
-                for p in split(panels, t, threads) {
+                let mine = split(panels, t, threads);
+                #[cfg(target_arch = "x86_64")]
+                if isa == Isa::Avx512 {
+                    // two panels at a time: 8 rows x 32 columns per microkernel call
+                    let mut p = mine.start;
+                    while p < mine.end {
+                        let (w0, w1) = s.split_at_mut(k * NR);
+                        self.dequant_panel(p, w0);
+                        if p + 1 < mine.end {
+                            self.dequant_panel(p + 1, w1);
+                            let cols1 = NR.min(n - (p + 1) * NR);
+                            // SAFETY: AVX-512 detected; thread t writes only its own panels.
+                            unsafe { x86::pair_rows(&w0[..k * NR], &w1[..k * NR], x, m, k, yp.0.add(p * NR), n, cols1) };
+                            p += 2;
+                        } else {
+                            let cols = NR.min(n - p * NR);
+                            // SAFETY: as above.
+                            unsafe { panel_rows(isa, &w0[..k * NR], x, m, k, yp.0.add(p * NR), n, cols) };
+                            p += 1;
+                        }
+                    }
+                    return;
+                }
+                for p in mine {
                     self.dequant_panel(p, &mut s);
                     let cols = NR.min(n - p * NR);
                     // SAFETY: thread t writes only columns of its own panels; bounds
@@ -419,6 +442,74 @@ mod x86 {
                 // SAFETY: the caller guarantees y for these rows and columns.
                 unsafe { _mm512_mask_storeu_ps(a.y.add((a.row0 + r) * a.ldy + col), mask, acc[r][j]) };
             }
+        }
+    }
+
+    macro_rules! tile512x2 {
+        ($name:ident, $r:expr) => {
+            #[target_feature(enable = "avx512f")]
+            unsafe fn $name(w0: &[f32], w1: &[f32], x: &[f32], k: usize, y: *mut f32, ldy: usize, mask1: u16) {
+                let mut a0 = [_mm512_setzero_ps(); $r];
+                let mut a1 = [_mm512_setzero_ps(); $r];
+                let (p0, p1, xp) = (w0.as_ptr(), w1.as_ptr(), x.as_ptr());
+                for kk in 0..k {
+                    // SAFETY: w0/w1 hold k*16, x holds rows*k (checked by the caller).
+                    let (v0, v1) = unsafe { (_mm512_loadu_ps(p0.add(kk * NR)), _mm512_loadu_ps(p1.add(kk * NR))) };
+                    for r in 0..$r {
+                        let xv = unsafe { _mm512_set1_ps(*xp.add(r * k + kk)) };
+                        a0[r] = _mm512_fmadd_ps(xv, v0, a0[r]);
+                        a1[r] = _mm512_fmadd_ps(xv, v1, a1[r]);
+                    }
+                }
+                for r in 0..$r {
+                    // SAFETY: the first panel is whole; the mask limits the second.
+                    unsafe {
+                        _mm512_storeu_ps(y.add(r * ldy), a0[r]);
+                        _mm512_mask_storeu_ps(y.add(r * ldy + NR), mask1, a1[r]);
+                    }
+                }
+            }
+        };
+    }
+    tile512x2!(t512x2_1, 1);
+    tile512x2!(t512x2_2, 2);
+    tile512x2!(t512x2_4, 4);
+    tile512x2!(t512x2_8, 8);
+
+    /// All rows times two dequantized panels (`w0` whole, `w1` with `cols1` valid columns).
+    ///
+    /// # Safety
+    /// AVX-512F available; `y` valid for m rows of 16 + cols1 columns at stride `ldy`.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn pair_rows(w0: &[f32], w1: &[f32], x: &[f32], m: usize, k: usize, y: *mut f32, ldy: usize, cols1: usize) {
+        assert!(w0.len() >= k * NR && w1.len() >= k * NR && x.len() >= m * k);
+        let mask1: u16 = if cols1 >= 16 { 0xFFFF } else { (1u16 << cols1) - 1 };
+        let mut r = 0;
+        while r < m {
+            let (xr, yr) = (&x[r * k..], unsafe { y.add(r * ldy) });
+            // SAFETY: bounds asserted above; rows r.. exist.
+            let done = unsafe {
+                match m - r {
+                    8.. => {
+                        t512x2_8(w0, w1, xr, k, yr, ldy, mask1);
+                        8
+                    }
+                    4..=7 => {
+                        t512x2_4(w0, w1, xr, k, yr, ldy, mask1);
+                        4
+                    }
+                    2..=3 => {
+                        t512x2_2(w0, w1, xr, k, yr, ldy, mask1);
+                        2
+                    }
+                    _ => {
+                        t512x2_1(w0, w1, xr, k, yr, ldy, mask1);
+                        1
+                    }
+                }
+            };
+            r += done;
         }
     }
 

@@ -104,9 +104,13 @@ pub fn silu(x: f32) -> f32 {
     x * (1.0 / (1.0 + exp(-x)))
 }
 
-/// Causal attention for one query head vector `q` over `n_keys` cached positions:
-/// `keys`/`values` are the sequence's cache rows (stride `stride`, this head's kv slice at
-/// `off`). `scores` is scratch of at least `n_keys`; the result goes to `out` (head_dim).
+/// Causal attention for one query head vector `q` over `n_keys` cached positions.
+///
+/// `keys` is the sequence's key cache in blocks of 16 positions (`[block][stride][16]`),
+/// `values` its value rows (`[pos][stride]`); this head's slice starts at `off`. Score j is
+/// `(Σ_d q[d]·k_j[d]) · scale`, one FMA chain over d in order; the softmax uses [`exp`];
+/// output element d is one FMA chain over j in order. `scores` is scratch (≥ n_keys
+/// rounded up to 16); the result goes to `out` (head_dim).
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     isa: Isa,
@@ -117,32 +121,125 @@ pub fn attend(
     off: usize,
     n_keys: usize,
     scale: f32,
-    scores: &mut [f32],
+    scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
     let hd = q.len();
+    let blocks = n_keys.div_ceil(16);
+    if scores.len() < blocks * 16 {
+        scores.resize(blocks * 16, 0.0);
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: chosen only when the CPU supports it.
+        Isa::Avx512 => unsafe { x86::scores_avx512(q, keys, stride, off, blocks, scores) },
+        _ => {
+            for b in 0..blocks {
+                let base = b * stride * 16 + off * 16;
+                for lane in 0..16 {
+                    let mut acc = 0f32;
+                    for d in 0..hd {
+                        acc = q[d].mul_add(keys[base + d * 16 + lane], acc);
+                    }
+                    scores[b * 16 + lane] = acc;
+                }
+            }
+        }
+    }
+    let sc = &mut scores[..n_keys];
     let mut max = f32::NEG_INFINITY;
-    for j in 0..n_keys {
-        let k = &keys[j * stride + off..j * stride + off + hd];
-        let s = dot(isa, q, k) * scale;
-        scores[j] = s;
-        max = max.max(s);
+    for s in sc.iter_mut() {
+        *s *= scale;
+        max = max.max(*s);
+    }
+    for s in sc.iter_mut() {
+        *s = exp(*s - max);
     }
     let mut sum = 0f32;
-    for s in &mut scores[..n_keys] {
-        *s = exp(*s - max);
-        sum += *s;
+    for &s in sc.iter() {
+        sum += s;
     }
-    out.fill(0.0);
-    for j in 0..n_keys {
-        let p = scores[j] / sum;
-        axpy(isa, p, &values[j * stride + off..j * stride + off + hd], out);
+    for s in sc.iter_mut() {
+        *s /= sum;
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: chosen only when the CPU supports it.
+        Isa::Avx512 if hd % 16 == 0 && hd <= 128 => unsafe { x86::pv_avx512(sc, values, stride, off, out) },
+        _ => {
+            out.fill(0.0);
+            for (j, &p) in sc.iter().enumerate() {
+                axpy(isa, p, &values[j * stride + off..j * stride + off + hd], out);
+            }
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    /// 16 scores per block: lane l of block b is the FMA chain over d of q[d]·k[b][d][l].
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scores_avx512(q: &[f32], keys: &[f32], stride: usize, off: usize, blocks: usize, scores: &mut [f32]) {
+        let hd = q.len();
+        assert!(blocks == 0 || (blocks - 1) * stride * 16 + (off + hd) * 16 <= keys.len());
+        assert!(scores.len() >= blocks * 16);
+        let kp = keys.as_ptr();
+        let mut b = 0;
+        // four blocks at a time: four independent chains in flight
+        while b + 4 <= blocks {
+            let mut acc = [_mm512_setzero_ps(); 4];
+            for d in 0..hd {
+                let qv = _mm512_set1_ps(q[d]);
+                for (i, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: bounds asserted above.
+                    let kv = unsafe { _mm512_loadu_ps(kp.add((b + i) * stride * 16 + (off + d) * 16)) };
+                    *a = _mm512_fmadd_ps(qv, kv, *a);
+                }
+            }
+            for (i, a) in acc.iter().enumerate() {
+                // SAFETY: scores holds blocks * 16.
+                unsafe { _mm512_storeu_ps(scores.as_mut_ptr().add((b + i) * 16), *a) };
+            }
+            b += 4;
+        }
+        while b < blocks {
+            let mut acc = _mm512_setzero_ps();
+            for d in 0..hd {
+                // SAFETY: bounds asserted above.
+                let kv = unsafe { _mm512_loadu_ps(kp.add(b * stride * 16 + (off + d) * 16)) };
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), kv, acc);
+            }
+            // SAFETY: scores holds blocks * 16.
+            unsafe { _mm512_storeu_ps(scores.as_mut_ptr().add(b * 16), acc) };
+            b += 1;
+        }
+    }
+
+    /// `out[d] = Σ_j p[j]·v[j][off + d]`, one FMA chain per d over j in order, accumulators in
+    /// registers (head_dim a multiple of 16, at most 128).
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pv_avx512(p: &[f32], values: &[f32], stride: usize, off: usize, out: &mut [f32]) {
+        let hd = out.len();
+        let chunks = hd / 16;
+        assert!(hd % 16 == 0 && chunks <= 8);
+        assert!(p.is_empty() || (p.len() - 1) * stride + off + hd <= values.len());
+        let mut acc = [_mm512_setzero_ps(); 8];
+        let vp = values.as_ptr();
+        for (j, &pj) in p.iter().enumerate() {
+            let pv = _mm512_set1_ps(pj);
+            for (c, a) in acc.iter_mut().enumerate().take(chunks) {
+                // SAFETY: bounds asserted above.
+                let v = unsafe { _mm512_loadu_ps(vp.add(j * stride + off + c * 16)) };
+                *a = _mm512_fmadd_ps(pv, v, *a);
+            }
+        }
+        for (c, a) in acc.iter().enumerate().take(chunks) {
+            // SAFETY: out holds hd = chunks * 16.
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(c * 16), *a) };
+        }
+    }
 
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
@@ -244,6 +341,42 @@ mod tests {
             axpy(Isa::Scalar, 0.3, &a, &mut x);
             axpy(isa, 0.3, &a, &mut y);
             assert_eq!(x, y);
+        }
+    }
+
+    #[test]
+    fn attention_agrees_across_isas() {
+        let (hd, nkv, n): (usize, usize, usize) = (64, 3, 37);
+        let stride = nkv * hd;
+        let mut keys = vec![0f32; n.div_ceil(16) * stride * 16];
+        let mut values = vec![0f32; n * stride];
+        for j in 0..n {
+            for i in 0..stride {
+                keys[(j / 16) * stride * 16 + i * 16 + j % 16] = ((j * 31 + i * 7) as f32 * 0.013).sin();
+                values[j * stride + i] = ((j * 17 + i * 3) as f32 * 0.021).cos();
+            }
+        }
+        let q: Vec<f32> = (0..hd).map(|d| (d as f32 * 0.3).sin()).collect();
+        let run = |isa| {
+            let mut scores = Vec::new();
+            let mut out = vec![0f32; hd];
+            attend(isa, &q, &keys, &values, stride, hd, n, 0.125, &mut scores, &mut out);
+            out
+        };
+        let want = run(Isa::Scalar);
+        // against a plain f64 reference
+        let s: Vec<f64> = (0..n)
+            .map(|j| (0..hd).map(|d| f64::from(q[d]) * f64::from(keys[(j / 16) * stride * 16 + (hd + d) * 16 + j % 16])).sum::<f64>() * 0.125)
+            .collect();
+        let m = s.iter().copied().fold(f64::MIN, f64::max);
+        let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+        for d in 0..hd {
+            let r: f64 = (0..n).map(|j| (s[j] - m).exp() / z * f64::from(values[j * stride + hd + d])).sum();
+            assert!((r - f64::from(want[d])).abs() < 1e-5, "d={d}: {r} vs {}", want[d]);
+        }
+        for isa in [Isa::Avx2, Isa::Avx512] {
+            let got = run(Isa::at_most(isa));
+            assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{isa:?}");
         }
     }
 
