@@ -6,6 +6,7 @@
 use clap::Subcommand;
 
 pub mod config;
+pub mod engine;
 pub mod keys;
 pub mod serve;
 
@@ -18,6 +19,8 @@ pub enum Command {
     Config(config::ConfigArgs),
     /// Manage samewise API keys.
     Keys(keys::KeysArgs),
+    /// The reference engine (`samewise engine serve --model PATH`).
+    Engine(engine::EngineArgs),
 }
 
 /// Runs one subcommand to completion on a fresh tokio runtime where it needs one.
@@ -26,6 +29,7 @@ pub fn run(command: Command) -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(args),
         Command::Config(args) => config::run(args),
         Command::Keys(args) => keys::run(args),
+        Command::Engine(args) => engine::run(args),
     }
 }
 

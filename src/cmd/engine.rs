@@ -1,0 +1,93 @@
+//! `samewise engine serve --model PATH --listen ADDR [--threads N]`: runs the reference
+//! engine's OpenAI-compatible server on one model (a GGUF file or a Hugging Face directory).
+//! SIGINT or SIGTERM stops accepting connections and lets open requests finish.
+//!
+//! The test model is fetched with `scripts/fetch-model.sh`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use samewise_engine::engine::LoadOptions;
+use samewise_engine::server::{self, ServerState};
+
+/// Arguments of `samewise engine`.
+#[derive(Debug, Args)]
+pub struct EngineArgs {
+    #[command(subcommand)]
+    pub command: EngineCommand,
+}
+
+/// Subcommands of `samewise engine`.
+#[derive(Debug, Subcommand)]
+pub enum EngineCommand {
+    /// Serve a model over an OpenAI-compatible HTTP API.
+    Serve(EngineServeArgs),
+}
+
+/// Arguments of `samewise engine serve`.
+#[derive(Debug, Args)]
+pub struct EngineServeArgs {
+    /// The model: a GGUF file, or a directory with config.json, safetensors and tokenizer.json.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Address to listen on (`127.0.0.1:0` picks a free port, printed on stdout).
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub listen: SocketAddr,
+    /// Kernel threads.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Name served in `/v1/models` and responses (default: the file name without extension).
+    #[arg(long)]
+    pub model_name: Option<String>,
+}
+
+/// Runs an engine subcommand.
+pub fn run(args: EngineArgs) -> anyhow::Result<()> {
+    match args.command {
+        EngineCommand::Serve(a) => serve(a),
+    }
+}
+
+fn serve(args: EngineServeArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.threads >= 1, "--threads must be at least 1");
+    let opts = LoadOptions { threads: args.threads, ..LoadOptions::default() };
+    let state = ServerState::load(&args.model, opts, args.model_name)
+        .with_context(|| format!("cannot load model {}", args.model.display()))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(async move {
+        let listener =
+            tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
+        let local = listener.local_addr()?;
+        tracing::info!(addr = %local, model = state.model_name(), threads = args.threads, "engine listening");
+        // One line on stdout for scripts and tests that start the engine on port 0.
+        println!("listening on http://{local}");
+        server::serve(listener, state, shutdown_signal()).await?;
+        tracing::info!("stopped");
+        anyhow::Ok(())
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => {
+            if let Err(e) = r {
+                tracing::error!(error = %e, "cannot listen for SIGINT");
+            }
+        }
+        () = term => {}
+    }
+}
