@@ -125,6 +125,8 @@ for mode in json stream; do
     done
 done
 curl -fsS "http://127.0.0.1:$PORT/metrics" >"$OUT/metrics-after-rate.txt" || true
+grep -E '^samewise_(record_queue_dropped_total|records_written_total|record_write_errors_total)' \
+    "$OUT/metrics-after-rate.txt" | tee "$OUT/records.txt" >&2 || true
 echo "proxy peak RSS during the rate runs: $(rss_kb "$PROXY_PID" VmHWM) kB" >&2
 
 # memory with STREAMS open streams, on a fresh proxy
@@ -144,5 +146,12 @@ wait "$HOLD_PID" || echo "loadgen hold reported failures (see $OUT/hold.log)" >&
 printf '{"streams": %s, "ready": %s, "rss_before_kb": %s, "rss_open_kb": %s, "hwm_kb": %s}\n' \
     "$STREAMS" "${READY:-0}" "$RSS_BEFORE" "$RSS_OPEN" "$HWM" | tee "$OUT/hold.json"
 
-python3 bench/proxy/report.py "$OUT/results.jsonl" "$OUT/hold.json" | tee "$OUT/table.md"
+{
+    python3 bench/proxy/report.py "$OUT/results.jsonl" "$OUT/hold.json"
+    echo
+    echo "Request records after the rate runs (from /metrics):"
+    sed 's/^/    /' "$OUT/records.txt"
+    echo
+    echo "Machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)); load generator, mock and proxy on the same machine."
+} | tee "$OUT/table.md"
 echo "results in $OUT" >&2

@@ -202,3 +202,25 @@ async fn a_tool_schema_that_does_not_compile_is_not_the_endpoints_fault() -> Res
     mock.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn streamed_calls_split_across_reads_are_still_assembled() -> Result<()> {
+    use samewise_testkit::Reply;
+    let reply = Reply {
+        content: Some(Vec::new()),
+        split_writes: true,
+        ..Reply::default()
+    }
+    .with_tool_calls(every_class())
+    .finish("tool_calls");
+    let mock = MockUpstream::builder().behavior(Behavior::Ok(reply)).start().await?;
+    let proxy = Proxy::start(Backend::Sqlite, &[&mock], "").await?;
+    let (status, text) = proxy.post("/chat/completions", &with_tools(true)).await?;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(client_calls(true, &text)?, as_pairs(&every_class()));
+    let r = proxy.records(1).await?;
+    assert_every_class_counted(&r[0]);
+    proxy.stop().await?;
+    mock.shutdown().await;
+    Ok(())
+}
