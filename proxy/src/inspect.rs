@@ -7,6 +7,10 @@
 //! completion tokens are the number of streamed content and tool-call deltas (servers send
 //! about one token per delta), or ceil(output characters / 4) for a non-streamed answer;
 //! prompt tokens are ceil(prompt characters / 4). Both are approximations.
+//!
+//! Time to first token is measured from the start of the attempt to the first content or
+//! tool-call delta of a stream; for a non-streamed answer, to the arrival of its whole body
+//! (the first moment a client can use any token).
 
 use serde::Deserialize;
 use tokio::time::Instant;
