@@ -84,7 +84,7 @@ fn parse_hex_escapes(s: &str) -> Option<Vec<u8>> {
     }
     b.chunks(4)
         .map(|c| {
-            if c[0] != b'\\' || c[1] != b'x' {
+            if c[0] != b'\\' || c[1] != b'x' || !c[2..].iter().all(u8::is_ascii_hexdigit) {
                 return None;
             }
             let hex = std::str::from_utf8(&c[2..]).ok()?;

@@ -88,6 +88,7 @@ fn partial_characters_map_by_bytes() {
     assert_eq!(a.reference_ids, vec![u32::from(e[0]), u32::from(e[1]), u32::from(b'a')]);
     assert_eq!(EndpointToken::text("bytes:\\xc3\\xa9").resolved_bytes(), Some(e.to_vec()));
     assert_eq!(EndpointToken::text("bytes:\\xzz").resolved_bytes(), None);
+    assert_eq!(EndpointToken::text("bytes:\\x+f").resolved_bytes(), None);
     assert_eq!(EndpointToken::text("bytes:").resolved_bytes(), None);
     assert_eq!(EndpointToken::text("a\u{FFFD}").resolved_bytes(), None);
 }
