@@ -202,3 +202,75 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 fn invalid(msg: &'static str) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, msg)
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use tokio::io::AsyncWriteExt;
+
+    use super::Conn;
+
+    /// Writes `wire` to a fresh loopback connection in `pieces`-sized writes and parses
+    /// every request the server side reads from it.
+    fn parse_all(wire: Vec<u8>, piece: usize) -> Vec<(String, Vec<u8>)> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| panic!("runtime: {e}"));
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("bind: {e}"));
+            let addr = listener.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
+            let writer = tokio::spawn(async move {
+                let mut client = tokio::net::TcpStream::connect(addr).await.unwrap_or_else(|e| panic!("connect: {e}"));
+                let _ = client.set_nodelay(true);
+                for part in wire.chunks(piece.max(1)) {
+                    client.write_all(part).await.unwrap_or_else(|e| panic!("write: {e}"));
+                }
+            });
+            let (server, _) = listener.accept().await.unwrap_or_else(|e| panic!("accept: {e}"));
+            let mut conn = Conn::new(server);
+            let mut got = Vec::new();
+            while let Ok(Some(req)) = conn.read_request().await {
+                got.push((req.path, req.body.to_vec()));
+            }
+            let _ = writer.await;
+            got
+        })
+    }
+
+    fn chunked(body: &[u8], size: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        for c in body.chunks(size.max(1)) {
+            out.extend_from_slice(format!("{:X};ext=1\r\n", c.len()).as_bytes());
+            out.extend_from_slice(c);
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"0\r\nx-trailer: t\r\n\r\n");
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Keep-alive requests with bodies framed by Content-Length or chunked coding, written
+        /// in arbitrary pieces, parse back to the same paths and bodies, in order.
+        #[test]
+        fn bodies_survive_any_framing_and_any_write_split(
+            bodies in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 1..4),
+            chunk_size in 1usize..64,
+            piece in 1usize..50,
+            use_chunked in any::<bool>(),
+        ) {
+            let mut wire = Vec::new();
+            for (i, body) in bodies.iter().enumerate() {
+                if use_chunked {
+                    wire.extend_from_slice(format!("POST /r{i} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n").as_bytes());
+                    wire.extend_from_slice(&chunked(body, chunk_size));
+                } else {
+                    wire.extend_from_slice(format!("POST /r{i} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", body.len()).as_bytes());
+                    wire.extend_from_slice(body);
+                }
+            }
+            let got = parse_all(wire, piece);
+            let want: Vec<(String, Vec<u8>)> = bodies.iter().enumerate().map(|(i, b)| (format!("/r{i}"), b.clone())).collect();
+            prop_assert_eq!(got, want);
+        }
+    }
+}
