@@ -220,3 +220,153 @@ async fn serve_uses_postgres_when_database_url_is_set() -> Result<()> {
     let pg = samewise_store::testing::PgTestDatabase::create().await?;
     serve_end_to_end(Some(pg.url())).await
 }
+
+/// The test model, where every test looks for it (`scripts/fetch-model.sh` puts it there).
+fn test_model() -> Result<std::path::PathBuf> {
+    let path = match std::env::var_os("SAMEWISE_MODEL") {
+        Some(p) => std::path::PathBuf::from(p),
+        None => std::path::PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
+            .join(".cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    };
+    anyhow::ensure!(
+        path.exists(),
+        "test model missing at {}: run scripts/fetch-model.sh",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// Spawns `samewise ARGS` and returns it with the URL of its "listening on" line.
+fn spawn_listening(
+    args: &[&std::ffi::OsStr],
+    cwd: &std::path::Path,
+) -> Result<(std::process::Child, String)> {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+        // keep draining so the child never blocks on a full pipe
+        for _ in lines {}
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(line) => {
+            let url = line
+                .strip_prefix("listening on ")
+                .context("unexpected first line")?
+                .to_owned();
+            Ok((child, url))
+        }
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            anyhow::bail!("samewise {args:?} printed no 'listening on' line")
+        }
+    }
+}
+
+fn stop(mut child: std::process::Child) -> Result<std::process::ExitStatus> {
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(s) = child.try_wait()? {
+            return Ok(s);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            anyhow::bail!("did not stop after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The README's run command: the example config starts in an empty directory (SQLite in its
+/// relative data dir) and, in front of the reference engine on the test model, answers a chat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_config_serves_the_engine_from_a_fresh_directory() -> Result<()> {
+    let model = test_model()?;
+    let fresh = tempfile::tempdir()?;
+    let (engine, engine_url) = spawn_listening(
+        &[
+            "engine".as_ref(),
+            "serve".as_ref(),
+            "--model".as_ref(),
+            model.as_os_str(),
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+        ],
+        fresh.path(),
+    )?;
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/samewise.toml"
+    ))?;
+    assert!(example.contains("http://127.0.0.1:8081/v1"));
+    let cfg = write(
+        fresh.path(),
+        "samewise.toml",
+        &example.replace("http://127.0.0.1:8081", &engine_url),
+    )?;
+
+    let out = Command::new(BIN)
+        .args(["keys", "create", "me", "--config"])
+        .arg(&cfg)
+        .current_dir(fresh.path())
+        .env_remove("DATABASE_URL")
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = String::from_utf8(out.stdout)?.trim().to_owned();
+
+    let (serve, url) = spawn_listening(
+        &[
+            "serve".as_ref(),
+            "--config".as_ref(),
+            cfg.as_os_str(),
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+        ],
+        fresh.path(),
+    )?;
+    assert!(
+        fresh.path().join(".samewise/samewise.db").exists(),
+        "SQLite under the example's data_dir"
+    );
+    let resp = reqwest::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(&key)
+        .header("content-type", "application/json")
+        .body(r#"{"model":"smollm2","messages":[{"role":"user","content":"Hello"}],"max_tokens":4,"temperature":0}"#)
+        .send()
+        .await?;
+    let status = resp.status();
+    let text = resp.text().await?;
+    let serve_exit = stop(serve)?;
+    let engine_exit = stop(engine)?;
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    assert!(
+        !v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty(),
+        "{v}"
+    );
+    assert!(serve_exit.success() && engine_exit.success());
+    Ok(())
+}
