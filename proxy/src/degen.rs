@@ -32,7 +32,11 @@ pub const DEFAULT_REPEAT: usize = 4;
 impl RepeatGuard {
     /// A guard that fires on `n` identical units in a row (`n` below 2 is taken as 2).
     pub fn new(n: usize) -> Self {
-        RepeatGuard { n: n.max(MIN_REPEAT), last: String::new(), run: 0 }
+        RepeatGuard {
+            n: n.max(MIN_REPEAT),
+            last: String::new(),
+            run: 0,
+        }
     }
 
     /// The run length that fires the guard.
@@ -103,7 +107,10 @@ mod tests {
             assert!(!g.push(u));
         }
         assert!(!g.push(""));
-        assert!(g.push("a"), "the empty delta neither counted nor broke the run");
+        assert!(
+            g.push("a"),
+            "the empty delta neither counted nor broke the run"
+        );
         g.reset();
         assert!(!g.push("a"));
     }
@@ -130,8 +137,14 @@ mod tests {
     fn text_fallback_uses_words() {
         assert!(repeats_in_text("I think think think think so", 4));
         assert!(!repeats_in_text("I think think think so", 4));
-        assert!(!repeats_in_text("aaaaaaaaaaaaaaaa", 4), "one long word is one unit");
-        assert!(repeats_in_text("ok\nok  ok\tok", 4), "any whitespace separates words");
+        assert!(
+            !repeats_in_text("aaaaaaaaaaaaaaaa", 4),
+            "one long word is one unit"
+        );
+        assert!(
+            repeats_in_text("ok\nok  ok\tok", 4),
+            "any whitespace separates words"
+        );
         assert!(!repeats_in_text("", 4));
     }
 
@@ -145,7 +158,10 @@ mod tests {
                 if !u.is_empty() {
                     seen.push(u);
                 }
-                seen.len() >= n && seen[seen.len() - n..].iter().all(|x| *x == seen[seen.len() - 1])
+                seen.len() >= n
+                    && seen[seen.len() - n..]
+                        .iter()
+                        .all(|x| *x == seen[seen.len() - 1])
             })
             .collect()
     }

@@ -119,21 +119,30 @@ impl ToolSet {
     pub fn from_request_tools(tools: &Value) -> ToolSet {
         let mut set = ToolSet::default();
         let Some(list) = tools.as_array() else {
-            set.schema_errors.push(("tools".to_owned(), "`tools` is not an array".to_owned()));
+            set.schema_errors
+                .push(("tools".to_owned(), "`tools` is not an array".to_owned()));
             return set;
         };
         for (i, tool) in list.iter().enumerate() {
             // {"type": "function", "function": {"name", "parameters"}}; other tool types
             // (custom, built-in) declare no function schema and are skipped.
-            if tool.get("type").and_then(Value::as_str).is_some_and(|t| t != "function") {
+            if tool
+                .get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| t != "function")
+            {
                 continue;
             }
             let Some(function) = tool.get("function") else {
-                set.schema_errors.push((format!("tools[{i}]"), "no `function` object".to_owned()));
+                set.schema_errors
+                    .push((format!("tools[{i}]"), "no `function` object".to_owned()));
                 continue;
             };
             let Some(name) = function.get("name").and_then(Value::as_str) else {
-                set.schema_errors.push((format!("tools[{i}]"), "function has no string `name`".to_owned()));
+                set.schema_errors.push((
+                    format!("tools[{i}]"),
+                    "function has no string `name`".to_owned(),
+                ));
                 continue;
             };
             let check = match function.get("parameters") {
@@ -142,7 +151,10 @@ impl ToolSet {
                 Some(schema) => match jsonschema::validator_for(schema) {
                     Ok(v) => ArgCheck::Schema(Box::new(v)),
                     Err(err) => {
-                        set.schema_errors.push((name.to_owned(), format!("parameters schema does not compile: {err}")));
+                        set.schema_errors.push((
+                            name.to_owned(),
+                            format!("parameters schema does not compile: {err}"),
+                        ));
                         ArgCheck::AnyObject
                     }
                 },
@@ -179,7 +191,11 @@ impl ToolSet {
             ArgCheck::AnyObject => args.is_object(),
             ArgCheck::Schema(v) => v.is_valid(&args),
         };
-        if ok { CallVerdict::Ok } else { CallVerdict::SchemaMismatch }
+        if ok {
+            CallVerdict::Ok
+        } else {
+            CallVerdict::SchemaMismatch
+        }
     }
 }
 
@@ -201,14 +217,27 @@ impl ToolCallAssembler {
 
     /// Feeds one element of a streamed `delta.tool_calls` array.
     pub fn push(&mut self, delta: &Value) {
-        let id = delta.get("id").and_then(Value::as_str).filter(|s| !s.is_empty());
-        let name = delta.pointer("/function/name").and_then(Value::as_str).filter(|s| !s.is_empty());
-        let index = match delta.get("index").and_then(Value::as_u64).and_then(|i| u32::try_from(i).ok()) {
+        let id = delta
+            .get("id")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty());
+        let name = delta
+            .pointer("/function/name")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty());
+        let index = match delta
+            .get("index")
+            .and_then(Value::as_u64)
+            .and_then(|i| u32::try_from(i).ok())
+        {
             Some(i) => i,
             None if id.is_some() || name.is_some() || self.last.is_none() => self.next_index(),
             None => self.last.unwrap_or_default(),
         };
-        let call = self.calls.entry(index).or_insert_with(|| ToolCall { index, ..ToolCall::default() });
+        let call = self.calls.entry(index).or_insert_with(|| ToolCall {
+            index,
+            ..ToolCall::default()
+        });
         if call.id.is_none() {
             call.id = id.map(str::to_owned);
         }
@@ -236,7 +265,10 @@ impl ToolCallAssembler {
             ToolCall {
                 index,
                 id: call.get("id").and_then(Value::as_str).map(str::to_owned),
-                name: call.pointer("/function/name").and_then(Value::as_str).map(str::to_owned),
+                name: call
+                    .pointer("/function/name")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
                 arguments,
             },
         );
@@ -249,13 +281,19 @@ impl ToolCallAssembler {
     }
 
     fn next_index(&self) -> u32 {
-        self.calls.keys().next_back().map_or(0, |i| i.saturating_add(1))
+        self.calls
+            .keys()
+            .next_back()
+            .map_or(0, |i| i.saturating_add(1))
     }
 }
 
 /// Classifies every call and checks the finish reason against them.
 pub fn check_calls(tools: &ToolSet, calls: &[ToolCall], finish_reason: Option<&str>) -> ToolReport {
-    let mut report = ToolReport { calls: saturating_u32(calls.len()), ..ToolReport::default() };
+    let mut report = ToolReport {
+        calls: saturating_u32(calls.len()),
+        ..ToolReport::default()
+    };
     for call in calls {
         let verdict = tools.classify(call);
         match verdict {
@@ -272,7 +310,8 @@ pub fn check_calls(tools: &ToolSet, calls: &[ToolCall], finish_reason: Option<&s
         Some(r) if !says_calls(r) && !calls.is_empty() => Some(FinishMismatch::CallsWithoutFinish),
         _ => None,
     };
-    report.errored = report.invalid_json + report.unknown_name + report.schema_mismatch > 0 || report.finish_mismatch.is_some();
+    report.errored = report.invalid_json + report.unknown_name + report.schema_mismatch > 0
+        || report.finish_mismatch.is_some();
     report
 }
 
@@ -299,27 +338,69 @@ mod tests {
     }
 
     fn call(name: &str, args: &str) -> ToolCall {
-        ToolCall { index: 0, id: None, name: Some(name.to_owned()), arguments: args.to_owned() }
+        ToolCall {
+            index: 0,
+            id: None,
+            name: Some(name.to_owned()),
+            arguments: args.to_owned(),
+        }
     }
 
     #[test]
     fn classifies_each_kind_of_call() {
         let set = ToolSet::from_request_tools(&weather_tools());
         assert!(set.schema_errors().is_empty());
-        assert_eq!(set.classify(&call("get_weather", r#"{"city": "Oslo", "days": 2}"#)), CallVerdict::Ok);
-        assert_eq!(set.classify(&call("get_weather", r#"{"city": "Oslo""#)), CallVerdict::InvalidJson);
-        assert_eq!(set.classify(&call("get_wether", r#"{"city": "Oslo"}"#)), CallVerdict::UnknownName);
-        assert_eq!(set.classify(&ToolCall { name: None, ..call("x", "{}") }), CallVerdict::UnknownName);
-        assert_eq!(set.classify(&call("get_weather", r#"{"days": 2}"#)), CallVerdict::SchemaMismatch);
-        assert_eq!(set.classify(&call("get_weather", r#"{"city": "Oslo", "days": 0}"#)), CallVerdict::SchemaMismatch);
-        assert_eq!(set.classify(&call("get_weather", r#"{"city": 3}"#)), CallVerdict::SchemaMismatch);
-        assert_eq!(set.classify(&call("get_weather", "")), CallVerdict::SchemaMismatch, "empty args are {{}} and miss `city`");
+        assert_eq!(
+            set.classify(&call("get_weather", r#"{"city": "Oslo", "days": 2}"#)),
+            CallVerdict::Ok
+        );
+        assert_eq!(
+            set.classify(&call("get_weather", r#"{"city": "Oslo""#)),
+            CallVerdict::InvalidJson
+        );
+        assert_eq!(
+            set.classify(&call("get_wether", r#"{"city": "Oslo"}"#)),
+            CallVerdict::UnknownName
+        );
+        assert_eq!(
+            set.classify(&ToolCall {
+                name: None,
+                ..call("x", "{}")
+            }),
+            CallVerdict::UnknownName
+        );
+        assert_eq!(
+            set.classify(&call("get_weather", r#"{"days": 2}"#)),
+            CallVerdict::SchemaMismatch
+        );
+        assert_eq!(
+            set.classify(&call("get_weather", r#"{"city": "Oslo", "days": 0}"#)),
+            CallVerdict::SchemaMismatch
+        );
+        assert_eq!(
+            set.classify(&call("get_weather", r#"{"city": 3}"#)),
+            CallVerdict::SchemaMismatch
+        );
+        assert_eq!(
+            set.classify(&call("get_weather", "")),
+            CallVerdict::SchemaMismatch,
+            "empty args are {{}} and miss `city`"
+        );
         // no schema / empty schema: any object, only objects
-        assert_eq!(set.classify(&call("now", r#"{"tz": "UTC"}"#)), CallVerdict::Ok);
+        assert_eq!(
+            set.classify(&call("now", r#"{"tz": "UTC"}"#)),
+            CallVerdict::Ok
+        );
         assert_eq!(set.classify(&call("now", "")), CallVerdict::Ok);
         assert_eq!(set.classify(&call("empty", "{}")), CallVerdict::Ok);
-        assert_eq!(set.classify(&call("now", "[1, 2]")), CallVerdict::SchemaMismatch);
-        assert_eq!(set.classify(&call("now", "not json")), CallVerdict::InvalidJson);
+        assert_eq!(
+            set.classify(&call("now", "[1, 2]")),
+            CallVerdict::SchemaMismatch
+        );
+        assert_eq!(
+            set.classify(&call("now", "not json")),
+            CallVerdict::InvalidJson
+        );
         // unknown name wins over bad JSON
         assert_eq!(set.classify(&call("nope", "{{")), CallVerdict::UnknownName);
     }
@@ -345,17 +426,54 @@ mod tests {
     }
 
     #[test]
+    fn local_refs_resolve_and_remote_refs_are_never_fetched() {
+        // pydantic-style schemas put shared types under $defs
+        let tools = json!([
+            {"type": "function", "function": {"name": "book", "parameters": {
+                "type": "object",
+                "$defs": {"Date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}},
+                "properties": {"from": {"$ref": "#/$defs/Date"}},
+                "required": ["from"]}}},
+            {"type": "function", "function": {"name": "remote", "parameters": {
+                "$ref": "http://127.0.0.1:9/schema.json"}}},
+        ]);
+        let set = ToolSet::from_request_tools(&tools);
+        assert_eq!(
+            set.classify(&call("book", r#"{"from": "2025-01-31"}"#)),
+            CallVerdict::Ok
+        );
+        assert_eq!(
+            set.classify(&call("book", r#"{"from": "next tuesday"}"#)),
+            CallVerdict::SchemaMismatch
+        );
+        // a remote reference is not fetched (no network from the request path): the schema is
+        // reported as unusable and its calls are checked for JSON objects only
+        assert_eq!(set.schema_errors().len(), 1, "{:?}", set.schema_errors());
+        assert_eq!(set.schema_errors()[0].0, "remote");
+        assert_eq!(set.classify(&call("remote", "{}")), CallVerdict::Ok);
+    }
+
+    #[test]
     fn finish_reason_consistency() {
         let set = ToolSet::from_request_tools(&weather_tools());
         let ok = [call("now", "{}")];
-        assert_eq!(check_calls(&set, &ok, Some("tool_calls")).finish_mismatch, None);
+        assert_eq!(
+            check_calls(&set, &ok, Some("tool_calls")).finish_mismatch,
+            None
+        );
         assert!(!check_calls(&set, &ok, Some("tool_calls")).errored);
         let r = check_calls(&set, &[], Some("tool_calls"));
         assert_eq!(r.finish_mismatch, Some(FinishMismatch::FinishWithoutCalls));
         assert!(r.errored);
-        assert_eq!(r.finish_mismatch.map(FinishMismatch::as_str), Some("finish_without_calls"));
+        assert_eq!(
+            r.finish_mismatch.map(FinishMismatch::as_str),
+            Some("finish_without_calls")
+        );
         let r = check_calls(&set, &ok, Some("stop"));
-        assert_eq!(r.finish_mismatch.map(FinishMismatch::as_str), Some("calls_without_finish"));
+        assert_eq!(
+            r.finish_mismatch.map(FinishMismatch::as_str),
+            Some("calls_without_finish")
+        );
         assert!(r.errored);
         assert_eq!(check_calls(&set, &[], Some("stop")), ToolReport::default());
         // no finish reason (a cut stream): no verdict on consistency
@@ -373,7 +491,10 @@ mod tests {
             call("now", "{}"),
         ];
         let r = check_calls(&set, &calls, Some("tool_calls"));
-        assert_eq!((r.calls, r.invalid_json, r.unknown_name, r.schema_mismatch), (5, 1, 1, 1));
+        assert_eq!(
+            (r.calls, r.invalid_json, r.unknown_name, r.schema_mismatch),
+            (5, 1, 1, 1)
+        );
         assert!(r.errored);
         assert_eq!(r.verdicts[4], CallVerdict::Ok);
     }
@@ -402,10 +523,18 @@ mod tests {
         a.push(&json!({"id": "c2", "function": {"name": "b", "arguments": "{}"}}));
         a.push(&json!("garbage"));
         let calls = a.finish();
-        assert_eq!(calls.iter().map(|c| c.arguments.as_str()).collect::<Vec<_>>(), vec![r#"{"x": 1}"#, "{}"]);
+        assert_eq!(
+            calls
+                .iter()
+                .map(|c| c.arguments.as_str())
+                .collect::<Vec<_>>(),
+            vec![r#"{"x": 1}"#, "{}"]
+        );
 
         let mut whole = ToolCallAssembler::new();
-        whole.push_whole(&json!({"id": "c1", "type": "function", "function": {"name": "a", "arguments": "{}"}}));
+        whole.push_whole(
+            &json!({"id": "c1", "type": "function", "function": {"name": "a", "arguments": "{}"}}),
+        );
         whole.push_whole(&json!({"id": "c2", "type": "function", "function": {"name": "b", "arguments": {"k": 1}}}));
         let calls = whole.finish();
         assert_eq!(calls[1].index, 1);

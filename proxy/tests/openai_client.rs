@@ -47,14 +47,23 @@ async fn openai_python_sdk_gets_stream_tool_call_and_logprobs_intact() -> Result
     let mock = MockUpstream::builder()
         .name("up")
         .behavior(Behavior::Ok(Default::default()))
-        .behavior(Behavior::tool_calls(vec![ToolCall::new("get_weather", r#"{"city": "Oslo"}"#)], "tool_calls"))
+        .behavior(Behavior::tool_calls(
+            vec![ToolCall::new("get_weather", r#"{"city": "Oslo"}"#)],
+            "tool_calls",
+        ))
         .behavior(Behavior::Ok(Default::default()))
         .start()
         .await?;
     let proxy = Proxy::start(Backend::Sqlite, &[&mock], "").await?;
 
     let (base_url, key) = (proxy.base_url.clone(), proxy.key.clone());
-    let out = tokio::task::spawn_blocking(move || Command::new(python()).arg(script()).args([&base_url, &key, MODEL]).output()).await??;
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python())
+            .arg(script())
+            .args([&base_url, &key, MODEL])
+            .output()
+    })
+    .await??;
     if !out.status.success() {
         bail!(
             "openai_client.py failed ({}):\nstdout: {}\nstderr: {}",
@@ -63,10 +72,14 @@ async fn openai_python_sdk_gets_stream_tool_call_and_logprobs_intact() -> Result
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let got: Value = serde_json::from_slice(&out.stdout).context("the script's summary is not JSON")?;
+    let got: Value =
+        serde_json::from_slice(&out.stdout).context("the script's summary is not JSON")?;
 
     // 1. the stream, reassembled by the SDK, is the upstream's text, usage included
-    assert_eq!(got["stream"]["text"], "Hello from up serving model-0.", "{got:#}");
+    assert_eq!(
+        got["stream"]["text"], "Hello from up serving model-0.",
+        "{got:#}"
+    );
     assert_eq!(got["stream"]["completion_tokens"], 6, "{got:#}");
     assert_eq!(got["stream"]["prompt_tokens"], 5, "{got:#}");
     // 2. the tool call's arguments are byte-for-byte what the upstream sent
@@ -76,7 +89,9 @@ async fn openai_python_sdk_gets_stream_tool_call_and_logprobs_intact() -> Result
     // 3. logprobs: the upstream's tokens, values and alternatives
     let pieces = ["Hello", " from", " up", " serving", " model-0", "."];
     assert_eq!(got["logprobs"]["tokens"], json!(pieces), "{got:#}");
-    let expected_lp: Vec<f64> = (0..pieces.len()).map(|i| -0.0625 * ((i % 7) as f64 + 1.0)).collect();
+    let expected_lp: Vec<f64> = (0..pieces.len())
+        .map(|i| -0.0625 * ((i % 7) as f64 + 1.0))
+        .collect();
     assert_eq!(got["logprobs"]["logprobs"], json!(expected_lp));
     assert_eq!(got["logprobs"]["top"][0], json!(["Hello", "alt1"]));
 
@@ -87,19 +102,47 @@ async fn openai_python_sdk_gets_stream_tool_call_and_logprobs_intact() -> Result
     assert_eq!(bodies[0]["stream_options"], json!({"include_usage": true}));
     assert_eq!(bodies[1]["tools"][0]["function"]["name"], "get_weather");
     assert_eq!(bodies[1]["tool_choice"], "auto");
-    assert_eq!((bodies[2]["logprobs"].clone(), bodies[2]["top_logprobs"].clone()), (json!(true), json!(2)));
-    assert!(bodies.iter().all(|b| b["model"] == "model-0"), "{bodies:#?}");
+    assert_eq!(
+        (
+            bodies[2]["logprobs"].clone(),
+            bodies[2]["top_logprobs"].clone()
+        ),
+        (json!(true), json!(2))
+    );
+    assert!(
+        bodies.iter().all(|b| b["model"] == "model-0"),
+        "{bodies:#?}"
+    );
 
     // and each request has its record
     let records = proxy.records(3).await?;
     assert_eq!(records.len(), 3, "{records:#?}");
-    assert!(records.iter().all(|r| r.final_attempt && r.status == Some(200) && r.route == "chat" && r.key_id.is_some()), "{records:#?}");
-    assert!(records[0].stream && !records[0].usage_counted, "{records:#?}");
-    assert_eq!((records[0].prompt_tokens, records[0].completion_tokens), (Some(5), Some(6)));
+    assert!(
+        records.iter().all(|r| r.final_attempt
+            && r.status == Some(200)
+            && r.route == "chat"
+            && r.key_id.is_some()),
+        "{records:#?}"
+    );
+    assert!(
+        records[0].stream && !records[0].usage_counted,
+        "{records:#?}"
+    );
+    assert_eq!(
+        (records[0].prompt_tokens, records[0].completion_tokens),
+        (Some(5), Some(6))
+    );
     assert_eq!(records[0].finish_reason.as_deref(), Some("stop"));
-    assert_eq!((records[1].tool_calls, records[1].tool_errored), (1, false), "{records:#?}");
+    assert_eq!(
+        (records[1].tool_calls, records[1].tool_errored),
+        (1, false),
+        "{records:#?}"
+    );
     assert_eq!(records[1].finish_reason.as_deref(), Some("tool_calls"));
-    assert!(!records[2].stream && records[2].finish_reason.as_deref() == Some("stop"), "{records:#?}");
+    assert!(
+        !records[2].stream && records[2].finish_reason.as_deref() == Some("stop"),
+        "{records:#?}"
+    );
 
     proxy.stop().await?;
     mock.shutdown().await;

@@ -46,7 +46,12 @@ fn client_calls(stream: bool, text: &str) -> Result<Vec<(String, String)>> {
     let mut calls: Vec<(String, String)> = Vec::new();
     if stream {
         for event in sse_json(text)? {
-            for delta in event.pointer("/choices/0/delta/tool_calls").and_then(Value::as_array).into_iter().flatten() {
+            for delta in event
+                .pointer("/choices/0/delta/tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 let i = usize::try_from(delta["index"].as_u64().unwrap_or(u64::MAX))?;
                 if calls.len() <= i {
                     calls.resize(i + 1, (String::new(), String::new()));
@@ -61,9 +66,22 @@ fn client_calls(stream: bool, text: &str) -> Result<Vec<(String, String)>> {
         }
     } else {
         let v: Value = serde_json::from_str(text)?;
-        for c in v.pointer("/choices/0/message/tool_calls").and_then(Value::as_array).into_iter().flatten() {
-            let name = c.pointer("/function/name").and_then(Value::as_str).unwrap_or_default().to_owned();
-            let args = c.pointer("/function/arguments").and_then(Value::as_str).unwrap_or_default().to_owned();
+        for c in v
+            .pointer("/choices/0/message/tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let name = c
+                .pointer("/function/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            let args = c
+                .pointer("/function/arguments")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
             calls.push((name, args));
         }
     }
@@ -71,17 +89,33 @@ fn client_calls(stream: bool, text: &str) -> Result<Vec<(String, String)>> {
 }
 
 fn as_pairs(calls: &[ToolCall]) -> Vec<(String, String)> {
-    calls.iter().map(|c| (c.name.clone(), c.arguments.clone())).collect()
+    calls
+        .iter()
+        .map(|c| (c.name.clone(), c.arguments.clone()))
+        .collect()
 }
 
 /// Sends one tool request answered with `calls` and `finish`; checks the client got the calls
 /// untouched and returns the request's single record.
-async fn one_request(backend: Backend, stream: bool, calls: Vec<ToolCall>, finish: &str) -> Result<RequestRecord> {
-    let mock = MockUpstream::builder().name("tools").behavior(Behavior::tool_calls(calls.clone(), finish)).start().await?;
+async fn one_request(
+    backend: Backend,
+    stream: bool,
+    calls: Vec<ToolCall>,
+    finish: &str,
+) -> Result<RequestRecord> {
+    let mock = MockUpstream::builder()
+        .name("tools")
+        .behavior(Behavior::tool_calls(calls.clone(), finish))
+        .start()
+        .await?;
     let proxy = Proxy::start(backend, &[&mock], "").await?;
     let (status, text) = proxy.post("/chat/completions", &with_tools(stream)).await?;
     assert_eq!(status, 200, "{text}");
-    assert_eq!(client_calls(stream, &text)?, as_pairs(&calls), "the client must get the calls exactly as sent");
+    assert_eq!(
+        client_calls(stream, &text)?,
+        as_pairs(&calls),
+        "the client must get the calls exactly as sent"
+    );
     // the tools reached the upstream untouched
     let seen = mock.requests();
     assert_eq!(seen.len(), 1);
@@ -142,7 +176,16 @@ async fn valid_calls_leave_the_request_unerrored() -> Result<()> {
             ToolCall::new("get_time", "{}"),
         ];
         let r = one_request(Backend::Sqlite, stream, calls, "tool_calls").await?;
-        assert_eq!((r.tool_calls, r.tool_invalid_json, r.tool_unknown_name, r.tool_schema_mismatch), (2, 0, 0, 0), "{r:#?}");
+        assert_eq!(
+            (
+                r.tool_calls,
+                r.tool_invalid_json,
+                r.tool_unknown_name,
+                r.tool_schema_mismatch
+            ),
+            (2, 0, 0, 0),
+            "{r:#?}"
+        );
         assert_eq!(r.tool_finish_mismatch, None);
         assert!(!r.tool_errored, "stream={stream}: {r:#?}");
     }
@@ -154,7 +197,11 @@ async fn finish_tool_calls_without_calls_is_a_mismatch() -> Result<()> {
     for stream in [false, true] {
         let r = one_request(Backend::Sqlite, stream, Vec::new(), "tool_calls").await?;
         assert_eq!(r.tool_calls, 0);
-        assert_eq!(r.tool_finish_mismatch.as_deref(), Some("finish_without_calls"), "stream={stream}: {r:#?}");
+        assert_eq!(
+            r.tool_finish_mismatch.as_deref(),
+            Some("finish_without_calls"),
+            "stream={stream}: {r:#?}"
+        );
         assert!(r.tool_errored);
     }
     Ok(())
@@ -163,9 +210,19 @@ async fn finish_tool_calls_without_calls_is_a_mismatch() -> Result<()> {
 #[tokio::test]
 async fn calls_with_another_finish_reason_are_a_mismatch() -> Result<()> {
     for stream in [false, true] {
-        let r = one_request(Backend::Sqlite, stream, vec![ToolCall::new("get_time", "{}")], "stop").await?;
+        let r = one_request(
+            Backend::Sqlite,
+            stream,
+            vec![ToolCall::new("get_time", "{}")],
+            "stop",
+        )
+        .await?;
         assert_eq!(r.tool_calls, 1);
-        assert_eq!(r.tool_finish_mismatch.as_deref(), Some("calls_without_finish"), "stream={stream}: {r:#?}");
+        assert_eq!(
+            r.tool_finish_mismatch.as_deref(),
+            Some("calls_without_finish"),
+            "stream={stream}: {r:#?}"
+        );
         assert!(r.tool_errored);
         assert_eq!(r.finish_reason.as_deref(), Some("stop"));
     }
@@ -178,9 +235,19 @@ async fn requests_without_tools_record_no_tool_activity() -> Result<()> {
     let proxy = Proxy::start(Backend::Sqlite, &[&mock], "").await?;
     let (status, body) = proxy.post_json("/chat/completions", &chat(false)).await?;
     assert_eq!(status, 200);
-    assert_eq!(body["choices"][0]["message"]["content"], "Hello from mock serving model-0.");
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "Hello from mock serving model-0."
+    );
     let r = proxy.records(1).await?;
-    assert_eq!((r[0].tool_calls, r[0].tool_errored, r[0].tool_finish_mismatch.clone()), (0, false, None));
+    assert_eq!(
+        (
+            r[0].tool_calls,
+            r[0].tool_errored,
+            r[0].tool_finish_mismatch.clone()
+        ),
+        (0, false, None)
+    );
     proxy.stop().await?;
     mock.shutdown().await;
     Ok(())
@@ -188,8 +255,14 @@ async fn requests_without_tools_record_no_tool_activity() -> Result<()> {
 
 #[tokio::test]
 async fn a_tool_schema_that_does_not_compile_is_not_the_endpoints_fault() -> Result<()> {
-    let calls = vec![ToolCall::new("odd", r#"{"a": 1}"#), ToolCall::new("odd", "{oops")];
-    let mock = MockUpstream::builder().behavior(Behavior::tool_calls(calls, "tool_calls")).start().await?;
+    let calls = vec![
+        ToolCall::new("odd", r#"{"a": 1}"#),
+        ToolCall::new("odd", "{oops"),
+    ];
+    let mock = MockUpstream::builder()
+        .behavior(Behavior::tool_calls(calls, "tool_calls"))
+        .start()
+        .await?;
     let proxy = Proxy::start(Backend::Sqlite, &[&mock], "").await?;
     let mut body = chat(false);
     body["tools"] = json!([{"type": "function", "function": {"name": "odd", "parameters": {"type": "no-such-type"}}}]);
@@ -197,7 +270,15 @@ async fn a_tool_schema_that_does_not_compile_is_not_the_endpoints_fault() -> Res
     assert_eq!(status, 200, "the answer still reaches the client: {text}");
     let r = proxy.records(1).await?;
     // only JSON-ness can be checked against an unusable schema
-    assert_eq!((r[0].tool_calls, r[0].tool_invalid_json, r[0].tool_schema_mismatch), (2, 1, 0), "{r:#?}");
+    assert_eq!(
+        (
+            r[0].tool_calls,
+            r[0].tool_invalid_json,
+            r[0].tool_schema_mismatch
+        ),
+        (2, 1, 0),
+        "{r:#?}"
+    );
     proxy.stop().await?;
     mock.shutdown().await;
     Ok(())
@@ -213,7 +294,10 @@ async fn streamed_calls_split_across_reads_are_still_assembled() -> Result<()> {
     }
     .with_tool_calls(every_class())
     .finish("tool_calls");
-    let mock = MockUpstream::builder().behavior(Behavior::Ok(reply)).start().await?;
+    let mock = MockUpstream::builder()
+        .behavior(Behavior::Ok(reply))
+        .start()
+        .await?;
     let proxy = Proxy::start(Backend::Sqlite, &[&mock], "").await?;
     let (status, text) = proxy.post("/chat/completions", &with_tools(true)).await?;
     assert_eq!(status, 200, "{text}");

@@ -124,7 +124,10 @@ impl Behavior {
 
     /// Tool calls with the given finish reason.
     pub fn tool_calls(calls: Vec<ToolCall>, finish_reason: &str) -> Self {
-        Behavior::ToolCalls { calls, finish_reason: finish_reason.to_owned() }
+        Behavior::ToolCalls {
+            calls,
+            finish_reason: finish_reason.to_owned(),
+        }
     }
 
     /// The reply script this behavior answers with, for the well-formed ones; `None` for the
@@ -132,18 +135,36 @@ impl Behavior {
     pub(crate) fn reply(&self) -> Option<Reply> {
         let reply = match self {
             Behavior::Ok(reply) => reply.clone(),
-            Behavior::DelayHeaders(d) => Reply { header_delay: *d, ..Reply::default() },
-            Behavior::DelayBetweenChunks(d) => Reply { chunk_delay: *d, ..Reply::default() },
-            Behavior::SplitEvents => Reply { split_writes: true, ..Reply::default() },
-            Behavior::ToolCalls { calls, finish_reason } => Reply {
+            Behavior::DelayHeaders(d) => Reply {
+                header_delay: *d,
+                ..Reply::default()
+            },
+            Behavior::DelayBetweenChunks(d) => Reply {
+                chunk_delay: *d,
+                ..Reply::default()
+            },
+            Behavior::SplitEvents => Reply {
+                split_writes: true,
+                ..Reply::default()
+            },
+            Behavior::ToolCalls {
+                calls,
+                finish_reason,
+            } => Reply {
                 content: Some(Vec::new()),
                 tool_calls: calls.clone(),
                 finish_reason: Some(finish_reason.clone()),
                 ..Reply::default()
             },
-            Behavior::Logprobs => Reply { logprobs: LogprobsMode::Always, ..Reply::default() },
+            Behavior::Logprobs => Reply {
+                logprobs: LogprobsMode::Always,
+                ..Reply::default()
+            },
             Behavior::RepeatToken { token, times } => Reply::text(vec![token.clone(); *times]),
-            Behavior::NoUsage => Reply { no_usage: true, ..Reply::default() },
+            Behavior::NoUsage => Reply {
+                no_usage: true,
+                ..Reply::default()
+            },
             Behavior::Status(..)
             | Behavior::RateLimited { .. }
             | Behavior::ResetBeforeResponse
@@ -163,7 +184,10 @@ impl Reply {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        Reply { content: Some(pieces.into_iter().map(Into::into).collect()), ..Reply::default() }
+        Reply {
+            content: Some(pieces.into_iter().map(Into::into).collect()),
+            ..Reply::default()
+        }
     }
 
     /// The same reply with this finish reason.
@@ -191,6 +215,10 @@ impl Reply {
 impl ToolCall {
     /// A call of `name` with this raw arguments string and a generated id.
     pub fn new(name: &str, arguments: &str) -> Self {
-        ToolCall { id: None, name: name.to_owned(), arguments: arguments.to_owned() }
+        ToolCall {
+            id: None,
+            name: name.to_owned(),
+            arguments: arguments.to_owned(),
+        }
     }
 }

@@ -35,7 +35,10 @@ pub(crate) struct Conn {
 
 impl Conn {
     pub fn new(stream: TcpStream) -> Self {
-        Conn { stream, buf: BytesMut::with_capacity(8 * 1024) }
+        Conn {
+            stream,
+            buf: BytesMut::with_capacity(8 * 1024),
+        }
     }
 
     /// Reads the next request; `Ok(None)` when the client closed the connection cleanly
@@ -68,25 +71,39 @@ impl Conn {
         }
         let mut headers = Vec::new();
         for line in lines.filter(|l| !l.is_empty()) {
-            let (name, value) = line.split_once(':').ok_or_else(|| invalid("bad header line"))?;
+            let (name, value) = line
+                .split_once(':')
+                .ok_or_else(|| invalid("bad header line"))?;
             headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
         }
-        let header = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
-        let connection = header("connection").unwrap_or_default().to_ascii_lowercase();
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let connection = header("connection")
+            .unwrap_or_default()
+            .to_ascii_lowercase();
         let keep_alive = if version == "HTTP/1.0" {
             connection.contains("keep-alive")
         } else {
             !connection.contains("close")
         };
         if header("expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue")) {
-            self.stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await?;
+            self.stream
+                .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                .await?;
         }
-        let chunked = header("transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+        let chunked =
+            header("transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
         let body = if chunked {
             self.read_chunked().await?
         } else {
             let len = match header("content-length") {
-                Some(v) => v.parse::<usize>().map_err(|_| invalid("bad content-length"))?,
+                Some(v) => v
+                    .parse::<usize>()
+                    .map_err(|_| invalid("bad content-length"))?,
                 None => 0,
             };
             if len > MAX_BODY {
@@ -94,7 +111,13 @@ impl Conn {
             }
             self.read_exact_body(len).await?
         };
-        Ok(Some(Request { method, path, headers, body, keep_alive }))
+        Ok(Some(Request {
+            method,
+            path,
+            headers,
+            body,
+            keep_alive,
+        }))
     }
 
     async fn fill(&mut self, want: usize) -> std::io::Result<()> {
@@ -131,7 +154,8 @@ impl Conn {
         loop {
             let line = self.read_line().await?;
             let size_hex = line.split(';').next().unwrap_or_default().trim();
-            let size = usize::from_str_radix(size_hex, 16).map_err(|_| invalid("bad chunk size"))?;
+            let size =
+                usize::from_str_radix(size_hex, 16).map_err(|_| invalid("bad chunk size"))?;
             if size == 0 {
                 // trailers, up to the blank line
                 while !self.read_line().await?.is_empty() {}
@@ -149,7 +173,12 @@ impl Conn {
 
 /// The response head for `status` with these extra headers; `length` `Some` gives a
 /// `Content-Length`, `None` chunked transfer coding.
-pub(crate) fn response_head(status: u16, headers: &[(&str, String)], length: Option<usize>, keep_alive: bool) -> String {
+pub(crate) fn response_head(
+    status: u16,
+    headers: &[(&str, String)],
+    length: Option<usize>,
+    keep_alive: bool,
+) -> String {
     let mut head = format!("HTTP/1.1 {status} {}\r\n", reason(status));
     for (name, value) in headers {
         head.push_str(name);
@@ -213,18 +242,33 @@ mod tests {
     /// Writes `wire` to a fresh loopback connection in `pieces`-sized writes and parses
     /// every request the server side reads from it.
     fn parse_all(wire: Vec<u8>, piece: usize) -> Vec<(String, Vec<u8>)> {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| panic!("runtime: {e}"));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
         rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("bind: {e}"));
-            let addr = listener.local_addr().unwrap_or_else(|e| panic!("addr: {e}"));
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .unwrap_or_else(|e| panic!("bind: {e}"));
+            let addr = listener
+                .local_addr()
+                .unwrap_or_else(|e| panic!("addr: {e}"));
             let writer = tokio::spawn(async move {
-                let mut client = tokio::net::TcpStream::connect(addr).await.unwrap_or_else(|e| panic!("connect: {e}"));
+                let mut client = tokio::net::TcpStream::connect(addr)
+                    .await
+                    .unwrap_or_else(|e| panic!("connect: {e}"));
                 let _ = client.set_nodelay(true);
                 for part in wire.chunks(piece.max(1)) {
-                    client.write_all(part).await.unwrap_or_else(|e| panic!("write: {e}"));
+                    client
+                        .write_all(part)
+                        .await
+                        .unwrap_or_else(|e| panic!("write: {e}"));
                 }
             });
-            let (server, _) = listener.accept().await.unwrap_or_else(|e| panic!("accept: {e}"));
+            let (server, _) = listener
+                .accept()
+                .await
+                .unwrap_or_else(|e| panic!("accept: {e}"));
             let mut conn = Conn::new(server);
             let mut got = Vec::new();
             while let Ok(Some(req)) = conn.read_request().await {

@@ -161,13 +161,22 @@ impl MockUpstreamBuilder {
 
     /// Binds the listener and starts serving.
     pub async fn start(self) -> Result<MockUpstream, TestkitError> {
-        let listener = TcpListener::bind(&self.bind)
-            .await
-            .map_err(|source| TestkitError::Bind { addr: self.bind.clone(), source })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|source| TestkitError::Bind { addr: self.bind.clone(), source })?;
-        let models = if self.models.is_empty() { vec!["mock-model".to_owned()] } else { self.models };
+        let listener =
+            TcpListener::bind(&self.bind)
+                .await
+                .map_err(|source| TestkitError::Bind {
+                    addr: self.bind.clone(),
+                    source,
+                })?;
+        let addr = listener.local_addr().map_err(|source| TestkitError::Bind {
+            addr: self.bind.clone(),
+            source,
+        })?;
+        let models = if self.models.is_empty() {
+            vec!["mock-model".to_owned()]
+        } else {
+            self.models
+        };
         let shared = Arc::new(Shared {
             name: self.name,
             models,
@@ -181,8 +190,18 @@ impl MockUpstreamBuilder {
         });
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
-        tracker.spawn(accept_loop(listener, shared.clone(), cancel.clone(), tracker.clone()));
-        Ok(MockUpstream { addr, shared, cancel, tracker })
+        tracker.spawn(accept_loop(
+            listener,
+            shared.clone(),
+            cancel.clone(),
+            tracker.clone(),
+        ));
+        Ok(MockUpstream {
+            addr,
+            shared,
+            cancel,
+            tracker,
+        })
     }
 }
 
@@ -246,7 +265,11 @@ impl MockUpstream {
     }
 
     /// Waits until at least `n` requests have arrived, or fails at the deadline.
-    pub async fn wait_for_requests(&self, n: usize, timeout: Duration) -> Result<Vec<RecordedRequest>, TestkitError> {
+    pub async fn wait_for_requests(
+        &self,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<Vec<RecordedRequest>, TestkitError> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let notified = self.shared.arrived.notified();
@@ -256,7 +279,10 @@ impl MockUpstream {
                 return Ok(self.requests());
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Err(TestkitError::WaitTimeout { wanted: n, seen: self.request_count() });
+                return Err(TestkitError::WaitTimeout {
+                    wanted: n,
+                    seen: self.request_count(),
+                });
             }
         }
     }
@@ -281,7 +307,10 @@ impl RecordedRequest {
     /// The first value of a header (name matched case-insensitively).
     pub fn header(&self, name: &str) -> Option<&str> {
         let name = name.to_ascii_lowercase();
-        self.headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
     }
 
     /// The body parsed as JSON, if it is JSON.
@@ -296,7 +325,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, cancel: CancellationToken, tracker: TaskTracker) {
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+) {
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -333,7 +367,11 @@ async fn serve_conn(stream: TcpStream, shared: Arc<Shared>, cancel: Cancellation
                 method: request.method.clone(),
                 path: request.path.clone(),
                 headers: request.headers.clone(),
-                body: if shared.record_bodies { request.body.clone() } else { Bytes::new() },
+                body: if shared.record_bodies {
+                    request.body.clone()
+                } else {
+                    Bytes::new()
+                },
             });
             shared.seen.fetch_add(1, Ordering::SeqCst);
         } else {
@@ -348,7 +386,13 @@ async fn serve_conn(stream: TcpStream, shared: Arc<Shared>, cancel: Cancellation
 }
 
 /// Answers one request.
-async fn answer(conn: &mut Conn, req: &http1::Request, shared: &Shared, cancel: &CancellationToken, seq: u64) -> std::io::Result<Flow> {
+async fn answer(
+    conn: &mut Conn,
+    req: &http1::Request,
+    shared: &Shared,
+    cancel: &CancellationToken,
+    seq: u64,
+) -> std::io::Result<Flow> {
     let path = req.path.split('?').next().unwrap_or_default();
     let endpoint = match (req.method.as_str(), path) {
         ("GET", "/v1/models") => {
@@ -367,7 +411,11 @@ async fn answer(conn: &mut Conn, req: &http1::Request, shared: &Shared, cancel: 
             return write_full(conn, shared, req, 405, &[], body.as_bytes()).await;
         }
         _ => {
-            let body = render::error_body(&format!("unknown path {path}"), "invalid_request_error", Some("not_found"));
+            let body = render::error_body(
+                &format!("unknown path {path}"),
+                "invalid_request_error",
+                Some("not_found"),
+            );
             return write_full(conn, shared, req, 404, &[], body.as_bytes()).await;
         }
     };
@@ -378,17 +426,28 @@ async fn answer(conn: &mut Conn, req: &http1::Request, shared: &Shared, cancel: 
             return write_full(conn, shared, req, 400, &[], body.as_bytes()).await;
         }
     };
-    let behavior = lock(&shared.queue).pop_front().unwrap_or_else(|| lock(&shared.default).clone());
+    let behavior = lock(&shared.queue)
+        .pop_front()
+        .unwrap_or_else(|| lock(&shared.default).clone());
     if let Some(reply) = behavior.reply() {
         return write_reply(conn, shared, req, &parsed, &reply, cancel, seq).await;
     }
     let default = Reply::default();
     let answer = Answer::new(&parsed, &default, &shared.name, seq);
     match behavior {
-        Behavior::Status(status, body) => write_full(conn, shared, req, status, &[], body.as_bytes()).await,
+        Behavior::Status(status, body) => {
+            write_full(conn, shared, req, status, &[], body.as_bytes()).await
+        }
         Behavior::RateLimited { retry_after } => {
-            let headers: Vec<(&str, String)> = retry_after.map(|s| ("retry-after", s.to_string())).into_iter().collect();
-            let body = render::error_body("Rate limit reached for requests", "requests", Some("rate_limit_exceeded"));
+            let headers: Vec<(&str, String)> = retry_after
+                .map(|s| ("retry-after", s.to_string()))
+                .into_iter()
+                .collect();
+            let body = render::error_body(
+                "Rate limit reached for requests",
+                "requests",
+                Some("rate_limit_exceeded"),
+            );
             write_full(conn, shared, req, 429, &headers, body.as_bytes()).await
         }
         Behavior::ResetBeforeResponse => {
@@ -443,7 +502,12 @@ async fn answer(conn: &mut Conn, req: &http1::Request, shared: &Shared, cancel: 
             if parsed.stream {
                 write_stream_body(conn, shared, &[body]).await
             } else {
-                let head = http1::response_head(200, &common_headers(shared, "text/event-stream"), Some(body.len()), req.keep_alive);
+                let head = http1::response_head(
+                    200,
+                    &common_headers(shared, "text/event-stream"),
+                    Some(body.len()),
+                    req.keep_alive,
+                );
                 conn.stream.write_all(head.as_bytes()).await?;
                 conn.stream.write_all(body.as_bytes()).await?;
                 Ok(Flow::KeepAlive)
@@ -451,13 +515,19 @@ async fn answer(conn: &mut Conn, req: &http1::Request, shared: &Shared, cancel: 
         }
         Behavior::NeverEnds => {
             if parsed.stream {
-                conn.stream.write_all(stream_head(shared).as_bytes()).await?;
+                conn.stream
+                    .write_all(stream_head(shared).as_bytes())
+                    .await?;
                 for event in answer.events().iter().take(2) {
-                    conn.stream.write_all(&http1::chunk(event.as_bytes())).await?;
+                    conn.stream
+                        .write_all(&http1::chunk(event.as_bytes()))
+                        .await?;
                 }
             } else {
                 let body = answer.full_body();
-                conn.stream.write_all(json_head(shared, 200, &[], Some(body.len()), false).as_bytes()).await?;
+                conn.stream
+                    .write_all(json_head(shared, 200, &[], Some(body.len()), false).as_bytes())
+                    .await?;
                 conn.stream.write_all(&body[..body.len() / 2]).await?;
             }
             conn.stream.flush().await?;
@@ -494,7 +564,9 @@ async fn write_reply(
         if !reply.split_writes {
             return write_full(conn, shared, req, 200, &[], &body).await;
         }
-        conn.stream.write_all(json_head(shared, 200, &[], Some(body.len()), req.keep_alive).as_bytes()).await?;
+        conn.stream
+            .write_all(json_head(shared, 200, &[], Some(body.len()), req.keep_alive).as_bytes())
+            .await?;
         for piece in awkward_pieces(&body) {
             conn.stream.write_all(piece).await?;
             conn.stream.flush().await?;
@@ -504,7 +576,9 @@ async fn write_reply(
         }
         return Ok(Flow::KeepAlive);
     }
-    conn.stream.write_all(stream_head(shared).as_bytes()).await?;
+    conn.stream
+        .write_all(stream_head(shared).as_bytes())
+        .await?;
     for (i, event) in answer.events().iter().enumerate() {
         if i > 0 && !reply.chunk_delay.is_zero() && pause(cancel, reply.chunk_delay).await {
             return Ok(Flow::Close);
@@ -518,7 +592,9 @@ async fn write_reply(
                 }
             }
         } else {
-            conn.stream.write_all(&http1::chunk(event.as_bytes())).await?;
+            conn.stream
+                .write_all(&http1::chunk(event.as_bytes()))
+                .await?;
         }
     }
     conn.stream.write_all(LAST_CHUNK).await?;
@@ -526,10 +602,18 @@ async fn write_reply(
 }
 
 /// A complete chunked SSE response of these body parts.
-async fn write_stream_body(conn: &mut Conn, shared: &Shared, parts: &[String]) -> std::io::Result<Flow> {
-    conn.stream.write_all(stream_head(shared).as_bytes()).await?;
+async fn write_stream_body(
+    conn: &mut Conn,
+    shared: &Shared,
+    parts: &[String],
+) -> std::io::Result<Flow> {
+    conn.stream
+        .write_all(stream_head(shared).as_bytes())
+        .await?;
     for part in parts.iter().filter(|p| !p.is_empty()) {
-        conn.stream.write_all(&http1::chunk(part.as_bytes())).await?;
+        conn.stream
+            .write_all(&http1::chunk(part.as_bytes()))
+            .await?;
     }
     conn.stream.write_all(LAST_CHUNK).await?;
     Ok(Flow::KeepAlive)
@@ -550,10 +634,19 @@ async fn write_full(
 }
 
 fn common_headers(shared: &Shared, content_type: &str) -> Vec<(&'static str, String)> {
-    vec![("content-type", content_type.to_owned()), ("x-mock-upstream", shared.name.clone())]
+    vec![
+        ("content-type", content_type.to_owned()),
+        ("x-mock-upstream", shared.name.clone()),
+    ]
 }
 
-fn json_head(shared: &Shared, status: u16, extra: &[(&str, String)], len: Option<usize>, keep_alive: bool) -> String {
+fn json_head(
+    shared: &Shared,
+    status: u16,
+    extra: &[(&str, String)],
+    len: Option<usize>,
+    keep_alive: bool,
+) -> String {
     let mut headers = common_headers(shared, "application/json");
     headers.extend(extra.iter().map(|(n, v)| (*n, v.clone())));
     http1::response_head(status, &headers, len, keep_alive)
@@ -569,7 +662,10 @@ fn stream_head(shared: &Shared) -> String {
 /// (inside the JSON), in the middle, and before the last byte (between the two `\n`s).
 fn awkward_pieces(bytes: &[u8]) -> Vec<&[u8]> {
     let len = bytes.len();
-    let mut cuts: Vec<usize> = [1, 7, len / 2, len.saturating_sub(1)].into_iter().filter(|&c| c > 0 && c < len).collect();
+    let mut cuts: Vec<usize> = [1, 7, len / 2, len.saturating_sub(1)]
+        .into_iter()
+        .filter(|&c| c > 0 && c < len)
+        .collect();
     cuts.sort_unstable();
     cuts.dedup();
     let mut pieces = Vec::with_capacity(cuts.len() + 1);

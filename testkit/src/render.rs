@@ -38,21 +38,31 @@ pub(crate) struct Parsed {
 impl Parsed {
     /// Reads the fields the mock cares about; `Err` is the message of a 400 answer.
     pub fn from_body(endpoint: Endpoint, body: &[u8]) -> Result<Parsed, String> {
-        let value: Value = serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
+        let value: Value =
+            serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
         let model = value
             .get("model")
             .and_then(Value::as_str)
             .ok_or("missing string field `model`")?
             .to_owned();
-        let stream = value.get("stream").and_then(Value::as_bool).unwrap_or(false);
+        let stream = value
+            .get("stream")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
         let include_usage = value
             .pointer("/stream_options/include_usage")
             .and_then(Value::as_bool)
             .unwrap_or(false);
         let (logprobs, top_logprobs) = match endpoint {
             Endpoint::Chat => (
-                value.get("logprobs").and_then(Value::as_bool).unwrap_or(false),
-                value.get("top_logprobs").and_then(Value::as_u64).unwrap_or(0),
+                value
+                    .get("logprobs")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+                value
+                    .get("top_logprobs")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0),
             ),
             Endpoint::Completions => match value.get("logprobs").and_then(Value::as_u64) {
                 Some(n) => (true, n),
@@ -70,7 +80,11 @@ impl Parsed {
                         .join(" ")
                 })
                 .unwrap_or_default(),
-            Endpoint::Completions => value.get("prompt").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            Endpoint::Completions => value
+                .get("prompt")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
         };
         let prompt_tokens = prompt_text.split_whitespace().count().max(1) as u64;
         Ok(Parsed {
@@ -96,7 +110,10 @@ pub(crate) struct Answer<'a> {
 
 impl<'a> Answer<'a> {
     pub fn new(req: &'a Parsed, reply: &'a Reply, mock_name: &str, seq: u64) -> Self {
-        let pieces = reply.content.clone().unwrap_or_else(|| default_pieces(mock_name, &req.model));
+        let pieces = reply
+            .content
+            .clone()
+            .unwrap_or_else(|| default_pieces(mock_name, &req.model));
         let with_logprobs = match reply.logprobs {
             LogprobsMode::WhenAsked => req.logprobs,
             LogprobsMode::Always => true,
@@ -106,13 +123,21 @@ impl<'a> Answer<'a> {
             Endpoint::Chat => "chatcmpl",
             Endpoint::Completions => "cmpl",
         };
-        Answer { req, reply, id: format!("{prefix}-{mock_name}-{seq}"), pieces, with_logprobs }
+        Answer {
+            req,
+            reply,
+            id: format!("{prefix}-{mock_name}-{seq}"),
+            pieces,
+            with_logprobs,
+        }
     }
 
     fn finish_reason(&self) -> String {
         match &self.reply.finish_reason {
             Some(r) => r.clone(),
-            None if !self.reply.tool_calls.is_empty() && self.req.endpoint == Endpoint::Chat => "tool_calls".into(),
+            None if !self.reply.tool_calls.is_empty() && self.req.endpoint == Endpoint::Chat => {
+                "tool_calls".into()
+            }
             None => "stop".into(),
         }
     }
@@ -160,7 +185,11 @@ impl<'a> Answer<'a> {
                 json!({"index": 0, "message": message, "logprobs": logprobs, "finish_reason": self.finish_reason()})
             }
             Endpoint::Completions => {
-                let logprobs = if self.with_logprobs { self.completion_logprobs(0..self.pieces.len()) } else { Value::Null };
+                let logprobs = if self.with_logprobs {
+                    self.completion_logprobs(0..self.pieces.len())
+                } else {
+                    Value::Null
+                };
                 json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": self.finish_reason()})
             }
         };
@@ -186,11 +215,19 @@ impl<'a> Answer<'a> {
         for (i, piece) in self.pieces.iter().enumerate() {
             let choice = match self.req.endpoint {
                 Endpoint::Chat => {
-                    let logprobs = if self.with_logprobs { json!({"content": [self.chat_logprob(i)]}) } else { Value::Null };
+                    let logprobs = if self.with_logprobs {
+                        json!({"content": [self.chat_logprob(i)]})
+                    } else {
+                        Value::Null
+                    };
                     json!({"index": 0, "delta": {"content": piece}, "logprobs": logprobs, "finish_reason": null})
                 }
                 Endpoint::Completions => {
-                    let logprobs = if self.with_logprobs { self.completion_logprobs(i..i + 1) } else { Value::Null };
+                    let logprobs = if self.with_logprobs {
+                        self.completion_logprobs(i..i + 1)
+                    } else {
+                        Value::Null
+                    };
                     json!({"index": 0, "text": piece, "logprobs": logprobs, "finish_reason": null})
                 }
             };
@@ -205,8 +242,12 @@ impl<'a> Answer<'a> {
             }
         }
         let finish = match self.req.endpoint {
-            Endpoint::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": self.finish_reason()}),
-            Endpoint::Completions => json!({"index": 0, "text": "", "logprobs": null, "finish_reason": self.finish_reason()}),
+            Endpoint::Chat => {
+                json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": self.finish_reason()})
+            }
+            Endpoint::Completions => {
+                json!({"index": 0, "text": "", "logprobs": null, "finish_reason": self.finish_reason()})
+            }
         };
         out.push(self.chunk(finish));
         if self.req.include_usage && !self.reply.no_usage {
@@ -227,7 +268,11 @@ impl<'a> Answer<'a> {
         let lp = logprob(i);
         let top: Vec<Value> = (0..self.req.top_logprobs)
             .map(|j| {
-                let t = if j == 0 { token.clone() } else { format!("alt{j}") };
+                let t = if j == 0 {
+                    token.clone()
+                } else {
+                    format!("alt{j}")
+                };
                 json!({"token": t, "logprob": lp - j as f64, "bytes": t.as_bytes()})
             })
             .collect();
@@ -242,7 +287,11 @@ impl<'a> Answer<'a> {
             let lp = logprob(i);
             let mut top = serde_json::Map::new();
             for j in 0..self.req.top_logprobs {
-                let t = if j == 0 { token.clone() } else { format!("alt{j}") };
+                let t = if j == 0 {
+                    token.clone()
+                } else {
+                    format!("alt{j}")
+                };
                 top.insert(t, json!(lp - j as f64));
             }
             tokens.push(json!(token));
@@ -257,7 +306,14 @@ impl<'a> Answer<'a> {
 
 /// The default text: names the mock and echoes the model id it was sent.
 pub(crate) fn default_pieces(mock_name: &str, model: &str) -> Vec<String> {
-    vec!["Hello".into(), " from".into(), format!(" {mock_name}"), " serving".into(), format!(" {model}"), ".".into()]
+    vec![
+        "Hello".into(),
+        " from".into(),
+        format!(" {mock_name}"),
+        " serving".into(),
+        format!(" {model}"),
+        ".".into(),
+    ]
 }
 
 /// An OpenAI-shaped error body.
@@ -285,7 +341,10 @@ fn split3(s: &str) -> Vec<&str> {
     };
     let a = boundary(s.len() / 3);
     let b = boundary((2 * s.len() / 3).max(a));
-    [&s[..a], &s[a..b], &s[b..]].into_iter().filter(|p| !p.is_empty()).collect()
+    [&s[..a], &s[a..b], &s[b..]]
+        .into_iter()
+        .filter(|p| !p.is_empty())
+        .collect()
 }
 
 #[cfg(test)]

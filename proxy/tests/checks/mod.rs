@@ -53,7 +53,9 @@ pub fn config(mocks: &[&MockUpstream], limits: &str) -> String {
     }
     toml.push_str(&format!("[models.\"{MODEL}\"]\npolicy = \"cheapest\"\n\n"));
     for i in 0..mocks.len() {
-        toml.push_str(&format!("[[models.\"{MODEL}\".endpoints]]\nprovider = \"p{i}\"\nmodel = \"model-{i}\"\n\n"));
+        toml.push_str(&format!(
+            "[[models.\"{MODEL}\".endpoints]]\nprovider = \"p{i}\"\nmodel = \"model-{i}\"\n\n"
+        ));
     }
     toml
 }
@@ -63,16 +65,24 @@ impl Proxy {
     pub async fn start(backend: Backend, mocks: &[&MockUpstream], limits: &str) -> Result<Proxy> {
         let db = TestDb::new(backend).await.context("test database")?;
         let config = Config::from_toml_str(&config(mocks, limits)).context("proxy config")?;
-        let writer_cfg = RecordWriterConfig { flush_interval: Duration::from_millis(20), ..RecordWriterConfig::default() };
+        let writer_cfg = RecordWriterConfig {
+            flush_interval: Duration::from_millis(20),
+            ..RecordWriterConfig::default()
+        };
         let (sender, writer) = RecordWriter::spawn(db.store.clone(), writer_cfg);
-        let state = AppState::with_env(&config, db.store.clone(), sender, |_| None).context("proxy state")?;
+        let state = AppState::with_env(&config, db.store.clone(), sender, |_| None)
+            .context("proxy state")?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (stop, stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(samewise_proxy::serve(listener, state, async move {
             let _ = stopped.await;
         }));
-        let (_, key) = db.store.create_api_key("checks", None).await.context("api key")?;
+        let (_, key) = db
+            .store
+            .create_api_key("checks", None)
+            .await
+            .context("api key")?;
         Ok(Proxy {
             db,
             base_url: format!("http://{addr}/v1"),
@@ -101,7 +111,8 @@ impl Proxy {
     /// POSTs and parses the answer as JSON.
     pub async fn post_json(&self, path: &str, body: &Value) -> Result<(u16, Value)> {
         let (status, text) = self.post(path, body).await?;
-        let value = serde_json::from_str(&text).with_context(|| format!("answer is not JSON: {text}"))?;
+        let value =
+            serde_json::from_str(&text).with_context(|| format!("answer is not JSON: {text}"))?;
         Ok((status, value))
     }
 
@@ -113,14 +124,22 @@ impl Proxy {
             let mut rows = self
                 .db
                 .store
-                .request_records(&RecordQuery { limit: 10_000, ..RecordQuery::default() })
+                .request_records(&RecordQuery {
+                    limit: 10_000,
+                    ..RecordQuery::default()
+                })
                 .await?;
             if rows.len() >= n {
-                rows.sort_by(|a, b| (a.ts_ms, &a.request_id, a.attempt).cmp(&(b.ts_ms, &b.request_id, b.attempt)));
+                rows.sort_by(|a, b| {
+                    (a.ts_ms, &a.request_id, a.attempt).cmp(&(b.ts_ms, &b.request_id, b.attempt))
+                });
                 return Ok(rows);
             }
             if tokio::time::Instant::now() > deadline {
-                bail!("waited 10 s for {n} request records; the store has {}: {rows:#?}", rows.len());
+                bail!(
+                    "waited 10 s for {n} request records; the store has {}: {rows:#?}",
+                    rows.len()
+                );
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
@@ -131,8 +150,12 @@ impl Proxy {
     pub async fn request(&self, k: usize, total_records: usize) -> Result<Vec<RequestRecord>> {
         let rows = self.records(total_records).await?;
         let finals: Vec<&RequestRecord> = rows.iter().filter(|r| r.final_attempt).collect();
-        let id = finals.get(k).map(|r| r.request_id.clone()).context("no such request")?;
-        let mut attempts: Vec<RequestRecord> = rows.into_iter().filter(|r| r.request_id == id).collect();
+        let id = finals
+            .get(k)
+            .map(|r| r.request_id.clone())
+            .context("no such request")?;
+        let mut attempts: Vec<RequestRecord> =
+            rows.into_iter().filter(|r| r.request_id == id).collect();
         attempts.sort_by_key(|r| r.attempt);
         Ok(attempts)
     }
@@ -155,7 +178,12 @@ impl Proxy {
 /// The `data:` payloads of an SSE body, in order (`[DONE]` included as a string).
 pub fn sse_data(body: &str) -> Vec<String> {
     body.split("\n\n")
-        .flat_map(|event| event.lines().filter_map(|l| l.strip_prefix("data:")).map(|d| d.trim_start().to_owned()))
+        .flat_map(|event| {
+            event
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(|d| d.trim_start().to_owned())
+        })
         .collect()
 }
 
@@ -172,7 +200,10 @@ pub fn sse_json(body: &str) -> Result<Vec<Value>> {
 pub fn streamed_text(events: &[Value]) -> String {
     events
         .iter()
-        .filter_map(|e| e.pointer("/choices/0/delta/content").and_then(Value::as_str))
+        .filter_map(|e| {
+            e.pointer("/choices/0/delta/content")
+                .and_then(Value::as_str)
+        })
         .collect()
 }
 

@@ -58,7 +58,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("loadgen: cannot start the runtime: {e}");
@@ -83,14 +86,21 @@ fn main() -> ExitCode {
 
 fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
-    let mut a = Args { mode: it.next().ok_or("no mode")?, warmup: 2.0, ..Args::default() };
+    let mut a = Args {
+        mode: it.next().ok_or("no mode")?,
+        warmup: 2.0,
+        ..Args::default()
+    };
     while let Some(flag) = it.next() {
         if flag == "--stream" {
             a.stream = true;
             continue;
         }
         let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let num = |v: &str| v.parse::<f64>().map_err(|_| format!("{flag}: not a number: {v}"));
+        let num = |v: &str| {
+            v.parse::<f64>()
+                .map_err(|_| format!("{flag}: not a number: {v}"))
+        };
         match flag.as_str() {
             "--direct" => a.direct = v,
             "--proxy" => a.proxy = v,
@@ -100,7 +110,11 @@ fn parse_args() -> Result<Args, String> {
             "--rate" => a.rate = num(&v)?,
             "--duration" => a.duration = num(&v)?,
             "--warmup" => a.warmup = num(&v)?,
-            "--streams" => a.streams = v.parse().map_err(|_| format!("--streams: not a count: {v}"))?,
+            "--streams" => {
+                a.streams = v
+                    .parse()
+                    .map_err(|_| format!("--streams: not a count: {v}"))?
+            }
             "--hold" => a.hold = num(&v)?,
             other => return Err(format!("unknown flag {other}")),
         }
@@ -163,7 +177,8 @@ async fn rate(a: &Args) -> Result<(), String> {
     let period = Duration::from_secs_f64(1.0 / a.rate);
     let warmup_ticks = (a.warmup * a.rate).round() as usize;
     let ticks = (a.duration * a.rate).round() as usize;
-    let results: Arc<std::sync::Mutex<Vec<(Outcome, Outcome)>>> = Arc::new(std::sync::Mutex::new(Vec::with_capacity(ticks)));
+    let results: Arc<std::sync::Mutex<Vec<(Outcome, Outcome)>>> =
+        Arc::new(std::sync::Mutex::new(Vec::with_capacity(ticks)));
     let tracker = TaskTracker::new();
     let mut interval = tokio::time::interval(period);
     // open loop: a late tick is fired at once (burst), never skipped
@@ -175,8 +190,17 @@ async fn rate(a: &Args) -> Result<(), String> {
         if scheduled.elapsed() > LATE {
             late_ticks += 1;
         }
-        let (client, direct_url, proxy_url, results) = (client.clone(), direct_url.clone(), proxy_url.clone(), results.clone());
-        let (key, direct_body, proxy_body) = (a.key.clone(), body(&a.direct_model, a.stream), body(&a.model, a.stream));
+        let (client, direct_url, proxy_url, results) = (
+            client.clone(),
+            direct_url.clone(),
+            proxy_url.clone(),
+            results.clone(),
+        );
+        let (key, direct_body, proxy_body) = (
+            a.key.clone(),
+            body(&a.direct_model, a.stream),
+            body(&a.model, a.stream),
+        );
         let measured = i >= warmup_ticks;
         tracker.spawn(async move {
             let (d, p) = tokio::join!(
@@ -184,14 +208,21 @@ async fn rate(a: &Args) -> Result<(), String> {
                 one(&client, &proxy_url, &key, proxy_body),
             );
             if measured {
-                results.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((d, p));
+                results
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push((d, p));
             }
         });
     }
     let send_secs = started.elapsed().as_secs_f64();
     tracker.close();
     tracker.wait().await;
-    let results = std::mem::take(&mut *results.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    let results = std::mem::take(
+        &mut *results
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
 
     let mut direct = Vec::new();
     let mut through = Vec::new();
@@ -256,10 +287,21 @@ async fn hold(a: &Args) -> Result<(), String> {
     let release = tokio_util::sync::CancellationToken::new();
     let tracker = TaskTracker::new();
     for _ in 0..a.streams {
-        let (client, url, key, body) = (client.clone(), url.clone(), a.key.clone(), body(&a.model, true));
+        let (client, url, key, body) = (
+            client.clone(),
+            url.clone(),
+            a.key.clone(),
+            body(&a.model, true),
+        );
         let (ready, failed, release) = (ready.clone(), failed.clone(), release.clone());
         tracker.spawn(async move {
-            let resp = client.post(&url).bearer_auth(&key).header("content-type", "application/json").body(body).send().await;
+            let resp = client
+                .post(&url)
+                .bearer_auth(&key)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await;
             let mut resp = match resp {
                 Ok(r) if r.status().is_success() => r,
                 _ => {
@@ -281,16 +323,26 @@ async fn hold(a: &Args) -> Result<(), String> {
         tokio::task::yield_now().await;
     }
     let deadline = Instant::now() + Duration::from_secs(60);
-    while ready.load(Ordering::SeqCst) + failed.load(Ordering::SeqCst) < a.streams && Instant::now() < deadline {
+    while ready.load(Ordering::SeqCst) + failed.load(Ordering::SeqCst) < a.streams
+        && Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    println!("ready {} failed {}", ready.load(Ordering::SeqCst), failed.load(Ordering::SeqCst));
+    println!(
+        "ready {} failed {}",
+        ready.load(Ordering::SeqCst),
+        failed.load(Ordering::SeqCst)
+    );
     tokio::time::sleep(Duration::from_secs_f64(a.hold.max(0.0))).await;
     release.cancel();
     tracker.close();
     tracker.wait().await;
     if failed.load(Ordering::SeqCst) > 0 {
-        return Err(format!("{} of {} streams failed", failed.load(Ordering::SeqCst), a.streams));
+        return Err(format!(
+            "{} of {} streams failed",
+            failed.load(Ordering::SeqCst),
+            a.streams
+        ));
     }
     Ok(())
 }

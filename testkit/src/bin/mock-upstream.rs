@@ -8,7 +8,8 @@ use std::process::ExitCode;
 
 use samewise_testkit::{Behavior, MockUpstream};
 
-const USAGE: &str = "usage: mock-upstream [--listen ADDR] [--name NAME] [--model ID]... [--never-ends]";
+const USAGE: &str =
+    "usage: mock-upstream [--listen ADDR] [--name NAME] [--model ID]... [--never-ends]";
 
 fn main() -> ExitCode {
     let mut builder = MockUpstream::builder().record(false);
@@ -34,7 +35,10 @@ fn main() -> ExitCode {
             }
         }
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("mock-upstream: cannot start the runtime: {e}");
@@ -50,13 +54,14 @@ fn main() -> ExitCode {
             }
         };
         println!("listening on {}", mock.url());
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("mock-upstream: cannot watch SIGTERM: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("mock-upstream: cannot watch SIGTERM: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
