@@ -36,12 +36,15 @@
 
 pub mod align;
 pub mod compare;
+pub mod config;
 pub mod ladder;
 pub mod mmd;
 pub mod noise;
 pub mod passive;
 pub mod prompts;
+pub mod reference;
 pub mod sequential;
+pub mod vocab;
 
 /// Everything that can go wrong in this crate: all of it is bad input.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -68,6 +71,21 @@ pub enum ProbesError {
     /// A calibration ladder is malformed or lacks what was asked of it.
     #[error("calibration ladder: {0}")]
     Ladder(String),
+    /// The probes configuration is invalid (the message names the key).
+    #[error("probes config: {0}")]
+    Config(String),
+    /// The reference backend failed (engine error, HTTP error, bad answer).
+    #[error("reference: {0}")]
+    Reference(String),
+    /// A probed endpoint could not be called or answered something unusable.
+    #[error("endpoint: {0}")]
+    Endpoint(String),
+    /// The database refused a read or write.
+    #[error("store: {0}")]
+    Store(String),
+    /// A file could not be read.
+    #[error("{0}")]
+    Io(String),
 }
 
 /// Shorthand for results of this crate.

@@ -1,0 +1,412 @@
+//! The typed probes configuration, parsed from the raw TOML tables the gateway's config
+//! keeps: the top-level `[probes]` table (reference backend, ladder, scheduler settings) and
+//! each model's `[models.NAME.probes]` table (kinds, schedule, budgets, prompt sets).
+//!
+//! Every table is read with `deny_unknown_fields`; an error names the key at fault
+//! (`probes.reference.backend`, `models.smol.probes.interval_ms`, ...). Durations are
+//! milliseconds (`*_ms`), as in the rest of the gateway's configuration.
+//!
+//! ```toml
+//! [probes]
+//! ladder = "ladders/smol.json"          # optional: "≈ N-bit" verdicts
+//! noise_pair_every = 10                 # the same probe twice every K rounds
+//! sweep_interval_ms = 60000
+//! lock_retry_ms = 30000
+//! [probes.reference]
+//! backend = "in_process"                # | "remote" | "external"
+//! model = "/models/smol.gguf"           # in_process: the weights
+//! threads = 2
+//! # remote: url = "http://127.0.0.1:8081" (a `samewise engine serve`), tokenizer = PATH
+//! # external: url, flavour = "vllm" | "sglang", model_name, tokenizer = PATH
+//!
+//! [models.smol.probes]
+//! kinds = ["prompt_logprobs", "completion_logprobs"]
+//! interval_ms = 300000
+//! jitter = 0.1                          # ± share of the interval, seeded
+//! max_tokens = 64
+//! token_budget_per_hour = 50000         # per endpoint
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::{ProbesError, Result};
+
+/// The probe kinds, by their stored name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeKind {
+    /// `/v1/completions` with `echo` + `logprobs` on fixed texts.
+    PromptLogprobs,
+    /// Greedy completion with `logprobs`, re-scored by the reference under teacher forcing.
+    CompletionLogprobs,
+    /// n samples at temperature 1 from endpoint and reference; MMD two-sample test.
+    Samples,
+    /// Prompts that should and should not call a tool; trigger F1 and schema accuracy.
+    ToolCalls,
+    /// Needle retrieval at doubling lengths; the longest passing length.
+    LongContext,
+}
+
+impl ProbeKind {
+    /// Every kind, in a fixed order.
+    pub const ALL: [ProbeKind; 5] = [
+        ProbeKind::PromptLogprobs,
+        ProbeKind::CompletionLogprobs,
+        ProbeKind::Samples,
+        ProbeKind::ToolCalls,
+        ProbeKind::LongContext,
+    ];
+
+    /// The name stored in `ProbeRun::kind`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProbeKind::PromptLogprobs => "prompt_logprobs",
+            ProbeKind::CompletionLogprobs => "completion_logprobs",
+            ProbeKind::Samples => "samples",
+            ProbeKind::ToolCalls => "tool_calls",
+            ProbeKind::LongContext => "long_context",
+        }
+    }
+}
+
+/// Which server speaks for an external reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExternalFlavour {
+    /// vLLM: `/v1/completions` with `prompt_logprobs`.
+    Vllm,
+    /// SGLang: `/generate` with `return_logprob`.
+    Sglang,
+}
+
+/// Where the reference logprobs come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReferenceConfig {
+    /// The engine loaded in this process.
+    InProcess {
+        /// GGUF file or Hugging Face directory.
+        model: PathBuf,
+        /// Kernel threads.
+        threads: usize,
+    },
+    /// A `samewise engine serve` reached over HTTP.
+    Remote {
+        /// Its base URL (`http://host:port`, no `/v1`).
+        url: String,
+        /// A local copy of the tokenizer (GGUF file, HF directory, or tokenizer.json) for
+        /// token alignment.
+        tokenizer: PathBuf,
+    },
+    /// A vLLM or SGLang server hosting the reference weights.
+    External {
+        /// Its base URL (`http://host:port`, no `/v1`).
+        url: String,
+        /// Which protocol it speaks.
+        flavour: ExternalFlavour,
+        /// The model name to send.
+        model_name: String,
+        /// A local copy of the tokenizer, as for `Remote`.
+        tokenizer: PathBuf,
+        /// Environment variable holding its API key, if it needs one.
+        api_key_env: Option<String>,
+    },
+}
+
+/// The whole probes configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbesConfig {
+    /// The reference backend.
+    pub reference: ReferenceConfig,
+    /// Calibration ladder JSON (`samewise calibrate`), if any.
+    pub ladder: Option<PathBuf>,
+    /// A noise-floor pair (the same probe twice) every this many rounds of a kind.
+    pub noise_pair_every: u32,
+    /// How often the passive detectors sweep.
+    pub sweep_interval: Duration,
+    /// How often a standby scheduler retries the database lock.
+    pub lock_retry: Duration,
+    /// Seed of the schedule jitter (and of sampling seeds).
+    pub seed: u64,
+    /// Per model (the gateway's model name): what to probe.
+    pub models: BTreeMap<String, ModelProbes>,
+    /// The `[probes]` keys this parser does not own (detectors, webhooks), left for
+    /// `detect` to parse; empty if none.
+    pub detectors: toml::Table,
+}
+
+/// `[models.NAME.probes]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelProbes {
+    /// Kinds enabled.
+    pub kinds: Vec<ProbeKind>,
+    /// Time between rounds of one kind on one endpoint.
+    pub interval: Duration,
+    /// Share of the interval added or removed at random (0..1).
+    pub jitter: f64,
+    /// Generation budget per request (completion, samples, tools, long-context answers).
+    pub max_tokens: u32,
+    /// Probe tokens (prompt + completion) one endpoint may spend per hour.
+    pub token_budget_per_hour: i64,
+    /// Alternatives per position asked of endpoints (`logprobs`/`top_logprobs`).
+    pub top_k: u32,
+    /// Texts, prompts or cases used per round (a rotating window over the set).
+    pub items_per_round: usize,
+    /// Samples per prompt for the samples probe.
+    pub samples_per_prompt: usize,
+    /// Permutations of the samples probe's test.
+    pub permutations: usize,
+    /// Longest context the long-context probe tries (tokens).
+    pub context_window: u32,
+    /// Users' prompt sets (None: the built-in set).
+    pub prompt_sets: PromptSetPaths,
+}
+
+/// Paths of users' own prompt sets; None means the built-in set of `probes/data/`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptSetPaths {
+    /// JSONL of `{id, text}` for prompt_logprobs.
+    pub logprob_texts: Option<PathBuf>,
+    /// JSONL of `{id, prompt, max_tokens}` for completion_logprobs and samples.
+    pub completion_prompts: Option<PathBuf>,
+    /// JSONL of tool-call cases.
+    pub tool_call_prompts: Option<PathBuf>,
+    /// JSON of tool definitions.
+    pub tools: Option<PathBuf>,
+    /// JSON of the needle template.
+    pub needle: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProbes {
+    reference: Option<toml::Table>,
+    ladder: Option<PathBuf>,
+    noise_pair_every: Option<u32>,
+    sweep_interval_ms: Option<u64>,
+    lock_retry_ms: Option<u64>,
+    seed: Option<u64>,
+    /// Owned by the detectors (probes-alerts); passed through.
+    detectors: Option<toml::Table>,
+    /// Owned by the alerts (probes-alerts); passed through.
+    webhooks: Option<toml::Value>,
+    /// Owned by the alerts (probes-alerts); passed through.
+    alerts: Option<toml::Table>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReference {
+    backend: String,
+    model: Option<PathBuf>,
+    threads: Option<usize>,
+    url: Option<String>,
+    tokenizer: Option<PathBuf>,
+    flavour: Option<ExternalFlavour>,
+    model_name: Option<String>,
+    api_key_env: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModelProbes {
+    kinds: Option<Vec<ProbeKind>>,
+    interval_ms: Option<u64>,
+    jitter: Option<f64>,
+    max_tokens: Option<u32>,
+    token_budget_per_hour: Option<i64>,
+    top_k: Option<u32>,
+    items_per_round: Option<usize>,
+    samples_per_prompt: Option<usize>,
+    permutations: Option<usize>,
+    context_window: Option<u32>,
+    prompt_sets: Option<PromptSetPaths>,
+}
+
+fn cfg_err(key: &str, msg: impl std::fmt::Display) -> ProbesError {
+    ProbesError::Config(format!("{key}: {msg}"))
+}
+
+/// serde's message already names the unknown or mistyped field; prefix the table.
+fn from_table<T: serde::de::DeserializeOwned>(table: &toml::Table, key: &str) -> Result<T> {
+    T::deserialize(toml::Value::Table(table.clone())).map_err(|e| cfg_err(key, e.message()))
+}
+
+impl ProbesConfig {
+    /// Parses `[probes]` and every model's `probes` table. `models` maps the gateway's model
+    /// name to its raw `probes` table (models without one are not probed).
+    pub fn parse(probes: &toml::Table, models: &BTreeMap<String, toml::Table>) -> Result<Self> {
+        let raw: RawProbes = from_table(probes, "probes")?;
+        let reference = match &raw.reference {
+            None => return Err(cfg_err("probes.reference", "missing (the reference backend)")),
+            Some(t) => parse_reference(t)?,
+        };
+        let noise_pair_every = raw.noise_pair_every.unwrap_or(10);
+        if noise_pair_every == 0 {
+            return Err(cfg_err("probes.noise_pair_every", "must be at least 1"));
+        }
+        let sweep_interval = positive_ms(raw.sweep_interval_ms, 60_000, "probes.sweep_interval_ms")?;
+        let lock_retry = positive_ms(raw.lock_retry_ms, 30_000, "probes.lock_retry_ms")?;
+        let mut parsed = BTreeMap::new();
+        for (name, table) in models {
+            parsed.insert(name.clone(), parse_model(name, table)?);
+        }
+        let mut detectors = raw.detectors.unwrap_or_default();
+        if let Some(w) = raw.webhooks {
+            detectors.insert("webhooks".into(), w);
+        }
+        if let Some(a) = raw.alerts {
+            detectors.insert("alerts".into(), toml::Value::Table(a));
+        }
+        Ok(Self {
+            reference,
+            ladder: raw.ladder,
+            noise_pair_every,
+            sweep_interval,
+            lock_retry,
+            seed: raw.seed.unwrap_or(0x5a3e_715e),
+            models: parsed,
+            detectors,
+        })
+    }
+
+    /// Parses a standalone TOML text holding `[probes]` and `[models.NAME.probes]` (the rest of
+    /// a gateway config is ignored); for tests and `samewise probes run`.
+    pub fn from_gateway_toml(src: &str) -> Result<Self> {
+        let doc: toml::Table = src.parse().map_err(|e: toml::de::Error| cfg_err("config", e.message()))?;
+        let probes = match doc.get("probes") {
+            Some(toml::Value::Table(t)) => t.clone(),
+            Some(_) => return Err(cfg_err("probes", "must be a table")),
+            None => return Err(cfg_err("probes", "missing")),
+        };
+        let mut models = BTreeMap::new();
+        if let Some(toml::Value::Table(ms)) = doc.get("models") {
+            for (name, m) in ms {
+                if let Some(toml::Value::Table(p)) = m.get("probes") {
+                    models.insert(name.clone(), p.clone());
+                }
+            }
+        }
+        Self::parse(&probes, &models)
+    }
+}
+
+fn positive_ms(v: Option<u64>, default: u64, key: &str) -> Result<Duration> {
+    match v {
+        Some(0) => Err(cfg_err(key, "must be positive")),
+        Some(ms) => Ok(Duration::from_millis(ms)),
+        None => Ok(Duration::from_millis(default)),
+    }
+}
+
+fn parse_reference(t: &toml::Table) -> Result<ReferenceConfig> {
+    const K: &str = "probes.reference";
+    let r: RawReference = from_table(t, K)?;
+    let need = |v: Option<String>, key: &str| v.filter(|s| !s.trim().is_empty()).ok_or_else(|| cfg_err(&format!("{K}.{key}"), format!("required for backend \"{}\"", r.backend)));
+    let need_path = |v: Option<PathBuf>, key: &str| v.ok_or_else(|| cfg_err(&format!("{K}.{key}"), format!("required for backend \"{}\"", r.backend)));
+    let refuse = |present: bool, key: &str| {
+        if present { Err(cfg_err(&format!("{K}.{key}"), format!("not used by backend \"{}\"", r.backend))) } else { Ok(()) }
+    };
+    let check_url = |u: &str| {
+        if u.starts_with("http://") || u.starts_with("https://") {
+            Ok(u.trim_end_matches('/').to_owned())
+        } else {
+            Err(cfg_err(&format!("{K}.url"), format!("{u:?} is not an http(s) URL")))
+        }
+    };
+    match r.backend.as_str() {
+        "in_process" => {
+            refuse(r.url.is_some(), "url")?;
+            refuse(r.flavour.is_some(), "flavour")?;
+            refuse(r.tokenizer.is_some(), "tokenizer")?;
+            let threads = r.threads.unwrap_or(2);
+            if threads == 0 {
+                return Err(cfg_err(&format!("{K}.threads"), "must be at least 1"));
+            }
+            Ok(ReferenceConfig::InProcess { model: need_path(r.model.clone(), "model")?, threads })
+        }
+        "remote" => {
+            refuse(r.model.is_some(), "model")?;
+            refuse(r.flavour.is_some(), "flavour")?;
+            refuse(r.threads.is_some(), "threads")?;
+            let url = check_url(&need(r.url.clone(), "url")?)?;
+            Ok(ReferenceConfig::Remote { url, tokenizer: need_path(r.tokenizer.clone(), "tokenizer")? })
+        }
+        "external" => {
+            refuse(r.model.is_some(), "model")?;
+            refuse(r.threads.is_some(), "threads")?;
+            let url = check_url(&need(r.url.clone(), "url")?)?;
+            let flavour = r.flavour.ok_or_else(|| cfg_err(&format!("{K}.flavour"), "required for backend \"external\" (\"vllm\" or \"sglang\")"))?;
+            Ok(ReferenceConfig::External {
+                url,
+                flavour,
+                model_name: need(r.model_name.clone(), "model_name")?,
+                tokenizer: need_path(r.tokenizer.clone(), "tokenizer")?,
+                api_key_env: r.api_key_env.clone(),
+            })
+        }
+        other => Err(cfg_err(&format!("{K}.backend"), format!("unknown backend {other:?} (in_process, remote, external)"))),
+    }
+}
+
+fn parse_model(name: &str, t: &toml::Table) -> Result<ModelProbes> {
+    let key = format!("models.{name}.probes");
+    let r: RawModelProbes = from_table(t, &key)?;
+    let k = |f: &str| format!("{key}.{f}");
+    let kinds = r.kinds.unwrap_or_else(|| vec![ProbeKind::PromptLogprobs, ProbeKind::CompletionLogprobs]);
+    if kinds.is_empty() {
+        return Err(cfg_err(&k("kinds"), "empty (remove the table to disable probes)"));
+    }
+    let mut dedup = kinds.clone();
+    dedup.sort();
+    dedup.dedup();
+    if dedup.len() != kinds.len() {
+        return Err(cfg_err(&k("kinds"), "lists a kind twice"));
+    }
+    let jitter = r.jitter.unwrap_or(0.1);
+    if !(0.0..1.0).contains(&jitter) {
+        return Err(cfg_err(&k("jitter"), "must be in [0, 1)"));
+    }
+    let budget = r.token_budget_per_hour.unwrap_or(50_000);
+    if budget <= 0 {
+        return Err(cfg_err(&k("token_budget_per_hour"), "must be positive"));
+    }
+    let top_k = r.top_k.unwrap_or(5);
+    if !(1..=20).contains(&top_k) {
+        return Err(cfg_err(&k("top_k"), "must be in 1..=20"));
+    }
+    let positive = |v: Option<usize>, d: usize, f: &str| match v {
+        Some(0) => Err(cfg_err(&k(f), "must be at least 1")),
+        Some(x) => Ok(x),
+        None => Ok(d),
+    };
+    let max_tokens = r.max_tokens.unwrap_or(64);
+    if max_tokens == 0 {
+        return Err(cfg_err(&k("max_tokens"), "must be at least 1"));
+    }
+    let context_window = r.context_window.unwrap_or(2048);
+    if context_window < 64 {
+        return Err(cfg_err(&k("context_window"), "must be at least 64"));
+    }
+    Ok(ModelProbes {
+        kinds,
+        interval: positive_ms(r.interval_ms, 300_000, &k("interval_ms"))?,
+        jitter,
+        max_tokens,
+        token_budget_per_hour: budget,
+        top_k,
+        items_per_round: positive(r.items_per_round, 2, "items_per_round")?,
+        samples_per_prompt: positive(r.samples_per_prompt, 10, "samples_per_prompt")?,
+        permutations: positive(r.permutations, 500, "permutations")?,
+        context_window,
+        prompt_sets: r.prompt_sets.unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod tests;

@@ -1,0 +1,216 @@
+//! The external reference: a vLLM or SGLang server hosting the reference weights, for
+//! models our engine cannot host.
+//!
+//! - vLLM: scoring is `/v1/completions` on token ids with `prompt_logprobs: k` and
+//!   `max_tokens: 1` (each position's map holds the top-k by `rank` plus the actual token);
+//!   `/tokenize` for text and chats; samples from `/v1/completions`.
+//! - SGLang: scoring is `/generate` on `input_ids` with `return_logprob`,
+//!   `logprob_start_len: 0`, `top_logprobs_num: k` and `max_new_tokens: 0`; text is tokenized
+//!   with the local tokenizer; SGLang has no chat-tokenize route, so chat rendering is
+//!   refused (the probes that need it report it).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use serde_json::{Value, json};
+
+use super::http::{client, post_json};
+use super::remote::ids_of;
+use super::{RefPosition, RefSample, Reference, SampleRequest, norm};
+use crate::align::ReferenceVocab;
+use crate::compare::TopEntry;
+use crate::config::ExternalFlavour;
+use crate::vocab::EngineVocab;
+use crate::{ProbesError, Result};
+
+/// A vLLM or SGLang server.
+pub struct External {
+    url: String,
+    flavour: ExternalFlavour,
+    model: String,
+    key: Option<String>,
+    http: reqwest::Client,
+    vocab: Arc<EngineVocab>,
+}
+
+impl std::fmt::Debug for External {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("External").field("url", &self.url).field("flavour", &self.flavour).field("model", &self.model).finish_non_exhaustive()
+    }
+}
+
+fn bad(what: &str) -> ProbesError {
+    ProbesError::Reference(format!("malformed answer from the external reference: {what}"))
+}
+
+fn as_id(v: Option<&Value>) -> Option<u32> {
+    v.and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok())
+}
+
+impl External {
+    /// A client of the server at `url` (no `/v1`) serving `model`; `key` is its API key.
+    pub fn new(url: &str, flavour: ExternalFlavour, model: &str, tokenizer: &Path, key: Option<String>) -> Result<Self> {
+        Ok(Self {
+            url: url.trim_end_matches('/').to_owned(),
+            flavour,
+            model: model.to_owned(),
+            key,
+            http: client(Duration::from_secs(600)),
+            vocab: Arc::new(EngineVocab::load(tokenizer)?),
+        })
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> Result<Value> {
+        post_json(&self.http, &format!("{}{path}", self.url), self.key.as_deref(), body).await.map_err(|e| ProbesError::Reference(e.message))
+    }
+
+    async fn score_vllm(&self, ids: &[u32], top_k: usize) -> Result<Vec<RefPosition>> {
+        let body = json!({"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": top_k});
+        let v = self.post("/v1/completions", &body).await?;
+        let lps = v.pointer("/choices/0/prompt_logprobs").and_then(Value::as_array).ok_or_else(|| bad("choices[0].prompt_logprobs"))?;
+        if lps.len() != ids.len() {
+            return Err(bad("prompt_logprobs: wrong count"));
+        }
+        ids.iter()
+            .zip(lps)
+            .map(|(&token, entry)| {
+                let Some(map) = entry.as_object() else {
+                    return Ok(RefPosition { token, logprob: None, top: Vec::new() });
+                };
+                let mut top = Vec::new();
+                let mut actual = None;
+                for (k, e) in map {
+                    let id: u32 = k.parse().map_err(|_| bad("prompt_logprobs key"))?;
+                    let lp = norm(e.get("logprob").and_then(Value::as_f64).ok_or_else(|| bad("logprob"))?);
+                    let rank = e.get("rank").and_then(Value::as_u64).unwrap_or(u64::MAX);
+                    if id == token {
+                        actual = Some(lp);
+                    }
+                    if rank >= 1 && rank <= top_k as u64 {
+                        top.push(TopEntry { id, logprob: lp });
+                    }
+                }
+                top.sort_by(|a, b| b.logprob.total_cmp(&a.logprob).then(a.id.cmp(&b.id)));
+                Ok(RefPosition { token, logprob: Some(actual.ok_or_else(|| bad("actual token missing from prompt_logprobs"))?), top })
+            })
+            .collect()
+    }
+
+    async fn score_sglang(&self, ids: &[u32], top_k: usize) -> Result<Vec<RefPosition>> {
+        let body = json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+                          "return_logprob": true, "logprob_start_len": 0, "top_logprobs_num": top_k});
+        let v = self.post("/generate", &body).await?;
+        let input = v.pointer("/meta_info/input_token_logprobs").and_then(Value::as_array).ok_or_else(|| bad("meta_info.input_token_logprobs"))?;
+        let tops = v.pointer("/meta_info/input_top_logprobs").and_then(Value::as_array).ok_or_else(|| bad("meta_info.input_top_logprobs"))?;
+        if input.len() != ids.len() || tops.len() != ids.len() {
+            return Err(bad("input logprobs: wrong count"));
+        }
+        ids.iter()
+            .zip(input.iter().zip(tops))
+            .map(|(&token, (e, t))| {
+                let logprob = e.get(0).and_then(Value::as_f64).map(norm);
+                let top = match t.as_array() {
+                    None => Vec::new(),
+                    Some(list) => list
+                        .iter()
+                        .map(|x| {
+                            let lp = x.get(0).and_then(Value::as_f64).ok_or_else(|| bad("top logprob"))?;
+                            Ok(TopEntry { id: as_id(x.get(1)).ok_or_else(|| bad("top id"))?, logprob: norm(lp) })
+                        })
+                        .collect::<Result<Vec<_>>>()?,
+                };
+                Ok(RefPosition { token, logprob: if top.is_empty() && logprob.is_none() { None } else { logprob }, top })
+            })
+            .collect()
+    }
+}
+
+impl Reference for External {
+    fn backend(&self) -> &'static str {
+        "external"
+    }
+
+    fn vocab(&self) -> Arc<dyn ReferenceVocab + Send + Sync> {
+        self.vocab.clone()
+    }
+
+    fn context_window(&self) -> Option<usize> {
+        None
+    }
+
+    fn tokenize<'a>(&'a self, text: &'a str, add_special_tokens: bool) -> BoxFuture<'a, Result<Vec<u32>>> {
+        Box::pin(async move {
+            match self.flavour {
+                ExternalFlavour::Vllm => {
+                    let v = self.post("/tokenize", &json!({"model": self.model, "prompt": text, "add_special_tokens": add_special_tokens})).await?;
+                    ids_of(v.get("tokens"), "tokens")
+                }
+                ExternalFlavour::Sglang => {
+                    self.vocab.tokenizer().encode(text, add_special_tokens).map_err(|e| ProbesError::Reference(e.to_string()))
+                }
+            }
+        })
+    }
+
+    fn render_chat<'a>(&'a self, messages: &'a [Value], tools: Option<&'a [Value]>) -> BoxFuture<'a, Result<Vec<u32>>> {
+        Box::pin(async move {
+            match self.flavour {
+                ExternalFlavour::Vllm => {
+                    let mut body = json!({"model": self.model, "messages": messages, "add_generation_prompt": true});
+                    if let Some(t) = tools.filter(|t| !t.is_empty()) {
+                        body["tools"] = Value::Array(t.to_vec());
+                    }
+                    let v = self.post("/tokenize", &body).await?;
+                    ids_of(v.get("tokens"), "tokens")
+                }
+                ExternalFlavour::Sglang => Err(ProbesError::Reference("an SGLang reference cannot render chats (no chat tokenize route)".into())),
+            }
+        })
+    }
+
+    fn score<'a>(&'a self, ids: &'a [u32], top_k: usize) -> BoxFuture<'a, Result<Vec<RefPosition>>> {
+        Box::pin(async move {
+            match self.flavour {
+                ExternalFlavour::Vllm => self.score_vllm(ids, top_k).await,
+                ExternalFlavour::Sglang => self.score_sglang(ids, top_k).await,
+            }
+        })
+    }
+
+    fn sample<'a>(&'a self, req: &'a SampleRequest) -> BoxFuture<'a, Result<Vec<RefSample>>> {
+        Box::pin(async move {
+            let futs = (0..req.n).map(|i| async move {
+                let seed = req.seed.wrapping_add(i as u64);
+                match self.flavour {
+                    ExternalFlavour::Vllm => {
+                        let body = json!({"model": self.model, "prompt": req.prompt, "max_tokens": req.max_tokens,
+                                          "temperature": req.temperature, "seed": seed, "logprobs": 0});
+                        let v = self.post("/v1/completions", &body).await?;
+                        let text = v.pointer("/choices/0/text").and_then(Value::as_str).ok_or_else(|| bad("choices[0].text"))?.to_owned();
+                        let logprobs = v
+                            .pointer("/choices/0/logprobs/token_logprobs")
+                            .and_then(Value::as_array)
+                            .map(|a| a.iter().filter_map(Value::as_f64).map(norm).collect())
+                            .unwrap_or_default();
+                        Ok(RefSample { text, logprobs })
+                    }
+                    ExternalFlavour::Sglang => {
+                        let body = json!({"input_ids": req.prompt, "return_logprob": true,
+                                          "sampling_params": {"max_new_tokens": req.max_tokens, "temperature": req.temperature, "sampling_seed": seed}});
+                        let v = self.post("/generate", &body).await?;
+                        let text = v.get("text").and_then(Value::as_str).ok_or_else(|| bad("text"))?.to_owned();
+                        let logprobs = v
+                            .pointer("/meta_info/output_token_logprobs")
+                            .and_then(Value::as_array)
+                            .map(|a| a.iter().filter_map(|e| e.get(0).and_then(Value::as_f64)).map(norm).collect())
+                            .unwrap_or_default();
+                        Ok(RefSample { text, logprobs })
+                    }
+                }
+            });
+            futures_util::future::join_all(futs).await.into_iter().collect()
+        })
+    }
+}

@@ -1,0 +1,104 @@
+//! The reference client: one trait ([`Reference`]), three backends — the engine in this
+//! process ([`InProcess`]), a `samewise engine serve` over HTTP ([`Remote`]), and a vLLM or
+//! SGLang server hosting the reference weights ([`External`]), for models our engine cannot
+//! host.
+//!
+//! Operations: tokenize text, render a chat to prompt ids, score token ids (per position
+//! the logprob of the actual token and the top-k), and sample. Logprobs are normalised to
+//! the f32 the engines compute in (widened to f64), so every backend over the same engine
+//! returns the same numbers bit for bit. Nothing here blocks the async runtime: the
+//! in-process engine runs on its batcher's worker thread.
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use serde_json::Value;
+
+use crate::Result;
+use crate::align::ReferenceVocab;
+use crate::compare::TopEntry;
+use crate::config::ReferenceConfig;
+
+mod external;
+pub(crate) mod http;
+mod in_process;
+mod remote;
+
+pub use external::External;
+pub use in_process::InProcess;
+pub use remote::Remote;
+
+/// One scored position of the reference.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefPosition {
+    /// The token at this position.
+    pub token: u32,
+    /// `log p(token | tokens before it)`; None at position 0.
+    pub logprob: Option<f64>,
+    /// The most likely tokens here (empty at position 0), highest first.
+    pub top: Vec<TopEntry>,
+}
+
+/// A sampling request to the reference.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampleRequest {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Number of samples (sample `i` uses seed `seed + i`).
+    pub n: usize,
+    /// Most tokens per sample.
+    pub max_tokens: usize,
+    /// Sampling temperature (0 = greedy).
+    pub temperature: f64,
+    /// Seed of the first sample.
+    pub seed: u64,
+}
+
+/// One sample of the reference.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefSample {
+    /// The generated text.
+    pub text: String,
+    /// Each generated token's logprob under the model.
+    pub logprobs: Vec<f64>,
+}
+
+/// What every reference backend does.
+pub trait Reference: Send + Sync {
+    /// `in_process`, `remote`, or `external`.
+    fn backend(&self) -> &'static str;
+    /// The reference vocabulary (for aligning endpoint tokens).
+    fn vocab(&self) -> Arc<dyn ReferenceVocab + Send + Sync>;
+    /// The context window, if known.
+    fn context_window(&self) -> Option<usize>;
+    /// Token ids of `text` (with the tokenizer's special tokens if asked).
+    fn tokenize<'a>(&'a self, text: &'a str, add_special_tokens: bool) -> BoxFuture<'a, Result<Vec<u32>>>;
+    /// Prompt ids of a chat (OpenAI-shaped messages and tools), ending with the assistant
+    /// header.
+    fn render_chat<'a>(&'a self, messages: &'a [Value], tools: Option<&'a [Value]>) -> BoxFuture<'a, Result<Vec<u32>>>;
+    /// Scores `ids`: one [`RefPosition`] per id, with `top_k` alternatives.
+    fn score<'a>(&'a self, ids: &'a [u32], top_k: usize) -> BoxFuture<'a, Result<Vec<RefPosition>>>;
+    /// Samples from the model.
+    fn sample<'a>(&'a self, req: &'a SampleRequest) -> BoxFuture<'a, Result<Vec<RefSample>>>;
+}
+
+/// Builds the configured backend (loading the model for `in_process`).
+pub async fn connect(cfg: &ReferenceConfig) -> Result<Arc<dyn Reference>> {
+    Ok(match cfg {
+        ReferenceConfig::InProcess { model, threads } => Arc::new(InProcess::load(model.clone(), *threads).await?),
+        ReferenceConfig::Remote { url, tokenizer } => Arc::new(Remote::new(url, tokenizer)?),
+        ReferenceConfig::External { url, flavour, model_name, tokenizer, api_key_env } => {
+            let key = api_key_env.as_ref().and_then(|k| std::env::var(k).ok());
+            Arc::new(External::new(url, *flavour, model_name, tokenizer, key)?)
+        }
+    })
+}
+
+/// The engines compute logprobs in f32: widen through f32 so every backend agrees bitwise.
+pub(crate) fn norm(lp: f64) -> f64 {
+    f64::from(lp as f32)
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

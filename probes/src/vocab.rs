@@ -1,0 +1,89 @@
+//! The engine's tokenizer as the probes' [`ReferenceVocab`]: token ids by their bytes or
+//! display text, the reference tokenization, and token bytes; plus loading a tokenizer from
+//! a local file (GGUF, Hugging Face directory, or `tokenizer.json`) for the remote and
+//! external reference backends, which align tokens locally.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use samewise_engine::gguf::GgufFile;
+use samewise_engine::tokenizer::Tokenizer;
+
+use crate::align::ReferenceVocab;
+use crate::{ProbesError, Result};
+
+/// A reference vocabulary backed by the engine's [`Tokenizer`].
+pub struct EngineVocab {
+    tokenizer: Arc<Tokenizer>,
+    by_bytes: HashMap<Vec<u8>, u32>,
+    by_text: HashMap<String, u32>,
+}
+
+impl std::fmt::Debug for EngineVocab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineVocab").field("tokens", &self.tokenizer.vocab_size()).finish_non_exhaustive()
+    }
+}
+
+impl EngineVocab {
+    /// Indexes every token of `tokenizer`. Where two ids share bytes, an ordinary token wins
+    /// over a special one, then the lower id.
+    pub fn new(tokenizer: Arc<Tokenizer>) -> Self {
+        let n = tokenizer.vocab_size();
+        let mut by_bytes = HashMap::with_capacity(n);
+        let mut by_text = HashMap::with_capacity(n);
+        // ordinary tokens first, so they win over special tokens with the same bytes
+        for pass_special in [false, true] {
+            for id in 0..n as u32 {
+                if tokenizer.is_special(id) != pass_special {
+                    continue;
+                }
+                if let Ok(b) = tokenizer.token_bytes(id) {
+                    by_bytes.entry(b.to_vec()).or_insert(id);
+                }
+                if let Ok(t) = tokenizer.token_str(id) {
+                    by_text.entry(t.to_owned()).or_insert(id);
+                }
+            }
+        }
+        Self { tokenizer, by_bytes, by_text }
+    }
+
+    /// Loads a tokenizer from a GGUF file, a Hugging Face directory, or a `tokenizer.json`.
+    pub fn load(path: &Path) -> Result<Self> {
+        let err = |e: samewise_engine::EngineError| ProbesError::Reference(format!("tokenizer {}: {e}", path.display()));
+        let tok = if path.is_dir() {
+            Tokenizer::from_hf_dir(path).map_err(err)?
+        } else if path.extension().is_some_and(|e| e == "json") {
+            Tokenizer::from_json_file(path).map_err(err)?
+        } else {
+            let gguf = GgufFile::open(path).map_err(err)?;
+            Tokenizer::from_gguf(&gguf).map_err(err)?
+        };
+        Ok(Self::new(Arc::new(tok)))
+    }
+
+    /// The tokenizer behind it.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+}
+
+impl ReferenceVocab for EngineVocab {
+    fn id_of_text(&self, t: &str) -> Option<u32> {
+        self.by_text.get(t).copied()
+    }
+
+    fn id_of_bytes(&self, b: &[u8]) -> Option<u32> {
+        self.by_bytes.get(b).copied()
+    }
+
+    fn encode(&self, text: &str) -> Vec<u32> {
+        self.tokenizer.encode(text, false).unwrap_or_default()
+    }
+
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        self.tokenizer.token_bytes(id).map(<[u8]>::to_vec).unwrap_or_default()
+    }
+}
