@@ -17,22 +17,32 @@
 //! - [`partitions`]: daily partitions of `request_records` on PostgreSQL, and retention.
 //! - [`keys`]: [`ApiKey`]; keys are stored as SHA-256 hashes only.
 //! - [`writer`]: [`RecordWriter`] / [`RecordSender`], the bounded queue and batched writes.
+//! - [`probe_runs`]: [`ProbeRun`], one probe of one endpoint, and its queries.
+//! - [`alerts`]: [`Alert`] and its lifecycle (open, acknowledged, resolved), deduplicated
+//!   per model, endpoint and kind.
+//! - [`scheduler_lock`]: [`SchedulerLock`], one active probe scheduler per database.
 //! - `testing` (feature `testing`): fresh PostgreSQL and SQLite databases for tests.
 
+pub mod alerts;
 pub mod connect;
 pub mod error;
 pub mod keys;
 pub mod migrate;
 pub mod partitions;
+pub mod probe_runs;
 pub mod records;
+pub mod scheduler_lock;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod writer;
 
+pub use alerts::{Alert, AlertQuery, AlertState, NewAlert};
 pub use connect::{Backend, Store};
 pub use error::StoreError;
 pub use keys::ApiKey;
+pub use probe_runs::{ProbeRun, ProbeRunQuery};
 pub use records::{RecordQuery, RequestRecord};
+pub use scheduler_lock::SchedulerLock;
 pub use writer::{RecordSender, RecordWriter, RecordWriterConfig};
 
 /// The current time as unix milliseconds, the unit of every timestamp in the store.

@@ -26,18 +26,32 @@ pub struct Migration {
 }
 
 /// PostgreSQL migrations, in order.
-pub const POSTGRES: &[Migration] = &[Migration {
-    version: 1,
-    name: "request records and api keys",
-    sql: include_str!("../migrations/postgres/0001_init.sql"),
-}];
+pub const POSTGRES: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "request records and api keys",
+        sql: include_str!("../migrations/postgres/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "probe runs and alerts",
+        sql: include_str!("../migrations/postgres/0002_probes_alerts.sql"),
+    },
+];
 
 /// SQLite migrations, in order (the same versions as [`POSTGRES`]).
-pub const SQLITE: &[Migration] = &[Migration {
-    version: 1,
-    name: "request records and api keys",
-    sql: include_str!("../migrations/sqlite/0001_init.sql"),
-}];
+pub const SQLITE: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "request records and api keys",
+        sql: include_str!("../migrations/sqlite/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "probe runs and alerts",
+        sql: include_str!("../migrations/sqlite/0002_probes_alerts.sql"),
+    },
+];
 
 /// Key of the PostgreSQL advisory lock held while migrating ("samewise" in ASCII, 8 bytes).
 pub const PG_MIGRATION_LOCK: i64 = 0x7361_6d65_7769_7365;

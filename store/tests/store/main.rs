@@ -4,7 +4,8 @@
 //! temporary SQLite file. An unreachable PostgreSQL fails the `postgres` tests.
 //!
 //! Layout: `connect` (URLs, migrations, concurrent start-up), `records` (request records,
-//! queries, retention and partitions), `keys` (API keys), `writer` (the batch writer).
+//! queries, retention and partitions), `keys` (API keys), `writer` (the batch writer),
+//! `probe_runs` (probe runs and the scheduler lock), `alerts` (alert lifecycle).
 
 use std::time::Duration;
 
@@ -36,8 +37,10 @@ macro_rules! both {
 }
 
 // after the macro, so that the modules can use it
+mod alerts;
 mod connect;
 mod keys;
+mod probe_runs;
 mod records;
 mod writer;
 

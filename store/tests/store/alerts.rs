@@ -1,0 +1,187 @@
+//! Alerts: dedupe per model+endpoint+kind, ack, resolve, re-open after resolve, auto-resolve
+//! of quiet alerts, the active set, filters.
+
+use super::*;
+use anyhow::Context;
+use samewise_store::{AlertQuery, AlertState, NewAlert};
+
+both!(
+    alert_lifecycle_and_dedupe,
+    alert_auto_resolve_and_filters,
+    alert_concurrent_upserts
+);
+
+fn finding(endpoint: &str, kind: &str, now_ms: i64, kl: f64) -> NewAlert {
+    NewAlert {
+        model: "smollm2".to_owned(),
+        endpoint: endpoint.to_owned(),
+        kind: kind.to_owned(),
+        summary: format!("endpoint {endpoint}: mean KL {kl}"),
+        evidence: serde_json::json!({"statistic": "kl_mean", "value": kl, "threshold": 0.12, "probe_runs": [1, 2]}),
+        now_ms,
+    }
+}
+
+async fn alert_lifecycle_and_dedupe(db: TestDb) -> Result<()> {
+    let (a, new) = db
+        .store
+        .upsert_alert(&finding("p/b", "unfaithful", 1_000, 0.4))
+        .await?;
+    ensure!(new, "first finding did not open an alert");
+    ensure!(a.state == AlertState::Open && a.opened_ms == 1_000 && a.last_seen_ms == 1_000);
+    ensure!(a.resolved_ms.is_none() && a.evidence["value"] == 0.4);
+    // same endpoint+kind again: refreshed, not duplicated
+    let (b, new) = db
+        .store
+        .upsert_alert(&finding("p/b", "unfaithful", 2_000, 0.5))
+        .await?;
+    ensure!(
+        !new && b.id == a.id,
+        "deduplication failed: {a:?} then {b:?}"
+    );
+    ensure!(b.opened_ms == 1_000 && b.last_seen_ms == 2_000 && b.evidence["value"] == 0.5);
+    ensure!(b.summary.contains("0.5"));
+    // another kind or endpoint is another alert
+    let (c, new) = db
+        .store
+        .upsert_alert(&finding("p/b", "changed", 2_000, 0.5))
+        .await?;
+    ensure!(new && c.id != a.id);
+    let (d, new) = db
+        .store
+        .upsert_alert(&finding("p/c", "unfaithful", 2_000, 0.5))
+        .await?;
+    ensure!(new && d.id != a.id && d.id != c.id);
+    ensure!(db.store.active_alerts().await?.len() == 3);
+    // ack keeps it active and deduplicating
+    let acked = db.store.ack_alert(a.id).await?.context("ack: no alert")?;
+    ensure!(acked.state == AlertState::Acknowledged);
+    let acked_again = db.store.ack_alert(a.id).await?.context("ack twice")?;
+    ensure!(acked_again.state == AlertState::Acknowledged);
+    let (e, new) = db
+        .store
+        .upsert_alert(&finding("p/b", "unfaithful", 3_000, 0.6))
+        .await?;
+    ensure!(!new && e.id == a.id && e.state == AlertState::Acknowledged);
+    ensure!(db.store.active_alerts().await?.iter().any(|x| x.id == a.id));
+    // resolve: inactive, and the next finding opens a NEW alert
+    let resolved = db
+        .store
+        .resolve_alert(a.id)
+        .await?
+        .context("resolve: no alert")?;
+    ensure!(resolved.state == AlertState::Resolved && resolved.resolved_ms.is_some());
+    let again = db
+        .store
+        .resolve_alert(a.id)
+        .await?
+        .context("resolve twice")?;
+    ensure!(again.state == AlertState::Resolved && again.resolved_ms == resolved.resolved_ms);
+    // acking a resolved alert does not revive it
+    ensure!(db.store.ack_alert(a.id).await?.map(|x| x.state) == Some(AlertState::Resolved));
+    ensure!(!db.store.active_alerts().await?.iter().any(|x| x.id == a.id));
+    let (f, new) = db
+        .store
+        .upsert_alert(&finding("p/b", "unfaithful", 4_000, 0.7))
+        .await?;
+    ensure!(new && f.id != a.id && f.state == AlertState::Open && f.opened_ms == 4_000);
+    // unknown ids
+    ensure!(db.store.ack_alert(999_999).await?.is_none());
+    ensure!(db.store.resolve_alert(999_999).await?.is_none());
+    ensure!(db.store.alert(999_999).await?.is_none());
+    ensure!(db.store.alert(f.id).await? == Some(f.clone()));
+    // bad input
+    let bad = db
+        .store
+        .upsert_alert(&finding("", "unfaithful", 1, 0.1))
+        .await;
+    ensure!(matches!(bad, Err(StoreError::InvalidInput(_))), "{bad:?}");
+    Ok(())
+}
+
+async fn alert_auto_resolve_and_filters(db: TestDb) -> Result<()> {
+    let (old, _) = db
+        .store
+        .upsert_alert(&finding("p/a", "unfaithful", 1_000, 0.3))
+        .await?;
+    let (fresh, _) = db
+        .store
+        .upsert_alert(&finding("p/b", "unfaithful", 1_000, 0.3))
+        .await?;
+    let (acked, _) = db
+        .store
+        .upsert_alert(&finding("p/c", "passive", 1_500, 0.3))
+        .await?;
+    db.store.ack_alert(acked.id).await?;
+    // p/b seen again later: not quiet
+    db.store
+        .upsert_alert(&finding("p/b", "unfaithful", 5_000, 0.3))
+        .await?;
+    let quiet = db.store.resolve_quiet_alerts(4_000).await?;
+    let ids: Vec<i64> = quiet.iter().map(|a| a.id).collect();
+    ensure!(ids == [old.id, acked.id], "auto-resolved {ids:?}");
+    ensure!(quiet.iter().all(|a| a.state == AlertState::Resolved));
+    ensure!(
+        db.store.resolve_quiet_alerts(4_000).await?.is_empty(),
+        "resolved twice"
+    );
+    let active = db.store.active_alerts().await?;
+    ensure!(active.len() == 1 && active[0].id == fresh.id, "{active:?}");
+    // filters, newest first
+    let q = |state, endpoint: Option<&str>, limit| AlertQuery {
+        state,
+        model: None,
+        endpoint: endpoint.map(str::to_owned),
+        limit,
+    };
+    let ids = |v: Vec<samewise_store::Alert>| v.iter().map(|a| a.id).collect::<Vec<_>>();
+    ensure!(ids(db.store.alerts(&q(None, None, 100)).await?) == [acked.id, fresh.id, old.id]);
+    ensure!(
+        ids(db
+            .store
+            .alerts(&q(Some(AlertState::Resolved), None, 100))
+            .await?)
+            == [acked.id, old.id]
+    );
+    ensure!(
+        ids(db
+            .store
+            .alerts(&q(Some(AlertState::Open), None, 100))
+            .await?)
+            == [fresh.id]
+    );
+    ensure!(ids(db.store.alerts(&q(None, Some("p/a"), 100)).await?) == [old.id]);
+    ensure!(ids(db.store.alerts(&q(None, None, 1)).await?) == [acked.id]);
+    let by_model = AlertQuery {
+        model: Some("nope".to_owned()),
+        limit: 10,
+        ..AlertQuery::default()
+    };
+    ensure!(db.store.alerts(&by_model).await?.is_empty());
+    Ok(())
+}
+
+async fn alert_concurrent_upserts(db: TestDb) -> Result<()> {
+    // sixteen detectors report the same finding at once: exactly one alert is opened
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..16 {
+        let store = db.store.clone();
+        set.spawn(async move {
+            store
+                .upsert_alert(&finding("p/x", "changed", 100 + i, 1.0))
+                .await
+        });
+    }
+    let mut opened = 0;
+    let mut ids = std::collections::BTreeSet::new();
+    while let Some(joined) = set.join_next().await {
+        let (alert, new) = joined.context("upsert task panicked")??;
+        opened += usize::from(new);
+        ids.insert(alert.id);
+    }
+    ensure!(
+        opened == 1 && ids.len() == 1,
+        "opened {opened}, ids {ids:?}"
+    );
+    Ok(())
+}
