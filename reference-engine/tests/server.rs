@@ -128,7 +128,7 @@ fn f32_of(v: &Value) -> Option<f32> {
 async fn echo_logprobs_equal_the_library_score() -> anyhow::Result<()> {
     let srv = TestServer::start().await?;
     let ids = srv.state.tokenizer().encode(PROMPT, true)?;
-    let want = srv.state.engine().score(&[ids.clone()], 5)?.remove(0);
+    let want = srv.state.engine().score(std::slice::from_ref(&ids), 5)?.remove(0);
     for prompt in [json!(PROMPT), json!(ids)] {
         let v = srv.ok("/v1/completions", &json!({"model": "x", "prompt": prompt, "echo": true, "logprobs": 5, "max_tokens": 0})).await?;
         let choice = &v["choices"][0];

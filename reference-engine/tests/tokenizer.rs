@@ -176,3 +176,92 @@ fn unknown_gguf_pre_tokenizer_is_a_clear_error() -> anyhow::Result<()> {
     assert!(err.to_string().contains("zzzzzz"), "error does not name the pre-tokenizer: {err}");
     Ok(())
 }
+
+/// Writes a GGUF v3 file holding only tokenizer metadata: the test model's vocabulary,
+/// merges and token types with `tokenizer.ggml.pre` (and optionally the model) replaced.
+fn write_tokenizer_gguf(path: &std::path::Path, pre: &str, model: &str) -> anyhow::Result<()> {
+    let src = GgufFile::open(&common::model_path()?)?;
+    let tokens = src.get_str_array("tokenizer.ggml.tokens").ok_or_else(|| anyhow::anyhow!("no tokens"))?;
+    let merges = src.get_str_array("tokenizer.ggml.merges").ok_or_else(|| anyhow::anyhow!("no merges"))?;
+    let types: Vec<i32> = src
+        .get_array("tokenizer.ggml.token_type")
+        .ok_or_else(|| anyhow::anyhow!("no types"))?
+        .iter()
+        .map(|v| v.as_i64().unwrap_or(1) as i32)
+        .collect();
+    fn put_str(out: &mut Vec<u8>, s: &str) {
+        out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+    let mut kv: Vec<u8> = Vec::new();
+    let mut n_kv = 0u64;
+    let mut key = |kv: &mut Vec<u8>, k: &str, ty: u32| {
+        put_str(kv, k);
+        kv.extend_from_slice(&ty.to_le_bytes());
+        n_kv += 1;
+    };
+    key(&mut kv, "tokenizer.ggml.model", 8);
+    put_str(&mut kv, model);
+    key(&mut kv, "tokenizer.ggml.pre", 8);
+    put_str(&mut kv, pre);
+    for (name, list) in [("tokenizer.ggml.tokens", &tokens), ("tokenizer.ggml.merges", &merges)] {
+        key(&mut kv, name, 9);
+        kv.extend_from_slice(&8u32.to_le_bytes());
+        kv.extend_from_slice(&(list.len() as u64).to_le_bytes());
+        for s in list.iter() {
+            put_str(&mut kv, s);
+        }
+    }
+    key(&mut kv, "tokenizer.ggml.token_type", 9);
+    kv.extend_from_slice(&5u32.to_le_bytes());
+    kv.extend_from_slice(&(types.len() as u64).to_le_bytes());
+    for t in &types {
+        kv.extend_from_slice(&t.to_le_bytes());
+    }
+    key(&mut kv, "tokenizer.ggml.eos_token_id", 4);
+    kv.extend_from_slice(&2u32.to_le_bytes());
+    let mut out = Vec::new();
+    out.extend_from_slice(b"GGUF");
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&0u64.to_le_bytes());
+    out.extend_from_slice(&n_kv.to_le_bytes());
+    out.extend_from_slice(&kv);
+    std::fs::write(path, out)?;
+    Ok(())
+}
+
+#[test]
+fn llama3_and_qwen2_pre_tokenizers_build_and_behave() -> anyhow::Result<()> {
+    let dir = std::env::temp_dir().join(format!("samewise-pre-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let load = |pre: &str, model: &str| -> anyhow::Result<Tokenizer> {
+        let path = dir.join(format!("{pre}-{model}.gguf"));
+        write_tokenizer_gguf(&path, pre, model)?;
+        Ok(Tokenizer::from_gguf(&GgufFile::open(&path)?)?)
+    };
+    let result = (|| -> anyhow::Result<()> {
+        let gpt2 = load("gpt2", "gpt2")?;
+        let llama3 = load("llama-bpe", "gpt2")?;
+        let qwen2 = load("qwen2", "gpt2")?;
+        for t in [&gpt2, &llama3, &qwen2] {
+            for text in texts() {
+                assert_eq!(t.decode(&t.encode(&text, false)?, false)?, text, "round trip of {text:?}");
+            }
+        }
+        // the families split whitespace differently: llama-3 and qwen2 keep a newline run
+        // ("\s*[\r\n]+") apart, gpt2 splits "\s+(?!\S)" runs before the next word
+        for t in ["x\n\n\ny", "  \n  foo"] {
+            assert_ne!(gpt2.encode(t, false)?, llama3.encode(t, false)?, "{t:?}");
+            assert_eq!(llama3.encode(t, false)?, qwen2.encode(t, false)?, "{t:?}");
+        }
+        // qwen2 normalises to NFC: a decomposed é encodes like the composed one
+        assert_eq!(qwen2.encode("caf\u{65}\u{301}", false)?, qwen2.encode("caf\u{e9}", false)?);
+        assert_ne!(gpt2.encode("caf\u{65}\u{301}", false)?, gpt2.encode("caf\u{e9}", false)?);
+        // a non-BPE GGUF tokenizer is a clear error
+        let err = load("default", "llama").err().ok_or_else(|| anyhow::anyhow!("a llama (SPM) GGUF tokenizer was accepted"))?;
+        assert!(err.to_string().contains("llama"), "{err}");
+        Ok(())
+    })();
+    std::fs::remove_dir_all(&dir)?;
+    result
+}
