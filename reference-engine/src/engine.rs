@@ -388,22 +388,43 @@ impl Engine {
                 x[j * e..(j + 1) * e].copy_from_slice(&hidden[r * e..(r + 1) * e]);
             }
             head.matmul(&self.ctx, &x, chunk.len(), &mut logits);
-            for (j, &(_, i, p)) in chunk.iter().enumerate() {
+            // log-sum-exp and top-k per row, rows split over the threads
+            let ks: Vec<usize> = chunk
+                .iter()
+                .map(|&(_, i, _)| match &seqs[i].kind {
+                    Kind::Score { top_k, .. } => *top_k,
+                    Kind::Gen { params, .. } => params.top_logprobs,
+                })
+                .collect();
+            let stats: std::sync::Mutex<Vec<(usize, f64, Vec<TokenLogprob>)>> = std::sync::Mutex::new(Vec::new());
+            let logits_ref = &logits;
+            self.ctx.pool.for_chunks(chunk.len(), 4, &|rows| {
+                let mine: Vec<(usize, f64, Vec<TokenLogprob>)> = rows
+                    .map(|j| {
+                        let l = &logits_ref[j * v..(j + 1) * v];
+                        let lse = sample::log_sum_exp(l);
+                        (j, lse, sample::top_k(l, lse, ks[j]))
+                    })
+                    .collect();
+                stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(mine);
+            });
+            let mut stats = stats.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+            stats.sort_by_key(|s| s.0);
+            for ((j, lse, top), &(_, i, p)) in stats.into_iter().zip(chunk) {
                 let l = &logits[j * v..(j + 1) * v];
-                self.consume(seqs[i], p, l);
+                self.consume(seqs[i], p, l, lse, top);
             }
         }
         Ok(())
     }
 
     /// Uses the logits of position `p` of `s`.
-    fn consume(&self, s: &mut Seq, p: usize, l: &[f32]) {
-        let lse = sample::log_sum_exp(l);
+    fn consume(&self, s: &mut Seq, p: usize, l: &[f32], lse: f64, top: Vec<TokenLogprob>) {
         let n_ctx = self.weights.config.n_ctx;
         match &mut s.kind {
-            Kind::Score { top_k, out } => {
+            Kind::Score { out, .. } => {
                 let t = s.tokens[p + 1];
-                out.push(ScoredPosition { token: t, logprob: Some(sample::logprob(l, lse, t)), top: sample::top_k(l, lse, *top_k) });
+                out.push(ScoredPosition { token: t, logprob: Some(sample::logprob(l, lse, t)), top });
             }
             Kind::Gen { params, sampler, prompt_len, new, count, finish } => {
                 let t = sampler.pick(l);
@@ -416,7 +437,7 @@ impl Engine {
                     });
                     return;
                 }
-                new.push(GeneratedToken { token: t, logprob: sample::logprob(l, lse, t), top: sample::top_k(l, lse, params.top_logprobs) });
+                new.push(GeneratedToken { token: t, logprob: sample::logprob(l, lse, t), top });
                 s.tokens.push(t);
                 *count += 1;
                 if *count >= params.max_tokens || s.tokens.len() >= n_ctx {

@@ -6,7 +6,6 @@
 //! independent of what else is in the batch and of how its sequence was chunked.
 
 use crate::error::{EngineError, Result};
-use crate::kernels::pool::split;
 use crate::kernels::{Ctx, SyncPtr, ops};
 use crate::kv::KvCache;
 use crate::model::Weights;
@@ -75,7 +74,6 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
     let mut gu = vec![0f32; m * 2 * c.n_ff];
     let mut act = vec![0f32; m * c.n_ff];
     let isa = ctx.isa;
-    let threads = ctx.pool.threads();
     let scale = 1.0 / (hd as f32).sqrt();
     for (li, layer) in w.layers.iter().enumerate() {
         for r in 0..m {
@@ -127,10 +125,10 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
             let qkv = &qkv;
             let rows = &rows;
             let group = nh / nkv;
-            ctx.pool.run(&|t| {
+            ctx.pool.for_chunks(m * nh, 8, &|items| {
                 let ap = ap;
                 let mut scores = Vec::new();
-                for wi in split(m * nh, t, threads) {
+                for wi in items {
                     let (r, head) = (wi / nh, wi % nh);
                     let (item, pos) = rows[r];
                     let (kc, vc) = &caches[item].layers[li];
@@ -154,11 +152,20 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
         }
         layer.gate_up.matmul(ctx, &h, m, &mut gu);
         let f = c.n_ff;
-        for r in 0..m {
-            let g = &gu[r * 2 * f..(r + 1) * 2 * f];
-            for (i, a) in act[r * f..(r + 1) * f].iter_mut().enumerate() {
-                *a = ops::silu(g[i]) * g[f + i];
-            }
+        {
+            let actp = SyncPtr(act.as_mut_ptr());
+            let gu = &gu;
+            ctx.pool.for_chunks(m, 4, &|rows| {
+                let actp = actp;
+                for r in rows {
+                    let g = &gu[r * 2 * f..(r + 1) * 2 * f];
+                    // SAFETY: each row of `act` is written by exactly one thread.
+                    let a = unsafe { std::slice::from_raw_parts_mut(actp.0.add(r * f), f) };
+                    for (i, a) in a.iter_mut().enumerate() {
+                        *a = ops::silu(g[i]) * g[f + i];
+                    }
+                }
+            });
         }
         layer.down.matmul(ctx, &act, m, &mut o);
         for (xv, &ov) in x.iter_mut().zip(&o) {

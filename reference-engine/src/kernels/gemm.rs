@@ -10,7 +10,6 @@
 
 use std::cell::RefCell;
 
-use super::pool::split;
 use super::{Ctx, Isa, SyncPtr};
 use crate::error::{EngineError, Result};
 use crate::quant::Decomposed;
@@ -188,14 +187,12 @@ impl Linear {
         assert!(x.len() >= m * k && y.len() >= m * n, "matmul buffers too small");
         let panels = n.div_ceil(NR);
         let yp = SyncPtr(y.as_mut_ptr());
-        let threads = ctx.pool.threads();
         let isa = ctx.isa;
         #[cfg(target_arch = "x86_64")]
         if let (Isa::Avx512, Data::Quant { group, q, scale, offset }, true) = (isa, &self.data, m <= FUSED_MAX_ROWS) {
             let group = *group;
-            ctx.pool.run(&|t| {
+            ctx.pool.for_chunks(panels, 4, &|panels_t| {
                 let yp = yp;
-                let panels_t = split(panels, t, threads);
                 let mut r = 0;
                 while r < m {
                     let rows = if m - r >= 8 { 8 } else if m - r >= 4 { 4 } else if m - r >= 2 { 2 } else { 1 };
@@ -207,14 +204,13 @@ impl Linear {
             });
             return;
         }
-        ctx.pool.run(&|t| {
+        ctx.pool.for_chunks(panels, 4, &|mine| {
             let yp = yp;
             SCRATCH.with(|s| {
                 let mut s = s.borrow_mut();
                 if s.len() < 2 * k * NR {
                     s.resize(2 * k * NR, 0.0);
                 }
-                let mine = split(panels, t, threads);
                 #[cfg(target_arch = "x86_64")]
                 if isa == Isa::Avx512 {
                     // two panels at a time: 8 rows x 32 columns per microkernel call

@@ -1,10 +1,12 @@
-//! A tiny fixed thread pool for the kernels: `run(f)` calls `f(0..threads)` once per thread
-//! (the caller is thread 0) and returns when all are done.
+//! A tiny fixed thread pool for the kernels: [`Pool::for_chunks`] splits `0..n` into
+//! contiguous chunks that the caller and the workers claim from a shared counter.
 //!
-//! Work is split by the kernels over output columns and rows only, so how the pool
-//! schedules never changes a result. Workers spin briefly before sleeping on a condvar:
-//! a forward pass makes hundreds of short parallel calls and wake-up latency would dominate.
+//! Kernels split work over output columns and rows only, so which thread computes which
+//! chunk never changes a result. Claiming chunks dynamically keeps a busy or descheduled
+//! worker from stalling the caller: whoever is running takes the next chunk. Workers spin
+//! briefly before sleeping on a condvar, as a forward pass makes hundreds of short calls.
 
+use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -13,23 +15,29 @@ use std::thread::JoinHandle;
 /// Spin iterations before a worker goes to sleep.
 const SPIN: u32 = 20_000;
 
-type Job = dyn Fn(usize) + Sync;
+type Job = dyn Fn(Range<usize>) + Sync;
 
-/// A pointer to the current job; only dereferenced while `run` is blocked waiting.
+/// The current job: the closure, the item count and the chunk count.
 #[derive(Clone, Copy)]
-struct JobPtr(*const Job);
-// SAFETY: the pointee is `Sync` and outlives every use (see `Pool::run`).
-unsafe impl Send for JobPtr {}
+struct JobRef {
+    f: *const Job,
+    n: usize,
+    chunks: usize,
+}
+// SAFETY: the closure is `Sync` and outlives every use (see `Pool::for_chunks`).
+unsafe impl Send for JobRef {}
 
 struct Shared {
-    /// Incremented for every job; workers run a job when they see a new value.
+    /// Incremented for every job; workers look for work when they see a new value.
     generation: AtomicU64,
-    /// Workers still running the current job.
-    pending: AtomicUsize,
+    /// Next chunk to claim.
+    next: AtomicUsize,
+    /// Workers that registered for the current job and have not finished with it.
+    active: AtomicUsize,
     /// Set if a job panicked in a worker.
     panicked: AtomicBool,
-    /// The current job (valid while `pending > 0`).
-    job: Mutex<Option<JobPtr>>,
+    /// The current job; None once the caller no longer accepts helpers.
+    job: Mutex<Option<JobRef>>,
     /// Wakes sleeping workers.
     wake: Condvar,
     /// Set on drop.
@@ -41,7 +49,7 @@ pub struct Pool {
     threads: usize,
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
-    /// Serialises `run` calls from different threads.
+    /// Serialises calls from different threads.
     running: Mutex<()>,
 }
 
@@ -51,13 +59,29 @@ impl std::fmt::Debug for Pool {
     }
 }
 
+/// Claims and runs chunks until none is left.
+fn drain(shared: &Shared, job: JobRef) {
+    // SAFETY: the caller of `for_chunks` keeps the closure alive until every registered
+    // participant has left (`active` back to zero), and this runs only while registered
+    // (or on the caller itself).
+    let f = unsafe { &*job.f };
+    loop {
+        let c = shared.next.fetch_add(1, Ordering::AcqRel);
+        if c >= job.chunks {
+            return;
+        }
+        f(split(job.n, c, job.chunks));
+    }
+}
+
 impl Pool {
     /// Starts `threads - 1` workers (at least one thread in all).
     pub fn new(threads: usize) -> Self {
         let threads = threads.max(1);
         let shared = Arc::new(Shared {
             generation: AtomicU64::new(0),
-            pending: AtomicUsize::new(0),
+            next: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             job: Mutex::new(None),
             wake: Condvar::new(),
@@ -66,9 +90,7 @@ impl Pool {
         let workers = (1..threads)
             .map(|id| {
                 let shared = Arc::clone(&shared);
-                std::thread::Builder::new()
-                    .name(format!("samewise-kernel-{id}"))
-                    .spawn(move || worker(id, &shared))
+                std::thread::Builder::new().name(format!("samewise-kernel-{id}")).spawn(move || worker(&shared))
             })
             .filter_map(std::result::Result::ok)
             .collect::<Vec<_>>();
@@ -82,27 +104,34 @@ impl Pool {
         self.threads
     }
 
-    /// Runs `f(t)` for every thread index `t` in `0..threads()`, returning when all are done.
-    pub fn run(&self, f: &(dyn Fn(usize) + Sync)) {
-        if self.threads == 1 {
-            f(0);
+    /// Runs `f` over contiguous chunks covering `0..n` (about `per_thread` chunks per
+    /// thread), on the caller and the workers; returns when all chunks are done.
+    pub fn for_chunks(&self, n: usize, per_thread: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
+        if n == 0 {
+            return;
+        }
+        let chunks = (self.threads * per_thread.max(1)).min(n);
+        if self.threads == 1 || chunks == 1 {
+            f(0..n);
             return;
         }
         let _guard = self.running.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // SAFETY: the lifetime is erased only for as long as this call blocks: we do not
-        // return before `pending` is back to zero, i.e. before every worker is done with `f`.
-        let ptr: *const Job = unsafe { std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const Job>(f) };
+        // SAFETY: the lifetime is erased only while this call blocks: we return only after
+        // the job is withdrawn and every worker that took it has left.
+        let ptr: *const Job = unsafe { std::mem::transmute::<*const (dyn Fn(Range<usize>) + Sync + '_), *const Job>(f) };
+        let job = JobRef { f: ptr, n, chunks };
         {
-            let mut job = self.shared.job.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            *job = Some(JobPtr(ptr));
-            self.shared.pending.store(self.threads - 1, Ordering::SeqCst);
+            let mut slot = self.shared.job.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.shared.next.store(0, Ordering::SeqCst);
+            *slot = Some(job);
             self.shared.generation.fetch_add(1, Ordering::SeqCst);
         }
         self.shared.wake.notify_all();
-        f(0);
+        drain(&self.shared, job);
+        // withdraw the job: late workers find nothing; registered ones finish their chunk
+        *self.shared.job.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         let mut spins = 0u32;
-        while self.shared.pending.load(Ordering::Acquire) != 0 {
-            // on a loaded machine the worker may share our core: let it run
+        while self.shared.active.load(Ordering::Acquire) != 0 {
             spins += 1;
             if spins < 2_000 {
                 std::hint::spin_loop();
@@ -116,7 +145,7 @@ impl Pool {
     }
 }
 
-fn worker(id: usize, shared: &Shared) {
+fn worker(shared: &Shared) {
     let mut seen = 0u64;
     loop {
         let mut spins = 0;
@@ -137,17 +166,21 @@ fn worker(id: usize, shared: &Shared) {
                 }
             }
         }
-        seen = shared.generation.load(Ordering::Acquire);
-        let job = *shared.job.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(JobPtr(ptr)) = job {
-            // SAFETY: `run` keeps the job alive until `pending` reaches zero, which happens
-            // only after this call returns.
-            let f = unsafe { &*ptr };
-            if catch_unwind(AssertUnwindSafe(|| f(id))).is_err() {
+        // register under the lock, so the caller cannot withdraw the job in between
+        let job = {
+            let slot = shared.job.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            seen = shared.generation.load(Ordering::Acquire);
+            if slot.is_some() {
+                shared.active.fetch_add(1, Ordering::AcqRel);
+            }
+            *slot
+        };
+        if let Some(job) = job {
+            if catch_unwind(AssertUnwindSafe(|| drain(shared, job))).is_err() {
                 shared.panicked.store(true, Ordering::SeqCst);
             }
+            shared.active.fetch_sub(1, Ordering::AcqRel);
         }
-        shared.pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -164,9 +197,9 @@ impl Drop for Pool {
     }
 }
 
-/// The half-open range of `0..n` that thread `t` of `threads` handles (contiguous, balanced).
-pub fn split(n: usize, t: usize, threads: usize) -> std::ops::Range<usize> {
-    (n * t / threads)..(n * (t + 1) / threads)
+/// The half-open range of `0..n` that part `t` of `parts` covers (contiguous, balanced).
+pub fn split(n: usize, t: usize, parts: usize) -> Range<usize> {
+    (n * t / parts)..(n * (t + 1) / parts)
 }
 
 #[cfg(test)]
@@ -174,17 +207,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_thread_runs_once_per_call() {
+    fn every_item_runs_exactly_once_per_call() {
         let pool = Pool::new(3);
-        let hits: Vec<AtomicUsize> = (0..pool.threads()).map(|_| AtomicUsize::new(0)).collect();
-        for _ in 0..1000 {
-            pool.run(&|t| {
-                hits[t].fetch_add(1, Ordering::SeqCst);
+        assert_eq!(pool.threads(), 3);
+        let hits: Vec<AtomicUsize> = (0..97).map(|_| AtomicUsize::new(0)).collect();
+        for round in 0..500 {
+            let n = 1 + round % 97;
+            pool.for_chunks(n, 4, &|r| {
+                for i in r {
+                    hits[i].fetch_add(1, Ordering::SeqCst);
+                }
             });
         }
-        assert_eq!(pool.threads(), 3);
-        for h in &hits {
-            assert_eq!(h.load(Ordering::SeqCst), 1000);
-        }
+        let want: Vec<usize> = (0..97).map(|i| (0..500).filter(|round| i < 1 + round % 97).count()).collect();
+        let got: Vec<usize> = hits.iter().map(|h| h.load(Ordering::SeqCst)).collect();
+        assert_eq!(got, want);
     }
 }
