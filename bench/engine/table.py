@@ -15,7 +15,7 @@ def main() -> int:
             ours.setdefault(m.group(1), []).append(float(m.group(2)))
         elif m := re.match(r"generate: \d+ tokens: ([\d.]+) tokens/s", line):
             ours["gen"].append(float(m.group(1)))
-        elif m := re.search(r"RSS \(?([\d.]+) MiB", line):
+        elif m := re.search(r"RSS (?:after run )?([\d.]+) MiB", line):
             ours["rss"].append(float(m.group(1)))
     llama = {"1": [], "8": [], "gen": []}
     version = "?"
