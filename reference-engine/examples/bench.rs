@@ -15,6 +15,20 @@ fn rss_mib() -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
+/// CPU seconds used by this process so far (user + system), from /proc/self/stat.
+fn cpu_s() -> f64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let u: f64 = f.get(11)?.parse().ok()?;
+            let k: f64 = f.get(12)?.parse().ok()?;
+            Some((u + k) / 100.0)
+        })
+        .unwrap_or(f64::NAN)
+}
+
 fn main() -> anyhow::Result<()> {
     let mut model = None;
     let mut threads = 2;
@@ -58,18 +72,18 @@ fn main() -> anyhow::Result<()> {
     };
     for &batch in &batches {
         let seqs: Vec<Vec<u32>> = (0..batch).map(|_| seq(len)).collect();
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), cpu_s());
         let out = engine.score(&seqs, 20)?;
-        let dt = t.elapsed().as_secs_f64();
+        let (dt, dc) = (t.elapsed().as_secs_f64(), cpu_s() - c);
         let n: usize = out.iter().map(|s| s.positions.len()).sum();
-        println!("score: batch {batch} x {len} tokens: {:.1} prompt tokens/s ({dt:.2}s)", n as f64 / dt);
+        println!("score: batch {batch} x {len} tokens: {:.1} prompt tokens/s ({dt:.2}s wall, {dc:.2} CPU-s)", n as f64 / dt);
     }
     let prompt = seq(16);
     let params = GenerateParams { max_tokens: gen_tokens, ..GenerateParams::default() };
-    let t = Instant::now();
+    let (t, c) = (Instant::now(), cpu_s());
     let g = engine.generate(&prompt, &params, &mut |_| true)?;
-    let dt = t.elapsed().as_secs_f64();
-    println!("generate: {} tokens: {:.1} tokens/s ({dt:.2}s)", g.tokens.len(), g.tokens.len() as f64 / dt);
+    let (dt, dc) = (t.elapsed().as_secs_f64(), cpu_s() - c);
+    println!("generate: {} tokens: {:.1} tokens/s ({dt:.2}s wall, {dc:.2} CPU-s)", g.tokens.len(), g.tokens.len() as f64 / dt);
     println!("RSS after run {:.1} MiB", rss_mib());
     Ok(())
 }

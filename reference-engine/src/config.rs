@@ -115,7 +115,12 @@ impl ModelConfig {
             .tensor("token_embd.weight")
             .and_then(|t| t.dims.get(1).copied())
             .ok_or_else(|| EngineError::MissingTensor("token_embd.weight".into()))?;
-        let eos = g.get_u32("tokenizer.ggml.eos_token_id");
+        // end of sequence, plus Llama 3's end-of-turn / end-of-message when present
+        let mut eos: Vec<u32> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"]
+            .iter()
+            .filter_map(|k| g.get_u32(k))
+            .collect();
+        eos.dedup();
         let cfg = Self {
             arch,
             n_layer: req("block_count")?,
@@ -130,7 +135,7 @@ impl ModelConfig {
             rope_theta: g.get_f32(&format!("{a}.rope.freq_base")).unwrap_or(10_000.0),
             rope_scaling: None,
             bos_token_id: g.get_u32("tokenizer.ggml.bos_token_id"),
-            eos_token_ids: eos.into_iter().collect(),
+            eos_token_ids: eos,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -198,10 +203,10 @@ impl ModelConfig {
         if self.n_layer == 0 || self.n_layer > 1024 {
             return bad(format!("{} layers", self.n_layer));
         }
-        if self.n_head == 0 || self.n_head_kv == 0 || self.n_head % self.n_head_kv != 0 {
+        if self.n_head == 0 || self.n_head_kv == 0 || !self.n_head.is_multiple_of(self.n_head_kv) {
             return bad(format!("{} heads with {} kv heads", self.n_head, self.n_head_kv));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 || self.head_dim > 1024 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) || self.head_dim > 1024 {
             return bad(format!("head dimension {}", self.head_dim));
         }
         if self.n_embd == 0 || self.n_embd > 1 << 16 || self.n_ff == 0 || self.n_ff > 1 << 18 {

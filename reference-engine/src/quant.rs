@@ -42,7 +42,7 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 
 fn check(ty: GgmlType, bytes: &[u8], n: usize) -> Result<usize> {
     let bs = ty.block_size();
-    if n % bs != 0 || bytes.len() != n / bs * ty.type_size() {
+    if !n.is_multiple_of(bs) || bytes.len() != n / bs * ty.type_size() {
         return Err(EngineError::corrupt(format!(
             "{} row of {n} elements needs {} bytes, got {}",
             ty.name(),

@@ -49,7 +49,7 @@ pub fn top_k(logits: &[f32], lse: f64, k: usize) -> Vec<TokenLogprob> {
     }
     let mut best: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
     for (i, &l) in logits.iter().enumerate() {
-        if best.len() == k && !(l > best[k - 1].0) {
+        if best.len() == k && l.partial_cmp(&best[k - 1].0) != Some(std::cmp::Ordering::Greater) {
             continue;
         }
         let pos = best.iter().position(|&(bl, _)| l > bl).unwrap_or(best.len());

@@ -66,7 +66,7 @@ impl Linear {
         let data = match group {
             None => Data::F32(vec![0.0; panels * k * NR]),
             Some(group) => {
-                if group == 0 || k % group != 0 {
+                if group == 0 || !k.is_multiple_of(group) {
                     return Err(EngineError::corrupt(format!("row length {k} is not a multiple of {group}")));
                 }
                 Data::Quant {

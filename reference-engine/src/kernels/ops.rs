@@ -91,7 +91,7 @@ pub fn exp(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let y = p * z + r + 1.0;
     #[allow(clippy::cast_possible_truncation)]
     let bits = ((n as i32 + 127) as u32) << 23;
@@ -165,7 +165,7 @@ pub fn attend(
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: chosen only when the CPU supports it.
-        Isa::Avx512 if hd % 16 == 0 && hd <= 128 => unsafe { x86::pv_avx512(sc, values, stride, off, out) },
+        Isa::Avx512 if hd.is_multiple_of(16) && hd <= 128 => unsafe { x86::pv_avx512(sc, values, stride, off, out) },
         _ => {
             out.fill(0.0);
             for (j, &p) in sc.iter().enumerate() {
@@ -223,7 +223,7 @@ mod x86 {
     pub(super) unsafe fn pv_avx512(p: &[f32], values: &[f32], stride: usize, off: usize, out: &mut [f32]) {
         let hd = out.len();
         let chunks = hd / 16;
-        assert!(hd % 16 == 0 && chunks <= 8);
+        assert!(hd.is_multiple_of(16) && chunks <= 8);
         assert!(p.is_empty() || (p.len() - 1) * stride + off + hd <= values.len());
         let mut acc = [_mm512_setzero_ps(); 8];
         let vp = values.as_ptr();
