@@ -30,13 +30,19 @@
 //!   counts, Benjamini–Hochberg.
 //! - [`ladder`]: the calibration-ladder JSON (`samewise calibrate`) and "≈ N-bit" lookup.
 //! - [`noise`]: the repeat-noise floor and the faithful/unfaithful decision rule.
+//! - [`detect`]: the detectors over stored probe runs and request records (faithful? against
+//!   the ladder with the noise floor, changed? by CUSUM, passive with Benjamini–Hochberg).
+//! - [`alerting`]: the alert lifecycle (open, acknowledged, resolved, auto-resolve) with
+//!   webhook notification; [`webhook`]: generic JSON / Slack delivery with bounded retries.
 //! - [`prompts`]: the built-in prompt sets of `probes/data/` and parsers for users' own.
 //!
 //! Prompt-set data files for the probes live in `probes/data/` (see its README).
 
+pub mod alerting;
 pub mod align;
 pub mod compare;
 pub mod config;
+pub mod detect;
 pub mod ladder;
 pub mod mmd;
 pub mod noise;
@@ -45,6 +51,7 @@ pub mod prompts;
 pub mod reference;
 pub mod sequential;
 pub mod vocab;
+pub mod webhook;
 
 /// Everything that can go wrong in this crate: all of it is bad input.
 #[derive(Debug, thiserror::Error, PartialEq)]

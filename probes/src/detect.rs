@@ -1,0 +1,618 @@
+//! The detectors' orchestration over stored probe runs and request records: the statistics
+//! of this crate applied to what the scheduler and the proxy wrote, turned into alerts.
+//!
+//! - **faithful?** ([`Detectors::after_run`]): a logprob run's statistic (default the
+//!   top-k + tail mean KL, `stats.kl_mean`) against the model's calibration ladder, reported
+//!   as "≈ N-bit equivalent" and flagged past the configured level (default `w6`, worse than
+//!   6-bit weights) unless within the endpoint's noise floor ([`crate::noise`], measured on
+//!   the stored noise-floor pairs: runs with `repeat_of`). Without a ladder, an absolute
+//!   `kl_threshold` may be configured instead. A samples run is flagged when its permutation
+//!   p-value is below `samples_alpha`.
+//! - **changed?** ([`Detectors::after_run`]): a two-sided CUSUM per endpoint, probe kind and
+//!   statistic over the endpoint's stored runs, oldest first; its first
+//!   `cusum_baseline_rounds` runs are the baseline. The chart is rebuilt from the store on
+//!   every run (so a restart loses nothing); an alarm on the newest run raises "changed".
+//! - **passive** ([`Detectors::sweep`]): per model, each endpoint's request records of the
+//!   last `passive_window_ms` against the other endpoints': error rate, tool-call error rate
+//!   and repetition-cut rate (two-proportion z, flagged only when the endpoint is worse),
+//!   and, with three or more endpoints (so that the majority says what is normal), output
+//!   length (Mann–Whitney) and finish reasons (chi-square); Benjamini–Hochberg over all of a
+//!   model's tests at `passive_q`. The sweep also auto-resolves quiet alerts.
+//!
+//! Alert kinds: `unfaithful`, `changed`, `passive` (one active alert per endpoint and kind).
+//! Every alert carries its evidence (statistic, value, threshold, p-value, probe run ids) and
+//! a one-line summary.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use samewise_store::{Alert, NewAlert, ProbeRun, ProbeRunQuery, Store};
+use serde::Deserialize;
+
+use crate::alerting::{AlertsConfig, Alerting};
+use crate::compare::{RunSummary, decode_positions};
+use crate::config::ProbesConfig;
+use crate::ladder::{Equivalent, Ladder, Metric};
+use crate::noise::{FaithfulRule, NoiseFloor, repeat_summary};
+use crate::sequential::{Cusum, CusumConfig, Shift};
+use crate::{ProbesError, Result};
+
+#[path = "detect_passive.rs"]
+mod passive_sweep;
+
+/// Alert kind of the faithful? detector.
+pub const KIND_UNFAITHFUL: &str = "unfaithful";
+/// Alert kind of the changed? detector.
+pub const KIND_CHANGED: &str = "changed";
+/// Alert kind of the passive detector.
+pub const KIND_PASSIVE: &str = "passive";
+
+/// `[probes.detectors]`, typed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DetectorConfig {
+    /// Ladder level and noise-floor factor of the faithful? rule.
+    pub rule: FaithfulRule,
+    /// The statistic judged against the ladder.
+    pub metric: Metric,
+    /// Without a ladder: flag when `stats.kl_mean` exceeds this (raised by the noise floor).
+    pub kl_threshold: Option<f64>,
+    /// A samples run is flagged when its p-value is below this.
+    pub samples_alpha: f64,
+    /// CUSUM chart parameters (`min_sd` is raised by the noise floor where one is measured).
+    pub cusum: CusumConfig,
+    /// Run statistics watched by the CUSUM (those a run lacks are skipped).
+    pub cusum_statistics: Vec<String>,
+    /// Most runs per endpoint and kind read to rebuild a chart or a noise floor.
+    pub history_runs: u32,
+    /// False-discovery rate of the passive tests.
+    pub passive_q: f64,
+    /// Request records this far back are compared.
+    pub passive_window: Duration,
+    /// Endpoints with fewer records in the window are not tested.
+    pub passive_min_requests: u64,
+}
+
+impl Default for DetectorConfig {
+    fn default() -> Self {
+        let cusum = CusumConfig::for_arl0(0.5, 1000.0, true).unwrap_or_default();
+        DetectorConfig {
+            rule: FaithfulRule::default(),
+            metric: Metric::KlTopkMean,
+            kl_threshold: None,
+            samples_alpha: 0.001,
+            cusum: CusumConfig { min_sd: 1e-6, ..cusum },
+            cusum_statistics: ["kl_mean", "top1_same", "dlogprob_mean", "p_value", "trigger_f1", "effective_context"]
+                .map(str::to_owned)
+                .to_vec(),
+            history_runs: 500,
+            passive_q: 0.01,
+            passive_window: Duration::from_secs(3_600),
+            passive_min_requests: 30,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDetectors {
+    level: Option<String>,
+    floor_factor: Option<f64>,
+    metric: Option<Metric>,
+    kl_threshold: Option<f64>,
+    samples_alpha: Option<f64>,
+    cusum_k: Option<f64>,
+    cusum_arl0: Option<f64>,
+    cusum_baseline_rounds: Option<usize>,
+    cusum_min_sd: Option<f64>,
+    cusum_statistics: Option<Vec<String>>,
+    history_runs: Option<u32>,
+    passive_q: Option<f64>,
+    passive_window_ms: Option<u64>,
+    passive_min_requests: Option<u64>,
+}
+
+fn cfg_err(key: &str, msg: impl std::fmt::Display) -> ProbesError {
+    ProbesError::Config(format!("probes.detectors.{key}: {msg}"))
+}
+
+impl DetectorConfig {
+    /// Parses the detectors' part of the probes config (`ProbesConfig::detectors`: the
+    /// `[probes.detectors]` keys; its `alerts` and `webhooks` entries belong to
+    /// [`AlertsConfig`] and are skipped here).
+    pub fn parse(detectors: &toml::Table) -> Result<DetectorConfig> {
+        let mut table = detectors.clone();
+        table.remove("alerts");
+        table.remove("webhooks");
+        let raw = RawDetectors::deserialize(toml::Value::Table(table))
+            .map_err(|e| ProbesError::Config(format!("probes.detectors: {}", e.message())))?;
+        let mut c = DetectorConfig::default();
+        if let Some(level) = raw.level {
+            c.rule.level = level;
+        }
+        if let Some(f) = raw.floor_factor {
+            if !(f >= 1.0 && f.is_finite()) {
+                return Err(cfg_err("floor_factor", "must be ≥ 1"));
+            }
+            c.rule.floor_factor = f;
+        }
+        if let Some(m) = raw.metric {
+            if matches!(m, Metric::KlMean | Metric::KlP99) {
+                return Err(cfg_err(
+                    "metric",
+                    "full-vocabulary KL cannot be measured by a probe; use kl_topk_mean",
+                ));
+            }
+            c.metric = m;
+        }
+        if let Some(t) = raw.kl_threshold {
+            if !(t > 0.0 && t.is_finite()) {
+                return Err(cfg_err("kl_threshold", "must be positive"));
+            }
+            c.kl_threshold = Some(t);
+        }
+        if let Some(a) = raw.samples_alpha {
+            if !(a > 0.0 && a < 1.0) {
+                return Err(cfg_err("samples_alpha", "must be in (0, 1)"));
+            }
+            c.samples_alpha = a;
+        }
+        let k = raw.cusum_k.unwrap_or(c.cusum.k);
+        let arl0 = raw.cusum_arl0.unwrap_or(1000.0);
+        let chart = CusumConfig::for_arl0(k, arl0, true)
+            .map_err(|e| cfg_err("cusum_k / cusum_arl0", e))?;
+        c.cusum = CusumConfig {
+            baseline_rounds: raw.cusum_baseline_rounds.unwrap_or(chart.baseline_rounds),
+            min_sd: raw.cusum_min_sd.unwrap_or(c.cusum.min_sd),
+            ..chart
+        };
+        if c.cusum.baseline_rounds < 2 {
+            return Err(cfg_err("cusum_baseline_rounds", "must be at least 2"));
+        }
+        if !(c.cusum.min_sd > 0.0 && c.cusum.min_sd.is_finite()) {
+            return Err(cfg_err("cusum_min_sd", "must be positive"));
+        }
+        if let Some(s) = raw.cusum_statistics {
+            c.cusum_statistics = s;
+        }
+        if let Some(h) = raw.history_runs {
+            if (h as usize) < c.cusum.baseline_rounds + 1 {
+                return Err(cfg_err("history_runs", "must exceed cusum_baseline_rounds"));
+            }
+            c.history_runs = h;
+        }
+        if let Some(q) = raw.passive_q {
+            if !(q > 0.0 && q < 1.0) {
+                return Err(cfg_err("passive_q", "must be in (0, 1)"));
+            }
+            c.passive_q = q;
+        }
+        if let Some(ms) = raw.passive_window_ms {
+            if ms == 0 {
+                return Err(cfg_err("passive_window_ms", "must be positive"));
+            }
+            c.passive_window = Duration::from_millis(ms);
+        }
+        if let Some(n) = raw.passive_min_requests {
+            c.passive_min_requests = n.max(1);
+        }
+        Ok(c)
+    }
+}
+
+/// The detectors with their alerting; built once per scheduler.
+#[derive(Debug)]
+pub struct Detectors {
+    cfg: DetectorConfig,
+    ladder: Option<Ladder>,
+    alerting: Alerting,
+}
+
+fn store_err(e: samewise_store::StoreError) -> ProbesError {
+    ProbesError::Store(e.to_string())
+}
+
+/// The run-stats key of a ladder metric.
+fn stat_key(metric: Metric) -> &'static str {
+    match metric {
+        Metric::KlMean | Metric::KlTopkMean => "kl_mean",
+        Metric::KlP99 => "kl_p99",
+        Metric::DlogprobMean => "dlogprob_mean",
+        Metric::Top1Same => "top1_same",
+        Metric::TopkOverlap => "topk_overlap",
+    }
+}
+
+/// How a metric reads in a summary line.
+fn metric_label(metric: Metric) -> &'static str {
+    match metric {
+        Metric::KlMean | Metric::KlTopkMean => "mean KL",
+        Metric::KlP99 => "p99 KL",
+        Metric::DlogprobMean => "mean |Δ logprob|",
+        Metric::Top1Same => "same-top-1 rate",
+        Metric::TopkOverlap => "top-k overlap",
+    }
+}
+
+/// A numeric statistic of a run (`dlogprob_mean` also answers to `abs_dlogprob_mean`).
+pub fn stat(stats: &serde_json::Value, key: &str) -> Option<f64> {
+    let v = stats.get(key).and_then(serde_json::Value::as_f64).or_else(|| {
+        (key == "dlogprob_mean")
+            .then(|| stats.get("abs_dlogprob_mean").and_then(serde_json::Value::as_f64))
+            .flatten()
+    })?;
+    v.is_finite().then_some(v)
+}
+
+/// The value of run-stats key `key` in a repeat summary, if it has one.
+fn summary_stat(s: &RunSummary, key: &str) -> Option<f64> {
+    match key {
+        "kl_mean" => Some(s.kl_mean),
+        "kl_p99" => Some(s.kl_p99),
+        "dlogprob_mean" => Some(s.abs_dlogprob_mean),
+        "top1_same" => Some(s.top1_same),
+        "topk_overlap" => Some(s.topk_overlap),
+        _ => None,
+    }
+}
+
+/// Whether larger values of run-stats key `key` are better.
+fn higher_is_better(key: &str) -> bool {
+    matches!(
+        key,
+        "top1_same" | "topk_overlap" | "trigger_f1" | "schema_accuracy" | "effective_context" | "p_value"
+    )
+}
+
+fn bits_text(e: &Equivalent) -> String {
+    match e {
+        Equivalent::NoWorseThan { bits } => format!("no worse than {bits}-bit"),
+        Equivalent::Approx { bits, .. } => format!("≈{bits:.1}-bit"),
+        Equivalent::WorseThan { bits } => format!("worse than {bits}-bit"),
+    }
+}
+
+fn fmt_num(v: f64) -> String {
+    if v != 0.0 && (v.abs() < 1e-3 || v.abs() >= 1e5) {
+        format!("{v:.2e}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+impl Detectors {
+    /// Builds the detectors from the probes config: the `[probes.detectors]`,
+    /// `[probes.alerts]` and `[[probes.webhooks]]` keys, and the ladder file if one is
+    /// configured. Starts the webhook worker (needs a tokio runtime).
+    pub fn from_config(config: &ProbesConfig) -> Result<Detectors> {
+        let cfg = DetectorConfig::parse(&config.detectors)?;
+        let alerts = AlertsConfig::parse(&config.detectors)?;
+        let ladder = match &config.ladder {
+            None => None,
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    ProbesError::Io(format!("reading the ladder {}: {e}", path.display()))
+                })?;
+                Some(Ladder::from_json(&text)?)
+            }
+        };
+        Detectors::new(cfg, ladder, &alerts)
+    }
+
+    /// Builds the detectors from typed parts.
+    pub fn new(cfg: DetectorConfig, ladder: Option<Ladder>, alerts: &AlertsConfig) -> Result<Detectors> {
+        if let Some(l) = &ladder {
+            // fail at start-up, not at the first run
+            l.threshold(cfg.metric, &cfg.rule.level)?;
+        }
+        Ok(Detectors {
+            cfg,
+            ladder,
+            alerting: Alerting::start(alerts)?,
+        })
+    }
+
+    /// The alert operations (with webhooks) these detectors use.
+    pub fn alerting(&self) -> &Alerting {
+        &self.alerting
+    }
+
+    /// The detectors' configuration.
+    pub fn config(&self) -> &DetectorConfig {
+        &self.cfg
+    }
+
+    /// Waits for pending webhook deliveries; call on shutdown.
+    pub async fn shutdown(&self) {
+        self.alerting.shutdown().await;
+    }
+
+    /// Called after every stored probe run: faithful? and changed?. Returns the alerts the
+    /// run opened or refreshed. A run that could not run (`ok = false`) is no evidence of
+    /// drift and is skipped.
+    pub async fn after_run(&self, store: &Store, run: &ProbeRun) -> Result<Vec<Alert>> {
+        if !run.ok {
+            return Ok(Vec::new());
+        }
+        let mut history = store
+            .probe_runs(&ProbeRunQuery {
+                model: Some(run.model.clone()),
+                endpoint: Some(run.endpoint.clone()),
+                kind: Some(run.kind.clone()),
+                since_ms: None,
+                limit: self.cfg.history_runs,
+            })
+            .await
+            .map_err(store_err)?;
+        history.reverse(); // oldest first
+        if !history.iter().any(|r| r.id == run.id) {
+            history.push(run.clone());
+        }
+        let floors = noise_floors(&history);
+        let mut out = Vec::new();
+        if let Some(finding) = self.faithful(run, &floors)? {
+            out.push(self.alerting.raise(store, &finding).await?.0);
+        }
+        if let Some(finding) = self.changed(run, &history, &floors)? {
+            out.push(self.alerting.raise(store, &finding).await?.0);
+        }
+        Ok(out)
+    }
+
+    /// The faithful? finding for `run`, if it is one.
+    fn faithful(&self, run: &ProbeRun, floors: &BTreeMap<String, NoiseFloor>) -> Result<Option<NewAlert>> {
+        match run.kind.as_str() {
+            "prompt_logprobs" | "completion_logprobs" => {}
+            "samples" => return Ok(self.samples_finding(run)),
+            _ => return Ok(None),
+        }
+        let metric = self.cfg.metric;
+        let key = stat_key(metric);
+        let Some(value) = stat(&run.stats, key) else {
+            return Ok(None);
+        };
+        let floor = floors.get(key).and_then(|f| f.floor_for(metric));
+        let label = metric_label(metric);
+        let (evidence, summary) = if let Some(ladder) = &self.ladder {
+            let j = crate::noise::judge(ladder, metric, value, floor, &self.cfg.rule)?;
+            if !j.unfaithful {
+                return Ok(None);
+            }
+            let level = ladder.level(&self.cfg.rule.level);
+            let level_text = match level {
+                Some(l) if l.kind == crate::ladder::LevelKind::Weights => format!("{}-bit", l.bits),
+                Some(l) => format!("{} ({}-bit activations)", l.name, l.bits),
+                None => self.cfg.rule.level.clone(),
+            };
+            let cmp = if metric.higher_is_better() { "<" } else { ">" };
+            let summary = format!(
+                "endpoint {} behaves like {} weights: {label} {} {cmp} {} ({level_text}{})",
+                run.endpoint,
+                bits_text(&j.ladder.equivalent),
+                fmt_num(value),
+                fmt_num(j.effective_threshold),
+                if (j.effective_threshold - j.ladder.threshold).abs() > 0.0 { ", raised by its noise floor" } else { "" },
+            );
+            let evidence = serde_json::json!({
+                "detector": "faithful",
+                "probe_kind": run.kind,
+                "statistic": key,
+                "value": value,
+                "threshold": j.effective_threshold,
+                "ladder_threshold": j.ladder.threshold,
+                "level": self.cfg.rule.level,
+                "noise_floor": floor,
+                "floor_factor": self.cfg.rule.floor_factor,
+                "equivalent": j.ladder.equivalent,
+                "equivalent_text": j.ladder.equivalent.to_string(),
+                "p_value": serde_json::Value::Null,
+                "probe_runs": [run.id],
+            });
+            (evidence, summary)
+        } else if let (Some(t), Metric::KlTopkMean) = (self.cfg.kl_threshold, metric) {
+            let effective = floor.map_or(t, |f| t.max(self.cfg.rule.floor_factor * f));
+            if value <= effective {
+                return Ok(None);
+            }
+            let summary = format!(
+                "endpoint {}: {label} {} > {} (configured threshold; no calibration ladder)",
+                run.endpoint,
+                fmt_num(value),
+                fmt_num(effective)
+            );
+            let evidence = serde_json::json!({
+                "detector": "faithful",
+                "probe_kind": run.kind,
+                "statistic": key,
+                "value": value,
+                "threshold": effective,
+                "configured_threshold": t,
+                "noise_floor": floor,
+                "floor_factor": self.cfg.rule.floor_factor,
+                "p_value": serde_json::Value::Null,
+                "probe_runs": [run.id],
+            });
+            (evidence, summary)
+        } else {
+            return Ok(None);
+        };
+        Ok(Some(NewAlert {
+            model: run.model.clone(),
+            endpoint: run.endpoint.clone(),
+            kind: KIND_UNFAITHFUL.to_owned(),
+            summary,
+            evidence,
+            now_ms: run.finished_ms,
+        }))
+    }
+
+    fn samples_finding(&self, run: &ProbeRun) -> Option<NewAlert> {
+        let p = stat(&run.stats, "p_value")?;
+        if p >= self.cfg.samples_alpha {
+            return None;
+        }
+        let summary = format!(
+            "endpoint {}: its samples differ from the reference's (MMD permutation p = {} < {})",
+            run.endpoint,
+            fmt_num(p),
+            fmt_num(self.cfg.samples_alpha)
+        );
+        Some(NewAlert {
+            model: run.model.clone(),
+            endpoint: run.endpoint.clone(),
+            kind: KIND_UNFAITHFUL.to_owned(),
+            summary,
+            evidence: serde_json::json!({
+                "detector": "faithful",
+                "probe_kind": run.kind,
+                "statistic": "mmd",
+                "value": run.stats.get("mmd").cloned().unwrap_or(serde_json::Value::Null),
+                "threshold": self.cfg.samples_alpha,
+                "p_value": p,
+                "probe_runs": [run.id],
+            }),
+            now_ms: run.finished_ms,
+        })
+    }
+
+    /// The changed? finding: a CUSUM per watched statistic over the endpoint's runs of this
+    /// kind (noise-floor repeats excluded), alarming on `run`.
+    fn changed(
+        &self,
+        run: &ProbeRun,
+        history: &[ProbeRun],
+        floors: &BTreeMap<String, NoiseFloor>,
+    ) -> Result<Option<NewAlert>> {
+        if run.repeat_of.is_some() {
+            return Ok(None);
+        }
+        let series: Vec<&ProbeRun> = history.iter().filter(|r| r.ok && r.repeat_of.is_none()).collect();
+        let mut alarms = Vec::new();
+        for key in &self.cfg.cusum_statistics {
+            if stat(&run.stats, key).is_none() {
+                continue;
+            }
+            let floor = floors.get(key.as_str()).and_then(|f| {
+                if higher_is_better(key) { f.floor_rate().map(|r| 1.0 - r) } else { f.floor() }
+            });
+            let min_sd = floor.map_or(self.cfg.cusum.min_sd, |f| f.max(self.cfg.cusum.min_sd));
+            let mut chart = Cusum::new(CusumConfig { min_sd, ..self.cfg.cusum })?;
+            let mut last = None;
+            let mut ids = Vec::new();
+            for r in &series {
+                let Some(x) = stat(&r.stats, key) else { continue };
+                let obs = chart.observe(x)?;
+                ids.push(r.id);
+                if r.id == run.id {
+                    last = Some((x, obs));
+                }
+            }
+            let Some((x, obs)) = last else { continue };
+            let Some(shift) = obs.alarm else { continue };
+            let Some((mean, sd)) = chart.baseline() else { continue };
+            let baseline_ids: Vec<i64> = ids.iter().take(self.cfg.cusum.baseline_rounds).copied().collect();
+            alarms.push(serde_json::json!({
+                "statistic": key,
+                "value": x,
+                "shift": match shift { Shift::Up => "up", Shift::Down => "down" },
+                "z": obs.z,
+                "cusum": obs.s_hi.max(obs.s_lo),
+                "threshold": self.cfg.cusum.h,
+                "k": self.cfg.cusum.k,
+                "arl0": self.cfg.cusum.arl0(),
+                "baseline_mean": mean,
+                "baseline_sd": sd,
+                "baseline_runs": baseline_ids,
+            }));
+        }
+        if alarms.is_empty() {
+            return Ok(None);
+        }
+        let parts: Vec<String> = alarms
+            .iter()
+            .map(|a| {
+                let key = a["statistic"].as_str().unwrap_or("?");
+                let dir = if a["shift"] == "up" { "rose" } else { "fell" };
+                format!(
+                    "{key} {dir} to {} from baseline {}",
+                    fmt_num(a["value"].as_f64().unwrap_or(f64::NAN)),
+                    fmt_num(a["baseline_mean"].as_f64().unwrap_or(f64::NAN))
+                )
+            })
+            .collect();
+        let summary = format!(
+            "endpoint {} changed ({}): {} (CUSUM > {:.2}, in-control ARL ≈ {:.0} rounds)",
+            run.endpoint,
+            run.kind,
+            parts.join("; "),
+            self.cfg.cusum.h,
+            self.cfg.cusum.arl0()
+        );
+        Ok(Some(NewAlert {
+            model: run.model.clone(),
+            endpoint: run.endpoint.clone(),
+            kind: KIND_CHANGED.to_owned(),
+            summary,
+            evidence: serde_json::json!({
+                "detector": "changed",
+                "probe_kind": run.kind,
+                "statistic": alarms.first().map(|a| a["statistic"].clone()),
+                "value": alarms.first().map(|a| a["value"].clone()),
+                "threshold": self.cfg.cusum.h,
+                "p_value": serde_json::Value::Null,
+                "alarms": alarms,
+                "probe_runs": [run.id],
+            }),
+            now_ms: run.finished_ms,
+        }))
+    }
+
+    /// Called every sweep interval: the passive cross-endpoint tests over each model's
+    /// recent request records, then auto-resolve of quiet alerts. Returns the alerts opened
+    /// or refreshed, then those resolved.
+    pub async fn sweep(&self, store: &Store, now_ms: i64) -> Result<Vec<Alert>> {
+        let window_ms = i64::try_from(self.cfg.passive_window.as_millis()).unwrap_or(i64::MAX);
+        let records = store
+            .request_records(&samewise_store::RecordQuery {
+                since_ms: Some(now_ms.saturating_sub(window_ms)),
+                limit: samewise_store::records::MAX_QUERY_LIMIT,
+                ..samewise_store::RecordQuery::default()
+            })
+            .await
+            .map_err(store_err)?;
+        let mut out = Vec::new();
+        for finding in passive_sweep::findings(&records, &self.cfg, now_ms)? {
+            out.push(self.alerting.raise(store, &finding).await?.0);
+        }
+        out.extend(self.alerting.auto_resolve(store, now_ms).await?);
+        Ok(out)
+    }
+}
+
+/// Noise floors per run-stats key, from the noise-floor pairs in `history` (a run with
+/// `repeat_of` and its first run, both with raw per-position data). Pairs whose data do not
+/// line up (different generated tokens) are skipped.
+fn noise_floors(history: &[ProbeRun]) -> BTreeMap<String, NoiseFloor> {
+    let mut floors: BTreeMap<String, NoiseFloor> = BTreeMap::new();
+    for b in history.iter().filter(|r| r.ok) {
+        let Some(first) = b.repeat_of else { continue };
+        let Some(a) = history.iter().find(|r| r.id == first && r.ok) else { continue };
+        let (Some(raw_a), Some(raw_b)) = (&a.raw, &b.raw) else { continue };
+        let summary = decode_positions(raw_a)
+            .and_then(|pa| decode_positions(raw_b).map(|pb| (pa, pb)))
+            .and_then(|(pa, pb)| repeat_summary(&pa, &pb));
+        let summary = match summary {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(run = b.id, error = %e, "noise-floor pair skipped");
+                continue;
+            }
+        };
+        for key in ["kl_mean", "kl_p99", "dlogprob_mean", "top1_same", "topk_overlap"] {
+            if let Some(v) = summary_stat(&summary, key) {
+                // a non-finite value is refused by record() and simply not counted
+                let _ = floors.entry(key.to_owned()).or_default().record(v);
+            }
+        }
+    }
+    floors
+}
