@@ -359,6 +359,9 @@ async fn tool_calls_come_back_in_openai_shape() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn models_health_tokenize_detokenize() -> anyhow::Result<()> {
     let srv = TestServer::start().await?;
+    // `model` may be omitted (the probes' reference client does)
+    let (s, v) = srv.post_raw("/v1/completions", json!({"prompt": PROMPT, "max_tokens": 1}).to_string()).await?;
+    assert_eq!(s, 200, "{v}");
     let (s, v) = srv.get("/healthz").await?;
     assert_eq!((s, v["status"].as_str()), (200, Some("ok")));
     let (s, v) = srv.get("/v1/models").await?;

@@ -12,7 +12,8 @@
 //! OpenAI-shaped 400, not axum's plain-text rejection), then call the tokenizer, the chat
 //! template and the [`backend`]. Every error a client can cause is an OpenAI error JSON with a
 //! 4xx status; nothing on a request path panics. The `model` field of requests is accepted
-//! whatever it names (the proxy in front rewrites it); responses carry the served name.
+//! whatever it names, or absent (the proxy in front rewrites it); responses carry the
+//! served name.
 //!
 //! Layout: [`backend`] (the batching worker), `text` (stop strings and streamed text),
 //! `stream` (SSE responses and shared request checks),
@@ -250,9 +251,14 @@ pub(crate) fn json_response<T: serde::Serialize>(value: &T) -> Response {
     }
 }
 
-/// Parses a request body as `T`, or a 400 saying what is wrong.
+/// Parses a request body as `T`, or a 400 saying what is wrong. A missing `model` reads
+/// as the empty name (one model is served; vLLM allows omitting it too).
 pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_json(&e))
+    let mut v: serde_json::Value = serde_json::from_slice(body).map_err(|e| ApiError::bad_json(&e))?;
+    if let serde_json::Value::Object(o) = &mut v {
+        o.entry("model").or_insert_with(|| serde_json::Value::String(String::new()));
+    }
+    serde_json::from_value(v).map_err(|e| ApiError::bad_json(&e))
 }
 
 /// Unix seconds now.
