@@ -9,10 +9,10 @@
 //! (two-proportion z, Mann–Whitney U, chi-square, Benjamini–Hochberg), the calibration ladder
 //! that turns a statistic into "≈ N-bit equivalent", and the noise-floor rule.
 //!
-//! Everything here is pure: functions over numbers and token lists, no IO, no HTTP, no
-//! database, no clocks. The probe scheduler, reference client and alerts built on top of it
-//! run beside the proxy and must never block the request path; nothing in this crate is
-//! called from the proxy's request handling. Bad input (NaN, empty samples, mismatched
+//! The statistics modules are pure: functions over numbers and token lists, no IO, no HTTP,
+//! no database, no clocks. The probe scheduler, reference client, probe kinds and alerts
+//! built on top of them do IO; they run beside the proxy and must never block the request
+//! path; nothing in this crate is called from the proxy's request handling. Bad input (NaN, empty samples, mismatched
 //! lengths) is answered with a [`ProbesError`], never a panic.
 //!
 //! # Layout
@@ -35,6 +35,15 @@
 //! - [`alerting`]: the alert lifecycle (open, acknowledged, resolved, auto-resolve) with
 //!   webhook notification; [`webhook`]: generic JSON / Slack delivery with bounded retries.
 //! - [`prompts`]: the built-in prompt sets of `probes/data/` and parsers for users' own.
+//! - [`config`]: the typed probes configuration (reference backend, per-model kinds,
+//!   schedule, budgets, prompt sets) parsed from the gateway config's raw tables.
+//! - [`reference`]: the reference client — one trait, three backends (in-process engine,
+//!   remote `samewise engine serve`, external vLLM/SGLang); [`vocab`]: the engine tokenizer
+//!   as [`align::ReferenceVocab`].
+//! - [`kinds`]: the probe kinds (prompt_logprobs, completion_logprobs, samples, tool_calls,
+//!   long_context), each calling an endpoint over HTTP as the proxy does.
+//! - [`runner`]: the scheduler (interval with seeded jitter, hourly token budget, noise-floor
+//!   pairs, one active scheduler per database, detectors after every run).
 //!
 //! Prompt-set data files for the probes live in `probes/data/` (see its README).
 
@@ -43,12 +52,14 @@ pub mod align;
 pub mod compare;
 pub mod config;
 pub mod detect;
+pub mod kinds;
 pub mod ladder;
 pub mod mmd;
 pub mod noise;
 pub mod passive;
 pub mod prompts;
 pub mod reference;
+pub mod runner;
 pub mod sequential;
 pub mod vocab;
 pub mod webhook;

@@ -1,0 +1,105 @@
+//! prompt_logprobs: each text of the round is sent to the endpoint's `/v1/completions` with
+//! `echo: true`, `logprobs: k` and `max_tokens: 0` (retried with 1 where a server refuses
+//! 0; generated positions are then dropped by their text offset). The endpoint's tokens are
+//! aligned to reference ids ([`crate::align`]), the reference scores the aligned sequence,
+//! and every position both sides scored is compared ([`crate::compare`]).
+
+use serde_json::{Map, Value, json};
+
+use super::{EpPosition, Outcome, ProbeCtx, Target, call, logprob_outcome, positions, usage_tokens, window};
+use crate::align::{AlignMethod, EndpointToken, align};
+
+/// Runs one prompt_logprobs probe.
+pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
+    let texts = window(&ctx.sets.logprob_texts, ctx.round, ctx.cfg.items_per_round);
+    let vocab = ctx.reference.vocab();
+    let k = ctx.cfg.top_k as usize;
+    let mut tokens = 0i64;
+    let mut inputs = Vec::new();
+    let mut unmappable = 0usize;
+    let mut endpoint_tokens = 0usize;
+    let mut dropped_alternatives = 0usize;
+    let mut method = AlignMethod::Direct;
+    let mut ids = Vec::new();
+    for t in &texts {
+        let mut body = json!({"model": target.provider_model, "prompt": t.text, "echo": true, "logprobs": k, "max_tokens": 0, "temperature": 0.0});
+        let answer = match call(ctx, target, "/completions", &body).await {
+            Ok(v) => v,
+            Err(e) if e.status == Some(400) || e.status == Some(422) => {
+                body["max_tokens"] = json!(1);
+                match call(ctx, target, "/completions", &body).await {
+                    Ok(v) => v,
+                    Err(e) => return Outcome::failed(format!("echo logprobs refused: {e}"), tokens),
+                }
+            }
+            Err(e) => return Outcome::failed(e.message, tokens),
+        };
+        tokens += usage_tokens(&answer);
+        let Some(ep) = parse_echo(&answer, &t.text) else {
+            return Outcome::failed("the endpoint returned no prompt logprobs for echo + logprobs (refused or unsupported)", tokens);
+        };
+        if ep.is_empty() {
+            return Outcome::failed("the endpoint echoed no prompt tokens", tokens);
+        }
+        // position 0 has no logprob and is not compared, but its token is part of the sequence
+        let mut all_tokens: Vec<EndpointToken> = Vec::with_capacity(ep.len());
+        all_tokens.extend(ep.iter().map(|(tok, _)| tok.token.clone()));
+        let alignment = align(&all_tokens, vocab.as_ref());
+        endpoint_tokens += all_tokens.len();
+        unmappable += alignment.unmappable;
+        if alignment.method == AlignMethod::Retokenized {
+            method = AlignMethod::Retokenized;
+        }
+        let scored = match ctx.reference.score(&alignment.reference_ids, k).await {
+            Ok(s) => s,
+            Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
+        };
+        let eps: Vec<EpPosition> = ep.into_iter().map(|(p, has)| if has { p } else { EpPosition { top: Vec::new(), ..p } }).collect();
+        let (mut pos, d) = positions(&eps, &scored, 0, |i| alignment.ref_index.get(i).copied().flatten(), vocab.as_ref());
+        dropped_alternatives += d;
+        inputs.append(&mut pos);
+        ids.push(t.id.clone());
+    }
+    let mut extra = Map::new();
+    extra.insert("texts".into(), json!(ids));
+    extra.insert("endpoint_tokens".into(), json!(endpoint_tokens));
+    extra.insert("unmappable".into(), json!(unmappable));
+    extra.insert("mismatch_rate".into(), json!(if endpoint_tokens == 0 { 0.0 } else { unmappable as f64 / endpoint_tokens as f64 }));
+    extra.insert("unmapped_alternatives".into(), json!(dropped_alternatives));
+    extra.insert("align".into(), json!(method));
+    extra.insert("top_k".into(), json!(k));
+    logprob_outcome(&inputs, tokens, extra)
+}
+
+/// The echoed prompt positions of a legacy completions answer: (position, whether it has a
+/// logprob). None when the answer carries no logprobs at all.
+fn parse_echo(answer: &Value, prompt: &str) -> Option<Vec<(EpPosition, bool)>> {
+    let lp = answer.pointer("/choices/0/logprobs").filter(|v| !v.is_null())?;
+    let tokens = lp.get("tokens")?.as_array()?;
+    let token_logprobs = lp.get("token_logprobs")?.as_array()?;
+    let tops = lp.get("top_logprobs").and_then(Value::as_array);
+    let offsets = lp.get("text_offset").and_then(Value::as_array);
+    if token_logprobs.len() != tokens.len() || token_logprobs.iter().all(Value::is_null) {
+        return None;
+    }
+    let prompt_chars = prompt.chars().count() as u64;
+    let mut out = Vec::with_capacity(tokens.len());
+    for (i, t) in tokens.iter().enumerate() {
+        // generated tokens (max_tokens 1 fallback) start at or after the prompt's end
+        if i > 0
+            && let Some(off) = offsets.and_then(|o| o.get(i)).and_then(Value::as_u64)
+            && off >= prompt_chars
+        {
+            break;
+        }
+        let text = t.as_str()?.to_owned();
+        let lp = token_logprobs[i].as_f64();
+        let top: Vec<(EndpointToken, f64)> = tops
+            .and_then(|ts| ts.get(i))
+            .and_then(Value::as_object)
+            .map(|m| m.iter().filter_map(|(k, v)| Some((EndpointToken::text(k.clone()), v.as_f64()?))).collect())
+            .unwrap_or_default();
+        out.push((EpPosition { token: EndpointToken::text(text), logprob: lp.unwrap_or(0.0), top }, lp.is_some()));
+    }
+    Some(out)
+}

@@ -1,0 +1,272 @@
+//! The probe scheduler. For every model × endpoint × enabled kind it runs a probe on the
+//! model's interval with seeded jitter, within the endpoint's hourly probe-token budget
+//! (`Store::probe_tokens_since`), stores each run (`Store::insert_probe_run`), runs the
+//! "faithful?" and "changed?" detectors after it, and sweeps the passive detectors
+//! periodically. Every `noise_pair_every`-th round of a kind (the first included) is a
+//! noise-floor pair: the same probe twice, the second stored with `repeat_of`.
+//!
+//! One scheduler is active per database: it runs only while it holds
+//! `Store::try_scheduler_lock`; a standby retries every `lock_retry` and takes over when the
+//! holder's session dies; an active one checks its lock as often and stands down if it was
+//! lost. It runs beside the gateway (inside `samewise serve`) or alone (`samewise probes
+//! run`), never on the request path. Every task it starts is tracked and drained when the
+//! shutdown token fires.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use samewise_store::{ProbeRun, Store};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{ModelProbes, ProbeKind, ProbesConfig};
+use crate::detect::Detectors;
+use crate::kinds::{self, Outcome, ProbeCtx, PromptSets, Target};
+use crate::reference::Reference;
+use crate::{ProbesError, Result};
+
+const HOUR_MS: i64 = 3_600_000;
+
+/// Milliseconds since the Unix epoch (wall clock: stored times).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The scheduler: configuration, store, reference, detectors and the endpoints to probe.
+pub struct Scheduler {
+    cfg: Arc<ProbesConfig>,
+    store: Store,
+    reference: Arc<dyn Reference>,
+    detectors: Option<Arc<Detectors>>,
+    targets: Vec<Target>,
+    sets: BTreeMap<String, Arc<PromptSets>>,
+    http: reqwest::Client,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler").field("targets", &self.targets).finish_non_exhaustive()
+    }
+}
+
+/// What a round did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RoundResult {
+    /// The runs stored (two for a noise-floor pair), with their ids.
+    Stored(Vec<ProbeRun>),
+    /// The endpoint's hourly budget was spent; nothing ran.
+    OverBudget {
+        /// Tokens spent in the last hour.
+        spent: i64,
+    },
+}
+
+impl Scheduler {
+    /// A scheduler over `targets` (the endpoints of the models that have probes; endpoints of
+    /// other models are ignored). Loads every model's prompt sets.
+    pub fn new(
+        cfg: Arc<ProbesConfig>,
+        store: Store,
+        reference: Arc<dyn Reference>,
+        detectors: Option<Arc<Detectors>>,
+        targets: Vec<Target>,
+    ) -> Result<Self> {
+        let mut sets = BTreeMap::new();
+        for (model, m) in &cfg.models {
+            let s = PromptSets::load(&m.prompt_sets).map_err(|e| ProbesError::Config(format!("models.{model}.probes.prompt_sets: {e}")))?;
+            sets.insert(model.clone(), Arc::new(s));
+        }
+        let targets = targets.into_iter().filter(|t| cfg.models.contains_key(&t.model)).collect();
+        Ok(Self { cfg, store, reference, detectors, targets, sets, http: kinds::endpoint_client() })
+    }
+
+    /// The endpoints probed.
+    pub fn targets(&self) -> &[Target] {
+        &self.targets
+    }
+
+    fn model(&self, t: &Target) -> Result<(&ModelProbes, &Arc<PromptSets>)> {
+        let m = self.cfg.models.get(&t.model).ok_or_else(|| ProbesError::Config(format!("no probes for model {}", t.model)))?;
+        let s = self.sets.get(&t.model).ok_or_else(|| ProbesError::Config(format!("no prompt sets for model {}", t.model)))?;
+        Ok((m, s))
+    }
+
+    /// One round of `kind` on `target`: budget check, the probe (twice for a noise-floor
+    /// round), storage, detectors. Errors only when the store fails.
+    pub async fn run_round(&self, target: &Target, kind: ProbeKind, round: u64) -> Result<RoundResult> {
+        let (mcfg, sets) = self.model(target)?;
+        let spent = self.store.probe_tokens_since(&target.endpoint, now_ms() - HOUR_MS).await.map_err(|e| ProbesError::Store(e.to_string()))?;
+        if spent >= mcfg.token_budget_per_hour {
+            tracing::info!(endpoint = %target.endpoint, kind = kind.name(), spent, "probe skipped: hourly token budget spent");
+            return Ok(RoundResult::OverBudget { spent });
+        }
+        let seed = self.cfg.seed ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (kind as u64);
+        let ctx = ProbeCtx { reference: self.reference.as_ref(), cfg: mcfg, sets, http: &self.http, round, seed };
+        let pair = round.is_multiple_of(u64::from(self.cfg.noise_pair_every));
+        let first = self.probe_and_store(&ctx, target, kind, None).await?;
+        let mut out = vec![first];
+        if pair && out[0].ok {
+            let second = self.probe_and_store(&ctx, target, kind, Some(out[0].id)).await?;
+            out.push(second);
+        }
+        Ok(RoundResult::Stored(out))
+    }
+
+    async fn probe_and_store(&self, ctx: &ProbeCtx<'_>, target: &Target, kind: ProbeKind, repeat_of: Option<i64>) -> Result<ProbeRun> {
+        let started_ms = now_ms();
+        let o: Outcome = kinds::run(kind, ctx, target).await;
+        let mut run = ProbeRun {
+            id: 0,
+            model: target.model.clone(),
+            endpoint: target.endpoint.clone(),
+            kind: kind.name().to_owned(),
+            started_ms,
+            finished_ms: now_ms(),
+            ok: o.ok,
+            error: o.error,
+            tokens: o.tokens,
+            stats: o.stats,
+            raw: o.raw,
+            repeat_of,
+        };
+        if let Some(e) = &run.error {
+            tracing::warn!(endpoint = %target.endpoint, kind = kind.name(), error = %e, "probe could not run");
+        }
+        run.id = self.store.insert_probe_run(&run).await.map_err(|e| ProbesError::Store(e.to_string()))?;
+        if let Some(d) = &self.detectors {
+            match d.after_run(&self.store, &run).await {
+                Ok(alerts) if !alerts.is_empty() => {
+                    tracing::warn!(endpoint = %target.endpoint, kind = kind.name(), alerts = alerts.len(), "probe run raised alerts");
+                }
+                Ok(_) => {}
+                Err(e) => tracing::error!(endpoint = %target.endpoint, error = %e, "detectors failed after a probe run"),
+            }
+        }
+        Ok(run)
+    }
+
+    /// One round of every enabled kind on every endpoint, in order (`samewise probes run
+    /// --once`, tests), then a passive sweep.
+    pub async fn run_once(&self, round: u64) -> Result<Vec<RoundResult>> {
+        let mut out = Vec::new();
+        for t in &self.targets {
+            let (m, _) = self.model(t)?;
+            for &kind in &m.kinds {
+                out.push(self.run_round(t, kind, round).await?);
+            }
+        }
+        self.sweep().await;
+        Ok(out)
+    }
+
+    async fn sweep(&self) {
+        if let Some(d) = &self.detectors
+            && let Err(e) = d.sweep(&self.store, now_ms()).await
+        {
+            tracing::error!(error = %e, "passive detector sweep failed");
+        }
+    }
+
+    /// Runs until `shutdown` fires: standby until the database lock is won, then probes on
+    /// schedule until shutdown or until the lock is lost.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            let lock = tokio::select! {
+                () = shutdown.cancelled() => return,
+                l = self.store.try_scheduler_lock() => l,
+            };
+            match lock {
+                Ok(Some(lock)) => {
+                    tracing::info!(endpoints = self.targets.len(), "probe scheduler active");
+                    let lost = Arc::clone(&self).active(lock, &shutdown).await;
+                    if !lost {
+                        return;
+                    }
+                    tracing::warn!("probe scheduler lost its database lock; standing by");
+                }
+                Ok(None) => tracing::debug!("another process runs the probe scheduler; standing by"),
+                Err(e) => tracing::error!(error = %e, "cannot take the probe scheduler lock"),
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(self.cfg.lock_retry) => {}
+            }
+        }
+    }
+
+    /// Active: one tracked task per endpoint; returns true if the lock was lost, false on
+    /// shutdown. Always drains its tasks before returning.
+    async fn active(self: Arc<Self>, mut lock: samewise_store::SchedulerLock, shutdown: &CancellationToken) -> bool {
+        let stop = shutdown.child_token();
+        let tracker = TaskTracker::new();
+        for (i, t) in self.targets.iter().enumerate() {
+            let me = Arc::clone(&self);
+            let t = t.clone();
+            let stop = stop.clone();
+            tracker.spawn(async move { me.endpoint_loop(t, i as u64, stop).await });
+        }
+        tracker.close();
+        let mut lost = false;
+        let mut next_check = Instant::now() + self.cfg.lock_retry;
+        let mut next_sweep = Instant::now() + self.cfg.sweep_interval;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep_until(next_check) => {
+                    next_check += self.cfg.lock_retry;
+                    if let Err(e) = lock.check().await {
+                        tracing::error!(error = %e, "probe scheduler lock lost");
+                        lost = true;
+                        break;
+                    }
+                }
+                () = tokio::time::sleep_until(next_sweep) => {
+                    next_sweep += self.cfg.sweep_interval;
+                    self.sweep().await;
+                }
+            }
+        }
+        stop.cancel();
+        tracker.wait().await;
+        if !lost && let Err(e) = lock.release().await {
+            tracing::warn!(error = %e, "releasing the probe scheduler lock");
+        }
+        lost
+    }
+
+    /// The schedule of one endpoint: every kind due at its own time, first round at a
+    /// seeded offset within one interval so endpoints and kinds spread out.
+    async fn endpoint_loop(&self, target: Target, index: u64, stop: CancellationToken) {
+        let Ok((m, _)) = self.model(&target) else { return };
+        let mut rng = StdRng::seed_from_u64(self.cfg.seed ^ index.wrapping_mul(0xa076_1d64_78bd_642f));
+        let start = Instant::now();
+        let mut due: Vec<(ProbeKind, Instant, u64)> =
+            m.kinds.iter().map(|&k| (k, start + m.interval.mul_f64(rng.random_range(0.0..1.0) * m.jitter.max(0.05)), 0)).collect();
+        loop {
+            let Some(i) = (0..due.len()).min_by_key(|&i| due[i].1) else { return };
+            let (kind, at, round) = due[i];
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep_until(at) => {}
+            }
+            let r = tokio::select! {
+                () = stop.cancelled() => return,
+                r = self.run_round(&target, kind, round) => r,
+            };
+            if let Err(e) = r {
+                tracing::error!(endpoint = %target.endpoint, kind = kind.name(), error = %e, "probe round failed");
+            }
+            due[i] = (kind, at + next_gap(m.interval, m.jitter, &mut rng), round + 1);
+        }
+    }
+}
+
+/// The interval with a uniform ± `jitter` share.
+pub fn next_gap(interval: Duration, jitter: f64, rng: &mut StdRng) -> Duration {
+    let f = if jitter > 0.0 { 1.0 + rng.random_range(-jitter..=jitter) } else { 1.0 };
+    interval.mul_f64(f.max(0.01))
+}
