@@ -1,5 +1,7 @@
-//! `samewise engine serve --model PATH --listen ADDR [--threads N]`: runs the reference
-//! engine's OpenAI-compatible server on one model (a GGUF file or a Hugging Face directory).
+//! `samewise engine serve --model PATH --listen ADDR [--threads N] [--profile NAME|FILE]`:
+//! runs the reference engine's OpenAI-compatible server on one model (a GGUF file or a
+//! Hugging Face directory), optionally behaving like a drifting provider (a serving
+//! profile: a built-in name or a TOML file; see docs/profiles.md).
 //! SIGINT or SIGTERM stops accepting connections and lets open requests finish.
 //!
 //! The test model is fetched with `scripts/fetch-model.sh`.
@@ -10,6 +12,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use samewise_engine::engine::LoadOptions;
+use samewise_engine::profile::Profile;
 use samewise_engine::server::{self, ServerState};
 
 /// Arguments of `samewise engine`.
@@ -41,6 +44,10 @@ pub struct EngineServeArgs {
     /// Name served in `/v1/models` and responses (default: the file name without extension).
     #[arg(long)]
     pub model_name: Option<String>,
+    /// Serving profile: a built-in name (reference, w8..w2, a8, kv-f16, kv-q8, truncate-512,
+    /// tool-corrupt, repeat-bug, drop-system, no-logprobs, shifted-echo, flaky) or a TOML file.
+    #[arg(long, default_value = "reference")]
+    pub profile: String,
 }
 
 /// Runs an engine subcommand.
@@ -52,15 +59,22 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
 
 fn serve(args: EngineServeArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.threads >= 1, "--threads must be at least 1");
+    let profile = Profile::resolve(&args.profile)?;
     let opts = LoadOptions { threads: args.threads, ..LoadOptions::default() };
-    let state = ServerState::load(&args.model, opts, args.model_name)
+    anyhow::ensure!(
+        profile.weights.is_none() && profile.activations.is_none() && profile.kv_cache.is_none(),
+        "profile {}: this build's engine does not apply numeric knobs (weights, activations, kv_cache) yet",
+        profile.name
+    );
+    let profile_name = profile.name.clone();
+    let state = ServerState::load_with_profile(&args.model, opts, args.model_name, profile)
         .with_context(|| format!("cannot load model {}", args.model.display()))?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
         let listener =
             tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
         let local = listener.local_addr()?;
-        tracing::info!(addr = %local, model = state.model_name(), threads = args.threads, "engine listening");
+        tracing::info!(addr = %local, model = state.model_name(), threads = args.threads, profile = %profile_name, "engine listening");
         // One line on stdout for scripts and tests that start the engine on port 0.
         println!("listening on http://{local}");
         server::serve(listener, state, shutdown_signal()).await?;

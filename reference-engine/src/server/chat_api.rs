@@ -7,6 +7,7 @@
 //! a call is only known at its end.
 
 use axum::body::Bytes;
+use axum::Extension;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use samewise_wire::{
@@ -18,12 +19,13 @@ use serde_json::{Value, json};
 use crate::chat::parse_tool_calls;
 use crate::engine::GeneratedToken;
 
+use super::faults::RequestFaults;
 use super::stream::{GenRequest, chat_logprob, check_prompt, sse_response};
 use super::text::{ChoiceEvent, TextStream};
 use super::{ApiError, ServerState, json_response, now_secs, parse_body};
 
-pub(crate) async fn handle(State(state): State<ServerState>, body: Bytes) -> Response {
-    match run(&state, &body).await {
+pub(crate) async fn handle(State(state): State<ServerState>, Extension(faults): Extension<RequestFaults>, body: Bytes) -> Response {
+    match run(&state, faults, &body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
@@ -44,12 +46,14 @@ pub(crate) fn render_prompt(
     if messages.is_empty() {
         return Err(ApiError::bad_request("messages must not be empty", Some("messages")));
     }
-    let text = template.render(messages, tools, add_generation_prompt, kwargs)?;
+    let messages = state.inner.faults.template_messages(messages);
+    let text = template.render(&messages, tools, add_generation_prompt, kwargs)?;
     Ok(state.tokenizer().encode(&text, false)?)
 }
 
-async fn run(state: &ServerState, body: &[u8]) -> Result<Response, ApiError> {
+async fn run(state: &ServerState, faults: RequestFaults, body: &[u8]) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(body)?;
+    faults.check_logprobs(req.logprobs.unwrap_or(false))?;
     let messages = req
         .messages
         .iter()
@@ -69,13 +73,15 @@ async fn run(state: &ServerState, body: &[u8]) -> Result<Response, ApiError> {
         Some(Value::Object(m)) => Some(m.clone()),
         Some(_) => return Err(ApiError::bad_request("chat_template_kwargs must be an object", Some("chat_template_kwargs"))),
     };
-    let prompt = render_prompt(state, &messages, tools.as_deref(), true, kwargs.as_ref())?;
+    let mut prompt = render_prompt(state, &messages, tools.as_deref(), true, kwargs.as_ref())?;
+    state.inner.faults.truncate(&mut prompt);
 
     let want_logprobs = req.logprobs.unwrap_or(false);
     let top = req.top_logprobs.unwrap_or(0) as usize;
     if top > 0 && !want_logprobs {
         return Err(ApiError::bad_request("top_logprobs needs logprobs: true", Some("top_logprobs")));
     }
+    let top = faults.cap_top(top);
     let stops = req.stop.as_ref().map(samewise_wire::Stop::to_vec).unwrap_or_default();
     let gen_req = GenRequest::new(req.temperature, req.top_p, req.seed, req.n, stops, top)
         .map_err(|e| rename_param(e, "logprobs", "top_logprobs"))?;
@@ -88,12 +94,13 @@ async fn run(state: &ServerState, body: &[u8]) -> Result<Response, ApiError> {
 
     let mut streams = Vec::new();
     for j in 0..gen_req.n {
-        streams.push((j, TextStream::start(state, prompt.clone(), gen_req.params(state, max_tokens, j), gen_req.stops.clone())?));
+        let repeat = faults.repeat_from(j, max_tokens);
+        streams.push((j, TextStream::start(state, prompt.clone(), gen_req.params(state, max_tokens, j), gen_req.stops.clone(), repeat)?));
     }
     let id = state.next_id("chatcmpl");
     let created = now_secs();
     let prompt_tokens = prompt.len() as u64;
-    let ctx = Ctx { state: state.clone(), id, created, want_logprobs, tools: tools.is_some() };
+    let ctx = Ctx { state: state.clone(), id, created, want_logprobs, tools: tools.unwrap_or_default().into(), faults };
 
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
@@ -141,16 +148,19 @@ struct Ctx {
     id: String,
     created: u64,
     want_logprobs: bool,
-    tools: bool,
+    /// The request's tool definitions (empty: tools off).
+    tools: std::sync::Arc<[Value]>,
+    /// For tool-call corruption.
+    faults: RequestFaults,
 }
 
 impl Ctx {
     /// The assistant message for a finished choice; tool calls parsed when tools are on.
     fn message(&self, index: u32, text: String, reason: &'static str) -> (ChatMessage, &'static str) {
-        if self.tools {
+        if !self.tools.is_empty() {
             let parsed = parse_tool_calls(&text);
             if !parsed.tool_calls.is_empty() {
-                let calls = parsed
+                let mut calls: Vec<ToolCall> = parsed
                     .tool_calls
                     .into_iter()
                     .enumerate()
@@ -161,6 +171,7 @@ impl Ctx {
                         extra: Extra::new(),
                     })
                     .collect();
+                self.faults.corrupt_tool_calls(index, &mut calls, &self.tools);
                 let msg = ChatMessage {
                     role: "assistant".into(),
                     content: parsed.content.map(MessageContent::Text),
@@ -197,7 +208,7 @@ fn stream(ctx: Ctx, streams: Vec<(u32, TextStream)>, prompt_tokens: u64, include
         let c = &render_ctx;
         let slot = index as usize;
         match ev {
-            ChoiceEvent::Piece(p) if c.tools => {
+            ChoiceEvent::Piece(p) if !c.tools.is_empty() => {
                 if let Some(h) = held.get_mut(slot) {
                     h.0.push_str(&p.text);
                     h.1.extend(p.tokens);
@@ -214,7 +225,7 @@ fn stream(ctx: Ctx, streams: Vec<(u32, TextStream)>, prompt_tokens: u64, include
                 *total += completion_tokens as u64;
                 let mut out = Vec::new();
                 let mut reason = reason;
-                if c.tools {
+                if !c.tools.is_empty() {
                     let (text, tokens) = held.get_mut(slot).map(std::mem::take).unwrap_or_default();
                     let (msg, r) = c.message(index, text, reason);
                     reason = r;

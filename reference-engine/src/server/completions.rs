@@ -5,6 +5,7 @@
 //! `logprobs` most likely tokens and the actual one, as OpenAI and vLLM send it.
 
 use axum::body::Bytes;
+use axum::Extension;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use samewise_wire::{CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Extra, Prompt, Usage};
@@ -13,6 +14,7 @@ use serde_json::{Map, Value, json};
 use crate::engine::{GeneratedToken, ScoredSequence};
 use crate::sample::TokenLogprob as EngineLogprob;
 
+use super::faults::RequestFaults;
 use super::stream::{GenRequest, check_prompt, sse_response};
 use super::text::{ChoiceEvent, TextStream};
 use super::{ApiError, ServerState, json_response, now_secs, parse_body};
@@ -20,8 +22,8 @@ use super::{ApiError, ServerState, json_response, now_secs, parse_body};
 /// OpenAI's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: usize = 16;
 
-pub(crate) async fn handle(State(state): State<ServerState>, body: Bytes) -> Response {
-    match run(&state, &body).await {
+pub(crate) async fn handle(State(state): State<ServerState>, Extension(faults): Extension<RequestFaults>, body: Bytes) -> Response {
+    match run(&state, &faults, &body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
@@ -33,8 +35,9 @@ struct PromptIn {
     text: String,
 }
 
-async fn run(state: &ServerState, body: &[u8]) -> Result<Response, ApiError> {
+async fn run(state: &ServerState, faults: &RequestFaults, body: &[u8]) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_body(body)?;
+    faults.check_logprobs(req.logprobs.is_some())?;
     let tok = state.tokenizer();
     let prompts: Vec<PromptIn> = match &req.prompt {
         Prompt::Text(t) => vec![PromptIn { ids: tok.encode(t, true)?, text: t.clone() }],
@@ -47,11 +50,14 @@ async fn run(state: &ServerState, body: &[u8]) -> Result<Response, ApiError> {
     }
     let max_tokens = req.max_tokens.map_or(DEFAULT_MAX_TOKENS, |m| m as usize);
     let echo = req.echo.unwrap_or(false);
-    let k = req.logprobs.map(|k| k as usize);
+    let k = req.logprobs.map(|k| faults.cap_top(k as usize));
     let stops = req.stop.as_ref().map(samewise_wire::Stop::to_vec).unwrap_or_default();
     let gen_req = GenRequest::new(req.temperature, req.top_p, req.seed, req.n, stops, k.unwrap_or(0))?;
     let mut prompts = prompts;
     for p in &mut prompts {
+        if state.inner.faults.truncate(&mut p.ids) {
+            p.text.clear(); // echo shows what was kept
+        }
         check_prompt(state, &p.ids, max_tokens)?;
         if p.text.is_empty() {
             // token-id prompts echo their decoded text
@@ -67,7 +73,9 @@ async fn run(state: &ServerState, body: &[u8]) -> Result<Response, ApiError> {
     if echo && k.is_some() {
         let futs = prompts.iter().map(|p| state.inner.backend.score(p.ids.clone(), k.unwrap_or(0)));
         for r in futures_util::future::join_all(futs).await {
-            scored.push(Some(r?));
+            let mut s = r?;
+            faults.shift_echo(&mut s);
+            scored.push(Some(s));
         }
     } else {
         scored.resize_with(prompts.len(), || None);
@@ -79,7 +87,8 @@ async fn run(state: &ServerState, body: &[u8]) -> Result<Response, ApiError> {
         for (pi, p) in prompts.iter().enumerate() {
             for j in 0..gen_req.n {
                 let index = pi as u32 * gen_req.n + j;
-                let ts = TextStream::start(state, p.ids.clone(), gen_req.params(state, max_tokens, j), gen_req.stops.clone())?;
+                let repeat = faults.repeat_from(index, max_tokens);
+                let ts = TextStream::start(state, p.ids.clone(), gen_req.params(state, max_tokens, j), gen_req.stops.clone(), repeat)?;
                 streams.push((index, ts));
             }
         }

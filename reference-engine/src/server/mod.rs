@@ -15,13 +15,18 @@
 //! whatever it names, or absent (the proxy in front rewrites it); responses carry the
 //! served name.
 //!
+//! A serving [`Profile`] ([`ServerState::with_profile`]) adds a provider's behavioural
+//! faults on the OpenAI routes ([`faults`]); the reference profile changes nothing.
+//!
 //! Layout: [`backend`] (the batching worker), `text` (stop strings and streamed text),
 //! `stream` (SSE responses and shared request checks),
-//! `completions`, `chat_api`, `native` (score, tokenize, detokenize, models, health).
+//! `completions`, `chat_api`, `native` (score, tokenize, detokenize, models, health),
+//! [`faults`] (the profile's behavioural faults).
 
 mod backend;
 mod chat_api;
 mod completions;
+pub mod faults;
 mod native;
 mod stream;
 mod text;
@@ -41,6 +46,7 @@ use crate::chat::{self, ChatTemplate};
 use crate::engine::{Engine, LoadOptions};
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
+use crate::profile::Profile;
 use crate::tokenizer::Tokenizer;
 
 use backend::Backend;
@@ -72,6 +78,8 @@ struct Inner {
     vocab_size: usize,
     /// Source of response ids.
     next_id: AtomicU64,
+    /// The serving profile's behavioural faults.
+    faults: faults::Faults,
 }
 
 impl std::fmt::Debug for ServerState {
@@ -83,6 +91,19 @@ impl std::fmt::Debug for ServerState {
 impl ServerState {
     /// State over an already loaded engine, tokenizer and template.
     pub fn new(engine: Arc<Engine>, tokenizer: Tokenizer, template: Option<ChatTemplate>, model_name: String) -> Self {
+        Self::with_profile(engine, tokenizer, template, model_name, Profile::default())
+    }
+
+    /// State whose OpenAI routes show `profile`'s behavioural faults (truncation, tool-call
+    /// corruption, repeat bug, template variant, API differences, latency, errors). Its
+    /// numerical part is the engine's business (it was loaded with it, or not).
+    pub fn with_profile(
+        engine: Arc<Engine>,
+        tokenizer: Tokenizer,
+        template: Option<ChatTemplate>,
+        model_name: String,
+        profile: Profile,
+    ) -> Self {
         let n_ctx = engine.config().n_ctx;
         let vocab_size = engine.config().vocab_size;
         let created = std::time::SystemTime::now()
@@ -99,6 +120,7 @@ impl ServerState {
                 n_ctx,
                 vocab_size,
                 next_id: AtomicU64::new(1),
+                faults: faults::Faults::new(profile),
             }),
         }
     }
@@ -106,6 +128,12 @@ impl ServerState {
     /// Loads a model (GGUF file or HF directory) with its tokenizer and chat template.
     /// The served name defaults to the file (or directory) name without extension.
     pub fn load(path: &Path, opts: LoadOptions, model_name: Option<String>) -> Result<Self> {
+        Self::load_with_profile(path, opts, model_name, Profile::default())
+    }
+
+    /// [`ServerState::load`] serving `profile`'s behavioural faults (see
+    /// [`ServerState::with_profile`]).
+    pub fn load_with_profile(path: &Path, opts: LoadOptions, model_name: Option<String>, profile: Profile) -> Result<Self> {
         let engine = Arc::new(Engine::load(path, opts)?);
         let (tokenizer, template_src) = if path.is_dir() {
             (Tokenizer::from_hf_dir(path)?, chat::template_from_hf_dir(path)?)
@@ -124,7 +152,7 @@ impl ServerState {
         let name = model_name.unwrap_or_else(|| {
             path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
         });
-        Ok(Self::new(engine, tokenizer, template, name))
+        Ok(Self::with_profile(engine, tokenizer, template, name, profile))
     }
 
     /// The served model name.
@@ -142,6 +170,11 @@ impl ServerState {
         self.inner.template.as_ref()
     }
 
+    /// The serving profile.
+    pub fn profile(&self) -> &Profile {
+        self.inner.faults.profile()
+    }
+
     /// The engine.
     pub fn engine(&self) -> &Engine {
         self.inner.backend.engine()
@@ -155,9 +188,10 @@ impl ServerState {
 
 /// The API's routes over `state`.
 pub fn router(state: ServerState) -> Router {
+    let faulty = || axum::middleware::from_fn_with_state(state.clone(), faults::middleware);
     Router::new()
-        .route("/v1/completions", post(completions::handle))
-        .route("/v1/chat/completions", post(chat_api::handle))
+        .route("/v1/completions", post(completions::handle).layer(faulty()))
+        .route("/v1/chat/completions", post(chat_api::handle).layer(faulty()))
         .route("/v1/score", post(native::score))
         .route("/v1/models", get(native::models))
         .route("/tokenize", post(native::tokenize))

@@ -141,6 +141,7 @@ pub(crate) async fn detokenize(State(state): State<ServerState>, body: Bytes) ->
 pub(crate) async fn models(State(state): State<ServerState>) -> Response {
     let mut extra = Map::new();
     extra.insert("max_model_len".into(), json!(state.inner.n_ctx));
+    extra.insert("profile".into(), json!(state.profile().name));
     let list = ModelList {
         object: "list".into(),
         data: vec![ModelObject {

@@ -5,12 +5,11 @@
 
 use std::collections::VecDeque;
 
-use tokio::sync::mpsc;
-
 use crate::batcher::GenEvent;
 use crate::engine::{FinishReason, GenerateParams, GeneratedToken};
 use crate::tokenizer::Utf8Stream;
 
+use super::faults::GenSource;
 use super::{ApiError, ServerState};
 
 /// A piece of one choice's output.
@@ -38,8 +37,9 @@ pub(crate) enum ChoiceEvent {
 pub(crate) struct TextStream {
     /// For token bytes and special-token checks.
     state: ServerState,
-    /// Events from the backend; dropped to cancel the generation.
-    rx: Option<mpsc::UnboundedReceiver<GenEvent>>,
+    /// Events from the backend (through the profile's repeat bug); dropped to cancel the
+    /// generation.
+    rx: Option<GenSource>,
     /// Bytes to text.
     utf8: Utf8Stream,
     /// Stop strings (non-empty ones).
@@ -66,9 +66,17 @@ pub(crate) struct Collected {
 }
 
 impl TextStream {
-    /// Starts generating `prompt` with `params`; `stops` are stop strings.
-    pub(crate) fn start(state: &ServerState, prompt: Vec<u32>, params: GenerateParams, stops: Vec<String>) -> Result<Self, ApiError> {
-        let rx = state.inner.backend.generate(prompt, params)?;
+    /// Starts generating `prompt` with `params`; `stops` are stop strings; `repeat_at`: the
+    /// profile's repeat bug strikes at this generated token ([`GenSource`]).
+    pub(crate) fn start(
+        state: &ServerState,
+        prompt: Vec<u32>,
+        params: GenerateParams,
+        stops: Vec<String>,
+        repeat_at: Option<usize>,
+    ) -> Result<Self, ApiError> {
+        let (max_tokens, prompt_tokens) = (params.max_tokens, prompt.len());
+        let rx = GenSource::new(state.inner.backend.generate(prompt, params)?, repeat_at, max_tokens, prompt_tokens);
         let stops: Vec<String> = stops.into_iter().filter(|s| !s.is_empty()).collect();
         let hold_chars = stops.iter().map(|s| s.chars().count()).max().unwrap_or(1).saturating_sub(1);
         Ok(Self {
