@@ -29,7 +29,7 @@ use std::time::Duration;
 use samewise_store::{Alert, NewAlert, ProbeRun, ProbeRunQuery, Store};
 use serde::Deserialize;
 
-use crate::alerting::{AlertsConfig, Alerting};
+use crate::alerting::{Alerting, AlertsConfig};
 use crate::compare::{RunSummary, decode_positions};
 use crate::config::ProbesConfig;
 use crate::ladder::{Equivalent, Ladder, Metric};
@@ -80,10 +80,20 @@ impl Default for DetectorConfig {
             metric: Metric::KlTopkMean,
             kl_threshold: None,
             samples_alpha: 0.001,
-            cusum: CusumConfig { min_sd: 1e-6, ..cusum },
-            cusum_statistics: ["kl_mean", "top1_same", "dlogprob_mean", "p_value", "trigger_f1", "effective_context"]
-                .map(str::to_owned)
-                .to_vec(),
+            cusum: CusumConfig {
+                min_sd: 1e-6,
+                ..cusum
+            },
+            cusum_statistics: [
+                "kl_mean",
+                "top1_same",
+                "dlogprob_mean",
+                "p_value",
+                "trigger_f1",
+                "effective_context",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
             history_runs: 500,
             passive_q: 0.01,
             passive_window: Duration::from_secs(3_600),
@@ -158,8 +168,8 @@ impl DetectorConfig {
         }
         let k = raw.cusum_k.unwrap_or(c.cusum.k);
         let arl0 = raw.cusum_arl0.unwrap_or(1000.0);
-        let chart = CusumConfig::for_arl0(k, arl0, true)
-            .map_err(|e| cfg_err("cusum_k / cusum_arl0", e))?;
+        let chart =
+            CusumConfig::for_arl0(k, arl0, true).map_err(|e| cfg_err("cusum_k / cusum_arl0", e))?;
         c.cusum = CusumConfig {
             baseline_rounds: raw.cusum_baseline_rounds.unwrap_or(chart.baseline_rounds),
             min_sd: raw.cusum_min_sd.unwrap_or(c.cusum.min_sd),
@@ -235,11 +245,18 @@ fn metric_label(metric: Metric) -> &'static str {
 
 /// A numeric statistic of a run (`dlogprob_mean` also answers to `abs_dlogprob_mean`).
 pub fn stat(stats: &serde_json::Value, key: &str) -> Option<f64> {
-    let v = stats.get(key).and_then(serde_json::Value::as_f64).or_else(|| {
-        (key == "dlogprob_mean")
-            .then(|| stats.get("abs_dlogprob_mean").and_then(serde_json::Value::as_f64))
-            .flatten()
-    })?;
+    let v = stats
+        .get(key)
+        .and_then(serde_json::Value::as_f64)
+        .or_else(|| {
+            (key == "dlogprob_mean")
+                .then(|| {
+                    stats
+                        .get("abs_dlogprob_mean")
+                        .and_then(serde_json::Value::as_f64)
+                })
+                .flatten()
+        })?;
     v.is_finite().then_some(v)
 }
 
@@ -259,7 +276,12 @@ fn summary_stat(s: &RunSummary, key: &str) -> Option<f64> {
 fn higher_is_better(key: &str) -> bool {
     matches!(
         key,
-        "top1_same" | "topk_overlap" | "trigger_f1" | "schema_accuracy" | "effective_context" | "p_value"
+        "top1_same"
+            | "topk_overlap"
+            | "trigger_f1"
+            | "schema_accuracy"
+            | "effective_context"
+            | "p_value"
     )
 }
 
@@ -299,7 +321,11 @@ impl Detectors {
     }
 
     /// Builds the detectors from typed parts.
-    pub fn new(cfg: DetectorConfig, ladder: Option<Ladder>, alerts: &AlertsConfig) -> Result<Detectors> {
+    pub fn new(
+        cfg: DetectorConfig,
+        ladder: Option<Ladder>,
+        alerts: &AlertsConfig,
+    ) -> Result<Detectors> {
         if let Some(l) = &ladder {
             // fail at start-up, not at the first run
             l.threshold(cfg.metric, &cfg.rule.level)?;
@@ -359,7 +385,11 @@ impl Detectors {
     }
 
     /// The faithful? finding for `run`, if it is one.
-    fn faithful(&self, run: &ProbeRun, floors: &BTreeMap<String, NoiseFloor>) -> Result<Option<NewAlert>> {
+    fn faithful(
+        &self,
+        run: &ProbeRun,
+        floors: &BTreeMap<String, NoiseFloor>,
+    ) -> Result<Option<NewAlert>> {
         match run.kind.as_str() {
             "prompt_logprobs" | "completion_logprobs" => {}
             "samples" => return Ok(self.samples_finding(run)),
@@ -390,7 +420,11 @@ impl Detectors {
                 bits_text(&j.ladder.equivalent),
                 fmt_num(value),
                 fmt_num(j.effective_threshold),
-                if (j.effective_threshold - j.ladder.threshold).abs() > 0.0 { ", raised by its noise floor" } else { "" },
+                if (j.effective_threshold - j.ladder.threshold).abs() > 0.0 {
+                    ", raised by its noise floor"
+                } else {
+                    ""
+                },
             );
             let evidence = serde_json::json!({
                 "detector": "faithful",
@@ -485,21 +519,33 @@ impl Detectors {
         if run.repeat_of.is_some() {
             return Ok(None);
         }
-        let series: Vec<&ProbeRun> = history.iter().filter(|r| r.ok && r.repeat_of.is_none()).collect();
+        let series: Vec<&ProbeRun> = history
+            .iter()
+            .filter(|r| r.ok && r.repeat_of.is_none())
+            .collect();
         let mut alarms = Vec::new();
         for key in &self.cfg.cusum_statistics {
             if stat(&run.stats, key).is_none() {
                 continue;
             }
             let floor = floors.get(key.as_str()).and_then(|f| {
-                if higher_is_better(key) { f.floor_rate().map(|r| 1.0 - r) } else { f.floor() }
+                if higher_is_better(key) {
+                    f.floor_rate().map(|r| 1.0 - r)
+                } else {
+                    f.floor()
+                }
             });
             let min_sd = floor.map_or(self.cfg.cusum.min_sd, |f| f.max(self.cfg.cusum.min_sd));
-            let mut chart = Cusum::new(CusumConfig { min_sd, ..self.cfg.cusum })?;
+            let mut chart = Cusum::new(CusumConfig {
+                min_sd,
+                ..self.cfg.cusum
+            })?;
             let mut last = None;
             let mut ids = Vec::new();
             for r in &series {
-                let Some(x) = stat(&r.stats, key) else { continue };
+                let Some(x) = stat(&r.stats, key) else {
+                    continue;
+                };
                 let obs = chart.observe(x)?;
                 ids.push(r.id);
                 if r.id == run.id {
@@ -508,8 +554,14 @@ impl Detectors {
             }
             let Some((x, obs)) = last else { continue };
             let Some(shift) = obs.alarm else { continue };
-            let Some((mean, sd)) = chart.baseline() else { continue };
-            let baseline_ids: Vec<i64> = ids.iter().take(self.cfg.cusum.baseline_rounds).copied().collect();
+            let Some((mean, sd)) = chart.baseline() else {
+                continue;
+            };
+            let baseline_ids: Vec<i64> = ids
+                .iter()
+                .take(self.cfg.cusum.baseline_rounds)
+                .copied()
+                .collect();
             alarms.push(serde_json::json!({
                 "statistic": key,
                 "value": x,
@@ -595,8 +647,12 @@ fn noise_floors(history: &[ProbeRun]) -> BTreeMap<String, NoiseFloor> {
     let mut floors: BTreeMap<String, NoiseFloor> = BTreeMap::new();
     for b in history.iter().filter(|r| r.ok) {
         let Some(first) = b.repeat_of else { continue };
-        let Some(a) = history.iter().find(|r| r.id == first && r.ok) else { continue };
-        let (Some(raw_a), Some(raw_b)) = (&a.raw, &b.raw) else { continue };
+        let Some(a) = history.iter().find(|r| r.id == first && r.ok) else {
+            continue;
+        };
+        let (Some(raw_a), Some(raw_b)) = (&a.raw, &b.raw) else {
+            continue;
+        };
         let summary = decode_positions(raw_a)
             .and_then(|pa| decode_positions(raw_b).map(|pb| (pa, pb)))
             .and_then(|(pa, pb)| repeat_summary(&pa, &pb));
@@ -607,7 +663,13 @@ fn noise_floors(history: &[ProbeRun]) -> BTreeMap<String, NoiseFloor> {
                 continue;
             }
         };
-        for key in ["kl_mean", "kl_p99", "dlogprob_mean", "top1_same", "topk_overlap"] {
+        for key in [
+            "kl_mean",
+            "kl_p99",
+            "dlogprob_mean",
+            "top1_same",
+            "topk_overlap",
+        ] {
             if let Some(v) = summary_stat(&summary, key) {
                 // a non-finite value is refused by record() and simply not counted
                 let _ = floors.entry(key.to_owned()).or_default().record(v);

@@ -14,7 +14,9 @@ use samewise_store::{NewAlert, RequestRecord};
 
 use super::{DetectorConfig, KIND_PASSIVE, fmt_num};
 use crate::Result;
-use crate::passive::{TestResult, bh_adjusted, chi_square_independence, mann_whitney_u, proportions_vs_rest};
+use crate::passive::{
+    TestResult, bh_adjusted, chi_square_independence, mann_whitney_u, proportions_vs_rest,
+};
 
 /// Finish-reason categories of the chi-square test; anything else (or none) is "other".
 const FINISH_REASONS: [&str; 4] = ["stop", "length", "tool_calls", "content_filter"];
@@ -50,15 +52,21 @@ fn median(v: &[f64]) -> f64 {
 /// them (the majority-th smallest pairwise p; an intersection-union test, valid for "differs
 /// from a majority"). An outlier among normal endpoints is flagged; the normal ones, which
 /// agree with each other, are not.
-fn majority_tests(m: usize, pair: impl Fn(usize, usize) -> Result<TestResult>) -> Result<Vec<TestResult>> {
+fn majority_tests(
+    m: usize,
+    pair: impl Fn(usize, usize) -> Result<TestResult>,
+) -> Result<Vec<TestResult>> {
     let need = (m - 1) / 2 + 1;
     (0..m)
         .map(|i| {
-            let mut ps: Vec<TestResult> = (0..m).filter(|&j| j != i).map(|j| pair(i, j)).collect::<Result<_>>()?;
+            let mut ps: Vec<TestResult> = (0..m)
+                .filter(|&j| j != i)
+                .map(|j| pair(i, j))
+                .collect::<Result<_>>()?;
             ps.sort_by(|a, b| a.p_value.total_cmp(&b.p_value));
-            ps.get(need - 1)
-                .copied()
-                .ok_or_else(|| crate::ProbesError::InvalidInput("majority test needs two endpoints".to_owned()))
+            ps.get(need - 1).copied().ok_or_else(|| {
+                crate::ProbesError::InvalidInput("majority test needs two endpoints".to_owned())
+            })
         })
         .collect()
 }
@@ -80,7 +88,9 @@ fn rate_tests(
     if counted.len() < 2 {
         return Ok(());
     }
-    let (sx, sn) = counted.iter().fold((0, 0), |(a, b), (_, (x, n))| (a + x, b + n));
+    let (sx, sn) = counted
+        .iter()
+        .fold((0, 0), |(a, b), (_, (x, n))| (a + x, b + n));
     let results = proportions_vs_rest(&counted.iter().map(|(_, c)| *c).collect::<Vec<_>>())?;
     for ((i, (x, n)), result) in counted.iter().zip(results) {
         let (rx, rn) = (sx - x, sn - n);
@@ -101,14 +111,25 @@ fn rate_tests(
 }
 
 /// The passive findings over `records` (any models, any endpoints).
-pub(super) fn findings(records: &[RequestRecord], cfg: &DetectorConfig, now_ms: i64) -> Result<Vec<NewAlert>> {
+pub(super) fn findings(
+    records: &[RequestRecord],
+    cfg: &DetectorConfig,
+    now_ms: i64,
+) -> Result<Vec<NewAlert>> {
     let mut by_model: BTreeMap<&str, BTreeMap<&str, Vec<&RequestRecord>>> = BTreeMap::new();
     for r in records {
         if r.attempt == 0 {
             continue;
         }
-        let Some(endpoint) = r.endpoint.as_deref() else { continue };
-        by_model.entry(&r.model).or_default().entry(endpoint).or_default().push(r);
+        let Some(endpoint) = r.endpoint.as_deref() else {
+            continue;
+        };
+        by_model
+            .entry(&r.model)
+            .or_default()
+            .entry(endpoint)
+            .or_default()
+            .push(r);
     }
     let mut out = Vec::new();
     for (model, endpoints) in by_model {
@@ -120,25 +141,70 @@ pub(super) fn findings(records: &[RequestRecord], cfg: &DetectorConfig, now_ms: 
             continue;
         }
         let mut tests = Vec::new();
-        rate_tests(&per_endpoint, "error_rate", "error rate", |rs| {
-            (rs.iter().filter(|r| is_error(r)).count() as u64, rs.len() as u64)
-        }, &mut tests)?;
-        rate_tests(&per_endpoint, "tool_error_rate", "tool-call error rate", |rs| {
-            let with_tools: Vec<_> = rs.iter().filter(|r| r.tool_calls > 0 || r.tool_errored).collect();
-            (with_tools.iter().filter(|r| r.tool_errored).count() as u64, with_tools.len() as u64)
-        }, &mut tests)?;
-        rate_tests(&per_endpoint, "repetition_cut_rate", "repetition-cut rate", |rs| {
-            (rs.iter().filter(|r| r.degenerate).count() as u64, rs.len() as u64)
-        }, &mut tests)?;
+        rate_tests(
+            &per_endpoint,
+            "error_rate",
+            "error rate",
+            |rs| {
+                (
+                    rs.iter().filter(|r| is_error(r)).count() as u64,
+                    rs.len() as u64,
+                )
+            },
+            &mut tests,
+        )?;
+        rate_tests(
+            &per_endpoint,
+            "tool_error_rate",
+            "tool-call error rate",
+            |rs| {
+                let with_tools: Vec<_> = rs
+                    .iter()
+                    .filter(|r| r.tool_calls > 0 || r.tool_errored)
+                    .collect();
+                (
+                    with_tools.iter().filter(|r| r.tool_errored).count() as u64,
+                    with_tools.len() as u64,
+                )
+            },
+            &mut tests,
+        )?;
+        rate_tests(
+            &per_endpoint,
+            "repetition_cut_rate",
+            "repetition-cut rate",
+            |rs| {
+                (
+                    rs.iter().filter(|r| r.degenerate).count() as u64,
+                    rs.len() as u64,
+                )
+            },
+            &mut tests,
+        )?;
         if per_endpoint.len() >= 3 {
             let lengths: Vec<Vec<f64>> = per_endpoint
                 .iter()
-                .map(|(_, rs)| rs.iter().filter(|r| !is_error(r)).map(|r| r.output_chars as f64).collect())
+                .map(|(_, rs)| {
+                    rs.iter()
+                        .filter(|r| !is_error(r))
+                        .map(|r| r.output_chars as f64)
+                        .collect()
+                })
                 .collect();
             if lengths.iter().all(|l| !l.is_empty()) {
                 let medians: Vec<f64> = lengths.iter().map(|l| median(l)).collect();
-                for (i, result) in majority_tests(lengths.len(), |i, j| mann_whitney_u(&lengths[i], &lengths[j]))?.into_iter().enumerate() {
-                    let others: Vec<f64> = medians.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, m)| *m).collect();
+                for (i, result) in majority_tests(lengths.len(), |i, j| {
+                    mann_whitney_u(&lengths[i], &lengths[j])
+                })?
+                .into_iter()
+                .enumerate()
+                {
+                    let others: Vec<f64> = medians
+                        .iter()
+                        .enumerate()
+                        .filter(|(j, _)| *j != i)
+                        .map(|(_, m)| *m)
+                        .collect();
                     let mr = median(&others);
                     let m = medians[i];
                     tests.push(Test {
@@ -166,11 +232,16 @@ pub(super) fn findings(records: &[RequestRecord], cfg: &DetectorConfig, now_ms: 
                     c
                 })
                 .collect();
-            let pair = |i: usize, j: usize| chi_square_independence(&[finish[i].clone(), finish[j].clone()]).map(|(r, _)| r);
+            let pair = |i: usize, j: usize| {
+                chi_square_independence(&[finish[i].clone(), finish[j].clone()]).map(|(r, _)| r)
+            };
             for (i, result) in majority_tests(finish.len(), pair)?.into_iter().enumerate() {
                 let names: Vec<&str> = FINISH_REASONS.iter().copied().chain(["other"]).collect();
-                let counts: serde_json::Map<String, serde_json::Value> =
-                    names.iter().zip(&finish[i]).map(|(k, v)| ((*k).to_owned(), (*v).into())).collect();
+                let counts: serde_json::Map<String, serde_json::Value> = names
+                    .iter()
+                    .zip(&finish[i])
+                    .map(|(k, v)| ((*k).to_owned(), (*v).into()))
+                    .collect();
                 tests.push(Test {
                     endpoint: i,
                     signal: "finish_reasons",
@@ -195,19 +266,30 @@ pub(super) fn findings(records: &[RequestRecord], cfg: &DetectorConfig, now_ms: 
             let endpoint = per_endpoint[i].0;
             let parts: Vec<String> = hits
                 .iter()
-                .map(|(t, adj)| format!("{} (p = {}, BH-adjusted {})", t.text, fmt_num(t.result.p_value), fmt_num(*adj)))
+                .map(|(t, adj)| {
+                    format!(
+                        "{} (p = {}, BH-adjusted {})",
+                        t.text,
+                        fmt_num(t.result.p_value),
+                        fmt_num(*adj)
+                    )
+                })
                 .collect();
             let listed: Vec<serde_json::Value> = hits
                 .iter()
-                .map(|(t, adj)| serde_json::json!({
-                    "signal": t.signal,
-                    "statistic": t.result.statistic,
-                    "p_value": t.result.p_value,
-                    "p_adjusted": adj,
-                    "detail": t.detail,
-                }))
+                .map(|(t, adj)| {
+                    serde_json::json!({
+                        "signal": t.signal,
+                        "statistic": t.result.statistic,
+                        "p_value": t.result.p_value,
+                        "p_adjusted": adj,
+                        "detail": t.detail,
+                    })
+                })
                 .collect();
-            let Some((first, first_adj)) = hits.first() else { continue };
+            let Some((first, first_adj)) = hits.first() else {
+                continue;
+            };
             out.push(NewAlert {
                 model: model.to_owned(),
                 endpoint: endpoint.to_owned(),

@@ -89,7 +89,9 @@ impl WebhookConfig {
                 let url = match (raw.url, raw.url_env) {
                     (Some(u), None) => u,
                     (None, Some(var)) => std::env::var(&var).map_err(|_| {
-                        ProbesError::Config(format!("{k}.url_env: environment variable {var} is not set"))
+                        ProbesError::Config(format!(
+                            "{k}.url_env: environment variable {var} is not set"
+                        ))
                     })?,
                     _ => {
                         return Err(ProbesError::Config(format!(
@@ -102,11 +104,15 @@ impl WebhookConfig {
                 }
                 let max_attempts = raw.max_attempts.unwrap_or(5);
                 if !(1..=20).contains(&max_attempts) {
-                    return Err(ProbesError::Config(format!("{k}.max_attempts: must be in 1..=20")));
+                    return Err(ProbesError::Config(format!(
+                        "{k}.max_attempts: must be in 1..=20"
+                    )));
                 }
                 let timeout_ms = raw.timeout_ms.unwrap_or(5_000);
                 if timeout_ms == 0 {
-                    return Err(ProbesError::Config(format!("{k}.timeout_ms: must be positive")));
+                    return Err(ProbesError::Config(format!(
+                        "{k}.timeout_ms: must be positive"
+                    )));
                 }
                 Ok(WebhookConfig {
                     url,
@@ -265,7 +271,11 @@ impl Notifier {
             .unwrap_or(false);
         if !sent {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(alert = alert.id, ?event, "webhook queue full or closed: event dropped");
+            tracing::warn!(
+                alert = alert.id,
+                ?event,
+                "webhook queue full or closed: event dropped"
+            );
         }
     }
 

@@ -61,7 +61,8 @@ async fn faithful_flags_past_six_bit_in_bits() -> Result<()> {
     ensure!(a.kind == "unfaithful" && a.endpoint == "p/bad" && a.state == AlertState::Open);
     ensure!(
         a.summary.starts_with("endpoint p/bad behaves like ≈3.")
-            && a.summary.contains("-bit weights: mean KL 0.250 > 0.012 (6-bit)"),
+            && a.summary
+                .contains("-bit weights: mean KL 0.250 > 0.012 (6-bit)"),
         "summary: {}",
         a.summary
     );
@@ -73,11 +74,19 @@ async fn faithful_flags_past_six_bit_in_bits() -> Result<()> {
     // worse than the worst level
     let awful = store_run(&db.store, &logprob_run("p/awful", 1_000, 3.0, 0.2)).await?;
     let alerts = d.after_run(&db.store, &awful).await?;
-    ensure!(alerts[0].summary.contains("worse than 2-bit weights"), "{}", alerts[0].summary);
+    ensure!(
+        alerts[0].summary.contains("worse than 2-bit weights"),
+        "{}",
+        alerts[0].summary
+    );
     // the same finding again refreshes, not duplicates
     let bad2 = store_run(&db.store, &logprob_run("p/bad", 2_000, 0.3, 0.8)).await?;
     let again = d.after_run(&db.store, &bad2).await?;
-    ensure!(again.len() == 1 && again[0].id == a.id && again[0].evidence["probe_runs"] == serde_json::json!([bad2.id]));
+    ensure!(
+        again.len() == 1
+            && again[0].id == a.id
+            && again[0].evidence["probe_runs"] == serde_json::json!([bad2.id])
+    );
     // a run that could not run is no evidence
     let mut failed = logprob_run("p/down", 1_000, 9.0, 0.0);
     failed.ok = false;
@@ -92,16 +101,31 @@ async fn faithful_flags_past_six_bit_in_bits() -> Result<()> {
 fn positions(n: usize, noise: f64, phase: usize) -> Vec<PositionInput> {
     (0..n)
         .map(|i| {
-            let sign = if (i + phase) % 2 == 0 { 1.0 } else { -1.0 };
+            let sign = if (i + phase).is_multiple_of(2) { 1.0 } else { -1.0 };
             let reference = [-0.5f64, -1.5, -2.5, -3.5];
-            let ep: Vec<f64> = reference.iter().enumerate().map(|(j, lp)| lp + sign * noise * (j as f64 - 1.5)).collect();
+            let ep: Vec<f64> = reference
+                .iter()
+                .enumerate()
+                .map(|(j, lp)| lp + sign * noise * (j as f64 - 1.5))
+                .collect();
             let norm = ep.iter().map(|v| v.exp()).sum::<f64>().ln().max(0.0);
             let side = |lps: &[f64]| Side {
                 actual_logprob: lps[0],
-                top: lps.iter().enumerate().map(|(j, lp)| TopEntry { id: j as u32, logprob: *lp }).collect(),
+                top: lps
+                    .iter()
+                    .enumerate()
+                    .map(|(j, lp)| TopEntry {
+                        id: j as u32,
+                        logprob: *lp,
+                    })
+                    .collect(),
             };
             let ep: Vec<f64> = ep.iter().map(|v| v - norm).collect();
-            PositionInput { actual_id: 0, reference: side(&reference), endpoint: side(&ep) }
+            PositionInput {
+                actual_id: 0,
+                reference: side(&reference),
+                endpoint: side(&ep),
+            }
         })
         .collect()
 }
@@ -115,7 +139,10 @@ async fn noise_floor_keeps_a_noisy_faithful_endpoint_unflagged() -> Result<()> {
     first.raw = Some(encode_positions(&positions(64, 0.1, 0))?);
     let first = store_run(&db.store, &first).await?;
     // before the floor is known, 0.02 (> 6-bit's 0.012) is flagged
-    ensure!(d.after_run(&db.store, &first).await?.len() == 1, "no alert without a floor");
+    ensure!(
+        d.after_run(&db.store, &first).await?.len() == 1,
+        "no alert without a floor"
+    );
     let resolved = db.store.active_alerts().await?;
     db.store.resolve_alert(resolved[0].id).await?;
     let mut second = logprob_run("p/noisy", 2_000, 0.02, 0.97);
@@ -123,14 +150,24 @@ async fn noise_floor_keeps_a_noisy_faithful_endpoint_unflagged() -> Result<()> {
     second.repeat_of = Some(first.id);
     let second = store_run(&db.store, &second).await?;
     let alerts = d.after_run(&db.store, &second).await?;
-    ensure!(alerts.is_empty(), "flagged despite its noise floor: {alerts:?}");
+    ensure!(
+        alerts.is_empty(),
+        "flagged despite its noise floor: {alerts:?}"
+    );
     // the floor raises the bar, but a systematic drift far above it is still flagged
     let drifted = store_run(&db.store, &logprob_run("p/noisy", 3_000, 5.0, 0.3)).await?;
     let alerts = d.after_run(&db.store, &drifted).await?;
     ensure!(alerts.iter().any(|a| a.kind == "unfaithful"), "{alerts:?}");
-    let e = &alerts.iter().find(|a| a.kind == "unfaithful").context("unfaithful")?.evidence;
+    let e = &alerts
+        .iter()
+        .find(|a| a.kind == "unfaithful")
+        .context("unfaithful")?
+        .evidence;
     let floor = e["noise_floor"].as_f64().context("floor recorded")?;
-    ensure!(floor > 0.0 && e["threshold"].as_f64() == Some(3.0 * floor).map(|t| t.max(0.012)), "{e}");
+    ensure!(
+        floor > 0.0 && e["threshold"].as_f64() == Some(3.0 * floor).map(|t| t.max(0.012)),
+        "{e}"
+    );
     Ok(())
 }
 
@@ -138,35 +175,69 @@ async fn noise_floor_keeps_a_noisy_faithful_endpoint_unflagged() -> Result<()> {
 async fn cusum_raises_changed_after_a_switch_on_postgres_and_sqlite() -> Result<()> {
     for backend in [Backend::Sqlite, Backend::Postgres] {
         let db = TestDb::new(backend).await?;
-        let cfg = DetectorConfig { cusum: samewise_probes::sequential::CusumConfig { baseline_rounds: 8, ..DetectorConfig::default().cusum }, ..DetectorConfig::default() };
+        let cfg = DetectorConfig {
+            cusum: samewise_probes::sequential::CusumConfig {
+                baseline_rounds: 8,
+                ..DetectorConfig::default().cusum
+            },
+            ..DetectorConfig::default()
+        };
         // no ladder: only changed? runs
         let d = detectors(cfg, None)?;
         // in control: a wobbling but stable statistic, 40 rounds, never alarms
         let wobble = [0.010, 0.012, 0.009, 0.011, 0.013, 0.010, 0.008, 0.012];
         for i in 0..40 {
-            let r = store_run(&db.store, &logprob_run("p/a", i * 1000, wobble[i as usize % 8], 0.98)).await?;
+            let r = store_run(
+                &db.store,
+                &logprob_run("p/a", i * 1000, wobble[i as usize % 8], 0.98),
+            )
+            .await?;
             let alerts = d.after_run(&db.store, &r).await?;
-            ensure!(alerts.is_empty(), "{backend}: false alarm in control at round {i}: {alerts:?}");
+            ensure!(
+                alerts.is_empty(),
+                "{backend}: false alarm in control at round {i}: {alerts:?}"
+            );
         }
         // the endpoint switches to a degraded model: alarm within 3 rounds
         let mut raised = None;
         for i in 40..43 {
             let r = store_run(&db.store, &logprob_run("p/a", i * 1000, 0.1, 0.9)).await?;
-            if let Some(a) = d.after_run(&db.store, &r).await?.into_iter().find(|a| a.kind == "changed") {
+            if let Some(a) = d
+                .after_run(&db.store, &r)
+                .await?
+                .into_iter()
+                .find(|a| a.kind == "changed")
+            {
                 raised = Some((i, a));
                 break;
             }
         }
         let (round, alert) = raised.context("no changed alert within 3 rounds of the switch")?;
-        ensure!(alert.summary.contains("kl_mean rose to 0.100"), "{}", alert.summary);
+        ensure!(
+            alert.summary.contains("kl_mean rose to 0.100"),
+            "{}",
+            alert.summary
+        );
         let alarms = alert.evidence["alarms"].as_array().context("alarms")?;
-        ensure!(alarms.iter().any(|a| a["statistic"] == "top1_same" && a["shift"] == "down") || round == 40);
+        ensure!(
+            alarms
+                .iter()
+                .any(|a| a["statistic"] == "top1_same" && a["shift"] == "down")
+                || round == 40
+        );
         ensure!(alarms[0]["baseline_runs"].as_array().map(Vec::len) == Some(8));
     }
     Ok(())
 }
 
-fn record(model: &str, endpoint: &str, i: usize, tool_errored: bool, chars: i64, finish: &str) -> RequestRecord {
+fn record(
+    model: &str,
+    endpoint: &str,
+    i: usize,
+    tool_errored: bool,
+    chars: i64,
+    finish: &str,
+) -> RequestRecord {
     RequestRecord {
         request_id: format!("{endpoint}-{i}"),
         attempt: 1,
@@ -193,9 +264,30 @@ async fn passive_flags_tool_call_corruption_and_length_shift() -> Result<()> {
     let mut rows = Vec::new();
     for i in 0..300 {
         // three endpoints of "smol": b corrupts 10% of its tool calls; c answers 3x longer
-        rows.push(record("smol", "p/a", i, false, 100 + (i % 17) as i64, "tool_calls"));
-        rows.push(record("smol", "p/b", i, i % 10 == 3, 100 + ((i + 5) % 17) as i64, "tool_calls"));
-        rows.push(record("smol", "p/c", i, false, 300 + (i % 11) as i64, "tool_calls"));
+        rows.push(record(
+            "smol",
+            "p/a",
+            i,
+            false,
+            100 + (i % 17) as i64,
+            "tool_calls",
+        ));
+        rows.push(record(
+            "smol",
+            "p/b",
+            i,
+            i % 10 == 3,
+            100 + ((i + 5) % 17) as i64,
+            "tool_calls",
+        ));
+        rows.push(record(
+            "smol",
+            "p/c",
+            i,
+            false,
+            300 + (i % 11) as i64,
+            "tool_calls",
+        ));
         // another model with one endpoint: nothing to compare with
         rows.push(record("other", "q/x", i, true, 5, "stop"));
     }
@@ -203,15 +295,25 @@ async fn passive_flags_tool_call_corruption_and_length_shift() -> Result<()> {
     let alerts = d.sweep(&db.store, 1_000_500).await?;
     let on = |ep: &str| alerts.iter().find(|a| a.endpoint == ep);
     let b = on("p/b").context("tool-call corruption not flagged")?;
-    ensure!(b.kind == "passive" && b.summary.contains("tool-call error rate 10.0% vs 0.0%"), "{}", b.summary);
+    ensure!(
+        b.kind == "passive" && b.summary.contains("tool-call error rate 10.0% vs 0.0%"),
+        "{}",
+        b.summary
+    );
     let c = on("p/c").context("length shift not flagged")?;
     ensure!(c.summary.contains("median output"), "{}", c.summary);
     ensure!(on("p/a").is_none() && on("q/x").is_none(), "{alerts:?}");
     let tests = b.evidence["tests"].as_array().context("tests")?;
-    ensure!(tests.iter().any(|t| t["signal"] == "tool_error_rate" && t["p_adjusted"].as_f64().is_some_and(|p| p <= 0.01)));
+    ensure!(
+        tests.iter().any(|t| t["signal"] == "tool_error_rate"
+            && t["p_adjusted"].as_f64().is_some_and(|p| p <= 0.01))
+    );
     // records outside the window are not looked at
     let later = d.sweep(&db.store, 1_000_500 + 2 * 3_600_000).await?;
-    ensure!(later.iter().all(|a| a.state == AlertState::Resolved), "{later:?}");
+    ensure!(
+        later.iter().all(|a| a.state == AlertState::Resolved),
+        "{later:?}"
+    );
     Ok(())
 }
 
@@ -226,15 +328,25 @@ async fn two_endpoints_only_the_worse_one_is_flagged() -> Result<()> {
     }
     db.store.insert_request_records(&rows).await?;
     let alerts = d.sweep(&db.store, 1_000_500).await?;
-    ensure!(alerts.len() == 1 && alerts[0].endpoint == "p/b", "{alerts:?}");
+    ensure!(
+        alerts.len() == 1 && alerts[0].endpoint == "p/b",
+        "{alerts:?}"
+    );
     Ok(())
 }
 
 #[tokio::test]
 async fn sweep_auto_resolves_quiet_alerts() -> Result<()> {
     let db = TestDb::new(Backend::Sqlite).await?;
-    let alerts_cfg = AlertsConfig { quiet_period: Duration::from_secs(60), ..AlertsConfig::default() };
-    let d = Detectors::new(DetectorConfig::default(), Some(test_only_ladder()?), &alerts_cfg)?;
+    let alerts_cfg = AlertsConfig {
+        quiet_period: Duration::from_secs(60),
+        ..AlertsConfig::default()
+    };
+    let d = Detectors::new(
+        DetectorConfig::default(),
+        Some(test_only_ladder()?),
+        &alerts_cfg,
+    )?;
     let bad = store_run(&db.store, &logprob_run("p/bad", 10_000, 0.5, 0.7)).await?;
     let a = d.after_run(&db.store, &bad).await?.remove(0);
     // 30 s later: not quiet yet
@@ -242,7 +354,9 @@ async fn sweep_auto_resolves_quiet_alerts() -> Result<()> {
     ensure!(db.store.active_alerts().await?.len() == 1);
     // 61 s after it was last seen: resolved
     let resolved = d.sweep(&db.store, 10_100 + 61_000).await?;
-    ensure!(resolved.len() == 1 && resolved[0].id == a.id && resolved[0].state == AlertState::Resolved);
+    ensure!(
+        resolved.len() == 1 && resolved[0].id == a.id && resolved[0].state == AlertState::Resolved
+    );
     ensure!(db.store.active_alerts().await?.is_empty());
     Ok(())
 }
@@ -266,7 +380,11 @@ fn detector_config_parses_and_names_bad_keys() -> Result<()> {
     .parse()?;
     let c = DetectorConfig::parse(&t)?;
     ensure!(c.rule.level == "w4" && c.rule.floor_factor == 2.5 && c.cusum.baseline_rounds == 10);
-    ensure!((c.cusum.arl0() - 500.0).abs() < 1.0, "arl0 {}", c.cusum.arl0());
+    ensure!(
+        (c.cusum.arl0() - 500.0).abs() < 1.0,
+        "arl0 {}",
+        c.cusum.arl0()
+    );
     ensure!(c.passive_q == 0.05 && c.passive_window == Duration::from_secs(600));
     let a = AlertsConfig::parse(&t)?;
     ensure!(a.quiet_period == Duration::from_secs(120) && a.webhooks.len() == 1);
@@ -278,7 +396,9 @@ fn detector_config_parses_and_names_bad_keys() -> Result<()> {
         ("cusum_baseline_rounds = 1", "cusum_baseline_rounds"),
     ] {
         let t: toml::Table = bad.parse()?;
-        let err = DetectorConfig::parse(&t).err().context(format!("{bad} accepted"))?;
+        let err = DetectorConfig::parse(&t)
+            .err()
+            .context(format!("{bad} accepted"))?;
         ensure!(err.to_string().contains(key), "{bad}: {err}");
     }
     let t: toml::Table = "[alerts]\nquiet_period_ms = 0".parse()?;
@@ -286,7 +406,13 @@ fn detector_config_parses_and_names_bad_keys() -> Result<()> {
     let t: toml::Table = "[[webhooks]]\nurl = \"ftp://x\"".parse()?;
     ensure!(AlertsConfig::parse(&t).is_err());
     // a ladder without the configured level is refused at start-up
-    let cfg = DetectorConfig { rule: samewise_probes::noise::FaithfulRule { level: "w5".to_owned(), floor_factor: 3.0 }, ..DetectorConfig::default() };
+    let cfg = DetectorConfig {
+        rule: samewise_probes::noise::FaithfulRule {
+            level: "w5".to_owned(),
+            floor_factor: 3.0,
+        },
+        ..DetectorConfig::default()
+    };
     ensure!(detectors(cfg, Some(test_only_ladder()?)).is_err());
     Ok(())
 }
