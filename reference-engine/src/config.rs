@@ -165,8 +165,14 @@ impl ModelConfig {
                 None => Vec::new(),
             }
         };
-        let rope_scaling = match v.get("rope_scaling") {
-            Some(s) if s.get("rope_type").and_then(serde_json::Value::as_str) == Some("llama3") => {
+        // transformers 4 writes rope_theta + rope_scaling; transformers 5 writes rope_parameters
+        let rope = match v.get("rope_parameters") {
+            Some(p) if p.is_object() => Some(p),
+            _ => v.get("rope_scaling").filter(|s| s.is_object()),
+        };
+        let rope_type = rope.and_then(|r| r.get("rope_type").or_else(|| r.get("type"))).and_then(serde_json::Value::as_str);
+        let rope_scaling = match (rope, rope_type) {
+            (Some(s), Some("llama3")) => {
                 let g = |k: &str| s.get(k).and_then(serde_json::Value::as_f64).map(|x| x as f32).ok_or_else(|| bad(k));
                 Some(RopeScaling {
                     factor: g("factor")?,
@@ -175,9 +181,12 @@ impl ModelConfig {
                     original_context: g("original_max_position_embeddings")?,
                 })
             }
-            Some(serde_json::Value::Null) | None => None,
-            Some(_) => return Err(EngineError::InvalidHf("unsupported rope_scaling".into())),
+            (_, None | Some("default")) => None,
+            (_, Some(other)) => return Err(EngineError::InvalidHf(format!("unsupported rope type {other:?}"))),
         };
+        let rope_theta = f("rope_theta")
+            .or_else(|| rope.and_then(|r| r.get("rope_theta")).and_then(serde_json::Value::as_f64))
+            .map_or(10_000.0, |x| x as f32);
         let cfg = Self {
             arch,
             n_layer: req("num_hidden_layers")?,
@@ -189,7 +198,7 @@ impl ModelConfig {
             vocab_size: req("vocab_size")?,
             n_ctx: req("max_position_embeddings")?,
             rms_eps: f("rms_norm_eps").map_or(1e-6, |x| x as f32),
-            rope_theta: f("rope_theta").map_or(10_000.0, |x| x as f32),
+            rope_theta,
             rope_scaling,
             bos_token_id: ids("bos_token_id").first().copied(),
             eos_token_ids: ids("eos_token_id"),

@@ -69,3 +69,45 @@ fn logprobs_match_transformers_f32() -> anyhow::Result<()> {
     assert!(top1_mismatch.is_empty(), "top-1 differs: {top1_mismatch:?}");
     Ok(())
 }
+
+/// The other architectures' code paths, on tiny random-weight HF models committed under
+/// `tests/fixtures/tiny/` with their transformers-f32 golden logprobs (`make_tiny.py`):
+/// llama with Llama-3 RoPE scaling (F16), qwen2 with q/k/v bias, tied head and a sharded
+/// index (BF16), qwen3 with per-head q/k RMSNorm and head_dim != hidden/heads (F32).
+#[test]
+fn tiny_models_of_every_architecture_match_transformers() -> anyhow::Result<()> {
+    let dir = common::fixtures_dir().join("tiny");
+    let g = common::fixture_json("tiny/golden.json")?;
+    let tokens: Vec<u32> = g["tokens"]
+        .as_array()
+        .ok_or_else(|| anyhow::anyhow!("no tokens"))?
+        .iter()
+        .filter_map(|v| v.as_u64().map(|x| x as u32))
+        .collect();
+    let models = g["models"].as_object().ok_or_else(|| anyhow::anyhow!("no models"))?;
+    anyhow::ensure!(models.len() == 3, "expected 3 tiny models");
+    let mut worst = Vec::new();
+    for (name, m) in models {
+        let engine = Engine::load(&dir.join(name), LoadOptions::default())?;
+        let scored = engine.score(&[tokens.clone()], 1)?.remove(0);
+        let want = m["logprobs"].as_array().ok_or_else(|| anyhow::anyhow!("no logprobs"))?;
+        let top1 = m["top1"].as_array().ok_or_else(|| anyhow::anyhow!("no top1"))?;
+        let mut max = 0f64;
+        for i in 1..tokens.len() {
+            let w = want[i].as_f64().ok_or_else(|| anyhow::anyhow!("{name}: null golden at {i}"))?;
+            let got = f64::from(scored.positions[i].logprob.ok_or_else(|| anyhow::anyhow!("null logprob"))?);
+            max = max.max((got - w).abs());
+            assert_eq!(
+                scored.positions[i].top[0].token as u64,
+                top1[i].as_u64().unwrap_or(u64::MAX),
+                "{name}: top-1 at position {i}"
+            );
+        }
+        eprintln!("tiny {name}: max |Δ logprob| {max:.3e}");
+        worst.push((name.clone(), max));
+    }
+    for (name, max) in worst {
+        assert!(max <= 5e-5, "{name}: max |Δ logprob| {max:.3e}");
+    }
+    Ok(())
+}
