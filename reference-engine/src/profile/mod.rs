@@ -22,7 +22,7 @@ pub use requant::{KvDtype, WeightQuant};
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Profile {
-    /// Shown in `/v1/models` (`owned_by`) and logs.
+    /// Shown in `/v1/models` (the model object's `profile` field) and logs.
     #[serde(default = "reference_name")]
     pub name: String,
     /// Seed of every random choice the profile makes.
