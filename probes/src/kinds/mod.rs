@@ -22,7 +22,7 @@ use crate::compare::{self, PositionInput, Side};
 use crate::config::{ModelProbes, ProbeKind, PromptSetPaths};
 use crate::prompts::{self, CompletionPrompt, LogprobText, NeedleTemplate, ToolCallPrompt, ToolDefinitions};
 use crate::reference::http::{HttpFailure, post_json};
-use crate::reference::{RefPosition, Reference};
+use crate::reference::{RefPosition, Reference, norm};
 use crate::{ProbesError, Result};
 
 pub mod completion_logprobs;
@@ -261,17 +261,19 @@ pub(crate) fn logprob_outcome(inputs: &[PositionInput], tokens: i64, mut extra: 
     Outcome { ok: true, error: None, tokens, stats: Value::Object(extra), raw }
 }
 
-/// Parses an OpenAI chat `logprobs.content` entry list.
+/// Parses an OpenAI chat `logprobs.content` entry list. Logprobs are read at f32 precision,
+/// the precision engines compute in (JSON float parsing is only best-effort to the last bit
+/// of an f64, and an exact endpoint must compare exactly).
 pub(crate) fn chat_positions(content: &[Value]) -> Option<Vec<EpPosition>> {
     content
         .iter()
         .map(|c| {
             let tok = endpoint_token(c)?;
-            let logprob = c.get("logprob").and_then(Value::as_f64)?;
+            let logprob = norm(c.get("logprob").and_then(Value::as_f64)?);
             let top = c
                 .get("top_logprobs")
                 .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(|t| Some((endpoint_token(t)?, t.get("logprob").and_then(Value::as_f64)?))).collect())
+                .map(|a| a.iter().filter_map(|t| Some((endpoint_token(t)?, norm(t.get("logprob").and_then(Value::as_f64)?)))).collect())
                 .unwrap_or_default();
             Some(EpPosition { token: tok, logprob, top })
         })

@@ -8,6 +8,7 @@ use serde_json::{Map, Value, json};
 
 use super::{EpPosition, Outcome, ProbeCtx, Target, call, logprob_outcome, positions, usage_tokens, window};
 use crate::align::{AlignMethod, EndpointToken, align};
+use crate::reference::norm;
 
 /// Runs one prompt_logprobs probe.
 pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
@@ -93,11 +94,12 @@ fn parse_echo(answer: &Value, prompt: &str) -> Option<Vec<(EpPosition, bool)>> {
             break;
         }
         let text = t.as_str()?.to_owned();
-        let lp = token_logprobs[i].as_f64();
+        // read at f32 precision, as in `chat_positions`
+        let lp = token_logprobs[i].as_f64().map(norm);
         let top: Vec<(EndpointToken, f64)> = tops
             .and_then(|ts| ts.get(i))
             .and_then(Value::as_object)
-            .map(|m| m.iter().filter_map(|(k, v)| Some((EndpointToken::text(k.clone()), v.as_f64()?))).collect())
+            .map(|m| m.iter().filter_map(|(k, v)| Some((EndpointToken::text(k.clone()), norm(v.as_f64()?)))).collect())
             .unwrap_or_default();
         out.push((EpPosition { token: EndpointToken::text(text), logprob: lp.unwrap_or(0.0), top }, lp.is_some()));
     }

@@ -95,7 +95,7 @@ pub async fn connect(cfg: &ReferenceConfig) -> Result<Arc<dyn Reference>> {
 }
 
 /// The engines compute logprobs in f32: widen through f32 so every backend agrees bitwise.
-pub(crate) fn norm(lp: f64) -> f64 {
+pub fn norm(lp: f64) -> f64 {
     f64::from(lp as f32)
 }
 
