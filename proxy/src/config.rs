@@ -30,6 +30,8 @@ pub struct Config {
     pub providers: BTreeMap<String, ProviderConfig>,
     /// Logical models by the name clients send in `model`.
     pub models: BTreeMap<String, ModelConfig>,
+    /// `[probes]`, raw: parsed and validated by the probes crate.
+    pub probes: Option<toml::Table>,
 }
 
 /// `[server]`.
@@ -42,6 +44,9 @@ pub struct ServerConfig {
     /// Where the embedded SQLite database lives when `DATABASE_URL` is unset (relative paths
     /// are relative to the working directory).
     pub data_dir: PathBuf,
+    /// How often the gateway re-reads the active alerts to demote or exclude endpoints
+    /// (`alert_poll_ms`, default 2 s).
+    pub alert_poll: Duration,
 }
 
 /// `[limits]`.
@@ -135,6 +140,23 @@ pub struct ModelConfig {
     pub policy: Policy,
     /// Where the model is served.
     pub endpoints: Vec<EndpointConfig>,
+    /// What an active drift alert on one of its endpoints does to routing.
+    pub on_drift: OnDrift,
+    /// `[models.NAME.probes]`, raw: parsed and validated by the probes crate.
+    pub probes: Option<toml::Table>,
+}
+
+/// What an active alert (open or acknowledged) on an endpoint does to its routing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDrift {
+    /// Lowest priority: tried only after every endpoint without an alert (still a fallback).
+    #[default]
+    Demote,
+    /// Never chosen.
+    Exclude,
+    /// Routed as if there were no alert.
+    Ignore,
 }
 
 /// Routing policy of one logical model.
@@ -241,6 +263,7 @@ struct RawConfig {
     providers: BTreeMap<String, RawProvider>,
     #[serde(default)]
     models: BTreeMap<String, RawModel>,
+    probes: Option<toml::Table>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -249,6 +272,7 @@ struct RawServer {
     listen: Option<Spanned<String>>,
     body_limit_bytes: Option<Spanned<u64>>,
     data_dir: Option<String>,
+    alert_poll_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -297,6 +321,8 @@ struct RawModel {
     #[serde(default)]
     policy: Option<Policy>,
     endpoints: Option<Spanned<Vec<RawEndpoint>>>,
+    on_drift: Option<OnDrift>,
+    probes: Option<toml::Table>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -372,6 +398,7 @@ impl Validator<'_> {
             breaker,
             providers,
             models,
+            probes: raw.probes,
         })
     }
 
@@ -401,10 +428,12 @@ impl Validator<'_> {
             Some(s) => usize::try_from(*s.get_ref()).unwrap_or(usize::MAX),
         };
         let data_dir = PathBuf::from(raw.data_dir.unwrap_or_else(|| "samewise-data".to_owned()));
+        let alert_poll = self.positive_ms("server.alert_poll_ms", raw.alert_poll_ms, 2_000)?;
         Ok(ServerConfig {
             listen,
             body_limit_bytes,
             data_dir,
+            alert_poll,
         })
     }
 
@@ -597,6 +626,8 @@ impl Validator<'_> {
         Ok(ModelConfig {
             policy: raw.policy.unwrap_or(Policy::Weighted),
             endpoints,
+            on_drift: raw.on_drift.unwrap_or_default(),
+            probes: raw.probes,
         })
     }
 }

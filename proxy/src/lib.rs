@@ -22,6 +22,7 @@
 //! - [`relay`]: the streaming body with side reading and error events.
 //! - [`frames`]: byte-exact SSE event blocks for the relay.
 //! - [`inspect`]: the side reader (usage, timing, finish reason, tool calls, degeneration).
+//! - [`quality`]: the alert poller that demotes or excludes endpoints with drift alerts.
 //! - [`record`]: request records and request metrics.
 //! - [`auth`]: key lookup cache and per-key rate limits.
 //! - [`metrics`]: the Prometheus registry.
@@ -37,6 +38,7 @@ pub mod forward;
 pub mod frames;
 pub mod health;
 pub mod inspect;
+pub mod quality;
 pub mod metrics;
 mod record;
 mod relay;

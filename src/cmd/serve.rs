@@ -58,7 +58,11 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
     tracing::info!(addr = %local, models = config.models.len(), "samewise gateway listening");
     // One line on stdout for scripts and tests that start the gateway on port 0.
     println!("listening on http://{local}");
+    // drift alerts demote or exclude endpoints (each model's on_drift), re-read every poll
+    let quality =
+        samewise_proxy::quality::QualityWatcher::spawn(&config, state.clone(), store.clone());
     let served = samewise_proxy::serve(listener, state, shutdown_signal()).await;
+    quality.shutdown().await;
     tracing::info!("draining request records");
     writer.shutdown().await;
     store.close().await;
