@@ -27,7 +27,10 @@ impl TestServer {
     async fn start(profile: Profile) -> anyhow::Result<Self> {
         let state = ServerState::load_with_profile(
             &common::model_path()?,
-            LoadOptions { threads: 2, ..LoadOptions::default() },
+            LoadOptions {
+                threads: 2,
+                ..LoadOptions::default()
+            },
             Some("smollm2".into()),
             profile,
         )?;
@@ -37,7 +40,12 @@ impl TestServer {
         let task = tokio::spawn(server::serve(listener, state, async move {
             let _ = rx.await;
         }));
-        Ok(Self { base, client: reqwest::Client::new(), stop: Some(tx), task: Some(task) })
+        Ok(Self {
+            base,
+            client: reqwest::Client::new(),
+            stop: Some(tx),
+            task: Some(task),
+        })
     }
 
     async fn builtin(name: &str) -> anyhow::Result<Self> {
@@ -49,16 +57,27 @@ impl TestServer {
     }
 
     /// POSTs JSON; returns (status, headers, body as JSON).
-    async fn post_full(&self, path: &str, body: &Value) -> anyhow::Result<(u16, reqwest::header::HeaderMap, Value)> {
+    async fn post_full(
+        &self,
+        path: &str,
+        body: &Value,
+    ) -> anyhow::Result<(u16, reqwest::header::HeaderMap, Value)> {
         let mut b = body.clone();
         if let Some(o) = b.as_object_mut() {
             o.entry("model").or_insert(json!("smollm2"));
         }
-        let resp = self.client.post(format!("{}{path}", self.base)).header("content-type", "application/json").body(b.to_string()).send().await?;
+        let resp = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(b.to_string())
+            .send()
+            .await?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
         let bytes = resp.bytes().await?;
-        let v = serde_json::from_slice(&bytes).map_err(|e| anyhow::anyhow!("{e}: {}", String::from_utf8_lossy(&bytes)))?;
+        let v = serde_json::from_slice(&bytes)
+            .map_err(|e| anyhow::anyhow!("{e}: {}", String::from_utf8_lossy(&bytes)))?;
         Ok((status, headers, v))
     }
 
@@ -79,8 +98,18 @@ impl TestServer {
         let mut b = body.clone();
         b["model"] = json!("smollm2");
         b["stream"] = json!(true);
-        let mut resp = self.client.post(format!("{}{path}", self.base)).header("content-type", "application/json").body(b.to_string()).send().await?;
-        anyhow::ensure!(resp.status().as_u16() == 200, "stream answered {}", resp.status());
+        let mut resp = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(b.to_string())
+            .send()
+            .await?;
+        anyhow::ensure!(
+            resp.status().as_u16() == 200,
+            "stream answered {}",
+            resp.status()
+        );
         let mut dec = SseDecoder::new();
         let mut out = Vec::new();
         loop {
@@ -114,13 +143,28 @@ impl Drop for TestServer {
 }
 
 fn f64s(v: &Value) -> Vec<Option<f64>> {
-    v.as_array().into_iter().flatten().map(Value::as_f64).collect()
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(Value::as_f64)
+        .collect()
 }
 
 /// A long prompt whose answer sits at its very start.
 fn needle_prompt() -> String {
     let mut s = String::from("The secret code is 7391. Remember it well.\n\n");
-    let topics = ["rivers", "mountains", "bread", "trains", "clocks", "bees", "glass", "maps", "salt", "violins"];
+    let topics = [
+        "rivers",
+        "mountains",
+        "bread",
+        "trains",
+        "clocks",
+        "bees",
+        "glass",
+        "maps",
+        "salt",
+        "violins",
+    ];
     for i in 0..40 {
         let t = topics[i % topics.len()];
         s.push_str(&format!("Paragraph {i}: people have written about {t} for a long time, and the {t} of each region differ. "));
@@ -139,13 +183,32 @@ async fn truncating_profile_loses_the_start_of_long_prompts() -> anyhow::Result<
     let b = cut.ok("/v1/completions", &body).await?;
     let full = a["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
     assert!(full > 600, "the prompt should be long: {full} tokens");
-    assert_eq!(b["usage"]["prompt_tokens"], 512, "usage reports the kept count: {b}");
-    assert_ne!(a["choices"][0]["text"], b["choices"][0]["text"], "truncation must change the answer");
+    assert_eq!(
+        b["usage"]["prompt_tokens"], 512,
+        "usage reports the kept count: {b}"
+    );
+    assert_ne!(
+        a["choices"][0]["text"], b["choices"][0]["text"],
+        "truncation must change the answer"
+    );
     // echo shows what was kept: the end of the prompt, without the code at its start
-    let e = cut.ok("/v1/completions", &json!({"prompt": prompt, "max_tokens": 0, "echo": true, "logprobs": 0})).await?;
+    let e = cut
+        .ok(
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": 0, "echo": true, "logprobs": 0}),
+        )
+        .await?;
     let kept = e["choices"][0]["text"].as_str().unwrap_or_default();
-    assert!(prompt.ends_with(kept) && !kept.contains("7391"), "kept text: {kept:?}");
-    assert_eq!(e["choices"][0]["logprobs"]["tokens"].as_array().map(Vec::len), Some(512));
+    assert!(
+        prompt.ends_with(kept) && !kept.contains("7391"),
+        "kept text: {kept:?}"
+    );
+    assert_eq!(
+        e["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .map(Vec::len),
+        Some(512)
+    );
     // chat prompts are truncated the same way, silently
     let chat = json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 4, "temperature": 0});
     let c = cut.ok("/v1/chat/completions", &chat).await?;
@@ -154,7 +217,10 @@ async fn truncating_profile_loses_the_start_of_long_prompts() -> anyhow::Result<
     assert!(p["usage"]["prompt_tokens"].as_u64().unwrap_or(0) > 512);
     // short prompts are untouched
     let short = json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0});
-    assert_eq!(plain.ok("/v1/completions", &short).await?["choices"], cut.ok("/v1/completions", &short).await?["choices"]);
+    assert_eq!(
+        plain.ok("/v1/completions", &short).await?["choices"],
+        cut.ok("/v1/completions", &short).await?["choices"]
+    );
     plain.shutdown().await?;
     cut.shutdown().await
 }
@@ -168,8 +234,10 @@ fn weather_tools() -> Value {
 /// A conversation after which SmolLM2-135M calls `get_weather` (it follows the tools
 /// convention when the history shows it twice).
 fn tool_chat(n: u32) -> Value {
-    let call = |id: &str, city: &str| json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
-        "function": {"name": "get_weather", "arguments": json!({"city": city}).to_string()}}]});
+    let call = |id: &str, city: &str| {
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+        "function": {"name": "get_weather", "arguments": json!({"city": city}).to_string()}}]})
+    };
     json!({
         "messages": [
             {"role": "user", "content": "What is the weather in Oslo?"}, call("c1", "Oslo"),
@@ -183,13 +251,21 @@ fn tool_chat(n: u32) -> Value {
 /// Why a tool call is invalid against the declared tools, or None if it is valid.
 fn tool_call_fault(call: &Value, tools: &Value) -> anyhow::Result<Option<&'static str>> {
     let name = call["function"]["name"].as_str().unwrap_or_default();
-    let Some(tool) = tools.as_array().into_iter().flatten().find(|t| t["function"]["name"] == name) else {
+    let Some(tool) = tools
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|t| t["function"]["name"] == name)
+    else {
         return Ok(Some("unknown function"));
     };
-    let Ok(args) = serde_json::from_str::<Value>(call["function"]["arguments"].as_str().unwrap_or_default()) else {
+    let Ok(args) =
+        serde_json::from_str::<Value>(call["function"]["arguments"].as_str().unwrap_or_default())
+    else {
         return Ok(Some("invalid json"));
     };
-    let validator = jsonschema::validator_for(&tool["function"]["parameters"]).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let validator = jsonschema::validator_for(&tool["function"]["parameters"])
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok((!validator.is_valid(&args)).then_some("schema violation"))
 }
 
@@ -199,8 +275,14 @@ async fn corrupting_profile_tool_calls_all_fail_validation() -> anyhow::Result<(
     // control: the plain engine's calls are valid
     let plain = TestServer::builtin("reference").await?;
     let v = plain.ok("/v1/chat/completions", &tool_chat(1)).await?;
-    let calls = v["choices"][0]["message"]["tool_calls"].as_array().cloned().unwrap_or_default();
-    assert!(!calls.is_empty(), "the plain engine should call the tool: {v}");
+    let calls = v["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !calls.is_empty(),
+        "the plain engine should call the tool: {v}"
+    );
     for c in &calls {
         assert_eq!(tool_call_fault(c, &tools)?, None, "{c}");
     }
@@ -212,9 +294,16 @@ async fn corrupting_profile_tool_calls_all_fail_validation() -> anyhow::Result<(
     let mut n = 0;
     for choice in v["choices"].as_array().into_iter().flatten() {
         assert_eq!(choice["finish_reason"], "tool_calls", "{choice}");
-        for c in choice["message"]["tool_calls"].as_array().into_iter().flatten() {
+        for c in choice["message"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             let fault = tool_call_fault(c, &tools)?;
-            assert!(fault.is_some(), "a 100%-corrupting profile returned a valid call: {c}");
+            assert!(
+                fault.is_some(),
+                "a 100%-corrupting profile returned a valid call: {c}"
+            );
             kinds.extend(fault);
             n += 1;
         }
@@ -227,7 +316,11 @@ async fn corrupting_profile_tool_calls_all_fail_validation() -> anyhow::Result<(
     let mut streamed = 0;
     for d in events.iter().filter(|d| *d != "[DONE]") {
         let chunk: Value = serde_json::from_str(d)?;
-        for c in chunk["choices"][0]["delta"]["tool_calls"].as_array().into_iter().flatten() {
+        for c in chunk["choices"][0]["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             assert!(tool_call_fault(c, &tools)?.is_some(), "{c}");
             streamed += 1;
         }
@@ -249,12 +342,19 @@ async fn shifted_echo_logprobs_are_the_plain_ones_shifted_by_one() -> anyhow::Re
     let n = pa.len();
     assert!(n > 10 && pb.len() == n);
     assert_eq!(pa[0], None);
-    assert_eq!(&pb[..n - 1], &pa[1..], "entry i holds the logprob of token i+1");
+    assert_eq!(
+        &pb[..n - 1],
+        &pa[1..],
+        "entry i holds the logprob of token i+1"
+    );
     assert_eq!(pb[n - 1], None);
     assert_ne!(pa, pb);
     // generation itself is unaffected
     let generate = json!({"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0, "logprobs": 1});
-    assert_eq!(plain.ok("/v1/completions", &generate).await?["choices"], shifted.ok("/v1/completions", &generate).await?["choices"]);
+    assert_eq!(
+        plain.ok("/v1/completions", &generate).await?["choices"],
+        shifted.ok("/v1/completions", &generate).await?["choices"]
+    );
     plain.shutdown().await?;
     shifted.shutdown().await
 }
@@ -267,15 +367,25 @@ async fn no_logprobs_profile_answers_an_openai_400_and_caps_apply() -> anyhow::R
     assert_eq!(status, 400, "{v}");
     assert_eq!(v["error"]["type"], "invalid_request_error");
     assert_eq!(v["error"]["param"], "logprobs");
-    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("logprobs")));
-    let (status, v) = srv.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 3, "logprobs": 1})).await?;
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("logprobs"))
+    );
+    let (status, v) = srv
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "Hi", "max_tokens": 3, "logprobs": 1}),
+        )
+        .await?;
     assert_eq!(status, 400, "{v}");
     assert_eq!(v["error"]["param"], "logprobs");
     // without logprobs the same requests are served
     let mut plain_chat = chat.clone();
     plain_chat["logprobs"] = json!(false);
     srv.ok("/v1/chat/completions", &plain_chat).await?;
-    srv.ok("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 3})).await?;
+    srv.ok("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 3}))
+        .await?;
     srv.shutdown().await?;
 
     // top_logprobs capped silently
@@ -283,22 +393,43 @@ async fn no_logprobs_profile_answers_an_openai_400_and_caps_apply() -> anyhow::R
     let mut c = chat.clone();
     c["top_logprobs"] = json!(5);
     let v = capped.ok("/v1/chat/completions", &c).await?;
-    let content = v["choices"][0]["logprobs"]["content"].as_array().cloned().unwrap_or_default();
+    let content = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     assert!(!content.is_empty());
     for t in &content {
         assert_eq!(t["top_logprobs"].as_array().map(Vec::len), Some(2), "{t}");
     }
-    let v = capped.ok("/v1/completions", &json!({"prompt": "Hi there", "max_tokens": 3, "logprobs": 5, "temperature": 0})).await?;
-    for top in v["choices"][0]["logprobs"]["top_logprobs"].as_array().into_iter().flatten() {
+    let v = capped
+        .ok(
+            "/v1/completions",
+            &json!({"prompt": "Hi there", "max_tokens": 3, "logprobs": 5, "temperature": 0}),
+        )
+        .await?;
+    for top in v["choices"][0]["logprobs"]["top_logprobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
         // the two alternatives, plus the actual token when it is not among them
-        assert!(top.as_object().is_some_and(|m| (2..=3).contains(&m.len())), "{top}");
+        assert!(
+            top.as_object().is_some_and(|m| (2..=3).contains(&m.len())),
+            "{top}"
+        );
     }
     capped.shutdown().await
 }
 
 /// Generated token strings of a completion with `logprobs`.
 fn completion_tokens(v: &Value) -> Vec<String> {
-    v["choices"][0]["logprobs"]["tokens"].as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect()
+    v["choices"][0]["logprobs"]["tokens"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Index from which every token equals the last one.
@@ -322,7 +453,11 @@ async fn repeat_bug_repeats_one_token_until_max_tokens() -> anyhow::Result<()> {
     let start = repeat_start(&tb);
     assert!(start < 16, "the repeat starts early: at {start} of {tb:?}");
     assert!(max - start >= 24, "one token repeated to the end: {tb:?}");
-    assert_eq!(tb[..=start], ta[..=start], "tokens before the repeat are the engine's");
+    assert_eq!(
+        tb[..=start],
+        ta[..=start],
+        "tokens before the repeat are the engine's"
+    );
     assert_ne!(ta, tb);
 
     // streamed chat: the same shape
@@ -334,7 +469,11 @@ async fn repeat_bug_repeats_one_token_until_max_tokens() -> anyhow::Result<()> {
     let mut finish = None;
     for d in events.iter().filter(|d| *d != "[DONE]") {
         let c: Value = serde_json::from_str(d)?;
-        for t in c["choices"][0]["logprobs"]["content"].as_array().into_iter().flatten() {
+        for t in c["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             tokens.push(t["token"].as_str().unwrap_or_default().to_owned());
         }
         if !c["choices"][0]["finish_reason"].is_null() {
@@ -370,30 +509,68 @@ async fn template_variants_change_the_rendered_prompt_and_the_answer() -> anyhow
     let without = tok(&plain, json!([user])).await?;
     let dropped = tok(&drop, json!([system, user])).await?;
     assert_ne!(with_sys, without);
-    assert_eq!(dropped, without, "the system message is dropped before rendering");
+    assert_eq!(
+        dropped, without,
+        "the system message is dropped before rendering"
+    );
     let chat = json!({"messages": [system, user], "max_tokens": 24, "temperature": 0});
     let a = plain.ok("/v1/chat/completions", &chat).await?;
     let b = drop.ok("/v1/chat/completions", &chat).await?;
-    assert_eq!(a["usage"]["prompt_tokens"].as_u64(), with_sys.as_array().map(|t| t.len() as u64));
-    assert_eq!(b["usage"]["prompt_tokens"].as_u64(), without.as_array().map(|t| t.len() as u64));
-    assert_ne!(a["choices"][0]["message"]["content"], b["choices"][0]["message"]["content"]);
+    assert_eq!(
+        a["usage"]["prompt_tokens"].as_u64(),
+        with_sys.as_array().map(|t| t.len() as u64)
+    );
+    assert_eq!(
+        b["usage"]["prompt_tokens"].as_u64(),
+        without.as_array().map(|t| t.len() as u64)
+    );
+    assert_ne!(
+        a["choices"][0]["message"]["content"],
+        b["choices"][0]["message"]["content"]
+    );
     plain.shutdown().await?;
     drop.shutdown().await?;
 
     // a different default system prompt, and wrong role tags, seen through /detokenize
-    let pirate = TestServer::toml("[chat_template]\nvariant = \"default_system\"\nsystem_prompt = \"You are a pirate.\"\n").await?;
-    assert!(text_of(&pirate, json!([user])).await?.contains("You are a pirate."));
-    assert!(text_of(&pirate, json!([system, user])).await?.contains("Zorblax"));
+    let pirate = TestServer::toml(
+        "[chat_template]\nvariant = \"default_system\"\nsystem_prompt = \"You are a pirate.\"\n",
+    )
+    .await?;
+    assert!(
+        text_of(&pirate, json!([user]))
+            .await?
+            .contains("You are a pirate.")
+    );
+    assert!(
+        text_of(&pirate, json!([system, user]))
+            .await?
+            .contains("Zorblax")
+    );
     let (status, models) = {
-        let r = pirate.client.get(format!("{}/v1/models", pirate.base)).send().await?;
-        (r.status().as_u16(), serde_json::from_slice::<Value>(&r.bytes().await?)?)
+        let r = pirate
+            .client
+            .get(format!("{}/v1/models", pirate.base))
+            .send()
+            .await?;
+        (
+            r.status().as_u16(),
+            serde_json::from_slice::<Value>(&r.bytes().await?)?,
+        )
     };
     assert_eq!(status, 200);
-    assert_eq!(models["data"][0]["profile"], "reference", "an unnamed TOML profile keeps the default name");
+    assert_eq!(
+        models["data"][0]["profile"], "reference",
+        "an unnamed TOML profile keeps the default name"
+    );
     pirate.shutdown().await?;
-    let roles = TestServer::toml("name = \"roles\"\n[chat_template]\nvariant = \"wrong_role_tags\"\n").await?;
+    let roles =
+        TestServer::toml("name = \"roles\"\n[chat_template]\nvariant = \"wrong_role_tags\"\n")
+            .await?;
     let text = text_of(&roles, json!([user])).await?;
-    assert!(text.contains("human\nWhat is your name?") && !text.contains("user\nWhat"), "{text:?}");
+    assert!(
+        text.contains("human\nWhat is your name?") && !text.contains("user\nWhat"),
+        "{text:?}"
+    );
     roles.shutdown().await
 }
 
@@ -401,14 +578,21 @@ async fn template_variants_change_the_rendered_prompt_and_the_answer() -> anyhow
 async fn statuses(srv: &TestServer, n: usize) -> anyhow::Result<Vec<u16>> {
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        let (status, headers, v) =
-            srv.post_full("/v1/completions", &json!({"prompt": format!("Count: {i}"), "max_tokens": 1, "temperature": 0})).await?;
+        let (status, headers, v) = srv
+            .post_full(
+                "/v1/completions",
+                &json!({"prompt": format!("Count: {i}"), "max_tokens": 1, "temperature": 0}),
+            )
+            .await?;
         match status {
             200 => {}
             500 => assert_eq!(v["error"]["type"], "server_error", "{v}"),
             429 => {
                 assert_eq!(v["error"]["code"], "rate_limit_exceeded", "{v}");
-                let retry = headers.get("retry-after").and_then(|h| h.to_str().ok()).and_then(|s| s.parse::<u64>().ok());
+                let retry = headers
+                    .get("retry-after")
+                    .and_then(|h| h.to_str().ok())
+                    .and_then(|s| s.parse::<u64>().ok());
                 assert!(retry.is_some_and(|s| s >= 1), "429 without Retry-After");
             }
             other => anyhow::bail!("unexpected status {other}: {v}"),
@@ -421,14 +605,27 @@ async fn statuses(srv: &TestServer, n: usize) -> anyhow::Result<Vec<u16>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flaky_profile_errors_at_its_rates_and_replays() -> anyhow::Result<()> {
     let profile = Profile::resolve("flaky")?;
-    let rates = profile.errors.clone().ok_or_else(|| anyhow::anyhow!("flaky has no errors section"))?;
+    let rates = profile
+        .errors
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("flaky has no errors section"))?;
     let n = 200;
     let srv = TestServer::start(profile.clone()).await?;
     let first = statuses(&srv, n).await?;
     srv.shutdown().await?;
     let rate = |code: u16| first.iter().filter(|&&s| s == code).count() as f64 / n as f64;
-    assert!((rate(500) - rates.rate_500).abs() < 0.05, "500 rate {} vs {}", rate(500), rates.rate_500);
-    assert!((rate(429) - rates.rate_429).abs() < 0.05, "429 rate {} vs {}", rate(429), rates.rate_429);
+    assert!(
+        (rate(500) - rates.rate_500).abs() < 0.05,
+        "500 rate {} vs {}",
+        rate(500),
+        rates.rate_500
+    );
+    assert!(
+        (rate(429) - rates.rate_429).abs() < 0.05,
+        "429 rate {} vs {}",
+        rate(429),
+        rates.rate_429
+    );
     // a fresh server with the same profile answers the same sequence the same way
     let again = TestServer::start(profile.clone()).await?;
     assert_eq!(statuses(&again, n).await?, first);
@@ -446,7 +643,11 @@ async fn disconnecting_profile_cuts_streams() -> anyhow::Result<()> {
     for _ in 0..3 {
         let (events, dropped) = srv.stream("/v1/chat/completions", &chat).await?;
         assert!(dropped, "the connection should drop mid-stream: {events:?}");
-        assert!(!events.is_empty() && events.len() <= 8, "{} events before the cut", events.len());
+        assert!(
+            !events.is_empty() && events.len() <= 8,
+            "{} events before the cut",
+            events.len()
+        );
         assert!(!events.iter().any(|e| e == "[DONE]"));
     }
     // unstreamed answers are whole, and the server is fine
@@ -458,14 +659,20 @@ async fn disconnecting_profile_cuts_streams() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latency_profile_delays_the_first_byte() -> anyhow::Result<()> {
     let median = 400u64;
-    let srv = TestServer::toml(&format!("name = \"slow\"\n[latency]\nmedian_ms = {median}\n")).await?;
+    let srv = TestServer::toml(&format!(
+        "name = \"slow\"\n[latency]\nmedian_ms = {median}\n"
+    ))
+    .await?;
     let body = json!({"prompt": "Hi", "max_tokens": 1, "temperature": 0});
     srv.ok("/v1/completions", &body).await?;
     for _ in 0..2 {
         let t0 = Instant::now();
         srv.ok("/v1/completions", &body).await?;
         let took = t0.elapsed();
-        assert!(took >= Duration::from_millis(median), "answered in {took:?}, under the {median} ms added");
+        assert!(
+            took >= Duration::from_millis(median),
+            "answered in {took:?}, under the {median} ms added"
+        );
     }
     // streams wait too: the first event comes after the delay
     let t0 = Instant::now();

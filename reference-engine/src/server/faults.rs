@@ -125,7 +125,10 @@ pub(crate) struct Faults {
 
 impl Faults {
     pub(crate) fn new(profile: Profile) -> Self {
-        Self { profile: Arc::new(profile), requests: AtomicU64::new(0) }
+        Self {
+            profile: Arc::new(profile),
+            requests: AtomicU64::new(0),
+        }
     }
 
     pub(crate) fn profile(&self) -> &Profile {
@@ -135,20 +138,32 @@ impl Faults {
     /// Numbers a new request and returns its draws.
     fn begin(&self) -> RequestFaults {
         let index = self.requests.fetch_add(1, Ordering::Relaxed);
-        RequestFaults { profile: Arc::clone(&self.profile), index }
+        RequestFaults {
+            profile: Arc::clone(&self.profile),
+            index,
+        }
     }
 
     /// Messages as the faulty chat template sees them: system messages dropped, a default
     /// system prompt added, or user/assistant roles renamed (`human`/`bot`).
     pub(crate) fn template_messages<'a>(&self, messages: &'a [Value]) -> Cow<'a, [Value]> {
-        let Some(c) = &self.profile.chat_template else { return Cow::Borrowed(messages) };
+        let Some(c) = &self.profile.chat_template else {
+            return Cow::Borrowed(messages);
+        };
         let role = |m: &Value| m.get("role").and_then(Value::as_str).map(str::to_owned);
         match c.variant {
-            TemplateVariant::DropSystem => {
-                Cow::Owned(messages.iter().filter(|m| role(m).as_deref() != Some("system")).cloned().collect())
-            }
+            TemplateVariant::DropSystem => Cow::Owned(
+                messages
+                    .iter()
+                    .filter(|m| role(m).as_deref() != Some("system"))
+                    .cloned()
+                    .collect(),
+            ),
             TemplateVariant::DefaultSystem => {
-                if messages.iter().any(|m| role(m).as_deref() == Some("system")) {
+                if messages
+                    .iter()
+                    .any(|m| role(m).as_deref() == Some("system"))
+                {
                     return Cow::Borrowed(messages);
                 }
                 let system = c.system_prompt.clone().unwrap_or_default();
@@ -180,7 +195,9 @@ impl Faults {
     /// Silently truncates a prompt over the limit: keeps its last `max_prompt_tokens`
     /// (drop = start) or its first and last halves (drop = middle). True if it cut.
     pub(crate) fn truncate(&self, ids: &mut Vec<u32>) -> bool {
-        let Some(t) = &self.profile.truncation else { return false };
+        let Some(t) = &self.profile.truncation else {
+            return false;
+        };
         let keep = t.max_prompt_tokens;
         if ids.len() <= keep {
             return false;
@@ -221,7 +238,9 @@ impl RequestFaults {
     }
 
     fn outcome(&self) -> Outcome {
-        let Some(e) = &self.profile.errors else { return Outcome::Serve };
+        let Some(e) = &self.profile.errors else {
+            return Outcome::Serve;
+        };
         let u = self.rng(TAG_ERRORS, 0).next_f64();
         if u < e.rate_500 {
             Outcome::Error500
@@ -233,7 +252,9 @@ impl RequestFaults {
     }
 
     fn latency(&self) -> Duration {
-        let Some(l) = &self.profile.latency else { return Duration::ZERO };
+        let Some(l) = &self.profile.latency else {
+            return Duration::ZERO;
+        };
         let ms = lognormal_ms(&mut self.rng(TAG_LATENCY, 0), l.median_ms, l.p99_ms);
         Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::ZERO)
     }
@@ -248,7 +269,10 @@ impl RequestFaults {
     /// The 400 of a provider without logprob support, when the request asks for them.
     pub(crate) fn check_logprobs(&self, asked: bool) -> Result<(), ApiError> {
         if asked && self.profile.api.as_ref().is_some_and(|a| a.refuse_logprobs) {
-            return Err(ApiError::bad_request("logprobs are not supported by this model", Some("logprobs")));
+            return Err(ApiError::bad_request(
+                "logprobs are not supported by this model",
+                Some("logprobs"),
+            ));
         }
         Ok(())
     }
@@ -264,7 +288,11 @@ impl RequestFaults {
     /// Shifts prompt (echo) logprobs: entry i takes entry i + shift's logprob and
     /// alternatives; the last `shift` entries become null. Tokens stay in place.
     pub(crate) fn shift_echo(&self, s: &mut ScoredSequence) {
-        let shift = self.profile.api.as_ref().map_or(0, |a| a.echo_shift as usize);
+        let shift = self
+            .profile
+            .api
+            .as_ref()
+            .map_or(0, |a| a.echo_shift as usize);
         if shift == 0 {
             return;
         }
@@ -294,7 +322,9 @@ impl RequestFaults {
     /// Corrupts a fraction of one choice's tool calls; `tools` are the request's tool
     /// definitions (their names and `parameters.required` are consulted).
     pub(crate) fn corrupt_tool_calls(&self, choice: u32, calls: &mut [ToolCall], tools: &[Value]) {
-        let Some(t) = &self.profile.tool_calls else { return };
+        let Some(t) = &self.profile.tool_calls else {
+            return;
+        };
         for (i, call) in calls.iter_mut().enumerate() {
             let mut rng = self.rng(TAG_TOOLS, (u64::from(choice) << 20) | i as u64);
             if rng.next_f64() >= t.corrupt_fraction || t.modes.is_empty() {
@@ -305,11 +335,13 @@ impl RequestFaults {
             match mode {
                 ToolCorruption::InvalidJson => f.arguments = invalid_json(&f.arguments),
                 ToolCorruption::UnknownName => f.name = unknown_name(&f.name, tools),
-                ToolCorruption::MissingRequired => match drop_required(&f.name, &f.arguments, tools, &mut rng) {
-                    Some(args) => f.arguments = args,
-                    // nothing required to remove: the call is broken the other way
-                    None => f.arguments = invalid_json(&f.arguments),
-                },
+                ToolCorruption::MissingRequired => {
+                    match drop_required(&f.name, &f.arguments, tools, &mut rng) {
+                        Some(args) => f.arguments = args,
+                        // nothing required to remove: the call is broken the other way
+                        None => f.arguments = invalid_json(&f.arguments),
+                    }
+                }
             }
         }
     }
@@ -317,14 +349,21 @@ impl RequestFaults {
 
 /// The names the request declared.
 fn declared_names(tools: &[Value]) -> Vec<&str> {
-    tools.iter().filter_map(|t| t.pointer("/function/name").and_then(Value::as_str)).collect()
+    tools
+        .iter()
+        .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str))
+        .collect()
 }
 
 /// Arguments cut in the middle (a truncated generation), guaranteed not to parse.
 fn invalid_json(args: &str) -> String {
     let n = args.chars().count();
     let cut: String = args.chars().take(n / 2).collect();
-    if serde_json::from_str::<Value>(&cut).is_err() { cut } else { format!("{{{cut}") }
+    if serde_json::from_str::<Value>(&cut).is_err() {
+        cut
+    } else {
+        format!("{{{cut}")
+    }
 }
 
 /// A function name close to the real one but not declared.
@@ -339,14 +378,23 @@ fn unknown_name(name: &str, tools: &[Value]) -> String {
 
 /// The arguments without one required parameter that they had; None if there is none.
 fn drop_required(name: &str, args: &str, tools: &[Value], rng: &mut SplitMix64) -> Option<String> {
-    let tool = tools.iter().find(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(name))?;
-    let required: Vec<&str> =
-        tool.pointer("/function/parameters/required")?.as_array()?.iter().filter_map(Value::as_str).collect();
+    let tool = tools
+        .iter()
+        .find(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(name))?;
+    let required: Vec<&str> = tool
+        .pointer("/function/parameters/required")?
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
     let mut obj = match serde_json::from_str::<Value>(args).ok()? {
         Value::Object(o) => o,
         _ => return None,
     };
-    let present: Vec<&str> = required.into_iter().filter(|r| obj.contains_key(*r)).collect();
+    let present: Vec<&str> = required
+        .into_iter()
+        .filter(|r| obj.contains_key(*r))
+        .collect();
     let victim = *present.get(rng.below(present.len() as u64) as usize)?;
     obj.remove(victim);
     Some(Value::Object(obj).to_string())
@@ -374,7 +422,16 @@ impl GenSource {
         max_tokens: usize,
         prompt_tokens: usize,
     ) -> Self {
-        Self { inner: Some(rx), at, max_tokens, prompt_tokens, seen: 0, last: None, repeating: None, done: false }
+        Self {
+            inner: Some(rx),
+            at,
+            max_tokens,
+            prompt_tokens,
+            seen: 0,
+            last: None,
+            repeating: None,
+            done: false,
+        }
     }
 
     /// The next event; None once the generation is over (or the engine went away).
@@ -408,12 +465,18 @@ impl GenSource {
                     }
                     return Some(GenEvent::Token(t));
                 }
-                Some(GenEvent::Done(f)) if f.reason == FinishReason::Stop && self.last.is_some() && self.seen < self.max_tokens => {
+                Some(GenEvent::Done(f))
+                    if f.reason == FinishReason::Stop
+                        && self.last.is_some()
+                        && self.seen < self.max_tokens =>
+                {
                     self.inner = None;
                     self.repeating = self.last.take();
                 }
                 other => {
-                    if other.is_none() || matches!(other, Some(GenEvent::Done(_) | GenEvent::Error(_))) {
+                    if other.is_none()
+                        || matches!(other, Some(GenEvent::Done(_) | GenEvent::Error(_)))
+                    {
                         self.inner = None;
                         self.done = other.is_some();
                     }
@@ -426,7 +489,11 @@ impl GenSource {
 
 /// Applies the request-level faults around `/v1/completions` and `/v1/chat/completions`:
 /// numbering, latency, injected errors, the handler's [`RequestFaults`], stream cuts.
-pub(crate) async fn middleware(State(state): State<ServerState>, mut req: Request, next: Next) -> Response {
+pub(crate) async fn middleware(
+    State(state): State<ServerState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let faults = state.inner.faults.begin();
     let delay = faults.latency();
     if !delay.is_zero() {
@@ -451,7 +518,8 @@ pub(crate) async fn middleware(State(state): State<ServerState>, mut req: Reques
                 Some("rate_limit_exceeded"),
             )
             .into_response();
-            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
             return r;
         }
     }
@@ -481,8 +549,18 @@ fn cut_body(body: Body, after: u64) -> Body {
         pending: Option<Bytes>,
         over: bool,
     }
-    let st = St { inner: body.into_data_stream(), sent: 0, pending: None, over: false };
-    let cut = || std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "profile: connection dropped mid-stream");
+    let st = St {
+        inner: body.into_data_stream(),
+        sent: 0,
+        pending: None,
+        over: false,
+    };
+    let cut = || {
+        std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "profile: connection dropped mid-stream",
+        )
+    };
     let stream = futures_util::stream::unfold(st, move |mut s| async move {
         if s.over {
             return None;
@@ -521,7 +599,9 @@ mod tests {
     fn splitmix_streams_are_fixed_and_distinct() {
         // the first output of SplitMix64 from state 0 (the reference implementation's value)
         assert_eq!(SplitMix64::new(0).next_u64(), 0xE220_A839_7B1D_CDAF);
-        let a: Vec<u64> = (0..4).map(|_| SplitMix64::keyed(7, 3, TAG_ERRORS, 0).next_u64()).collect();
+        let a: Vec<u64> = (0..4)
+            .map(|_| SplitMix64::keyed(7, 3, TAG_ERRORS, 0).next_u64())
+            .collect();
         assert!(a.windows(2).all(|w| w[0] == w[1]));
         let b = SplitMix64::keyed(7, 4, TAG_ERRORS, 0).next_u64();
         let c = SplitMix64::keyed(7, 3, TAG_LATENCY, 0).next_u64();
@@ -532,7 +612,9 @@ mod tests {
     #[test]
     fn lognormal_has_the_configured_median_and_p99() {
         let mut rng = SplitMix64::new(42);
-        let mut v: Vec<f64> = (0..20_000).map(|_| lognormal_ms(&mut rng, 20.0, Some(200.0))).collect();
+        let mut v: Vec<f64> = (0..20_000)
+            .map(|_| lognormal_ms(&mut rng, 20.0, Some(200.0)))
+            .collect();
         v.sort_by(f64::total_cmp);
         let median = v[v.len() / 2];
         let p99 = v[v.len() * 99 / 100];
@@ -598,7 +680,11 @@ mod tests {
         if let Some(c) = p.chat_template.as_mut() {
             c.variant = TemplateVariant::WrongRoleTags;
         }
-        let roles: Vec<Value> = Faults::new(p.clone()).template_messages(&msgs).iter().map(|m| m["role"].clone()).collect();
+        let roles: Vec<Value> = Faults::new(p.clone())
+            .template_messages(&msgs)
+            .iter()
+            .map(|m| m["role"].clone())
+            .collect();
         assert_eq!(roles, vec!["system", "human", "bot"]);
         if let Some(c) = p.chat_template.as_mut() {
             c.variant = TemplateVariant::DefaultSystem;
@@ -607,7 +693,15 @@ mod tests {
         let f = Faults::new(p);
         assert_eq!(f.template_messages(&msgs).len(), 3);
         let out = f.template_messages(&msgs[1..]);
-        assert_eq!(out[0], serde_json::json!({"role": "system", "content": "You are a pirate."}));
-        assert_eq!(Faults::new(Profile::default()).template_messages(&msgs).len(), 3);
+        assert_eq!(
+            out[0],
+            serde_json::json!({"role": "system", "content": "You are a pirate."})
+        );
+        assert_eq!(
+            Faults::new(Profile::default())
+                .template_messages(&msgs)
+                .len(),
+            3
+        );
     }
 }
