@@ -5,9 +5,11 @@
 
 use clap::Subcommand;
 
+pub mod alerts;
 pub mod config;
 pub mod engine;
 pub mod keys;
+pub mod probes;
 pub mod serve;
 
 /// Every subcommand of the binary.
@@ -21,6 +23,10 @@ pub enum Command {
     Keys(keys::KeysArgs),
     /// The reference engine (`samewise engine serve --model PATH`).
     Engine(engine::EngineArgs),
+    /// Drift alerts: list, acknowledge, resolve.
+    Alerts(alerts::AlertsArgs),
+    /// Drift probes (`samewise probes run --config FILE [--once]`).
+    Probes(probes::ProbesArgs),
 }
 
 /// Runs one subcommand to completion on a fresh tokio runtime where it needs one.
@@ -30,6 +36,8 @@ pub fn run(command: Command) -> anyhow::Result<()> {
         Command::Config(args) => config::run(args),
         Command::Keys(args) => keys::run(args),
         Command::Engine(args) => engine::run(args),
+        Command::Alerts(args) => alerts::run(args),
+        Command::Probes(args) => probes::run(args),
     }
 }
 

@@ -50,6 +50,15 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
             return Err(e.into());
         }
     };
+    // the drift-probe scheduler, beside the gateway (never on the request path)
+    let probes = match super::probes::start(&config, store.clone()).await {
+        Ok(p) => p,
+        Err(e) => {
+            writer.shutdown().await;
+            store.close().await;
+            return Err(e);
+        }
+    };
     let addr = listen.unwrap_or(config.server.listen);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -62,6 +71,10 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
     let quality =
         samewise_proxy::quality::QualityWatcher::spawn(&config, state.clone(), store.clone());
     let served = samewise_proxy::serve(listener, state, shutdown_signal()).await;
+    if let Some(p) = probes {
+        tracing::info!("stopping the probe scheduler");
+        p.shutdown().await;
+    }
     quality.shutdown().await;
     tracing::info!("draining request records");
     writer.shutdown().await;
@@ -72,7 +85,7 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
 }
 
 /// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         if let Err(e) = tokio::signal::ctrl_c().await {
             tracing::error!(error = %e, "cannot listen for SIGINT");

@@ -98,7 +98,3 @@ pub async fn connect(cfg: &ReferenceConfig) -> Result<Arc<dyn Reference>> {
 pub fn norm(lp: f64) -> f64 {
     f64::from(lp as f32)
 }
-
-#[cfg(test)]
-#[path = "tests.rs"]
-mod tests;

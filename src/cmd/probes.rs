@@ -1,0 +1,172 @@
+//! `samewise probes run --config FILE [--once]`: the drift-probe scheduler on its own, and
+//! the pieces `samewise serve` uses to run it beside the gateway ([`start`]).
+//!
+//! The probes configuration lives in the gateway's file (`[probes]`, `[models.NAME.probes]`);
+//! endpoints are called exactly as the proxy calls them: the provider's `base_url`, the key
+//! from its `api_key_env`, the provider's model id, labelled `provider/model` as the proxy
+//! records them. With `--once`, one round of every enabled kind on every endpoint runs (the
+//! database lock is still required) and a summary is printed; otherwise the scheduler runs
+//! until SIGINT/SIGTERM.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use samewise_probes::config::ProbesConfig;
+use samewise_probes::detect::Detectors;
+use samewise_probes::kinds::Target;
+use samewise_probes::runner::{RoundResult, Scheduler};
+use samewise_proxy::Config;
+use samewise_store::Store;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Arguments of `samewise probes`.
+#[derive(Debug, Args)]
+pub struct ProbesArgs {
+    #[command(subcommand)]
+    pub command: ProbesCommand,
+}
+
+/// `samewise probes` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ProbesCommand {
+    /// Run the probe scheduler (without the gateway).
+    Run {
+        /// The gateway configuration file (TOML) with `[probes]`.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// One round of every enabled kind on every endpoint, print a summary, exit.
+        #[arg(long)]
+        once: bool,
+    },
+}
+
+/// The typed probes configuration of a gateway config, None without `[probes]`.
+pub fn probes_config(config: &Config) -> anyhow::Result<Option<ProbesConfig>> {
+    let Some(probes) = &config.probes else {
+        anyhow::ensure!(
+            config.models.values().all(|m| m.probes.is_none()),
+            "models have `probes` tables but there is no [probes] section (the reference backend)"
+        );
+        return Ok(None);
+    };
+    let models = config.models.iter().filter_map(|(name, m)| m.probes.clone().map(|p| (name.clone(), p))).collect();
+    Ok(Some(ProbesConfig::parse(probes, &models)?))
+}
+
+/// The endpoints of every probed model, as the proxy calls them.
+pub fn targets(config: &Config, probes: &ProbesConfig) -> anyhow::Result<Vec<Target>> {
+    let mut out = Vec::new();
+    for name in probes.models.keys() {
+        let model = config.models.get(name).with_context(|| format!("models.{name}.probes: no such model"))?;
+        for e in &model.endpoints {
+            let p = config.providers.get(&e.provider).with_context(|| format!("models.{name}: unknown provider {}", e.provider))?;
+            let api_key = p.api_key_env.as_ref().and_then(|v| std::env::var(v).ok()).filter(|k| !k.is_empty());
+            out.push(Target {
+                model: name.clone(),
+                endpoint: format!("{}/{}", e.provider, e.model),
+                base_url: p.base_url.clone(),
+                provider_model: e.model.clone(),
+                api_key,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The scheduler running beside the gateway: stop it with [`ProbesHandle::shutdown`].
+#[derive(Debug)]
+pub struct ProbesHandle {
+    stop: CancellationToken,
+    tasks: TaskTracker,
+    detectors: Arc<Detectors>,
+}
+
+impl ProbesHandle {
+    /// Stops the scheduler, waits for its tasks and pending webhook deliveries.
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+        self.detectors.shutdown().await;
+    }
+}
+
+async fn build(config: &Config, probes: ProbesConfig, store: Store) -> anyhow::Result<(Arc<Scheduler>, Arc<Detectors>)> {
+    let targets = targets(config, &probes)?;
+    let detectors = Arc::new(Detectors::from_config(&probes)?);
+    let reference = samewise_probes::reference::connect(&probes.reference).await.context("starting the probes' reference")?;
+    let scheduler = Scheduler::new(Arc::new(probes), store, reference, Some(detectors.clone()), targets)?;
+    Ok((Arc::new(scheduler), detectors))
+}
+
+/// Starts the scheduler in the background when `[probes]` is configured (inside `samewise
+/// serve`). It never touches the request path.
+pub async fn start(config: &Config, store: Store) -> anyhow::Result<Option<ProbesHandle>> {
+    let Some(probes) = probes_config(config)? else { return Ok(None) };
+    let (scheduler, detectors) = build(config, probes, store).await?;
+    let stop = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    tasks.spawn(scheduler.run(stop.clone()));
+    Ok(Some(ProbesHandle { stop, tasks, detectors }))
+}
+
+/// Runs `samewise probes ...`.
+pub fn run(args: ProbesArgs) -> anyhow::Result<()> {
+    match args.command {
+        ProbesCommand::Run { config, once } => {
+            let config = Config::load(&config)?;
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            runtime.block_on(run_probes(config, once))
+        }
+    }
+}
+
+async fn run_probes(config: Config, once: bool) -> anyhow::Result<()> {
+    let probes = probes_config(&config)?.context("the configuration has no [probes] section")?;
+    let database_url = std::env::var("DATABASE_URL").ok().filter(|u| !u.trim().is_empty());
+    let store = Store::connect(database_url.as_deref(), &config.server.data_dir).await?;
+    let result = async {
+        let (scheduler, detectors) = build(&config, probes, store.clone()).await?;
+        let r = if once { run_once(&store, &scheduler).await } else { run_forever(scheduler).await };
+        detectors.shutdown().await;
+        r
+    }
+    .await;
+    store.close().await;
+    result
+}
+
+async fn run_once(store: &Store, scheduler: &Scheduler) -> anyhow::Result<()> {
+    let lock = store.try_scheduler_lock().await?.context("another process holds the probe scheduler lock of this database")?;
+    let rounds = scheduler.run_once(0).await?;
+    lock.release().await?;
+    for r in rounds {
+        match r {
+            RoundResult::OverBudget { spent } => println!("skipped: hourly token budget spent ({spent} tokens)"),
+            RoundResult::Stored(runs) => {
+                for run in runs {
+                    let verdict = if run.ok { "ok" } else { "failed" };
+                    let pair = run.repeat_of.map(|id| format!(" (repeat of #{id})")).unwrap_or_default();
+                    println!("#{} {} {} {verdict}{pair} tokens={} {}", run.id, run.endpoint, run.kind, run.tokens, run.error.as_deref().unwrap_or(&run.stats.to_string()));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn run_forever(scheduler: Arc<Scheduler>) -> anyhow::Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    tracing::info!(endpoints = scheduler.targets().len(), "probe scheduler starting");
+    tasks.spawn(scheduler.run(stop.clone()));
+    tasks.close();
+    super::serve::shutdown_signal().await;
+    stop.cancel();
+    tasks.wait().await;
+    tracing::info!("probe scheduler stopped");
+    Ok(())
+}
