@@ -48,7 +48,9 @@ pub struct ChatTemplate {
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate").field("supports_tools", &self.supports_tools).finish_non_exhaustive()
+        f.debug_struct("ChatTemplate")
+            .field("supports_tools", &self.supports_tools)
+            .finish_non_exhaustive()
     }
 }
 
@@ -82,7 +84,9 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
         env.add_template_owned("chat", source.to_owned())
-            .map_err(|e| EngineError::ChatTemplate(format!("cannot compile the template: {e:#}")))?;
+            .map_err(|e| {
+                EngineError::ChatTemplate(format!("cannot compile the template: {e:#}"))
+            })?;
         Ok(Self {
             env,
             supports_tools: source.contains("tools"),
@@ -107,7 +111,10 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: Option<&Map<String, Value>>,
     ) -> Result<String> {
-        let mut messages = messages.iter().map(normalize_message).collect::<Result<Vec<_>>>()?;
+        let mut messages = messages
+            .iter()
+            .map(normalize_message)
+            .collect::<Result<Vec<_>>>()?;
         let tools = tools.filter(|t| !t.is_empty());
         let mut ctx = Map::new();
         if let Some(extra) = extra {
@@ -125,11 +132,18 @@ impl ChatTemplate {
             None => {}
         }
         ctx.insert("messages".into(), Value::Array(messages));
-        ctx.insert("add_generation_prompt".into(), Value::Bool(add_generation_prompt));
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::Bool(add_generation_prompt),
+        );
         ctx.insert("bos_token".into(), Value::String(self.bos_token.clone()));
         ctx.insert("eos_token".into(), Value::String(self.eos_token.clone()));
-        let tmpl = self.env.get_template("chat").map_err(|e| EngineError::ChatTemplate(e.to_string()))?;
-        tmpl.render(JValue::from_serialize(&ctx)).map_err(|e| EngineError::ChatTemplate(describe(&e)))
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(|e| EngineError::ChatTemplate(e.to_string()))?;
+        tmpl.render(JValue::from_serialize(&ctx))
+            .map_err(|e| EngineError::ChatTemplate(describe(&e)))
     }
 }
 
@@ -147,7 +161,10 @@ pub fn parse_tool_calls(text: &str) -> ParsedOutput {
             Some(end) => (&after[..end], &after[end + CLOSE.len()..]),
             None => (after, ""),
         };
-        match serde_json::from_str::<Value>(body.trim()).ok().and_then(|v| call_from_json(&v)) {
+        match serde_json::from_str::<Value>(body.trim())
+            .ok()
+            .and_then(|v| call_from_json(&v))
+        {
             Some(call) => calls.push(call),
             // not a call after all: keep the text as it was
             None => content.push_str(&rest[start..rest.len() - next.len()]),
@@ -159,12 +176,17 @@ pub fn parse_tool_calls(text: &str) -> ParsedOutput {
         let trimmed = strip_fence(text.trim());
         if let Ok(v) = serde_json::from_str::<Value>(trimmed) {
             let bare: Option<Vec<ParsedToolCall>> = match &v {
-                Value::Array(items) if !items.is_empty() => items.iter().map(call_from_json).collect(),
+                Value::Array(items) if !items.is_empty() => {
+                    items.iter().map(call_from_json).collect()
+                }
                 Value::Object(_) => call_from_json(&v).map(|c| vec![c]),
                 _ => None,
             };
             if let Some(bare) = bare {
-                return ParsedOutput { content: None, tool_calls: bare };
+                return ParsedOutput {
+                    content: None,
+                    tool_calls: bare,
+                };
             }
         }
     }
@@ -193,7 +215,9 @@ fn call_from_json(v: &Value) -> Option<ParsedToolCall> {
 }
 
 fn strip_fence(s: &str) -> &str {
-    let Some(inner) = s.strip_prefix("```") else { return s };
+    let Some(inner) = s.strip_prefix("```") else {
+        return s;
+    };
     let inner = inner.strip_prefix("json").unwrap_or(inner);
     inner.strip_suffix("```").unwrap_or(inner).trim()
 }
@@ -201,16 +225,23 @@ fn strip_fence(s: &str) -> &str {
 /// Joins text parts, parses tool-call arguments; rejects what is not a message object.
 fn normalize_message(m: &Value) -> Result<Value> {
     let Some(obj) = m.as_object() else {
-        return Err(EngineError::InvalidRequest("each message must be a JSON object".into()));
+        return Err(EngineError::InvalidRequest(
+            "each message must be a JSON object".into(),
+        ));
     };
     if !obj.get("role").is_some_and(Value::is_string) {
-        return Err(EngineError::InvalidRequest("each message needs a string \"role\"".into()));
+        return Err(EngineError::InvalidRequest(
+            "each message needs a string \"role\"".into(),
+        ));
     }
     let mut out = obj.clone();
     if let Some(Value::Array(parts)) = obj.get("content") {
         let mut texts = Vec::new();
         for part in parts {
-            match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+            match (
+                part.get("type").and_then(Value::as_str),
+                part.get("text").and_then(Value::as_str),
+            ) {
                 (Some("text"), Some(t)) => texts.push(t),
                 (kind, _) => {
                     return Err(EngineError::InvalidRequest(format!(
@@ -245,12 +276,20 @@ fn normalize_message(m: &Value) -> Result<Value> {
 /// of the content (for templates that cannot render them).
 fn calls_as_text(messages: &mut [Value]) {
     for m in messages.iter_mut() {
-        let Some(obj) = m.as_object_mut() else { continue };
+        let Some(obj) = m.as_object_mut() else {
+            continue;
+        };
         if obj.get("role").and_then(Value::as_str) != Some("assistant") {
             continue;
         }
-        let Some(Value::Array(calls)) = obj.remove("tool_calls") else { continue };
-        let mut text = obj.get("content").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let Some(Value::Array(calls)) = obj.remove("tool_calls") else {
+            continue;
+        };
+        let mut text = obj
+            .get("content")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
         for c in &calls {
             let f = c.get("function").unwrap_or(c);
             let call = serde_json::json!({
@@ -260,7 +299,10 @@ fn calls_as_text(messages: &mut [Value]) {
             if !text.is_empty() {
                 text.push('\n');
             }
-            text.push_str(&format!("<tool_call>{}</tool_call>", python_json(&call, None)));
+            text.push_str(&format!(
+                "<tool_call>{}</tool_call>",
+                python_json(&call, None)
+            ));
         }
         obj.insert("content".into(), Value::String(text));
     }
@@ -274,23 +316,38 @@ fn apply_tool_convention(messages: &mut Vec<Value>, tools: &[Value]) {
         preamble.push_str(&python_json(tool.get("function").unwrap_or(tool), None));
     }
     for m in messages.iter_mut() {
-        let Some(obj) = m.as_object_mut() else { continue };
+        let Some(obj) = m.as_object_mut() else {
+            continue;
+        };
         if obj.get("role").and_then(Value::as_str) == Some("tool") {
             let body = match obj.get("content") {
                 Some(Value::String(s)) => s.clone(),
                 Some(other) => other.to_string(),
                 None => String::new(),
             };
-            obj.insert("content".into(), Value::String(format!("<tool_response>\n{body}\n</tool_response>")));
+            obj.insert(
+                "content".into(),
+                Value::String(format!("<tool_response>\n{body}\n</tool_response>")),
+            );
         }
     }
     match messages.first_mut().and_then(Value::as_object_mut) {
         Some(first) if first.get("role").and_then(Value::as_str) == Some("system") => {
-            let existing = first.get("content").and_then(Value::as_str).unwrap_or_default();
-            let joined = if existing.is_empty() { preamble } else { format!("{existing}\n\n{preamble}") };
+            let existing = first
+                .get("content")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let joined = if existing.is_empty() {
+                preamble
+            } else {
+                format!("{existing}\n\n{preamble}")
+            };
             first.insert("content".into(), Value::String(joined));
         }
-        _ => messages.insert(0, serde_json::json!({"role": "system", "content": preamble})),
+        _ => messages.insert(
+            0,
+            serde_json::json!({"role": "system", "content": preamble}),
+        ),
     }
 }
 
@@ -307,8 +364,20 @@ fn strftime_now(fmt: String) -> String {
     let days = (secs / 86_400) as i64;
     let (y, m, d) = civil_from_days(days);
     let tod = secs % 86_400;
-    const MONTHS: [&str; 12] =
-        ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
     let month = MONTHS[(m as usize).saturating_sub(1) % 12];
     let mut out = String::new();
     let mut chars = fmt.chars();
@@ -366,18 +435,29 @@ fn to_serde(v: &JValue) -> std::result::Result<Value, JError> {
     Ok(match v.kind() {
         ValueKind::Undefined | ValueKind::None => Value::Null,
         ValueKind::Bool => Value::Bool(v.is_true()),
-        ValueKind::Number => serde_json::to_value(v).map_err(|e| JError::new(ErrorKind::InvalidOperation, e.to_string()))?,
+        ValueKind::Number => serde_json::to_value(v)
+            .map_err(|e| JError::new(ErrorKind::InvalidOperation, e.to_string()))?,
         ValueKind::String => Value::String(v.as_str().unwrap_or_default().to_owned()),
-        ValueKind::Seq | ValueKind::Iterable => Value::Array(v.try_iter()?.map(|x| to_serde(&x)).collect::<std::result::Result<_, _>>()?),
+        ValueKind::Seq | ValueKind::Iterable => Value::Array(
+            v.try_iter()?
+                .map(|x| to_serde(&x))
+                .collect::<std::result::Result<_, _>>()?,
+        ),
         ValueKind::Map => {
             let mut m = Map::new();
             for k in v.try_iter()? {
                 let val = v.get_item(&k)?;
-                m.insert(k.as_str().map(str::to_owned).unwrap_or_else(|| k.to_string()), to_serde(&val)?);
+                m.insert(
+                    k.as_str()
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| k.to_string()),
+                    to_serde(&val)?,
+                );
             }
             Value::Object(m)
         }
-        _ => serde_json::to_value(v).map_err(|e| JError::new(ErrorKind::InvalidOperation, e.to_string()))?,
+        _ => serde_json::to_value(v)
+            .map_err(|e| JError::new(ErrorKind::InvalidOperation, e.to_string()))?,
     })
 }
 
@@ -450,7 +530,12 @@ pub fn template_from_gguf(gguf: &crate::gguf::GgufFile) -> Option<String> {
 pub fn template_from_hf_dir(dir: &std::path::Path) -> Result<Option<String>> {
     let jinja = dir.join("chat_template.jinja");
     if jinja.is_file() {
-        return std::fs::read_to_string(&jinja).map(Some).map_err(|source| EngineError::Io { path: jinja, source });
+        return std::fs::read_to_string(&jinja)
+            .map(Some)
+            .map_err(|source| EngineError::Io {
+                path: jinja,
+                source,
+            });
     }
     let path = dir.join("tokenizer_config.json");
     let bytes = match std::fs::read(&path) {

@@ -68,15 +68,21 @@ impl std::fmt::Debug for Tokenizer {
 impl Tokenizer {
     /// Builds the tokenizer from GGUF metadata (byte-level BPE only).
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
-        let model = gguf.get_str("tokenizer.ggml.model").ok_or_else(|| missing("tokenizer.ggml.model"))?;
+        let model = gguf
+            .get_str("tokenizer.ggml.model")
+            .ok_or_else(|| missing("tokenizer.ggml.model"))?;
         if model != "gpt2" {
             return Err(tok_err(format!(
                 "GGUF tokenizer model {model:?} is not supported (only byte-level BPE, \"gpt2\"); \
                  load the model's tokenizer.json instead"
             )));
         }
-        let tokens = gguf.get_str_array("tokenizer.ggml.tokens").ok_or_else(|| missing("tokenizer.ggml.tokens"))?;
-        let merges = gguf.get_str_array("tokenizer.ggml.merges").ok_or_else(|| missing("tokenizer.ggml.merges"))?;
+        let tokens = gguf
+            .get_str_array("tokenizer.ggml.tokens")
+            .ok_or_else(|| missing("tokenizer.ggml.tokens"))?;
+        let merges = gguf
+            .get_str_array("tokenizer.ggml.merges")
+            .ok_or_else(|| missing("tokenizer.ggml.merges"))?;
         let types: Vec<i64> = match gguf.get_array("tokenizer.ggml.token_type") {
             Some(a) => a.iter().map(|v| v.as_i64().unwrap_or(1)).collect(),
             None => vec![1; tokens.len()],
@@ -92,12 +98,17 @@ impl Tokenizer {
         let bos = gguf.get_u32("tokenizer.ggml.bos_token_id");
         let eos = gguf.get_u32("tokenizer.ggml.eos_token_id");
         let eot = gguf.get_u32("tokenizer.ggml.eot_token_id");
-        let add_bos = gguf.get_bool("tokenizer.ggml.add_bos_token").unwrap_or(false);
+        let add_bos = gguf
+            .get_bool("tokenizer.ggml.add_bos_token")
+            .unwrap_or(false);
         for (name, id) in [("bos", bos), ("eos", eos), ("eot", eot)] {
             if let Some(id) = id
                 && id as usize >= tokens.len()
             {
-                return Err(tok_err(format!("{name} token id {id} is outside the vocabulary of {}", tokens.len())));
+                return Err(tok_err(format!(
+                    "{name} token id {id} is outside the vocabulary of {}",
+                    tokens.len()
+                )));
             }
         }
 
@@ -144,7 +155,10 @@ impl Tokenizer {
         let inner = tokenizers::Tokenizer::from_bytes(spec.to_string().as_bytes())
             .map_err(|e| tok_err(format!("building the tokenizer from GGUF metadata: {e}")))?;
         let mut stop_ids: BTreeSet<u32> = eos.into_iter().chain(eot).collect();
-        if let Some(id) = tokens.iter().position(|t| *t == "<|eot_id|>" || *t == "<|im_end|>") {
+        if let Some(id) = tokens
+            .iter()
+            .position(|t| *t == "<|eot_id|>" || *t == "<|im_end|>")
+        {
             // chat end-of-turn markers end a generation even where the GGUF names only eos
             stop_ids.insert(id as u32);
         }
@@ -160,7 +174,9 @@ impl Tokenizer {
         let config = read_json_opt(&dir.join("tokenizer_config.json"))?;
         let token_id = |key: &str| -> Option<u32> {
             let v = config.as_ref()?.get(key)?;
-            let text = v.as_str().or_else(|| v.get("content").and_then(Value::as_str))?;
+            let text = v
+                .as_str()
+                .or_else(|| v.get("content").and_then(Value::as_str))?;
             inner.token_to_id(text)
         };
         let bos = token_id("bos_token");
@@ -169,10 +185,13 @@ impl Tokenizer {
         for file in ["generation_config.json", "config.json"] {
             if let Some(cfg) = read_json_opt(&dir.join(file))? {
                 match cfg.get("eos_token_id") {
-                    Some(Value::Number(n)) => stop_ids.extend(n.as_u64().and_then(|v| u32::try_from(v).ok())),
-                    Some(Value::Array(a)) => {
-                        stop_ids.extend(a.iter().filter_map(|v| v.as_u64().and_then(|v| u32::try_from(v).ok())))
+                    Some(Value::Number(n)) => {
+                        stop_ids.extend(n.as_u64().and_then(|v| u32::try_from(v).ok()))
                     }
+                    Some(Value::Array(a)) => stop_ids.extend(
+                        a.iter()
+                            .filter_map(|v| v.as_u64().and_then(|v| u32::try_from(v).ok())),
+                    ),
                     _ => {}
                 }
             }
@@ -182,14 +201,24 @@ impl Tokenizer {
 
     /// Loads a standalone `tokenizer.json` (no config: no bos/eos known).
     pub fn from_json_file(path: &Path) -> Result<Self> {
-        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| tok_err(format!("{}: {e}", path.display())))?;
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| tok_err(format!("{}: {e}", path.display())))?;
         Self::assemble(inner, None, None, BTreeSet::new())
     }
 
-    fn assemble(inner: tokenizers::Tokenizer, bos: Option<u32>, eos: Option<u32>, stop_ids: BTreeSet<u32>) -> Result<Self> {
+    fn assemble(
+        inner: tokenizers::Tokenizer,
+        bos: Option<u32>,
+        eos: Option<u32>,
+        stop_ids: BTreeSet<u32>,
+    ) -> Result<Self> {
         let n = inner.get_vocab_size(true);
         let added = inner.get_added_tokens_decoder();
-        let special: BTreeSet<u32> = added.iter().filter(|(_, t)| t.special).map(|(id, _)| *id).collect();
+        let special: BTreeSet<u32> = added
+            .iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| *id)
+            .collect();
         let byte_level = is_byte_level(&inner);
         let mut token_bytes = Vec::with_capacity(n);
         for id in 0..n as u32 {
@@ -202,7 +231,10 @@ impl Tokenizer {
             };
             token_bytes.push(bytes);
         }
-        let token_strings = token_bytes.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect();
+        let token_strings = token_bytes
+            .iter()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .collect();
         let text_of = |id: Option<u32>| id.and_then(|i| inner.id_to_token(i));
         Ok(Self {
             bos_text: text_of(bos),
@@ -221,7 +253,10 @@ impl Tokenizer {
     /// as Hugging Face does by default; `add_special_tokens` adds what the model's
     /// post-processor adds (e.g. bos).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| tok_err(format!("encode: {e}")))?;
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| tok_err(format!("encode: {e}")))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -240,18 +275,24 @@ impl Tokenizer {
 
     /// The raw bytes of one token.
     pub fn token_bytes(&self, id: u32) -> Result<&[u8]> {
-        self.token_bytes.get(id as usize).map(Vec::as_slice).ok_or(EngineError::TokenOutOfVocab {
-            token: id,
-            vocab_size: self.token_bytes.len(),
-        })
+        self.token_bytes
+            .get(id as usize)
+            .map(Vec::as_slice)
+            .ok_or(EngineError::TokenOutOfVocab {
+                token: id,
+                vocab_size: self.token_bytes.len(),
+            })
     }
 
     /// One token as display text (its bytes, lossily decoded): OpenAI's logprob `token`.
     pub fn token_str(&self, id: u32) -> Result<&str> {
-        self.token_strings.get(id as usize).map(String::as_str).ok_or(EngineError::TokenOutOfVocab {
-            token: id,
-            vocab_size: self.token_strings.len(),
-        })
+        self.token_strings
+            .get(id as usize)
+            .map(String::as_str)
+            .ok_or(EngineError::TokenOutOfVocab {
+                token: id,
+                vocab_size: self.token_strings.len(),
+            })
     }
 
     /// The id of a token given its vocabulary string (e.g. `<|im_end|>`).
@@ -296,7 +337,11 @@ impl Tokenizer {
 
     /// A streaming detokenizer over this tokenizer.
     pub fn detokenizer(&self, skip_special_tokens: bool) -> Detokenizer<'_> {
-        Detokenizer { tokenizer: self, skip_special_tokens, utf8: Utf8Stream::default() }
+        Detokenizer {
+            tokenizer: self,
+            skip_special_tokens,
+            utf8: Utf8Stream::default(),
+        }
     }
 }
 
@@ -380,7 +425,8 @@ impl Utf8Stream {
 fn pre_tokenizer_for(pre: &str) -> Result<(Value, Value)> {
     let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
     let split = |re: &str| json!({"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false});
-    let gpt2 = || json!({"type": "Sequence", "pretokenizers": [split(GPT2_REGEX), byte_level(false)]});
+    let gpt2 =
+        || json!({"type": "Sequence", "pretokenizers": [split(GPT2_REGEX), byte_level(false)]});
     Ok(match pre {
         "default" | "gpt2" | "gpt-2" => (Value::Null, gpt2()),
         "smollm" | "starcoder" | "refact" | "codeshell" => (
@@ -388,9 +434,10 @@ fn pre_tokenizer_for(pre: &str) -> Result<(Value, Value)> {
             json!({"type": "Sequence", "pretokenizers": [
                 {"type": "Digits", "individual_digits": true}, split(GPT2_REGEX), byte_level(false)]}),
         ),
-        "llama3" | "llama-v3" | "llama-bpe" => {
-            (Value::Null, json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_REGEX), byte_level(false)]}))
-        }
+        "llama3" | "llama-v3" | "llama-bpe" => (
+            Value::Null,
+            json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_REGEX), byte_level(false)]}),
+        ),
         "qwen2" => (
             json!({"type": "NFC"}),
             json!({"type": "Sequence", "pretokenizers": [split(QWEN2_REGEX), byte_level(false)]}),
@@ -406,8 +453,12 @@ fn pre_tokenizer_for(pre: &str) -> Result<(Value, Value)> {
 
 /// Whether the pipeline is byte-level (GPT-2 style) rather than sentencepiece style.
 fn is_byte_level(t: &tokenizers::Tokenizer) -> bool {
-    serde_json::to_value(t.get_decoder()).map(|v| v.to_string().contains("ByteLevel")).unwrap_or(false)
-        || serde_json::to_value(t.get_pre_tokenizer()).map(|v| v.to_string().contains("ByteLevel")).unwrap_or(false)
+    serde_json::to_value(t.get_decoder())
+        .map(|v| v.to_string().contains("ByteLevel"))
+        .unwrap_or(false)
+        || serde_json::to_value(t.get_pre_tokenizer())
+            .map(|v| v.to_string().contains("ByteLevel"))
+            .unwrap_or(false)
 }
 
 /// GPT-2's byte-to-unicode table inverted: maps a byte-level token string to its bytes.
@@ -425,13 +476,17 @@ fn byte_level_decode(token: &str) -> Vec<u8> {
 /// The inverse of GPT-2's `bytes_to_unicode`.
 fn unicode_to_byte(c: char) -> Option<u8> {
     let cp = c as u32;
-    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
     if printable(cp) {
         return u8::try_from(cp).ok();
     }
     // the others are numbered 256.. in byte order
     let k = cp.checked_sub(256)?;
-    (0u32..=255).filter(|b| !printable(*b)).nth(k as usize).and_then(|b| u8::try_from(b).ok())
+    (0u32..=255)
+        .filter(|b| !printable(*b))
+        .nth(k as usize)
+        .and_then(|b| u8::try_from(b).ok())
 }
 
 /// Sentencepiece-style token bytes: `<0xAB>` is one byte, `▁` is a space.
@@ -451,7 +506,10 @@ fn read_json_opt(path: &Path) -> Result<Option<Value>> {
             .map(Some)
             .map_err(|e| tok_err(format!("{}: invalid JSON: {e}", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(EngineError::Io { path: path.to_path_buf(), source }),
+        Err(source) => Err(EngineError::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
     }
 }
 

@@ -14,18 +14,25 @@ struct Cases {
 
 impl Cases {
     fn load() -> anyhow::Result<Self> {
-        Ok(Self { fixture: common::fixture_json("chat_template_cases.json")? })
+        Ok(Self {
+            fixture: common::fixture_json("chat_template_cases.json")?,
+        })
     }
 
     fn template(&self, name: &str) -> anyhow::Result<ChatTemplate> {
-        let src = self.fixture["templates"][name].as_str().ok_or_else(|| anyhow::anyhow!("no template {name}"))?;
+        let src = self.fixture["templates"][name]
+            .as_str()
+            .ok_or_else(|| anyhow::anyhow!("no template {name}"))?;
         let bos = self.fixture["bos_token"].as_str().unwrap_or_default();
         let eos = self.fixture["eos_token"].as_str().unwrap_or_default();
         Ok(ChatTemplate::new(src, bos, eos)?)
     }
 
     fn cases(&self) -> &[Value] {
-        self.fixture["cases"].as_array().map(Vec::as_slice).unwrap_or_default()
+        self.fixture["cases"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
     }
 }
 
@@ -33,7 +40,12 @@ fn render_case(t: &ChatTemplate, case: &Value) -> samewise_engine::Result<String
     let messages = case["messages"].as_array().cloned().unwrap_or_default();
     let tools = case["tools"].as_array().cloned();
     let extra = case["extra"].as_object().cloned();
-    t.render(&messages, tools.as_deref(), case["add_generation_prompt"].as_bool().unwrap_or(false), extra.as_ref())
+    t.render(
+        &messages,
+        tools.as_deref(),
+        case["add_generation_prompt"].as_bool().unwrap_or(false),
+        extra.as_ref(),
+    )
 }
 
 #[test]
@@ -44,12 +56,23 @@ fn renders_exactly_what_hf_renders() -> anyhow::Result<()> {
         let name = case["name"].as_str().unwrap_or_default();
         let t = cases.template(case["template"].as_str().unwrap_or_default())?;
         let got = render_case(&t, case);
-        match (case.get("expected").and_then(Value::as_str), case.get("expected_error").and_then(Value::as_str)) {
+        match (
+            case.get("expected").and_then(Value::as_str),
+            case.get("expected_error").and_then(Value::as_str),
+        ) {
             (Some(want), _) => assert_eq!(got?, want, "case {name}"),
             (None, Some(err)) => {
-                let e = got.err().ok_or_else(|| anyhow::anyhow!("case {name}: rendered, expected error {err}"))?;
-                assert!(e.to_string().contains(err), "case {name}: error {e} lacks {err}");
-                assert!(e.is_client_error(), "a template's raise_exception is the request's fault");
+                let e = got.err().ok_or_else(|| {
+                    anyhow::anyhow!("case {name}: rendered, expected error {err}")
+                })?;
+                assert!(
+                    e.to_string().contains(err),
+                    "case {name}: error {e} lacks {err}"
+                );
+                assert!(
+                    e.is_client_error(),
+                    "a template's raise_exception is the request's fault"
+                );
             }
             (None, None) => anyhow::bail!("case {name} has no expectation"),
         }
@@ -61,10 +84,16 @@ fn renders_exactly_what_hf_renders() -> anyhow::Result<()> {
 fn gguf_template_is_the_fixture_template() -> anyhow::Result<()> {
     let gguf = GgufFile::open(&common::model_path()?)?;
     let cases = Cases::load()?;
-    assert_eq!(chat::template_from_gguf(&gguf).as_deref(), cases.fixture["templates"]["smollm2"].as_str());
+    assert_eq!(
+        chat::template_from_gguf(&gguf).as_deref(),
+        cases.fixture["templates"]["smollm2"].as_str()
+    );
     // the transformers-saved directory keeps it in chat_template.jinja
     let from_dir = chat::template_from_hf_dir(&common::fixtures_dir().join("smollm2"))?;
-    assert_eq!(from_dir.as_deref(), cases.fixture["templates"]["smollm2"].as_str());
+    assert_eq!(
+        from_dir.as_deref(),
+        cases.fixture["templates"]["smollm2"].as_str()
+    );
     Ok(())
 }
 
@@ -85,7 +114,10 @@ fn openai_string_arguments_render_like_objects() -> anyhow::Result<()> {
         }
     }
     let t = cases.template("qwen_tools")?;
-    assert_eq!(render_case(&t, &openai)?, case["expected"].as_str().unwrap_or_default());
+    assert_eq!(
+        render_case(&t, &openai)?,
+        case["expected"].as_str().unwrap_or_default()
+    );
     Ok(())
 }
 
@@ -113,9 +145,22 @@ fn tools_convention_for_templates_without_tools() -> anyhow::Result<()> {
     );
     assert_eq!(got, want);
     // an existing system message is extended, not replaced
-    let with_system = vec![json!({"role": "system", "content": "Be brief."}), json!({"role": "user", "content": "Hi"})];
-    let got = t.render(&with_system, Some(&[json!({"type": "function", "function": {"name": "f"}})]), false, None)?;
-    assert!(got.starts_with(&format!("<|im_start|>system\nBe brief.\n\n{TOOLS_PREAMBLE}\n{{\"name\": \"f\"}}<|im_end|>")), "{got}");
+    let with_system = vec![
+        json!({"role": "system", "content": "Be brief."}),
+        json!({"role": "user", "content": "Hi"}),
+    ];
+    let got = t.render(
+        &with_system,
+        Some(&[json!({"type": "function", "function": {"name": "f"}})]),
+        false,
+        None,
+    )?;
+    assert!(
+        got.starts_with(&format!(
+            "<|im_start|>system\nBe brief.\n\n{TOOLS_PREAMBLE}\n{{\"name\": \"f\"}}<|im_end|>"
+        )),
+        "{got}"
+    );
     Ok(())
 }
 
@@ -123,39 +168,73 @@ fn tools_convention_for_templates_without_tools() -> anyhow::Result<()> {
 fn content_parts_are_joined_and_bad_messages_rejected() -> anyhow::Result<()> {
     let cases = Cases::load()?;
     let t = cases.template("smollm2")?;
-    let parts = vec![json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})];
+    let parts = vec![
+        json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}),
+    ];
     let plain = vec![json!({"role": "user", "content": "a\nb"})];
-    assert_eq!(t.render(&parts, None, true, None)?, t.render(&plain, None, true, None)?);
-    for bad in [json!("just a string"), json!({"content": "no role"}), json!({"role": "user", "content": [{"type": "image_url"}]})] {
-        let e = t.render(&[bad], None, true, None).err().ok_or_else(|| anyhow::anyhow!("bad message accepted"))?;
+    assert_eq!(
+        t.render(&parts, None, true, None)?,
+        t.render(&plain, None, true, None)?
+    );
+    for bad in [
+        json!("just a string"),
+        json!({"content": "no role"}),
+        json!({"role": "user", "content": [{"type": "image_url"}]}),
+    ] {
+        let e = t
+            .render(&[bad], None, true, None)
+            .err()
+            .ok_or_else(|| anyhow::anyhow!("bad message accepted"))?;
         assert!(e.is_client_error(), "{e}");
     }
-    assert!(ChatTemplate::new("{% if %}", "", "").is_err(), "a broken template must not compile");
+    assert!(
+        ChatTemplate::new("{% if %}", "", "").is_err(),
+        "a broken template must not compile"
+    );
     Ok(())
 }
 
 #[test]
 fn parses_tool_calls_from_output() {
-    let p = parse_tool_calls("<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>");
+    let p = parse_tool_calls(
+        "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>",
+    );
     assert_eq!(p.content, None);
     assert_eq!(p.tool_calls.len(), 1);
     assert_eq!(p.tool_calls[0].name, "get_weather");
-    assert_eq!(serde_json::from_str::<Value>(&p.tool_calls[0].arguments).ok(), Some(json!({"city": "Paris"})));
+    assert_eq!(
+        serde_json::from_str::<Value>(&p.tool_calls[0].arguments).ok(),
+        Some(json!({"city": "Paris"}))
+    );
 
-    let p = parse_tool_calls("Sure.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>{\"name\": \"b\", \"parameters\": {\"x\": 1}}");
+    let p = parse_tool_calls(
+        "Sure.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>{\"name\": \"b\", \"parameters\": {\"x\": 1}}",
+    );
     assert_eq!(p.content.as_deref(), Some("Sure."));
-    assert_eq!(p.tool_calls.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+    assert_eq!(
+        p.tool_calls
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect::<Vec<_>>(),
+        ["a", "b"]
+    );
     assert_eq!(p.tool_calls[1].arguments, "{\"x\":1}");
 
     let p = parse_tool_calls("```json\n{\"name\": \"f\", \"arguments\": \"{\\\"k\\\": 2}\"}\n```");
     assert_eq!(p.tool_calls.len(), 1);
     assert_eq!(p.tool_calls[0].arguments, "{\"k\": 2}");
 
-    let p = parse_tool_calls("[{\"name\": \"f\", \"arguments\": {}}, {\"name\": \"g\", \"arguments\": {}}]");
+    let p = parse_tool_calls(
+        "[{\"name\": \"f\", \"arguments\": {}}, {\"name\": \"g\", \"arguments\": {}}]",
+    );
     assert_eq!(p.tool_calls.len(), 2);
 
     // not calls: plain text, JSON without name/arguments, a broken block
-    for text in ["Just text.", "{\"answer\": 42}", "<tool_call>{not json}</tool_call> tail"] {
+    for text in [
+        "Just text.",
+        "{\"answer\": 42}",
+        "<tool_call>{not json}</tool_call> tail",
+    ] {
         let p = parse_tool_calls(text);
         assert!(p.tool_calls.is_empty(), "{text}");
         assert_eq!(p.content.as_deref(), Some(text));

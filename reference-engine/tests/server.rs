@@ -4,7 +4,6 @@
 
 mod common;
 
-
 use samewise_engine::engine::{GenerateParams, LoadOptions};
 use samewise_engine::sample::SamplingParams;
 use samewise_engine::server::{self, ServerState};
@@ -23,14 +22,27 @@ struct TestServer {
 
 impl TestServer {
     async fn start() -> anyhow::Result<Self> {
-        let state = ServerState::load(&common::model_path()?, LoadOptions { threads: 2, ..LoadOptions::default() }, Some("smollm2".into()))?;
+        let state = ServerState::load(
+            &common::model_path()?,
+            LoadOptions {
+                threads: 2,
+                ..LoadOptions::default()
+            },
+            Some("smollm2".into()),
+        )?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}", listener.local_addr()?);
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(server::serve(listener, state.clone(), async move {
             let _ = rx.await;
         }));
-        Ok(Self { base, state, client: reqwest::Client::new(), stop: Some(tx), task: Some(task) })
+        Ok(Self {
+            base,
+            state,
+            client: reqwest::Client::new(),
+            stop: Some(tx),
+            task: Some(task),
+        })
     }
 
     /// POSTs JSON; returns (status, body as JSON).
@@ -48,7 +60,8 @@ impl TestServer {
             .await?;
         let status = resp.status().as_u16();
         let bytes = resp.bytes().await?;
-        let v = serde_json::from_slice(&bytes).map_err(|e| anyhow::anyhow!("{e}: {}", String::from_utf8_lossy(&bytes)))?;
+        let v = serde_json::from_slice(&bytes)
+            .map_err(|e| anyhow::anyhow!("{e}: {}", String::from_utf8_lossy(&bytes)))?;
         Ok((status, v))
     }
 
@@ -59,7 +72,11 @@ impl TestServer {
     }
 
     async fn get(&self, path: &str) -> anyhow::Result<(u16, Value)> {
-        let resp = self.client.get(format!("{}{path}", self.base)).send().await?;
+        let resp = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await?;
         let status = resp.status().as_u16();
         Ok((status, serde_json::from_slice(&resp.bytes().await?)?))
     }
@@ -73,8 +90,17 @@ impl TestServer {
             .body(with_model(body).to_string())
             .send()
             .await?;
-        anyhow::ensure!(resp.status().as_u16() == 200, "stream answered {}", resp.status());
-        let ct = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+        anyhow::ensure!(
+            resp.status().as_u16() == 200,
+            "stream answered {}",
+            resp.status()
+        );
+        let ct = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
         anyhow::ensure!(ct.starts_with("text/event-stream"), "content-type {ct}");
         let mut dec = SseDecoder::new();
         let mut out = Vec::new();
@@ -128,21 +154,39 @@ fn f32_of(v: &Value) -> Option<f32> {
 async fn echo_logprobs_equal_the_library_score() -> anyhow::Result<()> {
     let srv = TestServer::start().await?;
     let ids = srv.state.tokenizer().encode(PROMPT, true)?;
-    let want = srv.state.engine().score(std::slice::from_ref(&ids), 5)?.remove(0);
+    let want = srv
+        .state
+        .engine()
+        .score(std::slice::from_ref(&ids), 5)?
+        .remove(0);
     for prompt in [json!(PROMPT), json!(ids)] {
         let v = srv.ok("/v1/completions", &json!({"model": "x", "prompt": prompt, "echo": true, "logprobs": 5, "max_tokens": 0})).await?;
         let choice = &v["choices"][0];
         assert_eq!(choice["text"], PROMPT);
         let lp = &choice["logprobs"];
-        let got: Vec<Option<f32>> = lp["token_logprobs"].as_array().into_iter().flatten().map(f32_of).collect();
+        let got: Vec<Option<f32>> = lp["token_logprobs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(f32_of)
+            .collect();
         let expect: Vec<Option<f32>> = want.positions.iter().map(|p| p.logprob).collect();
         assert_eq!(got, expect, "prompt logprobs differ from the library");
-        assert!(lp["top_logprobs"][0].is_null(), "first position has no alternatives (vLLM's alignment)");
+        assert!(
+            lp["top_logprobs"][0].is_null(),
+            "first position has no alternatives (vLLM's alignment)"
+        );
         for (i, p) in want.positions.iter().enumerate().skip(1) {
-            let top = lp["top_logprobs"][i].as_object().ok_or_else(|| anyhow::anyhow!("no top at {i}"))?;
+            let top = lp["top_logprobs"][i]
+                .as_object()
+                .ok_or_else(|| anyhow::anyhow!("no top at {i}"))?;
             for alt in &p.top {
                 let key = srv.state.tokenizer().token_str(alt.token)?;
-                assert_eq!(top.get(key).and_then(f32_of), Some(alt.logprob), "top entry {key:?} at {i}");
+                assert_eq!(
+                    top.get(key).and_then(f32_of),
+                    Some(alt.logprob),
+                    "top entry {key:?} at {i}"
+                );
             }
             assert_eq!(lp["tokens"][i], srv.state.tokenizer().token_str(p.token)?);
         }
@@ -150,33 +194,63 @@ async fn echo_logprobs_equal_the_library_score() -> anyhow::Result<()> {
         assert_eq!(v["usage"]["completion_tokens"], 0);
     }
     // the native score route agrees too
-    let v = srv.ok("/v1/score", &json!({"tokens": ids, "top_k": 3})).await?;
-    let got: Vec<Option<f32>> = v["positions"].as_array().into_iter().flatten().map(|p| f32_of(&p["logprob"])).collect();
-    assert_eq!(got, want.positions.iter().map(|p| p.logprob).collect::<Vec<_>>());
+    let v = srv
+        .ok("/v1/score", &json!({"tokens": ids, "top_k": 3}))
+        .await?;
+    let got: Vec<Option<f32>> = v["positions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| f32_of(&p["logprob"]))
+        .collect();
+    assert_eq!(
+        got,
+        want.positions.iter().map(|p| p.logprob).collect::<Vec<_>>()
+    );
     assert_eq!(v["positions"][1]["top"].as_array().map(Vec::len), Some(3));
     srv.shutdown().await
 }
 
 /// Greedy generation through the library, decoded.
-fn library_greedy(srv: &TestServer, prompt: &[u32], max_tokens: usize, top: usize) -> anyhow::Result<(String, Vec<f32>, String)> {
+fn library_greedy(
+    srv: &TestServer,
+    prompt: &[u32],
+    max_tokens: usize,
+    top: usize,
+) -> anyhow::Result<(String, Vec<f32>, String)> {
     let params = GenerateParams {
         sampling: SamplingParams::default(),
         max_tokens,
         stop_token_ids: srv.state.tokenizer().stop_ids().iter().copied().collect(),
         top_logprobs: top,
     };
-    let g = srv.state.engine().generate(prompt, &params, &mut |_| true)?;
+    let g = srv
+        .state
+        .engine()
+        .generate(prompt, &params, &mut |_| true)?;
     let ids: Vec<u32> = g.tokens.iter().map(|t| t.token).collect();
     let reason = match g.finish.reason {
         samewise_engine::engine::FinishReason::Length => "length",
         _ => "stop",
     };
-    Ok((srv.state.tokenizer().decode(&ids, true)?, g.tokens.iter().map(|t| t.logprob).collect(), reason.into()))
+    Ok((
+        srv.state.tokenizer().decode(&ids, true)?,
+        g.tokens.iter().map(|t| t.logprob).collect(),
+        reason.into(),
+    ))
 }
 
 fn chat_prompt(srv: &TestServer, content: &str) -> anyhow::Result<Vec<u32>> {
-    let t = srv.state.template().ok_or_else(|| anyhow::anyhow!("no template"))?;
-    let text = t.render(&[json!({"role": "user", "content": content})], None, true, None)?;
+    let t = srv
+        .state
+        .template()
+        .ok_or_else(|| anyhow::anyhow!("no template"))?;
+    let text = t.render(
+        &[json!({"role": "user", "content": content})],
+        None,
+        true,
+        None,
+    )?;
     Ok(srv.state.tokenizer().encode(&text, false)?)
 }
 
@@ -194,7 +268,9 @@ async fn greedy_chat_equals_library_generation() -> anyhow::Result<()> {
     assert_eq!(choice["message"]["role"], "assistant");
     assert_eq!(choice["message"]["content"], text.as_str());
     assert_eq!(choice["finish_reason"], reason.as_str());
-    let content = choice["logprobs"]["content"].as_array().ok_or_else(|| anyhow::anyhow!("no logprobs"))?;
+    let content = choice["logprobs"]["content"]
+        .as_array()
+        .ok_or_else(|| anyhow::anyhow!("no logprobs"))?;
     let got: Vec<Option<f32>> = content.iter().map(|c| f32_of(&c["logprob"])).collect();
     assert_eq!(got, logprobs.iter().map(|l| Some(*l)).collect::<Vec<_>>());
     assert!(content.iter().all(|c| c["top_logprobs"].as_array().map(Vec::len) == Some(2) && c["bytes"].is_array()));
@@ -214,7 +290,10 @@ async fn streamed_chunks_reassemble_to_the_unstreamed_answer() -> anyhow::Result
     body["stream_options"] = json!({"include_usage": true});
     let events = srv.stream("/v1/chat/completions", &body).await?;
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
-    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|d| serde_json::from_str(d)).collect::<Result<_, _>>()?;
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d))
+        .collect::<Result<_, _>>()?;
     let mut text = String::new();
     let mut logprobs = Vec::new();
     let mut finish = None;
@@ -222,17 +301,33 @@ async fn streamed_chunks_reassemble_to_the_unstreamed_answer() -> anyhow::Result
         assert_eq!(c["object"], "chat.completion.chunk");
         for ch in c["choices"].as_array().into_iter().flatten() {
             text.push_str(ch["delta"]["content"].as_str().unwrap_or_default());
-            logprobs.extend(ch["logprobs"]["content"].as_array().cloned().unwrap_or_default());
+            logprobs.extend(
+                ch["logprobs"]["content"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default(),
+            );
             if !ch["finish_reason"].is_null() {
                 finish = Some(ch["finish_reason"].clone());
             }
         }
     }
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-    assert_eq!(text, full["choices"][0]["message"]["content"].as_str().unwrap_or_default());
-    assert_eq!(Some(&logprobs), full["choices"][0]["logprobs"]["content"].as_array());
+    assert_eq!(
+        text,
+        full["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+    );
+    assert_eq!(
+        Some(&logprobs),
+        full["choices"][0]["logprobs"]["content"].as_array()
+    );
     assert_eq!(finish.as_ref(), Some(&full["choices"][0]["finish_reason"]));
-    let usage = chunks.last().map(|c| c["usage"].clone()).unwrap_or_default();
+    let usage = chunks
+        .last()
+        .map(|c| c["usage"].clone())
+        .unwrap_or_default();
     assert_eq!(usage, full["usage"], "the last chunk carries the usage");
 
     // completions streaming reassembles too
@@ -246,19 +341,39 @@ async fn streamed_chunks_reassemble_to_the_unstreamed_answer() -> anyhow::Result
         let c: Value = serde_json::from_str(d)?;
         ctext.push_str(c["choices"][0]["text"].as_str().unwrap_or_default());
     }
-    assert_eq!(ctext, cfull["choices"][0]["text"].as_str().unwrap_or_default());
+    assert_eq!(
+        ctext,
+        cfull["choices"][0]["text"].as_str().unwrap_or_default()
+    );
     srv.shutdown().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_strings_seeds_and_n() -> anyhow::Result<()> {
     let srv = TestServer::start().await?;
-    let base = srv.ok("/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 16, "temperature": 0})).await?;
-    let text = base["choices"][0]["text"].as_str().unwrap_or_default().to_owned();
+    let base = srv
+        .ok(
+            "/v1/completions",
+            &json!({"prompt": PROMPT, "max_tokens": 16, "temperature": 0}),
+        )
+        .await?;
+    let text = base["choices"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     // cut at a stop string that the greedy text contains after its first char
-    let cut = text.char_indices().nth(3).map(|(i, _)| i).ok_or_else(|| anyhow::anyhow!("short output {text:?}"))?;
+    let cut = text
+        .char_indices()
+        .nth(3)
+        .map(|(i, _)| i)
+        .ok_or_else(|| anyhow::anyhow!("short output {text:?}"))?;
     let stop: String = text[cut..].chars().take(2).collect();
-    let stopped = srv.ok("/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 16, "temperature": 0, "stop": [stop.clone()]})).await?;
+    let stopped = srv
+        .ok(
+            "/v1/completions",
+            &json!({"prompt": PROMPT, "max_tokens": 16, "temperature": 0, "stop": [stop.clone()]}),
+        )
+        .await?;
     let first = text.find(&stop).unwrap_or(cut);
     assert_eq!(stopped["choices"][0]["text"], &text[..first]);
     assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
@@ -267,9 +382,15 @@ async fn stop_strings_seeds_and_n() -> anyhow::Result<()> {
                          "temperature": 1.0, "seed": 42, "n": 2});
     let a = srv.ok("/v1/chat/completions", &sampled).await?;
     let b = srv.ok("/v1/chat/completions", &sampled).await?;
-    assert_eq!(a["choices"], b["choices"], "the same seed gives the same samples");
+    assert_eq!(
+        a["choices"], b["choices"],
+        "the same seed gives the same samples"
+    );
     assert_eq!(a["choices"].as_array().map(Vec::len), Some(2));
-    assert_ne!(a["choices"][0]["message"], a["choices"][1]["message"], "choices of n use different seeds");
+    assert_ne!(
+        a["choices"][0]["message"], a["choices"][1]["message"],
+        "choices of n use different seeds"
+    );
     srv.shutdown().await
 }
 
@@ -277,19 +398,38 @@ async fn stop_strings_seeds_and_n() -> anyhow::Result<()> {
 async fn concurrent_requests_equal_sequential_ones() -> anyhow::Result<()> {
     let srv = TestServer::start().await?;
     let requests: Vec<(&str, Value)> = vec![
-        ("/v1/completions", json!({"prompt": PROMPT, "echo": true, "logprobs": 3, "max_tokens": 0})),
-        ("/v1/completions", json!({"prompt": "def fib(n):", "max_tokens": 20, "temperature": 0, "logprobs": 2})),
+        (
+            "/v1/completions",
+            json!({"prompt": PROMPT, "echo": true, "logprobs": 3, "max_tokens": 0}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "def fib(n):", "max_tokens": 20, "temperature": 0, "logprobs": 2}),
+        ),
         ("/v1/chat/completions", chat_body("Name three colors.", 20)),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 12, "seed": 7})),
-        ("/v1/score", json!({"text": "The quick brown fox jumps over the lazy dog.", "top_k": 4})),
-        ("/v1/chat/completions", chat_body("Count from one to five.", 16)),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 12, "seed": 7}),
+        ),
+        (
+            "/v1/score",
+            json!({"text": "The quick brown fox jumps over the lazy dog.", "top_k": 4}),
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body("Count from one to five.", 16),
+        ),
     ];
     let mut sequential = Vec::new();
     for (path, body) in &requests {
         sequential.push(strip_volatile(srv.ok(path, body).await?));
     }
     let futs = requests.iter().map(|(path, body)| srv.ok(path, body));
-    let concurrent: Vec<Value> = futures_util::future::join_all(futs).await.into_iter().map(|r| r.map(strip_volatile)).collect::<Result<_, _>>()?;
+    let concurrent: Vec<Value> = futures_util::future::join_all(futs)
+        .await
+        .into_iter()
+        .map(|r| r.map(strip_volatile))
+        .collect::<Result<_, _>>()?;
     assert_eq!(sequential, concurrent);
     srv.shutdown().await
 }
@@ -307,8 +447,10 @@ fn strip_volatile(mut v: Value) -> Value {
 async fn tool_calls_come_back_in_openai_shape() -> anyhow::Result<()> {
     let srv = TestServer::start().await?;
     // SmolLM2-135M follows the tools convention when the conversation shows it twice
-    let call = |id: &str, city: &str| json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
-        "function": {"name": "get_weather", "arguments": json!({"city": city}).to_string()}}]});
+    let call = |id: &str, city: &str| {
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+        "function": {"name": "get_weather", "arguments": json!({"city": city}).to_string()}}]})
+    };
     let body = json!({
         "messages": [
             {"role": "user", "content": "What is the weather in Oslo?"}, call("c1", "Oslo"),
@@ -322,14 +464,21 @@ async fn tool_calls_come_back_in_openai_shape() -> anyhow::Result<()> {
     let v = srv.ok("/v1/chat/completions", &body).await?;
     let choice = &v["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
-    let calls = choice["message"]["tool_calls"].as_array().ok_or_else(|| anyhow::anyhow!("no tool_calls: {v}"))?;
+    let calls = choice["message"]["tool_calls"]
+        .as_array()
+        .ok_or_else(|| anyhow::anyhow!("no tool_calls: {v}"))?;
     assert!(!calls.is_empty());
     for c in calls {
         assert_eq!(c["type"], "function");
         assert!(c["id"].as_str().is_some_and(|s| s.starts_with("call_")));
         assert_eq!(c["function"]["name"], "get_weather");
-        let args = c["function"]["arguments"].as_str().ok_or_else(|| anyhow::anyhow!("arguments not a string"))?;
-        assert_eq!(serde_json::from_str::<Value>(args)?, json!({"city": "Paris"}));
+        let args = c["function"]["arguments"]
+            .as_str()
+            .ok_or_else(|| anyhow::anyhow!("arguments not a string"))?;
+        assert_eq!(
+            serde_json::from_str::<Value>(args)?,
+            json!({"city": "Paris"})
+        );
     }
     // streamed, the same call arrives as a tool_calls delta
     let mut sbody = body.clone();
@@ -340,7 +489,12 @@ async fn tool_calls_come_back_in_openai_shape() -> anyhow::Result<()> {
     for d in events.iter().filter(|d| *d != "[DONE]") {
         let c: Value = serde_json::from_str(d)?;
         let ch = &c["choices"][0];
-        streamed_calls.extend(ch["delta"]["tool_calls"].as_array().cloned().unwrap_or_default());
+        streamed_calls.extend(
+            ch["delta"]["tool_calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+        );
         if !ch["finish_reason"].is_null() {
             finish = Some(ch["finish_reason"].clone());
         }
@@ -360,7 +514,12 @@ async fn tool_calls_come_back_in_openai_shape() -> anyhow::Result<()> {
 async fn models_health_tokenize_detokenize() -> anyhow::Result<()> {
     let srv = TestServer::start().await?;
     // `model` may be omitted (the probes' reference client does)
-    let (s, v) = srv.post_raw("/v1/completions", json!({"prompt": PROMPT, "max_tokens": 1}).to_string()).await?;
+    let (s, v) = srv
+        .post_raw(
+            "/v1/completions",
+            json!({"prompt": PROMPT, "max_tokens": 1}).to_string(),
+        )
+        .await?;
     assert_eq!(s, 200, "{v}");
     let (s, v) = srv.get("/healthz").await?;
     assert_eq!((s, v["status"].as_str()), (200, Some("ok")));
@@ -368,13 +527,20 @@ async fn models_health_tokenize_detokenize() -> anyhow::Result<()> {
     assert_eq!(s, 200);
     assert_eq!(v["data"][0]["id"], "smollm2");
     assert_eq!(v["data"][0]["max_model_len"], 8192);
-    let t = srv.ok("/tokenize", &json!({"prompt": "Hello, world! 🚀"})).await?;
+    let t = srv
+        .ok("/tokenize", &json!({"prompt": "Hello, world! 🚀"}))
+        .await?;
     let ids: Vec<u32> = serde_json::from_value(t["tokens"].clone())?;
     assert_eq!(ids, srv.state.tokenizer().encode("Hello, world! 🚀", true)?);
     assert_eq!(t["count"], ids.len());
     let d = srv.ok("/detokenize", &json!({"tokens": ids})).await?;
     assert_eq!(d["prompt"], "Hello, world! 🚀");
-    let t = srv.ok("/tokenize", &json!({"messages": [{"role": "user", "content": "Hi"}]})).await?;
+    let t = srv
+        .ok(
+            "/tokenize",
+            &json!({"messages": [{"role": "user", "content": "Hi"}]}),
+        )
+        .await?;
     let want = chat_prompt(&srv, "Hi")?;
     assert_eq!(t["tokens"], json!(want));
     let s = srv.ok("/v1/score", &json!({"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": true})).await?;
@@ -419,7 +585,10 @@ async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
         let (got, v) = srv.post_raw(path, body.clone()).await?;
         assert_eq!(got, status, "{path} {body}: {v}");
         let err = &v["error"];
-        assert!(err["message"].as_str().is_some_and(|m| !m.is_empty()), "{path} {body}: {v}");
+        assert!(
+            err["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{path} {body}: {v}"
+        );
         assert!(err["type"].is_string(), "{v}");
         if let Some(code) = code {
             assert_eq!(err["code"], code, "{path} {body}: {v}");
@@ -435,13 +604,23 @@ async fn a_dropped_stream_does_not_hang_the_server() -> anyhow::Result<()> {
     let srv = TestServer::start().await?;
     let body = json!({"messages": [{"role": "user", "content": "Write a long essay."}], "max_tokens": 2000,
                       "temperature": 0, "stream": true});
-    let mut resp = srv.client.post(format!("{}/v1/chat/completions", srv.base)).header("content-type", "application/json")
-        .body(with_model(&body).to_string()).send().await?;
+    let mut resp = srv
+        .client
+        .post(format!("{}/v1/chat/completions", srv.base))
+        .header("content-type", "application/json")
+        .body(with_model(&body).to_string())
+        .send()
+        .await?;
     let first = resp.chunk().await?;
     assert!(first.is_some());
     drop(resp);
     // the generation is cancelled; later requests are served promptly
-    let v = srv.ok("/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 2, "temperature": 0})).await?;
+    let v = srv
+        .ok(
+            "/v1/completions",
+            &json!({"prompt": PROMPT, "max_tokens": 2, "temperature": 0}),
+        )
+        .await?;
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     srv.shutdown().await
 }

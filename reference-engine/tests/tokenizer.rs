@@ -28,7 +28,14 @@ fn texts() -> Vec<String> {
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
-    for entry in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/golden/texts")).into_iter().flatten().flatten() {
+    for entry in std::fs::read_dir(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scripts/golden/texts"
+    ))
+    .into_iter()
+    .flatten()
+    .flatten()
+    {
         if let Ok(t) = std::fs::read_to_string(entry.path()) {
             v.push(t);
         }
@@ -37,7 +44,8 @@ fn texts() -> Vec<String> {
 }
 
 fn reference() -> anyhow::Result<tokenizers::Tokenizer> {
-    tokenizers::Tokenizer::from_file(common::fixtures_dir().join("smollm2/tokenizer.json")).map_err(|e| anyhow::anyhow!("{e}"))
+    tokenizers::Tokenizer::from_file(common::fixtures_dir().join("smollm2/tokenizer.json"))
+        .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 fn from_gguf() -> anyhow::Result<Tokenizer> {
@@ -51,11 +59,19 @@ fn gguf_tokenizer_matches_tokenizer_json() -> anyhow::Result<()> {
     let reference = reference()?;
     assert_eq!(ours.vocab_size(), reference.get_vocab_size(true));
     for text in texts() {
-        let want = reference.encode(text.as_str(), false).map_err(|e| anyhow::anyhow!("{e}"))?.get_ids().to_vec();
+        let want = reference
+            .encode(text.as_str(), false)
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .get_ids()
+            .to_vec();
         let got = ours.encode(&text, false)?;
         assert_eq!(got, want, "ids differ for {text:?}");
         // the GGUF says add_bos_token = false: with special tokens added nothing changes
-        assert_eq!(ours.encode(&text, true)?, want, "add_special_tokens changed ids for {text:?}");
+        assert_eq!(
+            ours.encode(&text, true)?,
+            want,
+            "add_special_tokens changed ids for {text:?}"
+        );
     }
     Ok(())
 }
@@ -65,7 +81,11 @@ fn tokenizer_json_loader_matches_the_tokenizers_crate() -> anyhow::Result<()> {
     let ours = Tokenizer::from_hf_dir(&common::fixtures_dir().join("smollm2"))?;
     let reference = reference()?;
     for text in texts() {
-        let want = reference.encode(text.as_str(), false).map_err(|e| anyhow::anyhow!("{e}"))?.get_ids().to_vec();
+        let want = reference
+            .encode(text.as_str(), false)
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .get_ids()
+            .to_vec();
         assert_eq!(ours.encode(&text, false)?, want, "ids differ for {text:?}");
     }
     assert_eq!(ours.bos_id(), Some(1));
@@ -77,7 +97,9 @@ fn tokenizer_json_loader_matches_the_tokenizers_crate() -> anyhow::Result<()> {
 fn golden_fixture_ids_are_what_we_encode() -> anyhow::Result<()> {
     let ours = from_gguf()?;
     let golden = common::fixture_json("golden_smollm2.json")?;
-    let texts = golden["texts"].as_array().ok_or_else(|| anyhow::anyhow!("no texts"))?;
+    let texts = golden["texts"]
+        .as_array()
+        .ok_or_else(|| anyhow::anyhow!("no texts"))?;
     assert!(texts.len() >= 5);
     for t in texts {
         let text = t["text"].as_str().unwrap_or_default();
@@ -94,8 +116,14 @@ fn decode_round_trips_and_matches_reference_decode() -> anyhow::Result<()> {
     for text in texts() {
         let ids = ours.encode(&text, false)?;
         assert_eq!(ours.decode(&ids, false)?, text, "round trip of {text:?}");
-        let want = reference.decode(&ids, false).map_err(|e| anyhow::anyhow!("{e}"))?;
-        assert_eq!(ours.decode(&ids, false)?, want, "decode differs from tokenizers for {text:?}");
+        let want = reference
+            .decode(&ids, false)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        assert_eq!(
+            ours.decode(&ids, false)?,
+            want,
+            "decode differs from tokenizers for {text:?}"
+        );
     }
     Ok(())
 }
@@ -134,14 +162,20 @@ fn token_bytes_concatenate_to_the_text_and_streaming_never_splits_chars() -> any
             let piece = detok.push(id)?;
             // every piece is valid UTF-8 by type; none may contain a replacement char that
             // the text itself does not have
-            assert!(!piece.contains('\u{FFFD}') || text.contains('\u{FFFD}'), "split char in {text:?}");
+            assert!(
+                !piece.contains('\u{FFFD}') || text.contains('\u{FFFD}'),
+                "split char in {text:?}"
+            );
             streamed.push_str(&piece);
         }
         streamed.push_str(&detok.finish());
         assert_eq!(streamed, text);
     }
     // the emoji and CJK texts must exercise tokens that are partial UTF-8 sequences
-    assert!(saw_partial_token, "no token split a multi-byte character: the streaming test proved nothing");
+    assert!(
+        saw_partial_token,
+        "no token split a multi-byte character: the streaming test proved nothing"
+    );
     Ok(())
 }
 
@@ -161,19 +195,32 @@ fn unknown_gguf_pre_tokenizer_is_a_clear_error() -> anyhow::Result<()> {
     let path = common::model_path()?;
     let mut bytes = std::fs::read(&path)?;
     let key = b"tokenizer.ggml.pre";
-    let at = bytes.windows(key.len()).position(|w| w == key).ok_or_else(|| anyhow::anyhow!("no pre key"))?;
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .ok_or_else(|| anyhow::anyhow!("no pre key"))?;
     // the value follows: u32 type (8 = string), u64 length, then the bytes "smollm"
     let value_at = at + key.len() + 4 + 8;
-    anyhow::ensure!(&bytes[value_at..value_at + 6] == b"smollm", "unexpected layout");
+    anyhow::ensure!(
+        &bytes[value_at..value_at + 6] == b"smollm",
+        "unexpected layout"
+    );
     bytes[value_at..value_at + 6].copy_from_slice(b"zzzzzz");
     let dir = std::env::temp_dir().join(format!("samewise-tok-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let copy = dir.join("renamed-pre.gguf");
     std::fs::write(&copy, &bytes)?;
-    let result = GgufFile::open(&copy).map_err(anyhow::Error::from).and_then(|g| Ok(Tokenizer::from_gguf(&g)?));
+    let result = GgufFile::open(&copy)
+        .map_err(anyhow::Error::from)
+        .and_then(|g| Ok(Tokenizer::from_gguf(&g)?));
     std::fs::remove_dir_all(&dir)?;
-    let err = result.err().ok_or_else(|| anyhow::anyhow!("an unknown pre-tokenizer was accepted"))?;
-    assert!(err.to_string().contains("zzzzzz"), "error does not name the pre-tokenizer: {err}");
+    let err = result
+        .err()
+        .ok_or_else(|| anyhow::anyhow!("an unknown pre-tokenizer was accepted"))?;
+    assert!(
+        err.to_string().contains("zzzzzz"),
+        "error does not name the pre-tokenizer: {err}"
+    );
     Ok(())
 }
 
@@ -181,8 +228,12 @@ fn unknown_gguf_pre_tokenizer_is_a_clear_error() -> anyhow::Result<()> {
 /// merges and token types with `tokenizer.ggml.pre` (and optionally the model) replaced.
 fn write_tokenizer_gguf(path: &std::path::Path, pre: &str, model: &str) -> anyhow::Result<()> {
     let src = GgufFile::open(&common::model_path()?)?;
-    let tokens = src.get_str_array("tokenizer.ggml.tokens").ok_or_else(|| anyhow::anyhow!("no tokens"))?;
-    let merges = src.get_str_array("tokenizer.ggml.merges").ok_or_else(|| anyhow::anyhow!("no merges"))?;
+    let tokens = src
+        .get_str_array("tokenizer.ggml.tokens")
+        .ok_or_else(|| anyhow::anyhow!("no tokens"))?;
+    let merges = src
+        .get_str_array("tokenizer.ggml.merges")
+        .ok_or_else(|| anyhow::anyhow!("no merges"))?;
     let types: Vec<i32> = src
         .get_array("tokenizer.ggml.token_type")
         .ok_or_else(|| anyhow::anyhow!("no types"))?
@@ -204,7 +255,10 @@ fn write_tokenizer_gguf(path: &std::path::Path, pre: &str, model: &str) -> anyho
     put_str(&mut kv, model);
     key(&mut kv, "tokenizer.ggml.pre", 8);
     put_str(&mut kv, pre);
-    for (name, list) in [("tokenizer.ggml.tokens", &tokens), ("tokenizer.ggml.merges", &merges)] {
+    for (name, list) in [
+        ("tokenizer.ggml.tokens", &tokens),
+        ("tokenizer.ggml.merges", &merges),
+    ] {
         key(&mut kv, name, 9);
         kv.extend_from_slice(&8u32.to_le_bytes());
         kv.extend_from_slice(&(list.len() as u64).to_le_bytes());
@@ -245,7 +299,11 @@ fn llama3_and_qwen2_pre_tokenizers_build_and_behave() -> anyhow::Result<()> {
         let qwen2 = load("qwen2", "gpt2")?;
         for t in [&gpt2, &llama3, &qwen2] {
             for text in texts() {
-                assert_eq!(t.decode(&t.encode(&text, false)?, false)?, text, "round trip of {text:?}");
+                assert_eq!(
+                    t.decode(&t.encode(&text, false)?, false)?,
+                    text,
+                    "round trip of {text:?}"
+                );
             }
         }
         // the families split whitespace differently: llama-3 and qwen2 keep a newline run
@@ -255,10 +313,18 @@ fn llama3_and_qwen2_pre_tokenizers_build_and_behave() -> anyhow::Result<()> {
             assert_eq!(llama3.encode(t, false)?, qwen2.encode(t, false)?, "{t:?}");
         }
         // qwen2 normalises to NFC: a decomposed é encodes like the composed one
-        assert_eq!(qwen2.encode("caf\u{65}\u{301}", false)?, qwen2.encode("caf\u{e9}", false)?);
-        assert_ne!(gpt2.encode("caf\u{65}\u{301}", false)?, gpt2.encode("caf\u{e9}", false)?);
+        assert_eq!(
+            qwen2.encode("caf\u{65}\u{301}", false)?,
+            qwen2.encode("caf\u{e9}", false)?
+        );
+        assert_ne!(
+            gpt2.encode("caf\u{65}\u{301}", false)?,
+            gpt2.encode("caf\u{e9}", false)?
+        );
         // a non-BPE GGUF tokenizer is a clear error
-        let err = load("default", "llama").err().ok_or_else(|| anyhow::anyhow!("a llama (SPM) GGUF tokenizer was accepted"))?;
+        let err = load("default", "llama")
+            .err()
+            .ok_or_else(|| anyhow::anyhow!("a llama (SPM) GGUF tokenizer was accepted"))?;
         assert!(err.to_string().contains("llama"), "{err}");
         Ok(())
     })();

@@ -60,7 +60,10 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
 fn serve(args: EngineServeArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.threads >= 1, "--threads must be at least 1");
     let profile = Profile::resolve(&args.profile)?;
-    let opts = LoadOptions { threads: args.threads, ..LoadOptions::default() };
+    let opts = LoadOptions {
+        threads: args.threads,
+        ..LoadOptions::default()
+    };
     anyhow::ensure!(
         profile.weights.is_none() && profile.activations.is_none() && profile.kv_cache.is_none(),
         "profile {}: this build's engine does not apply numeric knobs (weights, activations, kv_cache) yet",
@@ -69,7 +72,10 @@ fn serve(args: EngineServeArgs) -> anyhow::Result<()> {
     let profile_name = profile.name.clone();
     let state = ServerState::load_with_profile(&args.model, opts, args.model_name, profile)
         .with_context(|| format!("cannot load model {}", args.model.display()))?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     runtime.block_on(async move {
         let listener =
             tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;

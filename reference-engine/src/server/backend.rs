@@ -27,7 +27,10 @@ impl Backend {
     pub(crate) fn new(engine: Arc<Engine>) -> Self {
         let batcher = Batcher::start(engine);
         let handle = batcher.handle();
-        Self { _batcher: Arc::new(batcher), handle }
+        Self {
+            _batcher: Arc::new(batcher),
+            handle,
+        }
     }
 
     pub(crate) fn engine(&self) -> &Engine {
@@ -37,11 +40,16 @@ impl Backend {
     /// Scores one sequence, batched with whatever else is in flight.
     pub(crate) async fn score(&self, tokens: Vec<u32>, top_k: usize) -> Result<ScoredSequence> {
         let mut out = self.handle.score(vec![tokens], top_k).await?;
-        out.pop().ok_or_else(|| EngineError::EmptyInput("no sequence scored".into()))
+        out.pop()
+            .ok_or_else(|| EngineError::EmptyInput("no sequence scored".into()))
     }
 
     /// Starts a generation; events arrive on the returned channel.
-    pub(crate) fn generate(&self, prompt: Vec<u32>, params: GenerateParams) -> Result<mpsc::UnboundedReceiver<GenEvent>> {
+    pub(crate) fn generate(
+        &self,
+        prompt: Vec<u32>,
+        params: GenerateParams,
+    ) -> Result<mpsc::UnboundedReceiver<GenEvent>> {
         self.handle.generate(prompt, params)
     }
 }

@@ -6,13 +6,13 @@
 //! answer is sent once complete (content or tool calls in one delta), since whether text is
 //! a call is only known at its end.
 
-use axum::body::Bytes;
 use axum::Extension;
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use samewise_wire::{
-    ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs, ChatMessage, Extra, FunctionCall,
-    MessageContent, ToolCall, Usage,
+    ChatChoice, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs, ChatMessage, Extra,
+    FunctionCall, MessageContent, ToolCall, Usage,
 };
 use serde_json::{Value, json};
 
@@ -24,7 +24,11 @@ use super::stream::{GenRequest, chat_logprob, check_prompt, sse_response};
 use super::text::{ChoiceEvent, TextStream};
 use super::{ApiError, ServerState, json_response, now_secs, parse_body};
 
-pub(crate) async fn handle(State(state): State<ServerState>, Extension(faults): Extension<RequestFaults>, body: Bytes) -> Response {
+pub(crate) async fn handle(
+    State(state): State<ServerState>,
+    Extension(faults): Extension<RequestFaults>,
+    body: Bytes,
+) -> Response {
     match run(&state, faults, &body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
@@ -40,30 +44,46 @@ pub(crate) fn render_prompt(
     add_generation_prompt: bool,
     kwargs: Option<&serde_json::Map<String, Value>>,
 ) -> Result<Vec<u32>, ApiError> {
-    let template = state
-        .template()
-        .ok_or_else(|| ApiError::bad_request("this model has no chat template; use /v1/completions", Some("messages")))?;
+    let template = state.template().ok_or_else(|| {
+        ApiError::bad_request(
+            "this model has no chat template; use /v1/completions",
+            Some("messages"),
+        )
+    })?;
     if messages.is_empty() {
-        return Err(ApiError::bad_request("messages must not be empty", Some("messages")));
+        return Err(ApiError::bad_request(
+            "messages must not be empty",
+            Some("messages"),
+        ));
     }
     let messages = state.inner.faults.template_messages(messages);
     let text = template.render(&messages, tools, add_generation_prompt, kwargs)?;
     Ok(state.tokenizer().encode(&text, false)?)
 }
 
-async fn run(state: &ServerState, faults: RequestFaults, body: &[u8]) -> Result<Response, ApiError> {
+async fn run(
+    state: &ServerState,
+    faults: RequestFaults,
+    body: &[u8],
+) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(body)?;
     faults.check_logprobs(req.logprobs.unwrap_or(false))?;
     let messages = req
         .messages
         .iter()
-        .map(|m| serde_json::to_value(m).map_err(|e| ApiError::bad_request(format!("bad message: {e}"), Some("messages"))))
+        .map(|m| {
+            serde_json::to_value(m)
+                .map_err(|e| ApiError::bad_request(format!("bad message: {e}"), Some("messages")))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let tools_off = req.tool_choice.as_ref().and_then(Value::as_str) == Some("none");
     let tools: Option<Vec<Value>> = match &req.tools {
         Some(t) if !t.is_empty() && !tools_off => Some(
             t.iter()
-                .map(|t| serde_json::to_value(t).map_err(|e| ApiError::bad_request(format!("bad tool: {e}"), Some("tools"))))
+                .map(|t| {
+                    serde_json::to_value(t)
+                        .map_err(|e| ApiError::bad_request(format!("bad tool: {e}"), Some("tools")))
+                })
                 .collect::<Result<_, _>>()?,
         ),
         _ => None,
@@ -71,7 +91,12 @@ async fn run(state: &ServerState, faults: RequestFaults, body: &[u8]) -> Result<
     let kwargs = match req.extra.get("chat_template_kwargs") {
         None | Some(Value::Null) => None,
         Some(Value::Object(m)) => Some(m.clone()),
-        Some(_) => return Err(ApiError::bad_request("chat_template_kwargs must be an object", Some("chat_template_kwargs"))),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "chat_template_kwargs must be an object",
+                Some("chat_template_kwargs"),
+            ));
+        }
     };
     let mut prompt = render_prompt(state, &messages, tools.as_deref(), true, kwargs.as_ref())?;
     state.inner.faults.truncate(&mut prompt);
@@ -79,14 +104,26 @@ async fn run(state: &ServerState, faults: RequestFaults, body: &[u8]) -> Result<
     let want_logprobs = req.logprobs.unwrap_or(false);
     let top = req.top_logprobs.unwrap_or(0) as usize;
     if top > 0 && !want_logprobs {
-        return Err(ApiError::bad_request("top_logprobs needs logprobs: true", Some("top_logprobs")));
+        return Err(ApiError::bad_request(
+            "top_logprobs needs logprobs: true",
+            Some("top_logprobs"),
+        ));
     }
     let top = faults.cap_top(top);
-    let stops = req.stop.as_ref().map(samewise_wire::Stop::to_vec).unwrap_or_default();
+    let stops = req
+        .stop
+        .as_ref()
+        .map(samewise_wire::Stop::to_vec)
+        .unwrap_or_default();
     let gen_req = GenRequest::new(req.temperature, req.top_p, req.seed, req.n, stops, top)
         .map_err(|e| rename_param(e, "logprobs", "top_logprobs"))?;
     let max_tokens = match req.max_completion_tokens.or(req.max_tokens) {
-        Some(0) => return Err(ApiError::bad_request("max_tokens must be at least 1", Some("max_tokens"))),
+        Some(0) => {
+            return Err(ApiError::bad_request(
+                "max_tokens must be at least 1",
+                Some("max_tokens"),
+            ));
+        }
         Some(m) => m as usize,
         None => state.inner.n_ctx.saturating_sub(prompt.len()).max(1),
     };
@@ -95,19 +132,44 @@ async fn run(state: &ServerState, faults: RequestFaults, body: &[u8]) -> Result<
     let mut streams = Vec::new();
     for j in 0..gen_req.n {
         let repeat = faults.repeat_from(j, max_tokens);
-        streams.push((j, TextStream::start(state, prompt.clone(), gen_req.params(state, max_tokens, j), gen_req.stops.clone(), repeat)?));
+        streams.push((
+            j,
+            TextStream::start(
+                state,
+                prompt.clone(),
+                gen_req.params(state, max_tokens, j),
+                gen_req.stops.clone(),
+                repeat,
+            )?,
+        ));
     }
     let id = state.next_id("chatcmpl");
     let created = now_secs();
     let prompt_tokens = prompt.len() as u64;
-    let ctx = Ctx { state: state.clone(), id, created, want_logprobs, tools: tools.unwrap_or_default().into(), faults };
+    let ctx = Ctx {
+        state: state.clone(),
+        id,
+        created,
+        want_logprobs,
+        tools: tools.unwrap_or_default().into(),
+        faults,
+    };
 
     if req.stream.unwrap_or(false) {
-        let include_usage = req.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+        let include_usage = req
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
         return Ok(stream(ctx, streams, prompt_tokens, include_usage));
     }
 
-    let results = futures_util::future::join_all(streams.into_iter().map(|(i, s)| async move { (i, s.collect().await) })).await;
+    let results = futures_util::future::join_all(
+        streams
+            .into_iter()
+            .map(|(i, s)| async move { (i, s.collect().await) }),
+    )
+    .await;
     let mut choices = Vec::new();
     let mut completion_tokens = 0u64;
     for (index, r) in results {
@@ -128,7 +190,12 @@ async fn run(state: &ServerState, faults: RequestFaults, body: &[u8]) -> Result<
         created,
         model: state.model_name().to_owned(),
         choices,
-        usage: Some(Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens, extra: Extra::new() }),
+        usage: Some(Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            extra: Extra::new(),
+        }),
         extra: Extra::new(),
     };
     Ok(json_response(&resp))
@@ -156,7 +223,12 @@ struct Ctx {
 
 impl Ctx {
     /// The assistant message for a finished choice; tool calls parsed when tools are on.
-    fn message(&self, index: u32, text: String, reason: &'static str) -> (ChatMessage, &'static str) {
+    fn message(
+        &self,
+        index: u32,
+        text: String,
+        reason: &'static str,
+    ) -> (ChatMessage, &'static str) {
         if !self.tools.is_empty() {
             let parsed = parse_tool_calls(&text);
             if !parsed.tool_calls.is_empty() {
@@ -167,11 +239,15 @@ impl Ctx {
                     .map(|(i, c)| ToolCall {
                         id: format!("call_{}_{index}_{i}", self.id),
                         kind: "function".into(),
-                        function: FunctionCall { name: c.name, arguments: c.arguments },
+                        function: FunctionCall {
+                            name: c.name,
+                            arguments: c.arguments,
+                        },
                         extra: Extra::new(),
                     })
                     .collect();
-                self.faults.corrupt_tool_calls(index, &mut calls, &self.tools);
+                self.faults
+                    .corrupt_tool_calls(index, &mut calls, &self.tools);
                 let msg = ChatMessage {
                     role: "assistant".into(),
                     content: parsed.content.map(MessageContent::Text),
@@ -186,24 +262,43 @@ impl Ctx {
 
     fn logprobs(&self, tokens: &[GeneratedToken]) -> Option<ChatLogprobs> {
         self.want_logprobs.then(|| ChatLogprobs {
-            content: Some(tokens.iter().map(|t| chat_logprob(&self.state, t)).collect()),
+            content: Some(
+                tokens
+                    .iter()
+                    .map(|t| chat_logprob(&self.state, t))
+                    .collect(),
+            ),
             extra: Extra::new(),
         })
     }
 
-    fn chunk(&self, index: u32, delta: Value, logprobs: Option<ChatLogprobs>, finish: Option<&str>) -> Value {
+    fn chunk(
+        &self,
+        index: u32,
+        delta: Value,
+        logprobs: Option<ChatLogprobs>,
+        finish: Option<&str>,
+    ) -> Value {
         json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                "model": self.state.model_name(),
                "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
     }
 }
 
-fn stream(ctx: Ctx, streams: Vec<(u32, TextStream)>, prompt_tokens: u64, include_usage: bool) -> Response {
-    let head: Vec<Value> =
-        streams.iter().map(|(i, _)| ctx.chunk(*i, json!({"role": "assistant", "content": ""}), None, None)).collect();
+fn stream(
+    ctx: Ctx,
+    streams: Vec<(u32, TextStream)>,
+    prompt_tokens: u64,
+    include_usage: bool,
+) -> Response {
+    let head: Vec<Value> = streams
+        .iter()
+        .map(|(i, _)| ctx.chunk(*i, json!({"role": "assistant", "content": ""}), None, None))
+        .collect();
     let render_ctx = ctx.clone();
     // with tools, each choice's text and tokens are held until it ends
-    let mut held: Vec<(String, Vec<GeneratedToken>)> = streams.iter().map(|_| Default::default()).collect();
+    let mut held: Vec<(String, Vec<GeneratedToken>)> =
+        streams.iter().map(|_| Default::default()).collect();
     let render = Box::new(move |index: u32, ev: ChoiceEvent, total: &mut u64| {
         let c = &render_ctx;
         let slot = index as usize;
@@ -219,9 +314,17 @@ fn stream(ctx: Ctx, streams: Vec<(u32, TextStream)>, prompt_tokens: u64, include
                 if p.text.is_empty() && p.tokens.is_empty() {
                     return Vec::new();
                 }
-                vec![c.chunk(index, json!({"content": p.text}), c.logprobs(&p.tokens), None)]
+                vec![c.chunk(
+                    index,
+                    json!({"content": p.text}),
+                    c.logprobs(&p.tokens),
+                    None,
+                )]
             }
-            ChoiceEvent::End { reason, completion_tokens } => {
+            ChoiceEvent::End {
+                reason,
+                completion_tokens,
+            } => {
                 *total += completion_tokens as u64;
                 let mut out = Vec::new();
                 let mut reason = reason;

@@ -4,11 +4,14 @@
 //! scores the prompt without generating. The top-logprobs map of each position holds the
 //! `logprobs` most likely tokens and the actual one, as OpenAI and vLLM send it.
 
-use axum::body::Bytes;
 use axum::Extension;
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use samewise_wire::{CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Extra, Prompt, Usage};
+use samewise_wire::{
+    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, Extra, Prompt,
+    Usage,
+};
 use serde_json::{Map, Value, json};
 
 use crate::engine::{GeneratedToken, ScoredSequence};
@@ -22,7 +25,11 @@ use super::{ApiError, ServerState, json_response, now_secs, parse_body};
 /// OpenAI's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: usize = 16;
 
-pub(crate) async fn handle(State(state): State<ServerState>, Extension(faults): Extension<RequestFaults>, body: Bytes) -> Response {
+pub(crate) async fn handle(
+    State(state): State<ServerState>,
+    Extension(faults): Extension<RequestFaults>,
+    body: Bytes,
+) -> Response {
     match run(&state, &faults, &body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
@@ -35,15 +42,39 @@ struct PromptIn {
     text: String,
 }
 
-async fn run(state: &ServerState, faults: &RequestFaults, body: &[u8]) -> Result<Response, ApiError> {
+async fn run(
+    state: &ServerState,
+    faults: &RequestFaults,
+    body: &[u8],
+) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_body(body)?;
     faults.check_logprobs(req.logprobs.is_some())?;
     let tok = state.tokenizer();
     let prompts: Vec<PromptIn> = match &req.prompt {
-        Prompt::Text(t) => vec![PromptIn { ids: tok.encode(t, true)?, text: t.clone() }],
-        Prompt::Texts(ts) => ts.iter().map(|t| Ok(PromptIn { ids: tok.encode(t, true)?, text: t.clone() })).collect::<Result<_, ApiError>>()?,
-        Prompt::Tokens(ids) => vec![PromptIn { ids: ids.clone(), text: String::new() }],
-        Prompt::TokenBatches(b) => b.iter().map(|ids| PromptIn { ids: ids.clone(), text: String::new() }).collect(),
+        Prompt::Text(t) => vec![PromptIn {
+            ids: tok.encode(t, true)?,
+            text: t.clone(),
+        }],
+        Prompt::Texts(ts) => ts
+            .iter()
+            .map(|t| {
+                Ok(PromptIn {
+                    ids: tok.encode(t, true)?,
+                    text: t.clone(),
+                })
+            })
+            .collect::<Result<_, ApiError>>()?,
+        Prompt::Tokens(ids) => vec![PromptIn {
+            ids: ids.clone(),
+            text: String::new(),
+        }],
+        Prompt::TokenBatches(b) => b
+            .iter()
+            .map(|ids| PromptIn {
+                ids: ids.clone(),
+                text: String::new(),
+            })
+            .collect(),
     };
     if prompts.is_empty() {
         return Err(ApiError::bad_request("prompt is empty", Some("prompt")));
@@ -51,8 +82,19 @@ async fn run(state: &ServerState, faults: &RequestFaults, body: &[u8]) -> Result
     let max_tokens = req.max_tokens.map_or(DEFAULT_MAX_TOKENS, |m| m as usize);
     let echo = req.echo.unwrap_or(false);
     let k = req.logprobs.map(|k| faults.cap_top(k as usize));
-    let stops = req.stop.as_ref().map(samewise_wire::Stop::to_vec).unwrap_or_default();
-    let gen_req = GenRequest::new(req.temperature, req.top_p, req.seed, req.n, stops, k.unwrap_or(0))?;
+    let stops = req
+        .stop
+        .as_ref()
+        .map(samewise_wire::Stop::to_vec)
+        .unwrap_or_default();
+    let gen_req = GenRequest::new(
+        req.temperature,
+        req.top_p,
+        req.seed,
+        req.n,
+        stops,
+        k.unwrap_or(0),
+    )?;
     let mut prompts = prompts;
     for p in &mut prompts {
         if state.inner.faults.truncate(&mut p.ids) {
@@ -66,12 +108,15 @@ async fn run(state: &ServerState, faults: &RequestFaults, body: &[u8]) -> Result
     }
     let id = state.next_id("cmpl");
     let created = now_secs();
-    let prompt_tokens: u64 = prompts.iter().map(|p| p.ids.len() as u64).sum::<u64>() * u64::from(gen_req.n);
+    let prompt_tokens: u64 =
+        prompts.iter().map(|p| p.ids.len() as u64).sum::<u64>() * u64::from(gen_req.n);
 
     // prompt logprobs (echo + logprobs), one scoring per prompt
     let mut scored: Vec<Option<ScoredSequence>> = Vec::with_capacity(prompts.len());
     if echo && k.is_some() {
-        let futs = prompts.iter().map(|p| state.inner.backend.score(p.ids.clone(), k.unwrap_or(0)));
+        let futs = prompts
+            .iter()
+            .map(|p| state.inner.backend.score(p.ids.clone(), k.unwrap_or(0)));
         for r in futures_util::future::join_all(futs).await {
             let mut s = r?;
             faults.shift_echo(&mut s);
@@ -88,18 +133,41 @@ async fn run(state: &ServerState, faults: &RequestFaults, body: &[u8]) -> Result
             for j in 0..gen_req.n {
                 let index = pi as u32 * gen_req.n + j;
                 let repeat = faults.repeat_from(index, max_tokens);
-                let ts = TextStream::start(state, p.ids.clone(), gen_req.params(state, max_tokens, j), gen_req.stops.clone(), repeat)?;
+                let ts = TextStream::start(
+                    state,
+                    p.ids.clone(),
+                    gen_req.params(state, max_tokens, j),
+                    gen_req.stops.clone(),
+                    repeat,
+                )?;
                 streams.push((index, ts));
             }
         }
     }
 
     if req.stream.unwrap_or(false) {
-        return Ok(stream(state, &req, id, created, prompts, scored, streams, gen_req.n, k, prompt_tokens));
+        return Ok(stream(
+            state,
+            &req,
+            id,
+            created,
+            prompts,
+            scored,
+            streams,
+            gen_req.n,
+            k,
+            prompt_tokens,
+        ));
     }
 
     let mut collected = Vec::new();
-    for r in futures_util::future::join_all(streams.into_iter().map(|(i, s)| async move { (i, s.collect().await) })).await {
+    for r in futures_util::future::join_all(
+        streams
+            .into_iter()
+            .map(|(i, s)| async move { (i, s.collect().await) }),
+    )
+    .await
+    {
         collected.push((r.0, r.1?));
     }
     let mut choices = Vec::new();
@@ -107,7 +175,10 @@ async fn run(state: &ServerState, faults: &RequestFaults, body: &[u8]) -> Result
     for (pi, p) in prompts.iter().enumerate() {
         for j in 0..gen_req.n {
             let index = pi as u32 * gen_req.n + j;
-            let generated = collected.iter_mut().find(|(i, _)| *i == index).map(|(_, c)| std::mem::take(c));
+            let generated = collected
+                .iter_mut()
+                .find(|(i, _)| *i == index)
+                .map(|(_, c)| std::mem::take(c));
             let mut text = if echo { p.text.clone() } else { String::new() };
             let mut lp = k.map(|_| Lp::default());
             if let (Some(lp), Some(s)) = (lp.as_mut(), scored[pi].as_ref().filter(|_| echo)) {
@@ -139,7 +210,12 @@ async fn run(state: &ServerState, faults: &RequestFaults, body: &[u8]) -> Result
         created,
         model: state.model_name().to_owned(),
         choices,
-        usage: Some(Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens, extra: Extra::new() }),
+        usage: Some(Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            extra: Extra::new(),
+        }),
         extra: Extra::new(),
     };
     Ok(json_response(&resp))
@@ -156,7 +232,14 @@ struct Lp {
 }
 
 impl Lp {
-    fn push(&mut self, state: &ServerState, token: u32, logprob: Option<f32>, top: Option<&[EngineLogprob]>, k: usize) {
+    fn push(
+        &mut self,
+        state: &ServerState,
+        token: u32,
+        logprob: Option<f32>,
+        top: Option<&[EngineLogprob]>,
+        k: usize,
+    ) {
         let text = state.tokenizer().token_str(token).unwrap_or_default();
         self.tokens.push(text.to_owned());
         self.token_logprobs.push(logprob.map(f64::from));
@@ -215,7 +298,10 @@ fn stream(
     let model = state.model_name().to_owned();
     let chunk = {
         let (id, model) = (id.clone(), model.clone());
-        move |index: u32, text: String, logprobs: Option<CompletionLogprobs>, finish: Option<&str>| {
+        move |index: u32,
+              text: String,
+              logprobs: Option<CompletionLogprobs>,
+              finish: Option<&str>| {
             json!({"id": id, "object": "text_completion", "created": created, "model": model,
                    "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]})
         }
@@ -233,24 +319,33 @@ fn stream(
             }
         }
     }
-    let include_usage = req.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+    let include_usage = req
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
     let st = state.clone();
     let render_chunk = chunk.clone();
-    let render = Box::new(move |index: u32, ev: ChoiceEvent, total: &mut u64| match ev {
-        ChoiceEvent::Piece(p) => {
-            let lp = k.map(|k| {
-                let mut lp = Lp::default();
-                lp.push_generated(&st, &p.tokens, k);
-                lp.finish()
-            });
-            vec![render_chunk(index, p.text, lp, None)]
-        }
-        ChoiceEvent::End { reason, completion_tokens } => {
-            *total += completion_tokens as u64;
-            vec![render_chunk(index, String::new(), None, Some(reason))]
-        }
-        ChoiceEvent::Failed(_) => Vec::new(),
-    });
+    let render = Box::new(
+        move |index: u32, ev: ChoiceEvent, total: &mut u64| match ev {
+            ChoiceEvent::Piece(p) => {
+                let lp = k.map(|k| {
+                    let mut lp = Lp::default();
+                    lp.push_generated(&st, &p.tokens, k);
+                    lp.finish()
+                });
+                vec![render_chunk(index, p.text, lp, None)]
+            }
+            ChoiceEvent::End {
+                reason,
+                completion_tokens,
+            } => {
+                *total += completion_tokens as u64;
+                vec![render_chunk(index, String::new(), None, Some(reason))]
+            }
+            ChoiceEvent::Failed(_) => Vec::new(),
+        },
+    );
     let tail = Box::new(move |completion_tokens: u64| {
         include_usage.then(|| {
             json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": [],

@@ -84,13 +84,20 @@ struct Inner {
 
 impl std::fmt::Debug for ServerState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServerState").field("model", &self.inner.model_name).finish_non_exhaustive()
+        f.debug_struct("ServerState")
+            .field("model", &self.inner.model_name)
+            .finish_non_exhaustive()
     }
 }
 
 impl ServerState {
     /// State over an already loaded engine, tokenizer and template.
-    pub fn new(engine: Arc<Engine>, tokenizer: Tokenizer, template: Option<ChatTemplate>, model_name: String) -> Self {
+    pub fn new(
+        engine: Arc<Engine>,
+        tokenizer: Tokenizer,
+        template: Option<ChatTemplate>,
+        model_name: String,
+    ) -> Self {
         Self::with_profile(engine, tokenizer, template, model_name, Profile::default())
     }
 
@@ -133,13 +140,24 @@ impl ServerState {
 
     /// [`ServerState::load`] serving `profile`'s behavioural faults (see
     /// [`ServerState::with_profile`]).
-    pub fn load_with_profile(path: &Path, opts: LoadOptions, model_name: Option<String>, profile: Profile) -> Result<Self> {
+    pub fn load_with_profile(
+        path: &Path,
+        opts: LoadOptions,
+        model_name: Option<String>,
+        profile: Profile,
+    ) -> Result<Self> {
         let engine = Arc::new(Engine::load(path, opts)?);
         let (tokenizer, template_src) = if path.is_dir() {
-            (Tokenizer::from_hf_dir(path)?, chat::template_from_hf_dir(path)?)
+            (
+                Tokenizer::from_hf_dir(path)?,
+                chat::template_from_hf_dir(path)?,
+            )
         } else {
             let gguf = GgufFile::open(path)?;
-            (Tokenizer::from_gguf(&gguf)?, chat::template_from_gguf(&gguf))
+            (
+                Tokenizer::from_gguf(&gguf)?,
+                chat::template_from_gguf(&gguf),
+            )
         };
         let template = match template_src {
             Some(src) => Some(ChatTemplate::new(
@@ -150,9 +168,13 @@ impl ServerState {
             None => None,
         };
         let name = model_name.unwrap_or_else(|| {
-            path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+            path.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".into())
         });
-        Ok(Self::with_profile(engine, tokenizer, template, name, profile))
+        Ok(Self::with_profile(
+            engine, tokenizer, template, name, profile,
+        ))
     }
 
     /// The served model name.
@@ -191,7 +213,10 @@ pub fn router(state: ServerState) -> Router {
     let faulty = || axum::middleware::from_fn_with_state(state.clone(), faults::middleware);
     Router::new()
         .route("/v1/completions", post(completions::handle).layer(faulty()))
-        .route("/v1/chat/completions", post(chat_api::handle).layer(faulty()))
+        .route(
+            "/v1/chat/completions",
+            post(chat_api::handle).layer(faulty()),
+        )
         .route("/v1/score", post(native::score))
         .route("/v1/models", get(native::models))
         .route("/tokenize", post(native::tokenize))
@@ -209,11 +234,18 @@ pub async fn serve(
     state: ServerState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "no such route", "invalid_request_error", Some("not_found"))
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no such route",
+        "invalid_request_error",
+        Some("not_found"),
+    )
 }
 
 /// An error as an HTTP client sees it: a status and OpenAI's error JSON.
@@ -224,13 +256,26 @@ pub(crate) struct ApiError {
 }
 
 impl ApiError {
-    pub(crate) fn new(status: StatusCode, message: impl Into<String>, kind: &str, code: Option<&str>) -> Self {
-        Self { status, body: ErrorBody::new(message, kind, code) }
+    pub(crate) fn new(
+        status: StatusCode,
+        message: impl Into<String>,
+        kind: &str,
+        code: Option<&str>,
+    ) -> Self {
+        Self {
+            status,
+            body: ErrorBody::new(message, kind, code),
+        }
     }
 
     /// A 400 `invalid_request_error` naming the field at fault.
     pub(crate) fn bad_request(message: impl Into<String>, param: Option<&str>) -> Self {
-        let mut e = Self::new(StatusCode::BAD_REQUEST, message, "invalid_request_error", None);
+        let mut e = Self::new(
+            StatusCode::BAD_REQUEST,
+            message,
+            "invalid_request_error",
+            None,
+        );
         if let Some(p) = param {
             e.body = e.body.with_param(p);
         }
@@ -258,19 +303,39 @@ impl From<EngineError> for ApiError {
             _ => None,
         };
         if e.is_client_error() {
-            return Self::new(StatusCode::BAD_REQUEST, e.to_string(), "invalid_request_error", code);
+            return Self::new(
+                StatusCode::BAD_REQUEST,
+                e.to_string(),
+                "invalid_request_error",
+                code,
+            );
         }
         if matches!(e, EngineError::Shutdown) {
-            return Self::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), "server_error", Some("shutting_down"));
+            return Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                e.to_string(),
+                "server_error",
+                Some("shutting_down"),
+            );
         }
         tracing::error!(error = %e, "engine request failed");
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal engine error", "server_error", None)
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal engine error",
+            "server_error",
+            None,
+        )
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, [(header::CONTENT_TYPE, "application/json")], self.body.to_json()).into_response()
+        (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            self.body.to_json(),
+        )
+            .into_response()
     }
 }
 
@@ -280,7 +345,13 @@ pub(crate) fn json_response<T: serde::Serialize>(value: &T) -> Response {
         Ok(bytes) => ([(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
         Err(e) => {
             tracing::error!(error = %e, "serialising a response failed");
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error", "server_error", None).into_response()
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal error",
+                "server_error",
+                None,
+            )
+            .into_response()
         }
     }
 }
@@ -288,14 +359,19 @@ pub(crate) fn json_response<T: serde::Serialize>(value: &T) -> Response {
 /// Parses a request body as `T`, or a 400 saying what is wrong. A missing `model` reads
 /// as the empty name (one model is served; vLLM allows omitting it too).
 pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let mut v: serde_json::Value = serde_json::from_slice(body).map_err(|e| ApiError::bad_json(&e))?;
+    let mut v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad_json(&e))?;
     if let serde_json::Value::Object(o) = &mut v {
-        o.entry("model").or_insert_with(|| serde_json::Value::String(String::new()));
+        o.entry("model")
+            .or_insert_with(|| serde_json::Value::String(String::new()));
     }
     serde_json::from_value(v).map_err(|e| ApiError::bad_json(&e))
 }
 
 /// Unix seconds now.
 pub(crate) fn now_secs() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }

@@ -55,14 +55,28 @@ pub(crate) async fn score(State(state): State<ServerState>, body: Bytes) -> Resp
 async fn run_score(state: &ServerState, body: &[u8]) -> Result<Response, ApiError> {
     let req: ScoreRequest = parse_body(body)?;
     if req.top_k > MAX_TOP_K {
-        return Err(ApiError::bad_request(format!("top_k must be at most {MAX_TOP_K}"), Some("top_k")));
+        return Err(ApiError::bad_request(
+            format!("top_k must be at most {MAX_TOP_K}"),
+            Some("top_k"),
+        ));
     }
     let tok = state.tokenizer();
     let ids = match (req.tokens, req.text, req.messages) {
         (Some(ids), None, None) => ids,
         (None, Some(text), None) => tok.encode(&text, req.add_special_tokens.unwrap_or(true))?,
-        (None, None, Some(messages)) => render_prompt(state, &messages, req.tools.as_deref(), req.add_generation_prompt, None)?,
-        _ => return Err(ApiError::bad_request("give exactly one of tokens, text, messages", None)),
+        (None, None, Some(messages)) => render_prompt(
+            state,
+            &messages,
+            req.tools.as_deref(),
+            req.add_generation_prompt,
+            None,
+        )?,
+        _ => {
+            return Err(ApiError::bad_request(
+                "give exactly one of tokens, text, messages",
+                None,
+            ));
+        }
     };
     let scored = state.inner.backend.score(ids.clone(), req.top_k).await?;
     let positions: Vec<Value> = scored
@@ -110,11 +124,26 @@ pub(crate) async fn tokenize(State(state): State<ServerState>, body: Bytes) -> R
     let run = || -> Result<Response, ApiError> {
         let req: TokenizeRequest = parse_body(&body)?;
         let ids = match (req.prompt, req.messages) {
-            (Some(p), None) => state.tokenizer().encode(&p, req.add_special_tokens.unwrap_or(true))?,
-            (None, Some(m)) => render_prompt(&state, &m, req.tools.as_deref(), req.add_generation_prompt.unwrap_or(true), None)?,
-            _ => return Err(ApiError::bad_request("give exactly one of prompt, messages", None)),
+            (Some(p), None) => state
+                .tokenizer()
+                .encode(&p, req.add_special_tokens.unwrap_or(true))?,
+            (None, Some(m)) => render_prompt(
+                &state,
+                &m,
+                req.tools.as_deref(),
+                req.add_generation_prompt.unwrap_or(true),
+                None,
+            )?,
+            _ => {
+                return Err(ApiError::bad_request(
+                    "give exactly one of prompt, messages",
+                    None,
+                ));
+            }
         };
-        Ok(json_response(&json!({"tokens": ids, "count": ids.len(), "max_model_len": state.inner.n_ctx})))
+        Ok(json_response(
+            &json!({"tokens": ids, "count": ids.len(), "max_model_len": state.inner.n_ctx}),
+        ))
     };
     run().unwrap_or_else(IntoResponse::into_response)
 }

@@ -26,13 +26,19 @@ pub(crate) const MAX_N: u32 = 16;
 
 /// Turns one choice event into the SSE chunks to send (as JSON values); `usage_out`
 /// accumulates completion tokens.
-pub(crate) type Render = Box<dyn FnMut(u32, ChoiceEvent, &mut u64) -> Vec<serde_json::Value> + Send>;
+pub(crate) type Render =
+    Box<dyn FnMut(u32, ChoiceEvent, &mut u64) -> Vec<serde_json::Value> + Send>;
 /// Builds the final usage chunk from the completion-token total.
 pub(crate) type Tail = Box<dyn FnOnce(u64) -> Option<serde_json::Value> + Send>;
 
 /// An SSE response: `head` chunks first, then each choice's chunks, then `tail`, then
 /// `data: [DONE]`.
-pub(crate) fn sse_response(head: Vec<serde_json::Value>, choices: Vec<(u32, TextStream)>, render: Render, tail: Tail) -> Response {
+pub(crate) fn sse_response(
+    head: Vec<serde_json::Value>,
+    choices: Vec<(u32, TextStream)>,
+    render: Render,
+    tail: Tail,
+) -> Response {
     struct St {
         out: VecDeque<Bytes>,
         choices: VecDeque<(u32, TextStream)>,
@@ -71,7 +77,8 @@ pub(crate) fn sse_response(head: Vec<serde_json::Value>, choices: Vec<(u32, Text
                     Some(ChoiceEvent::Failed(e)) => {
                         s.failed = true;
                         s.choices.clear();
-                        s.out.push_back(Bytes::from(encode_data(&e.body().to_json())));
+                        s.out
+                            .push_back(Bytes::from(encode_data(&e.body().to_json())));
                     }
                     Some(ev) => {
                         for v in (s.render)(index, ev, &mut s.completion_tokens) {
@@ -95,7 +102,10 @@ pub(crate) fn sse_response(head: Vec<serde_json::Value>, choices: Vec<(u32, Text
         }
     });
     (
-        [(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")],
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
         Body::from_stream(stream),
     )
         .into_response()
@@ -128,23 +138,45 @@ impl GenRequest {
     ) -> Result<Self, ApiError> {
         let temperature = temperature.unwrap_or(1.0);
         if !(0.0..=2.0).contains(&temperature) {
-            return Err(ApiError::bad_request("temperature must be between 0 and 2", Some("temperature")));
+            return Err(ApiError::bad_request(
+                "temperature must be between 0 and 2",
+                Some("temperature"),
+            ));
         }
         let top_p = top_p.unwrap_or(1.0);
         if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ApiError::bad_request("top_p must be in (0, 1]", Some("top_p")));
+            return Err(ApiError::bad_request(
+                "top_p must be in (0, 1]",
+                Some("top_p"),
+            ));
         }
         let n = n.unwrap_or(1);
         if n == 0 || n > MAX_N {
-            return Err(ApiError::bad_request(format!("n must be between 1 and {MAX_N}"), Some("n")));
+            return Err(ApiError::bad_request(
+                format!("n must be between 1 and {MAX_N}"),
+                Some("n"),
+            ));
         }
         if stops.len() > 16 {
-            return Err(ApiError::bad_request("at most 16 stop sequences", Some("stop")));
+            return Err(ApiError::bad_request(
+                "at most 16 stop sequences",
+                Some("stop"),
+            ));
         }
         if top_logprobs > MAX_TOP_K {
-            return Err(ApiError::bad_request(format!("at most {MAX_TOP_K} logprobs per position"), Some("logprobs")));
+            return Err(ApiError::bad_request(
+                format!("at most {MAX_TOP_K} logprobs per position"),
+                Some("logprobs"),
+            ));
         }
-        Ok(Self { temperature: temperature as f32, top_p: top_p as f32, seed, n, stops, top_logprobs })
+        Ok(Self {
+            temperature: temperature as f32,
+            top_p: top_p as f32,
+            seed,
+            n,
+            stops,
+            top_logprobs,
+        })
     }
 
     /// Engine parameters for choice `j` (seeded choices get seeds `seed + j`, so `n`
@@ -166,13 +198,24 @@ impl GenRequest {
 
 /// Rejects prompts (plus the tokens to generate) longer than the context, and ids outside
 /// the vocabulary, before any work starts.
-pub(crate) fn check_prompt(state: &ServerState, prompt: &[u32], max_tokens: usize) -> Result<(), ApiError> {
+pub(crate) fn check_prompt(
+    state: &ServerState,
+    prompt: &[u32],
+    max_tokens: usize,
+) -> Result<(), ApiError> {
     let n_ctx = state.inner.n_ctx;
     if prompt.is_empty() {
         return Err(ApiError::bad_request("the prompt is empty", Some("prompt")));
     }
-    if let Some(&t) = prompt.iter().find(|&&t| t as usize >= state.inner.vocab_size) {
-        return Err(crate::error::EngineError::TokenOutOfVocab { token: t, vocab_size: state.inner.vocab_size }.into());
+    if let Some(&t) = prompt
+        .iter()
+        .find(|&&t| t as usize >= state.inner.vocab_size)
+    {
+        return Err(crate::error::EngineError::TokenOutOfVocab {
+            token: t,
+            vocab_size: state.inner.vocab_size,
+        }
+        .into());
     }
     if prompt.len() + max_tokens > n_ctx {
         let mut e = ApiError::bad_request(

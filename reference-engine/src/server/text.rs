@@ -28,7 +28,10 @@ pub(crate) enum ChoiceEvent {
     /// More output.
     Piece(Piece),
     /// The choice ended: OpenAI's finish reason and the tokens generated.
-    End { reason: &'static str, completion_tokens: usize },
+    End {
+        reason: &'static str,
+        completion_tokens: usize,
+    },
     /// The generation failed.
     Failed(ApiError),
 }
@@ -76,9 +79,19 @@ impl TextStream {
         repeat_at: Option<usize>,
     ) -> Result<Self, ApiError> {
         let (max_tokens, prompt_tokens) = (params.max_tokens, prompt.len());
-        let rx = GenSource::new(state.inner.backend.generate(prompt, params)?, repeat_at, max_tokens, prompt_tokens);
+        let rx = GenSource::new(
+            state.inner.backend.generate(prompt, params)?,
+            repeat_at,
+            max_tokens,
+            prompt_tokens,
+        );
         let stops: Vec<String> = stops.into_iter().filter(|s| !s.is_empty()).collect();
-        let hold_chars = stops.iter().map(|s| s.chars().count()).max().unwrap_or(1).saturating_sub(1);
+        let hold_chars = stops
+            .iter()
+            .map(|s| s.chars().count())
+            .max()
+            .unwrap_or(1)
+            .saturating_sub(1);
         Ok(Self {
             state: state.clone(),
             rx: Some(rx),
@@ -117,7 +130,10 @@ impl TextStream {
                     let release = self.releasable();
                     if release > 0 {
                         let text: String = self.held.drain(..release).collect();
-                        return Some(ChoiceEvent::Piece(Piece { text, tokens: std::mem::take(&mut self.tokens) }));
+                        return Some(ChoiceEvent::Piece(Piece {
+                            text,
+                            tokens: std::mem::take(&mut self.tokens),
+                        }));
                     }
                 }
                 Some(GenEvent::Done(finish)) => {
@@ -160,7 +176,10 @@ impl TextStream {
                     out.text.push_str(&p.text);
                     out.tokens.extend(p.tokens);
                 }
-                ChoiceEvent::End { reason, completion_tokens } => {
+                ChoiceEvent::End {
+                    reason,
+                    completion_tokens,
+                } => {
                     out.reason = reason;
                     out.completion_tokens = completion_tokens;
                 }
@@ -176,14 +195,21 @@ impl TextStream {
         let text = std::mem::take(&mut self.held);
         let tokens = std::mem::take(&mut self.tokens);
         if !text.is_empty() || !tokens.is_empty() {
-            self.queue.push_back(ChoiceEvent::Piece(Piece { text, tokens }));
+            self.queue
+                .push_back(ChoiceEvent::Piece(Piece { text, tokens }));
         }
-        self.queue.push_back(ChoiceEvent::End { reason, completion_tokens: self.count });
+        self.queue.push_back(ChoiceEvent::End {
+            reason,
+            completion_tokens: self.count,
+        });
     }
 
     /// Byte offset of the earliest stop-string match in the held text.
     fn find_stop(&self) -> Option<usize> {
-        self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min()
+        self.stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
     }
 
     /// Bytes of held text that can be released: all but the last `hold_chars` chars.
@@ -195,6 +221,9 @@ impl TextStream {
         if n <= self.hold_chars {
             return 0;
         }
-        self.held.char_indices().nth(n - self.hold_chars).map_or(self.held.len(), |(i, _)| i)
+        self.held
+            .char_indices()
+            .nth(n - self.hold_chars)
+            .map_or(self.held.len(), |(i, _)| i)
     }
 }
