@@ -9,6 +9,7 @@ pub mod alerts;
 pub mod config;
 pub mod engine;
 pub mod keys;
+pub mod probes;
 pub mod serve;
 
 /// Every subcommand of the binary.
@@ -24,6 +25,8 @@ pub enum Command {
     Engine(engine::EngineArgs),
     /// Drift alerts: list, acknowledge, resolve.
     Alerts(alerts::AlertsArgs),
+    /// Drift probes (`samewise probes run --config FILE [--once]`).
+    Probes(probes::ProbesArgs),
 }
 
 /// Runs one subcommand to completion on a fresh tokio runtime where it needs one.
@@ -34,6 +37,7 @@ pub fn run(command: Command) -> anyhow::Result<()> {
         Command::Keys(args) => keys::run(args),
         Command::Engine(args) => engine::run(args),
         Command::Alerts(args) => alerts::run(args),
+        Command::Probes(args) => probes::run(args),
     }
 }
 
