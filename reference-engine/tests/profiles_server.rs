@@ -289,7 +289,7 @@ async fn corrupting_profile_tool_calls_all_fail_validation() -> anyhow::Result<(
     plain.shutdown().await?;
 
     let bad = TestServer::builtin("tool-corrupt").await?;
-    let v = bad.ok("/v1/chat/completions", &tool_chat(12)).await?;
+    let v = bad.ok("/v1/chat/completions", &tool_chat(8)).await?;
     let mut kinds = std::collections::BTreeSet::new();
     let mut n = 0;
     for choice in v["choices"].as_array().into_iter().flatten() {
@@ -308,7 +308,7 @@ async fn corrupting_profile_tool_calls_all_fail_validation() -> anyhow::Result<(
             n += 1;
         }
     }
-    assert!(n >= 12, "every choice calls the tool: {v}");
+    assert!(n >= 8, "every choice calls the tool: {v}");
     assert!(kinds.len() >= 2, "corruptions vary: {kinds:?}");
     // streamed calls are corrupted too
     let (events, dropped) = bad.stream("/v1/chat/completions", &tool_chat(1)).await?;
@@ -574,14 +574,15 @@ async fn template_variants_change_the_rendered_prompt_and_the_answer() -> anyhow
     roles.shutdown().await
 }
 
-/// Statuses of `n` small completion requests sent one after the other.
+/// Statuses of `n` small completion requests sent one after the other (`max_tokens: 0`:
+/// served without computing anything, so the test measures the faults, not the model).
 async fn statuses(srv: &TestServer, n: usize) -> anyhow::Result<Vec<u16>> {
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         let (status, headers, v) = srv
             .post_full(
                 "/v1/completions",
-                &json!({"prompt": format!("Count: {i}"), "max_tokens": 1, "temperature": 0}),
+                &json!({"prompt": format!("Count: {i}"), "max_tokens": 0}),
             )
             .await?;
         match status {
@@ -632,7 +633,7 @@ async fn flaky_profile_errors_at_its_rates_and_replays() -> anyhow::Result<()> {
     again.shutdown().await?;
     // another seed, another sequence
     let reseeded = TestServer::start(Profile { seed: 1, ..profile }).await?;
-    assert_ne!(statuses(&reseeded, n).await?, first);
+    assert_ne!(statuses(&reseeded, 50).await?, first[..50]);
     reseeded.shutdown().await
 }
 
