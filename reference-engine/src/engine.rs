@@ -18,6 +18,7 @@ use crate::hf::HfDir;
 use crate::kernels::{Ctx, Isa, Pool};
 use crate::kv::KvCache;
 use crate::model::Weights;
+use crate::profile::{Numerics, Profile};
 use crate::sample::{self, Sampler, SamplingParams, TokenLogprob};
 
 /// Most top-k entries a request may ask for.
@@ -26,8 +27,8 @@ pub const MAX_TOP_K: usize = 20;
 const ROW_BUDGET: usize = 512;
 /// Most new tokens one sequence contributes to one forward pass.
 const CHUNK: usize = 256;
-/// Rows of logits computed at once (bounds memory: rows × vocab f32).
-const LOGIT_ROWS: usize = 256;
+/// f32 logits held at once (32 MiB); rows per chunk = this / vocab, within 8..=256.
+const LOGIT_FLOATS: usize = 8 << 20;
 
 /// How to load a model.
 #[derive(Debug, Clone)]
@@ -36,19 +37,24 @@ pub struct LoadOptions {
     pub threads: usize,
     /// Cap the instruction set (for tests and comparisons); None uses the best available.
     pub isa: Option<Isa>,
+    /// Serving profile whose numeric knobs (weight re-quantization, 8-bit activations,
+    /// KV-cache format) the engine applies; the default `reference` changes nothing.
+    pub profile: Profile,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { threads: 2, isa: None }
+        Self { threads: 2, isa: None, profile: Profile::default() }
     }
 }
 
 /// A loaded model and its kernel threads.
 #[derive(Debug)]
 pub struct Engine {
-    weights: Weights,
-    ctx: Ctx,
+    pub(crate) weights: Weights,
+    pub(crate) ctx: Ctx,
+    /// The serving profile it was loaded with (only its numeric knobs act here).
+    profile: Profile,
 }
 
 /// One position of a scored sequence.
@@ -200,13 +206,22 @@ impl Seq {
 impl Engine {
     /// Loads a GGUF file, or an HF directory (config.json + safetensors).
     pub fn load(path: &Path, opts: LoadOptions) -> Result<Self> {
+        opts.profile
+            .validate()
+            .map_err(|m| EngineError::InvalidRequest(format!("profile {}: {m}", opts.profile.name)))?;
+        let numerics = Numerics::from_profile(&opts.profile);
         let weights = if path.is_dir() {
-            Weights::from_hf(&HfDir::open(path)?)?
+            Weights::from_hf(&HfDir::open(path)?, &numerics)?
         } else {
-            Weights::from_gguf(&GgufFile::open(path)?)?
+            Weights::from_gguf(&GgufFile::open(path)?, &numerics)?
         };
         let isa = opts.isa.map_or_else(Isa::detect, Isa::at_most);
-        Ok(Self { weights, ctx: Ctx { pool: Pool::new(opts.threads), isa } })
+        Ok(Self { weights, ctx: Ctx { pool: Pool::new(opts.threads), isa }, profile: opts.profile })
+    }
+
+    /// The serving profile the engine runs (`reference` unless loaded with another).
+    pub fn profile(&self) -> &Profile {
+        &self.profile
     }
 
     /// The model's configuration.
@@ -377,16 +392,22 @@ impl Engine {
         };
         for (i, s) in seqs.iter_mut().enumerate() {
             s.fed += take[i];
+            if matches!(s.kind, Kind::Score { .. }) && s.fed == s.tokens.len() {
+                // a scored sequence needs its cache no more: free it now, not when the job ends
+                s.cache = KvCache::default();
+            }
         }
+        let logit_rows = (LOGIT_FLOATS / c.vocab_size).clamp(8, 256);
         let e = c.n_embd;
         let v = c.vocab_size;
         let head = self.weights.head();
-        let mut x = vec![0f32; LOGIT_ROWS.min(want.len()) * e];
-        let mut logits = vec![0f32; LOGIT_ROWS.min(want.len()) * v];
-        for chunk in want.chunks(LOGIT_ROWS) {
+        let mut x = vec![0f32; logit_rows.min(want.len()) * e];
+        let mut logits = vec![0f32; logit_rows.min(want.len()) * v];
+        for chunk in want.chunks(logit_rows) {
             for (j, &(r, _, _)) in chunk.iter().enumerate() {
                 x[j * e..(j + 1) * e].copy_from_slice(&hidden[r * e..(r + 1) * e]);
             }
+            self.weights.numerics.quantize_inputs(&mut x, chunk.len(), e);
             head.matmul(&self.ctx, &x, chunk.len(), &mut logits);
             // log-sum-exp and top-k per row, rows split over the threads
             let ks: Vec<usize> = chunk

@@ -33,8 +33,14 @@ enum Data {
     Quant {
         /// Elements per group along k (16 or 32).
         group: usize,
-        /// `[panel][k][16]` integers.
+        /// `[panel][k][16]` integers (empty when `q4` holds them).
         q: Vec<i8>,
+        /// `[panel][k][8]` bytes of 4-bit values `u` (column c in the low nibble of byte c,
+        /// column c + 8 in the high nibble), the integer being `u + lo`: half the memory
+        /// traffic of `q`, for 4-bit types.
+        q4: Option<Vec<u8>>,
+        /// Offset of the 4-bit values (0 or -8).
+        lo: i8,
         /// `[panel][k/group][16]` scales.
         scale: Vec<f32>,
         /// `[panel][k/group][16]` offsets (zero where the type has none: every path adds
@@ -72,6 +78,8 @@ impl Linear {
                 Data::Quant {
                     group,
                     q: vec![0; panels * k * NR],
+                    q4: None,
+                    lo: 0,
                     scale: vec![0.0; panels * k / group * NR],
                     offset: vec![0.0; panels * k / group * NR],
                 }
@@ -86,7 +94,32 @@ impl Linear {
             }
             lin.put_panel(p, &rows)?;
         }
+        lin.pack_nibbles();
         Ok(lin)
+    }
+
+    /// Stores the integers as 4-bit values when they all fit in [0, 15] or [-8, 7].
+    fn pack_nibbles(&mut self) {
+        let Data::Quant { q, q4, lo, .. } = &mut self.data else { return };
+        let (min, max) = q.iter().fold((i8::MAX, i8::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+        let base = if min >= 0 && max <= 15 {
+            0
+        } else if min >= -8 && max <= 7 {
+            -8
+        } else {
+            return;
+        };
+        let mut packed = vec![0u8; q.len() / 2];
+        for (dst, src) in packed.chunks_exact_mut(8).zip(q.chunks_exact(NR)) {
+            for b in 0..8 {
+                let u0 = (src[b] - base) as u8;
+                let u1 = (src[b + 8] - base) as u8;
+                dst[b] = u0 | (u1 << 4);
+            }
+        }
+        *q4 = Some(packed);
+        *lo = base;
+        *q = Vec::new();
     }
 
     fn put_panel(&mut self, p: usize, rows: &[RowSource]) -> Result<()> {
@@ -105,7 +138,7 @@ impl Linear {
                     }
                 }
             }
-            Data::Quant { group, q, scale, offset } => {
+            Data::Quant { group, q, scale, offset, .. } => {
                 let ng = k / *group;
                 for (c, r) in rows.iter().enumerate() {
                     let RowSource::Quant(d) = r else {
@@ -134,7 +167,9 @@ impl Linear {
     pub fn bytes(&self) -> usize {
         match &self.data {
             Data::F32(w) => w.len() * 4,
-            Data::Quant { q, scale, offset, .. } => q.len() + (scale.len() + offset.len()) * 4,
+            Data::Quant { q, q4, scale, offset, .. } => {
+                q.len() + q4.as_ref().map_or(0, Vec::len) + (scale.len() + offset.len()) * 4
+            }
         }
     }
 
@@ -148,11 +183,12 @@ impl Linear {
                     *o = w[(p * k + kk) * NR + c];
                 }
             }
-            Data::Quant { group, q, scale, offset } => {
+            Data::Quant { group, q, q4, lo, scale, offset } => {
                 let ng = k / group;
                 for (kk, o) in out.iter_mut().enumerate().take(k) {
                     let g = (p * ng + kk / group) * NR + c;
-                    *o = f32::from(q[(p * k + kk) * NR + c]) * scale[g] + offset[g];
+                    let qv = q_at(q, q4.as_deref(), *lo, (p * k + kk) * NR, c);
+                    *o = f32::from(qv) * scale[g] + offset[g];
                 }
             }
         }
@@ -163,15 +199,25 @@ impl Linear {
         let k = self.k;
         match &self.data {
             Data::F32(w) => out[..k * NR].copy_from_slice(&w[p * k * NR..(p + 1) * k * NR]),
-            Data::Quant { group, q, scale, offset } => {
+            Data::Quant { group, q, q4, lo, scale, offset } => {
                 let ng = k / group;
-                let q = &q[p * k * NR..(p + 1) * k * NR];
+                let mut qq = [0i8; NR];
                 for g in 0..ng {
                     let s: &[f32; NR] = slice16(&scale[(p * ng + g) * NR..]);
-                    let rows = &q[g * group * NR..(g + 1) * group * NR];
-                    let dst = &mut out[g * group * NR..(g + 1) * group * NR];
                     let o: &[f32; NR] = slice16(&offset[(p * ng + g) * NR..]);
-                    for (d, qq) in dst.chunks_exact_mut(NR).zip(rows.chunks_exact(NR)) {
+                    for kk in g * group..(g + 1) * group {
+                        let at = (p * k + kk) * NR;
+                        match q4 {
+                            Some(q4) => {
+                                let b = &q4[at / 2..at / 2 + 8];
+                                for c in 0..8 {
+                                    qq[c] = (b[c] & 0xF) as i8 + lo;
+                                    qq[c + 8] = (b[c] >> 4) as i8 + lo;
+                                }
+                            }
+                            None => qq.copy_from_slice(&q[at..at + NR]),
+                        }
+                        let d = &mut out[kk * NR..(kk + 1) * NR];
                         for c in 0..NR {
                             d[c] = f32::from(qq[c]) * s[c] + o[c];
                         }
@@ -189,16 +235,35 @@ impl Linear {
         let yp = SyncPtr(y.as_mut_ptr());
         let isa = ctx.isa;
         #[cfg(target_arch = "x86_64")]
-        if let (Isa::Avx512, Data::Quant { group, q, scale, offset }, true) = (isa, &self.data, m <= FUSED_MAX_ROWS) {
+        if let (Isa::Avx512, Data::Quant { group, q, q4, lo, scale, offset }, true) = (isa, &self.data, m <= FUSED_MAX_ROWS) {
             let group = *group;
             ctx.pool.for_chunks(panels, 4, &|panels_t| {
                 let yp = yp;
                 let mut r = 0;
                 while r < m {
                     let rows = if m - r >= 8 { 8 } else if m - r >= 4 { 4 } else if m - r >= 2 { 2 } else { 1 };
-                    let args = x86::Fused { q, scale, offset, group, k, n, x: &x[r * k..], y: yp.0, ldy: n, row0: r };
+                    let args = x86::Fused {
+                        q,
+                        q4: q4.as_deref().unwrap_or(&[]),
+                        lo: *lo,
+                        scale,
+                        offset,
+                        group,
+                        k,
+                        n,
+                        x: &x[r * k..],
+                        y: yp.0,
+                        ldy: n,
+                        row0: r,
+                    };
                     // SAFETY: AVX-512 was detected; thread t writes only its own panels' columns.
-                    unsafe { x86::fused_rows(&args, rows, panels_t.clone()) };
+                    unsafe {
+                        if q4.is_some() {
+                            x86::fused_rows::<true>(&args, rows, panels_t.clone());
+                        } else {
+                            x86::fused_rows::<false>(&args, rows, panels_t.clone());
+                        }
+                    }
                     r += rows;
                 }
             });
@@ -242,6 +307,17 @@ impl Linear {
                 }
             });
         });
+    }
+}
+
+/// The integer at element `at + c` (`at` a multiple of 16) of either storage.
+fn q_at(q: &[i8], q4: Option<&[u8]>, lo: i8, at: usize, c: usize) -> i8 {
+    match q4 {
+        Some(q4) => {
+            let b = q4[at / 2 + c % 8];
+            (if c < 8 { b & 0xF } else { b >> 4 }) as i8 + lo
+        }
+        None => q[at + c],
     }
 }
 
@@ -329,6 +405,8 @@ mod x86 {
     /// Arguments of the fused (dequantize-in-registers) kernel.
     pub(super) struct Fused<'a> {
         pub q: &'a [i8],
+        pub q4: &'a [u8],
+        pub lo: i8,
         pub scale: &'a [f32],
         pub offset: &'a [f32],
         pub group: usize,
@@ -347,7 +425,7 @@ mod x86 {
     /// # Safety
     /// AVX-512F must be available; `y` valid for those rows and panels' columns.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn fused_rows(a: &Fused<'_>, rows: usize, panels: std::ops::Range<usize>) {
+    pub(super) unsafe fn fused_rows<const NIB: bool>(a: &Fused<'_>, rows: usize, panels: std::ops::Range<usize>) {
         let mut p = panels.start;
         // SAFETY: forwarded.
         unsafe {
@@ -355,35 +433,35 @@ mod x86 {
                 let left = panels.end - p;
                 let step = match rows {
                     8 if left >= 2 => {
-                        fused::<8, 2>(a, p);
+                        fused::<8, 2, NIB>(a, p);
                         2
                     }
                     8 => {
-                        fused::<8, 1>(a, p);
+                        fused::<8, 1, NIB>(a, p);
                         1
                     }
                     4 if left >= 4 => {
-                        fused::<4, 4>(a, p);
+                        fused::<4, 4, NIB>(a, p);
                         4
                     }
                     4 => {
-                        fused::<4, 1>(a, p);
+                        fused::<4, 1, NIB>(a, p);
                         1
                     }
                     2 if left >= 4 => {
-                        fused::<2, 4>(a, p);
+                        fused::<2, 4, NIB>(a, p);
                         4
                     }
                     2 => {
-                        fused::<2, 1>(a, p);
+                        fused::<2, 1, NIB>(a, p);
                         1
                     }
                     _ if left >= 4 => {
-                        fused::<1, 4>(a, p);
+                        fused::<1, 4, NIB>(a, p);
                         4
                     }
                     _ => {
-                        fused::<1, 1>(a, p);
+                        fused::<1, 1, NIB>(a, p);
                         1
                     }
                 };
@@ -396,10 +474,14 @@ mod x86 {
     /// one FMA chain per output element over k in order (the same arithmetic as the
     /// scratch path).
     #[target_feature(enable = "avx512f")]
-    unsafe fn fused<const R: usize, const P: usize>(a: &Fused<'_>, p0: usize) {
+    unsafe fn fused<const R: usize, const P: usize, const NIB: bool>(a: &Fused<'_>, p0: usize) {
         let (k, group) = (a.k, a.group);
         let ng = k / group;
-        assert!(a.x.len() >= R * k && (p0 + P) * k * NR <= a.q.len() && (p0 + P) * ng * NR <= a.scale.len());
+        let q_len = if NIB { a.q4.len() * 2 } else { a.q.len() };
+        assert!(a.x.len() >= R * k && (p0 + P) * k * NR <= q_len && (p0 + P) * ng * NR <= a.scale.len());
+        let q4p = a.q4.as_ptr();
+        let nib_mask = _mm_set1_epi8(0x0F);
+        let lo8 = _mm_set1_epi8(a.lo);
         let mut acc = [[_mm512_setzero_ps(); P]; R];
         let qp = a.q.as_ptr();
         let xp = a.x.as_ptr();
@@ -416,8 +498,16 @@ mod x86 {
             for kk in g * group..(g + 1) * group {
                 let mut w = [_mm512_setzero_ps(); P];
                 for j in 0..P {
-                    // SAFETY: bounds asserted above.
-                    let qv = unsafe { _mm_loadu_si128(qp.add(((p0 + j) * k + kk) * NR).cast()) };
+                    let qv = if NIB {
+                        // SAFETY: bounds asserted above (8 bytes per 16 values).
+                        let v = unsafe { _mm_loadl_epi64(q4p.add(((p0 + j) * k + kk) * 8).cast()) };
+                        let low = _mm_and_si128(v, nib_mask);
+                        let high = _mm_and_si128(_mm_srli_epi16::<4>(v), nib_mask);
+                        _mm_add_epi8(_mm_unpacklo_epi64(low, high), lo8)
+                    } else {
+                        // SAFETY: bounds asserted above.
+                        unsafe { _mm_loadu_si128(qp.add(((p0 + j) * k + kk) * NR).cast()) }
+                    };
                     let wf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qv));
                     w[j] = _mm512_add_ps(_mm512_mul_ps(wf, s[j]), o[j]);
                 }
@@ -604,17 +694,25 @@ mod tests {
 
     #[test]
     fn quantized_gemm_paths_agree_bitwise() {
+        // 8-bit integers, 4-bit unsigned (Q4_1/Q4_K) and 4-bit signed (Q4_0) storage
+        for (scale_q, shift, packed) in [(31.99f32, 15i8, false), (15.99, 8, true), (15.99, 0, true)] {
+            quantized_case(scale_q, shift, packed);
+        }
+    }
+
+    fn quantized_case(scale_q: f32, shift: i8, packed: bool) {
         let (n, k) = (70, 96);
         let mut seed = 11;
         let rows: Vec<Decomposed> = (0..n)
             .map(|_| Decomposed {
                 group: 32,
-                q: (0..k).map(|_| (lcg(&mut seed) * 30.0) as i8).collect(),
+                q: (0..k).map(|_| ((lcg(&mut seed) + 0.5) * scale_q) as i8 - shift).collect(),
                 scale: (0..k / 32).map(|_| lcg(&mut seed) * 0.1).collect(),
                 offset: Some((0..k / 32).map(|_| lcg(&mut seed) * 0.05).collect()),
             })
             .collect();
         let lin = Linear::pack(n, k, Some(32), &mut |i| Ok(RowSource::Quant(rows[i].clone()))).unwrap();
+        assert_eq!(matches!(&lin.data, Data::Quant { q4: Some(_), .. }), packed, "{scale_q} {shift}");
         let m = 13;
         let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
         let mut want = vec![0f32; m * n];
