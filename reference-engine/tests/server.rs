@@ -345,6 +345,20 @@ async fn streamed_chunks_reassemble_to_the_unstreamed_answer() -> anyhow::Result
         ctext,
         cfull["choices"][0]["text"].as_str().unwrap_or_default()
     );
+
+    // streamed echo with max_tokens 0: the prompt (with its logprobs), then the end
+    let ebody =
+        json!({"prompt": PROMPT, "max_tokens": 0, "echo": true, "logprobs": 2, "stream": true});
+    let events = srv.stream("/v1/completions", &ebody).await?;
+    let chunks: Vec<Value> = events
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(chunks.len(), 2, "{events:?}");
+    assert_eq!(chunks[0]["choices"][0]["text"], PROMPT);
+    assert!(chunks[0]["choices"][0]["logprobs"]["token_logprobs"][0].is_null());
+    assert_eq!(chunks[1]["choices"][0]["finish_reason"], "length");
     srv.shutdown().await
 }
 

@@ -319,6 +319,12 @@ fn stream(
             }
         }
     }
+    if streams.is_empty() {
+        // max_tokens 0: nothing is generated, every choice ends at once
+        for index in 0..prompts.len() as u32 * n {
+            head.push(chunk(index, String::new(), None, Some("length")));
+        }
+    }
     let include_usage = req
         .stream_options
         .as_ref()
