@@ -130,7 +130,12 @@ impl ModelConfig {
             head_dim,
             n_ff: req("feed_forward_length")?,
             vocab_size,
-            n_ctx: req("context_length")?,
+            // sliding-window attention is not implemented: cap the context at the window, where
+            // full attention is the same computation
+            n_ctx: match g.get_usize(&format!("{a}.attention.sliding_window")) {
+                Some(w) if w > 0 => req("context_length")?.min(w),
+                _ => req("context_length")?,
+            },
             rms_eps: g.get_f32(&format!("{a}.attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
             rope_theta: g.get_f32(&format!("{a}.rope.freq_base")).unwrap_or(10_000.0),
             rope_scaling: None,
@@ -196,7 +201,11 @@ impl ModelConfig {
             head_dim,
             n_ff: req("intermediate_size")?,
             vocab_size: req("vocab_size")?,
-            n_ctx: req("max_position_embeddings")?,
+            // sliding-window attention is not implemented: cap the context at the window
+            n_ctx: match (get("sliding_window"), v.get("use_sliding_window").and_then(serde_json::Value::as_bool)) {
+                (Some(w), None | Some(true)) if w > 0 => req("max_position_embeddings")?.min(w),
+                _ => req("max_position_embeddings")?,
+            },
             rms_eps: f("rms_norm_eps").map_or(1e-6, |x| x as f32),
             rope_theta,
             rope_scaling,
