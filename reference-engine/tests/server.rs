@@ -22,8 +22,12 @@ struct TestServer {
 
 impl TestServer {
     async fn start() -> anyhow::Result<Self> {
+        Self::start_on(&common::model_path()?).await
+    }
+
+    async fn start_on(model: &std::path::Path) -> anyhow::Result<Self> {
         let state = ServerState::load(
-            &common::model_path()?,
+            model,
             LoadOptions {
                 threads: 2,
                 ..LoadOptions::default()
@@ -637,4 +641,24 @@ async fn a_dropped_stream_does_not_hang_the_server() -> anyhow::Result<()> {
         .await?;
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     srv.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hf_directory_serves_the_same_answers_as_the_gguf() -> anyhow::Result<()> {
+    // tokenizer.json + tokenizer_config.json (template, bos/eos) instead of GGUF metadata
+    let gguf = TestServer::start().await?;
+    let hf = TestServer::start_on(&common::hf_fixture_dir()?).await?;
+    let chat = json!({"messages": [{"role": "system", "content": "Be brief."},
+                                   {"role": "user", "content": "Name a large city in Japan."}],
+                      "temperature": 0, "max_tokens": 16, "logprobs": true, "top_logprobs": 3});
+    let a = strip_volatile(gguf.ok("/v1/chat/completions", &chat).await?);
+    let b = strip_volatile(hf.ok("/v1/chat/completions", &chat).await?);
+    assert_eq!(a["choices"], b["choices"]);
+    assert_eq!(a["usage"], b["usage"]);
+    let echo = json!({"prompt": PROMPT, "echo": true, "logprobs": 5, "max_tokens": 0});
+    let a = gguf.ok("/v1/completions", &echo).await?;
+    let b = hf.ok("/v1/completions", &echo).await?;
+    assert_eq!(a["choices"], b["choices"]);
+    gguf.shutdown().await?;
+    hf.shutdown().await
 }
