@@ -7,7 +7,9 @@
 //!   6-bit weights) unless within the endpoint's noise floor ([`crate::noise`], measured on
 //!   the stored noise-floor pairs: runs with `repeat_of`). Without a ladder, an absolute
 //!   `kl_threshold` may be configured instead. A samples run is flagged when its permutation
-//!   p-value is below `samples_alpha`.
+//!   p-value is below `samples_alpha`; a logprob run whose tokens do not map onto the
+//!   reference vocabulary (`stats.mismatch_rate` above `max_mismatch_rate`) is flagged as a
+//!   different tokenizer.
 //! - **changed?** ([`Detectors::after_run`]): a two-sided CUSUM per endpoint, probe kind and
 //!   statistic over the endpoint's stored runs, oldest first; its first
 //!   `cusum_baseline_rounds` runs are the baseline. The chart is rebuilt from the store on
@@ -58,6 +60,9 @@ pub struct DetectorConfig {
     pub kl_threshold: Option<f64>,
     /// A samples run is flagged when its p-value is below this.
     pub samples_alpha: f64,
+    /// A logprob run is flagged when more than this share of the endpoint's tokens do not
+    /// map onto the reference vocabulary (a different tokenizer is a different model).
+    pub max_mismatch_rate: f64,
     /// CUSUM chart parameters (`min_sd` is raised by the noise floor where one is measured).
     pub cusum: CusumConfig,
     /// Run statistics watched by the CUSUM (those a run lacks are skipped).
@@ -80,6 +85,7 @@ impl Default for DetectorConfig {
             metric: Metric::KlTopkMean,
             kl_threshold: None,
             samples_alpha: 0.001,
+            max_mismatch_rate: 0.02,
             cusum: CusumConfig {
                 min_sd: 1e-6,
                 ..cusum
@@ -88,7 +94,7 @@ impl Default for DetectorConfig {
                 "kl_mean",
                 "top1_same",
                 "dlogprob_mean",
-                "p_value",
+                "mmd",
                 "trigger_f1",
                 "effective_context",
             ]
@@ -110,6 +116,7 @@ struct RawDetectors {
     metric: Option<Metric>,
     kl_threshold: Option<f64>,
     samples_alpha: Option<f64>,
+    max_mismatch_rate: Option<f64>,
     cusum_k: Option<f64>,
     cusum_arl0: Option<f64>,
     cusum_baseline_rounds: Option<usize>,
@@ -165,6 +172,12 @@ impl DetectorConfig {
                 return Err(cfg_err("samples_alpha", "must be in (0, 1)"));
             }
             c.samples_alpha = a;
+        }
+        if let Some(m) = raw.max_mismatch_rate {
+            if !(0.0..1.0).contains(&m) {
+                return Err(cfg_err("max_mismatch_rate", "must be in [0, 1)"));
+            }
+            c.max_mismatch_rate = m;
         }
         let k = raw.cusum_k.unwrap_or(c.cusum.k);
         let arl0 = raw.cusum_arl0.unwrap_or(1000.0);
@@ -395,6 +408,9 @@ impl Detectors {
             "samples" => return Ok(self.samples_finding(run)),
             _ => return Ok(None),
         }
+        if let Some(finding) = self.mismatch_finding(run) {
+            return Ok(Some(finding));
+        }
         let metric = self.cfg.metric;
         let key = stat_key(metric);
         let Some(value) = stat(&run.stats, key) else {
@@ -477,6 +493,38 @@ impl Detectors {
             evidence,
             now_ms: run.finished_ms,
         }))
+    }
+
+    /// Tokens that do not map onto the reference vocabulary: a different tokenizer.
+    fn mismatch_finding(&self, run: &ProbeRun) -> Option<NewAlert> {
+        let rate = stat(&run.stats, "mismatch_rate")?;
+        if rate <= self.cfg.max_mismatch_rate {
+            return None;
+        }
+        let unmappable = stat(&run.stats, "unmappable").unwrap_or(f64::NAN);
+        let summary = format!(
+            "endpoint {}: {:.1}% of its tokens ({unmappable:.0}) do not map onto the reference vocabulary (> {:.1}%): a different tokenizer is a different model",
+            run.endpoint,
+            100.0 * rate,
+            100.0 * self.cfg.max_mismatch_rate
+        );
+        Some(NewAlert {
+            model: run.model.clone(),
+            endpoint: run.endpoint.clone(),
+            kind: KIND_UNFAITHFUL.to_owned(),
+            summary,
+            evidence: serde_json::json!({
+                "detector": "faithful",
+                "probe_kind": run.kind,
+                "statistic": "mismatch_rate",
+                "value": rate,
+                "unmappable": run.stats.get("unmappable").cloned().unwrap_or(serde_json::Value::Null),
+                "threshold": self.cfg.max_mismatch_rate,
+                "p_value": serde_json::Value::Null,
+                "probe_runs": [run.id],
+            }),
+            now_ms: run.finished_ms,
+        })
     }
 
     fn samples_finding(&self, run: &ProbeRun) -> Option<NewAlert> {

@@ -101,7 +101,11 @@ async fn faithful_flags_past_six_bit_in_bits() -> Result<()> {
 fn positions(n: usize, noise: f64, phase: usize) -> Vec<PositionInput> {
     (0..n)
         .map(|i| {
-            let sign = if (i + phase).is_multiple_of(2) { 1.0 } else { -1.0 };
+            let sign = if (i + phase).is_multiple_of(2) {
+                1.0
+            } else {
+                -1.0
+            };
             let reference = [-0.5f64, -1.5, -2.5, -3.5];
             let ep: Vec<f64> = reference
                 .iter()
@@ -414,5 +418,47 @@ fn detector_config_parses_and_names_bad_keys() -> Result<()> {
         ..DetectorConfig::default()
     };
     ensure!(detectors(cfg, Some(test_only_ladder()?)).is_err());
+    Ok(())
+}
+
+#[tokio::test]
+async fn samples_p_value_and_unmappable_tokens_are_unfaithful() -> Result<()> {
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let d = detectors(DetectorConfig::default(), Some(test_only_ladder()?))?;
+    let samples = |ep: &str, p: f64| ProbeRun {
+        kind: "samples".to_owned(),
+        stats: serde_json::json!({"mmd": 0.02, "p_value": p}),
+        ..logprob_run(ep, 1_000, 0.0, 1.0)
+    };
+    let same = store_run(&db.store, &samples("p/same", 0.4)).await?;
+    ensure!(d.after_run(&db.store, &same).await?.is_empty());
+    let diff = store_run(&db.store, &samples("p/diff", 0.0002)).await?;
+    let alerts = d.after_run(&db.store, &diff).await?;
+    ensure!(
+        alerts.len() == 1 && alerts[0].evidence["p_value"] == 0.0002,
+        "{alerts:?}"
+    );
+    ensure!(
+        alerts[0].summary.contains("p = 2.00e-4 < 0.001"),
+        "{}",
+        alerts[0].summary
+    );
+    // a faithful-looking KL, but 10% of the endpoint's tokens do not map
+    let mut run = logprob_run("p/tok", 1_000, 0.001, 0.99);
+    run.stats["mismatch_rate"] = serde_json::json!(0.1);
+    run.stats["unmappable"] = serde_json::json!(51);
+    let run = store_run(&db.store, &run).await?;
+    let alerts = d.after_run(&db.store, &run).await?;
+    ensure!(
+        alerts.len() == 1 && alerts[0].evidence["statistic"] == "mismatch_rate",
+        "{alerts:?}"
+    );
+    ensure!(
+        alerts[0]
+            .summary
+            .contains("10.0% of its tokens (51) do not map"),
+        "{}",
+        alerts[0].summary
+    );
     Ok(())
 }
