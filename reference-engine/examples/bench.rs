@@ -50,7 +50,7 @@ fn main() -> anyhow::Result<()> {
     }
     let model = model.ok_or_else(|| anyhow::anyhow!("--model PATH is required"))?;
     let t0 = Instant::now();
-    let engine = Engine::load(&model, LoadOptions { threads, isa: None })?;
+    let engine = Engine::load(&model, LoadOptions { threads, isa: None, ..LoadOptions::default() })?;
     println!(
         "loaded {} in {:.2}s: isa {:?}, threads {}, packed weights {:.1} MiB, RSS {:.1} MiB",
         model.display(),

@@ -79,6 +79,7 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
         for r in 0..m {
             ops::rms_norm(isa, &x[r * e..(r + 1) * e], &layer.attn_norm, c.rms_eps, &mut h[r * e..(r + 1) * e]);
         }
+        w.numerics.quantize_inputs(&mut h, m, e);
         layer.qkv.matmul(ctx, &h, m, &mut qkv);
         for r in 0..m {
             let row = &mut qkv[r * qkvd..(r + 1) * qkvd];
@@ -97,6 +98,8 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
                 }
                 ops::rope(v, cs, sn);
             }
+            // the profile's KV-cache format: each key/value head rounded as stored
+            w.numerics.round_kv(&mut row[qd..qd + 2 * kvd], hd);
         }
         // append k, v to the caches
         let mut r = 0;
@@ -143,6 +146,7 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
                 }
             });
         }
+        w.numerics.quantize_inputs(&mut att, m, qd);
         layer.wo.matmul(ctx, &att, m, &mut o);
         for (xv, &ov) in x.iter_mut().zip(&o) {
             *xv += ov;
@@ -150,6 +154,7 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
         for r in 0..m {
             ops::rms_norm(isa, &x[r * e..(r + 1) * e], &layer.ffn_norm, c.rms_eps, &mut h[r * e..(r + 1) * e]);
         }
+        w.numerics.quantize_inputs(&mut h, m, e);
         layer.gate_up.matmul(ctx, &h, m, &mut gu);
         let f = c.n_ff;
         {
@@ -167,6 +172,7 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
                 }
             });
         }
+        w.numerics.quantize_inputs(&mut act, m, c.n_ff);
         layer.down.matmul(ctx, &act, m, &mut o);
         for (xv, &ov) in x.iter_mut().zip(&o) {
             *xv += ov;

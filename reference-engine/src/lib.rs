@@ -18,6 +18,7 @@
 //! - [`model`]: weights in kernel layout, loaded from either source.
 //! - [`forward`]: the batched forward pass.
 //! - [`kv`]: the per-sequence KV cache.
+//! - [`logits`]: full next-token logits of a sequence, streamed (the calibration ladder).
 //! - [`sample`]: log-softmax, top-k, greedy and seeded sampling.
 //! - [`engine`]: the library API ([`Engine`]): load, score, generate.
 //! - [`batcher`]: a worker thread that batches concurrent jobs (continuous batching).
@@ -39,6 +40,7 @@ pub mod gguf;
 pub mod hf;
 pub mod kernels;
 pub mod kv;
+pub mod logits;
 pub mod model;
 pub mod profile;
 pub mod quant;

@@ -11,6 +11,7 @@ use crate::error::{EngineError, Result};
 use crate::gguf::{GgmlType, GgufFile};
 use crate::hf::HfDir;
 use crate::kernels::{Linear, RowSource};
+use crate::profile::{Numerics, TensorSet, WeightQuant};
 use crate::quant;
 
 /// One decoder layer.
@@ -49,6 +50,9 @@ pub struct Weights {
     pub layers: Vec<Layer>,
     /// RoPE inverse frequency per pair.
     pub inv_freq: Vec<f32>,
+    /// The serving profile's numeric knobs (weights were re-quantized at load with them;
+    /// the forward pass applies the activation and KV-cache ones).
+    pub numerics: Numerics,
 }
 
 impl Weights {
@@ -248,7 +252,12 @@ fn common_group(groups: &[Option<usize>]) -> Option<usize> {
 }
 
 /// Packs matrices stacked along n. `perm[j]` = Some(head_dim) un-permutes part j's rows.
-fn stack(parts: &[(Mat<'_>, Option<usize>, usize, Option<usize>)], k: usize) -> Result<Linear> {
+/// With `requant`, every row is re-quantized along k (the input dimension, which the row
+/// permutation does not mix) and stored as its integer codes, or as f32 when they do not fit.
+fn stack(parts: &[(Mat<'_>, Option<usize>, usize, Option<usize>)], k: usize, requant: Option<WeightQuant>) -> Result<Linear> {
+    if let Some(q) = requant {
+        return stack_requantized(parts, k, q);
+    }
     let n: usize = parts.iter().map(|p| p.2).sum();
     let groups: Vec<Option<usize>> = parts.iter().map(|p| p.1).collect();
     let group = common_group(&groups);
@@ -264,11 +273,40 @@ fn stack(parts: &[(Mat<'_>, Option<usize>, usize, Option<usize>)], k: usize) -> 
     })
 }
 
+/// [`stack`] with every row re-quantized by `q`.
+fn stack_requantized(parts: &[(Mat<'_>, Option<usize>, usize, Option<usize>)], k: usize, q: WeightQuant) -> Result<Linear> {
+    let n: usize = parts.iter().map(|p| p.2).sum();
+    let as_codes = q.codes(&vec![0f32; k]).is_some();
+    // the kernels store scales per 32 values; a coarser group repeats its scale
+    let group = as_codes.then_some(32);
+    Linear::pack(n, k, group, &mut |mut i| {
+        for (mat, _, rows, perm) in parts {
+            if i < *rows {
+                let src = perm.map_or(i, |hd| unpermute(i, hd));
+                let RowSource::F32(mut v) = mat.row(src, k, true)? else {
+                    return Err(EngineError::corrupt("expected an f32 row"));
+                };
+                return Ok(match q.codes(&v) {
+                    Some(c) if as_codes => {
+                        RowSource::Quant(quant::Decomposed { group: q.group_size, q: c.q, scale: c.scale, offset: c.offset })
+                    }
+                    _ => {
+                        q.apply(&mut v);
+                        RowSource::F32(v)
+                    }
+                });
+            }
+            i -= rows;
+        }
+        Err(EngineError::corrupt("row index past the stacked matrix"))
+    })
+}
+
 impl Weights {
     /// Loads from an open GGUF file.
-    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+    pub fn from_gguf(g: &GgufFile, numerics: &Numerics) -> Result<Self> {
         let config = ModelConfig::from_gguf(g)?;
-        let mut w = Self::load(&Src::Gguf(g), config)?;
+        let mut w = Self::load(&Src::Gguf(g), config, numerics)?;
         if let Some(info) = g.tensor("rope_freqs.weight") {
             let f = quant::dequantize_row(info.ggml_type, g.tensor_bytes(info), info.n_elements())?;
             if f.len() != w.inv_freq.len() {
@@ -282,22 +320,27 @@ impl Weights {
     }
 
     /// Loads from an open HF directory.
-    pub fn from_hf(h: &HfDir) -> Result<Self> {
+    pub fn from_hf(h: &HfDir, numerics: &Numerics) -> Result<Self> {
         let config = ModelConfig::from_hf(&h.config)?;
-        Self::load(&Src::Hf(h), config)
+        Self::load(&Src::Hf(h), config, numerics)
     }
 
-    fn load(src: &Src<'_>, config: ModelConfig) -> Result<Self> {
+    fn load(src: &Src<'_>, config: ModelConfig, numerics: &Numerics) -> Result<Self> {
+        let (qa, qm, qe) = (
+            numerics.weight_quant(TensorSet::Attention),
+            numerics.weight_quant(TensorSet::Mlp),
+            numerics.weight_quant(TensorSet::Embeddings),
+        );
         let c = &config;
         let (e, hd) = (c.n_embd, c.head_dim);
         let permute = matches!(src, Src::Gguf(_)) && c.arch.gguf_qk_permuted();
         let perm = permute.then_some(hd);
         let (qd, kvd) = (c.n_head * hd, c.n_head_kv * hd);
         let (emb, eg) = src.matrix(T::Embed, 0, c.vocab_size, e)?;
-        let embed = stack(&[(emb, eg, c.vocab_size, None)], e)?;
+        let embed = stack(&[(emb, eg, c.vocab_size, None)], e, qe)?;
         let output = if src.has(T::Output, 0) {
             let (m, g) = src.matrix(T::Output, 0, c.vocab_size, e)?;
-            Some(stack(&[(m, g, c.vocab_size, None)], e)?)
+            Some(stack(&[(m, g, c.vocab_size, None)], e, qe)?)
         } else {
             None
         };
@@ -306,7 +349,7 @@ impl Weights {
             let (q, qg) = src.matrix(T::Q, l, qd, e)?;
             let (k, kg) = src.matrix(T::K, l, kvd, e)?;
             let (v, vg) = src.matrix(T::V, l, kvd, e)?;
-            let qkv = stack(&[(q, qg, qd, perm), (k, kg, kvd, perm), (v, vg, kvd, None)], e)?;
+            let qkv = stack(&[(q, qg, qd, perm), (k, kg, kvd, perm), (v, vg, kvd, None)], e, qa)?;
             let qkv_bias = if src.has(T::QBias, l) {
                 let q = src.vector(T::QBias, l, qd)?;
                 let k = src.vector(T::KBias, l, kvd)?;
@@ -337,15 +380,15 @@ impl Weights {
                 qkv,
                 qkv_bias,
                 qk_norm,
-                wo: stack(&[(o, og, e, None)], qd)?,
+                wo: stack(&[(o, og, e, None)], qd, qa)?,
                 ffn_norm: src.vector(T::FfnNorm, l, e)?,
-                gate_up: stack(&[(gm, gg, c.n_ff, None), (um, ug, c.n_ff, None)], e)?,
-                down: stack(&[(dm, dg, e, None)], c.n_ff)?,
+                gate_up: stack(&[(gm, gg, c.n_ff, None), (um, ug, c.n_ff, None)], e, qm)?,
+                down: stack(&[(dm, dg, e, None)], c.n_ff, qm)?,
             });
         }
         let output_norm = src.vector(T::OutputNorm, 0, e)?;
         let inv_freq = config.inv_freq();
-        Ok(Self { config, embed, output, output_norm, layers, inv_freq })
+        Ok(Self { config, embed, output, output_norm, layers, inv_freq, numerics: numerics.clone() })
     }
 }
 

@@ -13,7 +13,7 @@ use samewise_engine::{
 };
 
 fn engine(threads: usize, isa: Option<Isa>) -> anyhow::Result<Engine> {
-    Ok(Engine::load(&common::model_path()?, LoadOptions { threads, isa })?)
+    Ok(Engine::load(&common::model_path()?, LoadOptions { threads, isa, ..LoadOptions::default() })?)
 }
 
 /// Token ids of the golden texts (real text: chat, code, numbers, non-English, long).

@@ -11,7 +11,7 @@ use samewise_engine::gguf::GgufFile;
 use samewise_engine::{Engine, EngineError, LoadOptions};
 
 fn load(path: &Path) -> Result<Engine, EngineError> {
-    Engine::load(path, LoadOptions { threads: 2, isa: None })
+    Engine::load(path, LoadOptions { threads: 2, isa: None, ..LoadOptions::default() })
 }
 
 /// Byte positions inside a GGUF header, found by walking it.

@@ -10,16 +10,19 @@
 //!
 //! # Layout
 //! - [`requant`]: the number-format functions (weights, activations, KV cache).
+//! - [`numerics`]: [`Numerics`], the numeric knobs as the forward pass applies them.
 //! - this module: [`Profile`] and its sections, parsing, validation, the built-in set.
 
+pub mod numerics;
 pub mod requant;
 
 use serde::{Deserialize, Serialize};
 
+pub use numerics::Numerics;
 pub use requant::{KvDtype, WeightQuant};
 
-/// One serving profile.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// One serving profile. The default is the unmodified `reference` profile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Profile {
     /// Shown in `/v1/models` (the model object's `profile` field) and logs.
@@ -62,6 +65,25 @@ pub struct Profile {
 
 fn reference_name() -> String {
     "reference".to_owned()
+}
+
+impl Default for Profile {
+    fn default() -> Self {
+        Profile {
+            name: reference_name(),
+            seed: 0,
+            weights: None,
+            activations: None,
+            kv_cache: None,
+            truncation: None,
+            tool_calls: None,
+            repeat_bug: None,
+            chat_template: None,
+            api: None,
+            latency: None,
+            errors: None,
+        }
+    }
 }
 
 /// `[weights]`: re-quantization of chosen tensors.

@@ -57,13 +57,72 @@ impl WeightQuant {
             }
         }
     }
+
+    /// The same re-quantization as [`WeightQuant::apply`], as integer codes with one scale
+    /// (and, asymmetric, one offset) per group: value `q * scale` (`+ offset`), bit for bit
+    /// what `apply` writes. None when the codes do not fit in an `i8` (asymmetric 8-bit) or
+    /// the row is not a whole number of groups; the caller then keeps f32 values.
+    pub fn codes(&self, row: &[f32]) -> Option<Codes> {
+        let g = self.group_size.max(1);
+        if (!self.symmetric && self.bits >= 8) || !row.len().is_multiple_of(g) {
+            return None;
+        }
+        let mut codes = Codes { q: Vec::with_capacity(row.len()), scale: Vec::new(), offset: None };
+        let mut offsets = Vec::new();
+        for group in row.chunks(g) {
+            let mut v = group.to_vec();
+            let (d, base) = if self.symmetric {
+                quantize_symmetric(&mut v, self.bits)
+            } else {
+                quantize_asymmetric(&mut v, self.bits)
+            };
+            for &x in group {
+                codes.q.push(code_of(x, d, base, self.bits, self.symmetric) as i8);
+            }
+            codes.scale.push(d);
+            offsets.push(base);
+        }
+        if !self.symmetric {
+            codes.offset = Some(offsets);
+        }
+        Some(codes)
+    }
+}
+
+/// One row re-quantized as integers: `value[i] = q[i] * scale[i / group]` (`+ offset[i / group]`
+/// when `offset` is Some).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Codes {
+    /// One integer per value.
+    pub q: Vec<i8>,
+    /// One scale per group (0 for a degenerate group).
+    pub scale: Vec<f32>,
+    /// One offset per group (the group minimum), asymmetric only.
+    pub offset: Option<Vec<f32>>,
+}
+
+/// The integer code of `x` in a group with scale `d` and base `base` (the arithmetic of
+/// [`quantize_symmetric`] / [`quantize_asymmetric`]); 0 for a degenerate group.
+fn code_of(x: f32, d: f32, base: f32, bits: u8, symmetric: bool) -> f32 {
+    if d == 0.0 || !d.is_finite() {
+        return 0.0;
+    }
+    let id = 1.0 / d;
+    if symmetric {
+        let half_levels = (1i32 << (bits - 1)) as f32;
+        let (qmin, qmax) = if bits == 8 { (-127.0, 127.0) } else { (-half_levels, half_levels - 1.0) };
+        (x * id).round().clamp(qmin, qmax)
+    } else {
+        let levels = ((1u32 << bits) - 1) as f32;
+        ((x - base) * id).round().clamp(0.0, levels)
+    }
 }
 
 /// ggml's symmetric scheme generalised to `bits`: `d = max / -2^(bits-1)` where `max` is the
 /// value of largest magnitude (sign kept), `q = clamp(round(x / d), -2^(bits-1), 2^(bits-1)-1)`,
 /// value `q * d`. (For 4 bits this is exactly `Q4_0`'s rounding; 8 bits uses `Q8_0`'s
 /// `d = amax / 127` instead, as ggml does.)
-fn quantize_symmetric(group: &mut [f32], bits: u8) {
+fn quantize_symmetric(group: &mut [f32], bits: u8) -> (f32, f32) {
     let half_levels = (1i32 << (bits - 1)) as f32;
     let (d, qmin, qmax) = if bits == 8 {
         let amax = group.iter().fold(0f32, |m, &x| m.max(x.abs()));
@@ -74,18 +133,19 @@ fn quantize_symmetric(group: &mut [f32], bits: u8) {
     };
     if d == 0.0 || !d.is_finite() {
         group.iter_mut().for_each(|x| *x = 0.0);
-        return;
+        return (0.0, 0.0);
     }
     let id = 1.0 / d;
     for x in group.iter_mut() {
         let q = (*x * id).round().clamp(qmin, qmax);
         *x = q * d;
     }
+    (d, 0.0)
 }
 
 /// ggml's asymmetric scheme generalised to `bits`: `d = (max - min) / (2^bits - 1)`,
 /// `q = clamp(round((x - min) / d), 0, 2^bits - 1)`, value `q * d + min`.
-fn quantize_asymmetric(group: &mut [f32], bits: u8) {
+fn quantize_asymmetric(group: &mut [f32], bits: u8) -> (f32, f32) {
     let levels = ((1u32 << bits) - 1) as f32;
     let (min, max) = group
         .iter()
@@ -93,13 +153,14 @@ fn quantize_asymmetric(group: &mut [f32], bits: u8) {
     let d = (max - min) / levels;
     if d == 0.0 || !d.is_finite() {
         group.iter_mut().for_each(|x| *x = min);
-        return;
+        return (0.0, min);
     }
     let id = 1.0 / d;
     for x in group.iter_mut() {
         let q = ((*x - min) * id).round().clamp(0.0, levels);
         *x = q * d + min;
     }
+    (d, min)
 }
 
 /// Quantizes activations the way llama.cpp's CPU kernels do before a quantized matmul:
@@ -107,7 +168,7 @@ fn quantize_asymmetric(group: &mut [f32], bits: u8) {
 /// (`Q8_0`). Applied to every matmul input under the `activations` knob.
 pub fn quantize_activations_q8(row: &mut [f32]) {
     for block in row.chunks_mut(32) {
-        quantize_symmetric(block, 8);
+        let _ = quantize_symmetric(block, 8);
     }
 }
 
@@ -242,6 +303,33 @@ mod tests {
             assert_ne!(r, orig, "{dt:?}");
             assert!(rmse(&orig, &r) < 1e-2);
         }
+    }
+
+    #[test]
+    fn codes_give_exactly_the_applied_values() {
+        let orig = lcg_row(256, 13);
+        for symmetric in [true, false] {
+            for bits in [2u8, 3, 4, 5, 6, 8] {
+                for group_size in [32, 64, 128] {
+                    let q = WeightQuant { bits, group_size, symmetric };
+                    let mut applied = orig.clone();
+                    q.apply(&mut applied);
+                    let Some(c) = q.codes(&orig) else {
+                        assert!(!symmetric && bits == 8);
+                        continue;
+                    };
+                    for (i, &a) in applied.iter().enumerate() {
+                        let g = i / group_size;
+                        let mut v = f32::from(c.q[i]) * c.scale[g];
+                        if let Some(o) = &c.offset {
+                            v += o[g];
+                        }
+                        assert_eq!(v.to_bits() & 0x7fff_ffff, a.to_bits() & 0x7fff_ffff, "bits {bits} sym {symmetric} i {i}");
+                    }
+                }
+            }
+        }
+        assert!(WeightQuant { bits: 4, group_size: 64, symmetric: true }.codes(&orig[..96]).is_none());
     }
 
     #[test]
