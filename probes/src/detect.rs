@@ -14,6 +14,8 @@
 //!   statistic over the endpoint's stored runs, oldest first; its first
 //!   `cusum_baseline_rounds` runs are the baseline. The chart is rebuilt from the store on
 //!   every run (so a restart loses nothing); an alarm on the newest run raises "changed".
+//!   Resolving a "changed" alert accepts the new behaviour: the chart then starts over from
+//!   the runs after the resolution (a new baseline).
 //! - **passive** ([`Detectors::sweep`]): per model, each endpoint's request records of the
 //!   last `passive_window_ms` against the other endpoints': error rate, tool-call error rate
 //!   and repetition-cut rate (two-proportion z, flagged only when the endpoint is worse),
@@ -391,7 +393,21 @@ impl Detectors {
         if let Some(finding) = self.faithful(run, &floors)? {
             out.push(self.alerting.raise(store, &finding).await?.0);
         }
-        if let Some(finding) = self.changed(run, &history, &floors)? {
+        // a resolved "changed" alert accepts the new behaviour: the chart restarts after it
+        let accepted_ms = store
+            .alerts(&samewise_store::AlertQuery {
+                state: Some(samewise_store::AlertState::Resolved),
+                model: Some(run.model.clone()),
+                endpoint: Some(run.endpoint.clone()),
+                limit: 100,
+            })
+            .await
+            .map_err(store_err)?
+            .iter()
+            .filter(|a| a.kind == KIND_CHANGED)
+            .filter_map(|a| a.resolved_ms)
+            .max();
+        if let Some(finding) = self.changed(run, &history, &floors, accepted_ms)? {
             out.push(self.alerting.raise(store, &finding).await?.0);
         }
         Ok(out)
@@ -557,12 +573,14 @@ impl Detectors {
     }
 
     /// The changed? finding: a CUSUM per watched statistic over the endpoint's runs of this
-    /// kind (noise-floor repeats excluded), alarming on `run`.
+    /// kind (noise-floor repeats excluded, and only runs started after `accepted_ms`, when
+    /// the endpoint's last "changed" alert was resolved), alarming on `run`.
     fn changed(
         &self,
         run: &ProbeRun,
         history: &[ProbeRun],
         floors: &BTreeMap<String, NoiseFloor>,
+        accepted_ms: Option<i64>,
     ) -> Result<Option<NewAlert>> {
         if run.repeat_of.is_some() {
             return Ok(None);
@@ -570,6 +588,7 @@ impl Detectors {
         let series: Vec<&ProbeRun> = history
             .iter()
             .filter(|r| r.ok && r.repeat_of.is_none())
+            .filter(|r| accepted_ms.is_none_or(|t| r.started_ms > t))
             .collect();
         let mut alarms = Vec::new();
         for key in &self.cfg.cusum_statistics {

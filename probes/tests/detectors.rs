@@ -230,6 +230,32 @@ async fn cusum_raises_changed_after_a_switch_on_postgres_and_sqlite() -> Result<
                 || round == 40
         );
         ensure!(alarms[0]["baseline_runs"].as_array().map(Vec::len) == Some(8));
+        // still changed: the alert stays (refreshed)
+        let r = store_run(&db.store, &logprob_run("p/a", 50_000, 0.1, 0.9)).await?;
+        let later = d.after_run(&db.store, &r).await?;
+        ensure!(later.iter().all(|a| a.id == alert.id), "{later:?}");
+        // the operator resolves it: the new behaviour becomes the baseline, no re-alert
+        db.store.resolve_alert(alert.id).await?;
+        // runs after the resolution carry real clock times, as the scheduler's do
+        let t0 = samewise_store::now_ms() + 1;
+        for i in 0..20 {
+            let x = [0.10, 0.104, 0.097, 0.101][i % 4];
+            let r = store_run(&db.store, &logprob_run("p/a", t0 + i as i64 * 1000, x, 0.9)).await?;
+            let alerts = d.after_run(&db.store, &r).await?;
+            ensure!(
+                alerts.is_empty(),
+                "{backend}: re-alerted after the change was accepted (round {i}): {alerts:?}"
+            );
+        }
+        // and a change away from the new baseline is caught again
+        let r = store_run(&db.store, &logprob_run("p/a", t0 + 30_000, 0.5, 0.6)).await?;
+        let again = d.after_run(&db.store, &r).await?;
+        ensure!(
+            again
+                .iter()
+                .any(|a| a.kind == "changed" && a.id != alert.id),
+            "{again:?}"
+        );
     }
     Ok(())
 }
