@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::align::{EndpointToken, ReferenceVocab, map_top};
-use crate::compare::{self, PositionInput, Side};
+use crate::compare::{self, PositionInput, Side, TopEntry};
 use crate::config::{ModelProbes, ProbeKind, PromptSetPaths};
 use crate::prompts::{self, CompletionPrompt, LogprobText, NeedleTemplate, ToolCallPrompt, ToolDefinitions};
 use crate::reference::http::{HttpFailure, post_json};
@@ -219,7 +219,7 @@ pub(crate) fn positions(
         let Some(j) = map(i) else { continue };
         let Some(r) = scored.get(ref_offset + j) else { continue };
         let Some(r_lp) = r.logprob else { continue };
-        let (top, d) = map_top(&p.top, vocab);
+        let (top, d) = map_top_disambiguated(&p.top, &r.top, vocab);
         dropped += d;
         if top.is_empty() || r.top.is_empty() {
             continue;
@@ -229,6 +229,36 @@ pub(crate) fn positions(
             reference: Side { actual_logprob: r_lp, top: r.top.clone() },
             endpoint: Side { actual_logprob: p.logprob, top },
         });
+    }
+    (out, dropped)
+}
+
+/// Maps an endpoint's alternatives to reference ids. Display texts are ambiguous (several
+/// byte-level tokens can render as the same lossy text, e.g. partial UTF-8 as U+FFFD): an
+/// alternative whose first mapping is not among the reference's top-k at this position but
+/// whose text is the display text of one that is, takes that one's id.
+fn map_top_disambiguated(alts: &[(EndpointToken, f64)], reference_top: &[TopEntry], vocab: &dyn ReferenceVocab) -> (Vec<TopEntry>, usize) {
+    let mut out = Vec::with_capacity(alts.len());
+    let mut dropped = 0;
+    for alt in alts {
+        let (mut mapped, d) = map_top(std::slice::from_ref(alt), vocab);
+        dropped += d;
+        let Some(mut e) = mapped.pop() else { continue };
+        if !reference_top.iter().any(|r| r.id == e.id) {
+            let same_text = reference_top.iter().find(|r| {
+                let b = vocab.token_bytes(r.id);
+                match alt.0.resolved_bytes() {
+                    Some(ab) if alt.0.bytes.is_some() => b == ab,
+                    _ => String::from_utf8_lossy(&b) == alt.0.text,
+                }
+            });
+            if let Some(r) = same_text
+                && !out.iter().any(|o: &TopEntry| o.id == r.id)
+            {
+                e.id = r.id;
+            }
+        }
+        out.push(e);
     }
     (out, dropped)
 }

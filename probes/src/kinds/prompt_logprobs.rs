@@ -36,7 +36,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             Err(e) => return Outcome::failed(e.message, tokens),
         };
         tokens += usage_tokens(&answer);
-        let Some(ep) = parse_echo(&answer, &t.text) else {
+        let Some(ep) = parse_echo(&answer, &t.text, k) else {
             return Outcome::failed("the endpoint returned no prompt logprobs for echo + logprobs (refused or unsupported)", tokens);
         };
         if ep.is_empty() {
@@ -74,7 +74,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
 
 /// The echoed prompt positions of a legacy completions answer: (position, whether it has a
 /// logprob). None when the answer carries no logprobs at all.
-fn parse_echo(answer: &Value, prompt: &str) -> Option<Vec<(EpPosition, bool)>> {
+fn parse_echo(answer: &Value, prompt: &str, k: usize) -> Option<Vec<(EpPosition, bool)>> {
     let lp = answer.pointer("/choices/0/logprobs").filter(|v| !v.is_null())?;
     let tokens = lp.get("tokens")?.as_array()?;
     let token_logprobs = lp.get("token_logprobs")?.as_array()?;
@@ -96,11 +96,17 @@ fn parse_echo(answer: &Value, prompt: &str) -> Option<Vec<(EpPosition, bool)>> {
         let text = t.as_str()?.to_owned();
         // read at f32 precision, as in `chat_positions`
         let lp = token_logprobs[i].as_f64().map(norm);
-        let top: Vec<(EndpointToken, f64)> = tops
+        let mut top: Vec<(EndpointToken, f64)> = tops
             .and_then(|ts| ts.get(i))
             .and_then(Value::as_object)
             .map(|m| m.iter().filter_map(|(k, v)| Some((EndpointToken::text(k.clone()), norm(v.as_f64()?)))).collect())
             .unwrap_or_default();
+        // OpenAI and vLLM add the actual token to the k alternatives when it is not among
+        // them; that extra entry is not part of the top-k (with a tie at the k-th place it
+        // could otherwise displace a true top-k entry)
+        if top.len() > k {
+            top.retain(|(t, _)| t.text != text);
+        }
         out.push((EpPosition { token: EndpointToken::text(text), logprob: lp.unwrap_or(0.0), top }, lp.is_some()));
     }
     Some(out)

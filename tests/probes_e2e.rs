@@ -1,0 +1,196 @@
+//! The probe path end to end over real processes: `samewise engine serve` endpoints on the
+//! test model under serving profiles (unmodified, logprobs refused, echo logprobs
+//! shifted; the 4-bit profile is not served by this build's engine yet), probed by `samewise probes run --once` and by the scheduler inside
+//! `samewise serve`, against the in-process reference; the stored runs are read back from
+//! the SQLite database.
+//!
+//! The test model is `$SAMEWISE_MODEL` if set, else
+//! `~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf`; a missing model fails.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use samewise_store::{ProbeRun, ProbeRunQuery, Store};
+
+const BIN: &str = env!("CARGO_BIN_EXE_samewise");
+
+fn test_model() -> Result<PathBuf> {
+    let path = match std::env::var_os("SAMEWISE_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
+            .join(".cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    };
+    ensure!(path.is_file(), "test model missing at {}: run scripts/fetch-model.sh", path.display());
+    Ok(path)
+}
+
+/// A child process killed (SIGTERM, then SIGKILL) when dropped, so a failing test leaves none.
+struct Proc(Option<Child>);
+
+impl Proc {
+    fn stop(mut self) -> Result<std::process::ExitStatus> {
+        let mut child = self.0.take().context("already stopped")?;
+        Command::new("kill").args(["-TERM", &child.id().to_string()]).status()?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = child.try_wait()? {
+                return Ok(s);
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                anyhow::bail!("did not stop within 30 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Spawns `samewise ARGS` and returns it with the URL of its "listening on" line.
+fn spawn_listening(args: &[&str], cwd: &Path) -> Result<(Proc, String)> {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let proc = Proc(Some(child));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+        for _ in lines {}
+    });
+    let line = rx.recv_timeout(Duration::from_secs(120)).map_err(|_| anyhow::anyhow!("samewise {args:?} printed no 'listening on' line"))?;
+    let url = line.strip_prefix("listening on ").context("unexpected first line")?.to_owned();
+    Ok((proc, url))
+}
+
+fn engine(profile: &str, cwd: &Path) -> Result<(Proc, String)> {
+    let model = test_model()?;
+    let model = model.to_str().context("model path is not UTF-8")?;
+    spawn_listening(&["engine", "serve", "--model", model, "--listen", "127.0.0.1:0", "--model-name", "smol", "--profile", profile], cwd)
+}
+
+/// A gateway config with one provider per engine and the probes on.
+fn config(data_dir: &Path, engines: &[(&str, &str)], probes: &str) -> Result<String> {
+    let model = test_model()?;
+    let mut s = format!("[server]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n", data_dir.display());
+    for (name, url) in engines {
+        s += &format!("[providers.{name}]\nbase_url = \"{url}/v1\"\nprice_input_per_mtok = 0.0\nprice_output_per_mtok = 0.0\n\n");
+    }
+    s += "[models.smol]\npolicy = \"weighted\"\n";
+    for (name, _) in engines {
+        s += &format!("[[models.smol.endpoints]]\nprovider = \"{name}\"\nmodel = \"smol\"\n");
+    }
+    s += &format!(
+        "[models.smol.probes]\nkinds = [\"prompt_logprobs\"]\nitems_per_round = 1\ntop_k = 5\n{probes}\n\n\
+         [probes]\nnoise_pair_every = 5\nlock_retry_ms = 500\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"{}\"\n",
+        model.display()
+    );
+    Ok(s)
+}
+
+async fn runs(data_dir: &Path) -> Result<Vec<ProbeRun>> {
+    let store = Store::connect(None, data_dir).await?;
+    let r = store.probe_runs(&ProbeRunQuery { model: None, endpoint: None, kind: None, since_ms: None, limit: 1000 }).await;
+    store.close().await;
+    Ok(r?)
+}
+
+fn stat(r: &ProbeRun, key: &str) -> Result<f64> {
+    r.stats.get(key).and_then(serde_json::Value::as_f64).with_context(|| format!("{key} missing: {r:?}"))
+}
+
+/// An unmodified endpoint: every actual-token logprob and every top-1 identical to the
+/// reference's; KL ~0 (compare's KL of identical inputs is 0 up to exp/ln rounding, and
+/// up to ~1e-6 where the actual token's probability is under TAIL_EPSILON, at which the
+/// endpoint side alone is clamped).
+fn exact_stats(r: &ProbeRun) -> Result<()> {
+    ensure!(stat(r, "dlogprob_mean")? == 0.0 && stat(r, "top1_same")? == 1.0 && stat(r, "topk_overlap")? == 1.0, "{}", r.stats);
+    ensure!(stat(r, "kl_mean")? < 1e-7 && stat(r, "kl_p99")? < 1e-5 && stat(r, "mismatch_rate")? == 0.0, "{}", r.stats);
+    Ok(())
+}
+
+fn first<'a>(runs: &'a [ProbeRun], endpoint: &str) -> Result<&'a ProbeRun> {
+    runs.iter().filter(|r| r.endpoint == endpoint && r.repeat_of.is_none()).min_by_key(|r| r.id).with_context(|| format!("no run of {endpoint}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_run_once_tells_the_profiles_apart() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (e_ref, u_ref) = engine("reference", dir.path())?;
+    let (e_nolp, u_nolp) = engine("no-logprobs", dir.path())?;
+    let (e_shift, u_shift) = engine("shifted-echo", dir.path())?;
+    let data = dir.path().join("data");
+    let cfg = dir.path().join("samewise.toml");
+    std::fs::write(&cfg, config(&data, &[("exact", &u_ref), ("nolp", &u_nolp), ("shift", &u_shift)], "")?)?;
+
+    let out = Command::new(BIN).args(["probes", "run", "--once", "--config"]).arg(&cfg).current_dir(dir.path()).env_remove("DATABASE_URL").output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(out.status.success(), "probes run failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    ensure!(stdout.lines().count() == 5, "one line per stored run (2 noise pairs + 1 refusal):\n{stdout}");
+
+    let all = runs(&data).await?;
+    ensure!(all.len() == 5, "{} runs", all.len());
+    let exact = first(&all, "exact/smol")?;
+    ensure!(exact.ok && exact.kind == "prompt_logprobs" && exact.tokens > 100 && exact.raw.is_some(), "{:?} {}", exact.error, exact.stats);
+    exact_stats(exact)?;
+    ensure!(all.iter().any(|r| r.repeat_of == Some(exact.id)), "noise-floor pair of the first round");
+
+    let nolp = first(&all, "nolp/smol")?;
+    ensure!(!nolp.ok && nolp.error.as_deref().is_some_and(|e| e.contains("logprobs")), "a refusal is a finding: {:?}", nolp.error);
+
+    let shift = first(&all, "shift/smol")?;
+    ensure!(shift.ok && stat(shift, "kl_mean")? > 0.1 && stat(shift, "top1_same")? < 0.9, "shifted echo logprobs: {:?} {}", shift.error, shift.stats);
+
+    for p in [e_ref, e_nolp, e_shift] {
+        p.stop()?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_runs_the_scheduler_and_drains_it_on_sigterm() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (e_ref, u_ref) = engine("reference", dir.path())?;
+    let data = dir.path().join("data");
+    let cfg = dir.path().join("samewise.toml");
+    std::fs::write(&cfg, config(&data, &[("exact", &u_ref)], "interval_ms = 500\njitter = 0.0")?)?;
+    let cfg = cfg.to_str().context("path")?.to_owned();
+    let (gw, _url) = spawn_listening(&["serve", "--config", &cfg, "--listen", "127.0.0.1:0"], dir.path())?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let n = runs(&data).await?.iter().filter(|r| r.ok).count();
+        if n >= 3 {
+            break;
+        }
+        ensure!(std::time::Instant::now() < deadline, "the scheduler inside serve stored {n} runs");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let status = gw.stop()?;
+    ensure!(status.success(), "serve exited with {status}");
+    let all = runs(&data).await?;
+    for r in &all {
+        ensure!(r.endpoint == "exact/smol" && r.ok, "{:?} {}", r.error, r.stats);
+        exact_stats(r)?;
+    }
+    e_ref.stop()?;
+    Ok(())
+}
