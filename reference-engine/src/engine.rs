@@ -151,6 +151,7 @@ pub struct Seq {
 }
 
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one per sequence; boxing buys nothing
 enum Kind {
     Score { top_k: usize, out: Vec<ScoredPosition> },
     Gen { params: GenerateParams, sampler: Sampler, prompt_len: usize, new: Vec<GeneratedToken>, count: usize, finish: Option<Finish> },
@@ -288,7 +289,7 @@ impl Engine {
             return Err(EngineError::InvalidRequest(format!("top_logprobs {} exceeds {MAX_TOP_K}", params.top_logprobs)));
         }
         let s = &params.sampling;
-        if !(s.temperature.is_finite() && s.temperature >= 0.0) || !(s.top_p > 0.0 && s.top_p <= 1.0) {
+        if !s.temperature.is_finite() || s.temperature < 0.0 || !(s.top_p > 0.0 && s.top_p <= 1.0) {
             return Err(EngineError::InvalidRequest("temperature must be >= 0 and top_p in (0, 1]".into()));
         }
         let sampler = Sampler::new(params.sampling.clone());

@@ -129,6 +129,8 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
             let rows = &rows;
             let group = nh / nkv;
             ctx.pool.for_chunks(m * nh, 8, &|items| {
+                // capture the whole Sync wrapper, not its raw-pointer field
+                #[allow(clippy::redundant_locals)]
                 let ap = ap;
                 let mut scores = Vec::new();
                 for wi in items {
@@ -161,6 +163,8 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
             let actp = SyncPtr(act.as_mut_ptr());
             let gu = &gu;
             ctx.pool.for_chunks(m, 4, &|rows| {
+                // capture the whole Sync wrapper, not its raw-pointer field
+                #[allow(clippy::redundant_locals)]
                 let actp = actp;
                 for r in rows {
                     let g = &gu[r * 2 * f..(r + 1) * 2 * f];

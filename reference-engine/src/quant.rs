@@ -6,6 +6,8 @@
 //! which is how the kernels keep weights compact and dequantize on the fly. Both views
 //! produce bit-identical values; the tests check that against hand-computed blocks.
 
+#![allow(clippy::needless_range_loop)] // index loops mirror the reference C code and the lanes
+
 use half::{bf16, f16};
 
 use crate::error::{EngineError, Result};

@@ -89,7 +89,7 @@ fn tiny_models_of_every_architecture_match_transformers() -> anyhow::Result<()> 
     let mut worst = Vec::new();
     for (name, m) in models {
         let engine = Engine::load(&dir.join(name), LoadOptions::default())?;
-        let scored = engine.score(&[tokens.clone()], 1)?.remove(0);
+        let scored = engine.score(std::slice::from_ref(&tokens), 1)?.remove(0);
         let want = m["logprobs"].as_array().ok_or_else(|| anyhow::anyhow!("no logprobs"))?;
         let top1 = m["top1"].as_array().ok_or_else(|| anyhow::anyhow!("no top1"))?;
         let mut max = 0f64;

@@ -238,6 +238,8 @@ impl Linear {
         if let (Isa::Avx512, Data::Quant { group, q, q4, lo, scale, offset }, true) = (isa, &self.data, m <= FUSED_MAX_ROWS) {
             let group = *group;
             ctx.pool.for_chunks(panels, 4, &|panels_t| {
+                // capture the whole Sync wrapper, not its raw-pointer field
+                #[allow(clippy::redundant_locals)]
                 let yp = yp;
                 let mut r = 0;
                 while r < m {
@@ -270,6 +272,8 @@ impl Linear {
             return;
         }
         ctx.pool.for_chunks(panels, 4, &|mine| {
+            // capture the whole Sync wrapper, not its raw-pointer field
+            #[allow(clippy::redundant_locals)]
             let yp = yp;
             SCRATCH.with(|s| {
                 let mut s = s.borrow_mut();

@@ -2,6 +2,8 @@
 //! dequantized panels, and the AVX-512 kernel that dequantizes 8-bit or 4-bit panels in
 //! registers for small batches. Every output element is one FMA chain over k in order.
 
+#![allow(clippy::needless_range_loop)] // index loops mirror the reference C code and the lanes
+
 use std::arch::x86_64::*;
 
 use super::NR;

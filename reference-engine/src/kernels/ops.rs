@@ -6,6 +6,8 @@
 //! Attention for a query row reads only that row and its sequence's cache, so it is the same
 //! computation in prefill and in decode.
 
+#![allow(clippy::needless_range_loop)] // index loops mirror the reference C code and the lanes
+
 use super::Isa;
 
 /// `Σ a[i]·b[i]` accumulated in 16 lanes (element i in lane i % 16, fused multiply-add in
