@@ -335,6 +335,21 @@ impl Detectors {
         Detectors::new(cfg, ladder, &alerts)
     }
 
+    /// Validates the detectors' part of `config` (`[probes.detectors]`, `[probes.alerts]`,
+    /// `[[probes.webhooks]]`, the ladder file and its level) without starting anything: for
+    /// `samewise config check`.
+    pub fn check_config(config: &ProbesConfig) -> Result<()> {
+        let cfg = DetectorConfig::parse(&config.detectors)?;
+        AlertsConfig::parse(&config.detectors)?;
+        if let Some(path) = &config.ladder {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                ProbesError::Io(format!("reading the ladder {}: {e}", path.display()))
+            })?;
+            Ladder::from_json(&text)?.threshold(cfg.metric, &cfg.rule.level)?;
+        }
+        Ok(())
+    }
+
     /// Builds the detectors from typed parts.
     pub fn new(
         cfg: DetectorConfig,

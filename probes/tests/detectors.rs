@@ -488,3 +488,44 @@ async fn samples_p_value_and_unmappable_tokens_are_unfaithful() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn check_config_reads_the_ladder_and_the_detector_tables() -> Result<()> {
+    let ladder = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/TEST_ONLY_handwritten_ladder.json"
+    );
+    let doc = |extra: &str, ladder: &str| {
+        format!(
+            "[probes]\nladder = \"{ladder}\"\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"/nonexistent.gguf\"\n\
+             [probes.detectors]\n{extra}\n[probes.alerts]\nquiet_period_ms = 60000\n"
+        )
+    };
+    let ok =
+        samewise_probes::config::ProbesConfig::from_gateway_toml(&doc("level = \"w4\"", ladder))?;
+    Detectors::check_config(&ok)?;
+    let no_level =
+        samewise_probes::config::ProbesConfig::from_gateway_toml(&doc("level = \"w5\"", ladder))?;
+    let err = Detectors::check_config(&no_level)
+        .err()
+        .context("a level the ladder lacks was accepted")?;
+    ensure!(err.to_string().contains("w5"), "{err}");
+    let missing = samewise_probes::config::ProbesConfig::from_gateway_toml(&doc(
+        "",
+        "/nonexistent/ladder.json",
+    ))?;
+    let err = Detectors::check_config(&missing)
+        .err()
+        .context("a missing ladder was accepted")?;
+    ensure!(
+        err.to_string().contains("/nonexistent/ladder.json"),
+        "{err}"
+    );
+    let typo =
+        samewise_probes::config::ProbesConfig::from_gateway_toml(&doc("pasive_q = 0.1", ladder))?;
+    let err = Detectors::check_config(&typo)
+        .err()
+        .context("an unknown key was accepted")?;
+    ensure!(err.to_string().contains("pasive_q"), "{err}");
+    Ok(())
+}
