@@ -194,3 +194,27 @@ async fn serve_runs_the_scheduler_and_drains_it_on_sigterm() -> Result<()> {
     e_ref.stop()?;
     Ok(())
 }
+
+#[test]
+fn config_check_validates_the_probes_tables() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let good = config(&dir.path().join("data"), &[("exact", "http://127.0.0.1:9")], "")?;
+    let cfg = dir.path().join("good.toml");
+    std::fs::write(&cfg, &good)?;
+    let out = Command::new(BIN).args(["config", "check"]).arg(&cfg).output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(out.status.success() && stdout.contains("probes: 1 model(s), reference in-process"), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
+
+    for (bad, key) in [
+        (good.replace("backend = \"in_process\"", "backend = \"gpu\""), "probes.reference.backend"),
+        (good.replace("items_per_round = 1", "items_per_round = 1\ncadence = 3"), "models.smol.probes: unknown field `cadence`"),
+        (good.replace("top_k = 5", "top_k = 99"), "models.smol.probes.top_k"),
+    ] {
+        let cfg = dir.path().join("bad.toml");
+        std::fs::write(&cfg, &bad)?;
+        let out = Command::new(BIN).args(["config", "check"]).arg(&cfg).output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(!out.status.success() && stderr.contains(key), "{key}: {stderr}");
+    }
+    Ok(())
+}

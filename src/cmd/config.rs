@@ -28,7 +28,12 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
     match args.command {
         ConfigCommand::Check { file } => {
             let config = Config::load(&file)?;
+            // the probes tables are raw in the gateway config: the probes crate validates them
+            let probes = super::probes::probes_config(&config)?;
             print!("{}: ok\n{}", file.display(), config.summary());
+            if let Some(p) = &probes {
+                println!("probes: {} model(s), reference {}", p.models.len(), super::probes::reference_label(p));
+            }
             for (name, p) in &config.providers {
                 if let Some(var) = &p.api_key_env
                     && std::env::var_os(var).is_none()

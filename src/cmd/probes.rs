@@ -56,6 +56,16 @@ pub fn probes_config(config: &Config) -> anyhow::Result<Option<ProbesConfig>> {
     Ok(Some(ProbesConfig::parse(probes, &models)?))
 }
 
+/// How the reference backend reads in a summary line.
+pub fn reference_label(p: &ProbesConfig) -> String {
+    use samewise_probes::config::ReferenceConfig;
+    match &p.reference {
+        ReferenceConfig::InProcess { model, .. } => format!("in-process ({})", model.display()),
+        ReferenceConfig::Remote { url, .. } => format!("remote ({url})"),
+        ReferenceConfig::External { url, flavour, .. } => format!("external {flavour:?} ({url})"),
+    }
+}
+
 /// The endpoints of every probed model, as the proxy calls them.
 pub fn targets(config: &Config, probes: &ProbesConfig) -> anyhow::Result<Vec<Target>> {
     let mut out = Vec::new();
