@@ -155,17 +155,9 @@ async fn an_open_breaker_lets_a_trial_through_after_the_cooldown_and_closes() ->
     for _ in 0..2 {
         assert_eq!(gw.chat(&body).await?.status(), 200);
     }
-    let m = gw.metrics().await?;
-    assert_eq!(
-        metric_value(&m, "samewise_breaker_state", "endpoint=\"a/sa\""),
-        Some(2.0)
-    );
-    let resp = gw.chat(&body).await?;
-    assert_eq!(
-        gw.records(&request_id(&resp)).await?[0].endpoint.as_deref(),
-        Some("b/sb"),
-        "open: a skipped"
-    );
+    // (that an open breaker is skipped is `failover::breaker_opens_and_the_endpoint_is_skipped`;
+    // here the cool-down is short, so only what holds however slow this machine is, is checked)
+    assert_eq!(a.request_count(), 2);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let m = gw.metrics().await?;
     assert_eq!(
@@ -178,6 +170,7 @@ async fn an_open_breaker_lets_a_trial_through_after_the_cooldown_and_closes() ->
     let recs = gw.records(&request_id(&resp)).await?;
     assert_eq!(recs.len(), 1);
     assert_eq!(recs[0].endpoint.as_deref(), Some("a/sa"));
+    assert_eq!(a.request_count(), 3);
     let m = gw.metrics().await?;
     assert_eq!(
         metric_value(&m, "samewise_breaker_state", "endpoint=\"a/sa\""),
