@@ -270,3 +270,7 @@ pub fn next_gap(interval: Duration, jitter: f64, rng: &mut StdRng) -> Duration {
     let f = if jitter > 0.0 { 1.0 + rng.random_range(-jitter..=jitter) } else { 1.0 };
     interval.mul_f64(f.max(0.01))
 }
+
+#[cfg(test)]
+#[path = "runner_tests.rs"]
+mod tests;
