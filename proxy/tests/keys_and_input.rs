@@ -105,8 +105,8 @@ async fn revoked_key_stops_working_within_the_cache_ttl() -> Result<()> {
         }
         assert_eq!(status, 200);
         assert!(
-            revoked_at.elapsed() < Duration::from_secs(2),
-            "revocation not seen after 2 s"
+            revoked_at.elapsed() < Duration::from_secs(5),
+            "revocation not seen after 5 s (TTL 200 ms)"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
