@@ -41,6 +41,9 @@ enum Data {
         q4: Option<Vec<u8>>,
         /// Offset of the 4-bit values (0 or -8).
         lo: i8,
+        /// Every `q * scale` is exact in f32 (few significant bits in both), so a fused
+        /// multiply-add gives the same bits as multiply-then-add; kernels may use it.
+        exact: bool,
         /// `[panel][k/group][16]` scales.
         scale: Vec<f32>,
         /// `[panel][k/group][16]` offsets (zero where the type has none: every path adds
@@ -80,6 +83,7 @@ impl Linear {
                     q: vec![0; panels * k * NR],
                     q4: None,
                     lo: 0,
+                    exact: false,
                     scale: vec![0.0; panels * k / group * NR],
                     offset: vec![0.0; panels * k / group * NR],
                 }
@@ -94,8 +98,28 @@ impl Linear {
             }
             lin.put_panel(p, &rows)?;
         }
+        lin.mark_exact();
         lin.pack_nibbles();
         Ok(lin)
+    }
+
+    /// Sets `exact` when, for every scale, its significant bits plus those of the largest
+    /// |q| fit in f32's 24: then `q * scale` never rounds.
+    fn mark_exact(&mut self) {
+        let Data::Quant { q, scale, exact, .. } = &mut self.data else { return };
+        let max_q = q.iter().map(|&v| i32::from(v).unsigned_abs()).max().unwrap_or(0);
+        let q_bits = 32 - max_q.leading_zeros();
+        let sig_bits = |s: f32| -> u32 {
+            let b = s.to_bits();
+            if s == 0.0 {
+                0
+            } else if (b >> 23) & 0xFF == 0 || !s.is_finite() {
+                24 // subnormal or not finite: never claim exactness
+            } else {
+                24 - ((b & 0x7F_FFFF) | 0x80_0000).trailing_zeros()
+            }
+        };
+        *exact = scale.iter().all(|&s| sig_bits(s) + q_bits <= 24);
     }
 
     /// Stores the integers as 4-bit values when they all fit in [0, 15] or [-8, 7].
@@ -183,7 +207,7 @@ impl Linear {
                     *o = w[(p * k + kk) * NR + c];
                 }
             }
-            Data::Quant { group, q, q4, lo, scale, offset } => {
+            Data::Quant { group, q, q4, lo, scale, offset, .. } => {
                 let ng = k / group;
                 for (kk, o) in out.iter_mut().enumerate().take(k) {
                     let g = (p * ng + kk / group) * NR + c;
@@ -199,7 +223,7 @@ impl Linear {
         let k = self.k;
         match &self.data {
             Data::F32(w) => out[..k * NR].copy_from_slice(&w[p * k * NR..(p + 1) * k * NR]),
-            Data::Quant { group, q, q4, lo, scale, offset } => {
+            Data::Quant { group, q, q4, lo, scale, offset, .. } => {
                 let ng = k / group;
                 let mut qq = [0i8; NR];
                 for g in 0..ng {
@@ -235,7 +259,7 @@ impl Linear {
         let yp = SyncPtr(y.as_mut_ptr());
         let isa = ctx.isa;
         #[cfg(target_arch = "x86_64")]
-        if let (Isa::Avx512, Data::Quant { group, q, q4, lo, scale, offset }, true) = (isa, &self.data, m <= FUSED_MAX_ROWS) {
+        if let (Isa::Avx512, Data::Quant { group, q, q4, lo, exact, scale, offset }, true) = (isa, &self.data, m <= FUSED_MAX_ROWS) {
             let group = *group;
             ctx.pool.for_chunks(panels, 4, &|panels_t| {
                 // capture the whole Sync wrapper, not its raw-pointer field
@@ -260,10 +284,11 @@ impl Linear {
                     };
                     // SAFETY: AVX-512 was detected; thread t writes only its own panels' columns.
                     unsafe {
-                        if q4.is_some() {
-                            x86::fused_rows::<true>(&args, rows, panels_t.clone());
-                        } else {
-                            x86::fused_rows::<false>(&args, rows, panels_t.clone());
+                        match (q4.is_some(), *exact) {
+                            (true, true) => x86::fused_rows::<true, true>(&args, rows, panels_t.clone()),
+                            (true, false) => x86::fused_rows::<true, false>(&args, rows, panels_t.clone()),
+                            (false, true) => x86::fused_rows::<false, true>(&args, rows, panels_t.clone()),
+                            (false, false) => x86::fused_rows::<false, false>(&args, rows, panels_t.clone()),
                         }
                     }
                     r += rows;
@@ -395,24 +420,29 @@ mod tests {
     #[test]
     fn quantized_gemm_paths_agree_bitwise() {
         // 8-bit integers, 4-bit unsigned (Q4_1/Q4_K) and 4-bit signed (Q4_0) storage
-        for (scale_q, shift, packed) in [(31.99f32, 15i8, false), (15.99, 8, true), (15.99, 0, true)] {
-            quantized_case(scale_q, shift, packed);
+        // with f16 scales (as Q4_1/Q8_0 have) every q * scale is exact: the fused-FMA path
+        for (scale_q, shift, packed, f16_scales) in
+            [(31.99f32, 15i8, false, false), (15.99, 8, true, false), (15.99, 0, true, true), (31.99, 15, false, true)]
+        {
+            quantized_case(scale_q, shift, packed, f16_scales);
         }
     }
 
-    fn quantized_case(scale_q: f32, shift: i8, packed: bool) {
+    fn quantized_case(scale_q: f32, shift: i8, packed: bool, f16_scales: bool) {
+        let round = |x: f32| if f16_scales { half::f16::from_f32(x).to_f32() } else { x };
         let (n, k) = (70, 96);
         let mut seed = 11;
         let rows: Vec<Decomposed> = (0..n)
             .map(|_| Decomposed {
                 group: 32,
                 q: (0..k).map(|_| ((lcg(&mut seed) + 0.5) * scale_q) as i8 - shift).collect(),
-                scale: (0..k / 32).map(|_| lcg(&mut seed) * 0.1).collect(),
+                scale: (0..k / 32).map(|_| round(lcg(&mut seed) * 0.1)).collect(),
                 offset: Some((0..k / 32).map(|_| lcg(&mut seed) * 0.05).collect()),
             })
             .collect();
         let lin = Linear::pack(n, k, Some(32), &mut |i| Ok(RowSource::Quant(rows[i].clone()))).unwrap();
         assert_eq!(matches!(&lin.data, Data::Quant { q4: Some(_), .. }), packed, "{scale_q} {shift}");
+        assert_eq!(matches!(&lin.data, Data::Quant { exact: true, .. }), f16_scales, "{scale_q} {shift}");
         let m = 13;
         let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
         let mut want = vec![0f32; m * n];

@@ -53,7 +53,7 @@ pub(super) struct Fused<'a> {
 /// # Safety
 /// AVX-512F must be available; `y` valid for those rows and panels' columns.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn fused_rows<const NIB: bool>(a: &Fused<'_>, rows: usize, panels: std::ops::Range<usize>) {
+pub(super) unsafe fn fused_rows<const NIB: bool, const EXACT: bool>(a: &Fused<'_>, rows: usize, panels: std::ops::Range<usize>) {
     let mut p = panels.start;
     // SAFETY: forwarded.
     unsafe {
@@ -61,35 +61,35 @@ pub(super) unsafe fn fused_rows<const NIB: bool>(a: &Fused<'_>, rows: usize, pan
             let left = panels.end - p;
             let step = match rows {
                 8 if left >= 2 => {
-                    fused::<8, 2, NIB>(a, p);
+                    fused::<8, 2, NIB, EXACT>(a, p);
                     2
                 }
                 8 => {
-                    fused::<8, 1, NIB>(a, p);
+                    fused::<8, 1, NIB, EXACT>(a, p);
                     1
                 }
                 4 if left >= 4 => {
-                    fused::<4, 4, NIB>(a, p);
+                    fused::<4, 4, NIB, EXACT>(a, p);
                     4
                 }
                 4 => {
-                    fused::<4, 1, NIB>(a, p);
+                    fused::<4, 1, NIB, EXACT>(a, p);
                     1
                 }
                 2 if left >= 4 => {
-                    fused::<2, 4, NIB>(a, p);
+                    fused::<2, 4, NIB, EXACT>(a, p);
                     4
                 }
                 2 => {
-                    fused::<2, 1, NIB>(a, p);
+                    fused::<2, 1, NIB, EXACT>(a, p);
                     1
                 }
                 _ if left >= 4 => {
-                    fused::<1, 4, NIB>(a, p);
+                    fused::<1, 4, NIB, EXACT>(a, p);
                     4
                 }
                 _ => {
-                    fused::<1, 1, NIB>(a, p);
+                    fused::<1, 1, NIB, EXACT>(a, p);
                     1
                 }
             };
@@ -102,7 +102,7 @@ pub(super) unsafe fn fused_rows<const NIB: bool>(a: &Fused<'_>, rows: usize, pan
 /// one FMA chain per output element over k in order (the same arithmetic as the
 /// scratch path).
 #[target_feature(enable = "avx512f")]
-unsafe fn fused<const R: usize, const P: usize, const NIB: bool>(a: &Fused<'_>, p0: usize) {
+unsafe fn fused<const R: usize, const P: usize, const NIB: bool, const EXACT: bool>(a: &Fused<'_>, p0: usize) {
     let (k, group) = (a.k, a.group);
     let ng = k / group;
     let q_len = if NIB { a.q4.len() * 2 } else { a.q.len() };
@@ -137,7 +137,9 @@ unsafe fn fused<const R: usize, const P: usize, const NIB: bool>(a: &Fused<'_>, 
                     unsafe { _mm_loadu_si128(qp.add(((p0 + j) * k + kk) * NR).cast()) }
                 };
                 let wf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qv));
-                w[j] = _mm512_add_ps(_mm512_mul_ps(wf, s[j]), o[j]);
+                // EXACT: every q * scale of this matrix is exact in f32, so the fused
+                // multiply-add rounds once, exactly like the multiply-then-add
+                w[j] = if EXACT { _mm512_fmadd_ps(wf, s[j], o[j]) } else { _mm512_add_ps(_mm512_mul_ps(wf, s[j]), o[j]) };
             }
             for r in 0..R {
                 // SAFETY: bounds asserted above.
