@@ -167,9 +167,9 @@ impl Gateway {
             .await?)
     }
 
-    /// Every record of `request_id`, once its final record is written (polls up to 5 s).
+    /// Every record of `request_id`, once its final record is written (polls up to 10 s).
     pub async fn records(&self, request_id: &str) -> Result<Vec<RequestRecord>> {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             let q = RecordQuery {
                 request_id: Some(request_id.to_owned()),
@@ -190,7 +190,7 @@ impl Gateway {
             }
             if tokio::time::Instant::now() > deadline {
                 bail!(
-                    "no final record for {request_id} after 5 s (have {})",
+                    "no final record for {request_id} after 10 s (have {})",
                     rows.len()
                 );
             }
