@@ -223,6 +223,78 @@ fn vllm_double(engine: Arc<Engine>) -> Result<axum::Router> {
         ))
 }
 
+/// A third-party double speaking SGLang's `/generate` protocol for scoring
+/// (`return_logprob`, `logprob_start_len: 0`, `top_logprobs_num`), computing with the engine.
+fn sglang_double(engine: Arc<Engine>) -> axum::Router {
+    axum::Router::new().route(
+        "/generate",
+        post(move |body: Bytes| {
+            let engine = engine.clone();
+            async move {
+                let v: Value = serde_json::from_slice(&body).unwrap_or_default();
+                let ids: Vec<u32> = v["input_ids"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64().map(|n| n as u32)).collect()).unwrap_or_default();
+                let k = v["top_logprobs_num"].as_u64().unwrap_or(0) as usize;
+                let scored = tokio::task::spawn_blocking(move || engine.score(&[ids], k)).await;
+                let Ok(Ok(mut scored)) = scored else { return axum::Json(json!({"error": {"message": "scoring failed"}})) };
+                let seq = scored.pop().map(|s| s.positions).unwrap_or_default();
+                let input: Vec<Value> = seq.iter().map(|p| json!([p.logprob.map(f64::from), p.token, null])).collect();
+                let tops: Vec<Value> = seq
+                    .iter()
+                    .map(|p| match p.logprob {
+                        None => Value::Null,
+                        Some(_) => Value::Array(p.top.iter().map(|t| json!([f64::from(t.logprob), t.token, null])).collect()),
+                    })
+                    .collect();
+                axum::Json(json!({"text": "", "meta_info": {"input_token_logprobs": input, "input_top_logprobs": tops,
+                                                           "prompt_tokens": seq.len(), "completion_tokens": 0}}))
+            }
+        }),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_sglang_scores_agree_with_in_process() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let url = serve(sglang_double(engine()?), &stop, &tasks).await?;
+    let sglang = External::new(&url, ExternalFlavour::Sglang, "smol", &model_path()?, None)?;
+    let local = in_process()?;
+    let ids = local.tokenize("Photosynthesis turns light into chemical energy.", true).await?;
+    ensure!(sglang.tokenize("Photosynthesis turns light into chemical energy.", true).await? == ids);
+    ensure!(sglang.score(&ids, 4).await? == local.score(&ids, 4).await?, "SGLang scores differ");
+    // SGLang has no chat-tokenize route: a clear error, not a wrong answer
+    let e = sglang.render_chat(&[json!({"role": "user", "content": "hi"})], None).await;
+    ensure!(e.as_ref().is_err_and(|e| e.to_string().contains("SGLang")), "{e:?}");
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_context_reports_the_longest_passing_length() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let url = engine_server(&stop, &tasks).await?;
+    let reference = in_process()?;
+    let h = Harness::new("context_window = 1024")?;
+    let o = h.probe(&reference, ProbeKind::LongContext, &target(&url, "engine/smol")).await;
+    ensure!(o.ok, "{:?}", o.error);
+    let lengths = o.stats["lengths"].as_array().context("lengths")?;
+    ensure!(!lengths.is_empty() && o.tokens > 0, "{}", o.stats);
+    let effective = stat(&o, "effective_context")?;
+    let passed: Vec<f64> = lengths.iter().filter(|l| l["passed"] == json!(true)).filter_map(|l| l["length"].as_f64()).collect();
+    // lengths are tried in doubling order and the ladder stops at the first failure
+    ensure!(effective == passed.last().copied().unwrap_or(0.0), "{}", o.stats);
+    ensure!(passed.len() == lengths.len() || passed.len() + 1 == lengths.len(), "{}", o.stats);
+    ensure!((passed.len() < lengths.len()) == !o.stats["failed_at"].is_null(), "{}", o.stats);
+    ensure!(stat(&o, "window")? <= 1024.0, "{}", o.stats);
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
 /// A double in front of the engine that scales every logprob it returns by `factor` (a
 /// provider whose distribution is sharper than the weights'), or refuses logprobs (400).
 fn shifting_double(upstream: String, factor: f64, refuse: bool) -> axum::Router {
