@@ -681,3 +681,43 @@ async fn latency_profile_delays_the_first_byte() -> anyhow::Result<()> {
     assert!(!events.is_empty() && t0.elapsed() >= Duration::from_millis(median));
     srv.shutdown().await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numeric_knobs_of_a_served_profile_reach_the_engine() -> anyhow::Result<()> {
+    let plain = TestServer::builtin("reference").await?;
+    let w4 = TestServer::toml(
+        "name = \"w4-flaky-api\"\n[weights]\nbits = 4\n[api]\nmax_top_logprobs = 1\n",
+    )
+    .await?;
+    let body = json!({"prompt": "The quick brown fox jumps over the lazy dog.", "echo": true,
+                      "logprobs": 3, "max_tokens": 0});
+    let a = plain.ok("/v1/completions", &body).await?;
+    let b = w4.ok("/v1/completions", &body).await?;
+    let (la, lb) = (&a["choices"][0]["logprobs"], &b["choices"][0]["logprobs"]);
+    assert_eq!(la["tokens"], lb["tokens"]);
+    let (pa, pb) = (f64s(&la["token_logprobs"]), f64s(&lb["token_logprobs"]));
+    assert_eq!(pa.len(), pb.len());
+    let drift: f64 = pa
+        .iter()
+        .zip(&pb)
+        .filter_map(|(x, y)| Some((x.as_ref()? - y.as_ref()?).abs()))
+        .sum();
+    assert!(drift > 0.0, "4-bit weights must change the logprobs");
+    // the behavioural knob of the same profile applies too (cap 1: one alternative, plus
+    // the actual token when it is not it)
+    for top in lb["top_logprobs"].as_array().into_iter().flatten().skip(1) {
+        assert!(
+            top.as_object().is_some_and(|m| (1..=2).contains(&m.len())),
+            "{top}"
+        );
+    }
+    let r = w4
+        .client
+        .get(format!("{}/v1/models", w4.base))
+        .send()
+        .await?;
+    let models: Value = serde_json::from_slice(&r.bytes().await?)?;
+    assert_eq!(models["data"][0]["profile"], "w4-flaky-api");
+    plain.shutdown().await?;
+    w4.shutdown().await
+}

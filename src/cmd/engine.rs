@@ -60,17 +60,13 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
 fn serve(args: EngineServeArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.threads >= 1, "--threads must be at least 1");
     let profile = Profile::resolve(&args.profile)?;
+    let profile_name = profile.name.clone();
     let opts = LoadOptions {
         threads: args.threads,
+        profile,
         ..LoadOptions::default()
     };
-    anyhow::ensure!(
-        profile.weights.is_none() && profile.activations.is_none() && profile.kv_cache.is_none(),
-        "profile {}: this build's engine does not apply numeric knobs (weights, activations, kv_cache) yet",
-        profile.name
-    );
-    let profile_name = profile.name.clone();
-    let state = ServerState::load_with_profile(&args.model, opts, args.model_name, profile)
+    let state = ServerState::load(&args.model, opts, args.model_name)
         .with_context(|| format!("cannot load model {}", args.model.display()))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

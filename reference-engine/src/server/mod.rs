@@ -91,19 +91,22 @@ impl std::fmt::Debug for ServerState {
 }
 
 impl ServerState {
-    /// State over an already loaded engine, tokenizer and template.
+    /// State over an already loaded engine, tokenizer and template, serving the behavioural
+    /// faults of the profile the engine was loaded with (none for the reference profile).
     pub fn new(
         engine: Arc<Engine>,
         tokenizer: Tokenizer,
         template: Option<ChatTemplate>,
         model_name: String,
     ) -> Self {
-        Self::with_profile(engine, tokenizer, template, model_name, Profile::default())
+        let profile = engine.profile().clone();
+        Self::with_profile(engine, tokenizer, template, model_name, profile)
     }
 
     /// State whose OpenAI routes show `profile`'s behavioural faults (truncation, tool-call
     /// corruption, repeat bug, template variant, API differences, latency, errors). Its
-    /// numerical part is the engine's business (it was loaded with it, or not).
+    /// numerical part is the engine's business: the engine applies the profile it was
+    /// loaded with ([`LoadOptions::profile`]), whatever this one says.
     pub fn with_profile(
         engine: Arc<Engine>,
         tokenizer: Tokenizer,
@@ -132,20 +135,10 @@ impl ServerState {
         }
     }
 
-    /// Loads a model (GGUF file or HF directory) with its tokenizer and chat template.
+    /// Loads a model (GGUF file or HF directory) with its tokenizer and chat template; the
+    /// engine applies `opts.profile`'s numeric knobs and the server its behavioural ones.
     /// The served name defaults to the file (or directory) name without extension.
     pub fn load(path: &Path, opts: LoadOptions, model_name: Option<String>) -> Result<Self> {
-        Self::load_with_profile(path, opts, model_name, Profile::default())
-    }
-
-    /// [`ServerState::load`] serving `profile`'s behavioural faults (see
-    /// [`ServerState::with_profile`]).
-    pub fn load_with_profile(
-        path: &Path,
-        opts: LoadOptions,
-        model_name: Option<String>,
-        profile: Profile,
-    ) -> Result<Self> {
         let engine = Arc::new(Engine::load(path, opts)?);
         let (tokenizer, template_src) = if path.is_dir() {
             (
@@ -172,9 +165,18 @@ impl ServerState {
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "model".into())
         });
-        Ok(Self::with_profile(
-            engine, tokenizer, template, name, profile,
-        ))
+        Ok(Self::new(engine, tokenizer, template, name))
+    }
+
+    /// [`ServerState::load`] with `profile` (numeric and behavioural knobs) in place of
+    /// `opts.profile`.
+    pub fn load_with_profile(
+        path: &Path,
+        opts: LoadOptions,
+        model_name: Option<String>,
+        profile: Profile,
+    ) -> Result<Self> {
+        Self::load(path, LoadOptions { profile, ..opts }, model_name)
     }
 
     /// The served model name.
