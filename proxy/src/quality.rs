@@ -2,7 +2,9 @@
 //! store's active alerts (open or acknowledged) every `server.alert_poll_ms` (default 2 s)
 //! and sets each endpoint's [`Quality`] from its model's `on_drift`:
 //! `demote` → [`Quality::Demoted`] (tried after every endpoint without an alert, still a
-//! fallback), `exclude` → [`Quality::Excluded`] (never chosen), `ignore` → [`Quality::Ok`].
+//! fallback), `exclude` → [`Quality::Excluded`] (never chosen while the model has an
+//! endpoint without an alert; when every endpoint of a model has one, they are all demoted
+//! rather than leaving the model unservable), `ignore` → [`Quality::Ok`].
 //! An endpoint whose alerts are all resolved goes back to [`Quality::Ok`] at the next poll.
 //!
 //! This runs beside the request path, never on it: the router only reads the flag. A failed
@@ -42,9 +44,15 @@ pub fn apply_alerts(
         .collect();
     let mut changed = 0;
     for (model, route) in &state.inner.models {
-        let policy = on_drift.get(model).copied().unwrap_or_default();
+        let mut policy = on_drift.get(model).copied().unwrap_or_default();
+        let is_alerted = |id: &str| alerted.contains(&(model.as_str(), id));
+        if policy == OnDrift::Exclude && route.endpoints.iter().all(|e| is_alerted(&e.id)) {
+            // excluding every endpoint would leave the model unservable: demote them all
+            // instead, so they are still tried (excluded = never chosen while another exists)
+            policy = OnDrift::Demote;
+        }
         for ep in &route.endpoints {
-            let want = quality_for(policy, alerted.contains(&(model.as_str(), ep.id.as_str())));
+            let want = quality_for(policy, is_alerted(&ep.id));
             let was = ep.health.quality();
             if was != want {
                 ep.health.set_quality(want);

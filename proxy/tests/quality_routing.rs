@@ -138,6 +138,31 @@ async fn exclude_stops_traffic_and_resolve_restores_it_postgres() -> Result<()> 
 }
 
 #[tokio::test]
+async fn exclude_of_every_endpoint_demotes_them_instead() -> Result<()> {
+    let r = rig("on_drift = \"exclude\"", Backend::Sqlite).await?;
+    r.gw.db.store.upsert_alert(&drift_on_a()).await?;
+    until_quality(&r.gw, Quality::Excluded).await?;
+    let mut on_b = drift_on_a();
+    on_b.endpoint = "b/m".to_owned();
+    r.gw.db.store.upsert_alert(&on_b).await?;
+    // both alerted: excluding both would leave smol unservable, so both are demoted
+    until_quality(&r.gw, Quality::Demoted).await?;
+    let route = r.gw.state.model("smol").context("smol")?;
+    ensure!(
+        route
+            .endpoints
+            .iter()
+            .all(|e| e.health.quality() == Quality::Demoted)
+    );
+    let (to_a, to_b) = send(&r, 30).await?;
+    ensure!(
+        to_a + to_b == 30 && to_a > 0 && to_b > 0,
+        "a {to_a}, b {to_b}"
+    );
+    finish(r).await
+}
+
+#[tokio::test]
 async fn demote_keeps_the_endpoint_as_a_fallback() -> Result<()> {
     // on_drift omitted: demote is the default
     let r = rig("", Backend::Sqlite).await?;
