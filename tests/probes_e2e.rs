@@ -101,10 +101,18 @@ fn config(data_dir: &Path, engines: &[(&str, &str)], probes: &str) -> Result<Str
     }
     s += &format!(
         "[models.smol.probes]\nkinds = [\"prompt_logprobs\"]\nitems_per_round = 1\ntop_k = 5\n{probes}\n\n\
-         [probes]\nnoise_pair_every = 5\nlock_retry_ms = 500\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"{}\"\n",
+         [probes]\nnoise_pair_every = 5\nlock_retry_ms = 500\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"{}\"\n\
+         [probes.detectors]\nkl_threshold = 0.01\n",
         model.display()
     );
     Ok(s)
+}
+
+async fn alerts(data_dir: &Path) -> Result<Vec<samewise_store::Alert>> {
+    let store = Store::connect(None, data_dir).await?;
+    let r = store.alerts(&samewise_store::AlertQuery { state: None, model: None, endpoint: None, limit: 100 }).await;
+    store.close().await;
+    Ok(r?)
 }
 
 async fn runs(data_dir: &Path) -> Result<Vec<ProbeRun>> {
@@ -159,6 +167,12 @@ async fn probes_run_once_tells_the_profiles_apart() -> Result<()> {
 
     let shift = first(&all, "shift/smol")?;
     ensure!(shift.ok && stat(shift, "kl_mean")? > 0.1 && stat(shift, "top1_same")? < 0.9, "shifted echo logprobs: {:?} {}", shift.error, shift.stats);
+
+    // the detectors ran after every stored run: the shifted endpoint is flagged unfaithful,
+    // the exact one is not
+    let open = alerts(&data).await?;
+    ensure!(open.iter().any(|a| a.endpoint == "shift/smol" && a.kind == "unfaithful"), "no alert for shifted echo logprobs: {open:?}");
+    ensure!(!open.iter().any(|a| a.endpoint == "exact/smol"), "the exact endpoint was flagged: {open:?}");
 
     for p in [e_ref, e_nolp, e_shift] {
         p.stop()?;
