@@ -31,6 +31,7 @@ fi
 cargo build --release -p samewise-engine --example bench >&2
 BENCH="$ROOT/target/release/examples/bench"
 
+LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
 : > "$OUT/samewise.txt"
 : > "$OUT/llama.jsonl"
 for i in $(seq 1 "$REPEATS"); do
@@ -40,4 +41,10 @@ for i in $(seq 1 "$REPEATS"); do
         --batches 1,8 --repeats 1 >> "$OUT/llama.jsonl"
 done
 
-python3 bench/engine/table.py "$OUT/samewise.txt" "$OUT/llama.jsonl" "$THREADS" | tee "$OUT/table.md"
+LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg)"
+{
+    python3 bench/engine/table.py "$OUT/samewise.txt" "$OUT/llama.jsonl" "$THREADS"
+    # other work on the machine skews both sides (llama.cpp's spinning thread pool most)
+    echo
+    echo "load average (1/5/15 min) before: $LOAD_BEFORE, after: $LOAD_AFTER on $(nproc) cores"
+} | tee "$OUT/table.md"
