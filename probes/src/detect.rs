@@ -24,6 +24,33 @@
 //!   model's tests at `passive_q`. The sweep also auto-resolves quiet alerts.
 //!
 //! Alert kinds: `unfaithful`, `changed`, `passive` (one active alert per endpoint and kind).
+//!
+//! ```toml
+//! [probes.detectors]            # every key optional; defaults shown
+//! level = "w6"                  # flag endpoints worse than this ladder level
+//! floor_factor = 3.0            # ... unless within 3 × their repeat-noise floor
+//! metric = "kl_topk_mean"       # | "dlogprob_mean" | "top1_same" | "topk_overlap"
+//! # kl_threshold = 0.05         # without a ladder: flag mean KL above this
+//! samples_alpha = 0.001
+//! max_mismatch_rate = 0.02
+//! cusum_k = 0.5
+//! cusum_arl0 = 1000.0           # in-control average run length (rounds), two-sided
+//! cusum_baseline_rounds = 30
+//! cusum_min_sd = 1e-6
+//! cusum_statistics = ["kl_mean", "top1_same", "dlogprob_mean", "mmd", "trigger_f1", "effective_context"]
+//! history_runs = 500
+//! passive_q = 0.01              # Benjamini–Hochberg false-discovery rate
+//! passive_window_ms = 3600000
+//! passive_min_requests = 30
+//! [probes.alerts]
+//! quiet_period_ms = 3600000     # auto-resolve after this long unconfirmed
+//! [[probes.webhooks]]
+//! url_env = "SLACK_WEBHOOK_URL" # or url = "https://..."
+//! format = "slack"              # | "generic"
+//! max_attempts = 5
+//! backoff_ms = 500              # doubled per retry, at most max_backoff_ms (30000)
+//! timeout_ms = 5000
+//! ```
 //! Every alert carries its evidence (statistic, value, threshold, p-value, probe run ids) and
 //! a one-line summary.
 
