@@ -232,3 +232,53 @@ fn config_check_validates_the_probes_tables() -> Result<()> {
     }
     Ok(())
 }
+
+/// The whole loop: the scheduler inside `samewise serve` flags the shifted endpoint, the
+/// alert poller excludes it (`on_drift = "exclude"`), and client traffic stops reaching it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flagged_endpoint_stops_receiving_traffic_with_on_drift_exclude() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (e_ref, u_ref) = engine("reference", dir.path())?;
+    let (e_shift, u_shift) = engine("shifted-echo", dir.path())?;
+    let data = dir.path().join("data");
+    let cfg = dir.path().join("samewise.toml");
+    let text = config(&data, &[("exact", &u_ref), ("shift", &u_shift)], "interval_ms = 1000\njitter = 0.0")?
+        .replace("[server]\n", "[server]\nalert_poll_ms = 200\n")
+        .replace("policy = \"weighted\"\n", "policy = \"weighted\"\non_drift = \"exclude\"\n");
+    std::fs::write(&cfg, text)?;
+    let out = Command::new(BIN).args(["keys", "create", "me", "--config"]).arg(&cfg).current_dir(dir.path()).env_remove("DATABASE_URL").output()?;
+    ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let key = String::from_utf8(out.stdout)?.trim().to_owned();
+    let cfg = cfg.to_str().context("path")?.to_owned();
+    let (gw, url) = spawn_listening(&["serve", "--config", &cfg, "--listen", "127.0.0.1:0"], dir.path())?;
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        if alerts(&data).await?.iter().any(|a| a.endpoint == "shift/smol" && a.kind == "unfaithful") {
+            break;
+        }
+        ensure!(std::time::Instant::now() < deadline, "no alert for the shifted endpoint");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // the poller runs every 200 ms
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as i64;
+    let client = reqwest::Client::new();
+    for i in 0..12 {
+        let body = serde_json::json!({"model": "smol", "max_tokens": 2, "messages": [{"role": "user", "content": format!("Say {i}.")}]});
+        let r = client.post(format!("{url}/v1/chat/completions")).bearer_auth(&key).header("content-type", "application/json").body(body.to_string()).send().await?;
+        ensure!(r.status().is_success(), "request {i}: {}", r.status());
+    }
+    ensure!(gw.stop()?.success(), "serve did not exit cleanly");
+    let store = Store::connect(None, &data).await?;
+    let records = store.request_records(&samewise_store::RecordQuery { since_ms: Some(since), limit: 1000, ..Default::default() }).await;
+    store.close().await;
+    let records = records?;
+    let served: Vec<Option<String>> = records.iter().map(|r| r.endpoint.clone()).collect();
+    ensure!(served.len() >= 12, "{served:?}");
+    ensure!(served.iter().all(|e| e.as_deref() == Some("exact/smol")), "traffic reached the excluded endpoint: {served:?}");
+    for p in [e_ref, e_shift] {
+        p.stop()?;
+    }
+    Ok(())
+}
