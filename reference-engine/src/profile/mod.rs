@@ -358,15 +358,15 @@ impl Profile {
                 return Err("weights.tensors must name at least one of attention, mlp, embeddings".into());
             }
         }
-        if let Some(a) = &self.activations {
-            if a.bits != 8 {
-                return Err(format!("activations.bits must be 8, not {}", a.bits));
-            }
+        if let Some(a) = &self.activations
+            && a.bits != 8
+        {
+            return Err(format!("activations.bits must be 8, not {}", a.bits));
         }
-        if let Some(t) = &self.truncation {
-            if t.max_prompt_tokens == 0 {
-                return Err("truncation.max_prompt_tokens must be at least 1".into());
-            }
+        if let Some(t) = &self.truncation
+            && t.max_prompt_tokens == 0
+        {
+            return Err("truncation.max_prompt_tokens must be at least 1".into());
         }
         let fraction = |name: &str, v: f64| {
             if (0.0..=1.0).contains(&v) { Ok(()) } else { Err(format!("{name} must be within 0..=1, not {v}")) }
@@ -380,19 +380,20 @@ impl Profile {
         if let Some(r) = &self.repeat_bug {
             fraction("repeat_bug.probability", r.probability)?;
         }
-        if let Some(c) = &self.chat_template {
-            if c.variant == TemplateVariant::DefaultSystem && c.system_prompt.is_none() {
-                return Err("chat_template.system_prompt is required with variant = \"default_system\"".into());
-            }
+        if let Some(c) = &self.chat_template
+            && c.variant == TemplateVariant::DefaultSystem
+            && c.system_prompt.is_none()
+        {
+            return Err("chat_template.system_prompt is required with variant = \"default_system\"".into());
         }
         if let Some(l) = &self.latency {
             if !(l.median_ms >= 0.0 && l.median_ms.is_finite()) {
                 return Err(format!("latency.median_ms must be a non-negative number, not {}", l.median_ms));
             }
-            if let Some(p99) = l.p99_ms {
-                if !(p99 >= l.median_ms && p99.is_finite()) {
-                    return Err(format!("latency.p99_ms ({p99}) must be at least latency.median_ms"));
-                }
+            if let Some(p99) = l.p99_ms
+                && !(p99 >= l.median_ms && p99.is_finite())
+            {
+                return Err(format!("latency.p99_ms ({p99}) must be at least latency.median_ms"));
             }
         }
         if let Some(e) = &self.errors {
