@@ -23,7 +23,11 @@ fn test_model() -> Result<PathBuf> {
         None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
             .join(".cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
     };
-    ensure!(path.is_file(), "test model missing at {}: run scripts/fetch-model.sh", path.display());
+    ensure!(
+        path.is_file(),
+        "test model missing at {}: run scripts/fetch-model.sh",
+        path.display()
+    );
     Ok(path)
 }
 
@@ -33,7 +37,9 @@ struct Proc(Option<Child>);
 impl Proc {
     fn stop(mut self) -> Result<std::process::ExitStatus> {
         let mut child = self.0.take().context("already stopped")?;
-        Command::new("kill").args(["-TERM", &child.id().to_string()]).status()?;
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()?;
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(s) = child.try_wait()? {
@@ -77,23 +83,47 @@ fn spawn_listening(args: &[&str], cwd: &Path) -> Result<(Proc, String)> {
         }
         for _ in lines {}
     });
-    let line = rx.recv_timeout(Duration::from_secs(120)).map_err(|_| anyhow::anyhow!("samewise {args:?} printed no 'listening on' line"))?;
-    let url = line.strip_prefix("listening on ").context("unexpected first line")?.to_owned();
+    let line = rx
+        .recv_timeout(Duration::from_secs(120))
+        .map_err(|_| anyhow::anyhow!("samewise {args:?} printed no 'listening on' line"))?;
+    let url = line
+        .strip_prefix("listening on ")
+        .context("unexpected first line")?
+        .to_owned();
     Ok((proc, url))
 }
 
 fn engine(profile: &str, cwd: &Path) -> Result<(Proc, String)> {
     let model = test_model()?;
     let model = model.to_str().context("model path is not UTF-8")?;
-    spawn_listening(&["engine", "serve", "--model", model, "--listen", "127.0.0.1:0", "--model-name", "smol", "--profile", profile], cwd)
+    spawn_listening(
+        &[
+            "engine",
+            "serve",
+            "--model",
+            model,
+            "--listen",
+            "127.0.0.1:0",
+            "--model-name",
+            "smol",
+            "--profile",
+            profile,
+        ],
+        cwd,
+    )
 }
 
 /// A gateway config with one provider per engine and the probes on.
 fn config(data_dir: &Path, engines: &[(&str, &str)], probes: &str) -> Result<String> {
     let model = test_model()?;
-    let mut s = format!("[server]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n", data_dir.display());
+    let mut s = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n",
+        data_dir.display()
+    );
     for (name, url) in engines {
-        s += &format!("[providers.{name}]\nbase_url = \"{url}/v1\"\nprice_input_per_mtok = 0.0\nprice_output_per_mtok = 0.0\n\n");
+        s += &format!(
+            "[providers.{name}]\nbase_url = \"{url}/v1\"\nprice_input_per_mtok = 0.0\nprice_output_per_mtok = 0.0\n\n"
+        );
     }
     s += "[models.smol]\npolicy = \"weighted\"\n";
     for (name, _) in engines {
@@ -110,20 +140,38 @@ fn config(data_dir: &Path, engines: &[(&str, &str)], probes: &str) -> Result<Str
 
 async fn alerts(data_dir: &Path) -> Result<Vec<samewise_store::Alert>> {
     let store = Store::connect(None, data_dir).await?;
-    let r = store.alerts(&samewise_store::AlertQuery { state: None, model: None, endpoint: None, limit: 100 }).await;
+    let r = store
+        .alerts(&samewise_store::AlertQuery {
+            state: None,
+            model: None,
+            endpoint: None,
+            limit: 100,
+        })
+        .await;
     store.close().await;
     Ok(r?)
 }
 
 async fn runs(data_dir: &Path) -> Result<Vec<ProbeRun>> {
     let store = Store::connect(None, data_dir).await?;
-    let r = store.probe_runs(&ProbeRunQuery { model: None, endpoint: None, kind: None, since_ms: None, limit: 1000 }).await;
+    let r = store
+        .probe_runs(&ProbeRunQuery {
+            model: None,
+            endpoint: None,
+            kind: None,
+            since_ms: None,
+            limit: 1000,
+        })
+        .await;
     store.close().await;
     Ok(r?)
 }
 
 fn stat(r: &ProbeRun, key: &str) -> Result<f64> {
-    r.stats.get(key).and_then(serde_json::Value::as_f64).with_context(|| format!("{key} missing: {r:?}"))
+    r.stats
+        .get(key)
+        .and_then(serde_json::Value::as_f64)
+        .with_context(|| format!("{key} missing: {r:?}"))
 }
 
 /// An unmodified endpoint: every actual-token logprob and every top-1 identical to the
@@ -131,13 +179,26 @@ fn stat(r: &ProbeRun, key: &str) -> Result<f64> {
 /// up to ~1e-6 where the actual token's probability is under TAIL_EPSILON, at which the
 /// endpoint side alone is clamped).
 fn exact_stats(r: &ProbeRun) -> Result<()> {
-    ensure!(stat(r, "dlogprob_mean")? == 0.0 && stat(r, "top1_same")? == 1.0 && stat(r, "topk_overlap")? == 1.0, "{}", r.stats);
-    ensure!(stat(r, "kl_mean")? < 1e-7 && stat(r, "kl_p99")? < 1e-5 && stat(r, "mismatch_rate")? == 0.0, "{}", r.stats);
+    ensure!(
+        stat(r, "dlogprob_mean")? == 0.0
+            && stat(r, "top1_same")? == 1.0
+            && stat(r, "topk_overlap")? == 1.0,
+        "{}",
+        r.stats
+    );
+    ensure!(
+        stat(r, "kl_mean")? < 1e-7 && stat(r, "kl_p99")? < 1e-5 && stat(r, "mismatch_rate")? == 0.0,
+        "{}",
+        r.stats
+    );
     Ok(())
 }
 
 fn first<'a>(runs: &'a [ProbeRun], endpoint: &str) -> Result<&'a ProbeRun> {
-    runs.iter().filter(|r| r.endpoint == endpoint && r.repeat_of.is_none()).min_by_key(|r| r.id).with_context(|| format!("no run of {endpoint}"))
+    runs.iter()
+        .filter(|r| r.endpoint == endpoint && r.repeat_of.is_none())
+        .min_by_key(|r| r.id)
+        .with_context(|| format!("no run of {endpoint}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,31 +209,78 @@ async fn probes_run_once_tells_the_profiles_apart() -> Result<()> {
     let (e_shift, u_shift) = engine("shifted-echo", dir.path())?;
     let data = dir.path().join("data");
     let cfg = dir.path().join("samewise.toml");
-    std::fs::write(&cfg, config(&data, &[("exact", &u_ref), ("nolp", &u_nolp), ("shift", &u_shift)], "")?)?;
+    std::fs::write(
+        &cfg,
+        config(
+            &data,
+            &[("exact", &u_ref), ("nolp", &u_nolp), ("shift", &u_shift)],
+            "",
+        )?,
+    )?;
 
-    let out = Command::new(BIN).args(["probes", "run", "--once", "--config"]).arg(&cfg).current_dir(dir.path()).env_remove("DATABASE_URL").output()?;
+    let out = Command::new(BIN)
+        .args(["probes", "run", "--once", "--config"])
+        .arg(&cfg)
+        .current_dir(dir.path())
+        .env_remove("DATABASE_URL")
+        .output()?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(out.status.success(), "probes run failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
-    ensure!(stdout.lines().count() == 5, "one line per stored run (2 noise pairs + 1 refusal):\n{stdout}");
+    ensure!(
+        out.status.success(),
+        "probes run failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        stdout.lines().count() == 5,
+        "one line per stored run (2 noise pairs + 1 refusal):\n{stdout}"
+    );
 
     let all = runs(&data).await?;
     ensure!(all.len() == 5, "{} runs", all.len());
     let exact = first(&all, "exact/smol")?;
-    ensure!(exact.ok && exact.kind == "prompt_logprobs" && exact.tokens > 100 && exact.raw.is_some(), "{:?} {}", exact.error, exact.stats);
+    ensure!(
+        exact.ok && exact.kind == "prompt_logprobs" && exact.tokens > 100 && exact.raw.is_some(),
+        "{:?} {}",
+        exact.error,
+        exact.stats
+    );
     exact_stats(exact)?;
-    ensure!(all.iter().any(|r| r.repeat_of == Some(exact.id)), "noise-floor pair of the first round");
+    ensure!(
+        all.iter().any(|r| r.repeat_of == Some(exact.id)),
+        "noise-floor pair of the first round"
+    );
 
     let nolp = first(&all, "nolp/smol")?;
-    ensure!(!nolp.ok && nolp.error.as_deref().is_some_and(|e| e.contains("logprobs")), "a refusal is a finding: {:?}", nolp.error);
+    ensure!(
+        !nolp.ok
+            && nolp
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("logprobs")),
+        "a refusal is a finding: {:?}",
+        nolp.error
+    );
 
     let shift = first(&all, "shift/smol")?;
-    ensure!(shift.ok && stat(shift, "kl_mean")? > 0.1 && stat(shift, "top1_same")? < 0.9, "shifted echo logprobs: {:?} {}", shift.error, shift.stats);
+    ensure!(
+        shift.ok && stat(shift, "kl_mean")? > 0.1 && stat(shift, "top1_same")? < 0.9,
+        "shifted echo logprobs: {:?} {}",
+        shift.error,
+        shift.stats
+    );
 
     // the detectors ran after every stored run: the shifted endpoint is flagged unfaithful,
     // the exact one is not
     let open = alerts(&data).await?;
-    ensure!(open.iter().any(|a| a.endpoint == "shift/smol" && a.kind == "unfaithful"), "no alert for shifted echo logprobs: {open:?}");
-    ensure!(!open.iter().any(|a| a.endpoint == "exact/smol"), "the exact endpoint was flagged: {open:?}");
+    ensure!(
+        open.iter()
+            .any(|a| a.endpoint == "shift/smol" && a.kind == "unfaithful"),
+        "no alert for shifted echo logprobs: {open:?}"
+    );
+    ensure!(
+        !open.iter().any(|a| a.endpoint == "exact/smol"),
+        "the exact endpoint was flagged: {open:?}"
+    );
 
     for p in [e_ref, e_nolp, e_shift] {
         p.stop()?;
@@ -186,23 +294,41 @@ async fn serve_runs_the_scheduler_and_drains_it_on_sigterm() -> Result<()> {
     let (e_ref, u_ref) = engine("reference", dir.path())?;
     let data = dir.path().join("data");
     let cfg = dir.path().join("samewise.toml");
-    std::fs::write(&cfg, config(&data, &[("exact", &u_ref)], "interval_ms = 500\njitter = 0.0")?)?;
+    std::fs::write(
+        &cfg,
+        config(
+            &data,
+            &[("exact", &u_ref)],
+            "interval_ms = 500\njitter = 0.0",
+        )?,
+    )?;
     let cfg = cfg.to_str().context("path")?.to_owned();
-    let (gw, _url) = spawn_listening(&["serve", "--config", &cfg, "--listen", "127.0.0.1:0"], dir.path())?;
+    let (gw, _url) = spawn_listening(
+        &["serve", "--config", &cfg, "--listen", "127.0.0.1:0"],
+        dir.path(),
+    )?;
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     loop {
         let n = runs(&data).await?.iter().filter(|r| r.ok).count();
         if n >= 3 {
             break;
         }
-        ensure!(std::time::Instant::now() < deadline, "the scheduler inside serve stored {n} runs");
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the scheduler inside serve stored {n} runs"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let status = gw.stop()?;
     ensure!(status.success(), "serve exited with {status}");
     let all = runs(&data).await?;
     for r in &all {
-        ensure!(r.endpoint == "exact/smol" && r.ok, "{:?} {}", r.error, r.stats);
+        ensure!(
+            r.endpoint == "exact/smol" && r.ok,
+            "{:?} {}",
+            r.error,
+            r.stats
+        );
         exact_stats(r)?;
     }
     e_ref.stop()?;
@@ -212,23 +338,49 @@ async fn serve_runs_the_scheduler_and_drains_it_on_sigterm() -> Result<()> {
 #[test]
 fn config_check_validates_the_probes_tables() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let good = config(&dir.path().join("data"), &[("exact", "http://127.0.0.1:9")], "")?;
+    let good = config(
+        &dir.path().join("data"),
+        &[("exact", "http://127.0.0.1:9")],
+        "",
+    )?;
     let cfg = dir.path().join("good.toml");
     std::fs::write(&cfg, &good)?;
-    let out = Command::new(BIN).args(["config", "check"]).arg(&cfg).output()?;
+    let out = Command::new(BIN)
+        .args(["config", "check"])
+        .arg(&cfg)
+        .output()?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(out.status.success() && stdout.contains("probes: 1 model(s), reference in-process"), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
+    ensure!(
+        out.status.success() && stdout.contains("probes: 1 model(s), reference in-process"),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     for (bad, key) in [
-        (good.replace("backend = \"in_process\"", "backend = \"gpu\""), "probes.reference.backend"),
-        (good.replace("items_per_round = 1", "items_per_round = 1\ncadence = 3"), "models.smol.probes: unknown field `cadence`"),
-        (good.replace("top_k = 5", "top_k = 99"), "models.smol.probes.top_k"),
+        (
+            good.replace("backend = \"in_process\"", "backend = \"gpu\""),
+            "probes.reference.backend",
+        ),
+        (
+            good.replace("items_per_round = 1", "items_per_round = 1\ncadence = 3"),
+            "models.smol.probes: unknown field `cadence`",
+        ),
+        (
+            good.replace("top_k = 5", "top_k = 99"),
+            "models.smol.probes.top_k",
+        ),
     ] {
         let cfg = dir.path().join("bad.toml");
         std::fs::write(&cfg, &bad)?;
-        let out = Command::new(BIN).args(["config", "check"]).arg(&cfg).output()?;
+        let out = Command::new(BIN)
+            .args(["config", "check"])
+            .arg(&cfg)
+            .output()?;
         let stderr = String::from_utf8_lossy(&out.stderr);
-        ensure!(!out.status.success() && stderr.contains(key), "{key}: {stderr}");
+        ensure!(
+            !out.status.success() && stderr.contains(key),
+            "{key}: {stderr}"
+        );
     }
     Ok(())
 }
@@ -242,41 +394,84 @@ async fn flagged_endpoint_stops_receiving_traffic_with_on_drift_exclude() -> Res
     let (e_shift, u_shift) = engine("shifted-echo", dir.path())?;
     let data = dir.path().join("data");
     let cfg = dir.path().join("samewise.toml");
-    let text = config(&data, &[("exact", &u_ref), ("shift", &u_shift)], "interval_ms = 1000\njitter = 0.0")?
-        .replace("[server]\n", "[server]\nalert_poll_ms = 200\n")
-        .replace("policy = \"weighted\"\n", "policy = \"weighted\"\non_drift = \"exclude\"\n");
+    let text = config(
+        &data,
+        &[("exact", &u_ref), ("shift", &u_shift)],
+        "interval_ms = 1000\njitter = 0.0",
+    )?
+    .replace("[server]\n", "[server]\nalert_poll_ms = 200\n")
+    .replace(
+        "policy = \"weighted\"\n",
+        "policy = \"weighted\"\non_drift = \"exclude\"\n",
+    );
     std::fs::write(&cfg, text)?;
-    let out = Command::new(BIN).args(["keys", "create", "me", "--config"]).arg(&cfg).current_dir(dir.path()).env_remove("DATABASE_URL").output()?;
-    ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN)
+        .args(["keys", "create", "me", "--config"])
+        .arg(&cfg)
+        .current_dir(dir.path())
+        .env_remove("DATABASE_URL")
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let key = String::from_utf8(out.stdout)?.trim().to_owned();
     let cfg = cfg.to_str().context("path")?.to_owned();
-    let (gw, url) = spawn_listening(&["serve", "--config", &cfg, "--listen", "127.0.0.1:0"], dir.path())?;
+    let (gw, url) = spawn_listening(
+        &["serve", "--config", &cfg, "--listen", "127.0.0.1:0"],
+        dir.path(),
+    )?;
 
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     loop {
-        if alerts(&data).await?.iter().any(|a| a.endpoint == "shift/smol" && a.kind == "unfaithful") {
+        if alerts(&data)
+            .await?
+            .iter()
+            .any(|a| a.endpoint == "shift/smol" && a.kind == "unfaithful")
+        {
             break;
         }
-        ensure!(std::time::Instant::now() < deadline, "no alert for the shifted endpoint");
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "no alert for the shifted endpoint"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // the poller runs every 200 ms
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as i64;
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as i64;
     let client = reqwest::Client::new();
     for i in 0..12 {
         let body = serde_json::json!({"model": "smol", "max_tokens": 2, "messages": [{"role": "user", "content": format!("Say {i}.")}]});
-        let r = client.post(format!("{url}/v1/chat/completions")).bearer_auth(&key).header("content-type", "application/json").body(body.to_string()).send().await?;
+        let r = client
+            .post(format!("{url}/v1/chat/completions"))
+            .bearer_auth(&key)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await?;
         ensure!(r.status().is_success(), "request {i}: {}", r.status());
     }
     ensure!(gw.stop()?.success(), "serve did not exit cleanly");
     let store = Store::connect(None, &data).await?;
-    let records = store.request_records(&samewise_store::RecordQuery { since_ms: Some(since), limit: 1000, ..Default::default() }).await;
+    let records = store
+        .request_records(&samewise_store::RecordQuery {
+            since_ms: Some(since),
+            limit: 1000,
+            ..Default::default()
+        })
+        .await;
     store.close().await;
     let records = records?;
     let served: Vec<Option<String>> = records.iter().map(|r| r.endpoint.clone()).collect();
     ensure!(served.len() >= 12, "{served:?}");
-    ensure!(served.iter().all(|e| e.as_deref() == Some("exact/smol")), "traffic reached the excluded endpoint: {served:?}");
+    ensure!(
+        served.iter().all(|e| e.as_deref() == Some("exact/smol")),
+        "traffic reached the excluded endpoint: {served:?}"
+    );
     for p in [e_ref, e_shift] {
         p.stop()?;
     }

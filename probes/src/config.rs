@@ -36,7 +36,9 @@ use serde::Deserialize;
 use crate::{ProbesError, Result};
 
 /// The probe kinds, by their stored name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, serde::Serialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ProbeKind {
     /// `/v1/completions` with `echo` + `logprobs` on fixed texts.
@@ -242,14 +244,20 @@ impl ProbesConfig {
     pub fn parse(probes: &toml::Table, models: &BTreeMap<String, toml::Table>) -> Result<Self> {
         let raw: RawProbes = from_table(probes, "probes")?;
         let reference = match &raw.reference {
-            None => return Err(cfg_err("probes.reference", "missing (the reference backend)")),
+            None => {
+                return Err(cfg_err(
+                    "probes.reference",
+                    "missing (the reference backend)",
+                ));
+            }
             Some(t) => parse_reference(t)?,
         };
         let noise_pair_every = raw.noise_pair_every.unwrap_or(10);
         if noise_pair_every == 0 {
             return Err(cfg_err("probes.noise_pair_every", "must be at least 1"));
         }
-        let sweep_interval = positive_ms(raw.sweep_interval_ms, 60_000, "probes.sweep_interval_ms")?;
+        let sweep_interval =
+            positive_ms(raw.sweep_interval_ms, 60_000, "probes.sweep_interval_ms")?;
         let lock_retry = positive_ms(raw.lock_retry_ms, 30_000, "probes.lock_retry_ms")?;
         let mut parsed = BTreeMap::new();
         for (name, table) in models {
@@ -277,7 +285,9 @@ impl ProbesConfig {
     /// Parses a standalone TOML text holding `[probes]` and `[models.NAME.probes]` (the rest of
     /// a gateway config is ignored); for tests and `samewise probes run`.
     pub fn from_gateway_toml(src: &str) -> Result<Self> {
-        let doc: toml::Table = src.parse().map_err(|e: toml::de::Error| cfg_err("config", e.message()))?;
+        let doc: toml::Table = src
+            .parse()
+            .map_err(|e: toml::de::Error| cfg_err("config", e.message()))?;
         let probes = match doc.get("probes") {
             Some(toml::Value::Table(t)) => t.clone(),
             Some(_) => return Err(cfg_err("probes", "must be a table")),
@@ -306,16 +316,40 @@ fn positive_ms(v: Option<u64>, default: u64, key: &str) -> Result<Duration> {
 fn parse_reference(t: &toml::Table) -> Result<ReferenceConfig> {
     const K: &str = "probes.reference";
     let r: RawReference = from_table(t, K)?;
-    let need = |v: Option<String>, key: &str| v.filter(|s| !s.trim().is_empty()).ok_or_else(|| cfg_err(&format!("{K}.{key}"), format!("required for backend \"{}\"", r.backend)));
-    let need_path = |v: Option<PathBuf>, key: &str| v.ok_or_else(|| cfg_err(&format!("{K}.{key}"), format!("required for backend \"{}\"", r.backend)));
+    let need = |v: Option<String>, key: &str| {
+        v.filter(|s| !s.trim().is_empty()).ok_or_else(|| {
+            cfg_err(
+                &format!("{K}.{key}"),
+                format!("required for backend \"{}\"", r.backend),
+            )
+        })
+    };
+    let need_path = |v: Option<PathBuf>, key: &str| {
+        v.ok_or_else(|| {
+            cfg_err(
+                &format!("{K}.{key}"),
+                format!("required for backend \"{}\"", r.backend),
+            )
+        })
+    };
     let refuse = |present: bool, key: &str| {
-        if present { Err(cfg_err(&format!("{K}.{key}"), format!("not used by backend \"{}\"", r.backend))) } else { Ok(()) }
+        if present {
+            Err(cfg_err(
+                &format!("{K}.{key}"),
+                format!("not used by backend \"{}\"", r.backend),
+            ))
+        } else {
+            Ok(())
+        }
     };
     let check_url = |u: &str| {
         if u.starts_with("http://") || u.starts_with("https://") {
             Ok(u.trim_end_matches('/').to_owned())
         } else {
-            Err(cfg_err(&format!("{K}.url"), format!("{u:?} is not an http(s) URL")))
+            Err(cfg_err(
+                &format!("{K}.url"),
+                format!("{u:?} is not an http(s) URL"),
+            ))
         }
     };
     match r.backend.as_str() {
@@ -327,20 +361,31 @@ fn parse_reference(t: &toml::Table) -> Result<ReferenceConfig> {
             if threads == 0 {
                 return Err(cfg_err(&format!("{K}.threads"), "must be at least 1"));
             }
-            Ok(ReferenceConfig::InProcess { model: need_path(r.model.clone(), "model")?, threads })
+            Ok(ReferenceConfig::InProcess {
+                model: need_path(r.model.clone(), "model")?,
+                threads,
+            })
         }
         "remote" => {
             refuse(r.model.is_some(), "model")?;
             refuse(r.flavour.is_some(), "flavour")?;
             refuse(r.threads.is_some(), "threads")?;
             let url = check_url(&need(r.url.clone(), "url")?)?;
-            Ok(ReferenceConfig::Remote { url, tokenizer: need_path(r.tokenizer.clone(), "tokenizer")? })
+            Ok(ReferenceConfig::Remote {
+                url,
+                tokenizer: need_path(r.tokenizer.clone(), "tokenizer")?,
+            })
         }
         "external" => {
             refuse(r.model.is_some(), "model")?;
             refuse(r.threads.is_some(), "threads")?;
             let url = check_url(&need(r.url.clone(), "url")?)?;
-            let flavour = r.flavour.ok_or_else(|| cfg_err(&format!("{K}.flavour"), "required for backend \"external\" (\"vllm\" or \"sglang\")"))?;
+            let flavour = r.flavour.ok_or_else(|| {
+                cfg_err(
+                    &format!("{K}.flavour"),
+                    "required for backend \"external\" (\"vllm\" or \"sglang\")",
+                )
+            })?;
             Ok(ReferenceConfig::External {
                 url,
                 flavour,
@@ -349,7 +394,10 @@ fn parse_reference(t: &toml::Table) -> Result<ReferenceConfig> {
                 api_key_env: r.api_key_env.clone(),
             })
         }
-        other => Err(cfg_err(&format!("{K}.backend"), format!("unknown backend {other:?} (in_process, remote, external)"))),
+        other => Err(cfg_err(
+            &format!("{K}.backend"),
+            format!("unknown backend {other:?} (in_process, remote, external)"),
+        )),
     }
 }
 
@@ -357,9 +405,14 @@ fn parse_model(name: &str, t: &toml::Table) -> Result<ModelProbes> {
     let key = format!("models.{name}.probes");
     let r: RawModelProbes = from_table(t, &key)?;
     let k = |f: &str| format!("{key}.{f}");
-    let kinds = r.kinds.unwrap_or_else(|| vec![ProbeKind::PromptLogprobs, ProbeKind::CompletionLogprobs]);
+    let kinds = r
+        .kinds
+        .unwrap_or_else(|| vec![ProbeKind::PromptLogprobs, ProbeKind::CompletionLogprobs]);
     if kinds.is_empty() {
-        return Err(cfg_err(&k("kinds"), "empty (remove the table to disable probes)"));
+        return Err(cfg_err(
+            &k("kinds"),
+            "empty (remove the table to disable probes)",
+        ));
     }
     let mut dedup = kinds.clone();
     dedup.sort();

@@ -20,9 +20,18 @@ model = "/m/smol.gguf"
 "#,
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(c.reference, ReferenceConfig::InProcess { model: "/m/smol.gguf".into(), threads: 2 });
+    assert_eq!(
+        c.reference,
+        ReferenceConfig::InProcess {
+            model: "/m/smol.gguf".into(),
+            threads: 2
+        }
+    );
     let m = &c.models["smol"];
-    assert_eq!(m.kinds, vec![ProbeKind::PromptLogprobs, ProbeKind::CompletionLogprobs]);
+    assert_eq!(
+        m.kinds,
+        vec![ProbeKind::PromptLogprobs, ProbeKind::CompletionLogprobs]
+    );
     assert_eq!(m.interval, Duration::from_secs(300));
     assert_eq!(m.top_k, 5);
     assert_eq!(c.noise_pair_every, 10);
@@ -42,7 +51,13 @@ tokenizer = "/m/smol.gguf"
 "#,
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(c.reference, ReferenceConfig::Remote { url: "http://127.0.0.1:8081".into(), tokenizer: "/m/smol.gguf".into() });
+    assert_eq!(
+        c.reference,
+        ReferenceConfig::Remote {
+            url: "http://127.0.0.1:8081".into(),
+            tokenizer: "/m/smol.gguf".into()
+        }
+    );
     assert_eq!(c.ladder, Some("l.json".into()));
     let c = parse(
         r#"
@@ -59,27 +74,78 @@ jitter = 0.0
 "#,
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    assert!(matches!(c.reference, ReferenceConfig::External { flavour: ExternalFlavour::Sglang, .. }));
-    assert_eq!(c.models["q"].kinds, vec![ProbeKind::Samples, ProbeKind::LongContext]);
+    assert!(matches!(
+        c.reference,
+        ReferenceConfig::External {
+            flavour: ExternalFlavour::Sglang,
+            ..
+        }
+    ));
+    assert_eq!(
+        c.models["q"].kinds,
+        vec![ProbeKind::Samples, ProbeKind::LongContext]
+    );
 }
 
 #[test]
 fn errors_name_the_key() {
     let cases = [
-        ("[probes]\nx = 1\n[probes.reference]\nbackend='in_process'\nmodel='m'", "probes: unknown field `x`"),
-        ("[probes.reference]\nbackend='gpu'", "probes.reference.backend"),
-        ("[probes.reference]\nbackend='remote'\ntokenizer='t'", "probes.reference.url"),
-        ("[probes.reference]\nbackend='in_process'", "probes.reference.model"),
-        ("[probes.reference]\nbackend='in_process'\nmodel='m'\nurl='http://x'", "probes.reference.url"),
-        ("[probes.reference]\nbackend='external'\nurl='http://x'\nmodel_name='m'\ntokenizer='t'", "probes.reference.flavour"),
-        ("[probes.reference]\nbackend='remote'\nurl='ftp://x'\ntokenizer='t'", "probes.reference.url"),
-        ("[probes.reference]\nbackend='in_process'\nmodel='m'\n[models.a.probes]\nkinds=['telepathy']", "models.a.probes"),
-        ("[probes.reference]\nbackend='in_process'\nmodel='m'\n[models.a.probes]\njitter=1.5", "models.a.probes.jitter"),
-        ("[probes.reference]\nbackend='in_process'\nmodel='m'\n[models.a.probes]\ninterval_ms=0", "models.a.probes.interval_ms"),
-        ("[probes.reference]\nbackend='in_process'\nmodel='m'\n[models.a.probes]\nkinds=[]", "models.a.probes.kinds"),
-        ("[probes.reference]\nbackend='in_process'\nmodel='m'\n[models.a.probes]\ntop_k=50", "models.a.probes.top_k"),
-        ("[probes.reference]\nbackend='in_process'\nmodel='m'\n[models.a.probes]\nbogus=1", "models.a.probes: unknown field `bogus`"),
-        ("[probes.reference]\nbackend='in_process'\nmodel='m'\n[models.a.probes.prompt_sets]\nother='x'", "models.a.probes"),
+        (
+            "[probes]\nx = 1\n[probes.reference]\nbackend='in_process'\nmodel='m'",
+            "probes: unknown field `x`",
+        ),
+        (
+            "[probes.reference]\nbackend='gpu'",
+            "probes.reference.backend",
+        ),
+        (
+            "[probes.reference]\nbackend='remote'\ntokenizer='t'",
+            "probes.reference.url",
+        ),
+        (
+            "[probes.reference]\nbackend='in_process'",
+            "probes.reference.model",
+        ),
+        (
+            "[probes.reference]\nbackend='in_process'\nmodel='m'\nurl='http://x'",
+            "probes.reference.url",
+        ),
+        (
+            "[probes.reference]\nbackend='external'\nurl='http://x'\nmodel_name='m'\ntokenizer='t'",
+            "probes.reference.flavour",
+        ),
+        (
+            "[probes.reference]\nbackend='remote'\nurl='ftp://x'\ntokenizer='t'",
+            "probes.reference.url",
+        ),
+        (
+            "[probes.reference]\nbackend='in_process'\nmodel='m'\n[models.a.probes]\nkinds=['telepathy']",
+            "models.a.probes",
+        ),
+        (
+            "[probes.reference]\nbackend='in_process'\nmodel='m'\n[models.a.probes]\njitter=1.5",
+            "models.a.probes.jitter",
+        ),
+        (
+            "[probes.reference]\nbackend='in_process'\nmodel='m'\n[models.a.probes]\ninterval_ms=0",
+            "models.a.probes.interval_ms",
+        ),
+        (
+            "[probes.reference]\nbackend='in_process'\nmodel='m'\n[models.a.probes]\nkinds=[]",
+            "models.a.probes.kinds",
+        ),
+        (
+            "[probes.reference]\nbackend='in_process'\nmodel='m'\n[models.a.probes]\ntop_k=50",
+            "models.a.probes.top_k",
+        ),
+        (
+            "[probes.reference]\nbackend='in_process'\nmodel='m'\n[models.a.probes]\nbogus=1",
+            "models.a.probes: unknown field `bogus`",
+        ),
+        (
+            "[probes.reference]\nbackend='in_process'\nmodel='m'\n[models.a.probes.prompt_sets]\nother='x'",
+            "models.a.probes",
+        ),
         ("[models.a.probes]\n", "probes"),
     ];
     for (src, want) in cases {
@@ -101,6 +167,9 @@ fn detector_tables_pass_through() {
     det.insert("level".into(), "q6".into());
     probes.insert("detectors".into(), toml::Value::Table(det));
     let c = ProbesConfig::parse(&probes, &BTreeMap::new()).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(c.detectors.get("level").and_then(|v| v.as_str()), Some("q6"));
+    assert_eq!(
+        c.detectors.get("level").and_then(|v| v.as_str()),
+        Some("q6")
+    );
     assert!(c.models.is_empty());
 }

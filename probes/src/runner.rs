@@ -33,7 +33,9 @@ const HOUR_MS: i64 = 3_600_000;
 
 /// Milliseconds since the Unix epoch (wall clock: stored times).
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// The scheduler: configuration, store, reference, detectors and the endpoints to probe.
@@ -49,7 +51,9 @@ pub struct Scheduler {
 
 impl std::fmt::Debug for Scheduler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Scheduler").field("targets", &self.targets).finish_non_exhaustive()
+        f.debug_struct("Scheduler")
+            .field("targets", &self.targets)
+            .finish_non_exhaustive()
     }
 }
 
@@ -77,11 +81,24 @@ impl Scheduler {
     ) -> Result<Self> {
         let mut sets = BTreeMap::new();
         for (model, m) in &cfg.models {
-            let s = PromptSets::load(&m.prompt_sets).map_err(|e| ProbesError::Config(format!("models.{model}.probes.prompt_sets: {e}")))?;
+            let s = PromptSets::load(&m.prompt_sets).map_err(|e| {
+                ProbesError::Config(format!("models.{model}.probes.prompt_sets: {e}"))
+            })?;
             sets.insert(model.clone(), Arc::new(s));
         }
-        let targets = targets.into_iter().filter(|t| cfg.models.contains_key(&t.model)).collect();
-        Ok(Self { cfg, store, reference, detectors, targets, sets, http: kinds::endpoint_client() })
+        let targets = targets
+            .into_iter()
+            .filter(|t| cfg.models.contains_key(&t.model))
+            .collect();
+        Ok(Self {
+            cfg,
+            store,
+            reference,
+            detectors,
+            targets,
+            sets,
+            http: kinds::endpoint_client(),
+        })
     }
 
     /// The endpoints probed.
@@ -90,33 +107,64 @@ impl Scheduler {
     }
 
     fn model(&self, t: &Target) -> Result<(&ModelProbes, &Arc<PromptSets>)> {
-        let m = self.cfg.models.get(&t.model).ok_or_else(|| ProbesError::Config(format!("no probes for model {}", t.model)))?;
-        let s = self.sets.get(&t.model).ok_or_else(|| ProbesError::Config(format!("no prompt sets for model {}", t.model)))?;
+        let m = self
+            .cfg
+            .models
+            .get(&t.model)
+            .ok_or_else(|| ProbesError::Config(format!("no probes for model {}", t.model)))?;
+        let s = self
+            .sets
+            .get(&t.model)
+            .ok_or_else(|| ProbesError::Config(format!("no prompt sets for model {}", t.model)))?;
         Ok((m, s))
     }
 
     /// One round of `kind` on `target`: budget check, the probe (twice for a noise-floor
     /// round), storage, detectors. Errors only when the store fails.
-    pub async fn run_round(&self, target: &Target, kind: ProbeKind, round: u64) -> Result<RoundResult> {
+    pub async fn run_round(
+        &self,
+        target: &Target,
+        kind: ProbeKind,
+        round: u64,
+    ) -> Result<RoundResult> {
         let (mcfg, sets) = self.model(target)?;
-        let spent = self.store.probe_tokens_since(&target.endpoint, now_ms() - HOUR_MS).await.map_err(|e| ProbesError::Store(e.to_string()))?;
+        let spent = self
+            .store
+            .probe_tokens_since(&target.endpoint, now_ms() - HOUR_MS)
+            .await
+            .map_err(|e| ProbesError::Store(e.to_string()))?;
         if spent >= mcfg.token_budget_per_hour {
             tracing::info!(endpoint = %target.endpoint, kind = kind.name(), spent, "probe skipped: hourly token budget spent");
             return Ok(RoundResult::OverBudget { spent });
         }
         let seed = self.cfg.seed ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (kind as u64);
-        let ctx = ProbeCtx { reference: self.reference.as_ref(), cfg: mcfg, sets, http: &self.http, round, seed };
+        let ctx = ProbeCtx {
+            reference: self.reference.as_ref(),
+            cfg: mcfg,
+            sets,
+            http: &self.http,
+            round,
+            seed,
+        };
         let pair = round.is_multiple_of(u64::from(self.cfg.noise_pair_every));
         let first = self.probe_and_store(&ctx, target, kind, None).await?;
         let mut out = vec![first];
         if pair && out[0].ok {
-            let second = self.probe_and_store(&ctx, target, kind, Some(out[0].id)).await?;
+            let second = self
+                .probe_and_store(&ctx, target, kind, Some(out[0].id))
+                .await?;
             out.push(second);
         }
         Ok(RoundResult::Stored(out))
     }
 
-    async fn probe_and_store(&self, ctx: &ProbeCtx<'_>, target: &Target, kind: ProbeKind, repeat_of: Option<i64>) -> Result<ProbeRun> {
+    async fn probe_and_store(
+        &self,
+        ctx: &ProbeCtx<'_>,
+        target: &Target,
+        kind: ProbeKind,
+        repeat_of: Option<i64>,
+    ) -> Result<ProbeRun> {
         let started_ms = now_ms();
         let o: Outcome = kinds::run(kind, ctx, target).await;
         let mut run = ProbeRun {
@@ -136,14 +184,20 @@ impl Scheduler {
         if let Some(e) = &run.error {
             tracing::warn!(endpoint = %target.endpoint, kind = kind.name(), error = %e, "probe could not run");
         }
-        run.id = self.store.insert_probe_run(&run).await.map_err(|e| ProbesError::Store(e.to_string()))?;
+        run.id = self
+            .store
+            .insert_probe_run(&run)
+            .await
+            .map_err(|e| ProbesError::Store(e.to_string()))?;
         if let Some(d) = &self.detectors {
             match d.after_run(&self.store, &run).await {
                 Ok(alerts) if !alerts.is_empty() => {
                     tracing::warn!(endpoint = %target.endpoint, kind = kind.name(), alerts = alerts.len(), "probe run raised alerts");
                 }
                 Ok(_) => {}
-                Err(e) => tracing::error!(endpoint = %target.endpoint, error = %e, "detectors failed after a probe run"),
+                Err(e) => {
+                    tracing::error!(endpoint = %target.endpoint, error = %e, "detectors failed after a probe run")
+                }
             }
         }
         Ok(run)
@@ -188,7 +242,9 @@ impl Scheduler {
                     }
                     tracing::warn!("probe scheduler lost its database lock; standing by");
                 }
-                Ok(None) => tracing::debug!("another process runs the probe scheduler; standing by"),
+                Ok(None) => {
+                    tracing::debug!("another process runs the probe scheduler; standing by")
+                }
                 Err(e) => tracing::error!(error = %e, "cannot take the probe scheduler lock"),
             }
             tokio::select! {
@@ -200,7 +256,11 @@ impl Scheduler {
 
     /// Active: one tracked task per endpoint; returns true if the lock was lost, false on
     /// shutdown. Always drains its tasks before returning.
-    async fn active(self: Arc<Self>, mut lock: samewise_store::SchedulerLock, shutdown: &CancellationToken) -> bool {
+    async fn active(
+        self: Arc<Self>,
+        mut lock: samewise_store::SchedulerLock,
+        shutdown: &CancellationToken,
+    ) -> bool {
         let stop = shutdown.child_token();
         let tracker = TaskTracker::new();
         for (i, t) in self.targets.iter().enumerate() {
@@ -241,13 +301,29 @@ impl Scheduler {
     /// The schedule of one endpoint: every kind due at its own time, first round at a
     /// seeded offset within one interval so endpoints and kinds spread out.
     async fn endpoint_loop(&self, target: Target, index: u64, stop: CancellationToken) {
-        let Ok((m, _)) = self.model(&target) else { return };
-        let mut rng = StdRng::seed_from_u64(self.cfg.seed ^ index.wrapping_mul(0xa076_1d64_78bd_642f));
+        let Ok((m, _)) = self.model(&target) else {
+            return;
+        };
+        let mut rng =
+            StdRng::seed_from_u64(self.cfg.seed ^ index.wrapping_mul(0xa076_1d64_78bd_642f));
         let start = Instant::now();
-        let mut due: Vec<(ProbeKind, Instant, u64)> =
-            m.kinds.iter().map(|&k| (k, start + m.interval.mul_f64(rng.random_range(0.0..1.0) * m.jitter.max(0.05)), 0)).collect();
+        let mut due: Vec<(ProbeKind, Instant, u64)> = m
+            .kinds
+            .iter()
+            .map(|&k| {
+                (
+                    k,
+                    start
+                        + m.interval
+                            .mul_f64(rng.random_range(0.0..1.0) * m.jitter.max(0.05)),
+                    0,
+                )
+            })
+            .collect();
         loop {
-            let Some(i) = (0..due.len()).min_by_key(|&i| due[i].1) else { return };
+            let Some(i) = (0..due.len()).min_by_key(|&i| due[i].1) else {
+                return;
+            };
             let (kind, at, round) = due[i];
             tokio::select! {
                 () = stop.cancelled() => return,
@@ -260,14 +336,22 @@ impl Scheduler {
             if let Err(e) = r {
                 tracing::error!(endpoint = %target.endpoint, kind = kind.name(), error = %e, "probe round failed");
             }
-            due[i] = (kind, at + next_gap(m.interval, m.jitter, &mut rng), round + 1);
+            due[i] = (
+                kind,
+                at + next_gap(m.interval, m.jitter, &mut rng),
+                round + 1,
+            );
         }
     }
 }
 
 /// The interval with a uniform ± `jitter` share.
 pub fn next_gap(interval: Duration, jitter: f64, rng: &mut StdRng) -> Duration {
-    let f = if jitter > 0.0 { 1.0 + rng.random_range(-jitter..=jitter) } else { 1.0 };
+    let f = if jitter > 0.0 {
+        1.0 + rng.random_range(-jitter..=jitter)
+    } else {
+        1.0
+    };
     interval.mul_f64(f.max(0.01))
 }
 

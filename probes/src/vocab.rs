@@ -22,7 +22,9 @@ pub struct EngineVocab {
 
 impl std::fmt::Debug for EngineVocab {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EngineVocab").field("tokens", &self.tokenizer.vocab_size()).finish_non_exhaustive()
+        f.debug_struct("EngineVocab")
+            .field("tokens", &self.tokenizer.vocab_size())
+            .finish_non_exhaustive()
     }
 }
 
@@ -47,12 +49,18 @@ impl EngineVocab {
                 }
             }
         }
-        Self { tokenizer, by_bytes, by_text }
+        Self {
+            tokenizer,
+            by_bytes,
+            by_text,
+        }
     }
 
     /// Loads a tokenizer from a GGUF file, a Hugging Face directory, or a `tokenizer.json`.
     pub fn load(path: &Path) -> Result<Self> {
-        let err = |e: samewise_engine::EngineError| ProbesError::Reference(format!("tokenizer {}: {e}", path.display()));
+        let err = |e: samewise_engine::EngineError| {
+            ProbesError::Reference(format!("tokenizer {}: {e}", path.display()))
+        };
         let tok = if path.is_dir() {
             Tokenizer::from_hf_dir(path).map_err(err)?
         } else if path.extension().is_some_and(|e| e == "json") {
@@ -84,6 +92,9 @@ impl ReferenceVocab for EngineVocab {
     }
 
     fn token_bytes(&self, id: u32) -> Vec<u8> {
-        self.tokenizer.token_bytes(id).map(<[u8]>::to_vec).unwrap_or_default()
+        self.tokenizer
+            .token_bytes(id)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()
     }
 }

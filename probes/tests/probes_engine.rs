@@ -35,7 +35,11 @@ fn model_path() -> Result<PathBuf> {
         None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
             .join(".cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
     };
-    ensure!(path.is_file(), "test model missing at {} (run scripts/fetch-model.sh or set SAMEWISE_MODEL)", path.display());
+    ensure!(
+        path.is_file(),
+        "test model missing at {} (run scripts/fetch-model.sh or set SAMEWISE_MODEL)",
+        path.display()
+    );
     Ok(path)
 }
 
@@ -45,7 +49,13 @@ fn engine() -> Result<Arc<Engine>> {
     if let Some(e) = ENGINE.get() {
         return Ok(e.clone());
     }
-    let e = Arc::new(Engine::load(&model_path()?, LoadOptions { threads: 2, ..LoadOptions::default() })?);
+    let e = Arc::new(Engine::load(
+        &model_path()?,
+        LoadOptions {
+            threads: 2,
+            ..LoadOptions::default()
+        },
+    )?);
     Ok(ENGINE.get_or_init(|| e).clone())
 }
 
@@ -53,7 +63,11 @@ fn tokenizer_and_template() -> Result<(Tokenizer, Option<ChatTemplate>)> {
     let gguf = GgufFile::open(&model_path()?)?;
     let tok = Tokenizer::from_gguf(&gguf)?;
     let template = match chat::template_from_gguf(&gguf) {
-        Some(src) => Some(ChatTemplate::new(&src, tok.bos_token().unwrap_or_default(), tok.eos_token().unwrap_or_default())?),
+        Some(src) => Some(ChatTemplate::new(
+            &src,
+            tok.bos_token().unwrap_or_default(),
+            tok.eos_token().unwrap_or_default(),
+        )?),
         None => None,
     };
     Ok((tok, template))
@@ -65,25 +79,40 @@ fn in_process() -> Result<InProcess> {
 }
 
 /// Serves `router` on 127.0.0.1:0 until the token fires; returns `http://addr`.
-async fn serve(router: axum::Router, stop: &CancellationToken, tasks: &tokio_util::task::TaskTracker) -> Result<String> {
+async fn serve(
+    router: axum::Router,
+    stop: &CancellationToken,
+    tasks: &tokio_util::task::TaskTracker,
+) -> Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let stop = stop.clone();
     tasks.spawn(async move {
-        let _ = axum::serve(listener, router).with_graceful_shutdown(async move { stop.cancelled().await }).await;
+        let _ = axum::serve(listener, router)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
     });
     Ok(format!("http://{addr}"))
 }
 
 /// The real engine server (the unmodified endpoint).
-async fn engine_server(stop: &CancellationToken, tasks: &tokio_util::task::TaskTracker) -> Result<String> {
+async fn engine_server(
+    stop: &CancellationToken,
+    tasks: &tokio_util::task::TaskTracker,
+) -> Result<String> {
     let (tok, template) = tokenizer_and_template()?;
     let state = ServerState::new(engine()?, tok, template, "smol".into());
     serve(server::router(state), stop, tasks).await
 }
 
 fn target(base: &str, label: &str) -> Target {
-    Target { model: "smol".into(), endpoint: label.into(), base_url: format!("{base}/v1"), provider_model: "smol".into(), api_key: None }
+    Target {
+        model: "smol".into(),
+        endpoint: label.into(),
+        base_url: format!("{base}/v1"),
+        provider_model: "smol".into(),
+        api_key: None,
+    }
 }
 
 fn probes_config(extra: &str) -> Result<ProbesConfig> {
@@ -103,11 +132,27 @@ impl Harness {
     fn new(extra: &str) -> Result<Self> {
         let cfg = probes_config(extra)?;
         let sets = PromptSets::load(&cfg.models["smol"].prompt_sets)?;
-        Ok(Self { cfg, sets, http: kinds::endpoint_client() })
+        Ok(Self {
+            cfg,
+            sets,
+            http: kinds::endpoint_client(),
+        })
     }
 
-    async fn probe(&self, reference: &dyn Reference, kind: ProbeKind, t: &Target) -> kinds::Outcome {
-        let ctx = ProbeCtx { reference, cfg: &self.cfg.models["smol"], sets: &self.sets, http: &self.http, round: 0, seed: 7 };
+    async fn probe(
+        &self,
+        reference: &dyn Reference,
+        kind: ProbeKind,
+        t: &Target,
+    ) -> kinds::Outcome {
+        let ctx = ProbeCtx {
+            reference,
+            cfg: &self.cfg.models["smol"],
+            sets: &self.sets,
+            http: &self.http,
+            round: 0,
+            seed: 7,
+        };
         kinds::run(kind, &ctx, t).await
     }
 }
@@ -119,16 +164,26 @@ fn worst_positions(o: &kinds::Outcome) -> Result<String> {
     let mut scored: Vec<(f64, String)> = pos
         .iter()
         .map(|p| {
-            let kl = samewise_probes::compare::compare_position(p).map(|m| m.kl).unwrap_or(f64::NAN);
+            let kl = samewise_probes::compare::compare_position(p)
+                .map(|m| m.kl)
+                .unwrap_or(f64::NAN);
             (kl, format!("{p:?}"))
         })
         .collect();
     scored.sort_by(|a, b| b.0.total_cmp(&a.0));
-    Ok(scored.iter().take(2).map(|(k, p)| format!("kl={k:e} {p}")).collect::<Vec<_>>().join("\n"))
+    Ok(scored
+        .iter()
+        .take(2)
+        .map(|(k, p)| format!("kl={k:e} {p}"))
+        .collect::<Vec<_>>()
+        .join("\n"))
 }
 
 fn stat(o: &kinds::Outcome, key: &str) -> Result<f64> {
-    o.stats.get(key).and_then(Value::as_f64).with_context(|| format!("stat {key} missing in {}", o.stats))
+    o.stats
+        .get(key)
+        .and_then(Value::as_f64)
+        .with_context(|| format!("stat {key} missing in {}", o.stats))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,13 +194,25 @@ async fn in_process_remote_and_external_vllm_agree_exactly() -> Result<()> {
     let local = in_process()?;
     let remote = Remote::new(&url, &model_path()?)?;
     let vllm_url = serve(vllm_double(engine()?)?, &stop, &tasks).await?;
-    let external = External::new(&vllm_url, ExternalFlavour::Vllm, "smol", &model_path()?, None)?;
+    let external = External::new(
+        &vllm_url,
+        ExternalFlavour::Vllm,
+        "smol",
+        &model_path()?,
+        None,
+    )?;
 
     let text = "The quick brown fox jumps over the lazy dog. Überraschung: 東京 is large.";
     let ids = local.tokenize(text, true).await?;
     ensure!(ids.len() > 10, "tokenized to {ids:?}");
-    ensure!(remote.tokenize(text, true).await? == ids, "remote tokenization differs");
-    ensure!(external.tokenize(text, true).await? == ids, "external tokenization differs");
+    ensure!(
+        remote.tokenize(text, true).await? == ids,
+        "remote tokenization differs"
+    );
+    ensure!(
+        external.tokenize(text, true).await? == ids,
+        "external tokenization differs"
+    );
 
     let a = local.score(&ids, 5).await?;
     let b = remote.score(&ids, 5).await?;
@@ -156,14 +223,31 @@ async fn in_process_remote_and_external_vllm_agree_exactly() -> Result<()> {
 
     let messages = vec![json!({"role": "user", "content": "Say hi."})];
     let chat_a = local.render_chat(&messages, None).await?;
-    ensure!(chat_a == remote.render_chat(&messages, None).await?, "chat rendering differs");
+    ensure!(
+        chat_a == remote.render_chat(&messages, None).await?,
+        "chat rendering differs"
+    );
 
-    let req = SampleRequest { prompt: chat_a, n: 1, max_tokens: 12, temperature: 0.0, seed: 1 };
+    let req = SampleRequest {
+        prompt: chat_a,
+        n: 1,
+        max_tokens: 12,
+        temperature: 0.0,
+        seed: 1,
+    };
     let ga = local.sample(&req).await?;
     let gb = remote.sample(&req).await?;
     ensure!(ga.len() == 1 && !ga[0].text.is_empty(), "{ga:?}");
-    ensure!(ga[0].text == gb[0].text, "greedy samples differ: {:?} vs {:?}", ga[0].text, gb[0].text);
-    ensure!(ga[0].logprobs == gb[0].logprobs, "greedy sample logprobs differ");
+    ensure!(
+        ga[0].text == gb[0].text,
+        "greedy samples differ: {:?} vs {:?}",
+        ga[0].text,
+        gb[0].text
+    );
+    ensure!(
+        ga[0].logprobs == gb[0].logprobs,
+        "greedy sample logprobs differ"
+    );
 
     stop.cancel();
     tasks.close();
@@ -259,12 +343,27 @@ async fn external_sglang_scores_agree_with_in_process() -> Result<()> {
     let url = serve(sglang_double(engine()?), &stop, &tasks).await?;
     let sglang = External::new(&url, ExternalFlavour::Sglang, "smol", &model_path()?, None)?;
     let local = in_process()?;
-    let ids = local.tokenize("Photosynthesis turns light into chemical energy.", true).await?;
-    ensure!(sglang.tokenize("Photosynthesis turns light into chemical energy.", true).await? == ids);
-    ensure!(sglang.score(&ids, 4).await? == local.score(&ids, 4).await?, "SGLang scores differ");
+    let ids = local
+        .tokenize("Photosynthesis turns light into chemical energy.", true)
+        .await?;
+    ensure!(
+        sglang
+            .tokenize("Photosynthesis turns light into chemical energy.", true)
+            .await?
+            == ids
+    );
+    ensure!(
+        sglang.score(&ids, 4).await? == local.score(&ids, 4).await?,
+        "SGLang scores differ"
+    );
     // SGLang has no chat-tokenize route: a clear error, not a wrong answer
-    let e = sglang.render_chat(&[json!({"role": "user", "content": "hi"})], None).await;
-    ensure!(e.as_ref().is_err_and(|e| e.to_string().contains("SGLang")), "{e:?}");
+    let e = sglang
+        .render_chat(&[json!({"role": "user", "content": "hi"})], None)
+        .await;
+    ensure!(
+        e.as_ref().is_err_and(|e| e.to_string().contains("SGLang")),
+        "{e:?}"
+    );
     stop.cancel();
     tasks.close();
     tasks.wait().await;
@@ -278,16 +377,38 @@ async fn long_context_reports_the_longest_passing_length() -> Result<()> {
     let url = engine_server(&stop, &tasks).await?;
     let reference = in_process()?;
     let h = Harness::new("context_window = 1024")?;
-    let o = h.probe(&reference, ProbeKind::LongContext, &target(&url, "engine/smol")).await;
+    let o = h
+        .probe(
+            &reference,
+            ProbeKind::LongContext,
+            &target(&url, "engine/smol"),
+        )
+        .await;
     ensure!(o.ok, "{:?}", o.error);
     let lengths = o.stats["lengths"].as_array().context("lengths")?;
     ensure!(!lengths.is_empty() && o.tokens > 0, "{}", o.stats);
     let effective = stat(&o, "effective_context")?;
-    let passed: Vec<f64> = lengths.iter().filter(|l| l["passed"] == json!(true)).filter_map(|l| l["length"].as_f64()).collect();
+    let passed: Vec<f64> = lengths
+        .iter()
+        .filter(|l| l["passed"] == json!(true))
+        .filter_map(|l| l["length"].as_f64())
+        .collect();
     // lengths are tried in doubling order and the ladder stops at the first failure
-    ensure!(effective == passed.last().copied().unwrap_or(0.0), "{}", o.stats);
-    ensure!(passed.len() == lengths.len() || passed.len() + 1 == lengths.len(), "{}", o.stats);
-    ensure!((passed.len() < lengths.len()) == !o.stats["failed_at"].is_null(), "{}", o.stats);
+    ensure!(
+        effective == passed.last().copied().unwrap_or(0.0),
+        "{}",
+        o.stats
+    );
+    ensure!(
+        passed.len() == lengths.len() || passed.len() + 1 == lengths.len(),
+        "{}",
+        o.stats
+    );
+    ensure!(
+        (passed.len() < lengths.len()) == !o.stats["failed_at"].is_null(),
+        "{}",
+        o.stats
+    );
     ensure!(stat(&o, "window")? <= 1024.0, "{}", o.stats);
     stop.cancel();
     tasks.close();
@@ -304,10 +425,22 @@ fn shifting_double(upstream: String, factor: f64, refuse: bool) -> axum::Router 
             let upstream = upstream.clone();
             async move {
                 if refuse {
-                    return (axum::http::StatusCode::BAD_REQUEST, axum::Json(json!({"error": {"message": "logprobs are not supported by this provider", "type": "invalid_request_error", "param": "logprobs", "code": null}})));
+                    return (
+                        axum::http::StatusCode::BAD_REQUEST,
+                        axum::Json(
+                            json!({"error": {"message": "logprobs are not supported by this provider", "type": "invalid_request_error", "param": "logprobs", "code": null}}),
+                        ),
+                    );
                 }
-                let resp = reqwest::Client::new().post(format!("{upstream}{path}")).header("content-type", "application/json").body(body).send().await;
-                let Ok(resp) = resp else { return (axum::http::StatusCode::BAD_GATEWAY, axum::Json(json!({}))) };
+                let resp = reqwest::Client::new()
+                    .post(format!("{upstream}{path}"))
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await;
+                let Ok(resp) = resp else {
+                    return (axum::http::StatusCode::BAD_GATEWAY, axum::Json(json!({})));
+                };
                 let bytes = resp.bytes().await.unwrap_or_default();
                 let mut v: Value = serde_json::from_slice(&bytes).unwrap_or_default();
                 scale(&mut v, factor);
@@ -315,14 +448,21 @@ fn shifting_double(upstream: String, factor: f64, refuse: bool) -> axum::Router 
             }
         }
     };
-    axum::Router::new().route("/v1/completions", post(handler("/v1/completions"))).route("/v1/chat/completions", post(handler("/v1/chat/completions")))
+    axum::Router::new()
+        .route("/v1/completions", post(handler("/v1/completions")))
+        .route(
+            "/v1/chat/completions",
+            post(handler("/v1/chat/completions")),
+        )
 }
 
 /// Scales every number under a `logprob`-ish key.
 fn scale(v: &mut Value, factor: f64) {
     match v {
         Value::Object(m) => {
-            let in_top_map = m.values().all(Value::is_number) && !m.is_empty() && !m.contains_key("prompt_tokens");
+            let in_top_map = m.values().all(Value::is_number)
+                && !m.is_empty()
+                && !m.contains_key("prompt_tokens");
             for (k, x) in m.iter_mut() {
                 if k == "text_offset" || k == "bytes" || k == "usage" {
                     continue;
@@ -366,40 +506,108 @@ async fn probes_of_the_unmodified_engine_are_exact_and_shifted_logprobs_are_caug
     // reference's logprob and top-k (its list also holds the actual token, OpenAI style)
     let raw = o.raw.as_deref().context("raw per-position data")?;
     for p in samewise_probes::compare::decode_positions(raw)? {
-        ensure!(p.endpoint.actual_logprob == p.reference.actual_logprob, "{p:?}");
-        ensure!(p.endpoint.top.get(..p.reference.top.len()) == Some(&p.reference.top[..]), "{p:?}");
+        ensure!(
+            p.endpoint.actual_logprob == p.reference.actual_logprob,
+            "{p:?}"
+        );
+        ensure!(
+            p.endpoint.top.get(..p.reference.top.len()) == Some(&p.reference.top[..]),
+            "{p:?}"
+        );
     }
     // compare's KL of identical inputs is 0 up to exp/ln rounding, except where the actual
     // token's probability is under TAIL_EPSILON (the endpoint side alone is clamped there,
     // giving up to ~1e-6 at such a position)
     let worst = worst_positions(&o)?;
-    ensure!(stat(&o, "kl_p99")? < 1e-5 && stat(&o, "kl_mean")? < 1e-7, "unmodified KL not ~0: {} worst: {worst}", o.stats);
-    ensure!(stat(&o, "top1_same")? == 1.0 && stat(&o, "topk_overlap")? == 1.0 && stat(&o, "dlogprob_mean")? == 0.0, "{}", o.stats);
-    ensure!(stat(&o, "positions")? > 100.0 && stat(&o, "mismatch_rate")? == 0.0 && o.tokens > 100, "{} tokens {}", o.stats, o.tokens);
-    ensure!(samewise_probes::compare::decode_positions(raw)?.len() as f64 == stat(&o, "positions")?);
+    ensure!(
+        stat(&o, "kl_p99")? < 1e-5 && stat(&o, "kl_mean")? < 1e-7,
+        "unmodified KL not ~0: {} worst: {worst}",
+        o.stats
+    );
+    ensure!(
+        stat(&o, "top1_same")? == 1.0
+            && stat(&o, "topk_overlap")? == 1.0
+            && stat(&o, "dlogprob_mean")? == 0.0,
+        "{}",
+        o.stats
+    );
+    ensure!(
+        stat(&o, "positions")? > 100.0 && stat(&o, "mismatch_rate")? == 0.0 && o.tokens > 100,
+        "{} tokens {}",
+        o.stats,
+        o.tokens
+    );
+    ensure!(
+        samewise_probes::compare::decode_positions(raw)?.len() as f64 == stat(&o, "positions")?
+    );
 
-    let o = h.probe(&reference, ProbeKind::CompletionLogprobs, &same).await;
+    let o = h
+        .probe(&reference, ProbeKind::CompletionLogprobs, &same)
+        .await;
     ensure!(o.ok, "{:?}", o.error);
-    ensure!(stat(&o, "kl_p99")? < 1e-5 && stat(&o, "dlogprob_mean")? == 0.0 && stat(&o, "top1_same")? == 1.0 && stat(&o, "topk_overlap")? == 1.0, "completion logprobs not exact: {}", o.stats);
+    ensure!(
+        stat(&o, "kl_p99")? < 1e-5
+            && stat(&o, "dlogprob_mean")? == 0.0
+            && stat(&o, "top1_same")? == 1.0
+            && stat(&o, "topk_overlap")? == 1.0,
+        "completion logprobs not exact: {}",
+        o.stats
+    );
     ensure!(stat(&o, "positions")? >= 1.0 && o.tokens > 0);
 
     let o = h.probe(&reference, ProbeKind::ToolCalls, &same).await;
     ensure!(o.ok, "{:?}", o.error);
-    ensure!(stat(&o, "trigger_f1")? == 1.0, "same weights, same greedy answers: {}", o.stats);
+    ensure!(
+        stat(&o, "trigger_f1")? == 1.0,
+        "same weights, same greedy answers: {}",
+        o.stats
+    );
 
     let o = h.probe(&reference, ProbeKind::Samples, &same).await;
     ensure!(o.ok, "{:?}", o.error);
     let p = stat(&o, "p_value")?;
-    ensure!((0.0..=1.0).contains(&p) && stat(&o, "loglik_p_value").is_ok(), "{}", o.stats);
+    ensure!(
+        (0.0..=1.0).contains(&p) && stat(&o, "loglik_p_value").is_ok(),
+        "{}",
+        o.stats
+    );
 
-    let o = h.probe(&reference, ProbeKind::PromptLogprobs, &target(&shifted, "shifted/smol")).await;
+    let o = h
+        .probe(
+            &reference,
+            ProbeKind::PromptLogprobs,
+            &target(&shifted, "shifted/smol"),
+        )
+        .await;
     ensure!(o.ok, "{:?}", o.error);
-    ensure!(stat(&o, "kl_mean")? > 0.01 && stat(&o, "dlogprob_mean")? > 0.1, "shifted logprobs not caught: {}", o.stats);
+    ensure!(
+        stat(&o, "kl_mean")? > 0.01 && stat(&o, "dlogprob_mean")? > 0.1,
+        "shifted logprobs not caught: {}",
+        o.stats
+    );
 
-    let o = h.probe(&reference, ProbeKind::PromptLogprobs, &target(&refusing, "refusing/smol")).await;
-    ensure!(!o.ok && o.error.as_deref().is_some_and(|e| e.contains("logprobs")), "refusal must be a finding: {o:?}");
-    let o = h.probe(&reference, ProbeKind::CompletionLogprobs, &target(&refusing, "refusing/smol")).await;
-    ensure!(!o.ok && o.error.as_deref().is_some_and(|e| e.contains("logprobs")), "refusal must be a finding: {o:?}");
+    let o = h
+        .probe(
+            &reference,
+            ProbeKind::PromptLogprobs,
+            &target(&refusing, "refusing/smol"),
+        )
+        .await;
+    ensure!(
+        !o.ok && o.error.as_deref().is_some_and(|e| e.contains("logprobs")),
+        "refusal must be a finding: {o:?}"
+    );
+    let o = h
+        .probe(
+            &reference,
+            ProbeKind::CompletionLogprobs,
+            &target(&refusing, "refusing/smol"),
+        )
+        .await;
+    ensure!(
+        !o.ok && o.error.as_deref().is_some_and(|e| e.contains("logprobs")),
+        "refusal must be a finding: {o:?}"
+    );
 
     stop.cancel();
     tasks.close();
@@ -413,26 +621,55 @@ async fn scheduler_stores_runs_with_noise_pairs_and_respects_the_budget() -> Res
     let tasks = tokio_util::task::TaskTracker::new();
     let url = engine_server(&stop, &tasks).await?;
     let db = TestDb::new(Backend::Sqlite).await?;
-    let cfg = Arc::new(probes_config("kinds = [\"prompt_logprobs\"]\ntoken_budget_per_hour = 400\n")?);
+    let cfg = Arc::new(probes_config(
+        "kinds = [\"prompt_logprobs\"]\ntoken_budget_per_hour = 400\n",
+    )?);
     let reference: Arc<dyn Reference> = Arc::new(in_process()?);
-    let s = Scheduler::new(cfg, db.store.clone(), reference, None, vec![target(&url, "engine/smol")])?;
+    let s = Scheduler::new(
+        cfg,
+        db.store.clone(),
+        reference,
+        None,
+        vec![target(&url, "engine/smol")],
+    )?;
 
     // round 0 is a noise-floor pair
-    let RoundResult::Stored(runs) = s.run_round(&s.targets()[0], ProbeKind::PromptLogprobs, 0).await? else {
+    let RoundResult::Stored(runs) = s
+        .run_round(&s.targets()[0], ProbeKind::PromptLogprobs, 0)
+        .await?
+    else {
         anyhow::bail!("first round over budget")
     };
     ensure!(runs.len() == 2, "noise pair expected, got {}", runs.len());
     ensure!(runs[1].repeat_of == Some(runs[0].id) && runs[0].repeat_of.is_none());
-    let stored = db.store.probe_runs(&ProbeRunQuery { model: Some("smol".into()), endpoint: None, kind: None, since_ms: None, limit: 10 }).await?;
+    let stored = db
+        .store
+        .probe_runs(&ProbeRunQuery {
+            model: Some("smol".into()),
+            endpoint: None,
+            kind: None,
+            since_ms: None,
+            limit: 10,
+        })
+        .await?;
     ensure!(stored.len() == 2, "{stored:?}");
     for r in &stored {
-        ensure!(r.ok && r.kind == "prompt_logprobs" && r.endpoint == "engine/smol" && r.tokens > 0, "{r:?}");
-        ensure!(r.finished_ms >= r.started_ms && r.raw.is_some() && r.stats.get("kl_mean").is_some(), "{r:?}");
+        ensure!(
+            r.ok && r.kind == "prompt_logprobs" && r.endpoint == "engine/smol" && r.tokens > 0,
+            "{r:?}"
+        );
+        ensure!(
+            r.finished_ms >= r.started_ms && r.raw.is_some() && r.stats.get("kl_mean").is_some(),
+            "{r:?}"
+        );
     }
     // the two runs spent more than the 400-token budget: the next round is skipped
     let spent: i64 = stored.iter().map(|r| r.tokens).sum();
     ensure!(spent >= 400, "spent {spent}");
-    match s.run_round(&s.targets()[0], ProbeKind::PromptLogprobs, 1).await? {
+    match s
+        .run_round(&s.targets()[0], ProbeKind::PromptLogprobs, 1)
+        .await?
+    {
         RoundResult::OverBudget { spent: reported } => ensure!(reported == spent),
         RoundResult::Stored(r) => anyhow::bail!("ran over budget: {r:?}"),
     }
@@ -450,15 +687,36 @@ async fn standby_scheduler_takes_over_when_the_lock_is_freed() -> Result<()> {
     let tasks = tokio_util::task::TaskTracker::new();
     let url = engine_server(&stop, &tasks).await?;
     let db = TestDb::new(Backend::Postgres).await?;
-    let cfg = Arc::new(probes_config("kinds = [\"prompt_logprobs\"]\ninterval_ms = 300\njitter = 0.0\n")?);
+    let cfg = Arc::new(probes_config(
+        "kinds = [\"prompt_logprobs\"]\ninterval_ms = 300\njitter = 0.0\n",
+    )?);
     let reference: Arc<dyn Reference> = Arc::new(in_process()?);
-    let s = Arc::new(Scheduler::new(cfg, db.store.clone(), reference, None, vec![target(&url, "engine/smol")])?);
-    let holder = db.store.try_scheduler_lock().await?.context("lock free at start")?;
+    let s = Arc::new(Scheduler::new(
+        cfg,
+        db.store.clone(),
+        reference,
+        None,
+        vec![target(&url, "engine/smol")],
+    )?);
+    let holder = db
+        .store
+        .try_scheduler_lock()
+        .await?
+        .context("lock free at start")?;
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(Arc::clone(&s).run(shutdown.clone()));
-    let q = ProbeRunQuery { model: None, endpoint: None, kind: None, since_ms: None, limit: 100 };
+    let q = ProbeRunQuery {
+        model: None,
+        endpoint: None,
+        kind: None,
+        since_ms: None,
+        limit: 100,
+    };
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    ensure!(db.store.probe_runs(&q).await?.is_empty(), "a standby scheduler probed");
+    ensure!(
+        db.store.probe_runs(&q).await?.is_empty(),
+        "a standby scheduler probed"
+    );
     holder.release().await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
@@ -466,16 +724,23 @@ async fn standby_scheduler_takes_over_when_the_lock_is_freed() -> Result<()> {
         if n >= 3 {
             break;
         }
-        ensure!(tokio::time::Instant::now() < deadline, "scheduler did not take over ({n} runs)");
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "scheduler did not take over ({n} runs)"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(30), run).await.context("scheduler did not drain")??;
+    tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .context("scheduler did not drain")??;
     // after shutdown the lock is free again
-    ensure!(db.store.try_scheduler_lock().await?.is_some(), "lock not released on shutdown");
+    ensure!(
+        db.store.try_scheduler_lock().await?.is_some(),
+        "lock not released on shutdown"
+    );
     stop.cancel();
     tasks.close();
     tasks.wait().await;
     Ok(())
 }
-

@@ -52,7 +52,11 @@ pub fn probes_config(config: &Config) -> anyhow::Result<Option<ProbesConfig>> {
         );
         return Ok(None);
     };
-    let models = config.models.iter().filter_map(|(name, m)| m.probes.clone().map(|p| (name.clone(), p))).collect();
+    let models = config
+        .models
+        .iter()
+        .filter_map(|(name, m)| m.probes.clone().map(|p| (name.clone(), p)))
+        .collect();
     Ok(Some(ProbesConfig::parse(probes, &models)?))
 }
 
@@ -70,10 +74,20 @@ pub fn reference_label(p: &ProbesConfig) -> String {
 pub fn targets(config: &Config, probes: &ProbesConfig) -> anyhow::Result<Vec<Target>> {
     let mut out = Vec::new();
     for name in probes.models.keys() {
-        let model = config.models.get(name).with_context(|| format!("models.{name}.probes: no such model"))?;
+        let model = config
+            .models
+            .get(name)
+            .with_context(|| format!("models.{name}.probes: no such model"))?;
         for e in &model.endpoints {
-            let p = config.providers.get(&e.provider).with_context(|| format!("models.{name}: unknown provider {}", e.provider))?;
-            let api_key = p.api_key_env.as_ref().and_then(|v| std::env::var(v).ok()).filter(|k| !k.is_empty());
+            let p = config
+                .providers
+                .get(&e.provider)
+                .with_context(|| format!("models.{name}: unknown provider {}", e.provider))?;
+            let api_key = p
+                .api_key_env
+                .as_ref()
+                .and_then(|v| std::env::var(v).ok())
+                .filter(|k| !k.is_empty());
             out.push(Target {
                 model: name.clone(),
                 endpoint: format!("{}/{}", e.provider, e.model),
@@ -104,23 +118,41 @@ impl ProbesHandle {
     }
 }
 
-async fn build(config: &Config, probes: ProbesConfig, store: Store) -> anyhow::Result<(Arc<Scheduler>, Arc<Detectors>)> {
+async fn build(
+    config: &Config,
+    probes: ProbesConfig,
+    store: Store,
+) -> anyhow::Result<(Arc<Scheduler>, Arc<Detectors>)> {
     let targets = targets(config, &probes)?;
     let detectors = Arc::new(Detectors::from_config(&probes)?);
-    let reference = samewise_probes::reference::connect(&probes.reference).await.context("starting the probes' reference")?;
-    let scheduler = Scheduler::new(Arc::new(probes), store, reference, Some(detectors.clone()), targets)?;
+    let reference = samewise_probes::reference::connect(&probes.reference)
+        .await
+        .context("starting the probes' reference")?;
+    let scheduler = Scheduler::new(
+        Arc::new(probes),
+        store,
+        reference,
+        Some(detectors.clone()),
+        targets,
+    )?;
     Ok((Arc::new(scheduler), detectors))
 }
 
 /// Starts the scheduler in the background when `[probes]` is configured (inside `samewise
 /// serve`). It never touches the request path.
 pub async fn start(config: &Config, store: Store) -> anyhow::Result<Option<ProbesHandle>> {
-    let Some(probes) = probes_config(config)? else { return Ok(None) };
+    let Some(probes) = probes_config(config)? else {
+        return Ok(None);
+    };
     let (scheduler, detectors) = build(config, probes, store).await?;
     let stop = CancellationToken::new();
     let tasks = TaskTracker::new();
     tasks.spawn(scheduler.run(stop.clone()));
-    Ok(Some(ProbesHandle { stop, tasks, detectors }))
+    Ok(Some(ProbesHandle {
+        stop,
+        tasks,
+        detectors,
+    }))
 }
 
 /// Runs `samewise probes ...`.
@@ -128,7 +160,9 @@ pub fn run(args: ProbesArgs) -> anyhow::Result<()> {
     match args.command {
         ProbesCommand::Run { config, once } => {
             let config = Config::load(&config)?;
-            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
             runtime.block_on(run_probes(config, once))
         }
     }
@@ -136,11 +170,17 @@ pub fn run(args: ProbesArgs) -> anyhow::Result<()> {
 
 async fn run_probes(config: Config, once: bool) -> anyhow::Result<()> {
     let probes = probes_config(&config)?.context("the configuration has no [probes] section")?;
-    let database_url = std::env::var("DATABASE_URL").ok().filter(|u| !u.trim().is_empty());
+    let database_url = std::env::var("DATABASE_URL")
+        .ok()
+        .filter(|u| !u.trim().is_empty());
     let store = Store::connect(database_url.as_deref(), &config.server.data_dir).await?;
     let result = async {
         let (scheduler, detectors) = build(&config, probes, store.clone()).await?;
-        let r = if once { run_once(&store, &scheduler).await } else { run_forever(scheduler).await };
+        let r = if once {
+            run_once(&store, &scheduler).await
+        } else {
+            run_forever(scheduler).await
+        };
         detectors.shutdown().await;
         r
     }
@@ -150,17 +190,32 @@ async fn run_probes(config: Config, once: bool) -> anyhow::Result<()> {
 }
 
 async fn run_once(store: &Store, scheduler: &Scheduler) -> anyhow::Result<()> {
-    let lock = store.try_scheduler_lock().await?.context("another process holds the probe scheduler lock of this database")?;
+    let lock = store
+        .try_scheduler_lock()
+        .await?
+        .context("another process holds the probe scheduler lock of this database")?;
     let rounds = scheduler.run_once(0).await?;
     lock.release().await?;
     for r in rounds {
         match r {
-            RoundResult::OverBudget { spent } => println!("skipped: hourly token budget spent ({spent} tokens)"),
+            RoundResult::OverBudget { spent } => {
+                println!("skipped: hourly token budget spent ({spent} tokens)")
+            }
             RoundResult::Stored(runs) => {
                 for run in runs {
                     let verdict = if run.ok { "ok" } else { "failed" };
-                    let pair = run.repeat_of.map(|id| format!(" (repeat of #{id})")).unwrap_or_default();
-                    println!("#{} {} {} {verdict}{pair} tokens={} {}", run.id, run.endpoint, run.kind, run.tokens, run.error.as_deref().unwrap_or(&run.stats.to_string()));
+                    let pair = run
+                        .repeat_of
+                        .map(|id| format!(" (repeat of #{id})"))
+                        .unwrap_or_default();
+                    println!(
+                        "#{} {} {} {verdict}{pair} tokens={} {}",
+                        run.id,
+                        run.endpoint,
+                        run.kind,
+                        run.tokens,
+                        run.error.as_deref().unwrap_or(&run.stats.to_string())
+                    );
                 }
             }
         }
@@ -171,7 +226,10 @@ async fn run_once(store: &Store, scheduler: &Scheduler) -> anyhow::Result<()> {
 async fn run_forever(scheduler: Arc<Scheduler>) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
     let tasks = TaskTracker::new();
-    tracing::info!(endpoints = scheduler.targets().len(), "probe scheduler starting");
+    tracing::info!(
+        endpoints = scheduler.targets().len(),
+        "probe scheduler starting"
+    );
     tasks.spawn(scheduler.run(stop.clone()));
     tasks.close();
     super::serve::shutdown_signal().await;

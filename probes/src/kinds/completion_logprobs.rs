@@ -6,12 +6,19 @@
 
 use serde_json::{Map, json};
 
-use super::{Outcome, ProbeCtx, Target, call, chat_positions, logprob_outcome, positions, usage_tokens, window};
+use super::{
+    Outcome, ProbeCtx, Target, call, chat_positions, logprob_outcome, positions, usage_tokens,
+    window,
+};
 use crate::align::{AlignMethod, EndpointToken, align};
 
 /// Runs one completion_logprobs probe.
 pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
-    let prompts = window(&ctx.sets.completion_prompts, ctx.round, ctx.cfg.items_per_round);
+    let prompts = window(
+        &ctx.sets.completion_prompts,
+        ctx.round,
+        ctx.cfg.items_per_round,
+    );
     let vocab = ctx.reference.vocab();
     let k = ctx.cfg.top_k as usize;
     let mut tokens = 0i64;
@@ -31,9 +38,14 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             Err(e) => return Outcome::failed(e.message, tokens),
         };
         tokens += usage_tokens(&answer);
-        let content = answer.pointer("/choices/0/logprobs/content").and_then(|c| c.as_array());
+        let content = answer
+            .pointer("/choices/0/logprobs/content")
+            .and_then(|c| c.as_array());
         let Some(ep) = content.and_then(|c| chat_positions(c)) else {
-            return Outcome::failed("the endpoint returned no completion logprobs (logprobs refused or unsupported)", tokens);
+            return Outcome::failed(
+                "the endpoint returned no completion logprobs (logprobs refused or unsupported)",
+                tokens,
+            );
         };
         lengths.push(ep.len());
         if ep.is_empty() {
@@ -56,19 +68,42 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             Ok(s) => s,
             Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
         };
-        let (mut pos, d) = positions(&ep, &scored, prompt_ids.len(), |i| alignment.ref_index.get(i).copied().flatten(), vocab.as_ref());
+        let (mut pos, d) = positions(
+            &ep,
+            &scored,
+            prompt_ids.len(),
+            |i| alignment.ref_index.get(i).copied().flatten(),
+            vocab.as_ref(),
+        );
         dropped += d;
         inputs.append(&mut pos);
     }
     let mut extra = Map::new();
-    extra.insert("prompts".into(), json!(prompts.iter().map(|p| p.id.clone()).collect::<Vec<_>>()));
+    extra.insert(
+        "prompts".into(),
+        json!(prompts.iter().map(|p| p.id.clone()).collect::<Vec<_>>()),
+    );
     extra.insert("endpoint_tokens".into(), json!(generated));
     extra.insert("unmappable".into(), json!(unmappable));
-    extra.insert("mismatch_rate".into(), json!(if generated == 0 { 0.0 } else { unmappable as f64 / generated as f64 }));
+    extra.insert(
+        "mismatch_rate".into(),
+        json!(if generated == 0 {
+            0.0
+        } else {
+            unmappable as f64 / generated as f64
+        }),
+    );
     extra.insert("unmapped_alternatives".into(), json!(dropped));
     extra.insert("align".into(), json!(method));
     extra.insert("output_lengths".into(), json!(lengths));
-    extra.insert("output_length_mean".into(), json!(if lengths.is_empty() { 0.0 } else { lengths.iter().sum::<usize>() as f64 / lengths.len() as f64 }));
+    extra.insert(
+        "output_length_mean".into(),
+        json!(if lengths.is_empty() {
+            0.0
+        } else {
+            lengths.iter().sum::<usize>() as f64 / lengths.len() as f64
+        }),
+    );
     extra.insert("top_k".into(), json!(k));
     logprob_outcome(&inputs, tokens, extra)
 }

@@ -16,7 +16,10 @@ const ANSWER_ROOM: u32 = 64;
 pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     let t = &ctx.sets.needle;
     let window = match ctx.reference.context_window() {
-        Some(w) => ctx.cfg.context_window.min(u32::try_from(w).unwrap_or(u32::MAX)),
+        Some(w) => ctx
+            .cfg
+            .context_window
+            .min(u32::try_from(w).unwrap_or(u32::MAX)),
         None => ctx.cfg.context_window,
     };
     let window = window.saturating_sub(ANSWER_ROOM + ctx.cfg.max_tokens.min(32));
@@ -51,7 +54,10 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             Err(e) => return Outcome::failed(e.message, tokens),
         };
         tokens += usage_tokens(&answer);
-        let content = answer.pointer("/choices/0/message/content").and_then(Value::as_str).unwrap_or_default();
+        let content = answer
+            .pointer("/choices/0/message/content")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         let ok = content.contains(&prompt.expected);
         passed.push(json!({"length": len, "passed": ok}));
         if !ok {
@@ -66,5 +72,11 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     stats.insert("depth".into(), json!(depth));
     stats.insert("lengths".into(), Value::Array(passed));
     stats.insert("failed_at".into(), failed_at.unwrap_or(Value::Null));
-    Outcome { ok: true, error: None, tokens, stats: Value::Object(stats), raw: None }
+    Outcome {
+        ok: true,
+        error: None,
+        tokens,
+        stats: Value::Object(stats),
+        raw: None,
+    }
 }

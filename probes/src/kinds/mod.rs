@@ -20,7 +20,9 @@ use serde_json::{Value, json};
 use crate::align::{EndpointToken, ReferenceVocab, map_top};
 use crate::compare::{self, PositionInput, Side, TopEntry};
 use crate::config::{ModelProbes, ProbeKind, PromptSetPaths};
-use crate::prompts::{self, CompletionPrompt, LogprobText, NeedleTemplate, ToolCallPrompt, ToolDefinitions};
+use crate::prompts::{
+    self, CompletionPrompt, LogprobText, NeedleTemplate, ToolCallPrompt, ToolDefinitions,
+};
 use crate::reference::http::{HttpFailure, post_json};
 use crate::reference::{RefPosition, Reference, norm};
 use crate::{ProbesError, Result};
@@ -74,7 +76,8 @@ pub struct PromptSets {
 }
 
 fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|e| ProbesError::Io(format!("cannot read {}: {e}", path.display())))
+    std::fs::read_to_string(path)
+        .map_err(|e| ProbesError::Io(format!("cannot read {}: {e}", path.display())))
 }
 
 fn in_file<T>(path: &Path, r: Result<T>) -> Result<T> {
@@ -97,21 +100,36 @@ impl PromptSets {
             None => prompts::builtin_tool_call_prompts()?,
         };
         let tools = match &paths.tools {
-            Some(p) => in_file(p, serde_json::from_str(&read(p)?).map_err(|e| ProbesError::Data(e.to_string())))?,
+            Some(p) => in_file(
+                p,
+                serde_json::from_str(&read(p)?).map_err(|e| ProbesError::Data(e.to_string())),
+            )?,
             None => prompts::builtin_tools()?,
         };
         let needle: NeedleTemplate = match &paths.needle {
-            Some(p) => in_file(p, serde_json::from_str(&read(p)?).map_err(|e| ProbesError::Data(e.to_string())))?,
+            Some(p) => in_file(
+                p,
+                serde_json::from_str(&read(p)?).map_err(|e| ProbesError::Data(e.to_string())),
+            )?,
             None => prompts::builtin_needle()?,
         };
         needle.validate()?;
-        if logprob_texts.is_empty() || completion_prompts.is_empty() || tool_call_prompts.is_empty() {
+        if logprob_texts.is_empty() || completion_prompts.is_empty() || tool_call_prompts.is_empty()
+        {
             return Err(ProbesError::Data("a prompt set is empty".into()));
         }
         for c in &tool_call_prompts {
-            tools.select(&c.tools).map_err(|e| ProbesError::Data(format!("tool-call case {}: {e}", c.id)))?;
+            tools
+                .select(&c.tools)
+                .map_err(|e| ProbesError::Data(format!("tool-call case {}: {e}", c.id)))?;
         }
-        Ok(Self { logprob_texts, completion_prompts, tool_call_prompts, tools, needle })
+        Ok(Self {
+            logprob_texts,
+            completion_prompts,
+            tool_call_prompts,
+            tools,
+            needle,
+        })
     }
 }
 
@@ -149,7 +167,13 @@ pub struct Outcome {
 impl Outcome {
     /// A probe that could not run, with the tokens it already spent.
     pub fn failed(reason: impl Into<String>, tokens: i64) -> Self {
-        Self { ok: false, error: Some(reason.into()), tokens, stats: json!({}), raw: None }
+        Self {
+            ok: false,
+            error: Some(reason.into()),
+            tokens,
+            stats: json!({}),
+            raw: None,
+        }
     }
 }
 
@@ -170,7 +194,12 @@ pub fn endpoint_client() -> reqwest::Client {
 }
 
 /// POSTs to `target`'s `path` (relative to its base URL, e.g. `/completions`).
-pub(crate) async fn call(ctx: &ProbeCtx<'_>, target: &Target, path: &str, body: &Value) -> std::result::Result<Value, HttpFailure> {
+pub(crate) async fn call(
+    ctx: &ProbeCtx<'_>,
+    target: &Target,
+    path: &str,
+    body: &Value,
+) -> std::result::Result<Value, HttpFailure> {
     let url = format!("{}{path}", target.base_url.trim_end_matches('/'));
     post_json(ctx.http, &url, target.api_key.as_deref(), body).await
 }
@@ -178,11 +207,16 @@ pub(crate) async fn call(ctx: &ProbeCtx<'_>, target: &Target, path: &str, body: 
 /// `usage.total_tokens` of an answer (prompt + completion), 0 if absent.
 pub(crate) fn usage_tokens(v: &Value) -> i64 {
     let u = v.get("usage");
-    u.and_then(|u| u.get("total_tokens")).and_then(Value::as_i64).unwrap_or_else(|| {
-        u.map_or(0, |u| {
-            u.get("prompt_tokens").and_then(Value::as_i64).unwrap_or(0) + u.get("completion_tokens").and_then(Value::as_i64).unwrap_or(0)
+    u.and_then(|u| u.get("total_tokens"))
+        .and_then(Value::as_i64)
+        .unwrap_or_else(|| {
+            u.map_or(0, |u| {
+                u.get("prompt_tokens").and_then(Value::as_i64).unwrap_or(0)
+                    + u.get("completion_tokens")
+                        .and_then(Value::as_i64)
+                        .unwrap_or(0)
+            })
         })
-    })
 }
 
 /// The `count` items of `items` starting at `round * count` (wrapping): a rotating window.
@@ -192,7 +226,9 @@ pub(crate) fn window<T: Clone>(items: &[T], round: u64, count: usize) -> Vec<T> 
     }
     let n = items.len();
     let start = (round as usize).wrapping_mul(count) % n;
-    (0..count.min(n)).map(|i| items[(start + i) % n].clone()).collect()
+    (0..count.min(n))
+        .map(|i| items[(start + i) % n].clone())
+        .collect()
 }
 
 /// One endpoint position: its token, logprob and alternatives.
@@ -217,7 +253,9 @@ pub(crate) fn positions(
     let mut dropped = 0;
     for (i, p) in ep.iter().enumerate() {
         let Some(j) = map(i) else { continue };
-        let Some(r) = scored.get(ref_offset + j) else { continue };
+        let Some(r) = scored.get(ref_offset + j) else {
+            continue;
+        };
         let Some(r_lp) = r.logprob else { continue };
         let (top, d) = map_top_disambiguated(&p.top, &r.top, vocab);
         dropped += d;
@@ -226,8 +264,14 @@ pub(crate) fn positions(
         }
         out.push(PositionInput {
             actual_id: r.token,
-            reference: Side { actual_logprob: r_lp, top: r.top.clone() },
-            endpoint: Side { actual_logprob: p.logprob, top },
+            reference: Side {
+                actual_logprob: r_lp,
+                top: r.top.clone(),
+            },
+            endpoint: Side {
+                actual_logprob: p.logprob,
+                top,
+            },
         });
     }
     (out, dropped)
@@ -237,7 +281,11 @@ pub(crate) fn positions(
 /// byte-level tokens can render as the same lossy text, e.g. partial UTF-8 as U+FFFD): an
 /// alternative whose first mapping is not among the reference's top-k at this position but
 /// whose text is the display text of one that is, takes that one's id.
-fn map_top_disambiguated(alts: &[(EndpointToken, f64)], reference_top: &[TopEntry], vocab: &dyn ReferenceVocab) -> (Vec<TopEntry>, usize) {
+fn map_top_disambiguated(
+    alts: &[(EndpointToken, f64)],
+    reference_top: &[TopEntry],
+    vocab: &dyn ReferenceVocab,
+) -> (Vec<TopEntry>, usize) {
     let mut out = Vec::with_capacity(alts.len());
     let mut dropped = 0;
     for alt in alts {
@@ -264,9 +312,16 @@ fn map_top_disambiguated(alts: &[(EndpointToken, f64)], reference_top: &[TopEntr
 }
 
 /// Compares positions and builds the outcome statistics shared by the logprob probes.
-pub(crate) fn logprob_outcome(inputs: &[PositionInput], tokens: i64, mut extra: serde_json::Map<String, Value>) -> Outcome {
+pub(crate) fn logprob_outcome(
+    inputs: &[PositionInput],
+    tokens: i64,
+    mut extra: serde_json::Map<String, Value>,
+) -> Outcome {
     if inputs.is_empty() {
-        return Outcome::failed("no position could be compared (nothing aligned to the reference)", tokens);
+        return Outcome::failed(
+            "no position could be compared (nothing aligned to the reference)",
+            tokens,
+        );
     }
     let metrics = match compare::compare_run(inputs) {
         Ok(m) => m,
@@ -288,7 +343,13 @@ pub(crate) fn logprob_outcome(inputs: &[PositionInput], tokens: i64, mut extra: 
     extra.insert("top1_same".into(), json!(s.top1_same));
     extra.insert("topk_overlap".into(), json!(s.topk_overlap));
     let raw = compare::encode_positions(inputs).ok();
-    Outcome { ok: true, error: None, tokens, stats: Value::Object(extra), raw }
+    Outcome {
+        ok: true,
+        error: None,
+        tokens,
+        stats: Value::Object(extra),
+        raw,
+    }
 }
 
 /// Parses an OpenAI chat `logprobs.content` entry list. Logprobs are read at f32 precision,
@@ -303,18 +364,32 @@ pub(crate) fn chat_positions(content: &[Value]) -> Option<Vec<EpPosition>> {
             let top = c
                 .get("top_logprobs")
                 .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(|t| Some((endpoint_token(t)?, norm(t.get("logprob").and_then(Value::as_f64)?)))).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|t| {
+                            Some((
+                                endpoint_token(t)?,
+                                norm(t.get("logprob").and_then(Value::as_f64)?),
+                            ))
+                        })
+                        .collect()
+                })
                 .unwrap_or_default();
-            Some(EpPosition { token: tok, logprob, top })
+            Some(EpPosition {
+                token: tok,
+                logprob,
+                top,
+            })
         })
         .collect()
 }
 
 fn endpoint_token(v: &Value) -> Option<EndpointToken> {
     let text = v.get("token").and_then(Value::as_str)?.to_owned();
-    let bytes = v
-        .get("bytes")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok())).collect());
+    let bytes = v.get("bytes").and_then(Value::as_array).map(|a| {
+        a.iter()
+            .filter_map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+            .collect()
+    });
     Some(EndpointToken { text, bytes })
 }

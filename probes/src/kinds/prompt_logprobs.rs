@@ -6,7 +6,9 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{EpPosition, Outcome, ProbeCtx, Target, call, logprob_outcome, positions, usage_tokens, window};
+use super::{
+    EpPosition, Outcome, ProbeCtx, Target, call, logprob_outcome, positions, usage_tokens, window,
+};
 use crate::align::{AlignMethod, EndpointToken, align};
 use crate::reference::norm;
 
@@ -30,14 +32,19 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
                 body["max_tokens"] = json!(1);
                 match call(ctx, target, "/completions", &body).await {
                     Ok(v) => v,
-                    Err(e) => return Outcome::failed(format!("echo logprobs refused: {e}"), tokens),
+                    Err(e) => {
+                        return Outcome::failed(format!("echo logprobs refused: {e}"), tokens);
+                    }
                 }
             }
             Err(e) => return Outcome::failed(e.message, tokens),
         };
         tokens += usage_tokens(&answer);
         let Some(ep) = parse_echo(&answer, &t.text, k) else {
-            return Outcome::failed("the endpoint returned no prompt logprobs for echo + logprobs (refused or unsupported)", tokens);
+            return Outcome::failed(
+                "the endpoint returned no prompt logprobs for echo + logprobs (refused or unsupported)",
+                tokens,
+            );
         };
         if ep.is_empty() {
             return Outcome::failed("the endpoint echoed no prompt tokens", tokens);
@@ -55,8 +62,26 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             Ok(s) => s,
             Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
         };
-        let eps: Vec<EpPosition> = ep.into_iter().map(|(p, has)| if has { p } else { EpPosition { top: Vec::new(), ..p } }).collect();
-        let (mut pos, d) = positions(&eps, &scored, 0, |i| alignment.ref_index.get(i).copied().flatten(), vocab.as_ref());
+        let eps: Vec<EpPosition> = ep
+            .into_iter()
+            .map(|(p, has)| {
+                if has {
+                    p
+                } else {
+                    EpPosition {
+                        top: Vec::new(),
+                        ..p
+                    }
+                }
+            })
+            .collect();
+        let (mut pos, d) = positions(
+            &eps,
+            &scored,
+            0,
+            |i| alignment.ref_index.get(i).copied().flatten(),
+            vocab.as_ref(),
+        );
         dropped_alternatives += d;
         inputs.append(&mut pos);
         ids.push(t.id.clone());
@@ -65,7 +90,14 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     extra.insert("texts".into(), json!(ids));
     extra.insert("endpoint_tokens".into(), json!(endpoint_tokens));
     extra.insert("unmappable".into(), json!(unmappable));
-    extra.insert("mismatch_rate".into(), json!(if endpoint_tokens == 0 { 0.0 } else { unmappable as f64 / endpoint_tokens as f64 }));
+    extra.insert(
+        "mismatch_rate".into(),
+        json!(if endpoint_tokens == 0 {
+            0.0
+        } else {
+            unmappable as f64 / endpoint_tokens as f64
+        }),
+    );
     extra.insert("unmapped_alternatives".into(), json!(dropped_alternatives));
     extra.insert("align".into(), json!(method));
     extra.insert("top_k".into(), json!(k));
@@ -75,7 +107,9 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
 /// The echoed prompt positions of a legacy completions answer: (position, whether it has a
 /// logprob). None when the answer carries no logprobs at all.
 fn parse_echo(answer: &Value, prompt: &str, k: usize) -> Option<Vec<(EpPosition, bool)>> {
-    let lp = answer.pointer("/choices/0/logprobs").filter(|v| !v.is_null())?;
+    let lp = answer
+        .pointer("/choices/0/logprobs")
+        .filter(|v| !v.is_null())?;
     let tokens = lp.get("tokens")?.as_array()?;
     let token_logprobs = lp.get("token_logprobs")?.as_array()?;
     let tops = lp.get("top_logprobs").and_then(Value::as_array);
@@ -99,7 +133,11 @@ fn parse_echo(answer: &Value, prompt: &str, k: usize) -> Option<Vec<(EpPosition,
         let mut top: Vec<(EndpointToken, f64)> = tops
             .and_then(|ts| ts.get(i))
             .and_then(Value::as_object)
-            .map(|m| m.iter().filter_map(|(k, v)| Some((EndpointToken::text(k.clone()), norm(v.as_f64()?)))).collect())
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| Some((EndpointToken::text(k.clone()), norm(v.as_f64()?))))
+                    .collect()
+            })
             .unwrap_or_default();
         // OpenAI and vLLM add the actual token to the k alternatives when it is not among
         // them; that extra entry is not part of the top-k (with a tie at the k-th place it
@@ -107,7 +145,14 @@ fn parse_echo(answer: &Value, prompt: &str, k: usize) -> Option<Vec<(EpPosition,
         if top.len() > k {
             top.retain(|(t, _)| t.text != text);
         }
-        out.push((EpPosition { token: EndpointToken::text(text), logprob: lp.unwrap_or(0.0), top }, lp.is_some()));
+        out.push((
+            EpPosition {
+                token: EndpointToken::text(text),
+                logprob: lp.unwrap_or(0.0),
+                top,
+            },
+            lp.is_some(),
+        ));
     }
     Some(out)
 }

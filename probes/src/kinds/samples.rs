@@ -12,7 +12,11 @@ use crate::reference::SampleRequest;
 
 /// Runs one samples probe.
 pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
-    let prompts = window(&ctx.sets.completion_prompts, ctx.round, ctx.cfg.items_per_round);
+    let prompts = window(
+        &ctx.sets.completion_prompts,
+        ctx.round,
+        ctx.cfg.items_per_round,
+    );
     let n = ctx.cfg.samples_per_prompt;
     let mut tokens = 0i64;
     let mut texts = Vec::new();
@@ -33,7 +37,15 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             let got: Vec<String> = answer
                 .get("choices")
                 .and_then(Value::as_array)
-                .map(|cs| cs.iter().filter_map(|c| c.pointer("/message/content").and_then(Value::as_str).map(str::to_owned)).collect())
+                .map(|cs| {
+                    cs.iter()
+                        .filter_map(|c| {
+                            c.pointer("/message/content")
+                                .and_then(Value::as_str)
+                                .map(str::to_owned)
+                        })
+                        .collect()
+                })
                 .unwrap_or_default();
             if got.is_empty() {
                 return Outcome::failed("the endpoint returned no samples", tokens);
@@ -56,8 +68,14 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             Ok(s) => s.into_iter().map(|s| s.text).collect(),
             Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
         };
-        let mut ll = PromptLoglik { endpoint: Vec::new(), reference: Vec::new() };
-        for (side, list) in [(&mut ll.endpoint, &endpoint), (&mut ll.reference, &reference)] {
+        let mut ll = PromptLoglik {
+            endpoint: Vec::new(),
+            reference: Vec::new(),
+        };
+        for (side, list) in [
+            (&mut ll.endpoint, &endpoint),
+            (&mut ll.reference, &reference),
+        ] {
             for s in list {
                 match mean_loglik(ctx, &prompt_ids, s).await {
                     Ok(Some(v)) => side.push(v),
@@ -69,15 +87,24 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
         if !ll.endpoint.is_empty() && !ll.reference.is_empty() {
             logliks.push(ll);
         }
-        texts.push(PromptSamples { endpoint, reference });
+        texts.push(PromptSamples {
+            endpoint,
+            reference,
+        });
     }
-    let cfg = PermutationConfig { permutations: ctx.cfg.permutations, seed: ctx.seed };
+    let cfg = PermutationConfig {
+        permutations: ctx.cfg.permutations,
+        seed: ctx.seed,
+    };
     let mmd = match mmd_test(&texts, &cfg) {
         Ok(r) => r,
         Err(e) => return Outcome::failed(format!("MMD test: {e}"), tokens),
     };
     let mut stats = Map::new();
-    stats.insert("prompts".into(), json!(prompts.iter().map(|p| p.id.clone()).collect::<Vec<_>>()));
+    stats.insert(
+        "prompts".into(),
+        json!(prompts.iter().map(|p| p.id.clone()).collect::<Vec<_>>()),
+    );
     stats.insert("samples_per_prompt".into(), json!(n));
     stats.insert("mmd".into(), json!(mmd.statistic));
     stats.insert("p_value".into(), json!(mmd.p_value));
@@ -90,9 +117,25 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             Err(e) => return Outcome::failed(format!("log-likelihood test: {e}"), tokens),
         }
     }
-    let lens: Vec<usize> = texts.iter().flat_map(|t| t.endpoint.iter().map(|s| s.chars().count())).collect();
-    stats.insert("output_chars_mean".into(), json!(if lens.is_empty() { 0.0 } else { lens.iter().sum::<usize>() as f64 / lens.len() as f64 }));
-    Outcome { ok: true, error: None, tokens, stats: Value::Object(stats), raw: None }
+    let lens: Vec<usize> = texts
+        .iter()
+        .flat_map(|t| t.endpoint.iter().map(|s| s.chars().count()))
+        .collect();
+    stats.insert(
+        "output_chars_mean".into(),
+        json!(if lens.is_empty() {
+            0.0
+        } else {
+            lens.iter().sum::<usize>() as f64 / lens.len() as f64
+        }),
+    );
+    Outcome {
+        ok: true,
+        error: None,
+        tokens,
+        stats: Value::Object(stats),
+        raw: None,
+    }
 }
 
 /// The reference's mean per-token logprob of `text` after `prompt` (None for empty text).
@@ -104,6 +147,13 @@ async fn mean_loglik(ctx: &ProbeCtx<'_>, prompt: &[u32], text: &str) -> crate::R
     let mut seq = prompt.to_vec();
     seq.extend_from_slice(&ids);
     let scored = ctx.reference.score(&seq, 1).await?;
-    let lps: Vec<f64> = scored[prompt.len().min(scored.len())..].iter().filter_map(|p| p.logprob).collect();
-    Ok(if lps.is_empty() { None } else { Some(lps.iter().sum::<f64>() / lps.len() as f64) })
+    let lps: Vec<f64> = scored[prompt.len().min(scored.len())..]
+        .iter()
+        .filter_map(|p| p.logprob)
+        .collect();
+    Ok(if lps.is_empty() {
+        None
+    } else {
+        Some(lps.iter().sum::<f64>() / lps.len() as f64)
+    })
 }

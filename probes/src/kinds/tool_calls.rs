@@ -23,20 +23,31 @@ pub fn trigger_f1(pairs: &[(bool, bool)]) -> f64 {
 
 /// Whether a call (`name`, JSON-string `arguments`) fits one of `tools`' schemas.
 pub fn call_fits_schema(tools: &[Value], name: &str, arguments: &str) -> bool {
-    let Some(tool) = tools.iter().find(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(name)) else {
+    let Some(tool) = tools
+        .iter()
+        .find(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(name))
+    else {
         return false;
     };
     let Ok(Value::Object(args)) = serde_json::from_str::<Value>(arguments) else {
         return false;
     };
     let params = tool.pointer("/function/parameters");
-    let required = params.and_then(|p| p.get("required")).and_then(Value::as_array);
+    let required = params
+        .and_then(|p| p.get("required"))
+        .and_then(Value::as_array);
     if let Some(req) = required
-        && !req.iter().filter_map(Value::as_str).all(|r| args.contains_key(r))
+        && !req
+            .iter()
+            .filter_map(Value::as_str)
+            .all(|r| args.contains_key(r))
     {
         return false;
     }
-    match params.and_then(|p| p.get("properties")).and_then(Value::as_object) {
+    match params
+        .and_then(|p| p.get("properties"))
+        .and_then(Value::as_object)
+    {
         Some(props) => args.keys().all(|k| props.contains_key(k)),
         None => true,
     }
@@ -44,7 +55,11 @@ pub fn call_fits_schema(tools: &[Value], name: &str, arguments: &str) -> bool {
 
 /// Runs one tool_calls probe.
 pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
-    let cases = window(&ctx.sets.tool_call_prompts, ctx.round, ctx.cfg.items_per_round);
+    let cases = window(
+        &ctx.sets.tool_call_prompts,
+        ctx.round,
+        ctx.cfg.items_per_round,
+    );
     let mut tokens = 0i64;
     let mut pairs = Vec::new();
     let mut calls = 0usize;
@@ -52,7 +67,9 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     let mut ep_expected = 0usize;
     let mut ref_expected = 0usize;
     for c in &cases {
-        let tools = match ctx.sets.tools.select(&c.tools).and_then(|t| serde_json::to_value(t).map_err(|e| crate::ProbesError::Data(e.to_string()))) {
+        let tools = match ctx.sets.tools.select(&c.tools).and_then(|t| {
+            serde_json::to_value(t).map_err(|e| crate::ProbesError::Data(e.to_string()))
+        }) {
             Ok(Value::Array(t)) => t,
             Ok(_) => return Outcome::failed("tool definitions are not a list", tokens),
             Err(e) => return Outcome::failed(e.to_string(), tokens),
@@ -74,8 +91,16 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             .map(|cs| {
                 cs.iter()
                     .map(|tc| {
-                        let name = tc.pointer("/function/name").and_then(Value::as_str).unwrap_or_default().to_owned();
-                        let args = tc.pointer("/function/arguments").and_then(Value::as_str).unwrap_or_default().to_owned();
+                        let name = tc
+                            .pointer("/function/name")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .to_owned();
+                        let args = tc
+                            .pointer("/function/arguments")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .to_owned();
                         (name, args)
                     })
                     .collect()
@@ -85,12 +110,20 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             Ok(p) => p,
             Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
         };
-        let req = SampleRequest { prompt, n: 1, max_tokens: ctx.cfg.max_tokens as usize, temperature: 0.0, seed: ctx.seed };
+        let req = SampleRequest {
+            prompt,
+            n: 1,
+            max_tokens: ctx.cfg.max_tokens as usize,
+            temperature: 0.0,
+            seed: ctx.seed,
+        };
         let ref_text = match ctx.reference.sample(&req).await {
             Ok(mut s) => s.pop().map(|s| s.text).unwrap_or_default(),
             Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
         };
-        let ref_called = !samewise_engine::chat::parse_tool_calls(&ref_text).tool_calls.is_empty();
+        let ref_called = !samewise_engine::chat::parse_tool_calls(&ref_text)
+            .tool_calls
+            .is_empty();
         let ep_called = !ep_calls.is_empty();
         pairs.push((ref_called, ep_called));
         let want = c.expect == ToolExpectation::Call;
@@ -103,13 +136,41 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     }
     let n = cases.len().max(1) as f64;
     let mut stats = Map::new();
-    stats.insert("cases".into(), json!(cases.iter().map(|c| c.id.clone()).collect::<Vec<_>>()));
+    stats.insert(
+        "cases".into(),
+        json!(cases.iter().map(|c| c.id.clone()).collect::<Vec<_>>()),
+    );
     stats.insert("trigger_f1".into(), json!(trigger_f1(&pairs)));
-    stats.insert("schema_accuracy".into(), if calls == 0 { Value::Null } else { json!(valid as f64 / calls as f64) });
+    stats.insert(
+        "schema_accuracy".into(),
+        if calls == 0 {
+            Value::Null
+        } else {
+            json!(valid as f64 / calls as f64)
+        },
+    );
     stats.insert("endpoint_calls".into(), json!(calls));
-    stats.insert("endpoint_triggers".into(), json!(pairs.iter().filter(|p| p.1).count()));
-    stats.insert("reference_triggers".into(), json!(pairs.iter().filter(|p| p.0).count()));
-    stats.insert("endpoint_expected_rate".into(), json!(ep_expected as f64 / n));
-    stats.insert("reference_expected_rate".into(), json!(ref_expected as f64 / n));
-    Outcome { ok: true, error: None, tokens, stats: Value::Object(stats), raw: None }
+    stats.insert(
+        "endpoint_triggers".into(),
+        json!(pairs.iter().filter(|p| p.1).count()),
+    );
+    stats.insert(
+        "reference_triggers".into(),
+        json!(pairs.iter().filter(|p| p.0).count()),
+    );
+    stats.insert(
+        "endpoint_expected_rate".into(),
+        json!(ep_expected as f64 / n),
+    );
+    stats.insert(
+        "reference_expected_rate".into(),
+        json!(ref_expected as f64 / n),
+    );
+    Outcome {
+        ok: true,
+        error: None,
+        tokens,
+        stats: Value::Object(stats),
+        raw: None,
+    }
 }

@@ -37,21 +37,34 @@ pub struct External {
 
 impl std::fmt::Debug for External {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("External").field("url", &self.url).field("flavour", &self.flavour).field("model", &self.model).finish_non_exhaustive()
+        f.debug_struct("External")
+            .field("url", &self.url)
+            .field("flavour", &self.flavour)
+            .field("model", &self.model)
+            .finish_non_exhaustive()
     }
 }
 
 fn bad(what: &str) -> ProbesError {
-    ProbesError::Reference(format!("malformed answer from the external reference: {what}"))
+    ProbesError::Reference(format!(
+        "malformed answer from the external reference: {what}"
+    ))
 }
 
 fn as_id(v: Option<&Value>) -> Option<u32> {
-    v.and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok())
+    v.and_then(Value::as_u64)
+        .and_then(|n| u32::try_from(n).ok())
 }
 
 impl External {
     /// A client of the server at `url` (no `/v1`) serving `model`; `key` is its API key.
-    pub fn new(url: &str, flavour: ExternalFlavour, model: &str, tokenizer: &Path, key: Option<String>) -> Result<Self> {
+    pub fn new(
+        url: &str,
+        flavour: ExternalFlavour,
+        model: &str,
+        tokenizer: &Path,
+        key: Option<String>,
+    ) -> Result<Self> {
         Ok(Self {
             url: url.trim_end_matches('/').to_owned(),
             flavour,
@@ -63,13 +76,23 @@ impl External {
     }
 
     async fn post(&self, path: &str, body: &Value) -> Result<Value> {
-        post_json(&self.http, &format!("{}{path}", self.url), self.key.as_deref(), body).await.map_err(|e| ProbesError::Reference(e.message))
+        post_json(
+            &self.http,
+            &format!("{}{path}", self.url),
+            self.key.as_deref(),
+            body,
+        )
+        .await
+        .map_err(|e| ProbesError::Reference(e.message))
     }
 
     async fn score_vllm(&self, ids: &[u32], top_k: usize) -> Result<Vec<RefPosition>> {
         let body = json!({"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": top_k});
         let v = self.post("/v1/completions", &body).await?;
-        let lps = v.pointer("/choices/0/prompt_logprobs").and_then(Value::as_array).ok_or_else(|| bad("choices[0].prompt_logprobs"))?;
+        let lps = v
+            .pointer("/choices/0/prompt_logprobs")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("choices[0].prompt_logprobs"))?;
         if lps.len() != ids.len() {
             return Err(bad("prompt_logprobs: wrong count"));
         }
@@ -77,13 +100,21 @@ impl External {
             .zip(lps)
             .map(|(&token, entry)| {
                 let Some(map) = entry.as_object() else {
-                    return Ok(RefPosition { token, logprob: None, top: Vec::new() });
+                    return Ok(RefPosition {
+                        token,
+                        logprob: None,
+                        top: Vec::new(),
+                    });
                 };
                 let mut top = Vec::new();
                 let mut actual = None;
                 for (k, e) in map {
                     let id: u32 = k.parse().map_err(|_| bad("prompt_logprobs key"))?;
-                    let lp = norm(e.get("logprob").and_then(Value::as_f64).ok_or_else(|| bad("logprob"))?);
+                    let lp = norm(
+                        e.get("logprob")
+                            .and_then(Value::as_f64)
+                            .ok_or_else(|| bad("logprob"))?,
+                    );
                     let rank = e.get("rank").and_then(Value::as_u64).unwrap_or(u64::MAX);
                     if id == token {
                         actual = Some(lp);
@@ -93,7 +124,13 @@ impl External {
                     }
                 }
                 top.sort_by(|a, b| b.logprob.total_cmp(&a.logprob).then(a.id.cmp(&b.id)));
-                Ok(RefPosition { token, logprob: Some(actual.ok_or_else(|| bad("actual token missing from prompt_logprobs"))?), top })
+                Ok(RefPosition {
+                    token,
+                    logprob: Some(
+                        actual.ok_or_else(|| bad("actual token missing from prompt_logprobs"))?,
+                    ),
+                    top,
+                })
             })
             .collect()
     }
@@ -102,8 +139,14 @@ impl External {
         let body = json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
                           "return_logprob": true, "logprob_start_len": 0, "top_logprobs_num": top_k});
         let v = self.post("/generate", &body).await?;
-        let input = v.pointer("/meta_info/input_token_logprobs").and_then(Value::as_array).ok_or_else(|| bad("meta_info.input_token_logprobs"))?;
-        let tops = v.pointer("/meta_info/input_top_logprobs").and_then(Value::as_array).ok_or_else(|| bad("meta_info.input_top_logprobs"))?;
+        let input = v
+            .pointer("/meta_info/input_token_logprobs")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("meta_info.input_token_logprobs"))?;
+        let tops = v
+            .pointer("/meta_info/input_top_logprobs")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("meta_info.input_top_logprobs"))?;
         if input.len() != ids.len() || tops.len() != ids.len() {
             return Err(bad("input logprobs: wrong count"));
         }
@@ -116,12 +159,26 @@ impl External {
                     Some(list) => list
                         .iter()
                         .map(|x| {
-                            let lp = x.get(0).and_then(Value::as_f64).ok_or_else(|| bad("top logprob"))?;
-                            Ok(TopEntry { id: as_id(x.get(1)).ok_or_else(|| bad("top id"))?, logprob: norm(lp) })
+                            let lp = x
+                                .get(0)
+                                .and_then(Value::as_f64)
+                                .ok_or_else(|| bad("top logprob"))?;
+                            Ok(TopEntry {
+                                id: as_id(x.get(1)).ok_or_else(|| bad("top id"))?,
+                                logprob: norm(lp),
+                            })
                         })
                         .collect::<Result<Vec<_>>>()?,
                 };
-                Ok(RefPosition { token, logprob: if top.is_empty() && logprob.is_none() { None } else { logprob }, top })
+                Ok(RefPosition {
+                    token,
+                    logprob: if top.is_empty() && logprob.is_none() {
+                        None
+                    } else {
+                        logprob
+                    },
+                    top,
+                })
             })
             .collect()
     }
@@ -140,21 +197,31 @@ impl Reference for External {
         None
     }
 
-    fn tokenize<'a>(&'a self, text: &'a str, add_special_tokens: bool) -> BoxFuture<'a, Result<Vec<u32>>> {
+    fn tokenize<'a>(
+        &'a self,
+        text: &'a str,
+        add_special_tokens: bool,
+    ) -> BoxFuture<'a, Result<Vec<u32>>> {
         Box::pin(async move {
             match self.flavour {
                 ExternalFlavour::Vllm => {
                     let v = self.post("/tokenize", &json!({"model": self.model, "prompt": text, "add_special_tokens": add_special_tokens})).await?;
                     ids_of(v.get("tokens"), "tokens")
                 }
-                ExternalFlavour::Sglang => {
-                    self.vocab.tokenizer().encode(text, add_special_tokens).map_err(|e| ProbesError::Reference(e.to_string()))
-                }
+                ExternalFlavour::Sglang => self
+                    .vocab
+                    .tokenizer()
+                    .encode(text, add_special_tokens)
+                    .map_err(|e| ProbesError::Reference(e.to_string())),
             }
         })
     }
 
-    fn render_chat<'a>(&'a self, messages: &'a [Value], tools: Option<&'a [Value]>) -> BoxFuture<'a, Result<Vec<u32>>> {
+    fn render_chat<'a>(
+        &'a self,
+        messages: &'a [Value],
+        tools: Option<&'a [Value]>,
+    ) -> BoxFuture<'a, Result<Vec<u32>>> {
         Box::pin(async move {
             match self.flavour {
                 ExternalFlavour::Vllm => {
@@ -165,12 +232,18 @@ impl Reference for External {
                     let v = self.post("/tokenize", &body).await?;
                     ids_of(v.get("tokens"), "tokens")
                 }
-                ExternalFlavour::Sglang => Err(ProbesError::Reference("an SGLang reference cannot render chats (no chat tokenize route)".into())),
+                ExternalFlavour::Sglang => Err(ProbesError::Reference(
+                    "an SGLang reference cannot render chats (no chat tokenize route)".into(),
+                )),
             }
         })
     }
 
-    fn score<'a>(&'a self, ids: &'a [u32], top_k: usize) -> BoxFuture<'a, Result<Vec<RefPosition>>> {
+    fn score<'a>(
+        &'a self,
+        ids: &'a [u32],
+        top_k: usize,
+    ) -> BoxFuture<'a, Result<Vec<RefPosition>>> {
         Box::pin(async move {
             match self.flavour {
                 ExternalFlavour::Vllm => self.score_vllm(ids, top_k).await,
@@ -210,7 +283,10 @@ impl Reference for External {
                     }
                 }
             });
-            futures_util::future::join_all(futs).await.into_iter().collect()
+            futures_util::future::join_all(futs)
+                .await
+                .into_iter()
+                .collect()
         })
     }
 }

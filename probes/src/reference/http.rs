@@ -31,20 +31,46 @@ pub(crate) fn client(timeout: Duration) -> reqwest::Client {
 }
 
 /// POSTs `body` as JSON to `url` (with a bearer key if given) and parses the JSON answer.
-pub(crate) async fn post_json(client: &reqwest::Client, url: &str, key: Option<&str>, body: &Value) -> Result<Value, HttpFailure> {
-    let mut req = client.post(url).header("content-type", "application/json").body(body.to_string());
+pub(crate) async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    key: Option<&str>,
+    body: &Value,
+) -> Result<Value, HttpFailure> {
+    let mut req = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_string());
     if let Some(k) = key {
         req = req.bearer_auth(k);
     }
-    let resp = req.send().await.map_err(|e| HttpFailure { status: None, message: format!("POST {url}: {e}") })?;
+    let resp = req.send().await.map_err(|e| HttpFailure {
+        status: None,
+        message: format!("POST {url}: {e}"),
+    })?;
     let status = resp.status();
-    let bytes = resp.bytes().await.map_err(|e| HttpFailure { status: Some(status.as_u16()), message: format!("POST {url}: reading body: {e}") })?;
+    let bytes = resp.bytes().await.map_err(|e| HttpFailure {
+        status: Some(status.as_u16()),
+        message: format!("POST {url}: reading body: {e}"),
+    })?;
     if !status.is_success() {
         let detail = serde_json::from_slice::<Value>(&bytes)
             .ok()
-            .and_then(|v| v.pointer("/error/message").and_then(Value::as_str).map(str::to_owned))
-            .unwrap_or_else(|| String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned());
-        return Err(HttpFailure { status: Some(status.as_u16()), message: format!("POST {url}: HTTP {}: {detail}", status.as_u16()) });
+            .and_then(|v| {
+                v.pointer("/error/message")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+            .unwrap_or_else(|| {
+                String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned()
+            });
+        return Err(HttpFailure {
+            status: Some(status.as_u16()),
+            message: format!("POST {url}: HTTP {}: {detail}", status.as_u16()),
+        });
     }
-    serde_json::from_slice(&bytes).map_err(|e| HttpFailure { status: Some(status.as_u16()), message: format!("POST {url}: answer is not JSON: {e}") })
+    serde_json::from_slice(&bytes).map_err(|e| HttpFailure {
+        status: Some(status.as_u16()),
+        message: format!("POST {url}: answer is not JSON: {e}"),
+    })
 }

@@ -30,7 +30,9 @@ pub struct InProcess {
 
 impl std::fmt::Debug for InProcess {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InProcess").field("n_ctx", &self.n_ctx).finish_non_exhaustive()
+        f.debug_struct("InProcess")
+            .field("n_ctx", &self.n_ctx)
+            .finish_non_exhaustive()
     }
 }
 
@@ -48,39 +50,83 @@ impl InProcess {
     }
 
     fn load_blocking(path: &std::path::Path, threads: usize) -> Result<Self> {
-        let ctx = |e: samewise_engine::EngineError| ProbesError::Reference(format!("{}: {e}", path.display()));
-        let engine = Engine::load(path, LoadOptions { threads, ..LoadOptions::default() }).map_err(ctx)?;
+        let ctx = |e: samewise_engine::EngineError| {
+            ProbesError::Reference(format!("{}: {e}", path.display()))
+        };
+        let engine = Engine::load(
+            path,
+            LoadOptions {
+                threads,
+                ..LoadOptions::default()
+            },
+        )
+        .map_err(ctx)?;
         let (tokenizer, template_src) = if path.is_dir() {
-            (Tokenizer::from_hf_dir(path).map_err(ctx)?, chat::template_from_hf_dir(path).map_err(ctx)?)
+            (
+                Tokenizer::from_hf_dir(path).map_err(ctx)?,
+                chat::template_from_hf_dir(path).map_err(ctx)?,
+            )
         } else {
             let gguf = GgufFile::open(path).map_err(ctx)?;
-            (Tokenizer::from_gguf(&gguf).map_err(ctx)?, chat::template_from_gguf(&gguf))
+            (
+                Tokenizer::from_gguf(&gguf).map_err(ctx)?,
+                chat::template_from_gguf(&gguf),
+            )
         };
         let template = match template_src {
             Some(src) => Some(
-                ChatTemplate::new(&src, tokenizer.bos_token().unwrap_or_default(), tokenizer.eos_token().unwrap_or_default())
-                    .map_err(ctx)?,
+                ChatTemplate::new(
+                    &src,
+                    tokenizer.bos_token().unwrap_or_default(),
+                    tokenizer.eos_token().unwrap_or_default(),
+                )
+                .map_err(ctx)?,
             ),
             None => None,
         };
-        Ok(Self::from_parts(Arc::new(engine), Arc::new(tokenizer), template))
+        Ok(Self::from_parts(
+            Arc::new(engine),
+            Arc::new(tokenizer),
+            template,
+        ))
     }
 
     /// Over an already loaded engine (tests share one with an engine server).
-    pub fn from_parts(engine: Arc<Engine>, tokenizer: Arc<Tokenizer>, template: Option<ChatTemplate>) -> Self {
+    pub fn from_parts(
+        engine: Arc<Engine>,
+        tokenizer: Arc<Tokenizer>,
+        template: Option<ChatTemplate>,
+    ) -> Self {
         let n_ctx = engine.config().n_ctx;
         let batcher = Batcher::start(engine);
         let handle = batcher.handle();
-        Self { _batcher: batcher, handle, vocab: Arc::new(EngineVocab::new(tokenizer)), template, n_ctx }
+        Self {
+            _batcher: batcher,
+            handle,
+            vocab: Arc::new(EngineVocab::new(tokenizer)),
+            template,
+            n_ctx,
+        }
     }
 
     fn tokenizer(&self) -> &Tokenizer {
         self.vocab.tokenizer()
     }
 
-    async fn sample_one(&self, prompt: Vec<u32>, max_tokens: usize, temperature: f64, seed: u64) -> Result<RefSample> {
+    async fn sample_one(
+        &self,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        temperature: f64,
+        seed: u64,
+    ) -> Result<RefSample> {
         let params = GenerateParams {
-            sampling: SamplingParams { temperature: temperature as f32, top_p: 1.0, top_k: 0, seed: Some(seed) },
+            sampling: SamplingParams {
+                temperature: temperature as f32,
+                top_p: 1.0,
+                top_k: 0,
+                seed: Some(seed),
+            },
             max_tokens,
             stop_token_ids: self.tokenizer().stop_ids().iter().copied().collect(),
             top_logprobs: 0,
@@ -101,7 +147,9 @@ impl InProcess {
                 GenEvent::Error(e) => return Err(rerr(e)),
             }
         }
-        Err(ProbesError::Reference("the engine stopped mid-generation".into()))
+        Err(ProbesError::Reference(
+            "the engine stopped mid-generation".into(),
+        ))
     }
 }
 
@@ -118,29 +166,60 @@ impl Reference for InProcess {
         Some(self.n_ctx)
     }
 
-    fn tokenize<'a>(&'a self, text: &'a str, add_special_tokens: bool) -> BoxFuture<'a, Result<Vec<u32>>> {
-        Box::pin(async move { self.tokenizer().encode(text, add_special_tokens).map_err(rerr) })
+    fn tokenize<'a>(
+        &'a self,
+        text: &'a str,
+        add_special_tokens: bool,
+    ) -> BoxFuture<'a, Result<Vec<u32>>> {
+        Box::pin(async move {
+            self.tokenizer()
+                .encode(text, add_special_tokens)
+                .map_err(rerr)
+        })
     }
 
-    fn render_chat<'a>(&'a self, messages: &'a [Value], tools: Option<&'a [Value]>) -> BoxFuture<'a, Result<Vec<u32>>> {
+    fn render_chat<'a>(
+        &'a self,
+        messages: &'a [Value],
+        tools: Option<&'a [Value]>,
+    ) -> BoxFuture<'a, Result<Vec<u32>>> {
         Box::pin(async move {
-            let t = self.template.as_ref().ok_or_else(|| ProbesError::Reference("the reference model has no chat template".into()))?;
+            let t = self.template.as_ref().ok_or_else(|| {
+                ProbesError::Reference("the reference model has no chat template".into())
+            })?;
             let text = t.render(messages, tools, true, None).map_err(rerr)?;
             self.tokenizer().encode(&text, false).map_err(rerr)
         })
     }
 
-    fn score<'a>(&'a self, ids: &'a [u32], top_k: usize) -> BoxFuture<'a, Result<Vec<RefPosition>>> {
+    fn score<'a>(
+        &'a self,
+        ids: &'a [u32],
+        top_k: usize,
+    ) -> BoxFuture<'a, Result<Vec<RefPosition>>> {
         Box::pin(async move {
-            let mut scored = self.handle.score(vec![ids.to_vec()], top_k).await.map_err(rerr)?;
-            let seq = scored.pop().ok_or_else(|| ProbesError::Reference("the engine returned no sequence".into()))?;
+            let mut scored = self
+                .handle
+                .score(vec![ids.to_vec()], top_k)
+                .await
+                .map_err(rerr)?;
+            let seq = scored
+                .pop()
+                .ok_or_else(|| ProbesError::Reference("the engine returned no sequence".into()))?;
             Ok(seq
                 .positions
                 .into_iter()
                 .map(|p| RefPosition {
                     token: p.token,
                     logprob: p.logprob.map(f64::from),
-                    top: p.top.iter().map(|t| TopEntry { id: t.token, logprob: norm(f64::from(t.logprob)) }).collect(),
+                    top: p
+                        .top
+                        .iter()
+                        .map(|t| TopEntry {
+                            id: t.token,
+                            logprob: norm(f64::from(t.logprob)),
+                        })
+                        .collect(),
                 })
                 .collect())
         })
@@ -148,8 +227,18 @@ impl Reference for InProcess {
 
     fn sample<'a>(&'a self, req: &'a SampleRequest) -> BoxFuture<'a, Result<Vec<RefSample>>> {
         Box::pin(async move {
-            let futs = (0..req.n).map(|i| self.sample_one(req.prompt.clone(), req.max_tokens, req.temperature, req.seed.wrapping_add(i as u64)));
-            futures_util::future::join_all(futs).await.into_iter().collect()
+            let futs = (0..req.n).map(|i| {
+                self.sample_one(
+                    req.prompt.clone(),
+                    req.max_tokens,
+                    req.temperature,
+                    req.seed.wrapping_add(i as u64),
+                )
+            });
+            futures_util::future::join_all(futs)
+                .await
+                .into_iter()
+                .collect()
         })
     }
 }

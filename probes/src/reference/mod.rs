@@ -72,12 +72,21 @@ pub trait Reference: Send + Sync {
     /// The context window, if known.
     fn context_window(&self) -> Option<usize>;
     /// Token ids of `text` (with the tokenizer's special tokens if asked).
-    fn tokenize<'a>(&'a self, text: &'a str, add_special_tokens: bool) -> BoxFuture<'a, Result<Vec<u32>>>;
+    fn tokenize<'a>(
+        &'a self,
+        text: &'a str,
+        add_special_tokens: bool,
+    ) -> BoxFuture<'a, Result<Vec<u32>>>;
     /// Prompt ids of a chat (OpenAI-shaped messages and tools), ending with the assistant
     /// header.
-    fn render_chat<'a>(&'a self, messages: &'a [Value], tools: Option<&'a [Value]>) -> BoxFuture<'a, Result<Vec<u32>>>;
+    fn render_chat<'a>(
+        &'a self,
+        messages: &'a [Value],
+        tools: Option<&'a [Value]>,
+    ) -> BoxFuture<'a, Result<Vec<u32>>>;
     /// Scores `ids`: one [`RefPosition`] per id, with `top_k` alternatives.
-    fn score<'a>(&'a self, ids: &'a [u32], top_k: usize) -> BoxFuture<'a, Result<Vec<RefPosition>>>;
+    fn score<'a>(&'a self, ids: &'a [u32], top_k: usize)
+    -> BoxFuture<'a, Result<Vec<RefPosition>>>;
     /// Samples from the model.
     fn sample<'a>(&'a self, req: &'a SampleRequest) -> BoxFuture<'a, Result<Vec<RefSample>>>;
 }
@@ -85,9 +94,17 @@ pub trait Reference: Send + Sync {
 /// Builds the configured backend (loading the model for `in_process`).
 pub async fn connect(cfg: &ReferenceConfig) -> Result<Arc<dyn Reference>> {
     Ok(match cfg {
-        ReferenceConfig::InProcess { model, threads } => Arc::new(InProcess::load(model.clone(), *threads).await?),
+        ReferenceConfig::InProcess { model, threads } => {
+            Arc::new(InProcess::load(model.clone(), *threads).await?)
+        }
         ReferenceConfig::Remote { url, tokenizer } => Arc::new(Remote::new(url, tokenizer)?),
-        ReferenceConfig::External { url, flavour, model_name, tokenizer, api_key_env } => {
+        ReferenceConfig::External {
+            url,
+            flavour,
+            model_name,
+            tokenizer,
+            api_key_env,
+        } => {
             let key = api_key_env.as_ref().and_then(|k| std::env::var(k).ok());
             Arc::new(External::new(url, *flavour, model_name, tokenizer, key)?)
         }

@@ -32,7 +32,11 @@ pub(crate) fn ids_of(v: Option<&Value>, what: &str) -> Result<Vec<u32>> {
     v.and_then(Value::as_array)
         .ok_or_else(|| bad(what))?
         .iter()
-        .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| bad(what)))
+        .map(|x| {
+            x.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| bad(what))
+        })
         .collect()
 }
 
@@ -40,11 +44,17 @@ impl Remote {
     /// A client of the engine server at `url` (no `/v1`), aligning with the tokenizer at
     /// `tokenizer`.
     pub fn new(url: &str, tokenizer: &Path) -> Result<Self> {
-        Ok(Self { url: url.trim_end_matches('/').to_owned(), http: client(Duration::from_secs(600)), vocab: Arc::new(EngineVocab::load(tokenizer)?) })
+        Ok(Self {
+            url: url.trim_end_matches('/').to_owned(),
+            http: client(Duration::from_secs(600)),
+            vocab: Arc::new(EngineVocab::load(tokenizer)?),
+        })
     }
 
     async fn post(&self, path: &str, body: &Value) -> Result<Value> {
-        post_json(&self.http, &format!("{}{path}", self.url), None, body).await.map_err(|e| ProbesError::Reference(e.message))
+        post_json(&self.http, &format!("{}{path}", self.url), None, body)
+            .await
+            .map_err(|e| ProbesError::Reference(e.message))
     }
 }
 
@@ -61,14 +71,27 @@ impl Reference for Remote {
         None
     }
 
-    fn tokenize<'a>(&'a self, text: &'a str, add_special_tokens: bool) -> BoxFuture<'a, Result<Vec<u32>>> {
+    fn tokenize<'a>(
+        &'a self,
+        text: &'a str,
+        add_special_tokens: bool,
+    ) -> BoxFuture<'a, Result<Vec<u32>>> {
         Box::pin(async move {
-            let v = self.post("/tokenize", &json!({"prompt": text, "add_special_tokens": add_special_tokens})).await?;
+            let v = self
+                .post(
+                    "/tokenize",
+                    &json!({"prompt": text, "add_special_tokens": add_special_tokens}),
+                )
+                .await?;
             ids_of(v.get("tokens"), "tokens")
         })
     }
 
-    fn render_chat<'a>(&'a self, messages: &'a [Value], tools: Option<&'a [Value]>) -> BoxFuture<'a, Result<Vec<u32>>> {
+    fn render_chat<'a>(
+        &'a self,
+        messages: &'a [Value],
+        tools: Option<&'a [Value]>,
+    ) -> BoxFuture<'a, Result<Vec<u32>>> {
         Box::pin(async move {
             let mut body = json!({"messages": messages, "add_generation_prompt": true});
             if let Some(t) = tools.filter(|t| !t.is_empty()) {
@@ -79,17 +102,30 @@ impl Reference for Remote {
         })
     }
 
-    fn score<'a>(&'a self, ids: &'a [u32], top_k: usize) -> BoxFuture<'a, Result<Vec<RefPosition>>> {
+    fn score<'a>(
+        &'a self,
+        ids: &'a [u32],
+        top_k: usize,
+    ) -> BoxFuture<'a, Result<Vec<RefPosition>>> {
         Box::pin(async move {
-            let v = self.post("/v1/score", &json!({"tokens": ids, "top_k": top_k})).await?;
-            let positions = v.get("positions").and_then(Value::as_array).ok_or_else(|| bad("positions"))?;
+            let v = self
+                .post("/v1/score", &json!({"tokens": ids, "top_k": top_k}))
+                .await?;
+            let positions = v
+                .get("positions")
+                .and_then(Value::as_array)
+                .ok_or_else(|| bad("positions"))?;
             if positions.len() != ids.len() {
                 return Err(bad("positions: wrong count"));
             }
             positions
                 .iter()
                 .map(|p| {
-                    let token = p.get("token").and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok()).ok_or_else(|| bad("token"))?;
+                    let token = p
+                        .get("token")
+                        .and_then(Value::as_u64)
+                        .and_then(|n| u32::try_from(n).ok())
+                        .ok_or_else(|| bad("token"))?;
                     let logprob = p.get("logprob").and_then(Value::as_f64).map(norm);
                     let top = p
                         .get("top")
@@ -97,12 +133,26 @@ impl Reference for Remote {
                         .ok_or_else(|| bad("top"))?
                         .iter()
                         .map(|t| {
-                            let id = t.get("token").and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok()).ok_or_else(|| bad("top token"))?;
-                            let lp = t.get("logprob").and_then(Value::as_f64).ok_or_else(|| bad("top logprob"))?;
-                            Ok(TopEntry { id, logprob: norm(lp) })
+                            let id = t
+                                .get("token")
+                                .and_then(Value::as_u64)
+                                .and_then(|n| u32::try_from(n).ok())
+                                .ok_or_else(|| bad("top token"))?;
+                            let lp = t
+                                .get("logprob")
+                                .and_then(Value::as_f64)
+                                .ok_or_else(|| bad("top logprob"))?;
+                            Ok(TopEntry {
+                                id,
+                                logprob: norm(lp),
+                            })
                         })
                         .collect::<Result<Vec<_>>>()?;
-                    Ok(RefPosition { token, logprob, top })
+                    Ok(RefPosition {
+                        token,
+                        logprob,
+                        top,
+                    })
                 })
                 .collect()
         })
@@ -123,7 +173,10 @@ impl Reference for Remote {
                     .unwrap_or_default();
                 Ok(RefSample { text, logprobs })
             });
-            futures_util::future::join_all(futs).await.into_iter().collect()
+            futures_util::future::join_all(futs)
+                .await
+                .into_iter()
+                .collect()
         })
     }
 }
