@@ -291,10 +291,18 @@ impl Notifier {
             Err(poisoned) => poisoned.into_inner().take(),
         };
         drop(tx);
-        if let Some(worker) = self.worker.lock().await.take()
-            && let Err(e) = worker.await
-        {
-            tracing::error!(error = %e, "webhook worker panicked");
+        if let Some(worker) = self.worker.lock().await.take() {
+            if let Err(e) = worker.await {
+                tracing::error!(error = %e, "webhook worker panicked");
+            }
+            let s = self.stats();
+            tracing::info!(
+                delivered = s.delivered,
+                failed = s.failed,
+                retries = s.retries,
+                dropped = s.dropped,
+                "webhook worker stopped"
+            );
         }
     }
 }
