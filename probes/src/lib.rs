@@ -29,6 +29,8 @@
 //! - [`passive`]: two-proportion z-test, Mann–Whitney U (tie-corrected), chi-square on
 //!   counts, Benjamini–Hochberg.
 //! - [`ladder`]: the calibration-ladder JSON (`samewise calibrate`) and "≈ N-bit" lookup.
+//! - [`calibrate`]: measuring a model's ladder with the reference engine over the shipped
+//!   corpus (`probes/data/calibration/`).
 //! - [`noise`]: the repeat-noise floor and the faithful/unfaithful decision rule.
 //! - [`detect`]: the detectors over stored probe runs and request records (faithful? against
 //!   the ladder with the noise floor, changed? by CUSUM, passive with Benjamini–Hochberg).
@@ -49,6 +51,7 @@
 
 pub mod alerting;
 pub mod align;
+pub mod calibrate;
 pub mod compare;
 pub mod config;
 pub mod detect;

@@ -6,6 +6,7 @@
 use clap::Subcommand;
 
 pub mod alerts;
+pub mod calibrate;
 pub mod config;
 pub mod engine;
 pub mod keys;
@@ -27,6 +28,8 @@ pub enum Command {
     Alerts(alerts::AlertsArgs),
     /// Drift probes (`samewise probes run --config FILE [--once]`).
     Probes(probes::ProbesArgs),
+    /// Measure a model's calibration ladder (`samewise calibrate --model PATH [--out FILE]`).
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 /// Runs one subcommand to completion on a fresh tokio runtime where it needs one.
@@ -38,6 +41,7 @@ pub fn run(command: Command) -> anyhow::Result<()> {
         Command::Engine(args) => engine::run(args),
         Command::Alerts(args) => alerts::run(args),
         Command::Probes(args) => probes::run(args),
+        Command::Calibrate(args) => calibrate::run(args),
     }
 }
 

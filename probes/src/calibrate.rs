@@ -1,0 +1,360 @@
+//! Measuring a model's calibration ladder (`samewise calibrate`): the reference engine scores a
+//! fixed corpus unmodified and under each degradation level (weights re-quantized to 8, 6, 5,
+//! 4, 3, 2 bits; 8-bit activations), and every position is compared over the full vocabulary.
+//!
+//! Per position and level: the full-vocabulary KL(reference ‖ level) ([`compare::kl_full`]),
+//! and the top-k view an endpoint would report ([`compare::position_from_full_logprobs`])
+//! compared exactly as a logprob probe compares an endpoint ([`compare::compare_position`]), so
+//! the ladder's `kl_topk_mean`, `dlogprob_mean`, `top1_same` and `topk_overlap` measure what
+//! the probes measure. Logits are streamed one sequence at a time
+//! ([`samewise_engine::Engine::score_logits`]): memory is two sequences' logits, not the
+//! corpus's. The result is a [`Ladder`].
+//!
+//! The corpus ships in the repository (`probes/data/calibration/*.txt`, compiled in:
+//! [`builtin_corpus`]); a user's own is a directory of `.txt` files ([`read_corpus`]).
+
+use std::path::Path;
+
+use samewise_engine::profile::Profile;
+use samewise_engine::tokenizer::Tokenizer;
+use samewise_engine::{Engine, LoadOptions};
+
+use crate::compare::{self, PositionMetrics};
+use crate::ladder::{Ladder, Level, LevelKind};
+use crate::{ProbesError, Result};
+
+/// The levels measured unless told otherwise, most bits first.
+pub const DEFAULT_LEVELS: &[&str] = &["w8", "w6", "w5", "w4", "w3", "w2", "a8"];
+/// k of the top-k statistics (the probes' default `top_k`).
+pub const DEFAULT_TOP_K: usize = 5;
+/// Name recorded for the built-in corpus.
+pub const BUILTIN_CORPUS_NAME: &str = "probes/data/calibration";
+
+/// One text of a calibration corpus.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CorpusText {
+    /// File name.
+    pub name: String,
+    /// The text.
+    pub text: String,
+}
+
+/// What to measure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CalibrateOptions {
+    /// Kernel threads of each engine, and threads comparing positions.
+    pub threads: usize,
+    /// k of the top-k statistics.
+    pub top_k: usize,
+    /// Built-in profile names of the levels (`w8`..`w2`, `a8`).
+    pub levels: Vec<String>,
+    /// Score only the first this-many tokens of each text (a quick subset); None: all.
+    pub max_tokens_per_text: Option<usize>,
+}
+
+impl Default for CalibrateOptions {
+    fn default() -> Self {
+        Self {
+            threads: 2,
+            top_k: DEFAULT_TOP_K,
+            levels: DEFAULT_LEVELS.iter().map(|s| (*s).to_owned()).collect(),
+            max_tokens_per_text: None,
+        }
+    }
+}
+
+/// Progress of a calibration, reported after each (text, level) pair.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Progress {
+    /// Texts finished.
+    pub texts_done: usize,
+    /// Texts in all.
+    pub texts: usize,
+    /// Positions compared so far (per level).
+    pub positions: usize,
+}
+
+/// The corpus shipped in the repository (`probes/data/calibration/`), in file-name order.
+pub fn builtin_corpus() -> Vec<CorpusText> {
+    macro_rules! text {
+        ($f:literal) => {
+            CorpusText {
+                name: $f.to_owned(),
+                text: include_str!(concat!("../data/calibration/", $f)).to_owned(),
+            }
+        };
+    }
+    vec![
+        text!("01_story.txt"),
+        text!("02_science.txt"),
+        text!("03_code_rust.rs.txt"),
+        text!("04_code_python.py.txt"),
+        text!("05_chat.txt"),
+        text!("06_multilingual.txt"),
+        text!("07_numbers.txt"),
+        text!("08_structured.txt"),
+        text!("09_howto.txt"),
+        text!("10_history.txt"),
+    ]
+}
+
+/// A corpus from a directory: every `*.txt` file, in file-name order. Errors when there is none
+/// or one cannot be read.
+pub fn read_corpus(dir: &Path) -> Result<Vec<CorpusText>> {
+    let io =
+        |e: std::io::Error| ProbesError::Io(format!("calibration corpus {}: {e}", dir.display()));
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let path = entry.map_err(io)?.path();
+        if path.is_file() && path.extension().is_some_and(|x| x == "txt") {
+            names.push(path);
+        }
+    }
+    names.sort();
+    if names.is_empty() {
+        return Err(ProbesError::Io(format!(
+            "calibration corpus {}: no .txt files",
+            dir.display()
+        )));
+    }
+    names
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).map_err(io)?;
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            Ok(CorpusText { name, text })
+        })
+        .collect()
+}
+
+/// Tokenizes a corpus with the model's own tokenizer (no special tokens added; special-token
+/// text such as `<|im_start|>` in a transcript is read as those tokens).
+pub fn tokenize_corpus(model: &Path, corpus: &[CorpusText]) -> Result<Vec<Vec<u32>>> {
+    let tok = if model.is_dir() {
+        Tokenizer::from_hf_dir(model)
+    } else {
+        samewise_engine::gguf::GgufFile::open(model).and_then(|g| Tokenizer::from_gguf(&g))
+    }
+    .map_err(|e| ProbesError::Reference(format!("tokenizer of {}: {e}", model.display())))?;
+    corpus
+        .iter()
+        .map(|t| {
+            tok.encode(&t.text, false)
+                .map_err(|e| ProbesError::Reference(format!("tokenizing {}: {e}", t.name)))
+        })
+        .collect()
+}
+
+/// Kind and bits of a ladder level, from its built-in profile.
+fn level_kind(name: &str) -> Result<(Profile, LevelKind, u32)> {
+    let p =
+        Profile::builtin(name).ok_or_else(|| crate::invalid(format!("unknown level {name:?}")))?;
+    let only_weights = p.activations.is_none() && p.kv_cache.is_none();
+    let (kind, bits) = match (&p.weights, &p.activations) {
+        (Some(w), None) if only_weights => (LevelKind::Weights, u32::from(w.quant.bits)),
+        (None, Some(a)) if p.kv_cache.is_none() => (LevelKind::Activations, u32::from(a.bits)),
+        _ => {
+            return Err(crate::invalid(format!(
+                "level {name:?} is neither a weights level (w8..w2) nor an activations level (a8)"
+            )));
+        }
+    };
+    Ok((p, kind, bits))
+}
+
+fn engine_err(what: &str) -> impl Fn(samewise_engine::EngineError) -> ProbesError + '_ {
+    move |e| ProbesError::Reference(format!("{what}: {e}"))
+}
+
+/// One sequence's logit rows (`[positions][vocab]`).
+fn rows(engine: &Engine, seq: &[u32], what: &str) -> Result<Vec<f32>> {
+    let v = engine.config().vocab_size;
+    let mut out = Vec::with_capacity(seq.len().saturating_sub(1) * v);
+    engine
+        .score_logits(seq, &mut |_, row| out.extend_from_slice(row))
+        .map_err(engine_err(what))?;
+    Ok(out)
+}
+
+/// Compares one sequence's rows: per position (full KL, probe metrics), split over `threads`.
+fn compare_rows(
+    reference: &[f32],
+    level: &[f32],
+    seq: &[u32],
+    vocab: usize,
+    top_k: usize,
+    threads: usize,
+) -> Result<Vec<(f64, PositionMetrics)>> {
+    let n = reference.len() / vocab;
+    let one = |p: usize| -> Result<(f64, PositionMetrics)> {
+        let (r, l) = (
+            &reference[p * vocab..(p + 1) * vocab],
+            &level[p * vocab..(p + 1) * vocab],
+        );
+        let kl = compare::kl_full(r, l)?;
+        let input = compare::position_from_full_logprobs(
+            &compare::log_softmax(r)?,
+            &compare::log_softmax(l)?,
+            seq[p + 1],
+            top_k,
+        )?;
+        Ok((kl, compare::compare_position(&input)?))
+    };
+    let per = n.div_ceil(threads.max(1)).max(1);
+    let parts: Vec<Result<Vec<(f64, PositionMetrics)>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .step_by(per)
+            .map(|start| s.spawn(move || (start..(start + per).min(n)).map(one).collect()))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(crate::invalid("a comparison thread panicked")))
+            })
+            .collect()
+    });
+    let mut out = Vec::with_capacity(n);
+    for part in parts {
+        out.extend(part?);
+    }
+    Ok(out)
+}
+
+/// Measures the ladder of the model at `model` over `seqs` (token ids; see
+/// [`tokenize_corpus`]). `model_name`, `model_sha256` and `corpus_name` are recorded as given.
+pub fn calibrate(
+    model: &Path,
+    model_name: &str,
+    model_sha256: &str,
+    corpus_name: &str,
+    seqs: &[Vec<u32>],
+    opts: &CalibrateOptions,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Ladder> {
+    if opts.top_k == 0 || opts.top_k > samewise_engine::engine::MAX_TOP_K {
+        return Err(crate::invalid(format!(
+            "top_k must be within 1..={}",
+            samewise_engine::engine::MAX_TOP_K
+        )));
+    }
+    if opts.levels.is_empty() {
+        return Err(crate::invalid("no levels to measure"));
+    }
+    let seqs: Vec<&[u32]> = seqs
+        .iter()
+        .map(|s| &s[..opts.max_tokens_per_text.map_or(s.len(), |m| m.min(s.len()))])
+        .filter(|s| s.len() >= 2)
+        .collect();
+    if seqs.is_empty() {
+        return Err(crate::invalid(
+            "the corpus has no text of two tokens or more",
+        ));
+    }
+    let load = |profile: Profile| {
+        let what = format!("loading {} under {}", model.display(), profile.name);
+        Engine::load(
+            model,
+            LoadOptions {
+                threads: opts.threads,
+                profile,
+                ..LoadOptions::default()
+            },
+        )
+        .map_err(engine_err(&what))
+    };
+    let reference = load(Profile::default())?;
+    let vocab = reference.config().vocab_size;
+    let mut levels = Vec::with_capacity(opts.levels.len());
+    for name in &opts.levels {
+        let (profile, kind, bits) = level_kind(name)?;
+        levels.push((name.clone(), kind, bits, load(profile)?));
+    }
+    let mut measured: Vec<(Vec<f64>, Vec<PositionMetrics>)> =
+        vec![(Vec::new(), Vec::new()); levels.len()];
+    let mut positions = 0;
+    for (i, seq) in seqs.iter().enumerate() {
+        let r = rows(&reference, seq, "scoring with the reference")?;
+        for ((name, _, _, engine), (kls, metrics)) in levels.iter().zip(&mut measured) {
+            let l = rows(engine, seq, &format!("scoring under {name}"))?;
+            for (kl, m) in compare_rows(&r, &l, seq, vocab, opts.top_k, opts.threads)? {
+                kls.push(kl);
+                metrics.push(m);
+            }
+        }
+        positions += seq.len() - 1;
+        progress(Progress {
+            texts_done: i + 1,
+            texts: seqs.len(),
+            positions,
+        });
+    }
+    let mut out = Vec::with_capacity(levels.len());
+    for ((name, kind, bits, _), (kls, metrics)) in levels.iter().zip(&measured) {
+        let s = compare::summarize(metrics)?;
+        out.push(Level {
+            name: name.clone(),
+            kind: *kind,
+            bits: *bits,
+            kl_mean: kls.iter().sum::<f64>() / kls.len() as f64,
+            kl_p99: compare::quantile_nearest_rank(kls, 0.99)?,
+            kl_topk_mean: s.kl_mean,
+            dlogprob_mean: s.abs_dlogprob_mean,
+            top1_same: s.top1_same,
+            topk_overlap: s.topk_overlap,
+        });
+    }
+    let ladder = Ladder {
+        model: model_name.to_owned(),
+        model_sha256: model_sha256.to_owned(),
+        corpus: corpus_name.to_owned(),
+        positions: positions as u64,
+        top_k: opts.top_k as u32,
+        levels: out,
+    };
+    ladder.validate()?;
+    Ok(ladder)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_corpus_is_the_data_directory() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/calibration");
+        assert_eq!(read_corpus(&dir).unwrap(), builtin_corpus());
+    }
+
+    #[test]
+    fn level_names_map_to_kinds_and_bits() {
+        assert_eq!(
+            level_kind("w4").map(|(_, k, b)| (k, b)).unwrap(),
+            (LevelKind::Weights, 4)
+        );
+        assert_eq!(
+            level_kind("a8").map(|(_, k, b)| (k, b)).unwrap(),
+            (LevelKind::Activations, 8)
+        );
+        assert!(level_kind("kv-q8").is_err());
+        assert!(level_kind("flaky").is_err());
+        assert!(level_kind("nope").is_err());
+    }
+
+    #[test]
+    fn an_empty_corpus_directory_is_an_error() {
+        let dir =
+            std::env::temp_dir().join(format!("samewise-empty-corpus-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(
+            read_corpus(&dir)
+                .unwrap_err()
+                .to_string()
+                .contains("no .txt files")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
