@@ -107,7 +107,8 @@ async fn poll(
     every: Duration,
     cancel: CancellationToken,
 ) {
-    let mut ticks = tokio::time::interval(every);
+    // interval() panics on zero; the config refuses 0, but a hand-built Config might not
+    let mut ticks = tokio::time::interval(every.max(Duration::from_millis(1)));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
     loop {
