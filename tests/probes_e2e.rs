@@ -1,6 +1,6 @@
 //! The probe path end to end over real processes: `samewise engine serve` endpoints on the
-//! test model under serving profiles (unmodified, logprobs refused, echo logprobs
-//! shifted; the 4-bit profile is not served by this build's engine yet), probed by `samewise probes run --once` and by the scheduler inside
+//! test model under serving profiles (unmodified, 4-bit weights, logprobs refused,
+//! echo logprobs shifted), probed by `samewise probes run --once` and by the scheduler inside
 //! `samewise serve`, against the in-process reference; the stored runs are read back from
 //! the SQLite database.
 //!
@@ -205,6 +205,7 @@ fn first<'a>(runs: &'a [ProbeRun], endpoint: &str) -> Result<&'a ProbeRun> {
 async fn probes_run_once_tells_the_profiles_apart() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let (e_ref, u_ref) = engine("reference", dir.path())?;
+    let (e_w4, u_w4) = engine("w4", dir.path())?;
     let (e_nolp, u_nolp) = engine("no-logprobs", dir.path())?;
     let (e_shift, u_shift) = engine("shifted-echo", dir.path())?;
     let data = dir.path().join("data");
@@ -213,7 +214,7 @@ async fn probes_run_once_tells_the_profiles_apart() -> Result<()> {
         &cfg,
         config(
             &data,
-            &[("exact", &u_ref), ("nolp", &u_nolp), ("shift", &u_shift)],
+            &[("exact", &u_ref), ("w4", &u_w4), ("nolp", &u_nolp), ("shift", &u_shift)],
             "",
         )?,
     )?;
@@ -231,12 +232,12 @@ async fn probes_run_once_tells_the_profiles_apart() -> Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     ensure!(
-        stdout.lines().count() == 5,
-        "one line per stored run (2 noise pairs + 1 refusal):\n{stdout}"
+        stdout.lines().count() == 7,
+        "one line per stored run (3 noise pairs + 1 refusal):\n{stdout}"
     );
 
     let all = runs(&data).await?;
-    ensure!(all.len() == 5, "{} runs", all.len());
+    ensure!(all.len() == 7, "{} runs", all.len());
     let exact = first(&all, "exact/smol")?;
     ensure!(
         exact.ok && exact.kind == "prompt_logprobs" && exact.tokens > 100 && exact.raw.is_some(),
@@ -248,6 +249,20 @@ async fn probes_run_once_tells_the_profiles_apart() -> Result<()> {
     ensure!(
         all.iter().any(|r| r.repeat_of == Some(exact.id)),
         "noise-floor pair of the first round"
+    );
+
+    // 4-bit re-quantized weights: far from the exact endpoint on every statistic
+    let w4 = first(&all, "w4/smol")?;
+    ensure!(w4.ok, "{:?}", w4.error);
+    let (kl_w4, kl_exact) = (stat(w4, "kl_mean")?, stat(exact, "kl_mean")?);
+    ensure!(
+        kl_w4 > 1e-3 && kl_w4 > 1e4 * kl_exact,
+        "4-bit weights must stand out: {kl_w4} vs {kl_exact}"
+    );
+    ensure!(
+        stat(w4, "top1_same")? < 1.0 && stat(w4, "dlogprob_mean")? > 0.01,
+        "{}",
+        w4.stats
     );
 
     let nolp = first(&all, "nolp/smol")?;
@@ -282,7 +297,7 @@ async fn probes_run_once_tells_the_profiles_apart() -> Result<()> {
         "the exact endpoint was flagged: {open:?}"
     );
 
-    for p in [e_ref, e_nolp, e_shift] {
+    for p in [e_ref, e_w4, e_nolp, e_shift] {
         p.stop()?;
     }
     Ok(())
