@@ -23,6 +23,9 @@
 //!   length (Mann–Whitney) and finish reasons (chi-square); Benjamini–Hochberg over all of a
 //!   model's tests at `passive_q`. The sweep also auto-resolves quiet alerts.
 //!
+//! Files: this one (faithful?, changed?, orchestration), `detect_config.rs`
+//! ([`DetectorConfig`]), `detect_passive.rs` (the passive tests).
+//!
 //! Alert kinds: `unfaithful`, `changed`, `passive` (one active alert per endpoint and kind).
 //!
 //! ```toml
