@@ -30,6 +30,10 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
             let config = Config::load(&file)?;
             // the probes tables are raw in the gateway config: the probes crate validates them
             let probes = super::probes::probes_config(&config)?;
+            if let Some(p) = &probes {
+                // detector thresholds, alert policy, webhooks and the ladder file
+                samewise_probes::detect::Detectors::check_config(p)?;
+            }
             print!("{}: ok\n{}", file.display(), config.summary());
             if let Some(p) = &probes {
                 println!("probes: {} model(s), reference {}", p.models.len(), super::probes::reference_label(p));
