@@ -114,6 +114,7 @@ start_proxy() {
 rss_kb() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
 
 start_proxy
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 : >"$OUT/results.jsonl"
 for mode in json stream; do
     flag=""; [ "$mode" = stream ] && flag="--stream"
@@ -152,6 +153,7 @@ printf '{"streams": %s, "ready": %s, "rss_before_kb": %s, "rss_open_kb": %s, "hw
     echo "Request records after the rate runs (from /metrics):"
     sed 's/^/    /' "$OUT/records.txt"
     echo
+    echo "Load average before the rate runs: $LOAD_BEFORE; after everything: $(cut -d' ' -f1-3 /proc/loadavg)."
     echo "Machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)); load generator, mock and proxy on the same machine."
 } | tee "$OUT/table.md"
 echo "results in $OUT" >&2
