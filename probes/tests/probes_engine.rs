@@ -679,8 +679,20 @@ async fn scheduler_stores_runs_with_noise_pairs_and_respects_the_budget() -> Res
     Ok(())
 }
 
+/// The backend pid holding an advisory lock in this test's (private) database.
+async fn advisory_lock_pid(url: &str) -> Result<Option<i32>> {
+    let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(url).await?;
+    let pid: Option<i32> = sqlx::query_scalar(
+        "SELECT l.pid FROM pg_locks l JOIN pg_database d ON l.database = d.oid \
+         WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database()",
+    )
+    .fetch_optional(&mut c)
+    .await?;
+    Ok(pid)
+}
+
 /// On PostgreSQL the scheduler stands by while another session holds the lock, takes over
-/// once it is released, and drains on shutdown.
+/// once it is released, survives the loss of its own lock session, and drains on shutdown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standby_scheduler_takes_over_when_the_lock_is_freed() -> Result<()> {
     let stop = CancellationToken::new();
@@ -727,6 +739,25 @@ async fn standby_scheduler_takes_over_when_the_lock_is_freed() -> Result<()> {
         ensure!(
             tokio::time::Instant::now() < deadline,
             "scheduler did not take over ({n} runs)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // the lock's session dies (as when a holder crashes or its connection drops): the
+    // scheduler notices, stands down, takes the free lock again on a new session, and goes on
+    let lock_pid = advisory_lock_pid(db.url()).await?.context("no session holds the lock")?;
+    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(db.url()).await?;
+    sqlx::query("SELECT pg_terminate_backend($1)").bind(lock_pid).execute(&mut admin).await?;
+    let before = db.store.probe_runs(&q).await?.len();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let holder = advisory_lock_pid(db.url()).await?;
+        let n = db.store.probe_runs(&q).await?.len();
+        if holder.is_some_and(|p| p != lock_pid) && n >= before + 2 {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no takeover after the lock's session died (holder {holder:?}, {n} runs)"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
