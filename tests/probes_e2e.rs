@@ -214,7 +214,12 @@ async fn probes_run_once_tells_the_profiles_apart() -> Result<()> {
         &cfg,
         config(
             &data,
-            &[("exact", &u_ref), ("w4", &u_w4), ("nolp", &u_nolp), ("shift", &u_shift)],
+            &[
+                ("exact", &u_ref),
+                ("w4", &u_w4),
+                ("nolp", &u_nolp),
+                ("shift", &u_shift),
+            ],
             "",
         )?,
     )?;
