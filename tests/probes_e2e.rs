@@ -497,3 +497,69 @@ async fn flagged_endpoint_stops_receiving_traffic_with_on_drift_exclude() -> Res
     }
     Ok(())
 }
+
+/// With the test model's measured calibration ladder: 4-bit weights are flagged unfaithful in
+/// the first round and reported as ≈4-bit or worse; the exact and the 8-bit-activation
+/// endpoints are not flagged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ladder_flags_4bit_weights_as_about_4_bit_or_worse() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (e_ref, u_ref) = engine("reference", dir.path())?;
+    let (e_w4, u_w4) = engine("w4", dir.path())?;
+    let (e_a8, u_a8) = engine("a8", dir.path())?;
+    let data = dir.path().join("data");
+    let cfg = dir.path().join("samewise.toml");
+    let ladder = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/probes/data/ladders/smollm2-135m-instruct-q4_1.json"
+    );
+    let text = config(
+        &data,
+        &[("exact", &u_ref), ("w4", &u_w4), ("a8", &u_a8)],
+        "",
+    )?
+    .replace("kl_threshold = 0.01\n", "")
+    .replace("[probes]\n", &format!("[probes]\nladder = \"{ladder}\"\n"));
+    std::fs::write(&cfg, text)?;
+    let out = Command::new(BIN)
+        .args(["probes", "run", "--once", "--config"])
+        .arg(&cfg)
+        .current_dir(dir.path())
+        .env_remove("DATABASE_URL")
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let open = alerts(&data).await?;
+    let w4 = open
+        .iter()
+        .find(|a| a.endpoint == "w4/smol" && a.kind == "unfaithful")
+        .with_context(|| format!("4-bit weights not flagged: {open:?}"))?;
+    // "≈ 4.0-bit (between 5 and 4 bits)" or "worse than 2-bit"
+    let text = w4.evidence["equivalent_text"].as_str().unwrap_or_default();
+    let approx_bits = text
+        .strip_prefix("≈")
+        .and_then(|t| t.trim().split("-bit").next())
+        .and_then(|b| b.trim().parse::<f64>().ok());
+    let bits_ok = text.starts_with("worse than") || approx_bits.is_some_and(|b| b <= 4.5);
+    ensure!(
+        bits_ok,
+        "4-bit weights reported as {} ({})",
+        w4.evidence["equivalent_text"],
+        w4.summary
+    );
+    ensure!(
+        !open.iter().any(|a| a.endpoint == "exact/smol"),
+        "exact flagged: {open:?}"
+    );
+    ensure!(
+        !open.iter().any(|a| a.endpoint == "a8/smol"),
+        "8-bit activations flagged: {open:?}"
+    );
+    for p in [e_ref, e_w4, e_a8] {
+        p.stop()?;
+    }
+    Ok(())
+}
