@@ -780,3 +780,103 @@ async fn standby_scheduler_takes_over_when_the_lock_is_freed() -> Result<()> {
     tasks.wait().await;
     Ok(())
 }
+
+/// A provider that changes what it serves mid-run: the first `after` completions requests
+/// pass through to the engine unchanged, later ones get logprobs scaled by 1.3.
+fn switching_double(upstream: String, after: usize) -> axum::Router {
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    axum::Router::new().route(
+        "/v1/completions",
+        post(move |body: Bytes| {
+            let upstream = upstream.clone();
+            let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                let resp = reqwest::Client::new()
+                    .post(format!("{upstream}/v1/completions"))
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await;
+                let Ok(resp) = resp else {
+                    return axum::Json(json!({}));
+                };
+                let bytes = resp.bytes().await.unwrap_or_default();
+                let mut v: Value = serde_json::from_slice(&bytes).unwrap_or_default();
+                if n >= after {
+                    scale(&mut v, 1.3);
+                }
+                axum::Json(v)
+            }
+        }),
+    )
+}
+
+/// An endpoint switched mid-run raises a "changed" alert through the scheduler's rounds and
+/// the detectors it calls after each stored run; before the switch, nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mid_run_switch_raises_a_changed_alert() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let url = engine_server(&stop, &tasks).await?;
+    // rounds 0 and 3 are noise pairs (noise_pair_every = 3): rounds 0..=4 make 7 requests,
+    // all answered exactly; from round 5 on the provider has switched
+    let switching = serve(switching_double(url.clone(), 7), &stop, &tasks).await?;
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let cfg = Arc::new(probes_config("kinds = [\"prompt_logprobs\"]\n")?);
+    let det: toml::Table =
+        "cusum_baseline_rounds = 3\nhistory_runs = 30\nkl_threshold = 100.0\n".parse()?;
+    let detectors = samewise_probes::detect::Detectors::new(
+        samewise_probes::detect::DetectorConfig::parse(&det)?,
+        None,
+        &samewise_probes::alerting::AlertsConfig::default(),
+    )?;
+    let detectors = Arc::new(detectors);
+    let reference: Arc<dyn Reference> = Arc::new(in_process()?);
+    let s = Scheduler::new(
+        cfg,
+        db.store.clone(),
+        reference,
+        Some(detectors.clone()),
+        vec![target(&switching, "switching/smol")],
+    )?;
+    let q = samewise_store::AlertQuery {
+        state: None,
+        model: None,
+        endpoint: None,
+        limit: 10,
+    };
+    for round in 0..5 {
+        s.run_round(&s.targets()[0], ProbeKind::PromptLogprobs, round)
+            .await?;
+    }
+    ensure!(
+        db.store.alerts(&q).await?.is_empty(),
+        "alert before the switch: {:?}",
+        db.store.alerts(&q).await?
+    );
+    let mut raised = false;
+    for round in 5..8 {
+        s.run_round(&s.targets()[0], ProbeKind::PromptLogprobs, round)
+            .await?;
+        if db
+            .store
+            .alerts(&q)
+            .await?
+            .iter()
+            .any(|a| a.kind == "changed" && a.endpoint == "switching/smol")
+        {
+            raised = true;
+            break;
+        }
+    }
+    ensure!(
+        raised,
+        "no changed alert within 3 rounds of the switch: {:?}",
+        db.store.alerts(&q).await?
+    );
+    detectors.shutdown().await;
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
