@@ -14,6 +14,7 @@
 #     for DURATION seconds, `loadgen rate` fires, every 1/rate s, one request straight to the
 #     mock and one through the proxy at the same moment (open loop), and reports latency
 #     quantiles of both and the added latency (through - direct);
+#     Each point runs on a freshly started proxy.
 #  4. restarts the proxy and has `loadgen hold` open STREAMS (default 1000) streams through it,
 #     then samples the proxy's resident memory (VmRSS, and VmHWM = peak) from /proc.
 # Results land in bench/out/proxy-TIMESTAMP/ (results.jsonl, hold.json, table.md, logs).
@@ -119,7 +120,12 @@ LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 for mode in json stream; do
     flag=""; [ "$mode" = stream ] && flag="--stream"
     for rate in $RATES; do
-        echo "== $mode at $rate rps for ${DURATION}s" >&2
+        # each point on a fresh proxy: an overloaded point must not leave open breakers or a
+        # backlog to the next one
+        kill "$PROXY_PID"; wait "$PROXY_PID" 2>/dev/null || true
+        start_proxy
+        sleep 1
+        echo "== $mode at $rate rps for ${DURATION}s (load $(cut -d' ' -f1 /proc/loadavg))" >&2
         $BIN/loadgen rate --direct "$MOCK/v1" --proxy "http://127.0.0.1:$PORT/v1" --key "$KEY" \
             --model bench --direct-model bench-model --rate "$rate" --duration "$DURATION" \
             --warmup "$WARMUP" $flag | tee -a "$OUT/results.jsonl"
@@ -128,7 +134,7 @@ done
 curl -fsS "http://127.0.0.1:$PORT/metrics" >"$OUT/metrics-after-rate.txt" || true
 grep -E '^samewise_(record_queue_dropped_total|records_written_total|record_write_errors_total)' \
     "$OUT/metrics-after-rate.txt" | tee "$OUT/records.txt" >&2 || true
-echo "proxy peak RSS during the rate runs: $(rss_kb "$PROXY_PID" VmHWM) kB" >&2
+echo "proxy peak RSS during the last rate run: $(rss_kb "$PROXY_PID" VmHWM) kB" >&2
 
 # memory with STREAMS open streams, on a fresh proxy
 kill "$PROXY_PID"; wait "$PROXY_PID" 2>/dev/null || true
