@@ -156,7 +156,7 @@ printf '{"streams": %s, "ready": %s, "rss_before_kb": %s, "rss_open_kb": %s, "hw
 {
     python3 bench/proxy/report.py "$OUT/results.jsonl" "$OUT/hold.json"
     echo
-    echo "Request records after the rate runs (from /metrics):"
+    echo "Request records of the last rate point (from /metrics):"
     sed 's/^/    /' "$OUT/records.txt"
     echo
     echo "Load average before the rate runs: $LOAD_BEFORE; after everything: $(cut -d' ' -f1-3 /proc/loadavg)."
