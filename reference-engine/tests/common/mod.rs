@@ -15,7 +15,9 @@ use std::path::PathBuf;
 pub const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 fn home() -> PathBuf {
-    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"))
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root"))
 }
 
 /// Path of the test GGUF; fails (with how to fix it) if it is not there.
