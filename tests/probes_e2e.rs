@@ -187,7 +187,7 @@ fn exact_stats(r: &ProbeRun) -> Result<()> {
         r.stats
     );
     ensure!(
-        stat(r, "kl_mean")? < 1e-7 && stat(r, "kl_p99")? < 1e-5 && stat(r, "mismatch_rate")? == 0.0,
+        stat(r, "kl_mean")? == 0.0 && stat(r, "kl_p99")? == 0.0 && stat(r, "mismatch_rate")? == 0.0,
         "{}",
         r.stats
     );

@@ -23,10 +23,15 @@ fn pos(actual: u32, r: Vec<TopEntry>, ep: Vec<TopEntry>) -> PositionInput {
 fn identical_sides_give_zero_drift() {
     let p = pos(1, vec![e(1, 0.6), e(2, 0.3), e(3, 0.05)], vec![e(3, 0.05), e(1, 0.6), e(2, 0.3)]);
     let m = compare_position(&p).unwrap();
-    assert!(m.kl.abs() < 1e-15, "{}", m.kl);
+    assert_eq!(m.kl, 0.0);
     assert_eq!(m.dlogprob, 0.0);
     assert!(m.same_top1);
     assert_eq!(m.overlap, 1.0);
+    // an actual token far below the clamp, identical on both sides: still exactly 0
+    let mut tiny = pos(9, vec![e(1, 0.9), e(2, 0.05)], vec![e(1, 0.9), e(2, 0.05)]);
+    tiny.reference.actual_logprob = -30.0;
+    tiny.endpoint.actual_logprob = -30.0;
+    assert_eq!(compare_position(&tiny).unwrap().kl, 0.0);
 }
 
 #[test]
