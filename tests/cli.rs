@@ -12,7 +12,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use samewise_testkit::MockUpstream;
 
-const BIN: &str = env!("CARGO_BIN_EXE_samewise");
+mod common;
+use common::{BIN, spawn_listening, test_model};
 
 fn write(dir: &std::path::Path, name: &str, text: &str) -> Result<std::path::PathBuf> {
     let p = dir.join(name);
@@ -221,77 +222,6 @@ async fn serve_uses_postgres_when_database_url_is_set() -> Result<()> {
     serve_end_to_end(Some(pg.url())).await
 }
 
-/// The test model, where every test looks for it (`scripts/fetch-model.sh` puts it there).
-fn test_model() -> Result<std::path::PathBuf> {
-    let path = match std::env::var_os("SAMEWISE_MODEL") {
-        Some(p) => std::path::PathBuf::from(p),
-        None => std::path::PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
-            .join(".cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
-    anyhow::ensure!(
-        path.exists(),
-        "test model missing at {}: run scripts/fetch-model.sh",
-        path.display()
-    );
-    Ok(path)
-}
-
-/// Spawns `samewise ARGS` and returns it with the URL of its "listening on" line.
-fn spawn_listening(
-    args: &[&std::ffi::OsStr],
-    cwd: &std::path::Path,
-) -> Result<(std::process::Child, String)> {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("DATABASE_URL")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let stdout = child.stdout.take().context("stdout")?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        if let Some(Ok(line)) = lines.next() {
-            let _ = tx.send(line);
-        }
-        // keep draining so the child never blocks on a full pipe
-        for _ in lines {}
-    });
-    match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(line) => {
-            let url = line
-                .strip_prefix("listening on ")
-                .context("unexpected first line")?
-                .to_owned();
-            Ok((child, url))
-        }
-        Err(_) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            anyhow::bail!("samewise {args:?} printed no 'listening on' line")
-        }
-    }
-}
-
-fn stop(mut child: std::process::Child) -> Result<std::process::ExitStatus> {
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(s) = child.try_wait()? {
-            return Ok(s);
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            anyhow::bail!("did not stop after SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// The README's run command: the example config starts in an empty directory (SQLite in its
 /// relative data dir) and, in front of the reference engine on the test model, answers a chat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -356,8 +286,8 @@ async fn example_config_serves_the_engine_from_a_fresh_directory() -> Result<()>
         .await?;
     let status = resp.status();
     let text = resp.text().await?;
-    let serve_exit = stop(serve)?;
-    let engine_exit = stop(engine)?;
+    let serve_exit = serve.stop()?;
+    let engine_exit = engine.stop()?;
     assert_eq!(status, 200, "{text}");
     let v: serde_json::Value = serde_json::from_str(&text)?;
     assert!(

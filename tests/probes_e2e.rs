@@ -7,91 +7,15 @@
 //! The test model is `$SAMEWISE_MODEL` if set, else
 //! `~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf`; a missing model fails.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use samewise_store::{ProbeRun, ProbeRunQuery, Store};
 
-const BIN: &str = env!("CARGO_BIN_EXE_samewise");
-
-fn test_model() -> Result<PathBuf> {
-    let path = match std::env::var_os("SAMEWISE_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
-            .join(".cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
-    ensure!(
-        path.is_file(),
-        "test model missing at {}: run scripts/fetch-model.sh",
-        path.display()
-    );
-    Ok(path)
-}
-
-/// A child process killed (SIGTERM, then SIGKILL) when dropped, so a failing test leaves none.
-struct Proc(Option<Child>);
-
-impl Proc {
-    fn stop(mut self) -> Result<std::process::ExitStatus> {
-        let mut child = self.0.take().context("already stopped")?;
-        Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()?;
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(s) = child.try_wait()? {
-                return Ok(s);
-            }
-            if std::time::Instant::now() > deadline {
-                let _ = child.kill();
-                anyhow::bail!("did not stop within 30 s of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Spawns `samewise ARGS` and returns it with the URL of its "listening on" line.
-fn spawn_listening(args: &[&str], cwd: &Path) -> Result<(Proc, String)> {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("DATABASE_URL")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let stdout = child.stdout.take().context("stdout")?;
-    let proc = Proc(Some(child));
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        if let Some(Ok(line)) = lines.next() {
-            let _ = tx.send(line);
-        }
-        for _ in lines {}
-    });
-    let line = rx
-        .recv_timeout(Duration::from_secs(120))
-        .map_err(|_| anyhow::anyhow!("samewise {args:?} printed no 'listening on' line"))?;
-    let url = line
-        .strip_prefix("listening on ")
-        .context("unexpected first line")?
-        .to_owned();
-    Ok((proc, url))
-}
+mod common;
+use common::{BIN, Proc, spawn_listening, test_model};
 
 fn engine(profile: &str, cwd: &Path) -> Result<(Proc, String)> {
     let model = test_model()?;

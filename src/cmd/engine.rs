@@ -1,7 +1,7 @@
 //! `samewise engine serve --model PATH --listen ADDR [--threads N] [--profile NAME|FILE]`:
 //! runs the reference engine's OpenAI-compatible server on one model (a GGUF file or a
 //! Hugging Face directory), optionally behaving like a drifting provider (a serving
-//! profile: a built-in name or a TOML file; see docs/profiles.md).
+//! profile: a built-in name or a TOML file; see the README's "Serving profiles").
 //! SIGINT or SIGTERM stops accepting connections and lets open requests finish.
 //!
 //! The test model is fetched with `scripts/fetch-model.sh`.
