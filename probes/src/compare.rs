@@ -22,10 +22,10 @@
 //! `KL_topk = Σ_{s∈S} p_ref(s)·ln(p_ref(s)/p_ep(s)) + tail_ref·ln(tail_ref/tail_ep)`
 //!
 //! This is the KL divergence between the two coarsened distributions, hence (data-processing
-//! inequality) a lower bound of the full-vocabulary KL(ref‖endpoint) — up to the clamping:
-//! tails, and both sides' probabilities inside `S`, are clamped below at [`TAIL_EPSILON`]
+//! inequality) a lower bound of the full-vocabulary KL(ref‖endpoint). Tails are clamped below
+//! at [`TAIL_EPSILON`], and endpoint probabilities inside `S` at `min(TAIL_EPSILON, p_ref)`
 //! (rounding can make a top-k sum exceed 1, and a provider may report `-inf`), so the
-//! statistic is always finite; identical inputs give exactly 0; a negative result from
+//! statistic is always finite and identical inputs give exactly 0; a negative result from
 //! rounding is clamped to 0.
 
 use base64::Engine as _;
@@ -144,17 +144,20 @@ pub fn compare_position(p: &PositionInput) -> Result<PositionMetrics> {
         common.iter().filter(|c| c.0 != p.actual_id).map(|c| (c.1, c.2)).collect();
     support.push((r_actual, e_actual));
 
-    // Both sides are clamped alike, in log space, so identical inputs give exactly 0 (no
-    // exp/ln round trip, no one-sided floor).
+    // The endpoint's probability is floored at min(ε, p_ref) — never above the reference's,
+    // so identical inputs stay identical and give exactly 0 — and the log ratio is taken in
+    // log space (no exp/ln round trip).
     let ln_eps = TAIL_EPSILON.ln();
     let mut kl = 0.0;
     let (mut mass_r, mut mass_e) = (0.0, 0.0);
     for &(lr, le) in &support {
-        let (lr, le) = (lr.max(ln_eps), le.max(ln_eps));
+        let le = le.max(ln_eps.min(lr));
         let pr = lr.exp();
         mass_r += pr;
         mass_e += le.exp();
-        kl += pr * (lr - le);
+        if pr > 0.0 {
+            kl += pr * (lr - le);
+        }
     }
     let tail_r = (1.0 - mass_r).max(TAIL_EPSILON);
     let tail_e = (1.0 - mass_e).max(TAIL_EPSILON);

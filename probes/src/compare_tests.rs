@@ -143,7 +143,9 @@ proptest! {
         let full = kl_full(&a, &b).unwrap();
         let p = position_from_full_logprobs(&la, &lb, actual as u32, k).unwrap();
         let m = compare_position(&p).unwrap();
-        prop_assert!(m.kl <= full + 1e-9, "top-k {} > full {}", m.kl, full);
+        // up to f32 rounding: the two sides reach the KL by different f32/f64 paths (the
+        // coarse one through f32 top-k logprobs), which differ by ~1e-7 relative
+        prop_assert!(m.kl <= full + 1e-6 * full.max(1.0), "top-k {} > full {}", m.kl, full);
         prop_assert!(m.kl >= 0.0);
         // with k = whole vocabulary, the coarsening is the identity (logits halved so every
         // endpoint probability stays above TAIL_EPSILON, where the clamp does not act)
