@@ -228,41 +228,37 @@ impl Store {
     /// Acknowledges the open alert `id`. An alert already acknowledged or resolved is
     /// returned unchanged; None when there is no such alert.
     pub async fn ack_alert(&self, id: i64) -> Result<Option<Alert>, StoreError> {
-        const OP: &str = "acknowledging an alert";
-        let stmt = sql(
-            self.backend(),
-            &format!(
-                "UPDATE alerts SET state = 'acknowledged', updated_ms = $1 \
-                 WHERE id = $2 AND state = 'open' RETURNING {COLUMNS}"
-            ),
+        self.transition_alert(
+            id,
+            "acknowledging an alert",
+            "SET state = 'acknowledged', updated_ms = $1 WHERE id = $2 AND state = 'open'",
         )
-        .into_owned();
-        let now = crate::now_ms();
-        let changed = on_pool!(&self.pool, |p| {
-            let row = sqlx::query(&stmt)
-                .bind(now)
-                .bind(id)
-                .fetch_optional(p)
-                .await
-                .map_err(StoreError::query(OP))?;
-            row.as_ref().map(alert_from_row).transpose()?
-        });
-        match changed {
-            Some(a) => Ok(Some(a)),
-            None => self.alert(id).await,
-        }
+        .await
     }
 
     /// Resolves the active alert `id`. An alert already resolved is returned unchanged;
     /// None when there is no such alert.
     pub async fn resolve_alert(&self, id: i64) -> Result<Option<Alert>, StoreError> {
-        const OP: &str = "resolving an alert";
+        self.transition_alert(
+            id,
+            "resolving an alert",
+            "SET state = 'resolved', updated_ms = $1, resolved_ms = $1 \
+             WHERE id = $2 AND state <> 'resolved'",
+        )
+        .await
+    }
+
+    /// One lifecycle step: `UPDATE alerts <set_where>` with `$1` = now and `$2` = id; when no
+    /// row changed (already past that state, or no such alert) the alert as it stands.
+    async fn transition_alert(
+        &self,
+        id: i64,
+        op: &'static str,
+        set_where: &str,
+    ) -> Result<Option<Alert>, StoreError> {
         let stmt = sql(
             self.backend(),
-            &format!(
-                "UPDATE alerts SET state = 'resolved', updated_ms = $1, resolved_ms = $1 \
-                 WHERE id = $2 AND state <> 'resolved' RETURNING {COLUMNS}"
-            ),
+            &format!("UPDATE alerts {set_where} RETURNING {COLUMNS}"),
         )
         .into_owned();
         let now = crate::now_ms();
@@ -272,7 +268,7 @@ impl Store {
                 .bind(id)
                 .fetch_optional(p)
                 .await
-                .map_err(StoreError::query(OP))?;
+                .map_err(StoreError::query(op))?;
             row.as_ref().map(alert_from_row).transpose()?
         });
         match changed {
