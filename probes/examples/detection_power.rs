@@ -1,0 +1,1403 @@
+//! The probe detection-power benchmark (not a test): how often the probes flag real engine
+//! endpoints under serving profiles, at what probe-token cost. Run it with
+//! `bench/probes/run.sh` (release build); settings come from the environment (see
+//! [`Settings`]), results go to `$OUT/results.json` and `$OUT/table.md`.
+//!
+//! Endpoints are the real engine server (`samewise_engine::server::router`) under built-in
+//! serving profiles on 127.0.0.1:0, called by the real probe kinds; the reference is the
+//! in-process unmodified engine.
+//!
+//! A. faithful? on prompt_logprobs. The engine is deterministic and batch-invariant, so a
+//!    text's per-position comparison is the same in every round: the real kind runs once per
+//!    shipped text and profile, and a seeded round (shuffled texts, whole texts while the
+//!    round's probe tokens stay within the budget) is the summary of the concatenated cached
+//!    positions — the same `compare::summarize` the kind uses — judged by `noise::judge`
+//!    against the committed ladder as `detect.rs` does. The shortcut is checked: for some
+//!    rounds per profile the real kind runs on the round's texts in one probe run and its
+//!    statistics must equal the resampled ones bit for bit.
+//! B. changed? (CUSUM) after a switch of the endpoint from P0 to P1 mid-run, with
+//!    `DetectorConfig::default()`'s charts replicated as `Detectors::changed` builds them
+//!    (one chart per watched statistic the run has, `min_sd` from the config since the
+//!    deterministic endpoints' noise floor is 0, the chart rebuilt over the newest
+//!    `history_runs` runs, an alarm on any chart = "changed").
+//! C. samples (MMD, Model Equality Testing): pools of samples per completion prompt from the
+//!    endpoints (`/v1/chat/completions`, as `kinds/samples.rs` asks) and from the reference;
+//!    a seeded round draws 10 + 10 per prompt without replacement and runs `mmd::mmd_test`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+use futures_util::StreamExt;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use samewise_engine::chat::{self, ChatTemplate};
+use samewise_engine::gguf::GgufFile;
+use samewise_engine::profile::Profile;
+use samewise_engine::server::{self, ServerState};
+use samewise_engine::tokenizer::Tokenizer;
+use samewise_engine::{Engine, LoadOptions};
+use samewise_probes::compare::{self, PositionMetrics, RunSummary};
+use samewise_probes::config::{ModelProbes, ProbeKind, ProbesConfig};
+use samewise_probes::detect::{self, DetectorConfig};
+use samewise_probes::kinds::{self, ProbeCtx, PromptSets, Target};
+use samewise_probes::ladder::Ladder;
+use samewise_probes::mmd::{PermutationConfig, PromptSamples, mmd_test};
+use samewise_probes::noise;
+use samewise_probes::prompts::{CompletionPrompt, LogprobText};
+use samewise_probes::reference::{InProcess, Reference, SampleRequest};
+use samewise_probes::sequential::{Cusum, CusumConfig};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// Benchmark settings (environment variable in brackets).
+#[derive(Debug, Clone)]
+struct Settings {
+    /// Output directory [OUT].
+    out: PathBuf,
+    /// Base seed [SEED].
+    seed: u64,
+    /// A: profiles [PROFILES].
+    profiles: Vec<String>,
+    /// A: round budgets in probe tokens [BUDGETS].
+    budgets: Vec<i64>,
+    /// A: seeded rounds per profile and budget [ROUNDS].
+    rounds: usize,
+    /// A: rounds per profile re-run with the real kind, spread over the budgets [VERIFY].
+    verify: usize,
+    /// B: worlds per switch scenario [WORLDS].
+    worlds: usize,
+    /// B: round budget [SWITCH_BUDGET].
+    switch_budget: i64,
+    /// B: first round served by P1 [SWITCH_AT].
+    switch_at: usize,
+    /// B: rounds after the switch before a world counts as undetected [MAX_AFTER].
+    max_after: usize,
+    /// B: rounds of the in-control run [IC_ROUNDS].
+    ic_rounds: usize,
+    /// C: samples per prompt in each pool [POOL]; 0 skips part C.
+    pool: usize,
+    /// C: endpoint profiles whose samples are pooled [SAMPLE_PROFILES].
+    sample_profiles: Vec<String>,
+    /// C: seeded rounds per scenario [SAMPLE_ROUNDS].
+    sample_rounds: usize,
+    /// C: samples per prompt and side in a round [SAMPLES_PER_PROMPT].
+    per_prompt: usize,
+    /// C: permutations of an extra run that can reach p < 0.001 [HI_PERMUTATIONS]; 0 skips.
+    hi_permutations: usize,
+    /// C: rounds of that extra run [HI_ROUNDS].
+    hi_rounds: usize,
+}
+
+fn env_or<T: std::str::FromStr>(key: &str, default: T) -> Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    match std::env::var(key) {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .map_err(|e| anyhow::anyhow!("{key}={v}: {e}")),
+        _ => Ok(default),
+    }
+}
+
+fn env_list(key: &str, default: &str) -> Vec<String> {
+    std::env::var(key)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| default.to_owned())
+        .split([',', ' '])
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+impl Settings {
+    fn from_env() -> Result<Self> {
+        let budgets = env_list("BUDGETS", "500,1000,2000")
+            .iter()
+            .map(|b| b.parse::<i64>().with_context(|| format!("BUDGETS: {b}")))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            out: PathBuf::from(env_or("OUT", "bench/out/probes".to_owned())?),
+            seed: env_or("SEED", 20_261_130)?,
+            profiles: env_list(
+                "PROFILES",
+                "reference,a8,kv-f16,kv-q8,w8,w6,w5,w4,w3,shifted-echo",
+            ),
+            budgets,
+            rounds: env_or("ROUNDS", 2000)?,
+            verify: env_or("VERIFY", 3)?,
+            worlds: env_or("WORLDS", 200)?,
+            switch_budget: env_or("SWITCH_BUDGET", 2000)?,
+            switch_at: env_or("SWITCH_AT", 60)?,
+            max_after: env_or("MAX_AFTER", 300)?,
+            ic_rounds: env_or("IC_ROUNDS", 2000)?,
+            pool: env_or("POOL", 50)?,
+            sample_profiles: env_list("SAMPLE_PROFILES", "reference,w4"),
+            sample_rounds: env_or("SAMPLE_ROUNDS", 500)?,
+            per_prompt: env_or("SAMPLES_PER_PROMPT", 10)?,
+            hi_permutations: env_or("HI_PERMUTATIONS", 0)?,
+            hi_rounds: env_or("HI_ROUNDS", 200)?,
+        })
+    }
+}
+
+/// The model path rule of the tests: `SAMEWISE_MODEL`, else the cached test model.
+fn model_path() -> Result<PathBuf> {
+    let path = match std::env::var_os("SAMEWISE_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
+            .join(".cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    };
+    ensure!(
+        path.is_file(),
+        "test model missing at {} (run scripts/fetch-model.sh or set SAMEWISE_MODEL)",
+        path.display()
+    );
+    Ok(path)
+}
+
+fn tokenizer_and_template(model: &Path) -> Result<(Tokenizer, Option<ChatTemplate>)> {
+    let gguf = GgufFile::open(model)?;
+    let tok = Tokenizer::from_gguf(&gguf)?;
+    let template = match chat::template_from_gguf(&gguf) {
+        Some(src) => Some(ChatTemplate::new(
+            &src,
+            tok.bos_token().unwrap_or_default(),
+            tok.eos_token().unwrap_or_default(),
+        )?),
+        None => None,
+    };
+    Ok((tok, template))
+}
+
+/// A SplitMix64 step: seeds for rounds, worlds and permutations.
+fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn rng_for(seed: u64, parts: &[u64]) -> StdRng {
+    StdRng::seed_from_u64(parts.iter().fold(seed, |s, &p| mix(s, p)))
+}
+
+/// One shipped text as one endpoint answered it.
+#[derive(Debug, Clone)]
+struct TextData {
+    tokens: i64,
+    metrics: Vec<PositionMetrics>,
+}
+
+/// Part A's cache for one profile.
+#[derive(Debug, Clone)]
+struct ProfileData {
+    name: String,
+    texts: Vec<TextData>,
+    /// The summary over all shipped texts in file order.
+    all: RunSummary,
+    /// Re-run rounds whose statistics matched the resampled ones bit for bit / in all.
+    verified: (usize, usize),
+    /// Per-text runs whose stored (encoded) positions reproduced the kind's kl_mean exactly.
+    decode_exact: usize,
+}
+
+/// An engine server under `profile`, served on 127.0.0.1:0 until `stop` fires.
+async fn start_endpoint(
+    model: &Path,
+    profile: &str,
+    stop: &CancellationToken,
+) -> Result<(Target, tokio::task::JoinHandle<()>)> {
+    let p = Profile::builtin(profile).with_context(|| format!("no built-in profile {profile}"))?;
+    let m = model.to_owned();
+    let state = tokio::task::spawn_blocking(move || {
+        ServerState::load(
+            &m,
+            LoadOptions {
+                threads: 2,
+                profile: p,
+                ..LoadOptions::default()
+            },
+            Some("smol".into()),
+        )
+    })
+    .await??;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let stop = stop.clone();
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, server::router(state))
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+    });
+    Ok((
+        Target {
+            model: "smol".into(),
+            endpoint: profile.into(),
+            base_url: format!("http://{addr}/v1"),
+            provider_model: "smol".into(),
+            api_key: None,
+        },
+        task,
+    ))
+}
+
+struct Env<'a> {
+    reference: &'a dyn Reference,
+    cfg: &'a ModelProbes,
+    sets: &'a PromptSets,
+    http: &'a reqwest::Client,
+}
+
+/// The real prompt_logprobs kind on exactly `texts`, in this order, in one probe run.
+async fn probe_texts(
+    env: &Env<'_>,
+    target: &Target,
+    texts: Vec<LogprobText>,
+) -> Result<kinds::Outcome> {
+    let mut cfg = env.cfg.clone();
+    cfg.items_per_round = texts.len();
+    let sets = PromptSets {
+        logprob_texts: texts,
+        ..env.sets.clone()
+    };
+    let ctx = ProbeCtx {
+        reference: env.reference,
+        cfg: &cfg,
+        sets: &sets,
+        http: env.http,
+        round: 0,
+        seed: 7,
+    };
+    let o = kinds::run(ProbeKind::PromptLogprobs, &ctx, target).await;
+    ensure!(
+        o.ok,
+        "{}: prompt_logprobs failed: {:?}",
+        target.endpoint,
+        o.error
+    );
+    Ok(o)
+}
+
+/// Whole texts in shuffled order while the round's probe tokens stay within `budget`
+/// (at least one text).
+fn draw_round(rng: &mut StdRng, tokens: &[i64], budget: i64) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..tokens.len()).collect();
+    idx.shuffle(rng);
+    let mut out = Vec::new();
+    let mut sum = 0;
+    for i in idx {
+        if !out.is_empty() && sum + tokens[i] > budget {
+            break;
+        }
+        sum += tokens[i];
+        out.push(i);
+    }
+    out
+}
+
+/// The round's run summary, exactly as the kind computes it (summarize over the
+/// concatenated positions, in round order).
+fn round_summary(p: &ProfileData, texts: &[usize]) -> Result<RunSummary> {
+    let m: Vec<PositionMetrics> = texts
+        .iter()
+        .flat_map(|&i| p.texts[i].metrics.iter().copied())
+        .collect();
+    Ok(compare::summarize(&m)?)
+}
+
+/// The three CUSUM statistics of a round (kl_mean, top1_same, dlogprob_mean = mean
+/// |Δ logprob|) without the p99 sort; the same sums in the same order as `summarize`
+/// (checked against it).
+fn fast_stats(p: &ProfileData, texts: &[usize]) -> [f64; 3] {
+    let it = || texts.iter().flat_map(|&i| p.texts[i].metrics.iter());
+    let n = it().count() as f64;
+    let kl = it().map(|m| m.kl).sum::<f64>() / n;
+    let top1 = it().filter(|m| m.same_top1).count() as f64 / n;
+    let dlp = it().map(|m| m.dlogprob.abs()).sum::<f64>() / n;
+    [kl, top1, dlp]
+}
+
+fn stat_of(s: &RunSummary, key: &str) -> Option<f64> {
+    match key {
+        "kl_mean" => Some(s.kl_mean),
+        "top1_same" => Some(s.top1_same),
+        "dlogprob_mean" => Some(s.abs_dlogprob_mean),
+        _ => None,
+    }
+}
+
+/// Wilson 95% interval of x successes in n.
+fn wilson(x: usize, n: usize) -> (f64, f64) {
+    if n == 0 {
+        return (0.0, 1.0);
+    }
+    let z = 1.959_963_984_540_054_f64;
+    let nf = n as f64;
+    let p = x as f64 / nf;
+    let d = 1.0 + z * z / nf;
+    let c = (p + z * z / (2.0 * nf)) / d;
+    let h = z * (p * (1.0 - p) / nf + z * z / (4.0 * nf * nf)).sqrt() / d;
+    ((c - h).max(0.0), (c + h).min(1.0))
+}
+
+fn pct(x: usize, n: usize) -> String {
+    let (lo, hi) = wilson(x, n);
+    let p = 100.0 * x as f64 / n.max(1) as f64;
+    format!("{p:.1}% [{:.1}, {:.1}]", 100.0 * lo, 100.0 * hi)
+}
+
+fn quantile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    compare::quantile_nearest_rank(v, q).unwrap_or(f64::NAN)
+}
+
+fn role(profile: &str) -> &'static str {
+    match profile {
+        "reference" | "a8" | "kv-f16" | "kv-q8" | "w8" => "faithful (flag = false alarm)",
+        "w6" => "boundary (the level itself)",
+        _ => "unfaithful (flag = detection)",
+    }
+}
+
+/// Part A: the per-text cache of one profile, and the re-run check.
+async fn part_a_profile(
+    env: &Env<'_>,
+    target: &Target,
+    s: &Settings,
+    log: &mut Vec<String>,
+) -> Result<ProfileData> {
+    let t0 = Instant::now();
+    let mut texts = Vec::new();
+    let mut decode_exact = 0;
+    for t in &env.sets.logprob_texts {
+        let o = probe_texts(env, target, vec![t.clone()]).await?;
+        let raw = o.raw.as_deref().context("no raw positions")?;
+        let positions = compare::decode_positions(raw)?;
+        let metrics = compare::compare_run(&positions)?;
+        let kl = compare::summarize(&metrics)?.kl_mean;
+        if detect::stat(&o.stats, "kl_mean").map(f64::to_bits) == Some(kl.to_bits()) {
+            decode_exact += 1;
+        }
+        let worst = metrics
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.kl.total_cmp(&b.1.kl))
+            .map(|(i, m)| (i, m.kl));
+        log.push(format!(
+            "A {} text {}: {} tokens, {} positions, kl_mean {kl:.6}, top1_same {}, align {}, unmappable {}, worst position {worst:?}",
+            target.endpoint,
+            t.id,
+            o.tokens,
+            metrics.len(),
+            o.stats["top1_same"],
+            o.stats["align"],
+            o.stats["unmappable"]
+        ));
+        texts.push(TextData {
+            tokens: o.tokens,
+            metrics,
+        });
+    }
+    let all_idx: Vec<usize> = (0..texts.len()).collect();
+    let mut p = ProfileData {
+        name: target.endpoint.clone(),
+        texts,
+        all: RunSummary {
+            count: 0,
+            kl_mean: 0.0,
+            kl_p99: 0.0,
+            abs_dlogprob_mean: 0.0,
+            top1_same: 0.0,
+            topk_overlap: 0.0,
+        },
+        verified: (0, 0),
+        decode_exact,
+    };
+    p.all = round_summary(&p, &all_idx)?;
+    // the shortcut's check: whole rounds through the real kind in one probe run
+    let tokens: Vec<i64> = p.texts.iter().map(|t| t.tokens).collect();
+    let mut ok = 0;
+    for v in 0..s.verify {
+        let b = s.budgets[v % s.budgets.len()];
+        let r = (v / s.budgets.len()) as u64;
+        let idx = draw_round(&mut rng_for(s.seed, &[0xA, b as u64, r]), &tokens, b);
+        let want = round_summary(&p, &idx)?;
+        let round_texts: Vec<LogprobText> = idx
+            .iter()
+            .map(|&i| env.sets.logprob_texts[i].clone())
+            .collect();
+        let o = probe_texts(env, target, round_texts).await?;
+        let mut same = o.tokens == idx.iter().map(|&i| tokens[i]).sum::<i64>();
+        for key in [
+            "kl_mean",
+            "top1_same",
+            "dlogprob_mean",
+            "kl_p99",
+            "topk_overlap",
+        ] {
+            let want_v = match key {
+                "kl_p99" => want.kl_p99,
+                "topk_overlap" => want.topk_overlap,
+                k => stat_of(&want, k).unwrap_or(f64::NAN),
+            };
+            let got = detect::stat(&o.stats, key).unwrap_or(f64::NAN);
+            if got.to_bits() != want_v.to_bits() {
+                same = false;
+                log.push(format!(
+                    "{}: round B={b} #{r} {key}: real run {got:e}, resampled {want_v:e}",
+                    p.name
+                ));
+            }
+        }
+        if same {
+            ok += 1;
+        }
+    }
+    p.verified = (ok, s.verify);
+    let line = format!(
+        "A {}: {} texts, {} tokens, {} positions, KL mean {:.5}, top1 {:.4}; per-text encode/decode exact {}/{}; verified {ok}/{} rounds bit for bit ({:.1} s)",
+        p.name,
+        p.texts.len(),
+        tokens.iter().sum::<i64>(),
+        p.all.count,
+        p.all.kl_mean,
+        p.all.top1_same,
+        p.decode_exact,
+        p.texts.len(),
+        s.verify,
+        t0.elapsed().as_secs_f64()
+    );
+    eprintln!("{line}");
+    log.push(line);
+    Ok(p)
+}
+
+/// A pool of samples per prompt, with the probe tokens spent.
+#[derive(Debug, Clone)]
+struct Pool {
+    name: String,
+    samples: Vec<Vec<String>>,
+    /// Per prompt: prompt tokens of one request, mean completion tokens per sample.
+    prompt_tokens: Vec<f64>,
+    completion_per_sample: Vec<f64>,
+}
+
+/// `POOL` samples per prompt from an endpoint, asked exactly as `kinds/samples.rs` asks.
+async fn endpoint_pool(
+    http: &reqwest::Client,
+    target: &Target,
+    prompts: &[CompletionPrompt],
+    cfg: &ModelProbes,
+    pool: usize,
+) -> Result<Pool> {
+    let t0 = Instant::now();
+    let url = format!("{}/chat/completions", target.base_url);
+    let jobs = prompts.iter().map(|p| {
+        let url = url.clone();
+        async move {
+            let messages = vec![json!({"role": "user", "content": p.prompt})];
+            let max_tokens = p.max_tokens.min(cfg.max_tokens);
+            let mut got: Vec<String> = Vec::with_capacity(pool);
+            let (mut pt, mut ct, mut requests) = (0i64, 0i64, 0);
+            while got.len() < pool {
+                let body = json!({"model": target.provider_model, "messages": messages, "temperature": 1.0, "top_p": 1.0,
+                                  "n": pool - got.len(), "max_tokens": max_tokens});
+                let bytes = http
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(serde_json::to_vec(&body)?)
+                    .send()
+                    .await?
+                    .error_for_status()?
+                    .bytes()
+                    .await?;
+                let v: Value = serde_json::from_slice(&bytes)?;
+                requests += 1;
+                pt += v.pointer("/usage/prompt_tokens").and_then(Value::as_i64).unwrap_or(0);
+                ct += v.pointer("/usage/completion_tokens").and_then(Value::as_i64).unwrap_or(0);
+                let texts: Vec<String> = v
+                    .get("choices")
+                    .and_then(Value::as_array)
+                    .map(|cs| {
+                        cs.iter()
+                            .filter_map(|c| c.pointer("/message/content").and_then(Value::as_str))
+                            .map(str::to_owned)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                ensure!(!texts.is_empty(), "{}: no samples for {}", target.endpoint, p.id);
+                got.extend(texts);
+            }
+            got.truncate(pool);
+            Ok::<_, anyhow::Error>((got, pt as f64 / requests as f64, ct as f64 / pool as f64))
+        }
+    });
+    let results: Vec<Result<(Vec<String>, f64, f64)>> =
+        futures_util::stream::iter(jobs).buffered(4).collect().await;
+    let mut out = Pool {
+        name: target.endpoint.clone(),
+        samples: Vec::new(),
+        prompt_tokens: Vec::new(),
+        completion_per_sample: Vec::new(),
+    };
+    for r in results {
+        let (s, pt, cps) = r?;
+        out.samples.push(s);
+        out.prompt_tokens.push(pt);
+        out.completion_per_sample.push(cps);
+    }
+    eprintln!(
+        "C pool {}: {} × {pool} samples in {:.1} s",
+        out.name,
+        prompts.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(out)
+}
+
+/// `POOL` reference samples per prompt, as `kinds/samples.rs` draws them.
+async fn reference_pool(
+    reference: &dyn Reference,
+    prompts: &[CompletionPrompt],
+    cfg: &ModelProbes,
+    pool: usize,
+    seed: u64,
+) -> Result<Pool> {
+    let t0 = Instant::now();
+    let jobs = prompts.iter().enumerate().map(|(pi, p)| async move {
+        let messages = vec![json!({"role": "user", "content": p.prompt})];
+        let prompt = reference.render_chat(&messages, None).await?;
+        let req = SampleRequest {
+            prompt,
+            n: pool,
+            max_tokens: p.max_tokens.min(cfg.max_tokens) as usize,
+            temperature: 1.0,
+            seed: seed.wrapping_add((pi as u64) << 32),
+        };
+        let s = reference.sample(&req).await?;
+        Ok::<_, anyhow::Error>(s.into_iter().map(|s| s.text).collect::<Vec<_>>())
+    });
+    let results: Vec<Result<Vec<String>>> =
+        futures_util::stream::iter(jobs).buffered(4).collect().await;
+    let samples = results.into_iter().collect::<Result<Vec<_>>>()?;
+    eprintln!(
+        "C pool reference (in-process): {} × {pool} samples in {:.1} s",
+        prompts.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(Pool {
+        name: "reference sampler".into(),
+        samples,
+        prompt_tokens: Vec::new(),
+        completion_per_sample: Vec::new(),
+    })
+}
+
+/// Part C rounds of one scenario: p-values of `rounds` seeded rounds over `prompts` (indices
+/// of the prompts each round uses, by round).
+fn samples_rounds(
+    ep: &Pool,
+    rf: &Pool,
+    s: &Settings,
+    rounds: usize,
+    permutations: usize,
+    prompts_of: impl Fn(usize) -> Vec<usize>,
+    tag: u64,
+) -> Result<Vec<f64>> {
+    let mut ps = Vec::with_capacity(rounds);
+    for r in 0..rounds {
+        let mut rng = rng_for(s.seed, &[0xC, tag, r as u64]);
+        let mut round = Vec::new();
+        for pi in prompts_of(r) {
+            let pick = |pool: &[String], rng: &mut StdRng| -> Vec<String> {
+                rand::seq::index::sample(rng, pool.len(), s.per_prompt.min(pool.len()))
+                    .into_iter()
+                    .map(|i| pool[i].clone())
+                    .collect()
+            };
+            let endpoint = pick(&ep.samples[pi], &mut rng);
+            let reference = pick(&rf.samples[pi], &mut rng);
+            round.push(PromptSamples {
+                endpoint,
+                reference,
+            });
+        }
+        let cfg = PermutationConfig {
+            permutations,
+            seed: rng.random(),
+        };
+        ps.push(mmd_test(&round, &cfg)?.p_value);
+    }
+    Ok(ps)
+}
+
+/// One CUSUM chart per watched statistic a prompt_logprobs run has, as `Detectors::changed`
+/// builds them with no measured noise floor.
+fn new_charts(det: &DetectorConfig, keys: &[String]) -> Result<Vec<Cusum>> {
+    keys.iter()
+        .map(|_| {
+            Ok(Cusum::new(CusumConfig {
+                min_sd: det.cusum.min_sd,
+                ..det.cusum
+            })?)
+        })
+        .collect()
+}
+
+/// Feeds one round to the charts; which charts alarmed.
+fn observe(charts: &mut [Cusum], x: &[f64; 3]) -> Result<Vec<bool>> {
+    charts
+        .iter_mut()
+        .zip(x)
+        .map(|(c, &v)| Ok(c.observe(v)?.alarm.is_some()))
+        .collect()
+}
+
+/// The alarms at every round of a series as the detector sees them: the charts rebuilt over
+/// the newest `window` runs (history_runs) on every round, alarm on the newest.
+fn alarms_with_window(
+    det: &DetectorConfig,
+    keys: &[String],
+    series: &[[f64; 3]],
+    window: usize,
+) -> Result<Vec<Vec<bool>>> {
+    let mut out = Vec::with_capacity(series.len());
+    let mut charts = new_charts(det, keys)?;
+    for t in 0..series.len() {
+        if t < window {
+            // the window still starts at run 0: the running charts are the rebuilt ones
+            out.push(observe(&mut charts, &series[t])?);
+        } else {
+            let mut c = new_charts(det, keys)?;
+            let mut last = Vec::new();
+            for x in &series[t + 1 - window..=t] {
+                last = observe(&mut c, x)?;
+            }
+            out.push(last);
+        }
+    }
+    Ok(out)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let started = Instant::now();
+    let s = Settings::from_env()?;
+    std::fs::create_dir_all(&s.out)?;
+    let model = model_path()?;
+    let probes_cfg = ProbesConfig::from_gateway_toml(
+        "[probes]\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"unused\"\n[models.smol.probes]\n",
+    )?;
+    let cfg = probes_cfg.models.get("smol").context("config")?.clone();
+    let sets = PromptSets::load(&cfg.prompt_sets)?;
+    let ladder_path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("data/ladders/smollm2-135m-instruct-q4_1.json");
+    let ladder = Ladder::from_json(&std::fs::read_to_string(&ladder_path)?)?;
+    let det = DetectorConfig::default();
+    let threshold = ladder.threshold(det.metric, &det.rule.level)?;
+    eprintln!(
+        "settings: {s:?}\nfaithful? threshold: {:?} > {threshold} (level {}); CUSUM h {:.3} k {} two-sided {} ARL0 {:.0}",
+        det.metric,
+        det.rule.level,
+        det.cusum.h,
+        det.cusum.k,
+        det.cusum.two_sided,
+        det.cusum.arl0()
+    );
+    let (tok, template) = tokenizer_and_template(&model)?;
+    let m = model.clone();
+    let ref_engine = tokio::task::spawn_blocking(move || {
+        Engine::load(
+            &m,
+            LoadOptions {
+                threads: 2,
+                ..LoadOptions::default()
+            },
+        )
+    })
+    .await??;
+    let reference = InProcess::from_parts(Arc::new(ref_engine), Arc::new(tok), template);
+    let http = kinds::endpoint_client();
+    let env = Env {
+        reference: &reference,
+        cfg: &cfg,
+        sets: &sets,
+        http: &http,
+    };
+    let mut log = Vec::new();
+
+    // ---- collection: part A caches and part C pools, one endpoint at a time
+    let mut profiles: Vec<ProfileData> = Vec::new();
+    let mut pools: Vec<Pool> = Vec::new();
+    let mut all_names = s.profiles.clone();
+    for p in &s.sample_profiles {
+        if !all_names.contains(p) {
+            all_names.push(p.clone());
+        }
+    }
+    // the reference pool is drawn while the endpoints are probed (the engine is
+    // batch-invariant: the re-run check below would show any interference)
+    let collect = async {
+        for name in &all_names {
+            let stop = CancellationToken::new();
+            let (target, task) = start_endpoint(&model, name, &stop).await?;
+            if s.profiles.contains(name) {
+                profiles.push(part_a_profile(&env, &target, &s, &mut log).await?);
+            }
+            if s.pool > 0 && s.sample_profiles.contains(name) {
+                pools.push(
+                    endpoint_pool(&http, &target, &sets.completion_prompts, &cfg, s.pool).await?,
+                );
+            }
+            stop.cancel();
+            task.await?;
+        }
+        Ok::<_, anyhow::Error>(())
+    };
+    let ref_pool_fut = async {
+        if s.pool > 0 {
+            Ok::<_, anyhow::Error>(Some(
+                reference_pool(
+                    &reference,
+                    &sets.completion_prompts,
+                    &cfg,
+                    s.pool,
+                    mix(s.seed, 0x5EED),
+                )
+                .await?,
+            ))
+        } else {
+            Ok(None)
+        }
+    };
+    let (collected, ref_pool) = tokio::join!(collect, ref_pool_fut);
+    collected?;
+    let ref_pool = ref_pool?;
+    let collect_s = started.elapsed().as_secs_f64();
+    eprintln!("collection done in {collect_s:.1} s");
+
+    // ---- A: faithful? per profile and budget
+    let t_a = Instant::now();
+    let tokens: Vec<i64> = profiles
+        .first()
+        .context("no profiles")?
+        .texts
+        .iter()
+        .map(|t| t.tokens)
+        .collect();
+    for p in &profiles {
+        let t: Vec<i64> = p.texts.iter().map(|t| t.tokens).collect();
+        ensure!(
+            t == tokens,
+            "{}: text token counts differ from {}",
+            p.name,
+            profiles[0].name
+        );
+    }
+    // the shipped texts, and those on which the exact (reference-profile) endpoint compares
+    // exactly (KL 0, same top-1 everywhere): texts it does not are a probe artefact
+    let all_texts: Vec<usize> = (0..tokens.len()).collect();
+    let exact_texts: Vec<usize> = match profiles.iter().find(|p| p.name == "reference") {
+        Some(rp) => (0..tokens.len())
+            .filter(|&i| {
+                round_summary(rp, &[i]).is_ok_and(|x| x.kl_mean == 0.0 && x.top1_same == 1.0)
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let inexact_ids: Vec<String> = all_texts
+        .iter()
+        .filter(|i| !exact_texts.contains(i))
+        .map(|&i| sets.logprob_texts[i].id.clone())
+        .collect();
+    let mut variants = vec![("shipped", all_texts.clone())];
+    if !exact_texts.is_empty() && exact_texts.len() < all_texts.len() {
+        variants.push(("exact", exact_texts.clone()));
+    }
+    let mut a_rows = Vec::new();
+    for (variant, subset) in &variants {
+        let sub_tokens: Vec<i64> = subset.iter().map(|&i| tokens[i]).collect();
+        for p in &profiles {
+            for &b in &s.budgets {
+                let (mut flags, mut tok_sum, mut texts_sum) = (0usize, 0i64, 0usize);
+                let (mut since_r, mut since_t) = (0usize, 0i64);
+                let (mut ep_r, mut ep_t) = (Vec::new(), Vec::new());
+                let mut kl = Vec::with_capacity(s.rounds);
+                for r in 0..s.rounds {
+                    let idx: Vec<usize> = draw_round(
+                        &mut rng_for(s.seed, &[0xA, b as u64, r as u64]),
+                        &sub_tokens,
+                        b,
+                    )
+                    .into_iter()
+                    .map(|i| subset[i])
+                    .collect();
+                    let rt: i64 = idx.iter().map(|&i| tokens[i]).sum();
+                    let sum = round_summary(p, &idx)?;
+                    let j = noise::judge(&ladder, det.metric, sum.kl_mean, None, &det.rule)?;
+                    tok_sum += rt;
+                    texts_sum += idx.len();
+                    since_r += 1;
+                    since_t += rt;
+                    kl.push(sum.kl_mean);
+                    if j.unfaithful {
+                        flags += 1;
+                        ep_r.push(since_r as f64);
+                        ep_t.push(since_t as f64);
+                        since_r = 0;
+                        since_t = 0;
+                    }
+                }
+                let mean = |v: &[f64]| {
+                    if v.is_empty() {
+                        f64::NAN
+                    } else {
+                        v.iter().sum::<f64>() / v.len() as f64
+                    }
+                };
+                a_rows.push(json!({
+                "texts": variant, "text_count": subset.len(),
+                "profile": p.name, "role": role(&p.name), "budget": b, "rounds": s.rounds,
+                "flags": flags, "flag_rate": flags as f64 / s.rounds as f64,
+                "wilson95": wilson(flags, s.rounds),
+                "mean_tokens_per_round": tok_sum as f64 / s.rounds as f64,
+                "mean_texts_per_round": texts_sum as f64 / s.rounds as f64,
+                "kl_mean_of_rounds": {"mean": mean(&kl), "min": kl.iter().copied().fold(f64::INFINITY, f64::min),
+                                      "max": kl.iter().copied().fold(f64::NEG_INFINITY, f64::max)},
+                "detection_episodes": ep_r.len(),
+                "mean_rounds_to_flag": mean(&ep_r),
+                "mean_tokens_to_flag": mean(&ep_t),
+            }));
+            }
+        }
+    }
+    eprintln!("A analysed in {:.1} s", t_a.elapsed().as_secs_f64());
+
+    // ---- B: changed? after a switch, and in control
+    let t_b = Instant::now();
+    let keys: Vec<String> = det
+        .cusum_statistics
+        .iter()
+        .filter(|k| ["kl_mean", "top1_same", "dlogprob_mean"].contains(&k.as_str()))
+        .cloned()
+        .collect();
+    ensure!(keys.len() == 3, "unexpected CUSUM statistics {keys:?}");
+    let key_pos: Vec<usize> = keys
+        .iter()
+        .map(|k| match k.as_str() {
+            "kl_mean" => 0,
+            "top1_same" => 1,
+            _ => 2,
+        })
+        .collect();
+    let by_name = |n: &str| profiles.iter().find(|p| p.name == n);
+    let stats_of = |p: &ProfileData, idx: &[usize]| -> [f64; 3] {
+        let f = fast_stats(p, idx);
+        [f[key_pos[0]], f[key_pos[1]], f[key_pos[2]]]
+    };
+    // the fast sums are the summarize sums: check on some rounds of every profile
+    let mut fast_checked = 0;
+    for p in &profiles {
+        for r in 0..50u64 {
+            let idx = draw_round(&mut rng_for(s.seed, &[0xB0, r]), &tokens, s.switch_budget);
+            let f = fast_stats(p, &idx);
+            let sm = round_summary(p, &idx)?;
+            ensure!(
+                f[0].to_bits() == sm.kl_mean.to_bits()
+                    && f[1].to_bits() == sm.top1_same.to_bits()
+                    && f[2].to_bits() == sm.abs_dlogprob_mean.to_bits(),
+                "fast stats differ from summarize for {}",
+                p.name
+            );
+            fast_checked += 1;
+        }
+    }
+    let window_rounds = |r: usize, offset: usize| -> Vec<usize> {
+        // the scheduler's rotating window: items_per_round texts starting at round · count
+        let n = tokens.len();
+        let c = cfg.items_per_round.min(n);
+        (0..c).map(|i| ((r + offset) * c + i) % n).collect()
+    };
+    // distinct start offsets of the rotating window
+    let window_worlds = tokens
+        .len()
+        .div_ceil(cfg.items_per_round.clamp(1, tokens.len()));
+    let mut b_rows = Vec::new();
+    for (mode, worlds) in [("random", s.worlds), ("window", window_worlds)] {
+        for p0n in ["reference", "a8"] {
+            for p1n in ["w6", "w5", "w4"] {
+                let (Some(p0), Some(p1)) = (by_name(p0n), by_name(p1n)) else {
+                    continue;
+                };
+                let mut pre_alarms = 0usize;
+                let mut pre_rounds = 0usize;
+                let (mut delays, mut delay_tokens) = (Vec::new(), Vec::new());
+                let mut undetected = 0;
+                let mut round_tokens = 0i64;
+                let mut round_count = 0usize;
+                for w in 0..worlds {
+                    let mut rng = rng_for(s.seed, &[0xB, w as u64]);
+                    let mut charts = new_charts(&det, &keys)?;
+                    let mut after_tokens = 0i64;
+                    let mut found = false;
+                    for r in 0..s.switch_at + s.max_after {
+                        let idx = if mode == "random" {
+                            draw_round(&mut rng, &tokens, s.switch_budget)
+                        } else {
+                            window_rounds(r, w)
+                        };
+                        let rt: i64 = idx.iter().map(|&i| tokens[i]).sum();
+                        round_tokens += rt;
+                        round_count += 1;
+                        let p = if r < s.switch_at { p0 } else { p1 };
+                        let alarm = observe(&mut charts, &stats_of(p, &idx))?.iter().any(|&a| a);
+                        if r < s.switch_at {
+                            if r >= det.cusum.baseline_rounds {
+                                pre_rounds += 1;
+                                pre_alarms += usize::from(alarm);
+                            }
+                            continue;
+                        }
+                        after_tokens += rt;
+                        if alarm {
+                            delays.push((r - s.switch_at + 1) as f64);
+                            delay_tokens.push(after_tokens as f64);
+                            found = true;
+                            break;
+                        }
+                    }
+                    if !found {
+                        undetected += 1;
+                    }
+                }
+                let within3 = delays.iter().filter(|&&d| d <= 3.0).count();
+                b_rows.push(json!({
+                    "rounds": mode, "p0": p0n, "p1": p1n, "worlds": worlds,
+                    "mean_tokens_per_round": round_tokens as f64 / round_count.max(1) as f64,
+                    "pre_switch_monitored_rounds": pre_rounds, "pre_switch_alarms": pre_alarms,
+                    "pre_switch_alarm_rate": pre_alarms as f64 / pre_rounds.max(1) as f64,
+                    "detected": delays.len(), "undetected_within": [undetected, s.max_after],
+                    "delay_rounds_median": quantile(&delays, 0.5), "delay_rounds_p95": quantile(&delays, 0.95),
+                    "delay_tokens_median": quantile(&delay_tokens, 0.5), "delay_tokens_p95": quantile(&delay_tokens, 0.95),
+                    "detected_within_3_rounds": within3, "detected_within_3_share": within3 as f64 / worlds as f64,
+                }));
+            }
+        }
+    }
+    // in control: a8 for ic_rounds rounds per world, charts as the detector rebuilds them
+    let mut ic_rows = Vec::new();
+    if let Some(a8) = by_name("a8") {
+        for (mode, worlds) in [("random", s.worlds), ("window", window_worlds)] {
+            let mut any = 0usize;
+            let mut per_chart = [0usize; 3];
+            let mut monitored = 0usize;
+            let mut first_alarm = Vec::new();
+            let mut no_alarm = 0usize;
+            for w in 0..worlds {
+                let mut rng = rng_for(s.seed, &[0x1C, w as u64]);
+                let series: Vec<[f64; 3]> = (0..s.ic_rounds)
+                    .map(|r| {
+                        let idx = if mode == "random" {
+                            draw_round(&mut rng, &tokens, s.switch_budget)
+                        } else {
+                            window_rounds(r, w)
+                        };
+                        stats_of(a8, &idx)
+                    })
+                    .collect();
+                let alarms = alarms_with_window(&det, &keys, &series, det.history_runs as usize)?;
+                let mut first = None;
+                for (t, a) in alarms.iter().enumerate() {
+                    if t < det.cusum.baseline_rounds {
+                        continue;
+                    }
+                    monitored += 1;
+                    for (c, &x) in a.iter().enumerate() {
+                        per_chart[c] += usize::from(x);
+                    }
+                    if a.iter().any(|&x| x) {
+                        any += 1;
+                        first.get_or_insert(t + 1 - det.cusum.baseline_rounds);
+                    }
+                }
+                match first {
+                    Some(f) => first_alarm.push(f as f64),
+                    None => no_alarm += 1,
+                }
+            }
+            ic_rows.push(json!({
+                "rounds": mode, "p0": "a8", "worlds": worlds, "rounds_per_world": s.ic_rounds,
+                "history_runs": det.history_runs, "monitored_rounds": monitored,
+                "alarm_rounds_any_chart": any, "alarm_rate_any_chart": any as f64 / monitored.max(1) as f64,
+                "wilson95": wilson(any, monitored),
+                "alarms_per_chart": keys.iter().zip(per_chart).map(|(k, n)| json!({"statistic": k, "alarms": n})).collect::<Vec<_>>(),
+                "documented_arl0_per_chart": det.cusum.arl0(),
+                "first_alarm_monitored_round_median": quantile(&first_alarm, 0.5),
+                "worlds_without_alarm": no_alarm,
+            }));
+        }
+    }
+    eprintln!(
+        "B analysed in {:.1} s ({fast_checked} fast rounds checked)",
+        t_b.elapsed().as_secs_f64()
+    );
+
+    // ---- C: samples
+    let t_c = Instant::now();
+    let mut c_rows = Vec::new();
+    if let Some(rf) = &ref_pool {
+        let n_prompts = sets.completion_prompts.len();
+        for (ti, ep) in pools.iter().enumerate() {
+            let all = |_r: usize| (0..n_prompts).collect::<Vec<_>>();
+            let two = |r: usize| {
+                let c = cfg.items_per_round.min(n_prompts);
+                (0..c).map(|i| (r * c + i) % n_prompts).collect::<Vec<_>>()
+            };
+            let tokens_round = |prompts: &[usize]| -> f64 {
+                prompts
+                    .iter()
+                    .map(|&i| {
+                        ep.prompt_tokens[i] + s.per_prompt as f64 * ep.completion_per_sample[i]
+                    })
+                    .sum()
+            };
+            let mut runs: Vec<(&str, usize, usize, Vec<f64>, f64)> = Vec::new();
+            let t_all = tokens_round(&all(0));
+            let p_all = samples_rounds(
+                ep,
+                rf,
+                &s,
+                s.sample_rounds,
+                cfg.permutations,
+                all,
+                ti as u64,
+            )?;
+            runs.push(("all prompts", n_prompts, cfg.permutations, p_all, t_all));
+            let t_two =
+                (0..n_prompts).map(|r| tokens_round(&two(r))).sum::<f64>() / n_prompts as f64;
+            let p_two = samples_rounds(
+                ep,
+                rf,
+                &s,
+                s.sample_rounds,
+                cfg.permutations,
+                two,
+                100 + ti as u64,
+            )?;
+            runs.push((
+                "default round",
+                cfg.items_per_round,
+                cfg.permutations,
+                p_two,
+                t_two,
+            ));
+            if s.hi_permutations > 0 {
+                let p_hi = samples_rounds(
+                    ep,
+                    rf,
+                    &s,
+                    s.hi_rounds,
+                    s.hi_permutations,
+                    all,
+                    200 + ti as u64,
+                )?;
+                runs.push(("all prompts", n_prompts, s.hi_permutations, p_hi, t_all));
+            }
+            for (label, np, perms, ps, t) in runs {
+                let n = ps.len();
+                let f05 = ps.iter().filter(|&&p| p < 0.05).count();
+                let f001 = ps.iter().filter(|&&p| p < det.samples_alpha).count();
+                c_rows.push(json!({
+                    "endpoint": ep.name, "role": if ep.name == "reference" { "null (flag = false alarm)" } else { "power" },
+                    "round": label, "prompts": np, "samples_per_prompt": s.per_prompt, "pool": s.pool,
+                    "permutations": perms, "min_p": 1.0 / (perms + 1) as f64, "rounds": n,
+                    "flag_rate_alpha_0.05": f05 as f64 / n as f64, "wilson95_0.05": wilson(f05, n), "flags_0.05": f05,
+                    "samples_alpha": det.samples_alpha,
+                    "flag_rate_samples_alpha": f001 as f64 / n as f64, "wilson95_samples_alpha": wilson(f001, n), "flags_samples_alpha": f001,
+                    "median_p": quantile(&ps, 0.5), "mean_tokens_per_round": t,
+                }));
+            }
+        }
+    }
+    eprintln!("C analysed in {:.1} s", t_c.elapsed().as_secs_f64());
+
+    // ---- write
+    let total_s = started.elapsed().as_secs_f64();
+    let verified: usize = profiles.iter().map(|p| p.verified.0).sum();
+    let verify_total: usize = profiles.iter().map(|p| p.verified.1).sum();
+    let line = format!(
+        "verified {verified} of {verify_total} rounds (real kind vs resampled, bit for bit)"
+    );
+    eprintln!("{line}");
+    log.push(line);
+    let results = json!({
+        "settings": {
+            "seed": s.seed, "profiles": s.profiles, "budgets": s.budgets, "rounds": s.rounds,
+            "verify": s.verify, "worlds": s.worlds, "switch_budget": s.switch_budget, "switch_at": s.switch_at,
+            "max_after": s.max_after, "ic_rounds": s.ic_rounds, "pool": s.pool, "sample_profiles": s.sample_profiles,
+            "sample_rounds": s.sample_rounds, "samples_per_prompt": s.per_prompt,
+            "hi_permutations": s.hi_permutations, "hi_rounds": s.hi_rounds,
+            "items_per_round_default": cfg.items_per_round, "permutations_default": cfg.permutations,
+            "top_k": cfg.top_k, "level": det.rule.level, "metric": det.metric, "threshold": threshold,
+            "cusum": det.cusum, "cusum_arl0": det.cusum.arl0(), "cusum_statistics": keys,
+            "history_runs": det.history_runs,
+        },
+        "texts": {"count": tokens.len(), "tokens": tokens, "total_tokens": tokens.iter().sum::<i64>(),
+                  "ids": sets.logprob_texts.iter().map(|t| t.id.clone()).collect::<Vec<_>>(),
+                  "not_exact_on_the_exact_endpoint": inexact_ids},
+        "profiles": profiles.iter().map(|p| json!({
+            "profile": p.name, "positions": p.all.count, "kl_mean_all_texts": p.all.kl_mean,
+            "top1_same_all_texts": p.all.top1_same, "dlogprob_mean_all_texts": p.all.abs_dlogprob_mean,
+            "verified_rounds": p.verified.0, "verify_rounds": p.verified.1,
+            "per_text_decode_exact": p.decode_exact,
+        })).collect::<Vec<_>>(),
+        "faithful": a_rows, "changed": b_rows, "in_control": ic_rows, "samples": c_rows,
+        "log": log,
+        "collect_seconds": collect_s, "total_seconds": total_s,
+    });
+    std::fs::write(
+        s.out.join("results.json"),
+        serde_json::to_string_pretty(&results)?,
+    )?;
+    let table = render_tables(&results)?;
+    std::fs::write(s.out.join("table.md"), &table)?;
+    println!("{table}");
+    Ok(())
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+fn u(v: &Value) -> usize {
+    v.as_u64().unwrap_or(0) as usize
+}
+
+fn render_tables(r: &Value) -> Result<String> {
+    use std::fmt::Write;
+    let mut t = String::new();
+    let set = &r["settings"];
+    let budgets: Vec<i64> = set["budgets"]
+        .as_array()
+        .context("budgets")?
+        .iter()
+        .filter_map(Value::as_i64)
+        .collect();
+    let rows = r["faithful"].as_array().context("faithful")?;
+    for variant in ["shipped", "exact"] {
+        let row = |p: &str, b: i64| {
+            rows.iter().find(|x| {
+                x["texts"] == variant && x["profile"] == p && x["budget"].as_i64() == Some(b)
+            })
+        };
+        let Some(first) = rows.iter().find(|x| x["texts"] == variant) else {
+            continue;
+        };
+        writeln!(
+            t,
+            "### A. faithful? (prompt_logprobs, one round; {} texts: {}; {} seeded rounds per cell; flag = {} > {:.4}, the `{}` ladder level)\n",
+            first["text_count"],
+            if variant == "shipped" {
+                "all shipped texts".to_owned()
+            } else {
+                format!(
+                    "without {} (not exact on the exact endpoint)",
+                    r["texts"]["not_exact_on_the_exact_endpoint"]
+                )
+            },
+            set["rounds"],
+            set["metric"].as_str().unwrap_or("?"),
+            f(&set["threshold"]),
+            set["level"].as_str().unwrap_or("?")
+        )?;
+        let mut head = String::from("| profile | role | KL, all 16 texts |");
+        let mut sep = String::from("|---|---|---:|");
+        for b in &budgets {
+            let tok = row("reference", *b).map_or(f64::NAN, |x| f(&x["mean_tokens_per_round"]));
+            write!(head, " flagged, B = {b} ({tok:.0} tokens/round) |")?;
+            sep.push_str("---|");
+        }
+        let bl = *budgets.last().context("no budgets")?;
+        write!(head, " rounds / tokens to first flag, B = {bl} |")?;
+        sep.push_str("---:|");
+        writeln!(t, "{head}\n{sep}")?;
+        for p in r["profiles"].as_array().context("profiles")? {
+            let name = p["profile"].as_str().unwrap_or("?");
+            let mut line = format!(
+                "| {name} | {} | {:.4} |",
+                role(name).split(' ').next().unwrap_or(""),
+                f(&p["kl_mean_all_texts"])
+            );
+            for b in &budgets {
+                let x = row(name, *b).context("row")?;
+                write!(line, " {} |", pct(u(&x["flags"]), u(&x["rounds"])))?;
+            }
+            let x = row(name, bl).context("row")?;
+            if u(&x["detection_episodes"]) == 0 {
+                line.push_str(" never |");
+            } else {
+                write!(
+                    line,
+                    " {:.2} / {:.0} |",
+                    f(&x["mean_rounds_to_flag"]),
+                    f(&x["mean_tokens_to_flag"])
+                )?;
+            }
+            writeln!(t, "{line}")?;
+        }
+        writeln!(t)?;
+    }
+    let ver: Vec<String> = r["profiles"]
+        .as_array()
+        .context("profiles")?
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {}/{}",
+                p["profile"].as_str().unwrap_or("?"),
+                p["verified_rounds"],
+                p["verify_rounds"]
+            )
+        })
+        .collect();
+    writeln!(
+        t,
+        "\nRe-run rounds identical bit for bit to the resampled ones: {}.",
+        ver.join(", ")
+    )?;
+
+    writeln!(
+        t,
+        "\n### B. changed? (CUSUM: k {}, h {:.3}, two-sided, ARL0 {:.0} per chart, baseline {} rounds; charts {})\n",
+        set["cusum"]["k"],
+        f(&set["cusum"]["h"]),
+        f(&set["cusum_arl0"]),
+        set["cusum"]["baseline_rounds"],
+        set["cusum_statistics"]
+            .as_array()
+            .map(|a| a
+                .iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(", "))
+            .unwrap_or_default()
+    )?;
+    writeln!(
+        t,
+        "| rounds | P0 → P1 at round {} | worlds | tokens/round | false alarms before the switch | detected | rounds to alarm, median / p95 | tokens to alarm, median / p95 | within 3 rounds |",
+        set["switch_at"]
+    )?;
+    writeln!(t, "|---|---|---:|---:|---|---:|---|---|---:|")?;
+    for x in r["changed"].as_array().context("changed")? {
+        let rounds = if x["rounds"] == "random" {
+            format!("random, B = {}", set["switch_budget"])
+        } else {
+            format!(
+                "scheduler window ({} texts)",
+                set["items_per_round_default"]
+            )
+        };
+        writeln!(
+            t,
+            "| {rounds} | {} → {} | {} | {:.0} | {} / {} | {} | {} / {} | {} / {} | {:.1}% |",
+            x["p0"].as_str().unwrap_or("?"),
+            x["p1"].as_str().unwrap_or("?"),
+            x["worlds"],
+            f(&x["mean_tokens_per_round"]),
+            x["pre_switch_alarms"],
+            x["pre_switch_monitored_rounds"],
+            x["detected"],
+            x["delay_rounds_median"],
+            x["delay_rounds_p95"],
+            x["delay_tokens_median"],
+            x["delay_tokens_p95"],
+            100.0 * f(&x["detected_within_3_share"])
+        )?;
+    }
+    for x in r["in_control"].as_array().context("in_control")? {
+        let per: Vec<String> = x["alarms_per_chart"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|c| format!("{} {}", c["statistic"].as_str().unwrap_or("?"), c["alarms"]))
+                    .collect()
+            })
+            .unwrap_or_default();
+        writeln!(
+            t,
+            "\nIn control (a8, {} rounds, {} × {} rounds, charts rebuilt over the newest {} runs as the detector does): any-chart alarm rate {} of {} monitored rounds ({}); per chart {}; documented ARL0 {:.0} rounds per chart (rate {:.4}); median rounds to the first alarm {}, {} of {} worlds without an alarm.",
+            x["rounds"].as_str().unwrap_or("?"),
+            x["worlds"],
+            x["rounds_per_world"],
+            x["history_runs"],
+            pct(u(&x["alarm_rounds_any_chart"]), u(&x["monitored_rounds"])),
+            x["monitored_rounds"],
+            x["alarm_rounds_any_chart"],
+            per.join(", "),
+            f(&x["documented_arl0_per_chart"]),
+            1.0 / f(&x["documented_arl0_per_chart"]),
+            x["first_alarm_monitored_round_median"],
+            x["worlds_without_alarm"],
+            x["worlds"]
+        )?;
+    }
+
+    if let Some(rows) = r["samples"].as_array().filter(|a| !a.is_empty()) {
+        writeln!(
+            t,
+            "\n### C. samples (MMD, Hamming kernel; pools of {} samples per prompt, {} per side per prompt and round)\n",
+            set["pool"], set["samples_per_prompt"]
+        )?;
+        writeln!(
+            t,
+            "| endpoint vs reference sampler | round | permutations (min p) | rounds | flagged at p < 0.05 | flagged at p < {} | median p | tokens/round |",
+            rows[0]["samples_alpha"]
+        )?;
+        writeln!(t, "|---|---|---|---:|---|---|---:|---:|")?;
+        for x in rows {
+            writeln!(
+                t,
+                "| {} ({}) | {} prompts | {} ({:.4}) | {} | {} | {} | {:.3} | {:.0} |",
+                x["endpoint"].as_str().unwrap_or("?"),
+                x["role"]
+                    .as_str()
+                    .unwrap_or("?")
+                    .split(' ')
+                    .next()
+                    .unwrap_or(""),
+                x["prompts"],
+                x["permutations"],
+                f(&x["min_p"]),
+                x["rounds"],
+                pct(u(&x["flags_0.05"]), u(&x["rounds"])),
+                pct(u(&x["flags_samples_alpha"]), u(&x["rounds"])),
+                f(&x["median_p"]),
+                f(&x["mean_tokens_per_round"])
+            )?;
+        }
+    }
+    writeln!(
+        t,
+        "\nCollection (engine runs) {:.0} s, total {:.0} s.",
+        f(&r["collect_seconds"]),
+        f(&r["total_seconds"])
+    )?;
+    if r["log"].as_array().is_some_and(|l| {
+        l.iter()
+            .any(|x| x.as_str().is_some_and(|s| s.contains(", resampled ")))
+    }) {
+        writeln!(
+            t,
+            "\nWARNING: some re-run rounds differ from the resampled ones (see the log in results.json)."
+        )?;
+    }
+    Ok(t)
+}
