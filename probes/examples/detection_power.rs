@@ -490,7 +490,8 @@ struct Pool {
     completion_per_sample: Vec<f64>,
 }
 
-/// `POOL` samples per prompt from an endpoint, asked exactly as `kinds/samples.rs` asks.
+/// `POOL` samples per prompt from an endpoint, asked as `kinds/samples.rs` asks (`n` = the
+/// probe's `samples_per_prompt` per request: the engine server takes `n` ≤ 16).
 async fn endpoint_pool(
     http: &reqwest::Client,
     target: &Target,
@@ -509,7 +510,7 @@ async fn endpoint_pool(
             let (mut pt, mut ct, mut requests) = (0i64, 0i64, 0);
             while got.len() < pool {
                 let body = json!({"model": target.provider_model, "messages": messages, "temperature": 1.0, "top_p": 1.0,
-                                  "n": pool - got.len(), "max_tokens": max_tokens});
+                                  "n": (pool - got.len()).min(cfg.samples_per_prompt), "max_tokens": max_tokens});
                 let bytes = http
                     .post(&url)
                     .header("content-type", "application/json")
