@@ -4,9 +4,11 @@
 //! OpenAI-compatible servers return each token as its decoded text, and often as `bytes`
 //! too (needed when a token is part of a UTF-8 character: its text is then `"\u{FFFD}"` or,
 //! in vLLM's spelling, `"bytes:\xe2\x80"`). [`align`] first maps every token directly
-//! through [`ReferenceVocab`] (bytes when known, else text). If every token maps, the
+//! through [`ReferenceVocab`] (bytes when known, else text; a display text several tokens
+//! share, such as a lone U+FFFD, maps to none of them). If every token maps, the
 //! endpoint's token sequence *is* a reference sequence and the reference scores exactly it
-//! ([`AlignMethod::Direct`]).
+//! ([`AlignMethod::Direct`]). When the text the tokens spell is known (an echoed prompt),
+//! [`align_to_text`] resolves the ambiguous ones through the reference's tokenization of it.
 //!
 //! Otherwise the tokenizers' boundaries differ. The fallback re-tokenizes the concatenated
 //! text with the reference and aligns by byte offsets ([`AlignMethod::Retokenized`]): an
@@ -132,20 +134,72 @@ fn direct_id(t: &EndpointToken, vocab: &dyn ReferenceVocab) -> Option<u32> {
     }
 }
 
+fn direct_alignment(reference_ids: Vec<u32>) -> Alignment {
+    Alignment {
+        method: AlignMethod::Direct,
+        ref_index: (0..reference_ids.len()).map(Some).collect(),
+        reference_ids,
+        unmappable: 0,
+        mismatch_rate: 0.0,
+    }
+}
+
+/// Every token's own id, if every token maps on its own.
+fn direct_ids(tokens: &[EndpointToken], vocab: &dyn ReferenceVocab) -> Option<Vec<u32>> {
+    tokens.iter().map(|t| direct_id(t, vocab)).collect()
+}
+
 /// Maps an endpoint's token sequence onto reference ids (see the module doc).
 pub fn align(tokens: &[EndpointToken], vocab: &dyn ReferenceVocab) -> Alignment {
-    let direct: Vec<Option<u32>> = tokens.iter().map(|t| direct_id(t, vocab)).collect();
-    if direct.iter().all(Option::is_some) {
-        let reference_ids: Vec<u32> = direct.into_iter().flatten().collect();
-        return Alignment {
-            method: AlignMethod::Direct,
-            ref_index: (0..reference_ids.len()).map(Some).collect(),
-            reference_ids,
-            unmappable: 0,
-            mismatch_rate: 0.0,
-        };
+    match direct_ids(tokens, vocab) {
+        Some(ids) => direct_alignment(ids),
+        None => retokenized(tokens, vocab),
     }
+}
 
+/// [`align`] for tokens known to spell `text` (an echoed prompt), optionally after up to two
+/// leading special tokens (a BOS the text does not hold). Where a token cannot map on its own
+/// because its text is a lossy rendering of part of a character (U+FFFD, no bytes sent), the
+/// reference's tokenization of `text` resolves it: if it has the same number of tokens and
+/// agrees with every endpoint token (by bytes where known, else by display text), the endpoint
+/// sequence is that one ([`AlignMethod::Direct`]). Otherwise as [`align`].
+pub fn align_to_text(tokens: &[EndpointToken], text: &str, vocab: &dyn ReferenceVocab) -> Alignment {
+    if let Some(ids) = direct_ids(tokens, vocab) {
+        return direct_alignment(ids);
+    }
+    match resolve_with_text(tokens, text, vocab) {
+        Some(ids) => direct_alignment(ids),
+        None => retokenized(tokens, vocab),
+    }
+}
+
+fn resolve_with_text(tokens: &[EndpointToken], text: &str, vocab: &dyn ReferenceVocab) -> Option<Vec<u32>> {
+    let encoded = vocab.encode(text);
+    let lead = tokens.len().checked_sub(encoded.len())?;
+    if lead > 2 {
+        return None;
+    }
+    let mut ids = Vec::with_capacity(tokens.len());
+    for t in &tokens[..lead] {
+        ids.push(direct_id(t, vocab)?);
+    }
+    for (t, &id) in tokens[lead..].iter().zip(&encoded) {
+        let b = vocab.token_bytes(id);
+        let agrees = match t.resolved_bytes() {
+            Some(tb) => tb == b,
+            None => String::from_utf8_lossy(&b) == t.text,
+        };
+        if !agrees {
+            return None;
+        }
+        ids.push(id);
+    }
+    Some(ids)
+}
+
+/// The re-tokenization fallback: the reference's tokenization of the concatenated text,
+/// aligned by byte spans.
+fn retokenized(tokens: &[EndpointToken], vocab: &dyn ReferenceVocab) -> Alignment {
     // Byte spans of the endpoint's tokens (unknown bytes: the text's UTF-8, which keeps the
     // count of characters right even if that one token cannot match).
     let mut all = Vec::new();

@@ -143,3 +143,39 @@ fn wire_tokens_convert() {
     let top = TopLogprob { token: "x".into(), logprob: -1.0, bytes: None };
     assert_eq!(EndpointToken::from(&top), EndpointToken::text("x"));
 }
+
+#[test]
+fn lossy_partial_characters_resolve_through_the_known_text() {
+    // no "é" token: the reference spells it as its two bytes, both shown as U+FFFD
+    let v = TestVocab::new(&[b"Hel", b"lo"]);
+    let e = "é".as_bytes();
+    let lossy = || EndpointToken::text("\u{FFFD}");
+    let tokens = vec![EndpointToken::text("Hel"), lossy(), lossy()];
+    // on their own the lossy tokens are ambiguous: the span fallback cannot recover them
+    let blind = align(&tokens, &v);
+    assert_eq!(blind.method, AlignMethod::Retokenized);
+    assert!(blind.unmappable >= 1, "{blind:?}");
+    // knowing the text they spell, they resolve to the reference's own tokenization
+    let a = align_to_text(&tokens, "Helé", &v);
+    assert_eq!(a.method, AlignMethod::Direct);
+    assert_eq!(a.reference_ids, vec![256, u32::from(e[0]), u32::from(e[1])]);
+    assert_eq!((a.unmappable, a.mismatch_rate), (0, 0.0));
+    // a leading token the text does not hold (a BOS) maps on its own
+    let with_bos = [vec![EndpointToken::text("lo")], tokens.clone()].concat();
+    let b = align_to_text(&with_bos, "Helé", &v);
+    assert_eq!(b.method, AlignMethod::Direct);
+    assert_eq!(b.reference_ids, vec![257, 256, u32::from(e[0]), u32::from(e[1])]);
+    // a text the tokens do not spell is no licence: back to the span fallback
+    assert_eq!(align_to_text(&tokens, "Hello", &v).method, AlignMethod::Retokenized);
+    assert_eq!(align_to_text(&tokens, "Helé!", &v).method, AlignMethod::Retokenized);
+    // bytes, where sent, must agree too
+    let wrong = vec![
+        EndpointToken::text("Hel"),
+        EndpointToken { text: "\u{FFFD}".into(), bytes: Some(vec![e[1]]) },
+        lossy(),
+    ];
+    assert_eq!(align_to_text(&wrong, "Helé", &v).method, AlignMethod::Retokenized);
+    // tokens that all map stay direct whatever the text
+    let plain = toks(&["Hel", "lo"]);
+    assert_eq!(align_to_text(&plain, "unrelated", &v).reference_ids, vec![256, 257]);
+}

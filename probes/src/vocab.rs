@@ -30,11 +30,13 @@ impl std::fmt::Debug for EngineVocab {
 
 impl EngineVocab {
     /// Indexes every token of `tokenizer`. Where two ids share bytes, an ordinary token wins
-    /// over a special one, then the lower id.
+    /// over a special one, then the lower id. A display text that several ordinary tokens
+    /// share (the lossy U+FFFD rendering of different partial characters) names none of
+    /// them: mapping it to one would silently score a different sequence.
     pub fn new(tokenizer: Arc<Tokenizer>) -> Self {
         let n = tokenizer.vocab_size();
         let mut by_bytes = HashMap::with_capacity(n);
-        let mut by_text = HashMap::with_capacity(n);
+        let mut by_text: HashMap<String, Option<u32>> = HashMap::with_capacity(n);
         // ordinary tokens first, so they win over special tokens with the same bytes
         for pass_special in [false, true] {
             for id in 0..n as u32 {
@@ -45,10 +47,23 @@ impl EngineVocab {
                     by_bytes.entry(b.to_vec()).or_insert(id);
                 }
                 if let Ok(t) = tokenizer.token_str(id) {
-                    by_text.entry(t.to_owned()).or_insert(id);
+                    match by_text.entry(t.to_owned()) {
+                        std::collections::hash_map::Entry::Vacant(v) => {
+                            v.insert(Some(id));
+                        }
+                        std::collections::hash_map::Entry::Occupied(mut o) => {
+                            if !pass_special {
+                                o.insert(None);
+                            }
+                        }
+                    }
                 }
             }
         }
+        let by_text = by_text
+            .into_iter()
+            .filter_map(|(t, id)| Some((t, id?)))
+            .collect();
         Self {
             tokenizer,
             by_bytes,

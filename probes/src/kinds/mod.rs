@@ -278,9 +278,10 @@ pub(crate) fn positions(
 }
 
 /// Maps an endpoint's alternatives to reference ids. Display texts are ambiguous (several
-/// byte-level tokens can render as the same lossy text, e.g. partial UTF-8 as U+FFFD): an
-/// alternative whose first mapping is not among the reference's top-k at this position but
-/// whose text is the display text of one that is, takes that one's id.
+/// byte-level tokens can render as the same lossy text, e.g. partial UTF-8 as U+FFFD, and
+/// such a text maps to no id on its own): an alternative that does not map, or whose mapping
+/// is not among the reference's top-k at this position, but whose text is the display text
+/// of one that is, takes that one's id.
 fn map_top_disambiguated(
     alts: &[(EndpointToken, f64)],
     reference_top: &[TopEntry],
@@ -289,24 +290,30 @@ fn map_top_disambiguated(
     let mut out = Vec::with_capacity(alts.len());
     let mut dropped = 0;
     for alt in alts {
-        let (mut mapped, d) = map_top(std::slice::from_ref(alt), vocab);
-        dropped += d;
-        let Some(mut e) = mapped.pop() else { continue };
-        if !reference_top.iter().any(|r| r.id == e.id) {
-            let same_text = reference_top.iter().find(|r| {
-                let b = vocab.token_bytes(r.id);
-                match alt.0.resolved_bytes() {
-                    Some(ab) if alt.0.bytes.is_some() => b == ab,
-                    _ => String::from_utf8_lossy(&b) == alt.0.text,
-                }
-            });
-            if let Some(r) = same_text
-                && !out.iter().any(|o: &TopEntry| o.id == r.id)
-            {
-                e.id = r.id;
-            }
+        let (mut mapped, _) = map_top(std::slice::from_ref(alt), vocab);
+        let first = mapped.pop().map(|e| e.id);
+        let id = match first {
+            Some(id) if reference_top.iter().any(|r| r.id == id) => Some(id),
+            _ => reference_top
+                .iter()
+                .find(|r| {
+                    let b = vocab.token_bytes(r.id);
+                    let same = match alt.0.resolved_bytes() {
+                        Some(ab) if alt.0.bytes.is_some() => b == ab,
+                        _ => String::from_utf8_lossy(&b) == alt.0.text,
+                    };
+                    same && !out.iter().any(|o: &TopEntry| o.id == r.id)
+                })
+                .map(|r| r.id)
+                .or(first),
+        };
+        match id {
+            Some(id) => out.push(TopEntry {
+                id,
+                logprob: alt.1,
+            }),
+            None => dropped += 1,
         }
-        out.push(e);
     }
     (out, dropped)
 }

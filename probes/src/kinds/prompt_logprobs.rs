@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 use super::{
     EpPosition, Outcome, ProbeCtx, Target, call, logprob_outcome, positions, usage_tokens, window,
 };
-use crate::align::{AlignMethod, EndpointToken, align};
+use crate::align::{AlignMethod, EndpointToken, align_to_text};
 use crate::reference::norm;
 
 /// Runs one prompt_logprobs probe.
@@ -52,7 +52,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
         // position 0 has no logprob and is not compared, but its token is part of the sequence
         let mut all_tokens: Vec<EndpointToken> = Vec::with_capacity(ep.len());
         all_tokens.extend(ep.iter().map(|(tok, _)| tok.token.clone()));
-        let alignment = align(&all_tokens, vocab.as_ref());
+        let alignment = align_to_text(&all_tokens, &t.text, vocab.as_ref());
         endpoint_tokens += all_tokens.len();
         unmappable += alignment.unmappable;
         if alignment.method == AlignMethod::Retokenized {
@@ -105,7 +105,10 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
 }
 
 /// The echoed prompt positions of a legacy completions answer: (position, whether it has a
-/// logprob). None when the answer carries no logprobs at all.
+/// logprob). None when the answer carries no logprobs at all. Generated tokens (the
+/// `max_tokens: 1` fallback) are dropped: the answer's first `usage.prompt_tokens` tokens are
+/// the prompt; without usage, tokens whose `text_offset` is at or past the prompt's length
+/// (servers count offsets differently around partial characters, so usage comes first).
 fn parse_echo(answer: &Value, prompt: &str, k: usize) -> Option<Vec<(EpPosition, bool)>> {
     let lp = answer
         .pointer("/choices/0/logprobs")
@@ -118,13 +121,25 @@ fn parse_echo(answer: &Value, prompt: &str, k: usize) -> Option<Vec<(EpPosition,
         return None;
     }
     let prompt_chars = prompt.chars().count() as u64;
+    let prompt_tokens = answer
+        .pointer("/usage/prompt_tokens")
+        .and_then(Value::as_u64)
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|&n| n >= 1 && n <= tokens.len());
     let mut out = Vec::with_capacity(tokens.len());
     for (i, t) in tokens.iter().enumerate() {
-        // generated tokens (max_tokens 1 fallback) start at or after the prompt's end
-        if i > 0
-            && let Some(off) = offsets.and_then(|o| o.get(i)).and_then(Value::as_u64)
-            && off >= prompt_chars
-        {
+        // generated tokens (max_tokens 1 fallback) come after the prompt's
+        let generated = match prompt_tokens {
+            Some(n) => i >= n,
+            None => {
+                i > 0
+                    && offsets
+                        .and_then(|o| o.get(i))
+                        .and_then(Value::as_u64)
+                        .is_some_and(|off| off >= prompt_chars)
+            }
+        };
+        if generated {
             break;
         }
         let text = t.as_str()?.to_owned();

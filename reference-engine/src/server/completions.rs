@@ -228,7 +228,10 @@ struct Lp {
     token_logprobs: Vec<Option<f64>>,
     top: Vec<Option<Map<String, Value>>>,
     offsets: Vec<u32>,
+    /// Characters of the text so far (complete characters only: a token holding part of one
+    /// adds nothing until the token completing it), so `text_offset` indexes the decoded text.
     chars: u32,
+    utf8: crate::tokenizer::Utf8Stream,
 }
 
 impl Lp {
@@ -255,7 +258,8 @@ impl Lp {
             m
         }));
         self.offsets.push(self.chars);
-        self.chars += text.chars().count() as u32;
+        let bytes = state.tokenizer().token_bytes(token).unwrap_or_default();
+        self.chars += self.utf8.push(bytes).chars().count() as u32;
     }
 
     fn push_scored(&mut self, state: &ServerState, s: &ScoredSequence, k: usize) {
