@@ -12,6 +12,7 @@
 //! noise_pair_every = 10                 # the same probe twice every K rounds
 //! sweep_interval_ms = 60000
 //! lock_retry_ms = 30000
+//! reference_cache_positions = 100000    # scored positions memoized (0: off)
 //! [probes.reference]
 //! backend = "in_process"                # | "remote" | "external"
 //! model = "/models/smol.gguf"           # in_process: the weights
@@ -133,6 +134,9 @@ pub struct ProbesConfig {
     pub lock_retry: Duration,
     /// Seed of the schedule jitter (and of sampling seeds).
     pub seed: u64,
+    /// Most reference-scored positions the scheduler memoizes ([`crate::reference::Cached`]);
+    /// 0 turns the memo off.
+    pub reference_cache_positions: usize,
     /// Per model (the gateway's model name): what to probe.
     pub models: BTreeMap<String, ModelProbes>,
     /// The `[probes]` keys this parser does not own (detectors, webhooks), left for
@@ -192,6 +196,7 @@ struct RawProbes {
     sweep_interval_ms: Option<u64>,
     lock_retry_ms: Option<u64>,
     seed: Option<u64>,
+    reference_cache_positions: Option<usize>,
     /// Owned by the detectors (probes-alerts); passed through.
     detectors: Option<toml::Table>,
     /// Owned by the alerts (probes-alerts); passed through.
@@ -277,6 +282,7 @@ impl ProbesConfig {
             sweep_interval,
             lock_retry,
             seed: raw.seed.unwrap_or(0x5a3e_715e),
+            reference_cache_positions: raw.reference_cache_positions.unwrap_or(100_000),
             models: parsed,
             detectors,
         })

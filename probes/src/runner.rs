@@ -3,7 +3,9 @@
 //! (`Store::probe_tokens_since`), stores each run (`Store::insert_probe_run`), runs the
 //! "faithful?" and "changed?" detectors after it, and sweeps the passive detectors
 //! periodically. Every `noise_pair_every`-th round of a kind (the first included) is a
-//! noise-floor pair: the same probe twice, the second stored with `repeat_of`.
+//! noise-floor pair: the same probe twice, the second stored with `repeat_of`. The reference's
+//! scores are memoized ([`crate::reference::Cached`], `reference_cache_positions`): rounds
+//! re-send the same sequences, and the reference's answer to one never changes.
 //!
 //! One scheduler is active per database: it runs only while it holds
 //! `Store::try_scheduler_lock`; a standby retries every `lock_retry` and takes over when the
@@ -26,7 +28,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{ModelProbes, ProbeKind, ProbesConfig};
 use crate::detect::Detectors;
 use crate::kinds::{self, Outcome, ProbeCtx, PromptSets, Target};
-use crate::reference::Reference;
+use crate::reference::{Cached, Reference};
 use crate::{ProbesError, Result};
 
 const HOUR_MS: i64 = 3_600_000;
@@ -90,6 +92,10 @@ impl Scheduler {
             .into_iter()
             .filter(|t| cfg.models.contains_key(&t.model))
             .collect();
+        let reference: Arc<dyn Reference> = match cfg.reference_cache_positions {
+            0 => reference,
+            n => Arc::new(Cached::new(reference, n)),
+        };
         Ok(Self {
             cfg,
             store,

@@ -416,3 +416,103 @@ async fn probes_of_the_unmodified_engine_are_exact_and_shifted_logprobs_are_caug
     tasks.wait().await;
     Ok(())
 }
+
+/// The scheduler's memo of reference scores: a repeated sequence is served from memory with
+/// the very same answer, least recently used sequences are evicted past the capacity, and a
+/// sequence longer than the whole capacity is scored but never kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_reference_answers_exactly_as_the_engine_and_evicts_by_recency() -> Result<()> {
+    use samewise_probes::reference::Cached;
+    let engine: Arc<dyn Reference> = Arc::new(in_process()?);
+    let texts = [
+        "The quick brown fox jumps over the lazy dog.",
+        "Rust's ownership rules are checked at compile time.",
+        "Water boils at one hundred degrees Celsius at sea level.",
+    ];
+    let mut ids = Vec::new();
+    for t in texts {
+        ids.push(engine.tokenize(t, false).await?);
+    }
+    let longest = ids.iter().map(Vec::len).max().context("ids")?;
+    // room for two of the three sequences, not three
+    let capacity = ids.iter().map(Vec::len).sum::<usize>() - 1;
+    let cached = Cached::new(engine.clone(), capacity);
+
+    let direct = engine.score(&ids[0], 5).await?;
+    ensure!(cached.score(&ids[0], 5).await? == direct, "first answer differs");
+    ensure!(cached.score(&ids[0], 5).await? == direct, "memoized answer differs");
+    let s = cached.stats();
+    ensure!(
+        (s.hits, s.misses, s.sequences, s.positions) == (1, 1, 1, ids[0].len()),
+        "{s:?}"
+    );
+    // another top-k is another question
+    ensure!(cached.score(&ids[0], 2).await? == engine.score(&ids[0], 2).await?);
+    ensure!(cached.stats().misses == 2);
+
+    // fill up: the least recently used sequences go first
+    let cached = Cached::new(engine.clone(), capacity);
+    cached.score(&ids[0], 5).await?;
+    cached.score(&ids[1], 5).await?;
+    cached.score(&ids[0], 5).await?; // ids[1] is now the least recently used
+    cached.score(&ids[2], 5).await?; // evicts ids[1]
+    let before = cached.stats();
+    ensure!(before.positions <= capacity && before.sequences == 2, "{before:?}");
+    cached.score(&ids[0], 5).await?;
+    ensure!(cached.stats().hits == before.hits + 1, "ids[0] was evicted");
+    ensure!(cached.score(&ids[1], 5).await? == engine.score(&ids[1], 5).await?);
+    ensure!(cached.stats().misses == before.misses + 1, "ids[1] was kept");
+
+    // longer than the capacity: answered, never kept
+    let tiny = Cached::new(engine.clone(), longest - 1);
+    let long = ids.iter().find(|v| v.len() == longest).context("longest")?;
+    ensure!(tiny.score(long, 5).await? == engine.score(long, 5).await?);
+    ensure!(tiny.score(long, 5).await? == engine.score(long, 5).await?);
+    let s = tiny.stats();
+    ensure!((s.hits, s.misses, s.sequences) == (0, 2, 0), "{s:?}");
+    Ok(())
+}
+
+/// Every shipped prompt_logprobs text, the multilingual one's partial characters included,
+/// probed against the unmodified engine is exact: every echoed token aligns directly and KL
+/// is exactly 0. (Lossy U+FFFD token texts once mapped to an arbitrary token and shifted the
+/// scored sequence.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shipped_text_of_the_unmodified_engine_is_exact() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let url = engine_server(&stop, &tasks).await?;
+    let reference = in_process()?;
+    let mut h = Harness::new("")?;
+    let n = h.sets.logprob_texts.len();
+    h.cfg
+        .models
+        .get_mut("smol")
+        .context("model")?
+        .items_per_round = n;
+    let o = h
+        .probe(&reference, ProbeKind::PromptLogprobs, &target(&url, "engine/smol"))
+        .await;
+    ensure!(o.ok, "{:?}", o.error);
+    let worst = worst_positions(&o)?;
+    ensure!(
+        stat(&o, "kl_mean")? == 0.0
+            && stat(&o, "kl_p99")? == 0.0
+            && stat(&o, "top1_same")? == 1.0
+            && stat(&o, "mismatch_rate")? == 0.0
+            && o.stats["align"] == "direct",
+        "{} worst: {worst}",
+        o.stats
+    );
+    // every echoed token of every text was compared (position 0 of each has no logprob)
+    let endpoint_tokens = stat(&o, "endpoint_tokens")?;
+    ensure!(
+        stat(&o, "positions")? == endpoint_tokens - n as f64 && endpoint_tokens as i64 == o.tokens,
+        "{}",
+        o.stats
+    );
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}

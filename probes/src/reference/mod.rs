@@ -4,7 +4,8 @@
 //! host.
 //!
 //! Operations: tokenize text, render a chat to prompt ids, score token ids (per position
-//! the logprob of the actual token and the top-k), and sample. Logprobs are normalised to
+//! the logprob of the actual token and the top-k), and sample. [`Cached`] wraps any backend
+//! with a bounded memo of scores (the scheduler uses it: probes re-send the same sequences). Logprobs are normalised to
 //! the f32 the engines compute in (widened to f64), so every backend over the same engine
 //! returns the same numbers bit for bit. Nothing here blocks the async runtime: the
 //! in-process engine runs on its batcher's worker thread.
@@ -19,11 +20,13 @@ use crate::align::ReferenceVocab;
 use crate::compare::TopEntry;
 use crate::config::ReferenceConfig;
 
+mod cached;
 mod external;
 pub(crate) mod http;
 mod in_process;
 mod remote;
 
+pub use cached::{CacheStats, Cached};
 pub use external::External;
 pub use in_process::InProcess;
 pub use remote::Remote;

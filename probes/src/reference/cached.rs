@@ -1,0 +1,181 @@
+//! A bounded memo of reference scores. Probes send the same token sequences again and again
+//! (the fixed prompt_logprobs texts every rotation of the window, the same needle prompts,
+//! a temperature-0 completion re-scored under teacher forcing, the same text on every endpoint
+//! of a model), and the reference's score of a sequence never changes: the in-process and
+//! remote engines are deterministic, bit for bit, whatever else they run beside it. So each
+//! (sequence, top-k) is scored once and served from memory after that, which roughly halves
+//! the CPU a probe round costs.
+//!
+//! Only `score` is memoized; tokenizing and rendering are cheap, and sampling is seeded per
+//! call. The memo holds at most `capacity` scored positions and evicts the least recently used
+//! sequences beyond that; a sequence longer than the whole capacity is never kept.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures_util::future::BoxFuture;
+use serde_json::Value;
+
+use super::{RefPosition, RefSample, Reference, SampleRequest};
+use crate::Result;
+use crate::align::ReferenceVocab;
+
+/// Hits and misses of a [`Cached`] reference.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Scores served from memory.
+    pub hits: u64,
+    /// Scores computed by the backend.
+    pub misses: u64,
+    /// Positions held now.
+    pub positions: usize,
+    /// Sequences held now.
+    pub sequences: usize,
+}
+
+struct Entry {
+    scored: Arc<Vec<RefPosition>>,
+    last_used: u64,
+}
+
+#[derive(Default)]
+struct Memo {
+    entries: HashMap<(Vec<u32>, usize), Entry>,
+    clock: u64,
+    stats: CacheStats,
+}
+
+/// A reference backend whose scores are memoized.
+pub struct Cached {
+    inner: Arc<dyn Reference>,
+    capacity: usize,
+    memo: Mutex<Memo>,
+}
+
+impl std::fmt::Debug for Cached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cached")
+            .field("backend", &self.inner.backend())
+            .field("capacity", &self.capacity)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Cached {
+    /// Memoizes `inner`'s scores, holding at most `capacity` positions (must be positive).
+    pub fn new(inner: Arc<dyn Reference>, capacity: usize) -> Self {
+        Self {
+            inner,
+            capacity: capacity.max(1),
+            memo: Mutex::new(Memo::default()),
+        }
+    }
+
+    /// Hits, misses and what is held now.
+    pub fn stats(&self) -> CacheStats {
+        self.memo.lock().map(|m| m.stats).unwrap_or_default()
+    }
+
+    fn lookup(&self, ids: &[u32], top_k: usize) -> Option<Arc<Vec<RefPosition>>> {
+        let mut memo = self.memo.lock().ok()?;
+        memo.clock += 1;
+        let now = memo.clock;
+        let hit = memo.entries.get_mut(&(ids.to_vec(), top_k)).map(|e| {
+            e.last_used = now;
+            e.scored.clone()
+        });
+        if hit.is_some() {
+            memo.stats.hits += 1;
+        } else {
+            memo.stats.misses += 1;
+        }
+        hit
+    }
+
+    fn keep(&self, ids: &[u32], top_k: usize, scored: &[RefPosition]) {
+        if scored.len() > self.capacity {
+            return;
+        }
+        let Ok(mut memo) = self.memo.lock() else {
+            return;
+        };
+        memo.clock += 1;
+        let now = memo.clock;
+        let key = (ids.to_vec(), top_k);
+        if memo.entries.contains_key(&key) {
+            return; // a concurrent miss stored it first
+        }
+        while memo.stats.positions + scored.len() > self.capacity {
+            let Some(oldest) = memo
+                .entries
+                .iter()
+                .min_by_key(|(_, e)| e.last_used)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            if let Some(e) = memo.entries.remove(&oldest) {
+                memo.stats.positions -= e.scored.len();
+            }
+        }
+        memo.stats.positions += scored.len();
+        memo.entries.insert(
+            key,
+            Entry {
+                scored: Arc::new(scored.to_vec()),
+                last_used: now,
+            },
+        );
+        memo.stats.sequences = memo.entries.len();
+    }
+}
+
+impl Reference for Cached {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    fn vocab(&self) -> Arc<dyn ReferenceVocab + Send + Sync> {
+        self.inner.vocab()
+    }
+
+    fn context_window(&self) -> Option<usize> {
+        self.inner.context_window()
+    }
+
+    fn tokenize<'a>(
+        &'a self,
+        text: &'a str,
+        add_special_tokens: bool,
+    ) -> BoxFuture<'a, Result<Vec<u32>>> {
+        self.inner.tokenize(text, add_special_tokens)
+    }
+
+    fn render_chat<'a>(
+        &'a self,
+        messages: &'a [Value],
+        tools: Option<&'a [Value]>,
+    ) -> BoxFuture<'a, Result<Vec<u32>>> {
+        self.inner.render_chat(messages, tools)
+    }
+
+    fn score<'a>(
+        &'a self,
+        ids: &'a [u32],
+        top_k: usize,
+    ) -> BoxFuture<'a, Result<Vec<RefPosition>>> {
+        Box::pin(async move {
+            if let Some(hit) = self.lookup(ids, top_k) {
+                return Ok(hit.as_ref().clone());
+            }
+            let scored = self.inner.score(ids, top_k).await?;
+            self.keep(ids, top_k, &scored);
+            Ok(scored)
+        })
+    }
+
+    fn sample<'a>(&'a self, req: &'a SampleRequest) -> BoxFuture<'a, Result<Vec<RefSample>>> {
+        self.inner.sample(req)
+    }
+}
