@@ -7,96 +7,15 @@
 //! The test model is `$SAMEWISE_MODEL` if set, else
 //! `~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf`; a missing model fails.
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use samewise_store::{ProbeRun, ProbeRunQuery, Store};
+use samewise_store::{ProbeRun, Store};
 
 mod common;
-use common::{BIN, Proc, spawn_listening, test_model};
-
-fn engine(profile: &str, cwd: &Path) -> Result<(Proc, String)> {
-    let model = test_model()?;
-    let model = model.to_str().context("model path is not UTF-8")?;
-    spawn_listening(
-        &[
-            "engine",
-            "serve",
-            "--model",
-            model,
-            "--listen",
-            "127.0.0.1:0",
-            "--model-name",
-            "smol",
-            "--profile",
-            profile,
-        ],
-        cwd,
-    )
-}
-
-/// A gateway config with one provider per engine and the probes on.
-fn config(data_dir: &Path, engines: &[(&str, &str)], probes: &str) -> Result<String> {
-    let model = test_model()?;
-    let mut s = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n",
-        data_dir.display()
-    );
-    for (name, url) in engines {
-        s += &format!(
-            "[providers.{name}]\nbase_url = \"{url}/v1\"\nprice_input_per_mtok = 0.0\nprice_output_per_mtok = 0.0\n\n"
-        );
-    }
-    s += "[models.smol]\npolicy = \"weighted\"\n";
-    for (name, _) in engines {
-        s += &format!("[[models.smol.endpoints]]\nprovider = \"{name}\"\nmodel = \"smol\"\n");
-    }
-    s += &format!(
-        "[models.smol.probes]\nkinds = [\"prompt_logprobs\"]\nitems_per_round = 1\ntop_k = 5\n{probes}\n\n\
-         [probes]\nnoise_pair_every = 5\nlock_retry_ms = 500\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"{}\"\n\
-         [probes.detectors]\nkl_threshold = 0.01\n",
-        model.display()
-    );
-    Ok(s)
-}
-
-async fn alerts(data_dir: &Path) -> Result<Vec<samewise_store::Alert>> {
-    let store = Store::connect(None, data_dir).await?;
-    let r = store
-        .alerts(&samewise_store::AlertQuery {
-            state: None,
-            model: None,
-            endpoint: None,
-            limit: 100,
-        })
-        .await;
-    store.close().await;
-    Ok(r?)
-}
-
-async fn runs(data_dir: &Path) -> Result<Vec<ProbeRun>> {
-    let store = Store::connect(None, data_dir).await?;
-    let r = store
-        .probe_runs(&ProbeRunQuery {
-            model: None,
-            endpoint: None,
-            kind: None,
-            since_ms: None,
-            limit: 1000,
-        })
-        .await;
-    store.close().await;
-    Ok(r?)
-}
-
-fn stat(r: &ProbeRun, key: &str) -> Result<f64> {
-    r.stats
-        .get(key)
-        .and_then(serde_json::Value::as_f64)
-        .with_context(|| format!("{key} missing: {r:?}"))
-}
+use common::probes::{alerts, config, engine, runs, stat};
+use common::{BIN, spawn_listening};
 
 /// An unmodified endpoint: every actual-token logprob and every top-1 identical to the
 /// reference's; KL ~0 (compare's KL of identical inputs is 0 up to exp/ln rounding, and
@@ -161,8 +80,13 @@ async fn probes_run_once_tells_the_profiles_apart() -> Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     ensure!(
-        stdout.lines().count() == 7,
+        stdout.lines().filter(|l| l.starts_with('#')).count() == 7,
         "one line per stored run (3 noise pairs + 1 refusal):\n{stdout}"
+    );
+    ensure!(
+        stdout.contains("1 round(s): 7 run(s) stored, ")
+            && stdout.lines().any(|l| l.starts_with("alert #") && l.contains("shift/smol unfaithful")),
+        "summary and open alerts:\n{stdout}"
     );
 
     let all = runs(&data).await?;

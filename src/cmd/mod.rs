@@ -26,7 +26,7 @@ pub enum Command {
     Engine(engine::EngineArgs),
     /// Drift alerts: list, acknowledge, resolve.
     Alerts(alerts::AlertsArgs),
-    /// Drift probes (`samewise probes run --config FILE [--once]`).
+    /// Drift probes (`samewise probes run --config FILE [--once | --rounds N]`).
     Probes(probes::ProbesArgs),
     /// Measure a model's calibration ladder (`samewise calibrate --model PATH [--out FILE]`).
     Calibrate(calibrate::CalibrateArgs),

@@ -4,9 +4,10 @@
 //! The probes configuration lives in the gateway's file (`[probes]`, `[models.NAME.probes]`);
 //! endpoints are called exactly as the proxy calls them: the provider's `base_url`, the key
 //! from its `api_key_env`, the provider's model id, labelled `provider/model` as the proxy
-//! records them. With `--once`, one round of every enabled kind on every endpoint runs (the
-//! database lock is still required) and a summary is printed; otherwise the scheduler runs
-//! until SIGINT/SIGTERM.
+//! records them. With `--rounds N` (`--once` is `--rounds 1`), N rounds of every enabled kind
+//! on every endpoint run back to back (the database lock is still required), one line per
+//! stored run and a summary of the open alerts are printed, and the command exits; otherwise
+//! the scheduler runs on its schedule until SIGINT/SIGTERM.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -37,9 +38,14 @@ pub enum ProbesCommand {
         /// The gateway configuration file (TOML) with `[probes]`.
         #[arg(long, short)]
         config: PathBuf,
-        /// One round of every enabled kind on every endpoint, print a summary, exit.
-        #[arg(long)]
+        /// One round of every enabled kind on every endpoint, print a summary, exit
+        /// (the same as `--rounds 1`).
+        #[arg(long, conflicts_with = "rounds")]
         once: bool,
+        /// Run this many rounds back to back (round numbers 0..N, so prompt windows rotate
+        /// and noise-floor pairs fall as on the schedule), print a summary, exit.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        rounds: Option<u64>,
     },
 }
 
@@ -158,17 +164,22 @@ pub async fn start(config: &Config, store: Store) -> anyhow::Result<Option<Probe
 /// Runs `samewise probes ...`.
 pub fn run(args: ProbesArgs) -> anyhow::Result<()> {
     match args.command {
-        ProbesCommand::Run { config, once } => {
+        ProbesCommand::Run {
+            config,
+            once,
+            rounds,
+        } => {
             let config = Config::load(&config)?;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            runtime.block_on(run_probes(config, once))
+            let rounds = if once { Some(1) } else { rounds };
+            runtime.block_on(run_probes(config, rounds))
         }
     }
 }
 
-async fn run_probes(config: Config, once: bool) -> anyhow::Result<()> {
+async fn run_probes(config: Config, rounds: Option<u64>) -> anyhow::Result<()> {
     let probes = probes_config(&config)?.context("the configuration has no [probes] section")?;
     let database_url = std::env::var("DATABASE_URL")
         .ok()
@@ -176,10 +187,9 @@ async fn run_probes(config: Config, once: bool) -> anyhow::Result<()> {
     let store = Store::connect(database_url.as_deref(), &config.server.data_dir).await?;
     let result = async {
         let (scheduler, detectors) = build(&config, probes, store.clone()).await?;
-        let r = if once {
-            run_once(&store, &scheduler).await
-        } else {
-            run_forever(scheduler).await
+        let r = match rounds {
+            Some(n) => run_rounds(&store, &scheduler, n).await,
+            None => run_forever(scheduler).await,
         };
         detectors.shutdown().await;
         r
@@ -189,36 +199,64 @@ async fn run_probes(config: Config, once: bool) -> anyhow::Result<()> {
     result
 }
 
-async fn run_once(store: &Store, scheduler: &Scheduler) -> anyhow::Result<()> {
+/// `--rounds N`: N rounds back to back under the scheduler lock, one line per stored run,
+/// then one line per open alert of the probed endpoints.
+async fn run_rounds(store: &Store, scheduler: &Scheduler, rounds: u64) -> anyhow::Result<()> {
     let lock = store
         .try_scheduler_lock()
         .await?
         .context("another process holds the probe scheduler lock of this database")?;
-    let rounds = scheduler.run_once(0).await?;
-    lock.release().await?;
-    for r in rounds {
-        match r {
-            RoundResult::OverBudget { spent } => {
-                println!("skipped: hourly token budget spent ({spent} tokens)")
-            }
-            RoundResult::Stored(runs) => {
-                for run in runs {
-                    let verdict = if run.ok { "ok" } else { "failed" };
-                    let pair = run
-                        .repeat_of
-                        .map(|id| format!(" (repeat of #{id})"))
-                        .unwrap_or_default();
-                    println!(
-                        "#{} {} {} {verdict}{pair} tokens={} {}",
-                        run.id,
-                        run.endpoint,
-                        run.kind,
-                        run.tokens,
-                        run.error.as_deref().unwrap_or(&run.stats.to_string())
-                    );
+    let mut stored = 0usize;
+    for round in 0..rounds {
+        for r in scheduler.run_once(round).await? {
+            match r {
+                RoundResult::OverBudget { spent } => {
+                    println!("round {round}: skipped: hourly token budget spent ({spent} tokens)")
+                }
+                RoundResult::Stored(runs) => {
+                    for run in runs {
+                        stored += 1;
+                        let verdict = if run.ok { "ok" } else { "failed" };
+                        let pair = run
+                            .repeat_of
+                            .map(|id| format!(" (repeat of #{id})"))
+                            .unwrap_or_default();
+                        println!(
+                            "#{} {} {} {verdict}{pair} tokens={} {}",
+                            run.id,
+                            run.endpoint,
+                            run.kind,
+                            run.tokens,
+                            run.error.as_deref().unwrap_or(&run.stats.to_string())
+                        );
+                    }
                 }
             }
         }
+    }
+    lock.release().await?;
+    let endpoints: std::collections::BTreeSet<&str> = scheduler
+        .targets()
+        .iter()
+        .map(|t| t.endpoint.as_str())
+        .collect();
+    let open: Vec<_> = store
+        .alerts(&samewise_store::AlertQuery {
+            state: Some(samewise_store::AlertState::Open),
+            model: None,
+            endpoint: None,
+            limit: 1000,
+        })
+        .await?
+        .into_iter()
+        .filter(|a| endpoints.contains(a.endpoint.as_str()))
+        .collect();
+    println!(
+        "{rounds} round(s): {stored} run(s) stored, {} open alert(s)",
+        open.len()
+    );
+    for a in open {
+        println!("alert #{} {} {}: {}", a.id, a.endpoint, a.kind, a.summary);
     }
     Ok(())
 }

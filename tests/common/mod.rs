@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod probes;
+
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
