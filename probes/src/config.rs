@@ -460,7 +460,7 @@ fn parse_model(name: &str, t: &toml::Table) -> Result<ModelProbes> {
         top_k,
         items_per_round: positive(r.items_per_round, 2, "items_per_round")?,
         samples_per_prompt: positive(r.samples_per_prompt, 10, "samples_per_prompt")?,
-        permutations: positive(r.permutations, 500, "permutations")?,
+        permutations: positive(r.permutations, 999, "permutations")?,
         context_window,
         prompt_sets: r.prompt_sets.unwrap_or_default(),
     })

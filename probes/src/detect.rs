@@ -34,7 +34,7 @@
 //! floor_factor = 3.0            # ... unless within 3 × their repeat-noise floor
 //! metric = "kl_topk_mean"       # | "dlogprob_mean" | "top1_same" | "topk_overlap"
 //! # kl_threshold = 0.05         # without a ladder: flag mean KL above this
-//! samples_alpha = 0.001
+//! samples_alpha = 0.01              # needs permutations ≥ 1/samples_alpha (default 999)
 //! max_mismatch_rate = 0.02
 //! cusum_k = 0.5
 //! cusum_arl0 = 1000.0           # in-control average run length (rounds), two-sided
@@ -175,12 +175,34 @@ fn fmt_num(v: f64) -> String {
     }
 }
 
+/// A permutation p-value is never below `1 / (permutations + 1)`: a model whose samples probe
+/// could never reach `samples_alpha` would never be flagged, which is a configuration error.
+fn check_samples_alpha(cfg: &DetectorConfig, config: &ProbesConfig) -> Result<()> {
+    for (name, m) in &config.models {
+        if !m.kinds.contains(&crate::config::ProbeKind::Samples) {
+            continue;
+        }
+        let smallest = 1.0 / (m.permutations as f64 + 1.0);
+        if smallest >= cfg.samples_alpha {
+            return Err(ProbesError::Config(format!(
+                "probes.detectors.samples_alpha = {} can never be reached with models.{name}.probes.permutations = {} (the smallest permutation p-value is 1/{} = {smallest:.4}): use at least {} permutations or a larger samples_alpha",
+                cfg.samples_alpha,
+                m.permutations,
+                m.permutations + 1,
+                (1.0 / cfg.samples_alpha).floor() as u64
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl Detectors {
     /// Builds the detectors from the probes config: the `[probes.detectors]`,
     /// `[probes.alerts]` and `[[probes.webhooks]]` keys, and the ladder file if one is
     /// configured. Starts the webhook worker (needs a tokio runtime).
     pub fn from_config(config: &ProbesConfig) -> Result<Detectors> {
         let cfg = DetectorConfig::parse(&config.detectors)?;
+        check_samples_alpha(&cfg, config)?;
         let alerts = AlertsConfig::parse(&config.detectors)?;
         let ladder = match &config.ladder {
             None => None,
@@ -199,6 +221,7 @@ impl Detectors {
     /// `samewise config check`.
     pub fn check_config(config: &ProbesConfig) -> Result<()> {
         let cfg = DetectorConfig::parse(&config.detectors)?;
+        check_samples_alpha(&cfg, config)?;
         AlertsConfig::parse(&config.detectors)?;
         if let Some(path) = &config.ladder {
             let text = std::fs::read_to_string(path).map_err(|e| {

@@ -45,7 +45,7 @@ impl Default for DetectorConfig {
             rule: FaithfulRule::default(),
             metric: Metric::KlTopkMean,
             kl_threshold: None,
-            samples_alpha: 0.001,
+            samples_alpha: 0.01,
             max_mismatch_rate: 0.02,
             cusum: CusumConfig {
                 min_sd: 1e-6,

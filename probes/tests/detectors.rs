@@ -465,7 +465,7 @@ async fn samples_p_value_and_unmappable_tokens_are_unfaithful() -> Result<()> {
         "{alerts:?}"
     );
     ensure!(
-        alerts[0].summary.contains("p = 2.00e-4 < 0.001"),
+        alerts[0].summary.contains("p = 2.00e-4 < 0.010"),
         "{}",
         alerts[0].summary
     );
@@ -527,5 +527,36 @@ fn check_config_reads_the_ladder_and_the_detector_tables() -> Result<()> {
         .err()
         .context("an unknown key was accepted")?;
     ensure!(err.to_string().contains("pasive_q"), "{err}");
+    Ok(())
+}
+
+/// A samples probe whose permutations cannot produce a p-value below `samples_alpha` could
+/// never be flagged: the configuration is refused, naming both keys; the defaults can.
+#[test]
+fn samples_alpha_out_of_reach_of_the_permutations_is_a_config_error() -> Result<()> {
+    use samewise_probes::config::ProbesConfig;
+    let cfg = |perms: &str, alpha: &str| {
+        ProbesConfig::from_gateway_toml(&format!(
+            "[probes]\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"unused\"\n[probes.detectors]\n{alpha}\n[models.smol.probes]\nkinds = [\"samples\"]\n{perms}\n"
+        ))
+    };
+    Detectors::check_config(&cfg("", "")?)?;
+    Detectors::check_config(&cfg("permutations = 100", "samples_alpha = 0.01")?)?;
+    let e = Detectors::check_config(&cfg("permutations = 500", "samples_alpha = 0.001")?)
+        .err()
+        .context("500 permutations cannot reach p < 0.001")?
+        .to_string();
+    ensure!(
+        e.contains("probes.detectors.samples_alpha")
+            && e.contains("models.smol.probes.permutations = 500")
+            && e.contains("at least 1000 permutations"),
+        "{e}"
+    );
+    ensure!(Detectors::check_config(&cfg("permutations = 99", "samples_alpha = 0.01")?).is_err());
+    // a model without the samples kind is not concerned
+    let no_samples = ProbesConfig::from_gateway_toml(
+        "[probes]\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"unused\"\n[probes.detectors]\nsamples_alpha = 0.001\n[models.smol.probes]\nkinds = [\"prompt_logprobs\"]\npermutations = 10\n",
+    )?;
+    Detectors::check_config(&no_samples)?;
     Ok(())
 }

@@ -516,3 +516,28 @@ async fn every_shipped_text_of_the_unmodified_engine_is_exact() -> Result<()> {
     tasks.wait().await;
     Ok(())
 }
+
+/// The engine server takes at most 16 samples per request and answers more with a 400: the
+/// samples probe halves its `n` and asks again until it has all it wants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn samples_probe_asks_again_with_a_smaller_n_when_n_is_refused() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let url = engine_server(&stop, &tasks).await?;
+    let reference = in_process()?;
+    let mut h = Harness::new("")?;
+    let m = h.cfg.models.get_mut("smol").context("model")?;
+    m.samples_per_prompt = 20;
+    m.max_tokens = 8;
+    let o = h
+        .probe(&reference, ProbeKind::Samples, &target(&url, "engine/smol"))
+        .await;
+    ensure!(o.ok, "{:?}", o.error);
+    ensure!(o.stats["samples_per_prompt"] == 20, "{}", o.stats);
+    let p = stat(&o, "p_value")?;
+    ensure!(p > 0.0 && p <= 1.0, "{}", o.stats);
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}

@@ -25,12 +25,19 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
         let messages = vec![json!({"role": "user", "content": p.prompt})];
         let max_tokens = p.max_tokens.min(ctx.cfg.max_tokens);
         let mut endpoint = Vec::with_capacity(n);
-        // some providers cap or ignore `n`: ask again for what is missing
+        // some providers cap or ignore `n` (ask again for what is missing), some refuse a
+        // large one (halve it and ask again)
+        let mut ask = n;
         while endpoint.len() < n {
+            let want = (n - endpoint.len()).min(ask);
             let body = json!({"model": target.provider_model, "messages": messages, "temperature": 1.0, "top_p": 1.0,
-                              "n": n - endpoint.len(), "max_tokens": max_tokens});
+                              "n": want, "max_tokens": max_tokens});
             let answer = match call(ctx, target, "/chat/completions", &body).await {
                 Ok(v) => v,
+                Err(e) if want > 1 && matches!(e.status, Some(400 | 422)) => {
+                    ask = want / 2;
+                    continue;
+                }
                 Err(e) => return Outcome::failed(e.message, tokens),
             };
             tokens += usage_tokens(&answer);
