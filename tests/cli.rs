@@ -47,6 +47,21 @@ fn config_check_accepts_the_example_and_names_bad_keys_with_lines() -> Result<()
         stdout.contains("ok") && stdout.contains("model smollm2"),
         "{stdout}"
     );
+    // the probes example: its ladder exists and its `~/` model path is the model cache's
+    let out = Command::new(BIN)
+        .args(["config", "check", "examples/probes.toml"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()?;
+    let stdout = String::from_utf8(out.stdout)?;
+    assert!(
+        out.status.success() && stdout.contains("probes: 1 model(s), reference in-process"),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !stdout.contains("~/") && stdout.contains(".cache/samewise/models/"),
+        "{stdout}"
+    );
 
     let dir = tempfile::tempdir()?;
     let bad = config("http://127.0.0.1:9/v1", dir.path()).replace(

@@ -15,7 +15,7 @@
 //! reference_cache_positions = 100000    # scored positions memoized (0: off)
 //! [probes.reference]
 //! backend = "in_process"                # | "remote" | "external"
-//! model = "/models/smol.gguf"           # in_process: the weights
+//! model = "/models/smol.gguf"           # in_process: the weights (`~/` is the home directory)
 //! threads = 2
 //! # remote: url = "http://127.0.0.1:8081" (a `samewise engine serve`), tokenizer = PATH
 //! # external: url, flavour = "vllm" | "sglang", model_name, tokenizer = PATH
@@ -277,7 +277,7 @@ impl ProbesConfig {
         }
         Ok(Self {
             reference,
-            ladder: raw.ladder,
+            ladder: raw.ladder.map(expand_home),
             noise_pair_every,
             sweep_interval,
             lock_retry,
@@ -319,6 +319,17 @@ fn positive_ms(v: Option<u64>, default: u64, key: &str) -> Result<Duration> {
     }
 }
 
+/// A path starting with `~/` is under the user's home directory (configs name the model cache
+/// that way); any other path is taken as written.
+fn expand_home(p: PathBuf) -> PathBuf {
+    match (p.strip_prefix("~"), std::env::var_os("HOME")) {
+        (Ok(rest), Some(home)) if p.starts_with("~/") || p.as_os_str() == "~" => {
+            PathBuf::from(home).join(rest)
+        }
+        _ => p,
+    }
+}
+
 fn parse_reference(t: &toml::Table) -> Result<ReferenceConfig> {
     const K: &str = "probes.reference";
     let r: RawReference = from_table(t, K)?;
@@ -331,7 +342,7 @@ fn parse_reference(t: &toml::Table) -> Result<ReferenceConfig> {
         })
     };
     let need_path = |v: Option<PathBuf>, key: &str| {
-        v.ok_or_else(|| {
+        v.map(expand_home).ok_or_else(|| {
             cfg_err(
                 &format!("{K}.{key}"),
                 format!("required for backend \"{}\"", r.backend),

@@ -173,3 +173,34 @@ fn detector_tables_pass_through() {
     );
     assert!(c.models.is_empty());
 }
+
+#[test]
+fn home_relative_paths_expand_and_others_stay() {
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let c = parse(
+        r#"
+[probes]
+ladder = "~/ladders/smol.json"
+reference_cache_positions = 0
+[probes.reference]
+backend = "in_process"
+model = "~/.cache/samewise/models/smol.gguf"
+[models.smol.probes]
+"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    if let Some(home) = home {
+        assert_eq!(
+            c.reference,
+            ReferenceConfig::InProcess {
+                model: home.join(".cache/samewise/models/smol.gguf"),
+                threads: 2
+            }
+        );
+        assert_eq!(c.ladder, Some(home.join("ladders/smol.json")));
+    }
+    assert_eq!(c.reference_cache_positions, 0);
+    assert_eq!(expand_home("~user/x".into()), PathBuf::from("~user/x"));
+    assert_eq!(expand_home("rel/~/x".into()), PathBuf::from("rel/~/x"));
+    assert_eq!(parse("[probes.reference]\nbackend = \"in_process\"\nmodel = \"m\"\n").map(|c| c.reference_cache_positions).ok(), Some(100_000));
+}
