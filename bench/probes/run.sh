@@ -6,11 +6,13 @@
 #   bench/probes/run.sh                                  # the full run
 #   ROUNDS=200 WORLDS=20 POOL=20 SAMPLE_ROUNDS=50 bench/probes/run.sh   # a quick look
 #   PROFILE=dev bench/probes/run.sh                      # check the script on a debug build
+#   ONLY_B=1 bench/probes/run.sh                         # only part B (changed?), minutes
 #
 # Settings (environment; defaults in probes/examples/detection_power.rs): PROFILES, BUDGETS
 # (500,1000,2000), ROUNDS (2000), VERIFY (3), WORLDS (200), SWITCH_AT (60), MAX_AFTER (300),
 # IC_ROUNDS (2000), POOL (50), SAMPLE_PROFILES (reference,w4), SAMPLE_ROUNDS (500),
-# SAMPLES_PER_PROMPT (10), HI_PERMUTATIONS (0 = off), HI_ROUNDS (200), SEED.
+# SAMPLES_PER_PROMPT (10), HI_PERMUTATIONS (0 = off), HI_ROUNDS (200), SEED, ONLY_B (0; 1 =
+# score only reference,a8,w6,w5,w4 per text, no re-run check, no part A rounds, no part C).
 # The model: SAMEWISE_MODEL or ~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf.
 # Results land in bench/out/probes-TIMESTAMP/ (results.json, table.md, log).
 set -euo pipefail

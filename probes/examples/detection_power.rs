@@ -48,7 +48,6 @@ use samewise_probes::mmd::{PermutationConfig, PromptSamples, mmd_test};
 use samewise_probes::noise;
 use samewise_probes::prompts::{CompletionPrompt, LogprobText};
 use samewise_probes::reference::{InProcess, Reference, SampleRequest};
-use samewise_probes::sequential::{Cusum, CusumConfig};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -59,6 +58,10 @@ struct Settings {
     out: PathBuf,
     /// Base seed [SEED].
     seed: u64,
+    /// Only what part B needs [ONLY_B=1]: the per-text prompt_logprobs scoring of the
+    /// profiles B uses (PROFILES defaults to reference,a8,w6,w5,w4), no re-run check
+    /// (VERIFY defaults to 0), no part A rounds and no part C (POOL defaults to 0).
+    only_b: bool,
     /// A: profiles [PROFILES].
     profiles: Vec<String>,
     /// A: round budgets in probe tokens [BUDGETS].
@@ -121,22 +124,28 @@ impl Settings {
             .iter()
             .map(|b| b.parse::<i64>().with_context(|| format!("BUDGETS: {b}")))
             .collect::<Result<Vec<_>>>()?;
+        let only_b = env_or("ONLY_B", 0u8)? != 0;
         Ok(Self {
             out: PathBuf::from(env_or("OUT", "bench/out/probes".to_owned())?),
             seed: env_or("SEED", 20_261_130)?,
+            only_b,
             profiles: env_list(
                 "PROFILES",
-                "reference,a8,kv-f16,kv-q8,w8,w6,w5,w4,w3,shifted-echo",
+                if only_b {
+                    "reference,a8,w6,w5,w4"
+                } else {
+                    "reference,a8,kv-f16,kv-q8,w8,w6,w5,w4,w3,shifted-echo"
+                },
             ),
             budgets,
             rounds: env_or("ROUNDS", 2000)?,
-            verify: env_or("VERIFY", 3)?,
+            verify: env_or("VERIFY", if only_b { 0 } else { 3 })?,
             worlds: env_or("WORLDS", 200)?,
             switch_budget: env_or("SWITCH_BUDGET", 2000)?,
             switch_at: env_or("SWITCH_AT", 60)?,
             max_after: env_or("MAX_AFTER", 300)?,
             ic_rounds: env_or("IC_ROUNDS", 2000)?,
-            pool: env_or("POOL", 50)?,
+            pool: env_or("POOL", if only_b { 0 } else { 50 })?,
             sample_profiles: env_list("SAMPLE_PROFILES", "reference,w4"),
             sample_rounds: env_or("SAMPLE_ROUNDS", 500)?,
             per_prompt: env_or("SAMPLES_PER_PROMPT", 10)?,
@@ -640,49 +649,28 @@ fn samples_rounds(
     Ok(ps)
 }
 
-/// One CUSUM chart per watched statistic a prompt_logprobs run has, as `Detectors::changed`
-/// builds them with no measured noise floor.
-fn new_charts(det: &DetectorConfig, keys: &[String]) -> Result<Vec<Cusum>> {
-    keys.iter()
-        .map(|_| {
-            Ok(Cusum::new(CusumConfig {
-                min_sd: det.cusum.min_sd,
-                ..det.cusum
-            })?)
-        })
-        .collect()
-}
-
-/// Feeds one round to the charts; which charts alarmed.
-fn observe(charts: &mut [Cusum], x: &[f64; 3]) -> Result<Vec<bool>> {
-    charts
-        .iter_mut()
-        .zip(x)
-        .map(|(c, &v)| Ok(c.observe(v)?.alarm.is_some()))
-        .collect()
-}
-
-/// The alarms at every round of a series as the detector sees them: the charts rebuilt over
-/// the newest `window` runs (history_runs) on every round, alarm on the newest.
+/// Which rounds of `series` each watched statistic's chart alarms on, as
+/// `Detectors::changed` sees them: the product's own `detect::changed_chart` over the newest
+/// `window` runs (history_runs) ending at every round, with the configured `min_sd` (the
+/// deterministic endpoints' noise floor is 0), alarm on the newest. Up to `window` rounds the
+/// window starts at run 0, so one pass over the series gives the rebuilt charts' answers.
 fn alarms_with_window(
     det: &DetectorConfig,
-    keys: &[String],
     series: &[[f64; 3]],
     window: usize,
-) -> Result<Vec<Vec<bool>>> {
-    let mut out = Vec::with_capacity(series.len());
-    let mut charts = new_charts(det, keys)?;
-    for t in 0..series.len() {
-        if t < window {
-            // the window still starts at run 0: the running charts are the rebuilt ones
-            out.push(observe(&mut charts, &series[t])?);
-        } else {
-            let mut c = new_charts(det, keys)?;
-            let mut last = Vec::new();
-            for x in &series[t + 1 - window..=t] {
-                last = observe(&mut c, x)?;
-            }
-            out.push(last);
+) -> Result<Vec<[bool; 3]>> {
+    let mut out = vec![[false; 3]; series.len()];
+    for c in 0..3 {
+        let values: Vec<f64> = series.iter().map(|x| x[c]).collect();
+        let head = values.len().min(window);
+        let (_, obs) = detect::changed_chart(det, det.cusum.min_sd, &values[..head])?;
+        for (t, o) in obs.iter().enumerate() {
+            out[t][c] = o.alarm.is_some();
+        }
+        for t in head..values.len() {
+            let (_, obs) =
+                detect::changed_chart(det, det.cusum.min_sd, &values[t + 1 - window..=t])?;
+            out[t][c] = obs.last().is_some_and(|o| o.alarm.is_some());
         }
     }
     Ok(out)
@@ -705,10 +693,11 @@ async fn main() -> Result<()> {
     let det = DetectorConfig::default();
     let threshold = ladder.threshold(det.metric, &det.rule.level)?;
     eprintln!(
-        "settings: {s:?}\nfaithful? threshold: {:?} > {threshold} (level {}); CUSUM h {:.3} k {} two-sided {} ARL0 {:.0}",
+        "settings: {s:?}\nfaithful? threshold: {:?} > {threshold} (level {}); CUSUM h {:.3} (charts {:.3}) k {} two-sided {} ARL0 {:.0}",
         det.metric,
         det.rule.level,
         det.cusum.h,
+        detect::changed_chart_config(&det, det.cusum.min_sd)?.h,
         det.cusum.k,
         det.cusum.two_sided,
         det.cusum.arl0()
@@ -824,7 +813,8 @@ async fn main() -> Result<()> {
         variants.push(("exact", exact_texts.clone()));
     }
     let mut a_rows = Vec::new();
-    for (variant, subset) in &variants {
+    let a_variants: &[(&str, Vec<usize>)] = if s.only_b { &[] } else { &variants };
+    for (variant, subset) in a_variants {
         let sub_tokens: Vec<i64> = subset.iter().map(|&i| tokens[i]).collect();
         for p in &profiles {
             for &b in &s.budgets {
@@ -946,20 +936,25 @@ async fn main() -> Result<()> {
                 let mut round_count = 0usize;
                 for w in 0..worlds {
                     let mut rng = rng_for(s.seed, &[0xB, w as u64]);
-                    let mut charts = new_charts(&det, &keys)?;
-                    let mut after_tokens = 0i64;
-                    let mut found = false;
+                    let (mut series, mut round_tok) = (Vec::new(), Vec::new());
                     for r in 0..s.switch_at + s.max_after {
                         let idx = if mode == "random" {
                             draw_round(&mut rng, &tokens, s.switch_budget)
                         } else {
                             window_rounds(r, w)
                         };
-                        let rt: i64 = idx.iter().map(|&i| tokens[i]).sum();
+                        round_tok.push(idx.iter().map(|&i| tokens[i]).sum::<i64>());
+                        let p = if r < s.switch_at { p0 } else { p1 };
+                        series.push(stats_of(p, &idx));
+                    }
+                    let alarms = alarms_with_window(&det, &series, det.history_runs as usize)?;
+                    let mut after_tokens = 0i64;
+                    let mut found = false;
+                    for (r, a) in alarms.iter().enumerate() {
+                        let rt = round_tok[r];
                         round_tokens += rt;
                         round_count += 1;
-                        let p = if r < s.switch_at { p0 } else { p1 };
-                        let alarm = observe(&mut charts, &stats_of(p, &idx))?.iter().any(|&a| a);
+                        let alarm = a.iter().any(|&x| x);
                         if r < s.switch_at {
                             if r >= det.cusum.baseline_rounds {
                                 pre_rounds += 1;
@@ -1014,7 +1009,7 @@ async fn main() -> Result<()> {
                         stats_of(a8, &idx)
                     })
                     .collect();
-                let alarms = alarms_with_window(&det, &keys, &series, det.history_runs as usize)?;
+                let alarms = alarms_with_window(&det, &series, det.history_runs as usize)?;
                 let mut first = None;
                 for (t, a) in alarms.iter().enumerate() {
                     if t < det.cusum.baseline_rounds {
@@ -1141,7 +1136,7 @@ async fn main() -> Result<()> {
     log.push(line);
     let results = json!({
         "settings": {
-            "seed": s.seed, "profiles": s.profiles, "budgets": s.budgets, "rounds": s.rounds,
+            "seed": s.seed, "only_b": s.only_b, "profiles": s.profiles, "budgets": s.budgets, "rounds": s.rounds,
             "verify": s.verify, "worlds": s.worlds, "switch_budget": s.switch_budget, "switch_at": s.switch_at,
             "max_after": s.max_after, "ic_rounds": s.ic_rounds, "pool": s.pool, "sample_profiles": s.sample_profiles,
             "sample_rounds": s.sample_rounds, "samples_per_prompt": s.per_prompt,
@@ -1149,6 +1144,7 @@ async fn main() -> Result<()> {
             "items_per_round_default": cfg.items_per_round, "permutations_default": cfg.permutations,
             "top_k": cfg.top_k, "level": det.rule.level, "metric": det.metric, "threshold": threshold,
             "cusum": det.cusum, "cusum_arl0": det.cusum.arl0(), "cusum_statistics": keys,
+            "cusum_chart_h": detect::changed_chart_config(&det, det.cusum.min_sd)?.h,
             "history_runs": det.history_runs,
         },
         "texts": {"count": tokens.len(), "tokens": tokens, "total_tokens": tokens.iter().sum::<i64>(),
@@ -1277,9 +1273,17 @@ fn render_tables(r: &Value) -> Result<String> {
 
     writeln!(
         t,
-        "\n### B. changed? (CUSUM: k {}, h {:.3}, two-sided, ARL0 {:.0} per chart, baseline {} rounds; charts {})\n",
+        "\n### B. changed? (CUSUM: k {}, h {:.3}{}, two-sided, ARL0 {:.0} per chart, baseline {} rounds; charts {})\n",
         set["cusum"]["k"],
-        f(&set["cusum"]["h"]),
+        f(&set["cusum_chart_h"]),
+        if set["cusum_baseline_correction"] == true {
+            format!(
+                " (raised for the estimated baseline from {:.3})",
+                f(&set["cusum"]["h"])
+            )
+        } else {
+            String::new()
+        },
         f(&set["cusum_arl0"]),
         set["cusum"]["baseline_rounds"],
         set["cusum_statistics"]

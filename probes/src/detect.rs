@@ -66,7 +66,7 @@ use crate::compare::{RunSummary, decode_positions};
 use crate::config::ProbesConfig;
 use crate::ladder::{Equivalent, Ladder, Metric};
 use crate::noise::{NoiseFloor, repeat_summary};
-use crate::sequential::{Cusum, CusumConfig, Shift};
+use crate::sequential::{Cusum, CusumConfig, Observation, Shift, run_chart};
 use crate::{ProbesError, Result};
 
 #[path = "detect_config.rs"]
@@ -488,6 +488,7 @@ impl Detectors {
             .filter(|r| accepted_ms.is_none_or(|t| r.started_ms > t))
             .collect();
         let mut alarms = Vec::new();
+        let mut threshold = self.cfg.cusum.h;
         for key in &self.cfg.cusum_statistics {
             if stat(&run.stats, key).is_none() {
                 continue;
@@ -500,27 +501,21 @@ impl Detectors {
                 }
             });
             let min_sd = floor.map_or(self.cfg.cusum.min_sd, |f| f.max(self.cfg.cusum.min_sd));
-            let mut chart = Cusum::new(CusumConfig {
-                min_sd,
-                ..self.cfg.cusum
-            })?;
-            let mut last = None;
-            let mut ids = Vec::new();
-            for r in &series {
-                let Some(x) = stat(&r.stats, key) else {
-                    continue;
-                };
-                let obs = chart.observe(x)?;
-                ids.push(r.id);
-                if r.id == run.id {
-                    last = Some((x, obs));
-                }
-            }
+            let (ids, values): (Vec<i64>, Vec<f64>) = series
+                .iter()
+                .filter_map(|r| stat(&r.stats, key).map(|x| (r.id, x)))
+                .unzip();
+            let (chart, observations) = changed_chart(&self.cfg, min_sd, &values)?;
+            let last = ids
+                .iter()
+                .rposition(|&id| id == run.id)
+                .map(|i| (values[i], observations[i]));
             let Some((x, obs)) = last else { continue };
             let Some(shift) = obs.alarm else { continue };
             let Some((mean, sd)) = chart.baseline() else {
                 continue;
             };
+            threshold = chart.config().h;
             let baseline_ids: Vec<i64> = ids
                 .iter()
                 .take(self.cfg.cusum.baseline_rounds)
@@ -532,7 +527,7 @@ impl Detectors {
                 "shift": match shift { Shift::Up => "up", Shift::Down => "down" },
                 "z": obs.z,
                 "cusum": obs.s_hi.max(obs.s_lo),
-                "threshold": self.cfg.cusum.h,
+                "threshold": chart.config().h,
                 "k": self.cfg.cusum.k,
                 "arl0": self.cfg.cusum.arl0(),
                 "baseline_mean": mean,
@@ -560,7 +555,7 @@ impl Detectors {
             run.endpoint,
             run.kind,
             parts.join("; "),
-            self.cfg.cusum.h,
+            threshold,
             self.cfg.cusum.arl0()
         );
         Ok(Some(NewAlert {
@@ -573,7 +568,7 @@ impl Detectors {
                 "probe_kind": run.kind,
                 "statistic": alarms.first().map(|a| a["statistic"].clone()),
                 "value": alarms.first().map(|a| a["value"].clone()),
-                "threshold": self.cfg.cusum.h,
+                "threshold": threshold,
                 "p_value": serde_json::Value::Null,
                 "alarms": alarms,
                 "probe_runs": [run.id],
@@ -602,6 +597,27 @@ impl Detectors {
         out.extend(self.alerting.auto_resolve(store, now_ms).await?);
         Ok(out)
     }
+}
+
+/// The chart configuration the changed? detector uses for one statistic: the configured
+/// chart with `min_sd` (the configured minimum, raised by the statistic's noise floor).
+pub fn changed_chart_config(cfg: &DetectorConfig, min_sd: f64) -> Result<CusumConfig> {
+    Ok(CusumConfig {
+        min_sd,
+        ..cfg.cusum
+    })
+}
+
+/// The changed? chart of one statistic over an endpoint's series of per-run values (oldest
+/// first, runs after the last accepted change): [`changed_chart_config`] fed the values in
+/// order. [`Detectors::changed`] raises "changed" when the newest run's observation alarms;
+/// the benchmark (`probes/examples/detection_power.rs`) calls this same function.
+pub fn changed_chart(
+    cfg: &DetectorConfig,
+    min_sd: f64,
+    values: &[f64],
+) -> Result<(Cusum, Vec<Observation>)> {
+    run_chart(changed_chart_config(cfg, min_sd)?, values)
 }
 
 /// Noise floors per run-stats key, from the noise-floor pairs in `history` (a run with

@@ -263,6 +263,19 @@ impl Cusum {
     }
 }
 
+/// Feeds `values` (oldest first) to a new chart with `config`: the chart after the last
+/// value and every value's observation. This is the whole chart logic of the changed?
+/// detector for one statistic ([`crate::detect::changed_chart`]), pure, so that a benchmark
+/// or a test replays exactly what the detector computes.
+pub fn run_chart(config: CusumConfig, values: &[f64]) -> Result<(Cusum, Vec<Observation>)> {
+    let mut chart = Cusum::new(config)?;
+    let mut obs = Vec::with_capacity(values.len());
+    for &x in values {
+        obs.push(chart.observe(x)?);
+    }
+    Ok((chart, obs))
+}
+
 #[cfg(test)]
 #[path = "sequential_tests.rs"]
 mod tests;
