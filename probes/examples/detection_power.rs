@@ -1144,6 +1144,7 @@ async fn main() -> Result<()> {
             "items_per_round_default": cfg.items_per_round, "permutations_default": cfg.permutations,
             "top_k": cfg.top_k, "level": det.rule.level, "metric": det.metric, "threshold": threshold,
             "cusum": det.cusum, "cusum_arl0": det.cusum.arl0(), "cusum_statistics": keys,
+            "cusum_baseline_correction": det.cusum_baseline_correction,
             "cusum_chart_h": detect::changed_chart_config(&det, det.cusum.min_sd)?.h,
             "history_runs": det.history_runs,
         },

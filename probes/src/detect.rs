@@ -15,7 +15,12 @@
 //!   `cusum_baseline_rounds` runs are the baseline. The chart is rebuilt from the store on
 //!   every run (so a restart loses nothing); an alarm on the newest run raises "changed".
 //!   Resolving a "changed" alert accepts the new behaviour: the chart then starts over from
-//!   the runs after the resolution (a new baseline).
+//!   the runs after the resolution (a new baseline). The chart logic is the pure
+//!   [`changed_chart`]; its `h` is raised for the estimated 30-round baseline
+//!   ([`changed_chart_config`], `crate::sequential`), which keeps the in-control false-alarm
+//!   rate at the documented `1/cusum_arl0` per chart (without it the probe benchmark
+//!   measured four times that). `cusum_arl0` is per chart: with the three default charts
+//!   of a logprob probe, an endpoint's in-control ARL is about a third of it.
 //! - **passive** ([`Detectors::sweep`]): per model, each endpoint's request records of the
 //!   last `passive_window_ms` against the other endpoints': error rate, tool-call error rate
 //!   and repetition-cut rate (two-proportion z, flagged only when the endpoint is worse),
@@ -36,10 +41,11 @@
 //! # kl_threshold = 0.05         # without a ladder: flag mean KL above this
 //! samples_alpha = 0.01              # needs permutations ≥ 1/samples_alpha (default 999)
 //! max_mismatch_rate = 0.02
-//! cusum_k = 0.5
-//! cusum_arl0 = 1000.0           # in-control average run length (rounds), two-sided
+//! cusum_k = 1.0                 # CUSUM allowance (σ units): fastest on a 2σ shift
+//! cusum_arl0 = 1000.0           # in-control average run length (rounds) per chart, two-sided
 //! cusum_baseline_rounds = 30
 //! cusum_min_sd = 1e-6
+//! cusum_baseline_correction = true  # h raised so the estimated baseline keeps cusum_arl0
 //! cusum_statistics = ["kl_mean", "top1_same", "dlogprob_mean", "mmd", "trigger_f1", "effective_context"]
 //! history_runs = 500
 //! passive_q = 0.01              # Benjamini–Hochberg false-discovery rate
@@ -551,7 +557,7 @@ impl Detectors {
             })
             .collect();
         let summary = format!(
-            "endpoint {} changed ({}): {} (CUSUM > {:.2}, in-control ARL ≈ {:.0} rounds)",
+            "endpoint {} changed ({}): {} (CUSUM > {:.2}, in-control ARL ≈ {:.0} rounds per chart)",
             run.endpoint,
             run.kind,
             parts.join("; "),
@@ -600,12 +606,20 @@ impl Detectors {
 }
 
 /// The chart configuration the changed? detector uses for one statistic: the configured
-/// chart with `min_sd` (the configured minimum, raised by the statistic's noise floor).
+/// chart with `min_sd` (the configured minimum, raised by the statistic's noise floor) and,
+/// with `cusum_baseline_correction` (the default), `h` raised for the estimated baseline
+/// ([`CusumConfig::for_estimated_baseline`]) so that the in-control false-alarm rate per
+/// chart is the documented `1/cusum_arl0`.
 pub fn changed_chart_config(cfg: &DetectorConfig, min_sd: f64) -> Result<CusumConfig> {
-    Ok(CusumConfig {
+    let chart = CusumConfig {
         min_sd,
         ..cfg.cusum
-    })
+    };
+    if cfg.cusum_baseline_correction {
+        chart.for_estimated_baseline()
+    } else {
+        Ok(chart)
+    }
 }
 
 /// The changed? chart of one statistic over an endpoint's series of per-run values (oldest

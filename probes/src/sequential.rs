@@ -35,6 +35,36 @@
 //! default 30 baseline rounds the tests check by simulation that the median in-control run
 //! length stays above a third of the known-parameter median (`ARL0·ln 2`); a measured noise
 //! floor as `min_sd` removes the too-small-σ charts that cause most early alarms.
+//!
+//! # Correcting h for the estimated baseline
+//! Averaged over baselines the effect is large: at the known-parameter `h` (two-sided, ARL0
+//! 1,000, k = 0.5: `h ≈ 5.75`) a 30-round baseline makes the in-control false-alarm rate
+//! ≈ 0.46% per round instead of 0.1% ([`estimated_baseline_alarm_rate`]); the probe
+//! benchmark (`bench/probes/run.sh`, part B) measured 0.41–0.44% per chart on an
+//! 8-bit-activation endpoint probed with random text subsets, and a simulation gives the same
+//! 0.44% for i.i.d. normal rounds, while the statistics' skew there is small (≈ 0.2 for the
+//! per-round mean KL) and a log transform of it changed nothing: the estimated baseline is
+//! the cause, not the statistic's shape. [`CusumConfig::for_estimated_baseline`] therefore
+//! raises `h` until the expected rate over the baseline's sampling spread (normal theory:
+//! `x̄` and `s²` of `baseline_rounds` rounds) is `1/arl0()`; the documented ARL0 then means
+//! the long-run in-control rate over charts, `1/ARL0` per round. For k = 0.5 that is
+//! `h ≈ 9.40` for 30 rounds (6.57 for 100, 53 for 8); for k = 1, `h ≈ 4.18` from 2.98 (14.5
+//! for 8): a larger k is far less sensitive to the baseline mean's error (σ/√n against k).
+//!
+//! The changed? detector (`crate::detect`) uses the correction by default
+//! (`cusum_baseline_correction`) with k = 1: a sustained 2σ shift then takes ≈ 4.8 rounds
+//! (Siegmund; the uncorrected k = 0.5 chart it replaces took ≈ 4.4, a corrected k = 0.5 one
+//! would take ≈ 6.8), 3σ ≈ 2.6 and 5σ ≈ 1.3; the shifts the probes exist for (w6/w5/w4
+//! weights, tens of σ) alarm on the first round after the switch. The tests check by
+//! simulation that the detector's default chart keeps 0.1% (±4 standard errors) on normal
+//! rounds and a k = 0.5 chart on skewed (log-normal, skewness 0.3) rounds, and that both
+//! exceed 0.3% without the correction. A larger k reacts more to a skewed statistic: on
+//! log-normal rounds the corrected k = 1 chart measured 0.12% at skewness 0.2 and 0.13% at
+//! 0.3 (k = 0.5: 0.107%, 0.101%); on the probes' own a8 rounds, see the benchmark's part B.
+//!
+//! The ARL0 is per chart. An endpoint watched on several statistics alarms on any of them:
+//! with three charts its in-control ARL is about a third of the per-chart one (less than
+//! that when the statistics move together).
 
 use crate::{Result, invalid};
 
@@ -46,6 +76,106 @@ pub fn siegmund_arl(delta: f64, h: f64) -> f64 {
         return b * b;
     }
     ((-2.0 * delta * b).exp() + 2.0 * delta * b - 1.0) / (2.0 * delta * delta)
+}
+
+/// The expected in-control false-alarm rate per round of a chart (`k`, `h`, sidedness) whose
+/// `μ₀` and `σ` are estimated from `baseline_rounds` i.i.d. normal rounds, averaged over the
+/// spread of those estimates (see the module doc): `x̄ − μ ~ N(0, σ²/n)` and
+/// `s²/σ² ~ χ²ₙ₋₁/(n − 1)`, independent; given them the standardized rounds are
+/// `N(a·r, r²)` with `a = (μ − x̄)/σ`, `r = σ/s`, i.e. a chart on `N(a, 1)` rounds with
+/// `k/r`, `h/r`, whose rate is `1/ARL` by Siegmund (both sides when two-sided, at most 1).
+/// The two integrals are sums over fixed grids. With known parameters (`baseline_rounds`
+/// → ∞) it tends to `1/arl0`.
+pub fn estimated_baseline_alarm_rate(k: f64, h: f64, two_sided: bool, baseline_rounds: usize) -> f64 {
+    let n = baseline_rounds.max(2) as f64;
+    let nu = n - 1.0;
+    // the mean's error in σ units: a = z/√n, z ~ N(0, 1), on [−8, 8]
+    const NZ: usize = 161;
+    let (mut za, mut zw) = (Vec::with_capacity(NZ), Vec::with_capacity(NZ));
+    for i in 0..NZ {
+        let z = -8.0 + 16.0 * i as f64 / (NZ - 1) as f64;
+        za.push(z / n.sqrt());
+        zw.push((-0.5 * z * z).exp());
+    }
+    let zt: f64 = zw.iter().sum();
+    // y = ln(s²/σ²), density ∝ exp(ν/2 · (y − eʸ + 1)); its spread is about √(2/ν), with a long
+    // left tail when ν is small
+    const NY: usize = 241;
+    let sd = (2.0 / nu).sqrt();
+    let (lo, hi) = (-(10.0 * sd + 20.0 / nu).min(40.0), 8.0 * sd + 2.0 / nu);
+    let (mut yr, mut yw) = (Vec::with_capacity(NY), Vec::with_capacity(NY));
+    for i in 0..NY {
+        let y = lo + (hi - lo) * i as f64 / (NY - 1) as f64;
+        yr.push((-0.5 * y).exp()); // r = σ/s
+        yw.push((0.5 * nu * (y - y.exp() + 1.0)).exp()); // peak 1 at y = 0
+    }
+    let yt: f64 = yw.iter().sum();
+    let mut rate = 0.0;
+    for (&r, &wy) in yr.iter().zip(&yw) {
+        if wy == 0.0 {
+            continue;
+        }
+        let (kr, hr) = (k / r, h / r);
+        let mut inner = 0.0;
+        for (&a, &wz) in za.iter().zip(&zw) {
+            let mut x = 1.0 / siegmund_arl(a - kr, hr);
+            if two_sided {
+                x += 1.0 / siegmund_arl(-a - kr, hr);
+            }
+            inner += wz * x.clamp(0.0, 1.0);
+        }
+        rate += wy * inner;
+    }
+    rate / (zt * yt)
+}
+
+/// The `h` at which [`estimated_baseline_alarm_rate`] is `1/arl0`: the threshold that keeps
+/// the in-control false-alarm rate of a chart with a `baseline_rounds`-round estimated
+/// baseline at the documented `1/arl0` on average over baselines. Memoized (a few ms each).
+pub fn h_for_arl0_estimated(
+    k: f64,
+    arl0: f64,
+    two_sided: bool,
+    baseline_rounds: usize,
+) -> Result<f64> {
+    use std::sync::{Mutex, OnceLock};
+    type Key = (u64, u64, bool, usize);
+    static MEMO: OnceLock<Mutex<Vec<(Key, f64)>>> = OnceLock::new();
+    let lo = h_for_arl0(k, arl0, two_sided)?; // known parameters: the smallest h
+    if baseline_rounds < 2 {
+        return Err(invalid("CUSUM baseline needs at least 2 rounds"));
+    }
+    let key = (k.to_bits(), arl0.to_bits(), two_sided, baseline_rounds);
+    let memo = MEMO.get_or_init(|| Mutex::new(Vec::new()));
+    if let Some(&(_, h)) = memo.lock().map_err(|_| invalid("memo poisoned"))?.iter().find(|(k2, _)| *k2 == key) {
+        return Ok(h);
+    }
+    let target = 1.0 / arl0;
+    let rate = |h: f64| estimated_baseline_alarm_rate(k, h, two_sided, baseline_rounds);
+    let (mut lo, mut hi) = (lo, 2.0 * lo.max(1.0));
+    while rate(hi) > target {
+        lo = hi;
+        hi *= 2.0;
+        if hi > 1e6 {
+            return Err(invalid("target ARL0 out of reach for this baseline"));
+        }
+    }
+    while hi - lo > 1e-4 * hi {
+        let mid = 0.5 * (lo + hi);
+        if rate(mid) > target {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let h = 0.5 * (lo + hi);
+    if let Ok(mut m) = memo.lock() {
+        if m.len() >= 64 {
+            m.remove(0);
+        }
+        m.push((key, h));
+    }
+    Ok(h)
 }
 
 /// Configuration of one CUSUM chart.
@@ -121,6 +251,16 @@ impl CusumConfig {
         // two sides each at 2·bound: alarms from either side still come no more often
         let c = if two_sided { 2.0 * arl0_bound } else { arl0_bound };
         Ok(Self { k, h: c.ln() / (2.0 * k), two_sided, ..Self::default() })
+    }
+
+    /// This chart with `h` raised for its estimated baseline: the in-control false-alarm rate
+    /// per round, averaged over the spread of a `baseline_rounds`-round baseline's mean and
+    /// sd ([`estimated_baseline_alarm_rate`]), is `1/arl0()` — the rate `arl0()` promises
+    /// for known parameters. `arl0()` of the result is larger (it ignores the estimation).
+    pub fn for_estimated_baseline(&self) -> Result<Self> {
+        self.validate()?;
+        let h = h_for_arl0_estimated(self.k, self.arl0(), self.two_sided, self.baseline_rounds)?;
+        Ok(Self { h, ..*self })
     }
 
     /// The chart's in-control ARL by Siegmund's approximation.
