@@ -13,6 +13,8 @@
 # IC_ROUNDS (2000), POOL (50), SAMPLE_PROFILES (reference,w4), SAMPLE_ROUNDS (500),
 # SAMPLES_PER_PROMPT (10), HI_PERMUTATIONS (0 = off), HI_ROUNDS (200), SEED, ONLY_B (0; 1 =
 # score only reference,a8,w6,w5,w4 per text, no re-run check, no part A rounds, no part C).
+# Part B's chart: CUSUM_K (the detector's default k) and CUSUM_CORRECTION (1; 0 = h for known
+# baseline parameters) compare remedies.
 # The model: SAMEWISE_MODEL or ~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf.
 # Results land in bench/out/probes-TIMESTAMP/ (results.json, table.md, log).
 set -euo pipefail

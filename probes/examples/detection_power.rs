@@ -48,6 +48,7 @@ use samewise_probes::mmd::{PermutationConfig, PromptSamples, mmd_test};
 use samewise_probes::noise;
 use samewise_probes::prompts::{CompletionPrompt, LogprobText};
 use samewise_probes::reference::{InProcess, Reference, SampleRequest};
+use samewise_probes::sequential::CusumConfig;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -690,7 +691,18 @@ async fn main() -> Result<()> {
     let ladder_path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("data/ladders/smollm2-135m-instruct-q4_1.json");
     let ladder = Ladder::from_json(&std::fs::read_to_string(&ladder_path)?)?;
-    let det = DetectorConfig::default();
+    // part B's chart: DetectorConfig::default(), or another k [CUSUM_K] / the
+    // estimated-baseline correction off [CUSUM_CORRECTION=0] to compare remedies
+    let mut det = DetectorConfig::default();
+    if let Ok(k) = std::env::var("CUSUM_K") {
+        let k: f64 = k.trim().parse().context("CUSUM_K")?;
+        det.cusum = CusumConfig {
+            baseline_rounds: det.cusum.baseline_rounds,
+            min_sd: det.cusum.min_sd,
+            ..CusumConfig::for_arl0(k, det.cusum.arl0(), true)?
+        };
+    }
+    det.cusum_baseline_correction = env_or("CUSUM_CORRECTION", 1u8)? != 0;
     let threshold = ladder.threshold(det.metric, &det.rule.level)?;
     eprintln!(
         "settings: {s:?}\nfaithful? threshold: {:?} > {threshold} (level {}); CUSUM h {:.3} (charts {:.3}) k {} two-sided {} ARL0 {:.0}",
