@@ -14,7 +14,7 @@ use anyhow::{Context, Result, ensure};
 use samewise_store::{ProbeRun, Store};
 
 mod common;
-use common::probes::{alerts, config, engine, runs, stat};
+use common::probes::{alerts, config, engine, probes_run, runs, stat};
 use common::{BIN, spawn_listening};
 
 /// An unmodified endpoint: every actual-token logprob and every top-1 identical to the
@@ -67,18 +67,7 @@ async fn probes_run_once_tells_the_profiles_apart() -> Result<()> {
         )?,
     )?;
 
-    let out = Command::new(BIN)
-        .args(["probes", "run", "--once", "--config"])
-        .arg(&cfg)
-        .current_dir(dir.path())
-        .env_remove("DATABASE_URL")
-        .output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success(),
-        "probes run failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = probes_run(&["--once"], &cfg, dir.path())?;
     ensure!(
         stdout.lines().filter(|l| l.starts_with('#')).count() == 7,
         "one line per stored run (3 noise pairs + 1 refusal):\n{stdout}"
@@ -369,17 +358,7 @@ async fn the_ladder_flags_4bit_weights_as_about_4_bit_or_worse() -> Result<()> {
     .replace("kl_threshold = 0.01\n", "")
     .replace("[probes]\n", &format!("[probes]\nladder = \"{ladder}\"\n"));
     std::fs::write(&cfg, text)?;
-    let out = Command::new(BIN)
-        .args(["probes", "run", "--once", "--config"])
-        .arg(&cfg)
-        .current_dir(dir.path())
-        .env_remove("DATABASE_URL")
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    probes_run(&["--once"], &cfg, dir.path())?;
     let open = alerts(&data).await?;
     let w4 = open
         .iter()

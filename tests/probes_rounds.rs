@@ -10,15 +10,14 @@
 //! `~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf`; a missing model fails.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use samewise_store::ProbeRun;
 
 mod common;
-use common::probes::{alerts, config, engine, engine_on, runs, stat};
-use common::{BIN, spawn_listening};
+use common::probes::{alerts, config, engine, engine_on, probes_run, runs, stat};
+use common::spawn_listening;
 
 const LADDER: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -55,18 +54,7 @@ async fn fifty_rounds_never_flag_the_unmodified_or_the_8bit_activation_endpoint(
         &cfg,
         ladder_config(&data, &[("exact", &u_ref), ("a8", &u_a8)], "")?,
     )?;
-    let out = Command::new(BIN)
-        .args(["probes", "run", "--rounds", &ROUNDS.to_string(), "--config"])
-        .arg(&cfg)
-        .current_dir(dir.path())
-        .env_remove("DATABASE_URL")
-        .output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success(),
-        "probes run failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = probes_run(&["--rounds", &ROUNDS.to_string()], &cfg, dir.path())?;
     // 50 rounds per endpoint plus a noise-floor repeat every 5th round (the first included)
     let stored = 2 * (ROUNDS + ROUNDS / 5);
     ensure!(

@@ -33,11 +33,8 @@ use futures_util::StreamExt;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use samewise_engine::chat::{self, ChatTemplate};
-use samewise_engine::gguf::GgufFile;
 use samewise_engine::profile::Profile;
 use samewise_engine::server::{self, ServerState};
-use samewise_engine::tokenizer::Tokenizer;
 use samewise_engine::{Engine, LoadOptions};
 use samewise_probes::compare::{self, PositionMetrics, RunSummary};
 use samewise_probes::config::{ModelProbes, ProbeKind, ProbesConfig};
@@ -156,34 +153,10 @@ impl Settings {
     }
 }
 
-/// The model path rule of the tests: `SAMEWISE_MODEL`, else the cached test model.
-fn model_path() -> Result<PathBuf> {
-    let path = match std::env::var_os("SAMEWISE_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
-            .join(".cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
-    ensure!(
-        path.is_file(),
-        "test model missing at {} (run scripts/fetch-model.sh or set SAMEWISE_MODEL)",
-        path.display()
-    );
-    Ok(path)
-}
-
-fn tokenizer_and_template(model: &Path) -> Result<(Tokenizer, Option<ChatTemplate>)> {
-    let gguf = GgufFile::open(model)?;
-    let tok = Tokenizer::from_gguf(&gguf)?;
-    let template = match chat::template_from_gguf(&gguf) {
-        Some(src) => Some(ChatTemplate::new(
-            &src,
-            tok.bos_token().unwrap_or_default(),
-            tok.eos_token().unwrap_or_default(),
-        )?),
-        None => None,
-    };
-    Ok((tok, template))
-}
+// the test model's path rule and its tokenizer/template: the probe tests' own helpers
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::{model_path, tokenizer_and_template};
 
 /// A SplitMix64 step: seeds for rounds, worlds and permutations.
 fn mix(a: u64, b: u64) -> u64 {
@@ -714,7 +687,7 @@ async fn main() -> Result<()> {
         det.cusum.two_sided,
         det.cusum.arl0()
     );
-    let (tok, template) = tokenizer_and_template(&model)?;
+    let (tok, template) = tokenizer_and_template()?;
     let m = model.clone();
     let ref_engine = tokio::task::spawn_blocking(move || {
         Engine::load(

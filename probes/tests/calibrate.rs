@@ -6,23 +6,12 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result};
 use samewise_probes::calibrate::{self, CalibrateOptions};
 use samewise_probes::ladder::{Equivalent, Ladder, LevelKind, Metric};
 
-fn model_path() -> Result<PathBuf> {
-    let path = match std::env::var_os("SAMEWISE_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?)
-            .join(".cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
-    ensure!(
-        path.is_file(),
-        "test model missing at {} (run scripts/fetch-model.sh or set SAMEWISE_MODEL)",
-        path.display()
-    );
-    Ok(path)
-}
+mod common;
+use common::model_path;
 
 #[test]
 fn drift_grows_monotonically_as_bits_fall_on_every_statistic() -> Result<()> {
