@@ -8,7 +8,7 @@
 #   PROFILE=dev bench/probes/run.sh                      # check the script on a debug build
 #   ONLY_B=1 bench/probes/run.sh                         # only part B (changed?), minutes
 #
-# Settings (environment; defaults in probes/examples/detection_power.rs): PROFILES, BUDGETS
+# Settings (environment; defaults in probes/examples/detection_power/main.rs): PROFILES, BUDGETS
 # (500,1000,2000), ROUNDS (2000), VERIFY (3), WORLDS (200), SWITCH_AT (60), MAX_AFTER (300),
 # IC_ROUNDS (2000), POOL (50), SAMPLE_PROFILES (reference,w4), SAMPLE_ROUNDS (500),
 # SAMPLES_PER_PROMPT (10), HI_PERMUTATIONS (0 = off), HI_ROUNDS (200), SEED, ONLY_B (0; 1 =
