@@ -7,8 +7,8 @@
 use serde_json::{Map, json};
 
 use super::{
-    Outcome, ProbeCtx, Target, call, chat_positions, logprob_outcome, positions, usage_tokens,
-    window,
+    Outcome, ProbeCtx, Target, call, chat_positions, insert_alignment_stats, logprob_outcome,
+    positions, usage_tokens, window,
 };
 use crate::align::{AlignMethod, EndpointToken, align};
 
@@ -83,16 +83,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
         "prompts".into(),
         json!(prompts.iter().map(|p| p.id.clone()).collect::<Vec<_>>()),
     );
-    extra.insert("endpoint_tokens".into(), json!(generated));
-    extra.insert("unmappable".into(), json!(unmappable));
-    extra.insert(
-        "mismatch_rate".into(),
-        json!(if generated == 0 {
-            0.0
-        } else {
-            unmappable as f64 / generated as f64
-        }),
-    );
+    insert_alignment_stats(&mut extra, generated, unmappable);
     extra.insert("unmapped_alternatives".into(), json!(dropped));
     extra.insert("align".into(), json!(method));
     extra.insert("output_lengths".into(), json!(lengths));

@@ -72,11 +72,5 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     stats.insert("depth".into(), json!(depth));
     stats.insert("lengths".into(), Value::Array(passed));
     stats.insert("failed_at".into(), failed_at.unwrap_or(Value::Null));
-    Outcome {
-        ok: true,
-        error: None,
-        tokens,
-        stats: Value::Object(stats),
-        raw: None,
-    }
+    Outcome::done(tokens, stats)
 }

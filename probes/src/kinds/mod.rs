@@ -175,6 +175,36 @@ impl Outcome {
             raw: None,
         }
     }
+
+    /// A probe that ran, with its statistics and no per-position data.
+    pub fn done(tokens: i64, stats: serde_json::Map<String, Value>) -> Self {
+        Self {
+            ok: true,
+            error: None,
+            tokens,
+            stats: Value::Object(stats),
+            raw: None,
+        }
+    }
+}
+
+/// Adds the token-alignment statistics of a logprob probe: how many endpoint tokens, how many
+/// did not map onto the reference vocabulary, and their share (`mismatch_rate`).
+pub(crate) fn insert_alignment_stats(
+    stats: &mut serde_json::Map<String, Value>,
+    endpoint_tokens: usize,
+    unmappable: usize,
+) {
+    stats.insert("endpoint_tokens".into(), json!(endpoint_tokens));
+    stats.insert("unmappable".into(), json!(unmappable));
+    stats.insert(
+        "mismatch_rate".into(),
+        json!(if endpoint_tokens == 0 {
+            0.0
+        } else {
+            unmappable as f64 / endpoint_tokens as f64
+        }),
+    );
 }
 
 /// Runs one probe of `kind` against `target`.

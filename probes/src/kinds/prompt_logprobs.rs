@@ -7,7 +7,8 @@
 use serde_json::{Map, Value, json};
 
 use super::{
-    EpPosition, Outcome, ProbeCtx, Target, call, logprob_outcome, positions, usage_tokens, window,
+    EpPosition, Outcome, ProbeCtx, Target, call, insert_alignment_stats, logprob_outcome,
+    positions, usage_tokens, window,
 };
 use crate::align::{AlignMethod, EndpointToken, align_to_text};
 use crate::reference::norm;
@@ -88,16 +89,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     }
     let mut extra = Map::new();
     extra.insert("texts".into(), json!(ids));
-    extra.insert("endpoint_tokens".into(), json!(endpoint_tokens));
-    extra.insert("unmappable".into(), json!(unmappable));
-    extra.insert(
-        "mismatch_rate".into(),
-        json!(if endpoint_tokens == 0 {
-            0.0
-        } else {
-            unmappable as f64 / endpoint_tokens as f64
-        }),
-    );
+    insert_alignment_stats(&mut extra, endpoint_tokens, unmappable);
     extra.insert("unmapped_alternatives".into(), json!(dropped_alternatives));
     extra.insert("align".into(), json!(method));
     extra.insert("top_k".into(), json!(k));

@@ -136,13 +136,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             lens.iter().sum::<usize>() as f64 / lens.len() as f64
         }),
     );
-    Outcome {
-        ok: true,
-        error: None,
-        tokens,
-        stats: Value::Object(stats),
-        raw: None,
-    }
+    Outcome::done(tokens, stats)
 }
 
 /// The reference's mean per-token logprob of `text` after `prompt` (None for empty text).

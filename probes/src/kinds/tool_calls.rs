@@ -166,11 +166,5 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
         "reference_expected_rate".into(),
         json!(ref_expected as f64 / n),
     );
-    Outcome {
-        ok: true,
-        error: None,
-        tokens,
-        stats: Value::Object(stats),
-        raw: None,
-    }
+    Outcome::done(tokens, stats)
 }
