@@ -247,5 +247,4 @@ pub fn map_top(alternatives: &[(EndpointToken, f64)], vocab: &dyn ReferenceVocab
 }
 
 #[cfg(test)]
-#[path = "align_tests.rs"]
 mod tests;

@@ -383,5 +383,4 @@ pub fn decode_positions_base64(text: &str) -> Result<Vec<PositionInput>> {
 }
 
 #[cfg(test)]
-#[path = "compare_tests.rs"]
 mod tests;

@@ -478,5 +478,4 @@ fn parse_model(name: &str, t: &toml::Table) -> Result<ModelProbes> {
 }
 
 #[cfg(test)]
-#[path = "config_tests.rs"]
 mod tests;

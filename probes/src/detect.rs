@@ -75,9 +75,7 @@ use crate::noise::{NoiseFloor, repeat_summary};
 use crate::sequential::{Cusum, CusumConfig, Observation, Shift, run_chart};
 use crate::{ProbesError, Result};
 
-#[path = "detect_config.rs"]
 mod detector_config;
-#[path = "detect_passive.rs"]
 mod passive_sweep;
 
 pub use detector_config::DetectorConfig;

@@ -364,5 +364,4 @@ impl LevelBuilder {
 }
 
 #[cfg(test)]
-#[path = "ladder_tests.rs"]
 mod tests;

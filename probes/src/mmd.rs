@@ -234,5 +234,4 @@ pub fn loglik_test(prompts: &[PromptLoglik], cfg: &PermutationConfig) -> Result<
 }
 
 #[cfg(test)]
-#[path = "mmd_tests.rs"]
 mod tests;

@@ -156,5 +156,4 @@ pub fn judge(
 }
 
 #[cfg(test)]
-#[path = "noise_tests.rs"]
 mod tests;

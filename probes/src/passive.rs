@@ -223,5 +223,4 @@ pub fn benjamini_hochberg(p_values: &[f64], q: f64) -> Result<Vec<bool>> {
 }
 
 #[cfg(test)]
-#[path = "passive_tests.rs"]
 mod tests;

@@ -255,5 +255,4 @@ pub fn pretoken_lower_bound(text: &str) -> usize {
 }
 
 #[cfg(test)]
-#[path = "prompts_tests.rs"]
 mod tests;

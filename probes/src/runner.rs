@@ -362,5 +362,4 @@ pub fn next_gap(interval: Duration, jitter: f64, rng: &mut StdRng) -> Duration {
 }
 
 #[cfg(test)]
-#[path = "runner_tests.rs"]
 mod tests;

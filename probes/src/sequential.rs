@@ -417,5 +417,4 @@ pub fn run_chart(config: CusumConfig, values: &[f64]) -> Result<(Cusum, Vec<Obse
 }
 
 #[cfg(test)]
-#[path = "sequential_tests.rs"]
 mod tests;

@@ -6,7 +6,7 @@
 //! - a non-streamed answer with logprobs: each token of `logprobs` (`content[].token` on chat,
 //!   `tokens[]` on completions);
 //! - a non-streamed answer without logprobs (the fallback): the whitespace-separated words of
-//!   the text ([`text_units`], [`repeats_in_text`]), so "the the the the" counts but one
+//!   the text ([`text_units`]), so "the the the the" counts but one
 //!   repeated character inside a word does not.
 //!
 //! Empty units carry no token and neither count nor break a run. The guard compares units
@@ -39,11 +39,6 @@ impl RepeatGuard {
         }
     }
 
-    /// The run length that fires the guard.
-    pub fn threshold(&self) -> usize {
-        self.n
-    }
-
     /// Feeds the next unit; true when it completes (or extends) a run of `n` identical units.
     pub fn push(&mut self, unit: &str) -> bool {
         if unit.is_empty() {
@@ -59,11 +54,6 @@ impl RepeatGuard {
         self.run >= self.n
     }
 
-    /// Forgets the current run (a new choice or a new attempt).
-    pub fn reset(&mut self) {
-        self.last.clear();
-        self.run = 0;
-    }
 }
 
 impl Default for RepeatGuard {
@@ -77,17 +67,17 @@ pub fn text_units(text: &str) -> impl Iterator<Item = &str> {
     text.split_whitespace()
 }
 
-/// Whether a whole text (no logprobs) has `n` identical words in a row.
-pub fn repeats_in_text(text: &str, n: usize) -> bool {
-    let mut guard = RepeatGuard::new(n);
-    text_units(text).any(|w| guard.push(w))
-}
-
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// Whether a whole text (no logprobs) has `n` identical words in a row.
+    fn repeats_in_text(text: &str, n: usize) -> bool {
+        let mut guard = RepeatGuard::new(n);
+        text_units(text).any(|w| guard.push(w))
+    }
 
     #[test]
     fn fires_on_the_nth_identical_unit() {
@@ -111,8 +101,6 @@ mod tests {
             g.push("a"),
             "the empty delta neither counted nor broke the run"
         );
-        g.reset();
-        assert!(!g.push("a"));
     }
 
     #[test]
@@ -125,12 +113,14 @@ mod tests {
 
     #[test]
     fn threshold_below_two_is_two() {
-        assert_eq!(RepeatGuard::new(0).threshold(), 2);
-        assert_eq!(RepeatGuard::new(1).threshold(), 2);
-        assert_eq!(RepeatGuard::default().threshold(), 4);
-        let mut g = RepeatGuard::new(1);
-        assert!(!g.push("x"));
-        assert!(g.push("x"));
+        for n in [0, 1, 2] {
+            let mut g = RepeatGuard::new(n);
+            assert!(!g.push("x"), "n = {n}");
+            assert!(g.push("x"), "n = {n}");
+        }
+        let mut g = RepeatGuard::default();
+        assert!(!(0..3).any(|_| g.push("x")));
+        assert!(g.push("x"), "the default fires on the 4th");
     }
 
     #[test]

@@ -85,8 +85,8 @@ pub struct Inspector {
     strip_usage_chunk: bool,
     obs: Observation,
     degen: crate::degen::RepeatGuard,
-    tools: Option<crate::toolcheck::ToolSet>,
-    assembler: crate::toolcheck::ToolCallAssembler,
+    tools: Option<samewise_toolcheck::ToolSet>,
+    assembler: samewise_toolcheck::ToolCallAssembler,
 }
 
 #[derive(Debug, Deserialize)]
@@ -172,8 +172,8 @@ impl Inspector {
             strip_usage_chunk,
             obs: Observation::default(),
             degen: crate::degen::RepeatGuard::new(degenerate_repeat),
-            tools: tools.map(crate::toolcheck::ToolSet::from_request_tools),
-            assembler: crate::toolcheck::ToolCallAssembler::new(),
+            tools: tools.map(samewise_toolcheck::ToolSet::from_request_tools),
+            assembler: samewise_toolcheck::ToolCallAssembler::new(),
         }
     }
 
@@ -300,10 +300,10 @@ impl Inspector {
     pub fn finish(mut self) -> Observation {
         let calls = self.assembler.finish();
         if self.tools.is_some() || !calls.is_empty() {
-            let empty = crate::toolcheck::ToolSet::default();
+            let empty = samewise_toolcheck::ToolSet::default();
             let set = self.tools.as_ref().unwrap_or(&empty);
             let report =
-                crate::toolcheck::check_calls(set, &calls, self.obs.finish_reason.as_deref());
+                samewise_toolcheck::check_calls(set, &calls, self.obs.finish_reason.as_deref());
             self.obs.tools = ToolCounts {
                 calls: report.calls,
                 invalid_json: report.invalid_json,

@@ -1,14 +1,16 @@
 //! samewise-proxy: the gateway. It owns the OpenAI-compatible HTTP surface samewise serves to
 //! applications, routing over the endpoints of each logical model, failover and circuit
 //! breaking, streaming pass-through with side inspection, per-attempt telemetry records,
-//! tool-call checks, the degeneration guard, samewise API keys and the Prometheus metrics.
+//! tool-call checks (with `samewise-toolcheck`), the degeneration guard, samewise API keys and the Prometheus metrics.
 //!
 //! It must not call the reference engine or run drift statistics (that is the probe path), and
 //! it must not wait on the database on the request path: records go through the store's
 //! bounded queue, key lookups through a short-lived cache. It never forwards a client's key
 //! upstream and never shows a provider key.
 //!
-//! Entry points: [`Config`] (TOML, validated), [`AppState::new`], [`router`] and [`serve`].
+//! Entry points: [`Config`] (TOML, validated), [`AppState::new`], [`router`] and [`serve`];
+//! [`QualityWatcher`] (drift alerts → [`Quality`] per endpoint). Only `config` is a public
+//! module (its types are the configuration other crates read); everything else is private.
 //!
 //! # Layout
 //! - [`config`]: the TOML configuration and its validation.
@@ -26,29 +28,28 @@
 //! - [`record`]: request records and request metrics.
 //! - [`auth`]: key lookup cache and per-key rate limits.
 //! - [`metrics`]: the Prometheus registry.
-//! - [`toolcheck`]: tool-call assembly and classification.
 //! - [`degen`]: the repeated-output guard.
 
-pub mod auth;
-pub mod body;
+mod auth;
+mod body;
 pub mod config;
-pub mod degen;
-pub mod error;
-pub mod forward;
-pub mod frames;
-pub mod health;
-pub mod inspect;
-pub mod quality;
-pub mod metrics;
+mod degen;
+mod error;
+mod forward;
+mod frames;
+mod health;
+mod inspect;
+mod metrics;
+mod quality;
 mod record;
 mod relay;
-pub mod routing;
-pub mod server;
-pub mod state;
-pub mod toolcheck;
+mod routing;
+mod server;
+mod state;
 
-pub use config::Config;
+pub use config::{Config, OnDrift};
 pub use error::{ApiError, ProxyError};
+pub use health::Quality;
+pub use quality::QualityWatcher;
 pub use server::{router, serve};
 pub use state::AppState;
-

@@ -520,6 +520,29 @@ fn describe(e: &JError) -> String {
     }
 }
 
+/// The tokenizer and chat template (None when the model has none) of the model at `path`:
+/// a GGUF file, or a Hugging Face directory.
+pub fn load_tokenizer_and_template(
+    path: &std::path::Path,
+) -> Result<(crate::tokenizer::Tokenizer, Option<ChatTemplate>)> {
+    use crate::tokenizer::Tokenizer;
+    let (tokenizer, template_src) = if path.is_dir() {
+        (Tokenizer::from_hf_dir(path)?, template_from_hf_dir(path)?)
+    } else {
+        let gguf = crate::gguf::GgufFile::open(path)?;
+        (Tokenizer::from_gguf(&gguf)?, template_from_gguf(&gguf))
+    };
+    let template = match template_src {
+        Some(src) => Some(ChatTemplate::new(
+            &src,
+            tokenizer.bos_token().unwrap_or_default(),
+            tokenizer.eos_token().unwrap_or_default(),
+        )?),
+        None => None,
+    };
+    Ok((tokenizer, template))
+}
+
 /// Finds a model's chat template source: GGUF `tokenizer.chat_template`.
 pub fn template_from_gguf(gguf: &crate::gguf::GgufFile) -> Option<String> {
     gguf.get_str("tokenizer.chat_template").map(str::to_owned)

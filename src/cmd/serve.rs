@@ -69,7 +69,7 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
     println!("listening on http://{local}");
     // drift alerts demote or exclude endpoints (each model's on_drift), re-read every poll
     let quality =
-        samewise_proxy::quality::QualityWatcher::spawn(&config, state.clone(), store.clone());
+        samewise_proxy::QualityWatcher::spawn(&config, state.clone(), store.clone());
     let served = samewise_proxy::serve(listener, state, shutdown_signal()).await;
     if let Some(p) = probes {
         tracing::info!("stopping the probe scheduler");

@@ -90,6 +90,45 @@ impl PgTestDatabase {
     }
 }
 
+/// Fault injection for tests of the PostgreSQL advisory lock (`SchedulerLock`): the backend
+/// pid holding an advisory lock in the database at `url`, if any session holds one.
+pub async fn pg_advisory_lock_holder(url: &str) -> Result<Option<i32>, StoreError> {
+    const OP: &str = "finding the advisory lock's holder";
+    let mut c = pg_connect(url).await?;
+    let pid: Option<i32> = sqlx::query_scalar(
+        "SELECT l.pid FROM pg_locks l JOIN pg_database d ON l.database = d.oid \
+         WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database()",
+    )
+    .fetch_optional(&mut c)
+    .await
+    .map_err(StoreError::query(OP))?;
+    let _ = c.close().await;
+    Ok(pid)
+}
+
+/// Fault injection: ends PostgreSQL backend `pid` (as when a lock holder crashes or its
+/// connection drops), through a new session on the database at `url`.
+pub async fn pg_terminate_backend(url: &str, pid: i32) -> Result<(), StoreError> {
+    let mut c = pg_connect(url).await?;
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .execute(&mut c)
+        .await
+        .map_err(StoreError::query("terminating a backend"))?;
+    let _ = c.close().await;
+    Ok(())
+}
+
+async fn pg_connect(url: &str) -> Result<sqlx::PgConnection, StoreError> {
+    sqlx::PgConnection::connect(url)
+        .await
+        .map_err(|e| StoreError::Connect {
+            backend: "PostgreSQL",
+            url: redact_url(url),
+            detail: crate::error::scrub(e.to_string(), url),
+        })
+}
+
 impl std::fmt::Debug for TestDb {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TestDb")

@@ -11,10 +11,13 @@
 //! - `mock`: [`MockUpstream`], its builder, the accept loop and request recording.
 //! - `behavior`: [`Behavior`], [`Reply`], [`ToolCall`]: what the mock answers.
 //! - `render`: the OpenAI JSON and SSE bodies for a parsed request and a reply.
+//! - [`fixtures`]: where the test model and the HF fixture are ([`fixtures::test_model`]),
+//!   one rule for every crate's tests and benchmarks.
 //! - `http1`: a small hand-written HTTP/1.1 server side (keep-alive, chunked bodies), so the
 //!   mock can reset connections, split writes and stall at exact byte offsets.
 
 mod behavior;
+pub mod fixtures;
 mod http1;
 mod mock;
 mod render;

@@ -153,10 +153,7 @@ impl Settings {
     }
 }
 
-// the test model's path rule and its tokenizer/template: the probe tests' own helpers
 mod cache;
-#[path = "../../tests/common/mod.rs"]
-mod common;
 mod report;
 mod samples;
 
@@ -164,7 +161,6 @@ use cache::{
     Env, ProfileData, draw_round, fast_stats, part_a_profile, round_summary, start_endpoint,
 };
 
-use common::{model_path, tokenizer_and_template};
 use report::render_tables;
 use samples::{Pool, endpoint_pool, reference_pool, samples_rounds};
 
@@ -247,7 +243,7 @@ async fn main() -> Result<()> {
     let started = Instant::now();
     let s = Settings::from_env()?;
     std::fs::create_dir_all(&s.out)?;
-    let model = model_path()?;
+    let model = samewise_testkit::fixtures::test_model()?;
     let probes_cfg = ProbesConfig::from_gateway_toml(
         "[probes]\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"unused\"\n[models.smol.probes]\n",
     )?;
@@ -279,7 +275,7 @@ async fn main() -> Result<()> {
         det.cusum.two_sided,
         det.cusum.arl0()
     );
-    let (tok, template) = tokenizer_and_template()?;
+    let (tok, template) = samewise_engine::chat::load_tokenizer_and_template(&model)?;
     let m = model.clone();
     let ref_engine = tokio::task::spawn_blocking(move || {
         Engine::load(

@@ -2,56 +2,18 @@
 //! `/v1/chat/completions` with their tools at temperature 0; the reference answers the same
 //! chats greedily (rendered with its template and tools, calls parsed as the engine's server
 //! parses them). Metrics, as Moonshot's vendor verifier reports them: trigger F1 of the
-//! endpoint's call/no-call decisions against the reference's, and schema accuracy — the
-//! share of the endpoint's calls whose name is offered and whose arguments are a JSON object
-//! with every required parameter and no undeclared one.
+//! endpoint's call/no-call decisions against the reference's (null when neither side ever
+//! calls: undefined, not perfect), and schema accuracy — the share of the endpoint's calls
+//! that the shared checker (`samewise_toolcheck`, the gateway's and the evals' too) finds ok:
+//! a declared name and arguments that validate against its JSON Schema.
 
+use samewise_toolcheck::vendor::{SchemaAccuracy, trigger_f1};
+use samewise_toolcheck::{ToolCall, ToolSet};
 use serde_json::{Map, Value, json};
 
 use super::{Outcome, ProbeCtx, Target, call, usage_tokens, window};
 use crate::prompts::ToolExpectation;
 use crate::reference::SampleRequest;
-
-/// Trigger F1: positives are "called a tool"; 1.0 when neither side ever calls.
-pub fn trigger_f1(pairs: &[(bool, bool)]) -> f64 {
-    let tp = pairs.iter().filter(|(r, e)| *r && *e).count() as f64;
-    let fp = pairs.iter().filter(|(r, e)| !*r && *e).count() as f64;
-    let fn_ = pairs.iter().filter(|(r, e)| *r && !*e).count() as f64;
-    let d = 2.0 * tp + fp + fn_;
-    if d == 0.0 { 1.0 } else { 2.0 * tp / d }
-}
-
-/// Whether a call (`name`, JSON-string `arguments`) fits one of `tools`' schemas.
-pub fn call_fits_schema(tools: &[Value], name: &str, arguments: &str) -> bool {
-    let Some(tool) = tools
-        .iter()
-        .find(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(name))
-    else {
-        return false;
-    };
-    let Ok(Value::Object(args)) = serde_json::from_str::<Value>(arguments) else {
-        return false;
-    };
-    let params = tool.pointer("/function/parameters");
-    let required = params
-        .and_then(|p| p.get("required"))
-        .and_then(Value::as_array);
-    if let Some(req) = required
-        && !req
-            .iter()
-            .filter_map(Value::as_str)
-            .all(|r| args.contains_key(r))
-    {
-        return false;
-    }
-    match params
-        .and_then(|p| p.get("properties"))
-        .and_then(Value::as_object)
-    {
-        Some(props) => args.keys().all(|k| props.contains_key(k)),
-        None => true,
-    }
-}
 
 /// Runs one tool_calls probe.
 pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
@@ -62,8 +24,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     );
     let mut tokens = 0i64;
     let mut pairs = Vec::new();
-    let mut calls = 0usize;
-    let mut valid = 0usize;
+    let mut accuracy = SchemaAccuracy::default();
     let mut ep_expected = 0usize;
     let mut ref_expected = 0usize;
     for c in &cases {
@@ -85,23 +46,24 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             Err(e) => return Outcome::failed(e.message, tokens),
         };
         tokens += usage_tokens(&answer);
-        let ep_calls: Vec<(String, String)> = answer
+        let ep_calls: Vec<ToolCall> = answer
             .pointer("/choices/0/message/tool_calls")
             .and_then(Value::as_array)
             .map(|cs| {
                 cs.iter()
-                    .map(|tc| {
-                        let name = tc
+                    .enumerate()
+                    .map(|(i, tc)| ToolCall {
+                        index: u32::try_from(i).unwrap_or(u32::MAX),
+                        id: None,
+                        name: tc
                             .pointer("/function/name")
                             .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .to_owned();
-                        let args = tc
+                            .map(str::to_owned),
+                        arguments: tc
                             .pointer("/function/arguments")
                             .and_then(Value::as_str)
                             .unwrap_or_default()
-                            .to_owned();
-                        (name, args)
+                            .to_owned(),
                     })
                     .collect()
             })
@@ -129,10 +91,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
         let want = c.expect == ToolExpectation::Call;
         ep_expected += usize::from(ep_called == want);
         ref_expected += usize::from(ref_called == want);
-        for (name, args) in &ep_calls {
-            calls += 1;
-            valid += usize::from(call_fits_schema(&tools, name, args));
-        }
+        accuracy.add(&ToolSet::from_request_tools(&Value::Array(tools)), &ep_calls);
     }
     let n = cases.len().max(1) as f64;
     let mut stats = Map::new();
@@ -141,15 +100,8 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
         json!(cases.iter().map(|c| c.id.clone()).collect::<Vec<_>>()),
     );
     stats.insert("trigger_f1".into(), json!(trigger_f1(&pairs)));
-    stats.insert(
-        "schema_accuracy".into(),
-        if calls == 0 {
-            Value::Null
-        } else {
-            json!(valid as f64 / calls as f64)
-        },
-    );
-    stats.insert("endpoint_calls".into(), json!(calls));
+    stats.insert("schema_accuracy".into(), json!(accuracy.rate()));
+    stats.insert("endpoint_calls".into(), json!(accuracy.calls));
     stats.insert(
         "endpoint_triggers".into(),
         json!(pairs.iter().filter(|p| p.1).count()),

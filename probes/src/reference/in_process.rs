@@ -7,7 +7,6 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use samewise_engine::batcher::{Batcher, BatcherHandle, GenEvent};
 use samewise_engine::chat::{self, ChatTemplate};
-use samewise_engine::gguf::GgufFile;
 use samewise_engine::tokenizer::Tokenizer;
 use samewise_engine::{Engine, GenerateParams, LoadOptions, SamplingParams};
 use serde_json::Value;
@@ -61,29 +60,7 @@ impl InProcess {
             },
         )
         .map_err(ctx)?;
-        let (tokenizer, template_src) = if path.is_dir() {
-            (
-                Tokenizer::from_hf_dir(path).map_err(ctx)?,
-                chat::template_from_hf_dir(path).map_err(ctx)?,
-            )
-        } else {
-            let gguf = GgufFile::open(path).map_err(ctx)?;
-            (
-                Tokenizer::from_gguf(&gguf).map_err(ctx)?,
-                chat::template_from_gguf(&gguf),
-            )
-        };
-        let template = match template_src {
-            Some(src) => Some(
-                ChatTemplate::new(
-                    &src,
-                    tokenizer.bos_token().unwrap_or_default(),
-                    tokenizer.eos_token().unwrap_or_default(),
-                )
-                .map_err(ctx)?,
-            ),
-            None => None,
-        };
+        let (tokenizer, template) = chat::load_tokenizer_and_template(path).map_err(ctx)?;
         Ok(Self::from_parts(
             Arc::new(engine),
             Arc::new(tokenizer),

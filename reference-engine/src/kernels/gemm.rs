@@ -404,7 +404,6 @@ unsafe fn tile_scalar(w: &[f32], x: &[f32], m: usize, k: usize, y: *mut f32, ldy
 }
 
 #[cfg(target_arch = "x86_64")]
-#[path = "gemm_x86.rs"]
 mod x86;
 
 #[cfg(test)]

@@ -45,7 +45,6 @@ use samewise_wire::ErrorBody;
 use crate::chat::{self, ChatTemplate};
 use crate::engine::{Engine, LoadOptions};
 use crate::error::{EngineError, Result};
-use crate::gguf::GgufFile;
 use crate::profile::Profile;
 use crate::tokenizer::Tokenizer;
 
@@ -140,26 +139,7 @@ impl ServerState {
     /// The served name defaults to the file (or directory) name without extension.
     pub fn load(path: &Path, opts: LoadOptions, model_name: Option<String>) -> Result<Self> {
         let engine = Arc::new(Engine::load(path, opts)?);
-        let (tokenizer, template_src) = if path.is_dir() {
-            (
-                Tokenizer::from_hf_dir(path)?,
-                chat::template_from_hf_dir(path)?,
-            )
-        } else {
-            let gguf = GgufFile::open(path)?;
-            (
-                Tokenizer::from_gguf(&gguf)?,
-                chat::template_from_gguf(&gguf),
-            )
-        };
-        let template = match template_src {
-            Some(src) => Some(ChatTemplate::new(
-                &src,
-                tokenizer.bos_token().unwrap_or_default(),
-                tokenizer.eos_token().unwrap_or_default(),
-            )?),
-            None => None,
-        };
+        let (tokenizer, template) = chat::load_tokenizer_and_template(path)?;
         let name = model_name.unwrap_or_else(|| {
             path.file_stem()
                 .map(|s| s.to_string_lossy().into_owned())

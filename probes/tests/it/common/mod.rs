@@ -1,0 +1,188 @@
+//! Helpers shared by the probe tests that run the real engine on the test model: the model,
+//! one engine per test binary, the in-process reference, engine servers on 127.0.0.1:0,
+//! probe targets and configs, and reading a probe outcome's statistics.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use anyhow::{Context, Result};
+use samewise_engine::chat::{self, ChatTemplate};
+use samewise_engine::server::{self, ServerState};
+use samewise_engine::tokenizer::Tokenizer;
+use samewise_engine::{Engine, LoadOptions};
+use samewise_probes::config::{ProbeKind, ProbesConfig};
+use samewise_probes::kinds::{self, ProbeCtx, PromptSets, Target};
+use samewise_probes::reference::{InProcess, Reference};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+pub fn model_path() -> Result<PathBuf> {
+    Ok(samewise_testkit::fixtures::test_model()?)
+}
+
+/// One engine for the whole test binary (loading dequantizes the weights).
+pub fn engine() -> Result<Arc<Engine>> {
+    static ENGINE: OnceLock<Arc<Engine>> = OnceLock::new();
+    if let Some(e) = ENGINE.get() {
+        return Ok(e.clone());
+    }
+    let e = Arc::new(Engine::load(
+        &model_path()?,
+        LoadOptions {
+            threads: 2,
+            ..LoadOptions::default()
+        },
+    )?);
+    Ok(ENGINE.get_or_init(|| e).clone())
+}
+
+pub fn tokenizer_and_template() -> Result<(Tokenizer, Option<ChatTemplate>)> {
+    Ok(chat::load_tokenizer_and_template(&model_path()?)?)
+}
+
+pub fn in_process() -> Result<InProcess> {
+    let (tok, template) = tokenizer_and_template()?;
+    Ok(InProcess::from_parts(engine()?, Arc::new(tok), template))
+}
+
+/// Serves `router` on 127.0.0.1:0 until the token fires; returns `http://addr`.
+pub async fn serve(
+    router: axum::Router,
+    stop: &CancellationToken,
+    tasks: &tokio_util::task::TaskTracker,
+) -> Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let stop = stop.clone();
+    tasks.spawn(async move {
+        let _ = axum::serve(listener, router)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+    });
+    Ok(format!("http://{addr}"))
+}
+
+/// The real engine server (the unmodified endpoint).
+pub async fn engine_server(
+    stop: &CancellationToken,
+    tasks: &tokio_util::task::TaskTracker,
+) -> Result<String> {
+    let (tok, template) = tokenizer_and_template()?;
+    let state = ServerState::new(engine()?, tok, template, "smol".into());
+    serve(server::router(state), stop, tasks).await
+}
+
+pub fn target(base: &str, label: &str) -> Target {
+    Target {
+        model: "smol".into(),
+        endpoint: label.into(),
+        base_url: format!("{base}/v1"),
+        provider_model: "smol".into(),
+        api_key: None,
+    }
+}
+
+pub fn probes_config(extra: &str) -> Result<ProbesConfig> {
+    let src = format!(
+        "[probes]\nnoise_pair_every = 3\nlock_retry_ms = 200\nsweep_interval_ms = 60000\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"unused\"\n[models.smol.probes]\nitems_per_round = 1\nmax_tokens = 24\ntop_k = 5\nsamples_per_prompt = 3\npermutations = 99\n{extra}"
+    );
+    Ok(ProbesConfig::from_gateway_toml(&src)?)
+}
+
+pub struct Harness {
+    pub cfg: ProbesConfig,
+    pub sets: PromptSets,
+    pub http: reqwest::Client,
+}
+
+impl Harness {
+    pub fn new(extra: &str) -> Result<Self> {
+        let cfg = probes_config(extra)?;
+        let sets = PromptSets::load(&cfg.models["smol"].prompt_sets)?;
+        Ok(Self {
+            cfg,
+            sets,
+            http: kinds::endpoint_client(),
+        })
+    }
+
+    pub async fn probe(
+        &self,
+        reference: &dyn Reference,
+        kind: ProbeKind,
+        t: &Target,
+    ) -> kinds::Outcome {
+        let ctx = ProbeCtx {
+            reference,
+            cfg: &self.cfg.models["smol"],
+            sets: &self.sets,
+            http: &self.http,
+            round: 0,
+            seed: 7,
+        };
+        kinds::run(kind, &ctx, t).await
+    }
+}
+
+/// The positions with the largest KL, for failure messages.
+pub fn worst_positions(o: &kinds::Outcome) -> Result<String> {
+    let raw = o.raw.as_deref().context("raw")?;
+    let pos = samewise_probes::compare::decode_positions(raw)?;
+    let mut scored: Vec<(f64, String)> = pos
+        .iter()
+        .map(|p| {
+            let kl = samewise_probes::compare::compare_position(p)
+                .map(|m| m.kl)
+                .unwrap_or(f64::NAN);
+            (kl, format!("{p:?}"))
+        })
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    Ok(scored
+        .iter()
+        .take(2)
+        .map(|(k, p)| format!("kl={k:e} {p}"))
+        .collect::<Vec<_>>()
+        .join("\n"))
+}
+
+pub fn stat(o: &kinds::Outcome, key: &str) -> Result<f64> {
+    o.stats
+        .get(key)
+        .and_then(Value::as_f64)
+        .with_context(|| format!("stat {key} missing in {}", o.stats))
+}
+
+pub fn scale(v: &mut Value, factor: f64) {
+    match v {
+        Value::Object(m) => {
+            let in_top_map = m.values().all(Value::is_number)
+                && !m.is_empty()
+                && !m.contains_key("prompt_tokens");
+            for (k, x) in m.iter_mut() {
+                if k == "text_offset" || k == "bytes" || k == "usage" {
+                    continue;
+                }
+                if let Some(n) = x.as_f64()
+                    && (k == "logprob" || in_top_map)
+                {
+                    *x = json!(n * factor);
+                } else {
+                    scale(x, factor);
+                }
+            }
+        }
+        Value::Array(a) => {
+            let numeric = a.iter().all(|x| x.is_number() || x.is_null());
+            for x in a {
+                match x.as_f64() {
+                    Some(n) if numeric => *x = json!(n * factor),
+                    _ => scale(x, factor),
+                }
+            }
+        }
+        _ => {}
+    }
+}

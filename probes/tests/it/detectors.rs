@@ -1,0 +1,562 @@
+//! The detectors over a real store (SQLite file, and PostgreSQL where noted): faithful?
+//! against a TEST-ONLY hand-written ladder with the noise floor, changed? by CUSUM over
+//! stored runs, the passive cross-endpoint tests over request records, auto-resolve, and
+//! the detectors' configuration.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use samewise_probes::alerting::AlertsConfig;
+use samewise_probes::compare::{PositionInput, Side, TopEntry, encode_positions};
+use samewise_probes::detect::{DetectorConfig, Detectors};
+use samewise_probes::ladder::Ladder;
+use samewise_store::testing::TestDb;
+use samewise_store::{AlertState, Backend, ProbeRun, RequestRecord, Store};
+
+/// TEST ONLY: a hand-written ladder (not measured), until `samewise calibrate` commits the
+/// test model's. w6 is at kl_topk_mean 0.012, w4 at 0.1, w3 at 0.4.
+fn test_only_ladder() -> Result<Ladder> {
+    let text = include_str!("../fixtures/TEST_ONLY_handwritten_ladder.json");
+    Ok(Ladder::from_json(text)?)
+}
+
+fn detectors(cfg: DetectorConfig, ladder: Option<Ladder>) -> Result<Detectors> {
+    Ok(Detectors::new(cfg, ladder, &AlertsConfig::default())?)
+}
+
+fn logprob_run(endpoint: &str, t: i64, kl: f64, top1: f64) -> ProbeRun {
+    ProbeRun {
+        id: 0,
+        model: "smol".to_owned(),
+        endpoint: endpoint.to_owned(),
+        kind: "prompt_logprobs".to_owned(),
+        started_ms: t,
+        finished_ms: t + 100,
+        ok: true,
+        error: None,
+        tokens: 600,
+        stats: serde_json::json!({"kl_mean": kl, "kl_p99": kl * 5.0, "dlogprob_mean": kl, "top1_same": top1, "topk_overlap": top1, "positions": 512}),
+        raw: None,
+        repeat_of: None,
+    }
+}
+
+async fn store_run(store: &Store, run: &ProbeRun) -> Result<ProbeRun> {
+    let id = store.insert_probe_run(run).await?;
+    Ok(ProbeRun { id, ..run.clone() })
+}
+
+#[tokio::test]
+async fn faithful_flags_past_six_bit_in_bits() -> Result<()> {
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let d = detectors(DetectorConfig::default(), Some(test_only_ladder()?))?;
+    // within 6-bit: no alert
+    let good = store_run(&db.store, &logprob_run("p/good", 1_000, 0.008, 0.99)).await?;
+    ensure!(d.after_run(&db.store, &good).await?.is_empty());
+    // between 4 and 3 bits
+    let bad = store_run(&db.store, &logprob_run("p/bad", 1_000, 0.25, 0.8)).await?;
+    let alerts = d.after_run(&db.store, &bad).await?;
+    ensure!(alerts.len() == 1, "{alerts:?}");
+    let a = &alerts[0];
+    ensure!(a.kind == "unfaithful" && a.endpoint == "p/bad" && a.state == AlertState::Open);
+    ensure!(
+        a.summary.starts_with("endpoint p/bad behaves like ≈3.")
+            && a.summary
+                .contains("-bit weights: mean KL 0.250 > 0.012 (6-bit)"),
+        "summary: {}",
+        a.summary
+    );
+    let e = &a.evidence;
+    ensure!(e["statistic"] == "kl_mean" && e["value"] == 0.25 && e["threshold"] == 0.012);
+    ensure!(e["probe_runs"] == serde_json::json!([bad.id]) && e["level"] == "w6");
+    let bits = e["equivalent"]["bits"].as_f64().context("bits")?;
+    ensure!(bits > 3.0 && bits < 4.0, "bits {bits}");
+    // worse than the worst level
+    let awful = store_run(&db.store, &logprob_run("p/awful", 1_000, 3.0, 0.2)).await?;
+    let alerts = d.after_run(&db.store, &awful).await?;
+    ensure!(
+        alerts[0].summary.contains("worse than 2-bit weights"),
+        "{}",
+        alerts[0].summary
+    );
+    // the same finding again refreshes, not duplicates
+    let bad2 = store_run(&db.store, &logprob_run("p/bad", 2_000, 0.3, 0.8)).await?;
+    let again = d.after_run(&db.store, &bad2).await?;
+    ensure!(
+        again.len() == 1
+            && again[0].id == a.id
+            && again[0].evidence["probe_runs"] == serde_json::json!([bad2.id])
+    );
+    // a run that could not run is no evidence
+    let mut failed = logprob_run("p/down", 1_000, 9.0, 0.0);
+    failed.ok = false;
+    let failed = store_run(&db.store, &failed).await?;
+    ensure!(d.after_run(&db.store, &failed).await?.is_empty());
+    ensure!(db.store.active_alerts().await?.len() == 2);
+    Ok(())
+}
+
+/// Positions where the endpoint's logprobs are the reference's plus `noise` (alternating
+/// sign by position and `phase`), for noise-floor pairs.
+fn positions(n: usize, noise: f64, phase: usize) -> Vec<PositionInput> {
+    (0..n)
+        .map(|i| {
+            let sign = if (i + phase).is_multiple_of(2) {
+                1.0
+            } else {
+                -1.0
+            };
+            let reference = [-0.5f64, -1.5, -2.5, -3.5];
+            let ep: Vec<f64> = reference
+                .iter()
+                .enumerate()
+                .map(|(j, lp)| lp + sign * noise * (j as f64 - 1.5))
+                .collect();
+            let norm = ep.iter().map(|v| v.exp()).sum::<f64>().ln().max(0.0);
+            let side = |lps: &[f64]| Side {
+                actual_logprob: lps[0],
+                top: lps
+                    .iter()
+                    .enumerate()
+                    .map(|(j, lp)| TopEntry {
+                        id: j as u32,
+                        logprob: *lp,
+                    })
+                    .collect(),
+            };
+            let ep: Vec<f64> = ep.iter().map(|v| v - norm).collect();
+            PositionInput {
+                actual_id: 0,
+                reference: side(&reference),
+                endpoint: side(&ep),
+            }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn noise_floor_keeps_a_noisy_faithful_endpoint_unflagged() -> Result<()> {
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let d = detectors(DetectorConfig::default(), Some(test_only_ladder()?))?;
+    // a noisy endpoint: its two repeats differ from each other a lot
+    let mut first = logprob_run("p/noisy", 1_000, 0.02, 0.97);
+    first.raw = Some(encode_positions(&positions(64, 0.1, 0))?);
+    let first = store_run(&db.store, &first).await?;
+    // before the floor is known, 0.02 (> 6-bit's 0.012) is flagged
+    ensure!(
+        d.after_run(&db.store, &first).await?.len() == 1,
+        "no alert without a floor"
+    );
+    let resolved = db.store.active_alerts().await?;
+    db.store.resolve_alert(resolved[0].id).await?;
+    let mut second = logprob_run("p/noisy", 2_000, 0.02, 0.97);
+    second.raw = Some(encode_positions(&positions(64, 0.1, 1))?);
+    second.repeat_of = Some(first.id);
+    let second = store_run(&db.store, &second).await?;
+    let alerts = d.after_run(&db.store, &second).await?;
+    ensure!(
+        alerts.is_empty(),
+        "flagged despite its noise floor: {alerts:?}"
+    );
+    // the floor raises the bar, but a systematic drift far above it is still flagged
+    let drifted = store_run(&db.store, &logprob_run("p/noisy", 3_000, 5.0, 0.3)).await?;
+    let alerts = d.after_run(&db.store, &drifted).await?;
+    ensure!(alerts.iter().any(|a| a.kind == "unfaithful"), "{alerts:?}");
+    let e = &alerts
+        .iter()
+        .find(|a| a.kind == "unfaithful")
+        .context("unfaithful")?
+        .evidence;
+    let floor = e["noise_floor"].as_f64().context("floor recorded")?;
+    ensure!(
+        floor > 0.0 && e["threshold"].as_f64() == Some(3.0 * floor).map(|t| t.max(0.012)),
+        "{e}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn cusum_raises_changed_after_a_switch_on_postgres_and_sqlite() -> Result<()> {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let db = TestDb::new(backend).await?;
+        let cfg = DetectorConfig {
+            cusum: samewise_probes::sequential::CusumConfig {
+                baseline_rounds: 8,
+                ..DetectorConfig::default().cusum
+            },
+            ..DetectorConfig::default()
+        };
+        // no ladder: only changed? runs
+        let d = detectors(cfg, None)?;
+        // in control: a wobbling but stable statistic, 40 rounds, never alarms
+        let wobble = [0.010, 0.012, 0.009, 0.011, 0.013, 0.010, 0.008, 0.012];
+        for i in 0..40 {
+            let r = store_run(
+                &db.store,
+                &logprob_run("p/a", i * 1000, wobble[i as usize % 8], 0.98),
+            )
+            .await?;
+            let alerts = d.after_run(&db.store, &r).await?;
+            ensure!(
+                alerts.is_empty(),
+                "{backend}: false alarm in control at round {i}: {alerts:?}"
+            );
+        }
+        // the endpoint switches to a degraded model: alarm within 3 rounds
+        let mut raised = None;
+        for i in 40..43 {
+            let r = store_run(&db.store, &logprob_run("p/a", i * 1000, 0.1, 0.9)).await?;
+            if let Some(a) = d
+                .after_run(&db.store, &r)
+                .await?
+                .into_iter()
+                .find(|a| a.kind == "changed")
+            {
+                raised = Some((i, a));
+                break;
+            }
+        }
+        let (round, alert) = raised.context("no changed alert within 3 rounds of the switch")?;
+        ensure!(
+            alert.summary.contains("kl_mean rose to 0.100"),
+            "{}",
+            alert.summary
+        );
+        let alarms = alert.evidence["alarms"].as_array().context("alarms")?;
+        ensure!(
+            alarms
+                .iter()
+                .any(|a| a["statistic"] == "top1_same" && a["shift"] == "down")
+                || round == 40
+        );
+        ensure!(alarms[0]["baseline_runs"].as_array().map(Vec::len) == Some(8));
+        // still changed: the alert stays (refreshed)
+        let r = store_run(&db.store, &logprob_run("p/a", 50_000, 0.1, 0.9)).await?;
+        let later = d.after_run(&db.store, &r).await?;
+        ensure!(later.iter().all(|a| a.id == alert.id), "{later:?}");
+        // the operator resolves it: the new behaviour becomes the baseline, no re-alert
+        db.store.resolve_alert(alert.id).await?;
+        // runs after the resolution carry real clock times, as the scheduler's do
+        let t0 = samewise_store::now_ms() + 1;
+        for i in 0..20 {
+            let x = [0.10, 0.104, 0.097, 0.101][i % 4];
+            let r = store_run(&db.store, &logprob_run("p/a", t0 + i as i64 * 1000, x, 0.9)).await?;
+            let alerts = d.after_run(&db.store, &r).await?;
+            ensure!(
+                alerts.is_empty(),
+                "{backend}: re-alerted after the change was accepted (round {i}): {alerts:?}"
+            );
+        }
+        // and a change away from the new baseline is caught again
+        let r = store_run(&db.store, &logprob_run("p/a", t0 + 30_000, 0.5, 0.6)).await?;
+        let again = d.after_run(&db.store, &r).await?;
+        ensure!(
+            again
+                .iter()
+                .any(|a| a.kind == "changed" && a.id != alert.id),
+            "{again:?}"
+        );
+    }
+    Ok(())
+}
+
+fn record(
+    model: &str,
+    endpoint: &str,
+    i: usize,
+    tool_errored: bool,
+    chars: i64,
+    finish: &str,
+) -> RequestRecord {
+    RequestRecord {
+        request_id: format!("{endpoint}-{i}"),
+        attempt: 1,
+        final_attempt: true,
+        ts_ms: 1_000_000 + i as i64,
+        model: model.to_owned(),
+        endpoint: Some(endpoint.to_owned()),
+        route: "chat".to_owned(),
+        status: Some(200),
+        attempts: 1,
+        latency_ms: 10.0,
+        finish_reason: Some(finish.to_owned()),
+        output_chars: chars,
+        tool_calls: 1,
+        tool_errored,
+        ..RequestRecord::default()
+    }
+}
+
+#[tokio::test]
+async fn passive_flags_tool_call_corruption_and_length_shift() -> Result<()> {
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let d = detectors(DetectorConfig::default(), None)?;
+    let mut rows = Vec::new();
+    for i in 0..300 {
+        // three endpoints of "smol": b corrupts 10% of its tool calls; c answers 3x longer
+        rows.push(record(
+            "smol",
+            "p/a",
+            i,
+            false,
+            100 + (i % 17) as i64,
+            "tool_calls",
+        ));
+        rows.push(record(
+            "smol",
+            "p/b",
+            i,
+            i % 10 == 3,
+            100 + ((i + 5) % 17) as i64,
+            "tool_calls",
+        ));
+        rows.push(record(
+            "smol",
+            "p/c",
+            i,
+            false,
+            300 + (i % 11) as i64,
+            "tool_calls",
+        ));
+        // another model with one endpoint: nothing to compare with
+        rows.push(record("other", "q/x", i, true, 5, "stop"));
+    }
+    db.store.insert_request_records(&rows).await?;
+    let alerts = d.sweep(&db.store, 1_000_500).await?;
+    let on = |ep: &str| alerts.iter().find(|a| a.endpoint == ep);
+    let b = on("p/b").context("tool-call corruption not flagged")?;
+    ensure!(
+        b.kind == "passive" && b.summary.contains("tool-call error rate 10.0% vs 0.0%"),
+        "{}",
+        b.summary
+    );
+    let c = on("p/c").context("length shift not flagged")?;
+    ensure!(c.summary.contains("median output"), "{}", c.summary);
+    ensure!(on("p/a").is_none() && on("q/x").is_none(), "{alerts:?}");
+    let tests = b.evidence["tests"].as_array().context("tests")?;
+    ensure!(
+        tests.iter().any(|t| t["signal"] == "tool_error_rate"
+            && t["p_adjusted"].as_f64().is_some_and(|p| p <= 0.01))
+    );
+    // records outside the window are not looked at
+    let later = d.sweep(&db.store, 1_000_500 + 2 * 3_600_000).await?;
+    ensure!(
+        later.iter().all(|a| a.state == AlertState::Resolved),
+        "{later:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_endpoints_only_the_worse_one_is_flagged() -> Result<()> {
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let d = detectors(DetectorConfig::default(), None)?;
+    let mut rows = Vec::new();
+    for i in 0..400 {
+        rows.push(record("smol", "p/a", i, false, 100, "tool_calls"));
+        rows.push(record("smol", "p/b", i, i % 10 == 0, 100, "tool_calls"));
+    }
+    db.store.insert_request_records(&rows).await?;
+    let alerts = d.sweep(&db.store, 1_000_500).await?;
+    ensure!(
+        alerts.len() == 1 && alerts[0].endpoint == "p/b",
+        "{alerts:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn sweep_auto_resolves_quiet_alerts() -> Result<()> {
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let alerts_cfg = AlertsConfig {
+        quiet_period: Duration::from_secs(60),
+        ..AlertsConfig::default()
+    };
+    let d = Detectors::new(
+        DetectorConfig::default(),
+        Some(test_only_ladder()?),
+        &alerts_cfg,
+    )?;
+    let bad = store_run(&db.store, &logprob_run("p/bad", 10_000, 0.5, 0.7)).await?;
+    let a = d.after_run(&db.store, &bad).await?.remove(0);
+    // 30 s later: not quiet yet
+    ensure!(d.sweep(&db.store, 10_100 + 30_000).await?.is_empty());
+    ensure!(db.store.active_alerts().await?.len() == 1);
+    // 61 s after it was last seen: resolved
+    let resolved = d.sweep(&db.store, 10_100 + 61_000).await?;
+    ensure!(
+        resolved.len() == 1 && resolved[0].id == a.id && resolved[0].state == AlertState::Resolved
+    );
+    ensure!(db.store.active_alerts().await?.is_empty());
+    Ok(())
+}
+
+#[test]
+fn detector_config_parses_and_names_bad_keys() -> Result<()> {
+    let t: toml::Table = r#"
+        level = "w4"
+        floor_factor = 2.5
+        metric = "top1_same"
+        cusum_baseline_rounds = 10
+        cusum_arl0 = 500.0
+        passive_q = 0.05
+        passive_window_ms = 600000
+        [alerts]
+        quiet_period_ms = 120000
+        [[webhooks]]
+        url = "http://127.0.0.1:9/hook"
+        format = "slack"
+    "#
+    .parse()?;
+    let c = DetectorConfig::parse(&t)?;
+    ensure!(c.rule.level == "w4" && c.rule.floor_factor == 2.5 && c.cusum.baseline_rounds == 10);
+    ensure!(
+        (c.cusum.arl0() - 500.0).abs() < 1.0,
+        "arl0 {}",
+        c.cusum.arl0()
+    );
+    ensure!(c.passive_q == 0.05 && c.passive_window == Duration::from_secs(600));
+    let a = AlertsConfig::parse(&t)?;
+    ensure!(a.quiet_period == Duration::from_secs(120) && a.webhooks.len() == 1);
+    for (bad, key) in [
+        ("levle = \"w4\"", "levle"),
+        ("floor_factor = 0.5", "floor_factor"),
+        ("metric = \"kl_mean\"", "metric"),
+        ("passive_q = 2.0", "passive_q"),
+        ("cusum_baseline_rounds = 1", "cusum_baseline_rounds"),
+    ] {
+        let t: toml::Table = bad.parse()?;
+        let err = DetectorConfig::parse(&t)
+            .err()
+            .context(format!("{bad} accepted"))?;
+        ensure!(err.to_string().contains(key), "{bad}: {err}");
+    }
+    let t: toml::Table = "[alerts]\nquiet_period_ms = 0".parse()?;
+    ensure!(AlertsConfig::parse(&t).is_err());
+    let t: toml::Table = "[[webhooks]]\nurl = \"ftp://x\"".parse()?;
+    ensure!(AlertsConfig::parse(&t).is_err());
+    // a ladder without the configured level is refused at start-up
+    let cfg = DetectorConfig {
+        rule: samewise_probes::noise::FaithfulRule {
+            level: "w5".to_owned(),
+            floor_factor: 3.0,
+        },
+        ..DetectorConfig::default()
+    };
+    ensure!(detectors(cfg, Some(test_only_ladder()?)).is_err());
+    Ok(())
+}
+
+#[tokio::test]
+async fn samples_p_value_and_unmappable_tokens_are_unfaithful() -> Result<()> {
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let d = detectors(DetectorConfig::default(), Some(test_only_ladder()?))?;
+    let samples = |ep: &str, p: f64| ProbeRun {
+        kind: "samples".to_owned(),
+        stats: serde_json::json!({"mmd": 0.02, "p_value": p}),
+        ..logprob_run(ep, 1_000, 0.0, 1.0)
+    };
+    let same = store_run(&db.store, &samples("p/same", 0.4)).await?;
+    ensure!(d.after_run(&db.store, &same).await?.is_empty());
+    let diff = store_run(&db.store, &samples("p/diff", 0.0002)).await?;
+    let alerts = d.after_run(&db.store, &diff).await?;
+    ensure!(
+        alerts.len() == 1 && alerts[0].evidence["p_value"] == 0.0002,
+        "{alerts:?}"
+    );
+    ensure!(
+        alerts[0].summary.contains("p = 2.00e-4 < 0.010"),
+        "{}",
+        alerts[0].summary
+    );
+    // a faithful-looking KL, but 10% of the endpoint's tokens do not map
+    let mut run = logprob_run("p/tok", 1_000, 0.001, 0.99);
+    run.stats["mismatch_rate"] = serde_json::json!(0.1);
+    run.stats["unmappable"] = serde_json::json!(51);
+    let run = store_run(&db.store, &run).await?;
+    let alerts = d.after_run(&db.store, &run).await?;
+    ensure!(
+        alerts.len() == 1 && alerts[0].evidence["statistic"] == "mismatch_rate",
+        "{alerts:?}"
+    );
+    ensure!(
+        alerts[0]
+            .summary
+            .contains("10.0% of its tokens (51) do not map"),
+        "{}",
+        alerts[0].summary
+    );
+    Ok(())
+}
+
+#[test]
+fn check_config_reads_the_ladder_and_the_detector_tables() -> Result<()> {
+    let ladder = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/TEST_ONLY_handwritten_ladder.json"
+    );
+    let doc = |extra: &str, ladder: &str| {
+        format!(
+            "[probes]\nladder = \"{ladder}\"\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"/nonexistent.gguf\"\n\
+             [probes.detectors]\n{extra}\n[probes.alerts]\nquiet_period_ms = 60000\n"
+        )
+    };
+    let ok =
+        samewise_probes::config::ProbesConfig::from_gateway_toml(&doc("level = \"w4\"", ladder))?;
+    Detectors::check_config(&ok)?;
+    let no_level =
+        samewise_probes::config::ProbesConfig::from_gateway_toml(&doc("level = \"w5\"", ladder))?;
+    let err = Detectors::check_config(&no_level)
+        .err()
+        .context("a level the ladder lacks was accepted")?;
+    ensure!(err.to_string().contains("w5"), "{err}");
+    let missing = samewise_probes::config::ProbesConfig::from_gateway_toml(&doc(
+        "",
+        "/nonexistent/ladder.json",
+    ))?;
+    let err = Detectors::check_config(&missing)
+        .err()
+        .context("a missing ladder was accepted")?;
+    ensure!(
+        err.to_string().contains("/nonexistent/ladder.json"),
+        "{err}"
+    );
+    let typo =
+        samewise_probes::config::ProbesConfig::from_gateway_toml(&doc("pasive_q = 0.1", ladder))?;
+    let err = Detectors::check_config(&typo)
+        .err()
+        .context("an unknown key was accepted")?;
+    ensure!(err.to_string().contains("pasive_q"), "{err}");
+    Ok(())
+}
+
+/// A samples probe whose permutations cannot produce a p-value below `samples_alpha` could
+/// never be flagged: the configuration is refused, naming both keys; the defaults can.
+#[test]
+fn samples_alpha_out_of_reach_of_the_permutations_is_a_config_error() -> Result<()> {
+    use samewise_probes::config::ProbesConfig;
+    let cfg = |perms: &str, alpha: &str| {
+        ProbesConfig::from_gateway_toml(&format!(
+            "[probes]\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"unused\"\n[probes.detectors]\n{alpha}\n[models.smol.probes]\nkinds = [\"samples\"]\n{perms}\n"
+        ))
+    };
+    Detectors::check_config(&cfg("", "")?)?;
+    Detectors::check_config(&cfg("permutations = 100", "samples_alpha = 0.01")?)?;
+    let e = Detectors::check_config(&cfg("permutations = 500", "samples_alpha = 0.001")?)
+        .err()
+        .context("500 permutations cannot reach p < 0.001")?
+        .to_string();
+    ensure!(
+        e.contains("probes.detectors.samples_alpha")
+            && e.contains("models.smol.probes.permutations = 500")
+            && e.contains("at least 1000 permutations"),
+        "{e}"
+    );
+    ensure!(Detectors::check_config(&cfg("permutations = 99", "samples_alpha = 0.01")?).is_err());
+    // a model without the samples kind is not concerned
+    let no_samples = ProbesConfig::from_gateway_toml(
+        "[probes]\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"unused\"\n[probes.detectors]\nsamples_alpha = 0.001\n[models.smol.probes]\nkinds = [\"prompt_logprobs\"]\npermutations = 10\n",
+    )?;
+    Detectors::check_config(&no_samples)?;
+    Ok(())
+}

@@ -1,0 +1,549 @@
+//! The reference client and the probe kinds against the real engine on the test model,
+//! over real HTTP on 127.0.0.1: the in-process, remote and external (a vLLM-protocol double
+//! backed by the engine) backends agree bit for bit; an unmodified engine endpoint probed
+//! against the in-process reference scores KL exactly 0; an endpoint whose logprobs are
+//! shifted (a third-party double in front of the engine) scores a large statistic; a
+//! refusal is a finding (the scheduler is in `scheduler.rs`).
+//!
+//! The test model is `$SAMEWISE_MODEL` if set, else
+//! `~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf`; a missing model fails.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result, ensure};
+use axum::body::Bytes;
+use axum::routing::post;
+use samewise_engine::Engine;
+use samewise_probes::config::{ExternalFlavour, ProbeKind};
+use samewise_probes::reference::{External, Reference, Remote, SampleRequest};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::common;
+use common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_process_remote_and_external_vllm_agree_exactly() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let url = engine_server(&stop, &tasks).await?;
+    let local = in_process()?;
+    let remote = Remote::new(&url, &model_path()?)?;
+    let vllm_url = serve(vllm_double(engine()?)?, &stop, &tasks).await?;
+    let external = External::new(
+        &vllm_url,
+        ExternalFlavour::Vllm,
+        "smol",
+        &model_path()?,
+        None,
+    )?;
+
+    let text = "The quick brown fox jumps over the lazy dog. Überraschung: 東京 is large.";
+    let ids = local.tokenize(text, true).await?;
+    ensure!(ids.len() > 10, "tokenized to {ids:?}");
+    ensure!(
+        remote.tokenize(text, true).await? == ids,
+        "remote tokenization differs"
+    );
+    ensure!(
+        external.tokenize(text, true).await? == ids,
+        "external tokenization differs"
+    );
+
+    let a = local.score(&ids, 5).await?;
+    let b = remote.score(&ids, 5).await?;
+    let c = external.score(&ids, 5).await?;
+    ensure!(a.len() == ids.len() && a[0].logprob.is_none() && a[1].top.len() == 5);
+    ensure!(a == b, "in-process and remote scores differ");
+    ensure!(a == c, "in-process and external (vLLM) scores differ");
+
+    let messages = vec![json!({"role": "user", "content": "Say hi."})];
+    let chat_a = local.render_chat(&messages, None).await?;
+    ensure!(
+        chat_a == remote.render_chat(&messages, None).await?,
+        "chat rendering differs"
+    );
+
+    let req = SampleRequest {
+        prompt: chat_a,
+        n: 1,
+        max_tokens: 12,
+        temperature: 0.0,
+        seed: 1,
+    };
+    let ga = local.sample(&req).await?;
+    let gb = remote.sample(&req).await?;
+    ensure!(ga.len() == 1 && !ga[0].text.is_empty(), "{ga:?}");
+    ensure!(
+        ga[0].text == gb[0].text,
+        "greedy samples differ: {:?} vs {:?}",
+        ga[0].text,
+        gb[0].text
+    );
+    ensure!(
+        ga[0].logprobs == gb[0].logprobs,
+        "greedy sample logprobs differ"
+    );
+
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+/// A third-party double speaking vLLM's protocol (`prompt_logprobs` on token ids,
+/// `/tokenize`), computing with the engine.
+fn vllm_double(engine: Arc<Engine>) -> Result<axum::Router> {
+    let (tok, _) = tokenizer_and_template()?;
+    let tok = Arc::new(tok);
+    let t2 = tok.clone();
+    Ok(axum::Router::new()
+        .route(
+            "/v1/completions",
+            post(move |body: Bytes| {
+                let engine = engine.clone();
+                let tok = tok.clone();
+                async move {
+                    let v: Value = serde_json::from_slice(&body).unwrap_or_default();
+                    let ids: Vec<u32> = v["prompt"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64().map(|n| n as u32)).collect()).unwrap_or_default();
+                    let k = v["prompt_logprobs"].as_u64().unwrap_or(0) as usize;
+                    let scored = tokio::task::spawn_blocking(move || engine.score(&[ids], k)).await;
+                    let Ok(Ok(mut scored)) = scored else { return axum::Json(json!({"error": {"message": "scoring failed"}})) };
+                    let seq = scored.pop().map(|s| s.positions).unwrap_or_default();
+                    let lps: Vec<Value> = seq
+                        .iter()
+                        .map(|p| match p.logprob {
+                            None => Value::Null,
+                            Some(lp) => {
+                                let mut m = serde_json::Map::new();
+                                for (r, t) in p.top.iter().enumerate() {
+                                    m.insert(t.token.to_string(), json!({"logprob": f64::from(t.logprob), "rank": r + 1,
+                                        "decoded_token": tok.token_str(t.token).unwrap_or_default()}));
+                                }
+                                m.entry(p.token.to_string()).or_insert(json!({"logprob": f64::from(lp), "rank": k + 1, "decoded_token": ""}));
+                                Value::Object(m)
+                            }
+                        })
+                        .collect();
+                    axum::Json(json!({"id": "cmpl-x", "object": "text_completion", "model": "smol",
+                        "choices": [{"index": 0, "text": "", "logprobs": null, "finish_reason": "length", "prompt_logprobs": lps}]}))
+                }
+            }),
+        )
+        .route(
+            "/tokenize",
+            post(move |body: Bytes| {
+                let tok = t2.clone();
+                async move {
+                    let v: Value = serde_json::from_slice(&body).unwrap_or_default();
+                    let ids = tok.encode(v["prompt"].as_str().unwrap_or_default(), v["add_special_tokens"].as_bool().unwrap_or(true)).unwrap_or_default();
+                    axum::Json(json!({"tokens": ids, "count": ids.len()}))
+                }
+            }),
+        ))
+}
+
+/// A third-party double speaking SGLang's `/generate` protocol for scoring
+/// (`return_logprob`, `logprob_start_len: 0`, `top_logprobs_num`), computing with the engine.
+fn sglang_double(engine: Arc<Engine>) -> axum::Router {
+    axum::Router::new().route(
+        "/generate",
+        post(move |body: Bytes| {
+            let engine = engine.clone();
+            async move {
+                let v: Value = serde_json::from_slice(&body).unwrap_or_default();
+                let ids: Vec<u32> = v["input_ids"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64().map(|n| n as u32)).collect()).unwrap_or_default();
+                let k = v["top_logprobs_num"].as_u64().unwrap_or(0) as usize;
+                let scored = tokio::task::spawn_blocking(move || engine.score(&[ids], k)).await;
+                let Ok(Ok(mut scored)) = scored else { return axum::Json(json!({"error": {"message": "scoring failed"}})) };
+                let seq = scored.pop().map(|s| s.positions).unwrap_or_default();
+                let input: Vec<Value> = seq.iter().map(|p| json!([p.logprob.map(f64::from), p.token, null])).collect();
+                let tops: Vec<Value> = seq
+                    .iter()
+                    .map(|p| match p.logprob {
+                        None => Value::Null,
+                        Some(_) => Value::Array(p.top.iter().map(|t| json!([f64::from(t.logprob), t.token, null])).collect()),
+                    })
+                    .collect();
+                axum::Json(json!({"text": "", "meta_info": {"input_token_logprobs": input, "input_top_logprobs": tops,
+                                                           "prompt_tokens": seq.len(), "completion_tokens": 0}}))
+            }
+        }),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_sglang_scores_agree_with_in_process() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let url = serve(sglang_double(engine()?), &stop, &tasks).await?;
+    let sglang = External::new(&url, ExternalFlavour::Sglang, "smol", &model_path()?, None)?;
+    let local = in_process()?;
+    let ids = local
+        .tokenize("Photosynthesis turns light into chemical energy.", true)
+        .await?;
+    ensure!(
+        sglang
+            .tokenize("Photosynthesis turns light into chemical energy.", true)
+            .await?
+            == ids
+    );
+    ensure!(
+        sglang.score(&ids, 4).await? == local.score(&ids, 4).await?,
+        "SGLang scores differ"
+    );
+    // SGLang has no chat-tokenize route: a clear error, not a wrong answer
+    let e = sglang
+        .render_chat(&[json!({"role": "user", "content": "hi"})], None)
+        .await;
+    ensure!(
+        e.as_ref().is_err_and(|e| e.to_string().contains("SGLang")),
+        "{e:?}"
+    );
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_context_reports_the_longest_passing_length() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let url = engine_server(&stop, &tasks).await?;
+    let reference = in_process()?;
+    let h = Harness::new("context_window = 1024")?;
+    let o = h
+        .probe(
+            &reference,
+            ProbeKind::LongContext,
+            &target(&url, "engine/smol"),
+        )
+        .await;
+    ensure!(o.ok, "{:?}", o.error);
+    let lengths = o.stats["lengths"].as_array().context("lengths")?;
+    ensure!(!lengths.is_empty() && o.tokens > 0, "{}", o.stats);
+    let effective = stat(&o, "effective_context")?;
+    let passed: Vec<f64> = lengths
+        .iter()
+        .filter(|l| l["passed"] == json!(true))
+        .filter_map(|l| l["length"].as_f64())
+        .collect();
+    // lengths are tried in doubling order and the ladder stops at the first failure
+    ensure!(
+        effective == passed.last().copied().unwrap_or(0.0),
+        "{}",
+        o.stats
+    );
+    ensure!(
+        passed.len() == lengths.len() || passed.len() + 1 == lengths.len(),
+        "{}",
+        o.stats
+    );
+    ensure!(
+        passed.len() == lengths.len() || !o.stats["failed_at"].is_null(),
+        "{}",
+        o.stats
+    );
+    ensure!(stat(&o, "window")? <= 1024.0, "{}", o.stats);
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+/// A double in front of the engine that scales every logprob it returns by `factor` (a
+/// provider whose distribution is sharper than the weights'), or refuses logprobs (400).
+fn shifting_double(upstream: String, factor: f64, refuse: bool) -> axum::Router {
+    let handler = move |path: &'static str| {
+        let upstream = upstream.clone();
+        move |body: Bytes| {
+            let upstream = upstream.clone();
+            async move {
+                if refuse {
+                    return (
+                        axum::http::StatusCode::BAD_REQUEST,
+                        axum::Json(
+                            json!({"error": {"message": "logprobs are not supported by this provider", "type": "invalid_request_error", "param": "logprobs", "code": null}}),
+                        ),
+                    );
+                }
+                let resp = reqwest::Client::new()
+                    .post(format!("{upstream}{path}"))
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await;
+                let Ok(resp) = resp else {
+                    return (axum::http::StatusCode::BAD_GATEWAY, axum::Json(json!({})));
+                };
+                let bytes = resp.bytes().await.unwrap_or_default();
+                let mut v: Value = serde_json::from_slice(&bytes).unwrap_or_default();
+                scale(&mut v, factor);
+                (axum::http::StatusCode::OK, axum::Json(v))
+            }
+        }
+    };
+    axum::Router::new()
+        .route("/v1/completions", post(handler("/v1/completions")))
+        .route(
+            "/v1/chat/completions",
+            post(handler("/v1/chat/completions")),
+        )
+}
+
+/// Scales every number under a `logprob`-ish key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_of_the_unmodified_engine_are_exact_and_shifted_logprobs_are_caught() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let url = engine_server(&stop, &tasks).await?;
+    let shifted = serve(shifting_double(url.clone(), 1.3, false), &stop, &tasks).await?;
+    let refusing = serve(shifting_double(url.clone(), 1.0, true), &stop, &tasks).await?;
+    let reference = in_process()?;
+    let h = Harness::new("")?;
+    let same = target(&url, "engine/smol");
+
+    let o = h.probe(&reference, ProbeKind::PromptLogprobs, &same).await;
+    ensure!(o.ok, "{:?}", o.error);
+    // bit-exact at the input level: at every position the endpoint reports exactly the
+    // reference's logprob and top-k (its list also holds the actual token, OpenAI style)
+    let raw = o.raw.as_deref().context("raw per-position data")?;
+    for p in samewise_probes::compare::decode_positions(raw)? {
+        ensure!(
+            p.endpoint.actual_logprob == p.reference.actual_logprob,
+            "{p:?}"
+        );
+        ensure!(
+            p.endpoint.top.get(..p.reference.top.len()) == Some(&p.reference.top[..]),
+            "{p:?}"
+        );
+    }
+    // identical inputs give exactly zero KL (compare clamps both sides alike, in log space)
+    let worst = worst_positions(&o)?;
+    ensure!(
+        stat(&o, "kl_p99")? == 0.0 && stat(&o, "kl_mean")? == 0.0,
+        "unmodified KL not 0: {} worst: {worst}",
+        o.stats
+    );
+    ensure!(
+        stat(&o, "top1_same")? == 1.0
+            && stat(&o, "topk_overlap")? == 1.0
+            && stat(&o, "dlogprob_mean")? == 0.0,
+        "{}",
+        o.stats
+    );
+    ensure!(
+        stat(&o, "positions")? > 100.0 && stat(&o, "mismatch_rate")? == 0.0 && o.tokens > 100,
+        "{} tokens {}",
+        o.stats,
+        o.tokens
+    );
+    ensure!(
+        samewise_probes::compare::decode_positions(raw)?.len() as f64 == stat(&o, "positions")?
+    );
+
+    let o = h
+        .probe(&reference, ProbeKind::CompletionLogprobs, &same)
+        .await;
+    ensure!(o.ok, "{:?}", o.error);
+    ensure!(
+        stat(&o, "kl_p99")? == 0.0
+            && stat(&o, "dlogprob_mean")? == 0.0
+            && stat(&o, "top1_same")? == 1.0
+            && stat(&o, "topk_overlap")? == 1.0,
+        "completion logprobs not exact: {}",
+        o.stats
+    );
+    ensure!(stat(&o, "positions")? >= 1.0 && o.tokens > 0);
+
+    let o = h.probe(&reference, ProbeKind::ToolCalls, &same).await;
+    ensure!(o.ok, "{:?}", o.error);
+    // same weights, same greedy answers: the same call/no-call decisions; trigger F1 is
+    // 1.0 when a side called, and null (undefined, never a vacuous 1.0) when none did
+    ensure!(
+        stat(&o, "endpoint_triggers")? == stat(&o, "reference_triggers")?
+            && match o.stats.get("trigger_f1") {
+                Some(Value::Null) => stat(&o, "reference_triggers")? == 0.0,
+                _ => stat(&o, "trigger_f1")? == 1.0,
+            },
+        "same weights, same greedy answers: {}",
+        o.stats
+    );
+
+    let o = h.probe(&reference, ProbeKind::Samples, &same).await;
+    ensure!(o.ok, "{:?}", o.error);
+    let p = stat(&o, "p_value")?;
+    ensure!(
+        (0.0..=1.0).contains(&p) && stat(&o, "loglik_p_value").is_ok(),
+        "{}",
+        o.stats
+    );
+
+    let o = h
+        .probe(
+            &reference,
+            ProbeKind::PromptLogprobs,
+            &target(&shifted, "shifted/smol"),
+        )
+        .await;
+    ensure!(o.ok, "{:?}", o.error);
+    ensure!(
+        stat(&o, "kl_mean")? > 0.01 && stat(&o, "dlogprob_mean")? > 0.1,
+        "shifted logprobs not caught: {}",
+        o.stats
+    );
+
+    let o = h
+        .probe(
+            &reference,
+            ProbeKind::PromptLogprobs,
+            &target(&refusing, "refusing/smol"),
+        )
+        .await;
+    ensure!(
+        !o.ok && o.error.as_deref().is_some_and(|e| e.contains("logprobs")),
+        "refusal must be a finding: {o:?}"
+    );
+    let o = h
+        .probe(
+            &reference,
+            ProbeKind::CompletionLogprobs,
+            &target(&refusing, "refusing/smol"),
+        )
+        .await;
+    ensure!(
+        !o.ok && o.error.as_deref().is_some_and(|e| e.contains("logprobs")),
+        "refusal must be a finding: {o:?}"
+    );
+
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+/// The scheduler's memo of reference scores: a repeated sequence is served from memory with
+/// the very same answer, least recently used sequences are evicted past the capacity, and a
+/// sequence longer than the whole capacity is scored but never kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_reference_answers_exactly_as_the_engine_and_evicts_by_recency() -> Result<()> {
+    use samewise_probes::reference::Cached;
+    let engine: Arc<dyn Reference> = Arc::new(in_process()?);
+    let texts = [
+        "The quick brown fox jumps over the lazy dog.",
+        "Rust's ownership rules are checked at compile time.",
+        "Water boils at one hundred degrees Celsius at sea level.",
+    ];
+    let mut ids = Vec::new();
+    for t in texts {
+        ids.push(engine.tokenize(t, false).await?);
+    }
+    let longest = ids.iter().map(Vec::len).max().context("ids")?;
+    // room for two of the three sequences, not three
+    let capacity = ids.iter().map(Vec::len).sum::<usize>() - 1;
+    let cached = Cached::new(engine.clone(), capacity);
+
+    let direct = engine.score(&ids[0], 5).await?;
+    ensure!(cached.score(&ids[0], 5).await? == direct, "first answer differs");
+    ensure!(cached.score(&ids[0], 5).await? == direct, "memoized answer differs");
+    let s = cached.stats();
+    ensure!(
+        (s.hits, s.misses, s.sequences, s.positions) == (1, 1, 1, ids[0].len()),
+        "{s:?}"
+    );
+    // another top-k is another question
+    ensure!(cached.score(&ids[0], 2).await? == engine.score(&ids[0], 2).await?);
+    ensure!(cached.stats().misses == 2);
+
+    // fill up: the least recently used sequences go first
+    let cached = Cached::new(engine.clone(), capacity);
+    cached.score(&ids[0], 5).await?;
+    cached.score(&ids[1], 5).await?;
+    cached.score(&ids[0], 5).await?; // ids[1] is now the least recently used
+    cached.score(&ids[2], 5).await?; // evicts ids[1]
+    let before = cached.stats();
+    ensure!(before.positions <= capacity && before.sequences == 2, "{before:?}");
+    cached.score(&ids[0], 5).await?;
+    ensure!(cached.stats().hits == before.hits + 1, "ids[0] was evicted");
+    ensure!(cached.score(&ids[1], 5).await? == engine.score(&ids[1], 5).await?);
+    ensure!(cached.stats().misses == before.misses + 1, "ids[1] was kept");
+
+    // longer than the capacity: answered, never kept
+    let tiny = Cached::new(engine.clone(), longest - 1);
+    let long = ids.iter().find(|v| v.len() == longest).context("longest")?;
+    ensure!(tiny.score(long, 5).await? == engine.score(long, 5).await?);
+    ensure!(tiny.score(long, 5).await? == engine.score(long, 5).await?);
+    let s = tiny.stats();
+    ensure!((s.hits, s.misses, s.sequences) == (0, 2, 0), "{s:?}");
+    Ok(())
+}
+
+/// Every shipped prompt_logprobs text, the multilingual one's partial characters included,
+/// probed against the unmodified engine is exact: every echoed token aligns directly and KL
+/// is exactly 0. (Lossy U+FFFD token texts once mapped to an arbitrary token and shifted the
+/// scored sequence.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shipped_text_of_the_unmodified_engine_is_exact() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let url = engine_server(&stop, &tasks).await?;
+    let reference = in_process()?;
+    let mut h = Harness::new("")?;
+    let n = h.sets.logprob_texts.len();
+    h.cfg
+        .models
+        .get_mut("smol")
+        .context("model")?
+        .items_per_round = n;
+    let o = h
+        .probe(&reference, ProbeKind::PromptLogprobs, &target(&url, "engine/smol"))
+        .await;
+    ensure!(o.ok, "{:?}", o.error);
+    let worst = worst_positions(&o)?;
+    ensure!(
+        stat(&o, "kl_mean")? == 0.0
+            && stat(&o, "kl_p99")? == 0.0
+            && stat(&o, "top1_same")? == 1.0
+            && stat(&o, "mismatch_rate")? == 0.0
+            && o.stats["align"] == "direct",
+        "{} worst: {worst}",
+        o.stats
+    );
+    // every echoed token of every text was compared (position 0 of each has no logprob)
+    let endpoint_tokens = stat(&o, "endpoint_tokens")?;
+    ensure!(
+        stat(&o, "positions")? == endpoint_tokens - n as f64 && endpoint_tokens as i64 == o.tokens,
+        "{}",
+        o.stats
+    );
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+/// The engine server takes at most 16 samples per request and answers more with a 400: the
+/// samples probe halves its `n` and asks again until it has all it wants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn samples_probe_asks_again_with_a_smaller_n_when_n_is_refused() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let url = engine_server(&stop, &tasks).await?;
+    let reference = in_process()?;
+    let mut h = Harness::new("")?;
+    let m = h.cfg.models.get_mut("smol").context("model")?;
+    m.samples_per_prompt = 20;
+    m.max_tokens = 8;
+    let o = h
+        .probe(&reference, ProbeKind::Samples, &target(&url, "engine/smol"))
+        .await;
+    ensure!(o.ok, "{:?}", o.error);
+    ensure!(o.stats["samples_per_prompt"] == 20, "{}", o.stats);
+    let p = stat(&o, "p_value")?;
+    ensure!(p > 0.0 && p <= 1.0, "{}", o.stats);
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}

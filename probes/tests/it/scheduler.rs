@@ -1,0 +1,274 @@
+//! The probe scheduler against the real engine on the test model: it stores runs and noise
+//! pairs within the hourly token budget, one scheduler per database holds the PostgreSQL
+//! advisory lock (a standby takes over when it is freed or its session dies), and a provider
+//! switched mid-run raises a changed alert.
+//!
+//! The test model is `$SAMEWISE_MODEL` if set, else
+//! `~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf`; a missing model fails.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use axum::body::Bytes;
+use axum::routing::post;
+use samewise_probes::config::ProbeKind;
+use samewise_probes::reference::Reference;
+use samewise_probes::runner::{RoundResult, Scheduler};
+use samewise_store::testing::TestDb;
+use samewise_store::{Backend, ProbeRunQuery};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::common;
+use common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduler_stores_runs_with_noise_pairs_and_respects_the_budget() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let url = engine_server(&stop, &tasks).await?;
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let cfg = Arc::new(probes_config(
+        "kinds = [\"prompt_logprobs\"]\ntoken_budget_per_hour = 400\n",
+    )?);
+    let reference: Arc<dyn Reference> = Arc::new(in_process()?);
+    let s = Scheduler::new(
+        cfg,
+        db.store.clone(),
+        reference,
+        None,
+        vec![target(&url, "engine/smol")],
+    )?;
+
+    // round 0 is a noise-floor pair
+    let RoundResult::Stored(runs) = s
+        .run_round(&s.targets()[0], ProbeKind::PromptLogprobs, 0)
+        .await?
+    else {
+        anyhow::bail!("first round over budget")
+    };
+    ensure!(runs.len() == 2, "noise pair expected, got {}", runs.len());
+    ensure!(runs[1].repeat_of == Some(runs[0].id) && runs[0].repeat_of.is_none());
+    let stored = db
+        .store
+        .probe_runs(&ProbeRunQuery {
+            model: Some("smol".into()),
+            endpoint: None,
+            kind: None,
+            since_ms: None,
+            limit: 10,
+        })
+        .await?;
+    ensure!(stored.len() == 2, "{stored:?}");
+    for r in &stored {
+        ensure!(
+            r.ok && r.kind == "prompt_logprobs" && r.endpoint == "engine/smol" && r.tokens > 0,
+            "{r:?}"
+        );
+        ensure!(
+            r.finished_ms >= r.started_ms && r.raw.is_some() && r.stats.get("kl_mean").is_some(),
+            "{r:?}"
+        );
+    }
+    // the two runs spent more than the 400-token budget: the next round is skipped
+    let spent: i64 = stored.iter().map(|r| r.tokens).sum();
+    ensure!(spent >= 400, "spent {spent}");
+    match s
+        .run_round(&s.targets()[0], ProbeKind::PromptLogprobs, 1)
+        .await?
+    {
+        RoundResult::OverBudget { spent: reported } => ensure!(reported == spent),
+        RoundResult::Stored(r) => anyhow::bail!("ran over budget: {r:?}"),
+    }
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+/// On PostgreSQL the scheduler stands by while another session holds the lock, takes over
+/// once it is released, survives the loss of its own lock session, and drains on shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_scheduler_takes_over_when_the_lock_is_freed() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let url = engine_server(&stop, &tasks).await?;
+    let db = TestDb::new(Backend::Postgres).await?;
+    let cfg = Arc::new(probes_config(
+        "kinds = [\"prompt_logprobs\"]\ninterval_ms = 300\njitter = 0.0\n",
+    )?);
+    let reference: Arc<dyn Reference> = Arc::new(in_process()?);
+    let s = Arc::new(Scheduler::new(
+        cfg,
+        db.store.clone(),
+        reference,
+        None,
+        vec![target(&url, "engine/smol")],
+    )?);
+    let holder = db
+        .store
+        .try_scheduler_lock()
+        .await?
+        .context("lock free at start")?;
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(Arc::clone(&s).run(shutdown.clone()));
+    let q = ProbeRunQuery {
+        model: None,
+        endpoint: None,
+        kind: None,
+        since_ms: None,
+        limit: 100,
+    };
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    ensure!(
+        db.store.probe_runs(&q).await?.is_empty(),
+        "a standby scheduler probed"
+    );
+    holder.release().await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let n = db.store.probe_runs(&q).await?.len();
+        if n >= 3 {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "scheduler did not take over ({n} runs)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // the lock's session dies (as when a holder crashes or its connection drops): the
+    // scheduler notices, stands down, takes the free lock again on a new session, and goes on
+    let lock_pid = samewise_store::testing::pg_advisory_lock_holder(db.url())
+        .await?
+        .context("no session holds the lock")?;
+    samewise_store::testing::pg_terminate_backend(db.url(), lock_pid).await?;
+    let before = db.store.probe_runs(&q).await?.len();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let holder = samewise_store::testing::pg_advisory_lock_holder(db.url()).await?;
+        let n = db.store.probe_runs(&q).await?.len();
+        if holder.is_some_and(|p| p != lock_pid) && n >= before + 2 {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no takeover after the lock's session died (holder {holder:?}, {n} runs)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .context("scheduler did not drain")??;
+    // after shutdown the lock is free again
+    ensure!(
+        db.store.try_scheduler_lock().await?.is_some(),
+        "lock not released on shutdown"
+    );
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+/// A provider that changes what it serves mid-run: the first `after` completions requests
+/// pass through to the engine unchanged, later ones get logprobs scaled by 1.3.
+fn switching_double(upstream: String, after: usize) -> axum::Router {
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    axum::Router::new().route(
+        "/v1/completions",
+        post(move |body: Bytes| {
+            let upstream = upstream.clone();
+            let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                let resp = reqwest::Client::new()
+                    .post(format!("{upstream}/v1/completions"))
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await;
+                let Ok(resp) = resp else {
+                    return axum::Json(json!({}));
+                };
+                let bytes = resp.bytes().await.unwrap_or_default();
+                let mut v: Value = serde_json::from_slice(&bytes).unwrap_or_default();
+                if n >= after {
+                    scale(&mut v, 1.3);
+                }
+                axum::Json(v)
+            }
+        }),
+    )
+}
+
+/// An endpoint switched mid-run raises a "changed" alert through the scheduler's rounds and
+/// the detectors it calls after each stored run; before the switch, nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mid_run_switch_raises_a_changed_alert() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let url = engine_server(&stop, &tasks).await?;
+    // rounds 0 and 3 are noise pairs (noise_pair_every = 3): rounds 0..=4 make 7 requests,
+    // all answered exactly; from round 5 on the provider has switched
+    let switching = serve(switching_double(url.clone(), 7), &stop, &tasks).await?;
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let cfg = Arc::new(probes_config("kinds = [\"prompt_logprobs\"]\n")?);
+    let det: toml::Table =
+        "cusum_baseline_rounds = 3\nhistory_runs = 30\nkl_threshold = 100.0\n".parse()?;
+    let detectors = samewise_probes::detect::Detectors::new(
+        samewise_probes::detect::DetectorConfig::parse(&det)?,
+        None,
+        &samewise_probes::alerting::AlertsConfig::default(),
+    )?;
+    let detectors = Arc::new(detectors);
+    let reference: Arc<dyn Reference> = Arc::new(in_process()?);
+    let s = Scheduler::new(
+        cfg,
+        db.store.clone(),
+        reference,
+        Some(detectors.clone()),
+        vec![target(&switching, "switching/smol")],
+    )?;
+    let q = samewise_store::AlertQuery {
+        state: None,
+        model: None,
+        endpoint: None,
+        limit: 10,
+    };
+    for round in 0..5 {
+        s.run_round(&s.targets()[0], ProbeKind::PromptLogprobs, round)
+            .await?;
+    }
+    ensure!(
+        db.store.alerts(&q).await?.is_empty(),
+        "alert before the switch: {:?}",
+        db.store.alerts(&q).await?
+    );
+    let mut raised = false;
+    for round in 5..8 {
+        s.run_round(&s.targets()[0], ProbeKind::PromptLogprobs, round)
+            .await?;
+        if db
+            .store
+            .alerts(&q)
+            .await?
+            .iter()
+            .any(|a| a.kind == "changed" && a.endpoint == "switching/smol")
+        {
+            raised = true;
+            break;
+        }
+    }
+    ensure!(
+        raised,
+        "no changed alert within 3 rounds of the switch: {:?}",
+        db.store.alerts(&q).await?
+    );
+    detectors.shutdown().await;
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}

@@ -1,0 +1,261 @@
+//! Issue 2 items 8, 9 (client side) and 11: samewise keys (401, per-key rpm -> 429 with
+//! Retry-After, revocation within the cache TTL), bad input answered with OpenAI-shaped 4xx
+//! and recorded, `/metrics` and `/healthz`.
+
+use crate::common;
+
+use std::time::Duration;
+
+use anyhow::Result;
+use common::*;
+use samewise_testkit::MockUpstream;
+use serde_json::json;
+
+fn cfg(mock: &MockUpstream, server: &str) -> String {
+    format!(
+        "{server}{FAST_LIMITS}{}{}",
+        provider("p1", &mock.base_url(), ""),
+        model("smol", "weighted", &[("p1", "up")])
+    )
+}
+
+async fn error_json(resp: reqwest::Response) -> Result<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_slice(&resp.bytes().await?)?;
+    assert!(v["error"]["message"].is_string(), "{v}");
+    assert!(v["error"]["type"].is_string(), "{v}");
+    Ok(v)
+}
+
+#[tokio::test]
+async fn missing_or_wrong_key_is_401_and_recorded() -> Result<()> {
+    let mock = MockUpstream::builder().start().await?;
+    let gw = Gateway::start(&cfg(&mock, "")).await?;
+    let body = serde_json::to_vec(&chat_body("smol"))?;
+    for auth in [None, Some("Bearer sw-0000"), Some("Basic abc")] {
+        let mut rb = gw
+            .http
+            .post(gw.url("/v1/chat/completions"))
+            .body(body.clone());
+        if let Some(a) = auth {
+            rb = rb.header("authorization", a);
+        }
+        let resp = rb.send().await?;
+        assert_eq!(resp.status(), 401, "{auth:?}");
+        let id = request_id(&resp);
+        let v = error_json(resp).await?;
+        assert_eq!(v["error"]["type"], "authentication_error");
+        assert_eq!(v["error"]["code"], "invalid_api_key");
+        let recs = gw.records(&id).await?;
+        assert_eq!(recs.len(), 1);
+        assert_eq!(
+            (recs[0].attempt, recs[0].endpoint.clone(), recs[0].status),
+            (0, None, Some(401))
+        );
+        assert_eq!(recs[0].error_kind.as_deref(), Some("invalid_api_key"));
+    }
+    let resp = gw.http.get(gw.url("/v1/models")).send().await?;
+    assert_eq!(resp.status(), 401);
+    assert_eq!(mock.request_count(), 0);
+    gw.stop().await
+}
+
+#[tokio::test]
+async fn per_key_rpm_limit_gives_429_with_retry_after() -> Result<()> {
+    let mock = MockUpstream::builder().start().await?;
+    let gw = Gateway::start_with(
+        &cfg(&mock, ""),
+        Options {
+            rpm: Some(2),
+            ..Options::default()
+        },
+    )
+    .await?;
+    for _ in 0..2 {
+        assert_eq!(gw.chat(&chat_body("smol")).await?.status(), 200);
+    }
+    let resp = gw.chat(&chat_body("smol")).await?;
+    assert_eq!(resp.status(), 429);
+    let wait: u64 = resp.headers()["retry-after"].to_str()?.parse()?;
+    assert!((1..=30).contains(&wait), "{wait}");
+    let id = request_id(&resp);
+    let v = error_json(resp).await?;
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    let recs = gw.records(&id).await?;
+    assert_eq!(recs[0].status, Some(429));
+    assert!(
+        recs[0].key_id.is_some(),
+        "a rate-limited request is attributed to its key"
+    );
+    assert_eq!(mock.request_count(), 2);
+    gw.stop().await
+}
+
+#[tokio::test]
+async fn revoked_key_stops_working_within_the_cache_ttl() -> Result<()> {
+    let mock = MockUpstream::builder().start().await?;
+    let gw = Gateway::start(&cfg(&mock, "")).await?;
+    assert_eq!(gw.chat(&chat_body("smol")).await?.status(), 200);
+    assert!(gw.db.store.revoke_api_key("test").await?);
+    // key_cache_ttl_ms = 200 in FAST_LIMITS: within a bounded time the key is refused
+    let revoked_at = tokio::time::Instant::now();
+    loop {
+        let status = gw.chat(&chat_body("smol")).await?.status();
+        if status == 401 {
+            break;
+        }
+        assert_eq!(status, 200);
+        assert!(
+            revoked_at.elapsed() < Duration::from_secs(5),
+            "revocation not seen after 5 s (TTL 200 ms)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gw.stop().await
+}
+
+#[tokio::test]
+async fn bad_input_gets_openai_4xx_and_is_recorded() -> Result<()> {
+    let mock = MockUpstream::builder().start().await?;
+    let gw = Gateway::start(&cfg(&mock, "[server]\nbody_limit_bytes = 2048\n")).await?;
+    let big = format!(
+        r#"{{"model":"smol","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(4096)
+    );
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        (
+            "/v1/chat/completions",
+            "{not json".into(),
+            400,
+            "invalid_json",
+        ),
+        (
+            "/v1/chat/completions",
+            "[1,2]".into(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"smol"}"#.into(),
+            400,
+            "missing_field",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"smol","messages":"hi"}"#.into(),
+            400,
+            "invalid_type",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"smol","messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#
+                .into(),
+            400,
+            "invalid_type",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":["smol"],"messages":[]}"#.into(),
+            400,
+            "invalid_type",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"smol"}"#.into(),
+            400,
+            "missing_field",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"smol","prompt":7}"#.into(),
+            400,
+            "invalid_type",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"nope","messages":[{"role":"user","content":"x"}]}"#.into(),
+            404,
+            "model_not_found",
+        ),
+        ("/v1/chat/completions", big, 413, "request_too_large"),
+    ];
+    for (path, body, status, code) in cases {
+        let resp = gw
+            .http
+            .post(gw.url(path))
+            .bearer_auth(&gw.key)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await?;
+        assert_eq!(resp.status().as_u16(), status, "{code}: {body:.80}");
+        let id = request_id(&resp);
+        let v = error_json(resp).await?;
+        assert_eq!(v["error"]["code"], code, "{v}");
+        let recs = gw.records(&id).await?;
+        assert_eq!(recs.len(), 1);
+        assert_eq!(recs[0].status, Some(status));
+        assert_eq!(recs[0].error_kind.as_deref(), Some(code));
+        assert_eq!(recs[0].endpoint, None);
+        assert!(recs[0].key_id.is_some());
+    }
+    // the unknown model is attributed to the name sent, and labelled `unknown` in metrics
+    let m = gw.metrics().await?;
+    assert!(
+        m.contains(
+            r#"samewise_requests_total{model="unknown",endpoint="none",status_class="4xx"}"#
+        ),
+        "{m}"
+    );
+    assert!(!m.contains("nope"));
+    assert_eq!(mock.request_count(), 0);
+    gw.stop().await
+}
+
+#[tokio::test]
+async fn provider_preferences_that_match_nothing_are_a_404() -> Result<()> {
+    let mock = MockUpstream::builder().start().await?;
+    let gw = Gateway::start(&cfg(&mock, "")).await?;
+    let mut body = chat_body("smol");
+    body["provider"] = json!({"only": ["elsewhere"]});
+    let resp = gw.chat(&body).await?;
+    assert_eq!(resp.status(), 404);
+    assert_eq!(
+        error_json(resp).await?["error"]["code"],
+        "no_endpoints_match"
+    );
+    body["provider"] = json!({"sort": "fastest"});
+    let resp = gw.chat(&body).await?;
+    assert_eq!(resp.status(), 400);
+    assert_eq!(error_json(resp).await?["error"]["param"], "provider");
+    gw.stop().await
+}
+
+#[tokio::test]
+async fn health_metrics_and_unknown_routes() -> Result<()> {
+    let mock = MockUpstream::builder().start().await?;
+    let gw = Gateway::start(&cfg(&mock, "")).await?;
+    let resp = gw.http.get(gw.url("/healthz")).send().await?;
+    assert_eq!(resp.status(), 200);
+    let resp = gw.get("/v1/nothing").await?;
+    assert_eq!(resp.status(), 404);
+    error_json(resp).await?;
+    let resp = gw.get("/v1/chat/completions").await?;
+    assert_eq!(resp.status(), 405);
+    error_json(resp).await?;
+    let resp = gw.chat(&chat_body("smol")).await?;
+    gw.records(&request_id(&resp)).await?;
+    let m = gw.metrics().await?;
+    for needle in [
+        "samewise_requests_total{model=\"smol\",endpoint=\"p1/up\",status_class=\"2xx\"} 1",
+        "samewise_record_queue_dropped_total 0",
+        "samewise_records_written_total",
+        "samewise_record_write_errors_total 0",
+        "samewise_breaker_state{endpoint=\"p1/up\"} 0",
+        "samewise_request_duration_seconds_bucket",
+    ] {
+        assert!(m.contains(needle), "{needle} missing from\n{m}");
+    }
+    assert!(metric_value(&m, "samewise_records_written_total", "").unwrap_or(0.0) >= 1.0);
+    gw.stop().await
+}

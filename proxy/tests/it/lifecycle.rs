@@ -1,0 +1,180 @@
+//! Request lifecycles at the edges: a client that goes away mid-stream (recorded once, as
+//! `client_disconnect`), graceful shutdown that lets an in-flight stream finish and drains its
+//! record, a `Retry-After` short enough to be waited out on the same endpoint, records that
+//! cannot be queued counted on `/metrics`, and a breaker's half-open trial over real time.
+
+use crate::common;
+
+use std::time::Duration;
+
+use anyhow::Result;
+use common::*;
+use samewise_testkit::{Behavior, MockUpstream, Reply};
+use serde_json::json;
+
+fn single(mock: &MockUpstream, limits: &str) -> String {
+    format!(
+        "{limits}{}{}",
+        provider("p1", &mock.base_url(), ""),
+        model("smol", "weighted", &[("p1", "up")])
+    )
+}
+
+fn slow_stream(pieces: usize, delay_ms: u64) -> Behavior {
+    let text: Vec<String> = (0..pieces).map(|i| format!("w{i} ")).collect();
+    Behavior::Ok(Reply {
+        chunk_delay: Duration::from_millis(delay_ms),
+        ..Reply::text(text)
+    })
+}
+
+#[tokio::test]
+async fn client_going_away_mid_stream_is_recorded_once() -> Result<()> {
+    let mock = MockUpstream::builder()
+        .default_behavior(slow_stream(50, 50))
+        .start()
+        .await?;
+    let gw = Gateway::start(&single(&mock, FAST_LIMITS)).await?;
+    let mut body = chat_body("smol");
+    body["stream"] = json!(true);
+    let mut resp = gw.chat(&body).await?;
+    let id = request_id(&resp);
+    assert!(resp.chunk().await?.is_some());
+    drop(resp);
+    let recs = gw.records(&id).await?;
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].error_kind.as_deref(), Some("client_disconnect"));
+    assert!(recs[0].final_attempt);
+    gw.stop().await
+}
+
+#[tokio::test]
+async fn shutdown_lets_an_open_stream_finish_and_drains_its_record() -> Result<()> {
+    let mock = MockUpstream::builder()
+        .default_behavior(slow_stream(6, 40))
+        .start()
+        .await?;
+    let gw = Gateway::start(&single(&mock, FAST_LIMITS)).await?;
+    let mut body = chat_body("smol");
+    body["stream"] = json!(true);
+    let mut resp = gw.chat(&body).await?;
+    let id = request_id(&resp);
+    let first = resp.chunk().await?.unwrap_or_default();
+    let store = gw.db.store.clone();
+    let reader = async move {
+        let mut text = String::from_utf8_lossy(&first).into_owned();
+        while let Some(c) = resp.chunk().await? {
+            text.push_str(&String::from_utf8_lossy(&c));
+        }
+        anyhow::Ok(text)
+    };
+    let (text, stopped) = tokio::join!(reader, async {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        gw.stop_keep_db().await
+    });
+    let (text, db) = (text?, stopped?);
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    // stop() drained the writer: the record is there without polling
+    let q = samewise_store::RecordQuery {
+        request_id: Some(id),
+        ..Default::default()
+    };
+    let recs = store.request_records(&q).await?;
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].error_kind, None);
+    drop(db);
+    Ok(())
+}
+
+#[tokio::test]
+async fn short_retry_after_is_waited_out_on_the_same_endpoint() -> Result<()> {
+    let mock = MockUpstream::builder()
+        .behavior(Behavior::RateLimited {
+            retry_after: Some(1),
+        })
+        .start()
+        .await?;
+    let limits = FAST_LIMITS.replace("retry_after_max_ms = 300", "retry_after_max_ms = 2000");
+    let gw = Gateway::start(&single(&mock, &limits)).await?;
+    let started = tokio::time::Instant::now();
+    let resp = gw.chat(&chat_body("smol")).await?;
+    assert_eq!(resp.status(), 200);
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    let recs = gw.records(&request_id(&resp)).await?;
+    assert_eq!(recs.len(), 2);
+    assert_eq!(recs[0].status, Some(429));
+    assert_eq!(recs[1].status, Some(200));
+    gw.stop().await
+}
+
+#[tokio::test]
+async fn records_that_cannot_be_queued_are_counted_on_metrics() -> Result<()> {
+    let mock = MockUpstream::builder().start().await?;
+    let mut gw = Gateway::start(&single(&mock, FAST_LIMITS)).await?;
+    gw.stop_writer().await;
+    for _ in 0..3 {
+        assert_eq!(
+            gw.chat(&chat_body("smol")).await?.status(),
+            200,
+            "the request path does not depend on the store"
+        );
+    }
+    let m = gw.metrics().await?;
+    assert_eq!(
+        metric_value(&m, "samewise_record_queue_dropped_total", ""),
+        Some(3.0),
+        "{m}"
+    );
+    gw.stop().await
+}
+
+#[tokio::test]
+async fn an_open_breaker_lets_a_trial_through_after_the_cooldown_and_closes() -> Result<()> {
+    let a = MockUpstream::builder()
+        .name("a")
+        .behaviors([
+            Behavior::Status(500, "{}".into()),
+            Behavior::Status(500, "{}".into()),
+        ])
+        .start()
+        .await?;
+    let b = MockUpstream::builder().name("b").start().await?;
+    let cfg = format!(
+        "{FAST_LIMITS}[breaker]\nconsecutive_failures = 2\ncooldown_ms = 150\n{}{}{}",
+        provider("a", &a.base_url(), ""),
+        provider("b", &b.base_url(), ""),
+        model("smol", "weighted", &[("a", "sa"), ("b", "sb")])
+    );
+    let gw = Gateway::start(&cfg).await?;
+    let mut body = chat_body("smol");
+    body["provider"] = json!({"order": ["a", "b"]});
+    for _ in 0..2 {
+        assert_eq!(gw.chat(&body).await?.status(), 200);
+    }
+    // (that an open breaker is skipped is `failover::breaker_opens_and_the_endpoint_is_skipped`;
+    // here the cool-down is short, so only what holds however slow this machine is, is checked)
+    assert_eq!(a.request_count(), 2);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let m = gw.metrics().await?;
+    assert_eq!(
+        metric_value(&m, "samewise_breaker_state", "endpoint=\"a/sa\""),
+        Some(1.0),
+        "half-open after the cool-down"
+    );
+    // the trial goes to a (healthy again) and closes the breaker
+    let resp = gw.chat(&body).await?;
+    let recs = gw.records(&request_id(&resp)).await?;
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].endpoint.as_deref(), Some("a/sa"));
+    assert_eq!(a.request_count(), 3);
+    let m = gw.metrics().await?;
+    assert_eq!(
+        metric_value(&m, "samewise_breaker_state", "endpoint=\"a/sa\""),
+        Some(0.0)
+    );
+    gw.stop().await
+}

@@ -1,0 +1,17 @@
+//! The reference engine's integration tests, one test binary: loading (GGUF, safetensors),
+//! tokenizer and chat templates against committed goldens, fidelity against transformers' logprobs,
+//! batch invariance, serving profiles, and the OpenAI-compatible server over real sockets.
+//!
+//! Layout: `common` says where the test model and the committed fixtures are; every other module
+//! is one area.
+
+mod common;
+
+mod chat_template;
+mod fidelity;
+mod invariance;
+mod loading;
+mod profiles_numerics;
+mod profiles_server;
+mod server;
+mod tokenizer;

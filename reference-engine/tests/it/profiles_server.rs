@@ -1,0 +1,723 @@
+//! The serving profiles' behavioural faults, observed from outside over real loopback HTTP
+//! against the real test model: each knob does what it says (truncation, tool-call
+//! corruption checked with a real JSON-schema validator, shifted echo logprobs, refused and
+//! capped logprobs, the repeat bug, template variants, injected errors at their rates and
+//! replayed, cut streams, added latency), compared with the plain engine where it matters.
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use samewise_engine::engine::LoadOptions;
+use samewise_engine::profile::Profile;
+use samewise_engine::server::{self, ServerState};
+use samewise_wire::sse::SseDecoder;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+/// A server on 127.0.0.1:0 serving a profile, stopped when dropped.
+struct TestServer {
+    base: String,
+    client: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl TestServer {
+    async fn start(profile: Profile) -> anyhow::Result<Self> {
+        let state = ServerState::load_with_profile(
+            &common::model_path()?,
+            LoadOptions {
+                threads: 2,
+                ..LoadOptions::default()
+            },
+            Some("smollm2".into()),
+            profile,
+        )?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(server::serve(listener, state, async move {
+            let _ = rx.await;
+        }));
+        Ok(Self {
+            base,
+            client: reqwest::Client::new(),
+            stop: Some(tx),
+            task: Some(task),
+        })
+    }
+
+    async fn builtin(name: &str) -> anyhow::Result<Self> {
+        Self::start(Profile::resolve(name)?).await
+    }
+
+    async fn toml(text: &str) -> anyhow::Result<Self> {
+        Self::start(Profile::from_toml(text, "test.toml")?).await
+    }
+
+    /// POSTs JSON; returns (status, headers, body as JSON).
+    async fn post_full(
+        &self,
+        path: &str,
+        body: &Value,
+    ) -> anyhow::Result<(u16, reqwest::header::HeaderMap, Value)> {
+        let mut b = body.clone();
+        if let Some(o) = b.as_object_mut() {
+            o.entry("model").or_insert(json!("smollm2"));
+        }
+        let resp = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(b.to_string())
+            .send()
+            .await?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let bytes = resp.bytes().await?;
+        let v = serde_json::from_slice(&bytes)
+            .map_err(|e| anyhow::anyhow!("{e}: {}", String::from_utf8_lossy(&bytes)))?;
+        Ok((status, headers, v))
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
+        let (s, _, v) = self.post_full(path, body).await?;
+        Ok((s, v))
+    }
+
+    async fn ok(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        let (status, v) = self.post(path, body).await?;
+        anyhow::ensure!(status == 200, "{path} answered {status}: {v}");
+        Ok(v)
+    }
+
+    /// POSTs a streaming request; returns the `data:` payloads received and whether the
+    /// body ended in an error (the connection dropped) rather than cleanly.
+    async fn stream(&self, path: &str, body: &Value) -> anyhow::Result<(Vec<String>, bool)> {
+        let mut b = body.clone();
+        b["model"] = json!("smollm2");
+        b["stream"] = json!(true);
+        let mut resp = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(b.to_string())
+            .send()
+            .await?;
+        anyhow::ensure!(
+            resp.status().as_u16() == 200,
+            "stream answered {}",
+            resp.status()
+        );
+        let mut dec = SseDecoder::new();
+        let mut out = Vec::new();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => out.extend(dec.feed(&chunk)?.into_iter().map(|e| e.data)),
+                Ok(None) => break,
+                Err(_) => return Ok((out, true)),
+            }
+        }
+        out.extend(dec.finish()?.map(|e| e.data));
+        Ok((out, false))
+    }
+
+    async fn shutdown(mut self) -> anyhow::Result<()> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await??;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+fn f64s(v: &Value) -> Vec<Option<f64>> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(Value::as_f64)
+        .collect()
+}
+
+/// A long prompt whose answer sits at its very start.
+fn needle_prompt() -> String {
+    let mut s = String::from("The secret code is 7391. Remember it well.\n\n");
+    let topics = [
+        "rivers",
+        "mountains",
+        "bread",
+        "trains",
+        "clocks",
+        "bees",
+        "glass",
+        "maps",
+        "salt",
+        "violins",
+    ];
+    for i in 0..40 {
+        let t = topics[i % topics.len()];
+        s.push_str(&format!("Paragraph {i}: people have written about {t} for a long time, and the {t} of each region differ. "));
+    }
+    s.push_str("\n\nQuestion: what is the secret code? Answer: the secret code is");
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncating_profile_loses_the_start_of_long_prompts() -> anyhow::Result<()> {
+    let plain = TestServer::builtin("reference").await?;
+    let cut = TestServer::builtin("truncate-512").await?;
+    let prompt = needle_prompt();
+    let body = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0});
+    let a = plain.ok("/v1/completions", &body).await?;
+    let b = cut.ok("/v1/completions", &body).await?;
+    let full = a["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+    assert!(full > 600, "the prompt should be long: {full} tokens");
+    assert_eq!(
+        b["usage"]["prompt_tokens"], 512,
+        "usage reports the kept count: {b}"
+    );
+    assert_ne!(
+        a["choices"][0]["text"], b["choices"][0]["text"],
+        "truncation must change the answer"
+    );
+    // echo shows what was kept: the end of the prompt, without the code at its start
+    let e = cut
+        .ok(
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": 0, "echo": true, "logprobs": 0}),
+        )
+        .await?;
+    let kept = e["choices"][0]["text"].as_str().unwrap_or_default();
+    assert!(
+        prompt.ends_with(kept) && !kept.contains("7391"),
+        "kept text: {kept:?}"
+    );
+    assert_eq!(
+        e["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .map(Vec::len),
+        Some(512)
+    );
+    // chat prompts are truncated the same way, silently
+    let chat = json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 4, "temperature": 0});
+    let c = cut.ok("/v1/chat/completions", &chat).await?;
+    assert_eq!(c["usage"]["prompt_tokens"], 512);
+    let p = plain.ok("/v1/chat/completions", &chat).await?;
+    assert!(p["usage"]["prompt_tokens"].as_u64().unwrap_or(0) > 512);
+    // short prompts are untouched
+    let short = json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0});
+    assert_eq!(
+        plain.ok("/v1/completions", &short).await?["choices"],
+        cut.ok("/v1/completions", &short).await?["choices"]
+    );
+    plain.shutdown().await?;
+    cut.shutdown().await
+}
+
+fn weather_tools() -> Value {
+    json!([{"type": "function", "function": {"name": "get_weather", "description": "Get the weather for a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                           "additionalProperties": false}}}])
+}
+
+/// A conversation after which SmolLM2-135M calls `get_weather` (it follows the tools
+/// convention when the history shows it twice).
+fn tool_chat(n: u32) -> Value {
+    let call = |id: &str, city: &str| {
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+        "function": {"name": "get_weather", "arguments": json!({"city": city}).to_string()}}]})
+    };
+    json!({
+        "messages": [
+            {"role": "user", "content": "What is the weather in Oslo?"}, call("c1", "Oslo"),
+            {"role": "user", "content": "What is the weather in Rome?"}, call("c2", "Rome"),
+            {"role": "user", "content": "What is the weather in Paris?"},
+        ],
+        "tools": weather_tools(), "temperature": 0, "max_tokens": 40, "n": n,
+    })
+}
+
+/// Why a tool call is invalid against the declared tools, or None if it is valid.
+fn tool_call_fault(call: &Value, tools: &Value) -> anyhow::Result<Option<&'static str>> {
+    let name = call["function"]["name"].as_str().unwrap_or_default();
+    let Some(tool) = tools
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|t| t["function"]["name"] == name)
+    else {
+        return Ok(Some("unknown function"));
+    };
+    let Ok(args) =
+        serde_json::from_str::<Value>(call["function"]["arguments"].as_str().unwrap_or_default())
+    else {
+        return Ok(Some("invalid json"));
+    };
+    let validator = jsonschema::validator_for(&tool["function"]["parameters"])
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok((!validator.is_valid(&args)).then_some("schema violation"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupting_profile_tool_calls_all_fail_validation() -> anyhow::Result<()> {
+    let tools = weather_tools();
+    // control: the plain engine's calls are valid
+    let plain = TestServer::builtin("reference").await?;
+    let v = plain.ok("/v1/chat/completions", &tool_chat(1)).await?;
+    let calls = v["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !calls.is_empty(),
+        "the plain engine should call the tool: {v}"
+    );
+    for c in &calls {
+        assert_eq!(tool_call_fault(c, &tools)?, None, "{c}");
+    }
+    plain.shutdown().await?;
+
+    let bad = TestServer::builtin("tool-corrupt").await?;
+    let v = bad.ok("/v1/chat/completions", &tool_chat(8)).await?;
+    let mut kinds = std::collections::BTreeSet::new();
+    let mut n = 0;
+    for choice in v["choices"].as_array().into_iter().flatten() {
+        assert_eq!(choice["finish_reason"], "tool_calls", "{choice}");
+        for c in choice["message"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let fault = tool_call_fault(c, &tools)?;
+            assert!(
+                fault.is_some(),
+                "a 100%-corrupting profile returned a valid call: {c}"
+            );
+            kinds.extend(fault);
+            n += 1;
+        }
+    }
+    assert!(n >= 8, "every choice calls the tool: {v}");
+    assert!(kinds.len() >= 2, "corruptions vary: {kinds:?}");
+    // streamed calls are corrupted too
+    let (events, dropped) = bad.stream("/v1/chat/completions", &tool_chat(1)).await?;
+    assert!(!dropped);
+    let mut streamed = 0;
+    for d in events.iter().filter(|d| *d != "[DONE]") {
+        let chunk: Value = serde_json::from_str(d)?;
+        for c in chunk["choices"][0]["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            assert!(tool_call_fault(c, &tools)?.is_some(), "{c}");
+            streamed += 1;
+        }
+    }
+    assert!(streamed >= 1);
+    bad.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shifted_echo_logprobs_are_the_plain_ones_shifted_by_one() -> anyhow::Result<()> {
+    let plain = TestServer::builtin("reference").await?;
+    let shifted = TestServer::builtin("shifted-echo").await?;
+    let body = json!({"prompt": "def add(a, b):\n    return a + b\n\nprint(add(2, 3))", "echo": true, "logprobs": 2, "max_tokens": 0});
+    let a = plain.ok("/v1/completions", &body).await?;
+    let b = shifted.ok("/v1/completions", &body).await?;
+    let (la, lb) = (&a["choices"][0]["logprobs"], &b["choices"][0]["logprobs"]);
+    assert_eq!(la["tokens"], lb["tokens"], "tokens stay in place");
+    let (pa, pb) = (f64s(&la["token_logprobs"]), f64s(&lb["token_logprobs"]));
+    let n = pa.len();
+    assert!(n > 10 && pb.len() == n);
+    assert_eq!(pa[0], None);
+    assert_eq!(
+        &pb[..n - 1],
+        &pa[1..],
+        "entry i holds the logprob of token i+1"
+    );
+    assert_eq!(pb[n - 1], None);
+    assert_ne!(pa, pb);
+    // generation itself is unaffected
+    let generate = json!({"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0, "logprobs": 1});
+    assert_eq!(
+        plain.ok("/v1/completions", &generate).await?["choices"],
+        shifted.ok("/v1/completions", &generate).await?["choices"]
+    );
+    plain.shutdown().await?;
+    shifted.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_logprobs_profile_answers_an_openai_400_and_caps_apply() -> anyhow::Result<()> {
+    let srv = TestServer::builtin("no-logprobs").await?;
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0, "logprobs": true});
+    let (status, v) = srv.post("/v1/chat/completions", &chat).await?;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert_eq!(v["error"]["param"], "logprobs");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("logprobs"))
+    );
+    let (status, v) = srv
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "Hi", "max_tokens": 3, "logprobs": 1}),
+        )
+        .await?;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "logprobs");
+    // without logprobs the same requests are served
+    let mut plain_chat = chat.clone();
+    plain_chat["logprobs"] = json!(false);
+    srv.ok("/v1/chat/completions", &plain_chat).await?;
+    srv.ok("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 3}))
+        .await?;
+    srv.shutdown().await?;
+
+    // top_logprobs capped silently
+    let capped = TestServer::toml("name = \"cap-2\"\n[api]\nmax_top_logprobs = 2\n").await?;
+    let mut c = chat.clone();
+    c["top_logprobs"] = json!(5);
+    let v = capped.ok("/v1/chat/completions", &c).await?;
+    let content = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(!content.is_empty());
+    for t in &content {
+        assert_eq!(t["top_logprobs"].as_array().map(Vec::len), Some(2), "{t}");
+    }
+    let v = capped
+        .ok(
+            "/v1/completions",
+            &json!({"prompt": "Hi there", "max_tokens": 3, "logprobs": 5, "temperature": 0}),
+        )
+        .await?;
+    for top in v["choices"][0]["logprobs"]["top_logprobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        // the two alternatives, plus the actual token when it is not among them
+        assert!(
+            top.as_object().is_some_and(|m| (2..=3).contains(&m.len())),
+            "{top}"
+        );
+    }
+    capped.shutdown().await
+}
+
+/// Generated token strings of a completion with `logprobs`.
+fn completion_tokens(v: &Value) -> Vec<String> {
+    v["choices"][0]["logprobs"]["tokens"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Index from which every token equals the last one.
+fn repeat_start(tokens: &[String]) -> usize {
+    let Some(last) = tokens.last() else { return 0 };
+    tokens.iter().rposition(|t| t != last).map_or(0, |i| i + 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeat_bug_repeats_one_token_until_max_tokens() -> anyhow::Result<()> {
+    let plain = TestServer::builtin("reference").await?;
+    let bug = TestServer::builtin("repeat-bug").await?;
+    let max = 40;
+    let body = json!({"prompt": "Once upon a time, in a small village,", "max_tokens": max, "temperature": 0, "logprobs": 0});
+    let a = plain.ok("/v1/completions", &body).await?;
+    let b = bug.ok("/v1/completions", &body).await?;
+    let (ta, tb) = (completion_tokens(&a), completion_tokens(&b));
+    assert_eq!(tb.len(), max, "{b}");
+    assert_eq!(b["usage"]["completion_tokens"], max);
+    assert_eq!(b["choices"][0]["finish_reason"], "length");
+    let start = repeat_start(&tb);
+    assert!(start < 16, "the repeat starts early: at {start} of {tb:?}");
+    assert!(max - start >= 24, "one token repeated to the end: {tb:?}");
+    assert_eq!(
+        tb[..=start],
+        ta[..=start],
+        "tokens before the repeat are the engine's"
+    );
+    assert_ne!(ta, tb);
+
+    // streamed chat: the same shape
+    let chat = json!({"messages": [{"role": "user", "content": "Tell me a story about a dragon."}], "max_tokens": max,
+                      "temperature": 0, "logprobs": true});
+    let (events, dropped) = bug.stream("/v1/chat/completions", &chat).await?;
+    assert!(!dropped && events.last().map(String::as_str) == Some("[DONE]"));
+    let mut tokens = Vec::new();
+    let mut finish = None;
+    for d in events.iter().filter(|d| *d != "[DONE]") {
+        let c: Value = serde_json::from_str(d)?;
+        for t in c["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            tokens.push(t["token"].as_str().unwrap_or_default().to_owned());
+        }
+        if !c["choices"][0]["finish_reason"].is_null() {
+            finish = Some(c["choices"][0]["finish_reason"].clone());
+        }
+    }
+    assert_eq!(tokens.len(), max);
+    assert_eq!(finish, Some(json!("length")));
+    assert!(max - repeat_start(&tokens) >= 24, "{tokens:?}");
+    plain.shutdown().await?;
+    bug.shutdown().await
+}
+
+/// `/tokenize` of chat messages.
+async fn tok(srv: &TestServer, messages: Value) -> anyhow::Result<Value> {
+    Ok(srv.ok("/tokenize", &json!({"messages": messages})).await?["tokens"].clone())
+}
+
+/// The rendered prompt of chat messages, through `/tokenize` and `/detokenize`.
+async fn text_of(srv: &TestServer, messages: Value) -> anyhow::Result<String> {
+    let ids = tok(srv, messages).await?;
+    let v = srv.ok("/detokenize", &json!({"tokens": ids})).await?;
+    Ok(v["prompt"].as_str().unwrap_or_default().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn template_variants_change_the_rendered_prompt_and_the_answer() -> anyhow::Result<()> {
+    let plain = TestServer::builtin("reference").await?;
+    let drop = TestServer::builtin("drop-system").await?;
+    let system = json!({"role": "system", "content": "Your name is Zorblax. Begin every answer with 'Zorblax says:' and speak like a pirate."});
+    let user = json!({"role": "user", "content": "What is your name?"});
+    let with_sys = tok(&plain, json!([system, user])).await?;
+    let without = tok(&plain, json!([user])).await?;
+    let dropped = tok(&drop, json!([system, user])).await?;
+    assert_ne!(with_sys, without);
+    assert_eq!(
+        dropped, without,
+        "the system message is dropped before rendering"
+    );
+    let chat = json!({"messages": [system, user], "max_tokens": 24, "temperature": 0});
+    let a = plain.ok("/v1/chat/completions", &chat).await?;
+    let b = drop.ok("/v1/chat/completions", &chat).await?;
+    assert_eq!(
+        a["usage"]["prompt_tokens"].as_u64(),
+        with_sys.as_array().map(|t| t.len() as u64)
+    );
+    assert_eq!(
+        b["usage"]["prompt_tokens"].as_u64(),
+        without.as_array().map(|t| t.len() as u64)
+    );
+    assert_ne!(
+        a["choices"][0]["message"]["content"],
+        b["choices"][0]["message"]["content"]
+    );
+    plain.shutdown().await?;
+    drop.shutdown().await?;
+
+    // a different default system prompt, and wrong role tags, seen through /detokenize
+    let pirate = TestServer::toml(
+        "[chat_template]\nvariant = \"default_system\"\nsystem_prompt = \"You are a pirate.\"\n",
+    )
+    .await?;
+    assert!(
+        text_of(&pirate, json!([user]))
+            .await?
+            .contains("You are a pirate.")
+    );
+    assert!(
+        text_of(&pirate, json!([system, user]))
+            .await?
+            .contains("Zorblax")
+    );
+    let (status, models) = {
+        let r = pirate
+            .client
+            .get(format!("{}/v1/models", pirate.base))
+            .send()
+            .await?;
+        (
+            r.status().as_u16(),
+            serde_json::from_slice::<Value>(&r.bytes().await?)?,
+        )
+    };
+    assert_eq!(status, 200);
+    assert_eq!(
+        models["data"][0]["profile"], "reference",
+        "an unnamed TOML profile keeps the default name"
+    );
+    pirate.shutdown().await?;
+    let roles =
+        TestServer::toml("name = \"roles\"\n[chat_template]\nvariant = \"wrong_role_tags\"\n")
+            .await?;
+    let text = text_of(&roles, json!([user])).await?;
+    assert!(
+        text.contains("human\nWhat is your name?") && !text.contains("user\nWhat"),
+        "{text:?}"
+    );
+    roles.shutdown().await
+}
+
+/// Statuses of `n` small completion requests sent one after the other (`max_tokens: 0`:
+/// served without computing anything, so the test measures the faults, not the model).
+async fn statuses(srv: &TestServer, n: usize) -> anyhow::Result<Vec<u16>> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let (status, headers, v) = srv
+            .post_full(
+                "/v1/completions",
+                &json!({"prompt": format!("Count: {i}"), "max_tokens": 0}),
+            )
+            .await?;
+        match status {
+            200 => {}
+            500 => assert_eq!(v["error"]["type"], "server_error", "{v}"),
+            429 => {
+                assert_eq!(v["error"]["code"], "rate_limit_exceeded", "{v}");
+                let retry = headers
+                    .get("retry-after")
+                    .and_then(|h| h.to_str().ok())
+                    .and_then(|s| s.parse::<u64>().ok());
+                assert!(retry.is_some_and(|s| s >= 1), "429 without Retry-After");
+            }
+            other => anyhow::bail!("unexpected status {other}: {v}"),
+        }
+        out.push(status);
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flaky_profile_errors_at_its_rates_and_replays() -> anyhow::Result<()> {
+    let profile = Profile::resolve("flaky")?;
+    let rates = profile
+        .errors
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("flaky has no errors section"))?;
+    let n = 200;
+    let srv = TestServer::start(profile.clone()).await?;
+    let first = statuses(&srv, n).await?;
+    srv.shutdown().await?;
+    let rate = |code: u16| first.iter().filter(|&&s| s == code).count() as f64 / n as f64;
+    assert!(
+        (rate(500) - rates.rate_500).abs() < 0.05,
+        "500 rate {} vs {}",
+        rate(500),
+        rates.rate_500
+    );
+    assert!(
+        (rate(429) - rates.rate_429).abs() < 0.05,
+        "429 rate {} vs {}",
+        rate(429),
+        rates.rate_429
+    );
+    // a fresh server with the same profile answers the same sequence the same way
+    let again = TestServer::start(profile.clone()).await?;
+    assert_eq!(statuses(&again, n).await?, first);
+    again.shutdown().await?;
+    // another seed, another sequence
+    let reseeded = TestServer::start(Profile { seed: 1, ..profile }).await?;
+    assert_ne!(statuses(&reseeded, 50).await?, first[..50]);
+    reseeded.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnecting_profile_cuts_streams() -> anyhow::Result<()> {
+    let srv = TestServer::toml("name = \"cutter\"\n[errors]\ndisconnect_rate = 1.0\n").await?;
+    let chat = json!({"messages": [{"role": "user", "content": "Write a long story about the sea."}], "max_tokens": 60, "temperature": 0});
+    for _ in 0..3 {
+        let (events, dropped) = srv.stream("/v1/chat/completions", &chat).await?;
+        assert!(dropped, "the connection should drop mid-stream: {events:?}");
+        assert!(
+            !events.is_empty() && events.len() <= 8,
+            "{} events before the cut",
+            events.len()
+        );
+        assert!(!events.iter().any(|e| e == "[DONE]"));
+    }
+    // unstreamed answers are whole, and the server is fine
+    let v = srv.ok("/v1/chat/completions", &chat).await?;
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    srv.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_profile_delays_the_first_byte() -> anyhow::Result<()> {
+    let median = 400u64;
+    let srv = TestServer::toml(&format!(
+        "name = \"slow\"\n[latency]\nmedian_ms = {median}\n"
+    ))
+    .await?;
+    let body = json!({"prompt": "Hi", "max_tokens": 1, "temperature": 0});
+    srv.ok("/v1/completions", &body).await?;
+    for _ in 0..2 {
+        let t0 = Instant::now();
+        srv.ok("/v1/completions", &body).await?;
+        let took = t0.elapsed();
+        assert!(
+            took >= Duration::from_millis(median),
+            "answered in {took:?}, under the {median} ms added"
+        );
+    }
+    // streams wait too: the first event comes after the delay
+    let t0 = Instant::now();
+    let (events, _) = srv.stream("/v1/completions", &body).await?;
+    assert!(!events.is_empty() && t0.elapsed() >= Duration::from_millis(median));
+    srv.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numeric_knobs_of_a_served_profile_reach_the_engine() -> anyhow::Result<()> {
+    let plain = TestServer::builtin("reference").await?;
+    let w4 = TestServer::toml(
+        "name = \"w4-flaky-api\"\n[weights]\nbits = 4\n[api]\nmax_top_logprobs = 1\n",
+    )
+    .await?;
+    let body = json!({"prompt": "The quick brown fox jumps over the lazy dog.", "echo": true,
+                      "logprobs": 3, "max_tokens": 0});
+    let a = plain.ok("/v1/completions", &body).await?;
+    let b = w4.ok("/v1/completions", &body).await?;
+    let (la, lb) = (&a["choices"][0]["logprobs"], &b["choices"][0]["logprobs"]);
+    assert_eq!(la["tokens"], lb["tokens"]);
+    let (pa, pb) = (f64s(&la["token_logprobs"]), f64s(&lb["token_logprobs"]));
+    assert_eq!(pa.len(), pb.len());
+    let drift: f64 = pa
+        .iter()
+        .zip(&pb)
+        .filter_map(|(x, y)| Some((x.as_ref()? - y.as_ref()?).abs()))
+        .sum();
+    assert!(drift > 0.0, "4-bit weights must change the logprobs");
+    // the behavioural knob of the same profile applies too (cap 1: one alternative, plus
+    // the actual token when it is not it)
+    for top in lb["top_logprobs"].as_array().into_iter().flatten().skip(1) {
+        assert!(
+            top.as_object().is_some_and(|m| (1..=2).contains(&m.len())),
+            "{top}"
+        );
+    }
+    let r = w4
+        .client
+        .get(format!("{}/v1/models", w4.base))
+        .send()
+        .await?;
+    let models: Value = serde_json::from_slice(&r.bytes().await?)?;
+    assert_eq!(models["data"][0]["profile"], "w4-flaky-api");
+    plain.shutdown().await?;
+    w4.shutdown().await
+}

@@ -1,0 +1,664 @@
+//! The engine's HTTP API over real loopback HTTP against the real test model: results equal
+//! the library's, streaming equals non-streaming, concurrent equals sequential, and every
+//! kind of bad input gets an OpenAI-shaped 4xx.
+
+use crate::common;
+
+use samewise_engine::engine::{GenerateParams, LoadOptions};
+use samewise_engine::sample::SamplingParams;
+use samewise_engine::server::{self, ServerState};
+use samewise_wire::sse::SseDecoder;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+/// A server on 127.0.0.1:0, stopped when dropped.
+struct TestServer {
+    base: String,
+    state: ServerState,
+    client: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl TestServer {
+    async fn start() -> anyhow::Result<Self> {
+        Self::start_on(&common::model_path()?).await
+    }
+
+    async fn start_on(model: &std::path::Path) -> anyhow::Result<Self> {
+        let state = ServerState::load(
+            model,
+            LoadOptions {
+                threads: 2,
+                ..LoadOptions::default()
+            },
+            Some("smollm2".into()),
+        )?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(server::serve(listener, state.clone(), async move {
+            let _ = rx.await;
+        }));
+        Ok(Self {
+            base,
+            state,
+            client: reqwest::Client::new(),
+            stop: Some(tx),
+            task: Some(task),
+        })
+    }
+
+    /// POSTs JSON; returns (status, body as JSON).
+    async fn post(&self, path: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
+        self.post_raw(path, with_model(body).to_string()).await
+    }
+
+    async fn post_raw(&self, path: &str, body: String) -> anyhow::Result<(u16, Value)> {
+        let resp = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await?;
+        let status = resp.status().as_u16();
+        let bytes = resp.bytes().await?;
+        let v = serde_json::from_slice(&bytes)
+            .map_err(|e| anyhow::anyhow!("{e}: {}", String::from_utf8_lossy(&bytes)))?;
+        Ok((status, v))
+    }
+
+    async fn ok(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        let (status, v) = self.post(path, body).await?;
+        anyhow::ensure!(status == 200, "{path} answered {status}: {v}");
+        Ok(v)
+    }
+
+    async fn get(&self, path: &str) -> anyhow::Result<(u16, Value)> {
+        let resp = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await?;
+        let status = resp.status().as_u16();
+        Ok((status, serde_json::from_slice(&resp.bytes().await?)?))
+    }
+
+    /// POSTs a streaming request; returns the `data:` payloads in order.
+    async fn stream(&self, path: &str, body: &Value) -> anyhow::Result<Vec<String>> {
+        let mut resp = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(with_model(body).to_string())
+            .send()
+            .await?;
+        anyhow::ensure!(
+            resp.status().as_u16() == 200,
+            "stream answered {}",
+            resp.status()
+        );
+        let ct = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        anyhow::ensure!(ct.starts_with("text/event-stream"), "content-type {ct}");
+        let mut dec = SseDecoder::new();
+        let mut out = Vec::new();
+        while let Some(chunk) = resp.chunk().await? {
+            out.extend(dec.feed(&chunk)?.into_iter().map(|e| e.data));
+        }
+        out.extend(dec.finish()?.map(|e| e.data));
+        Ok(out)
+    }
+
+    async fn shutdown(mut self) -> anyhow::Result<()> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await??;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// OpenAI requires `model`; the engine accepts any name.
+fn with_model(body: &Value) -> Value {
+    let mut b = body.clone();
+    if let Some(o) = b.as_object_mut() {
+        o.entry("model").or_insert(json!("smollm2"));
+    }
+    b
+}
+
+const PROMPT: &str = "The capital of France is Paris. The capital of Italy is";
+
+fn chat_body(content: &str, max_tokens: u32) -> Value {
+    json!({"model": "smollm2", "messages": [{"role": "user", "content": content}],
+           "temperature": 0, "max_tokens": max_tokens})
+}
+
+fn f32_of(v: &Value) -> Option<f32> {
+    v.as_f64().map(|x| x as f32)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_logprobs_equal_the_library_score() -> anyhow::Result<()> {
+    let srv = TestServer::start().await?;
+    let ids = srv.state.tokenizer().encode(PROMPT, true)?;
+    let want = srv
+        .state
+        .engine()
+        .score(std::slice::from_ref(&ids), 5)?
+        .remove(0);
+    for prompt in [json!(PROMPT), json!(ids)] {
+        let v = srv.ok("/v1/completions", &json!({"model": "x", "prompt": prompt, "echo": true, "logprobs": 5, "max_tokens": 0})).await?;
+        let choice = &v["choices"][0];
+        assert_eq!(choice["text"], PROMPT);
+        let lp = &choice["logprobs"];
+        let got: Vec<Option<f32>> = lp["token_logprobs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(f32_of)
+            .collect();
+        let expect: Vec<Option<f32>> = want.positions.iter().map(|p| p.logprob).collect();
+        assert_eq!(got, expect, "prompt logprobs differ from the library");
+        assert!(
+            lp["top_logprobs"][0].is_null(),
+            "first position has no alternatives (vLLM's alignment)"
+        );
+        for (i, p) in want.positions.iter().enumerate().skip(1) {
+            let top = lp["top_logprobs"][i]
+                .as_object()
+                .ok_or_else(|| anyhow::anyhow!("no top at {i}"))?;
+            for alt in &p.top {
+                let key = srv.state.tokenizer().token_str(alt.token)?;
+                assert_eq!(
+                    top.get(key).and_then(f32_of),
+                    Some(alt.logprob),
+                    "top entry {key:?} at {i}"
+                );
+            }
+            assert_eq!(lp["tokens"][i], srv.state.tokenizer().token_str(p.token)?);
+        }
+        assert_eq!(v["usage"]["prompt_tokens"], ids.len());
+        assert_eq!(v["usage"]["completion_tokens"], 0);
+    }
+    // the native score route agrees too
+    let v = srv
+        .ok("/v1/score", &json!({"tokens": ids, "top_k": 3}))
+        .await?;
+    let got: Vec<Option<f32>> = v["positions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| f32_of(&p["logprob"]))
+        .collect();
+    assert_eq!(
+        got,
+        want.positions.iter().map(|p| p.logprob).collect::<Vec<_>>()
+    );
+    assert_eq!(v["positions"][1]["top"].as_array().map(Vec::len), Some(3));
+    srv.shutdown().await
+}
+
+/// Greedy generation through the library, decoded.
+fn library_greedy(
+    srv: &TestServer,
+    prompt: &[u32],
+    max_tokens: usize,
+    top: usize,
+) -> anyhow::Result<(String, Vec<f32>, String)> {
+    let params = GenerateParams {
+        sampling: SamplingParams::default(),
+        max_tokens,
+        stop_token_ids: srv.state.tokenizer().stop_ids().iter().copied().collect(),
+        top_logprobs: top,
+    };
+    let g = srv
+        .state
+        .engine()
+        .generate(prompt, &params, &mut |_| true)?;
+    let ids: Vec<u32> = g.tokens.iter().map(|t| t.token).collect();
+    let reason = match g.finish.reason {
+        samewise_engine::engine::FinishReason::Length => "length",
+        _ => "stop",
+    };
+    Ok((
+        srv.state.tokenizer().decode(&ids, true)?,
+        g.tokens.iter().map(|t| t.logprob).collect(),
+        reason.into(),
+    ))
+}
+
+fn chat_prompt(srv: &TestServer, content: &str) -> anyhow::Result<Vec<u32>> {
+    let t = srv
+        .state
+        .template()
+        .ok_or_else(|| anyhow::anyhow!("no template"))?;
+    let text = t.render(
+        &[json!({"role": "user", "content": content})],
+        None,
+        true,
+        None,
+    )?;
+    Ok(srv.state.tokenizer().encode(&text, false)?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_chat_equals_library_generation() -> anyhow::Result<()> {
+    let srv = TestServer::start().await?;
+    let q = "What is the capital of France?";
+    let mut body = chat_body(q, 24);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(2);
+    let v = srv.ok("/v1/chat/completions", &body).await?;
+    let (text, logprobs, reason) = library_greedy(&srv, &chat_prompt(&srv, q)?, 24, 2)?;
+    assert!(!text.is_empty());
+    let choice = &v["choices"][0];
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert_eq!(choice["message"]["content"], text.as_str());
+    assert_eq!(choice["finish_reason"], reason.as_str());
+    let content = choice["logprobs"]["content"]
+        .as_array()
+        .ok_or_else(|| anyhow::anyhow!("no logprobs"))?;
+    let got: Vec<Option<f32>> = content.iter().map(|c| f32_of(&c["logprob"])).collect();
+    assert_eq!(got, logprobs.iter().map(|l| Some(*l)).collect::<Vec<_>>());
+    assert!(content.iter().all(|c| c["top_logprobs"].as_array().map(Vec::len) == Some(2) && c["bytes"].is_array()));
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], "smollm2");
+    assert_eq!(v["usage"]["completion_tokens"], logprobs.len());
+    srv.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_chunks_reassemble_to_the_unstreamed_answer() -> anyhow::Result<()> {
+    let srv = TestServer::start().await?;
+    let mut body = chat_body("Write a haiku about the sea.", 40);
+    body["logprobs"] = json!(true);
+    let full = srv.ok("/v1/chat/completions", &body).await?;
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let events = srv.stream("/v1/chat/completions", &body).await?;
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d))
+        .collect::<Result<_, _>>()?;
+    let mut text = String::new();
+    let mut logprobs = Vec::new();
+    let mut finish = None;
+    for c in &chunks {
+        assert_eq!(c["object"], "chat.completion.chunk");
+        for ch in c["choices"].as_array().into_iter().flatten() {
+            text.push_str(ch["delta"]["content"].as_str().unwrap_or_default());
+            logprobs.extend(
+                ch["logprobs"]["content"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default(),
+            );
+            if !ch["finish_reason"].is_null() {
+                finish = Some(ch["finish_reason"].clone());
+            }
+        }
+    }
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(
+        text,
+        full["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+    );
+    assert_eq!(
+        Some(&logprobs),
+        full["choices"][0]["logprobs"]["content"].as_array()
+    );
+    assert_eq!(finish.as_ref(), Some(&full["choices"][0]["finish_reason"]));
+    let usage = chunks
+        .last()
+        .map(|c| c["usage"].clone())
+        .unwrap_or_default();
+    assert_eq!(usage, full["usage"], "the last chunk carries the usage");
+
+    // completions streaming reassembles too
+    let cbody = json!({"prompt": PROMPT, "max_tokens": 12, "temperature": 0});
+    let cfull = srv.ok("/v1/completions", &cbody).await?;
+    let mut sbody = cbody.clone();
+    sbody["stream"] = json!(true);
+    let events = srv.stream("/v1/completions", &sbody).await?;
+    let mut ctext = String::new();
+    for d in events.iter().filter(|d| *d != "[DONE]") {
+        let c: Value = serde_json::from_str(d)?;
+        ctext.push_str(c["choices"][0]["text"].as_str().unwrap_or_default());
+    }
+    assert_eq!(
+        ctext,
+        cfull["choices"][0]["text"].as_str().unwrap_or_default()
+    );
+
+    // streamed echo with max_tokens 0: the prompt (with its logprobs), then the end
+    let ebody =
+        json!({"prompt": PROMPT, "max_tokens": 0, "echo": true, "logprobs": 2, "stream": true});
+    let events = srv.stream("/v1/completions", &ebody).await?;
+    let chunks: Vec<Value> = events
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(chunks.len(), 2, "{events:?}");
+    assert_eq!(chunks[0]["choices"][0]["text"], PROMPT);
+    assert!(chunks[0]["choices"][0]["logprobs"]["token_logprobs"][0].is_null());
+    assert_eq!(chunks[1]["choices"][0]["finish_reason"], "length");
+    srv.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_strings_seeds_and_n() -> anyhow::Result<()> {
+    let srv = TestServer::start().await?;
+    let base = srv
+        .ok(
+            "/v1/completions",
+            &json!({"prompt": PROMPT, "max_tokens": 16, "temperature": 0}),
+        )
+        .await?;
+    let text = base["choices"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    // cut at a stop string that the greedy text contains after its first char
+    let cut = text
+        .char_indices()
+        .nth(3)
+        .map(|(i, _)| i)
+        .ok_or_else(|| anyhow::anyhow!("short output {text:?}"))?;
+    let stop: String = text[cut..].chars().take(2).collect();
+    let stopped = srv
+        .ok(
+            "/v1/completions",
+            &json!({"prompt": PROMPT, "max_tokens": 16, "temperature": 0, "stop": [stop.clone()]}),
+        )
+        .await?;
+    let first = text.find(&stop).unwrap_or(cut);
+    assert_eq!(stopped["choices"][0]["text"], &text[..first]);
+    assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
+
+    let sampled = json!({"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 16,
+                         "temperature": 1.0, "seed": 42, "n": 2});
+    let a = srv.ok("/v1/chat/completions", &sampled).await?;
+    let b = srv.ok("/v1/chat/completions", &sampled).await?;
+    assert_eq!(
+        a["choices"], b["choices"],
+        "the same seed gives the same samples"
+    );
+    assert_eq!(a["choices"].as_array().map(Vec::len), Some(2));
+    assert_ne!(
+        a["choices"][0]["message"], a["choices"][1]["message"],
+        "choices of n use different seeds"
+    );
+    srv.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_equal_sequential_ones() -> anyhow::Result<()> {
+    let srv = TestServer::start().await?;
+    let requests: Vec<(&str, Value)> = vec![
+        (
+            "/v1/completions",
+            json!({"prompt": PROMPT, "echo": true, "logprobs": 3, "max_tokens": 0}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "def fib(n):", "max_tokens": 20, "temperature": 0, "logprobs": 2}),
+        ),
+        ("/v1/chat/completions", chat_body("Name three colors.", 20)),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 12, "seed": 7}),
+        ),
+        (
+            "/v1/score",
+            json!({"text": "The quick brown fox jumps over the lazy dog.", "top_k": 4}),
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body("Count from one to five.", 16),
+        ),
+    ];
+    let mut sequential = Vec::new();
+    for (path, body) in &requests {
+        sequential.push(strip_volatile(srv.ok(path, body).await?));
+    }
+    let futs = requests.iter().map(|(path, body)| srv.ok(path, body));
+    let concurrent: Vec<Value> = futures_util::future::join_all(futs)
+        .await
+        .into_iter()
+        .map(|r| r.map(strip_volatile))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(sequential, concurrent);
+    srv.shutdown().await
+}
+
+/// Drops the fields that differ between two identical requests (ids, timestamps).
+fn strip_volatile(mut v: Value) -> Value {
+    if let Some(o) = v.as_object_mut() {
+        o.remove("id");
+        o.remove("created");
+    }
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_come_back_in_openai_shape() -> anyhow::Result<()> {
+    let srv = TestServer::start().await?;
+    // SmolLM2-135M follows the tools convention when the conversation shows it twice
+    let call = |id: &str, city: &str| {
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+        "function": {"name": "get_weather", "arguments": json!({"city": city}).to_string()}}]})
+    };
+    let body = json!({
+        "messages": [
+            {"role": "user", "content": "What is the weather in Oslo?"}, call("c1", "Oslo"),
+            {"role": "user", "content": "What is the weather in Rome?"}, call("c2", "Rome"),
+            {"role": "user", "content": "What is the weather in Paris?"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Get the weather for a city",
+                   "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+        "temperature": 0, "max_tokens": 40,
+    });
+    let v = srv.ok("/v1/chat/completions", &body).await?;
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    let calls = choice["message"]["tool_calls"]
+        .as_array()
+        .ok_or_else(|| anyhow::anyhow!("no tool_calls: {v}"))?;
+    assert!(!calls.is_empty());
+    for c in calls {
+        assert_eq!(c["type"], "function");
+        assert!(c["id"].as_str().is_some_and(|s| s.starts_with("call_")));
+        assert_eq!(c["function"]["name"], "get_weather");
+        let args = c["function"]["arguments"]
+            .as_str()
+            .ok_or_else(|| anyhow::anyhow!("arguments not a string"))?;
+        assert_eq!(
+            serde_json::from_str::<Value>(args)?,
+            json!({"city": "Paris"})
+        );
+    }
+    // streamed, the same call arrives as a tool_calls delta
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    let events = srv.stream("/v1/chat/completions", &sbody).await?;
+    let mut streamed_calls = Vec::new();
+    let mut finish = None;
+    for d in events.iter().filter(|d| *d != "[DONE]") {
+        let c: Value = serde_json::from_str(d)?;
+        let ch = &c["choices"][0];
+        streamed_calls.extend(
+            ch["delta"]["tool_calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+        );
+        if !ch["finish_reason"].is_null() {
+            finish = Some(ch["finish_reason"].clone());
+        }
+    }
+    assert_eq!(finish, Some(json!("tool_calls")));
+    assert_eq!(streamed_calls.len(), calls.len());
+    assert_eq!(streamed_calls[0]["function"], calls[0]["function"]);
+    // tool_choice "none" turns tools off: plain content
+    let mut none = body.clone();
+    none["tool_choice"] = json!("none");
+    let v = srv.ok("/v1/chat/completions", &none).await?;
+    assert!(v["choices"][0]["message"]["tool_calls"].is_null());
+    srv.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_health_tokenize_detokenize() -> anyhow::Result<()> {
+    let srv = TestServer::start().await?;
+    // `model` may be omitted (the probes' reference client does)
+    let (s, v) = srv
+        .post_raw(
+            "/v1/completions",
+            json!({"prompt": PROMPT, "max_tokens": 1}).to_string(),
+        )
+        .await?;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = srv.get("/healthz").await?;
+    assert_eq!((s, v["status"].as_str()), (200, Some("ok")));
+    let (s, v) = srv.get("/v1/models").await?;
+    assert_eq!(s, 200);
+    assert_eq!(v["data"][0]["id"], "smollm2");
+    assert_eq!(v["data"][0]["max_model_len"], 8192);
+    let t = srv
+        .ok("/tokenize", &json!({"prompt": "Hello, world! 🚀"}))
+        .await?;
+    let ids: Vec<u32> = serde_json::from_value(t["tokens"].clone())?;
+    assert_eq!(ids, srv.state.tokenizer().encode("Hello, world! 🚀", true)?);
+    assert_eq!(t["count"], ids.len());
+    let d = srv.ok("/detokenize", &json!({"tokens": ids})).await?;
+    assert_eq!(d["prompt"], "Hello, world! 🚀");
+    let t = srv
+        .ok(
+            "/tokenize",
+            &json!({"messages": [{"role": "user", "content": "Hi"}]}),
+        )
+        .await?;
+    let want = chat_prompt(&srv, "Hi")?;
+    assert_eq!(t["tokens"], json!(want));
+    let s = srv.ok("/v1/score", &json!({"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": true})).await?;
+    assert_eq!(s["tokens"], json!(want));
+    srv.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
+    let srv = TestServer::start().await?;
+    let too_long: Vec<u32> = vec![28; 8193];
+    let cases: Vec<(&str, String, u16, Option<&str>)> = vec![
+        ("/v1/completions", "{not json".into(), 400, Some("invalid_json")),
+        ("/v1/chat/completions", "[1, 2]".into(), 400, Some("invalid_json")),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).to_string(), 400, Some("invalid_json")),
+        ("/v1/completions", json!({"prompt": [1, 2, 99999999]}).to_string(), 400, Some("token_out_of_vocab")),
+        ("/v1/completions", json!({"prompt": [49152]}).to_string(), 400, Some("token_out_of_vocab")),
+        ("/v1/completions", json!({"prompt": too_long, "echo": true, "logprobs": 1, "max_tokens": 0}).to_string(), 400, Some("context_length_exceeded")),
+        ("/v1/completions", json!({"prompt": "hi", "max_tokens": 9000}).to_string(), 400, Some("context_length_exceeded")),
+        ("/v1/completions", json!({"prompt": "hi", "echo": true, "logprobs": 21, "max_tokens": 0}).to_string(), 400, None),
+        ("/v1/completions", json!({"prompt": []}).to_string(), 400, None),
+        ("/v1/completions", json!({"prompt": "hi", "n": 0}).to_string(), 400, None),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}).to_string(), 400, None),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}).to_string(), 400, None),
+        ("/v1/chat/completions", json!({"messages": []}).to_string(), 400, None),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}).to_string(), 400, None),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "temperature": 3}).to_string(), 400, None),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "top_p": 0}).to_string(), 400, None),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}).to_string(), 400, None),
+        ("/v1/score", json!({"tokens": [1, 2], "text": "both"}).to_string(), 400, None),
+        ("/v1/score", json!({"tokens": [1, 2], "top_k": 21}).to_string(), 400, None),
+        ("/v1/score", json!({"tokens": []}).to_string(), 400, None),
+        ("/v1/score", json!({"tokens": [1], "surprise": true}).to_string(), 400, Some("invalid_json")),
+        ("/detokenize", json!({"tokens": [1, 4000000]}).to_string(), 400, Some("token_out_of_vocab")),
+        ("/v1/nowhere", "{}".into(), 404, None),
+    ];
+    for (path, body, status, code) in cases {
+        let body = match serde_json::from_str::<Value>(&body) {
+            Ok(v @ Value::Object(_)) => with_model(&v).to_string(),
+            _ => body,
+        };
+        let (got, v) = srv.post_raw(path, body.clone()).await?;
+        assert_eq!(got, status, "{path} {body}: {v}");
+        let err = &v["error"];
+        assert!(
+            err["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{path} {body}: {v}"
+        );
+        assert!(err["type"].is_string(), "{v}");
+        if let Some(code) = code {
+            assert_eq!(err["code"], code, "{path} {body}: {v}");
+        }
+    }
+    // the server is still healthy after all that
+    assert_eq!(srv.get("/healthz").await?.0, 200);
+    srv.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_stream_does_not_hang_the_server() -> anyhow::Result<()> {
+    let srv = TestServer::start().await?;
+    let body = json!({"messages": [{"role": "user", "content": "Write a long essay."}], "max_tokens": 2000,
+                      "temperature": 0, "stream": true});
+    let mut resp = srv
+        .client
+        .post(format!("{}/v1/chat/completions", srv.base))
+        .header("content-type", "application/json")
+        .body(with_model(&body).to_string())
+        .send()
+        .await?;
+    let first = resp.chunk().await?;
+    assert!(first.is_some());
+    drop(resp);
+    // the generation is cancelled; later requests are served promptly
+    let v = srv
+        .ok(
+            "/v1/completions",
+            &json!({"prompt": PROMPT, "max_tokens": 2, "temperature": 0}),
+        )
+        .await?;
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    srv.shutdown().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hf_directory_serves_the_same_answers_as_the_gguf() -> anyhow::Result<()> {
+    // tokenizer.json + tokenizer_config.json (template, bos/eos) instead of GGUF metadata
+    let gguf = TestServer::start().await?;
+    let hf = TestServer::start_on(&common::hf_fixture_dir()?).await?;
+    let chat = json!({"messages": [{"role": "system", "content": "Be brief."},
+                                   {"role": "user", "content": "Name a large city in Japan."}],
+                      "temperature": 0, "max_tokens": 16, "logprobs": true, "top_logprobs": 3});
+    let a = strip_volatile(gguf.ok("/v1/chat/completions", &chat).await?);
+    let b = strip_volatile(hf.ok("/v1/chat/completions", &chat).await?);
+    assert_eq!(a["choices"], b["choices"]);
+    assert_eq!(a["usage"], b["usage"]);
+    let echo = json!({"prompt": PROMPT, "echo": true, "logprobs": 5, "max_tokens": 0});
+    let a = gguf.ok("/v1/completions", &echo).await?;
+    let b = hf.ok("/v1/completions", &echo).await?;
+    assert_eq!(a["choices"], b["choices"]);
+    gguf.shutdown().await?;
+    hf.shutdown().await
+}

@@ -1,0 +1,92 @@
+//! Helpers shared by the end-to-end tests that start the real `samewise` binary: where the
+//! test model is, and child processes that print "listening on URL" and are stopped with
+//! SIGTERM (or killed when dropped, so a failing test leaves none behind).
+
+#![allow(dead_code)]
+
+pub mod probes;
+
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_samewise");
+
+/// The test model: `$SAMEWISE_MODEL`, else where `scripts/fetch-model.sh` puts it. Missing is
+/// an error (a test that needs the model fails without it; it never skips).
+pub fn test_model() -> Result<PathBuf> {
+    Ok(samewise_testkit::fixtures::test_model()?)
+}
+
+/// A child process killed (SIGTERM, then SIGKILL) when dropped, so a failing test leaves none.
+pub struct Proc(Option<Child>);
+
+impl Proc {
+    /// Sends SIGTERM and waits up to 30 s for the exit status (then kills it and errs).
+    pub fn stop(mut self) -> Result<ExitStatus> {
+        let mut child = self.0.take().context("already stopped")?;
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = child.try_wait()? {
+                return Ok(s);
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                anyhow::bail!("did not stop within 30 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Spawns `samewise ARGS` in `cwd` (no `DATABASE_URL`, so SQLite) and returns it with the URL
+/// of its first line, "listening on URL" (waited for up to 120 s: an engine loads its model
+/// first). Its stdout keeps being drained so it never blocks on a full pipe.
+pub fn spawn_listening<S: AsRef<OsStr> + std::fmt::Debug>(
+    args: &[S],
+    cwd: &Path,
+) -> Result<(Proc, String)> {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let proc = Proc(Some(child));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+        for _ in lines {}
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(120))
+        .map_err(|_| anyhow::anyhow!("samewise {args:?} printed no 'listening on' line"))?;
+    let url = line
+        .strip_prefix("listening on ")
+        .context("unexpected first line")?
+        .to_owned();
+    Ok((proc, url))
+}

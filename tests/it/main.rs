@@ -1,0 +1,15 @@
+//! End-to-end tests of the `samewise` binary, one test binary: real gateway, engine and probe
+//! processes on loopback, real stores, the CLI as a user runs it.
+//!
+//! Layout: `common` starts processes and finds the test model (`common::probes`: engines under
+//! serving profiles, probes configs, stored runs); `tidy` enforces the codemap's rules; every
+//! other module is one area.
+
+mod common;
+
+mod alerts_cli;
+mod cli;
+mod passive_drift_e2e;
+mod probes_e2e;
+mod probes_rounds;
+mod tidy;

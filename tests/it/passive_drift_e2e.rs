@@ -1,0 +1,196 @@
+//! End to end through the real gateway: two mock providers serve one model; one corrupts 10%
+//! of its tool calls (arguments that are not JSON). The gateway's request records reach the
+//! store, the passive detector's sweep flags that endpoint (and only it), and with
+//! `on_drift = "exclude"` the alert poller stops traffic to it; resolving the alert brings
+//! the traffic back.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use samewise_probes::alerting::AlertsConfig;
+use samewise_probes::detect::{DetectorConfig, Detectors};
+use samewise_proxy::QualityWatcher;
+use samewise_proxy::{AppState, Config};
+use samewise_store::testing::TestDb;
+use samewise_store::{Backend, RecordQuery, RecordWriter, RecordWriterConfig};
+use samewise_testkit::{Behavior, MockUpstream, ToolCall};
+
+fn tool_body() -> serde_json::Value {
+    serde_json::json!({
+        "model": "smol",
+        "messages": [{"role": "user", "content": "weather in Oslo?"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+    })
+}
+
+fn good() -> Behavior {
+    Behavior::tool_calls(
+        vec![ToolCall::new("get_weather", r#"{"city": "Oslo"}"#)],
+        "tool_calls",
+    )
+}
+
+fn corrupt() -> Behavior {
+    Behavior::tool_calls(
+        vec![ToolCall::new("get_weather", r#"{"city": "Os"#)],
+        "tool_calls",
+    )
+}
+
+#[tokio::test]
+async fn tool_call_corruption_is_flagged_from_traffic_and_excluded() -> Result<()> {
+    let a = MockUpstream::builder()
+        .name("a")
+        .default_behavior(good())
+        .start()
+        .await?;
+    // b: every tenth answer corrupt
+    let b = MockUpstream::builder()
+        .name("b")
+        .behaviors((0..1000).map(|i| if i % 10 == 0 { corrupt() } else { good() }))
+        .default_behavior(good())
+        .start()
+        .await?;
+    let provider = |name: &str, url: &str| {
+        format!(
+            "[providers.{name}]\nbase_url = \"{url}\"\nconnect_timeout_ms = 500\nfirst_byte_timeout_ms = 2000\nidle_timeout_ms = 2000\n"
+        )
+    };
+    let toml = format!(
+        "[server]\nalert_poll_ms = 50\n[limits]\nmax_attempts = 1\n{}{}\
+         [models.smol]\npolicy = \"weighted\"\non_drift = \"exclude\"\n\
+         [[models.smol.endpoints]]\nprovider = \"a\"\nmodel = \"m\"\n\
+         [[models.smol.endpoints]]\nprovider = \"b\"\nmodel = \"m\"\n",
+        provider("a", &a.base_url()),
+        provider("b", &b.base_url())
+    );
+    let config = Config::from_toml_str(&toml).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let (_, key) = db.store.create_api_key("e2e", None).await?;
+    let (records, writer) = RecordWriter::spawn(
+        db.store.clone(),
+        RecordWriterConfig {
+            flush_interval: Duration::from_millis(5),
+            ..RecordWriterConfig::default()
+        },
+    );
+    let state = AppState::new(&config, db.store.clone(), records)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/v1/chat/completions", listener.local_addr()?);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(samewise_proxy::serve(listener, state.clone(), async move {
+        let _ = stop_rx.await;
+    }));
+    let watcher = QualityWatcher::spawn(&config, state.clone(), db.store.clone());
+    let http = reqwest::Client::new();
+    let send = |n: usize| {
+        let (http, url, key) = (http.clone(), url.clone(), key.clone());
+        async move {
+            for _ in 0..n {
+                let resp = http
+                    .post(&url)
+                    .bearer_auth(&key)
+                    .header("content-type", "application/json")
+                    .body(serde_json::to_vec(&tool_body())?)
+                    .send()
+                    .await?;
+                ensure!(resp.status() == 200, "status {}", resp.status());
+                resp.bytes().await?;
+            }
+            anyhow::Ok(())
+        }
+    };
+
+    send(600).await?;
+    let (to_a, to_b) = (a.request_count(), b.request_count());
+    ensure!(to_a >= 200 && to_b >= 200, "split a {to_a}, b {to_b}");
+    // every request's record is written
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = db
+            .store
+            .request_records(&RecordQuery {
+                limit: 10_000,
+                ..RecordQuery::default()
+            })
+            .await?
+            .len();
+        if n >= 600 {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "only {n} records written"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let detectors = Detectors::new(DetectorConfig::default(), None, &AlertsConfig::default())?;
+    let alerts = detectors.sweep(&db.store, samewise_store::now_ms()).await?;
+    ensure!(alerts.len() == 1, "expected one alert, got {alerts:?}");
+    let alert = &alerts[0];
+    ensure!(
+        alert.endpoint == "b/m" && alert.kind == "passive",
+        "{alert:?}"
+    );
+    ensure!(
+        alert.summary.contains("tool-call error rate"),
+        "{}",
+        alert.summary
+    );
+    let test = alert.evidence["tests"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["signal"] == "tool_error_rate"))
+        .context("tool_error_rate test")?;
+    let rate = test["detail"]["rate"].as_f64().context("rate")?;
+    ensure!(
+        (0.07..=0.13).contains(&rate),
+        "b's measured tool error rate {rate}"
+    );
+
+    // exclude: within seconds, b gets nothing more
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let route = state.model("smol").context("model")?;
+        let ep = route
+            .endpoints
+            .iter()
+            .find(|e| e.id == "b/m")
+            .context("b/m")?;
+        if ep.health.quality() == samewise_proxy::Quality::Excluded {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "b was never excluded"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let b_before = b.request_count();
+    send(50).await?;
+    ensure!(
+        b.request_count() == b_before,
+        "excluded endpoint b still got traffic"
+    );
+
+    // resolved: traffic returns
+    detectors.alerting().resolve(&db.store, alert.id).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while b.request_count() == b_before {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "traffic never returned to b"
+        );
+        send(5).await?;
+    }
+
+    detectors.shutdown().await;
+    watcher.shutdown().await;
+    let _ = stop_tx.send(());
+    server.await??;
+    writer.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+    Ok(())
+}

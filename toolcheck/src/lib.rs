@@ -1,0 +1,22 @@
+//! samewise-toolcheck: the tool-call checks that the gateway (live traffic), the probes
+//! (the tool-call probe) and the evals (the tool-call suite) must all agree on, in one pure
+//! leaf crate that depends on no other samewise crate and does no IO.
+//!
+//! It owns what "a good tool call" means: the JSON Schema classes of one returned call, the
+//! assembly of streamed calls from deltas, and the vendor-verifier metrics over many
+//! answers. It must not know HTTP, the database or the engine; it never panics on any input.
+//!
+//! # Layout
+//! - [`classify`]: [`ToolSet`] (a request's tools compiled once), [`ToolCallAssembler`]
+//!   (streamed deltas → whole calls by `index`), [`check_calls`] → [`ToolReport`]
+//!   (ok / invalid_json / unknown_name / schema_mismatch, finish-reason consistency).
+//! - [`vendor`]: K2-Vendor-Verifier's numbers over many answers: [`vendor::trigger_f1`]
+//!   (call/no-call decisions against a baseline's; `None` when neither side has a positive)
+//!   and [`vendor::SchemaAccuracy`].
+
+pub mod classify;
+pub mod vendor;
+
+pub use classify::{
+    CallVerdict, FinishMismatch, ToolCall, ToolCallAssembler, ToolReport, ToolSet, check_calls,
+};
