@@ -141,3 +141,90 @@ impl Alerting {
         self.notifier.shutdown().await;
     }
 }
+
+/// The alerts as an aligned text table.
+pub fn alerts_table(list: &[Alert]) -> String {
+    let header = [
+        "ID",
+        "STATE",
+        "KIND",
+        "MODEL",
+        "ENDPOINT",
+        "OPENED (UTC)",
+        "LAST SEEN (UTC)",
+        "SUMMARY",
+    ];
+    let rows: Vec<[String; 8]> = list
+        .iter()
+        .map(|a| {
+            [
+                a.id.to_string(),
+                a.state.to_string(),
+                a.kind.clone(),
+                a.model.clone(),
+                a.endpoint.clone(),
+                utc(a.opened_ms),
+                utc(a.last_seen_ms),
+                a.summary.replace(['\n', '\r', '\t'], " "),
+            ]
+        })
+        .collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r.iter()) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(c);
+                s.push_str(&" ".repeat(w - c.chars().count() + 2));
+            }
+        }
+        s.trim_end().to_owned() + "\n"
+    };
+    let mut out = line(header.to_vec());
+    for r in &rows {
+        out.push_str(&line(r.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+/// Unix milliseconds as `YYYY-MM-DD HH:MM:SS` UTC.
+fn utc(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // civil_from_days (Howard Hinnant's algorithm)
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::utc;
+
+    #[test]
+    fn utc_formats_known_instants() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00");
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00");
+        assert_eq!(utc(1_798_761_599_999), "2026-12-31 23:59:59");
+        assert_eq!(utc(-1_000), "1969-12-31 23:59:59");
+    }
+}

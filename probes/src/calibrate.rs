@@ -98,6 +98,45 @@ pub fn builtin_corpus() -> Vec<CorpusText> {
     ]
 }
 
+/// A model's identity in a ladder: its name (`name`, else the file or directory name without
+/// extension) and the sha256 of its weights (the GGUF file, or every `.safetensors` file of an
+/// HF directory in name order), so a ladder is never applied to other weights.
+pub fn model_identity(path: &Path, name: Option<String>) -> Result<(String, String)> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let io = |p: &Path, e: std::io::Error| ProbesError::Data(format!("{}: {e}", p.display()));
+    let mut files = Vec::new();
+    if path.is_dir() {
+        for e in std::fs::read_dir(path).map_err(|e| io(path, e))? {
+            let p = e.map_err(|e| io(path, e))?.path();
+            if p.is_file() && p.extension().is_some_and(|x| x == "safetensors") {
+                files.push(p);
+            }
+        }
+        files.sort();
+    } else {
+        files.push(path.to_path_buf());
+    }
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    for f in files {
+        let mut file = std::fs::File::open(&f).map_err(|e| io(&f, e))?;
+        loop {
+            let n = file.read(&mut buf).map_err(|e| io(&f, e))?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+    }
+    let name = name.unwrap_or_else(|| {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    });
+    Ok((name, format!("{:x}", h.finalize())))
+}
+
 /// A corpus from a directory: every `*.txt` file, in file-name order. Errors when there is none
 /// or one cannot be read.
 pub fn read_corpus(dir: &Path) -> Result<Vec<CorpusText>> {

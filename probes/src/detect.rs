@@ -298,6 +298,7 @@ impl Detectors {
         let accepted_ms = store
             .alerts(&samewise_store::AlertQuery {
                 state: Some(samewise_store::AlertState::Resolved),
+                active_only: false,
                 model: Some(run.model.clone()),
                 endpoint: Some(run.endpoint.clone()),
                 limit: 100,

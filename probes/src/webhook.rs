@@ -150,19 +150,7 @@ pub fn payload(format: WebhookFormat, event: AlertEvent, alert: &Alert) -> serde
     match format {
         WebhookFormat::Generic => serde_json::json!({
             "event": event,
-            "alert": {
-                "id": alert.id,
-                "model": alert.model,
-                "endpoint": alert.endpoint,
-                "kind": alert.kind,
-                "state": alert.state.as_str(),
-                "opened_ms": alert.opened_ms,
-                "updated_ms": alert.updated_ms,
-                "resolved_ms": alert.resolved_ms,
-                "last_seen_ms": alert.last_seen_ms,
-                "summary": alert.summary,
-                "evidence": alert.evidence,
-            }
+            "alert": alert.to_json(),
         }),
         WebhookFormat::Slack => {
             let verb = match event {

@@ -17,6 +17,10 @@ use toml::Spanned;
 
 use crate::ProxyError;
 
+mod targets;
+
+pub use targets::EndpointTarget;
+
 /// Everything `samewise serve` needs to run the gateway.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -228,7 +232,7 @@ impl Config {
             let eps: Vec<String> = model
                 .endpoints
                 .iter()
-                .map(|e| format!("{}/{}", e.provider, e.model))
+                .map(|e| e.id().into_string())
                 .collect();
             out.push_str(&format!(
                 "  model {name}: {} over {}\n",

@@ -47,7 +47,7 @@ mod routing;
 mod server;
 mod state;
 
-pub use config::{Config, OnDrift};
+pub use config::{Config, EndpointTarget, OnDrift};
 pub use error::{ApiError, ProxyError};
 pub use health::Quality;
 pub use quality::QualityWatcher;

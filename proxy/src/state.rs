@@ -72,20 +72,15 @@ impl AppState {
     ) -> Result<AppState, ProxyError> {
         let mut upstreams = HashMap::new();
         for (name, p) in &config.providers {
-            let auth = match &p.api_key_env {
+            let auth = match p.api_key(name, &env)? {
                 None => None,
-                Some(var) => {
-                    let key = env(var).filter(|v| !v.is_empty()).ok_or_else(|| {
-                        ProxyError::MissingProviderKey {
-                            provider: name.clone(),
-                            env: var.clone(),
-                        }
-                    })?;
+                Some(key) => {
                     let mut v = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
                         ProxyError::HttpClient {
                             provider: name.clone(),
                             message: format!(
-                                "${var} holds characters not allowed in an HTTP header"
+                                "${} holds characters not allowed in an HTTP header",
+                                p.api_key_env.as_deref().unwrap_or_default()
                             ),
                         }
                     })?;
@@ -128,7 +123,7 @@ impl AppState {
                     });
                 };
                 let ep = Arc::new(Endpoint {
-                    id: format!("{}/{}", e.provider, e.model),
+                    id: e.id().into_string(),
                     provider: e.provider.clone(),
                     upstream_model: e.model.clone(),
                     weight: e.weight,

@@ -4,14 +4,12 @@
 //! corpus — and writes it as JSON (the format of `samewise_probes::ladder`). The built-in
 //! corpus is `probes/data/calibration/` (compiled in); progress and the wall time go to stderr.
 
-use std::io::Read;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
 use samewise_probes::calibrate::{self, CalibrateOptions};
-use sha2::{Digest, Sha256};
 
 /// Arguments of `samewise calibrate`.
 #[derive(Debug, Args)]
@@ -57,13 +55,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
         corpus.len(),
         args.levels.join(", ")
     );
-    let sha = model_sha256(&args.model)?;
-    let name = args.model_name.clone().unwrap_or_else(|| {
-        args.model
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into())
-    });
+    let (name, sha) = calibrate::model_identity(&args.model, args.model_name.clone())?;
     let opts = CalibrateOptions {
         threads: args.threads,
         top_k: args.top_k,
@@ -98,36 +90,4 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
         start.elapsed().as_secs_f64()
     );
     Ok(())
-}
-
-/// sha256 of the weights: the GGUF file, or every file of an HF directory in name order.
-fn model_sha256(path: &std::path::Path) -> anyhow::Result<String> {
-    let mut files = Vec::new();
-    if path.is_dir() {
-        for e in
-            std::fs::read_dir(path).with_context(|| format!("cannot read {}", path.display()))?
-        {
-            let p = e?.path();
-            if p.is_file() && p.extension().is_some_and(|x| x == "safetensors") {
-                files.push(p);
-            }
-        }
-        files.sort();
-    } else {
-        files.push(path.to_path_buf());
-    }
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    for f in files {
-        let mut file =
-            std::fs::File::open(&f).with_context(|| format!("cannot open {}", f.display()))?;
-        loop {
-            let n = file.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-        }
-    }
-    Ok(format!("{:x}", h.finalize()))
 }

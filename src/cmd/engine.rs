@@ -79,31 +79,8 @@ fn serve(args: EngineServeArgs) -> anyhow::Result<()> {
         tracing::info!(addr = %local, model = state.model_name(), threads = args.threads, profile = %profile_name, "engine listening");
         // One line on stdout for scripts and tests that start the engine on port 0.
         println!("listening on http://{local}");
-        server::serve(listener, state, shutdown_signal()).await?;
+        server::serve(listener, state, super::shutdown_signal()).await?;
         tracing::info!("stopped");
         anyhow::Ok(())
     })
-}
-
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => {
-            if let Err(e) = r {
-                tracing::error!(error = %e, "cannot listen for SIGINT");
-            }
-        }
-        () = term => {}
-    }
 }

@@ -53,10 +53,7 @@ pub fn run(args: KeysArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let database_url = std::env::var("DATABASE_URL")
-            .ok()
-            .filter(|u| !u.trim().is_empty());
-        let store = Store::connect(database_url.as_deref(), &data_dir).await?;
+        let store = Store::connect_from_env(&data_dir).await?;
         let result = keys(&store, args.command).await;
         store.close().await;
         result

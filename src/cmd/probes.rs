@@ -78,32 +78,24 @@ pub fn reference_label(p: &ProbesConfig) -> String {
 
 /// The endpoints of every probed model, as the proxy calls them.
 pub fn targets(config: &Config, probes: &ProbesConfig) -> anyhow::Result<Vec<Target>> {
-    let mut out = Vec::new();
-    for name in probes.models.keys() {
-        let model = config
-            .models
-            .get(name)
-            .with_context(|| format!("models.{name}.probes: no such model"))?;
-        for e in &model.endpoints {
-            let p = config
-                .providers
-                .get(&e.provider)
-                .with_context(|| format!("models.{name}: unknown provider {}", e.provider))?;
-            let api_key = p
-                .api_key_env
-                .as_ref()
-                .and_then(|v| std::env::var(v).ok())
-                .filter(|k| !k.is_empty());
-            out.push(Target {
-                model: name.clone(),
-                endpoint: format!("{}/{}", e.provider, e.model),
-                base_url: p.base_url.clone(),
-                provider_model: e.model.clone(),
-                api_key,
-            });
-        }
+    if let Some(name) = probes
+        .models
+        .keys()
+        .find(|n| !config.models.contains_key(*n))
+    {
+        anyhow::bail!("models.{name}.probes: no such model");
     }
-    Ok(out)
+    Ok(config
+        .endpoint_targets(|m| probes.models.contains_key(m))?
+        .into_iter()
+        .map(|t| Target {
+            model: t.model,
+            endpoint: t.endpoint.into_string(),
+            base_url: t.base_url,
+            provider_model: t.provider_model,
+            api_key: t.api_key,
+        })
+        .collect())
 }
 
 /// The scheduler running beside the gateway: stop it with [`ProbesHandle::shutdown`].
@@ -181,10 +173,7 @@ pub fn run(args: ProbesArgs) -> anyhow::Result<()> {
 
 async fn run_probes(config: Config, rounds: Option<u64>) -> anyhow::Result<()> {
     let probes = probes_config(&config)?.context("the configuration has no [probes] section")?;
-    let database_url = std::env::var("DATABASE_URL")
-        .ok()
-        .filter(|u| !u.trim().is_empty());
-    let store = Store::connect(database_url.as_deref(), &config.server.data_dir).await?;
+    let store = Store::connect_from_env(&config.server.data_dir).await?;
     let result = async {
         let (scheduler, detectors) = build(&config, probes, store.clone()).await?;
         let r = match rounds {
@@ -243,6 +232,7 @@ async fn run_rounds(store: &Store, scheduler: &Scheduler, rounds: u64) -> anyhow
     let open: Vec<_> = store
         .alerts(&samewise_store::AlertQuery {
             state: Some(samewise_store::AlertState::Open),
+            active_only: false,
             model: None,
             endpoint: None,
             limit: 1000,
@@ -270,7 +260,7 @@ async fn run_forever(scheduler: Arc<Scheduler>) -> anyhow::Result<()> {
     );
     tasks.spawn(scheduler.run(stop.clone()));
     tasks.close();
-    super::serve::shutdown_signal().await;
+    super::shutdown_signal().await;
     stop.cancel();
     tasks.wait().await;
     tracing::info!("probe scheduler stopped");

@@ -32,10 +32,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()> {
-    let database_url = std::env::var("DATABASE_URL")
-        .ok()
-        .filter(|u| !u.trim().is_empty());
-    let store = Store::connect(database_url.as_deref(), &config.server.data_dir).await?;
+    let store = Store::connect_from_env(&config.server.data_dir).await?;
     tracing::info!(backend = store.backend().name(), "store ready");
     let writer_cfg = RecordWriterConfig {
         capacity: config.limits.record_queue_capacity,
@@ -68,9 +65,8 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
     // One line on stdout for scripts and tests that start the gateway on port 0.
     println!("listening on http://{local}");
     // drift alerts demote or exclude endpoints (each model's on_drift), re-read every poll
-    let quality =
-        samewise_proxy::QualityWatcher::spawn(&config, state.clone(), store.clone());
-    let served = samewise_proxy::serve(listener, state, shutdown_signal()).await;
+    let quality = samewise_proxy::QualityWatcher::spawn(&config, state.clone(), store.clone());
+    let served = samewise_proxy::serve(listener, state, super::shutdown_signal()).await;
     if let Some(p) = probes {
         tracing::info!("stopping the probe scheduler");
         p.shutdown().await;
@@ -82,30 +78,4 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
     served?;
     tracing::info!("stopped");
     Ok(())
-}
-
-/// Resolves on SIGINT or SIGTERM.
-pub(crate) async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %e, "cannot listen for SIGINT");
-            std::future::pending::<()>().await;
-        }
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
-    tracing::info!("shutdown signal received; finishing in-flight requests");
 }

@@ -92,11 +92,33 @@ pub struct Alert {
     pub evidence: serde_json::Value,
 }
 
+impl Alert {
+    /// The alert as JSON: the one shape the CLI's `--json`, the generic webhook and the API
+    /// show.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.id,
+            "model": self.model,
+            "endpoint": self.endpoint,
+            "kind": self.kind,
+            "state": self.state.as_str(),
+            "opened_ms": self.opened_ms,
+            "updated_ms": self.updated_ms,
+            "resolved_ms": self.resolved_ms,
+            "last_seen_ms": self.last_seen_ms,
+            "summary": self.summary,
+            "evidence": self.evidence,
+        })
+    }
+}
+
 /// Which alerts [`Store::alerts`] returns; `None` fields do not filter.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct AlertQuery {
     /// Only alerts in this state.
     pub state: Option<AlertState>,
+    /// Only active alerts (open or acknowledged); ignored when `state` is set.
+    pub active_only: bool,
     /// Only alerts of this model.
     pub model: Option<String>,
     /// Only alerts of this endpoint.
@@ -189,6 +211,8 @@ impl Store {
             let mut qb = sqlx::QueryBuilder::new(format!("SELECT {COLUMNS} FROM alerts WHERE 1=1"));
             if let Some(s) = q.state {
                 qb.push(" AND state = ").push_bind(s.as_str());
+            } else if q.active_only {
+                qb.push(" AND state <> 'resolved'");
             }
             if let Some(m) = &q.model {
                 qb.push(" AND model = ").push_bind(m.as_str());

@@ -65,6 +65,14 @@ const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Store {
+    /// [`Store::connect`] with the URL from the `DATABASE_URL` environment variable (unset or
+    /// empty: the SQLite file in `data_dir`), the one way every `samewise` command opens the
+    /// store; the URL, which may hold a password, never comes from a file.
+    pub async fn connect_from_env(data_dir: &Path) -> Result<Store, StoreError> {
+        let url = std::env::var("DATABASE_URL").ok();
+        Store::connect(url.as_deref(), data_dir).await
+    }
+
     /// Opens the database and brings its schema up to date.
     ///
     /// `database_url` is `Some("postgres://...")` (or `postgresql://`), `Some("sqlite://path")`

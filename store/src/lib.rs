@@ -45,6 +45,35 @@ pub use records::{RecordQuery, RequestRecord};
 pub use scheduler_lock::SchedulerLock;
 pub use writer::{RecordSender, RecordWriter, RecordWriterConfig};
 
+/// An endpoint's label, `provider/model-id` (the provider's key in the config and the id the
+/// provider knows the model by): the one format request records, probe runs, alerts, metrics
+/// and every page name an endpoint by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EndpointId(String);
+
+impl EndpointId {
+    /// The label of `provider`'s endpoint serving `model_id`.
+    pub fn new(provider: &str, model_id: &str) -> EndpointId {
+        EndpointId(format!("{provider}/{model_id}"))
+    }
+
+    /// The label.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The label, owned (record and alert fields are plain strings).
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl std::fmt::Display for EndpointId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(&self.0)
+    }
+}
+
 /// The current time as unix milliseconds, the unit of every timestamp in the store.
 pub fn now_ms() -> i64 {
     let since_epoch = std::time::SystemTime::now()

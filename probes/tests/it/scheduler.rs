@@ -233,6 +233,7 @@ async fn a_mid_run_switch_raises_a_changed_alert() -> Result<()> {
     )?;
     let q = samewise_store::AlertQuery {
         state: None,
+        active_only: false,
         model: None,
         endpoint: None,
         limit: 10,

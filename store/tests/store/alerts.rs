@@ -130,6 +130,7 @@ async fn alert_auto_resolve_and_filters(db: TestDb) -> Result<()> {
     // filters, newest first
     let q = |state, endpoint: Option<&str>, limit| AlertQuery {
         state,
+        active_only: false,
         model: None,
         endpoint: endpoint.map(str::to_owned),
         limit,
@@ -158,6 +159,20 @@ async fn alert_auto_resolve_and_filters(db: TestDb) -> Result<()> {
         ..AlertQuery::default()
     };
     ensure!(db.store.alerts(&by_model).await?.is_empty());
+    let active_q = AlertQuery {
+        active_only: true,
+        limit: 10,
+        ..AlertQuery::default()
+    };
+    ensure!(
+        ids(db.store.alerts(&active_q).await?) == [fresh.id],
+        "active only"
+    );
+    let json = fresh.to_json();
+    ensure!(
+        json["id"] == fresh.id && json["state"] == "open" && json["evidence"] == fresh.evidence,
+        "{json}"
+    );
     Ok(())
 }
 

@@ -86,6 +86,7 @@ pub async fn alerts(data_dir: &Path) -> Result<Vec<samewise_store::Alert>> {
     let r = store
         .alerts(&samewise_store::AlertQuery {
             state: None,
+            active_only: false,
             model: None,
             endpoint: None,
             limit: 100,
@@ -116,4 +117,3 @@ pub fn stat(r: &ProbeRun, key: &str) -> Result<f64> {
         .and_then(serde_json::Value::as_f64)
         .with_context(|| format!("{key} missing: {r:?}"))
 }
-
