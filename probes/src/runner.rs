@@ -49,6 +49,9 @@ pub struct Scheduler {
     targets: Vec<Target>,
     sets: BTreeMap<String, Arc<PromptSets>>,
     http: reqwest::Client,
+    /// Times a standby found the lock held by another process; a test waits for it to
+    /// advance before asserting that a standby probed nothing.
+    standby_checks: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -104,6 +107,7 @@ impl Scheduler {
             targets,
             sets,
             http: kinds::endpoint_client(),
+            standby_checks: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -231,6 +235,12 @@ impl Scheduler {
         }
     }
 
+    /// Times this scheduler, standing by, found the lock held by another process.
+    pub fn standby_checks(&self) -> u64 {
+        self.standby_checks
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Runs until `shutdown` fires: standby until the database lock is won, then probes on
     /// schedule until shutdown or until the lock is lost.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
@@ -249,6 +259,8 @@ impl Scheduler {
                     tracing::warn!("probe scheduler lost its database lock; standing by");
                 }
                 Ok(None) => {
+                    self.standby_checks
+                        .fetch_add(1, std::sync::atomic::Ordering::Release);
                     tracing::debug!("another process runs the probe scheduler; standing by")
                 }
                 Err(e) => tracing::error!(error = %e, "cannot take the probe scheduler lock"),

@@ -12,6 +12,8 @@
 //! restores a drifting endpoint nor excludes a healthy one.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use samewise_store::{Alert, Store};
@@ -69,6 +71,9 @@ pub fn apply_alerts(
 pub struct QualityWatcher {
     cancel: CancellationToken,
     task: JoinHandle<()>,
+    /// Polls completed (alerts read and applied); a test waits for it to advance instead of
+    /// sleeping before asserting that nothing changed.
+    polls: Arc<AtomicU64>,
 }
 
 impl QualityWatcher {
@@ -81,14 +86,25 @@ impl QualityWatcher {
             .map(|(name, m)| (name.clone(), m.on_drift))
             .collect();
         let cancel = CancellationToken::new();
+        let polls = Arc::new(AtomicU64::new(0));
         let task = tokio::spawn(poll(
             state,
             store,
             on_drift,
             config.server.alert_poll,
             cancel.clone(),
+            polls.clone(),
         ));
-        QualityWatcher { cancel, task }
+        QualityWatcher {
+            cancel,
+            task,
+            polls,
+        }
+    }
+
+    /// Polls completed so far: alerts read from the store and applied to routing.
+    pub fn polls(&self) -> u64 {
+        self.polls.load(Ordering::Acquire)
     }
 
     /// Stops polling and waits for the task to end.
@@ -106,6 +122,7 @@ async fn poll(
     on_drift: HashMap<String, OnDrift>,
     every: Duration,
     cancel: CancellationToken,
+    polls: Arc<AtomicU64>,
 ) {
     // interval() panics on zero; the config refuses 0, but a hand-built Config might not
     let mut ticks = tokio::time::interval(every.max(Duration::from_millis(1)));
@@ -127,6 +144,7 @@ async fn poll(
                     failing = false;
                 }
                 apply_alerts(&state, &on_drift, &alerts);
+                polls.fetch_add(1, Ordering::Release);
             }
             Err(e) => {
                 if !failing {

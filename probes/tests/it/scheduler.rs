@@ -120,7 +120,16 @@ async fn standby_scheduler_takes_over_when_the_lock_is_freed() -> Result<()> {
         since_ms: None,
         limit: 100,
     };
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // at least two lock attempts found the lock taken (so the standby did look, and more
+    // than once) before "it probed nothing" is asserted
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while s.standby_checks() < 2 {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the standby did not retry the lock in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     ensure!(
         db.store.probe_runs(&q).await?.is_empty(),
         "a standby scheduler probed"

@@ -103,6 +103,22 @@ async fn finish(r: Rig) -> Result<()> {
     Ok(())
 }
 
+/// Waits until the watcher has completed two more polls, so at least one whole poll read the
+/// store after the caller's write: "nothing changed" is then a finding, not a race.
+async fn two_more_polls(w: &QualityWatcher) -> Result<()> {
+    let start = w.polls();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while w.polls() < start + 2 {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the alert poller did not advance in 10 s (at {} polls)",
+            w.polls()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
 async fn exclude_then_resolve(backend: Backend) -> Result<()> {
     let r = rig("on_drift = \"exclude\"", backend).await?;
     // both endpoints serve before any alert
@@ -117,7 +133,7 @@ async fn exclude_then_resolve(backend: Backend) -> Result<()> {
     );
     // acknowledged is still active
     r.gw.db.store.ack_alert(alert.id).await?;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    two_more_polls(&r.watcher).await?;
     ensure!(quality_of_a(&r.gw)? == Quality::Excluded);
     // resolved: traffic returns
     r.gw.db.store.resolve_alert(alert.id).await?;
@@ -198,7 +214,7 @@ async fn ignore_routes_as_if_there_were_no_alert() -> Result<()> {
     let mut other = drift_on_a();
     other.model = "other".to_owned();
     r.gw.db.store.upsert_alert(&other).await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    two_more_polls(&r.watcher).await?;
     ensure!(quality_of_a(&r.gw)? == Quality::Ok);
     let (to_a, to_b) = send(&r, 30).await?;
     ensure!(to_a > 0 && to_b > 0, "a {to_a}, b {to_b}");

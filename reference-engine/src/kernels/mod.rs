@@ -67,3 +67,32 @@ pub(crate) struct SyncPtr(pub *mut f32);
 unsafe impl Send for SyncPtr {}
 // SAFETY: as above.
 unsafe impl Sync for SyncPtr {}
+
+#[cfg(test)]
+mod isa_coverage {
+    use super::Isa;
+
+    /// The ISA-specific kernel tests ask for each ISA through [`Isa::at_most`], which falls
+    /// back to what the CPU has: on a CPU without AVX2 or AVX-512 they would pass while
+    /// testing less. Under CI that is a failure, unless `SAMEWISE_ACK_MISSING_ISA` names the
+    /// best ISA the machine has (`scalar` or `avx2`), acknowledging the gap on purpose.
+    #[test]
+    fn every_isa_is_exercised_or_the_gap_is_acknowledged() {
+        let best = Isa::detect();
+        if best == Isa::Avx512 {
+            return;
+        }
+        let acked = std::env::var("SAMEWISE_ACK_MISSING_ISA").unwrap_or_default();
+        let name = match best {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        };
+        assert!(
+            std::env::var_os("CI").is_none() || acked == name,
+            "this CPU's best ISA is {name}: the AVX-512{} kernel paths are not tested here; \
+             set SAMEWISE_ACK_MISSING_ISA={name} to accept that",
+            if best == Isa::Scalar { " and AVX2" } else { "" }
+        );
+    }
+}
