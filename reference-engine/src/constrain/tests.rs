@@ -401,3 +401,62 @@ fn the_cache_compiles_once() {
     let (b, hit_b) = cache.get(&spec).expect("compiles");
     assert!(!hit_a && hit_b && Arc::ptr_eq(&a, &b));
 }
+
+/// A toy vocabulary with plain text tokens and tokens that straddle string ends.
+fn mixed_trie() -> TokenTrie {
+    let mut toks: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+    for t in [
+        "ab",
+        "Oslo",
+        "é",
+        "€x",
+        "a\"",
+        "\":",
+        "\",\"",
+        "\\n",
+        "\\u00",
+        "1}",
+        "null",
+        "celsius\"",
+        "x\"}",
+        "  ",
+        "😀",
+        "abcdefgh",
+    ] {
+        toks.push(t.as_bytes().to_vec());
+    }
+    toks.push(vec![0xc3]); // half a character
+    let entries: Vec<(&[u8], bool)> = toks.iter().map(|t| (t.as_slice(), false)).collect();
+    TokenTrie::new(&entries, &[])
+}
+
+#[test]
+fn masks_equal_the_definition_token_by_token() {
+    // the definition: a token is allowed iff its bytes keep the output a valid prefix
+    let trie = mixed_trie();
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut scratch = Vec::new();
+    for schema in schemas().into_iter().chain([json!({"type": "object"})]) {
+        let g = grammar(&schema);
+        for _ in 0..5 {
+            let text = serde_json::to_string(&instance(&schema, &schema, &mut rng, 0))
+                .expect("serializes");
+            let mut state = g.start();
+            for &b in text.as_bytes() {
+                let mut mask = TokenSet::new(trie.vocab());
+                trie.fill_mask(&g, &state, &mut mask, &mut scratch);
+                for t in 0..trie.vocab() as u32 {
+                    let mut s = state.clone();
+                    let ok = s.advance_all(&g, trie.token_bytes(t));
+                    assert_eq!(
+                        mask.contains(t),
+                        ok,
+                        "token {:?} after a prefix of {text}",
+                        String::from_utf8_lossy(trie.token_bytes(t))
+                    );
+                }
+                assert!(state.advance(&g, b));
+            }
+        }
+    }
+}

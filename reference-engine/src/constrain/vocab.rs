@@ -54,82 +54,51 @@ impl TokenSet {
 
 #[derive(Debug, Clone, Copy, Default)]
 struct TrieNode {
-    /// First child edge in [`TokenTrie::edges`].
+    /// First child edge in [`Trie::edges`].
     first_edge: u32,
     /// Number of child edges.
     n_edges: u32,
-    /// First token ending here in [`TokenTrie::ends`].
+    /// First token ending here in [`Trie::ends`].
     first_end: u32,
     /// Number of tokens ending here.
     n_ends: u32,
 }
 
-/// The vocabulary's token bytes as a trie.
-#[derive(Debug)]
-pub struct TokenTrie {
+/// Token byte strings as a trie.
+#[derive(Debug, Default)]
+struct Trie {
     nodes: Vec<TrieNode>,
     /// (byte, child node), grouped per parent.
     edges: Vec<(u8, u32)>,
     /// Token ids, grouped per node they end at.
     ends: Vec<u32>,
-    /// Each token's bytes (empty for tokens that never appear in constrained output).
-    bytes: Vec<Box<[u8]>>,
-    /// Stop tokens: allowed when the output is complete.
-    stops: Vec<u32>,
-    /// Vocabulary size.
-    vocab: usize,
     /// Longest token in bytes.
     max_len: usize,
 }
 
-impl TokenTrie {
-    /// A trie over `tokens` (index = id): `(bytes, special)`; special tokens are left out,
-    /// `stops` end the output.
-    pub fn new(tokens: &[(&[u8], bool)], stops: &[u32]) -> Self {
-        let mut ids: Vec<u32> = (0..tokens.len() as u32)
-            .filter(|&i| !tokens[i as usize].1 && !tokens[i as usize].0.is_empty())
-            .collect();
-        ids.sort_by(|&a, &b| {
-            tokens[a as usize]
-                .0
-                .cmp(tokens[b as usize].0)
-                .then(a.cmp(&b))
-        });
-        let bytes: Vec<Box<[u8]>> = tokens
-            .iter()
-            .map(|(b, special)| {
-                if *special {
-                    Box::default()
-                } else {
-                    Box::from(*b)
-                }
-            })
-            .collect();
+impl Trie {
+    /// A trie over the tokens `ids` (each non-empty), given every token's bytes.
+    fn new(mut ids: Vec<u32>, bytes: &[Box<[u8]>]) -> Self {
+        ids.sort_by(|&a, &b| bytes[a as usize].cmp(&bytes[b as usize]).then(a.cmp(&b)));
         let mut t = Self {
-            nodes: Vec::new(),
-            edges: Vec::new(),
-            ends: Vec::new(),
-            bytes,
-            stops: stops.to_vec(),
-            vocab: tokens.len(),
-            max_len: 0,
+            nodes: vec![TrieNode::default()],
+            ..Self::default()
         };
-        t.nodes.push(TrieNode::default());
         // breadth-first over (node, sorted id range, depth) so each node's edges are contiguous
         let mut queue = std::collections::VecDeque::from([(0u32, 0usize, ids.len(), 0usize)]);
         while let Some((node, lo, hi, depth)) = queue.pop_front() {
             t.max_len = t.max_len.max(depth);
             let mut i = lo;
             let first_end = t.ends.len() as u32;
-            while i < hi && t.bytes[ids[i] as usize].len() == depth {
+            while i < hi && bytes[ids[i] as usize].len() == depth {
                 t.ends.push(ids[i]);
                 i += 1;
             }
             let first_edge = t.edges.len() as u32;
             while i < hi {
-                let b = t.bytes[ids[i] as usize][depth];
+                let b = bytes[ids[i] as usize][depth];
                 let mut j = i;
-                while j < hi && t.bytes[ids[j] as usize][depth] == b {
+                while j < hi && bytes[ids[j] as usize][depth] == b {
                     j += 1;
                 }
                 let child = t.nodes.len() as u32;
@@ -146,47 +115,6 @@ impl TokenTrie {
             };
         }
         t
-    }
-
-    /// Vocabulary size.
-    pub fn vocab(&self) -> usize {
-        self.vocab
-    }
-
-    /// Whether `t` is a stop token.
-    pub fn is_stop(&self, t: u32) -> bool {
-        self.stops.contains(&t)
-    }
-
-    /// A token's bytes (empty for special tokens).
-    pub fn token_bytes(&self, t: u32) -> &[u8] {
-        self.bytes.get(t as usize).map_or(&[], |b| b)
-    }
-
-    /// Trie nodes (for figures).
-    pub fn node_count(&self) -> usize {
-        self.nodes.len()
-    }
-
-    /// Fills `mask` with the tokens allowed after `state`; `scratch` is reused between calls.
-    pub fn fill_mask(
-        &self,
-        g: &Grammar,
-        state: &State,
-        mask: &mut TokenSet,
-        scratch: &mut Vec<State>,
-    ) {
-        mask.clear();
-        if scratch.len() < self.max_len + 1 {
-            scratch.resize_with(self.max_len + 1, State::default);
-        }
-        scratch[0].clone_from(state);
-        self.walk(g, 0, 0, mask, scratch);
-        if state.can_finish(g) {
-            for &s in &self.stops {
-                mask.insert(s);
-            }
-        }
     }
 
     fn walk(
@@ -213,6 +141,135 @@ impl TokenTrie {
             }
             if c.n_edges > 0 {
                 self.walk(g, child, depth + 1, mask, scratch);
+            }
+        }
+    }
+}
+
+/// The vocabulary's token bytes as tries, with the string-body shortcut.
+///
+/// Inside a JSON string most tokens are plain text: no quote, backslash or control byte,
+/// whole UTF-8 characters. Such a token is allowed there exactly when its characters fit
+/// the string's remaining length, and it leaves the reader where it was; so in a string
+/// body the mask is a precomputed set of plain tokens (by character count) plus a walk of
+/// the much smaller trie of the other tokens. Elsewhere the whole trie is walked.
+#[derive(Debug)]
+pub struct TokenTrie {
+    /// Every token that may appear in constrained output.
+    all: Trie,
+    /// The tokens that are not plain string text.
+    special_in_strings: Trie,
+    /// `plain_upto[k]`: plain tokens of at most k characters (the last: all of them).
+    plain_upto: Vec<TokenSet>,
+    /// Each token's bytes (empty for tokens that never appear in constrained output).
+    bytes: Vec<Box<[u8]>>,
+    /// Stop tokens: allowed when the output is complete.
+    stops: Vec<u32>,
+    /// Vocabulary size.
+    vocab: usize,
+}
+
+impl TokenTrie {
+    /// A trie over `tokens` (index = id): `(bytes, special)`; special tokens are left out,
+    /// `stops` end the output.
+    pub fn new(tokens: &[(&[u8], bool)], stops: &[u32]) -> Self {
+        let bytes: Vec<Box<[u8]>> = tokens
+            .iter()
+            .map(|(b, special)| {
+                if *special {
+                    Box::default()
+                } else {
+                    Box::from(*b)
+                }
+            })
+            .collect();
+        let ids: Vec<u32> = (0..tokens.len() as u32)
+            .filter(|&i| !bytes[i as usize].is_empty())
+            .collect();
+        let plain_len = |b: &[u8]| -> Option<usize> {
+            let s = std::str::from_utf8(b).ok()?;
+            s.bytes()
+                .all(|c| c >= 0x20 && c != b'"' && c != b'\\')
+                .then(|| s.chars().count())
+        };
+        let lens: Vec<Option<usize>> = bytes
+            .iter()
+            .map(|b| if b.is_empty() { None } else { plain_len(b) })
+            .collect();
+        let longest = lens.iter().flatten().copied().max().unwrap_or(0);
+        let mut plain_upto = vec![TokenSet::new(tokens.len()); longest + 1];
+        for (t, l) in lens.iter().enumerate() {
+            if let Some(l) = *l {
+                for set in &mut plain_upto[l..] {
+                    set.insert(t as u32);
+                }
+            }
+        }
+        let others: Vec<u32> = ids
+            .iter()
+            .copied()
+            .filter(|&i| lens[i as usize].is_none())
+            .collect();
+        Self {
+            all: Trie::new(ids, &bytes),
+            special_in_strings: Trie::new(others, &bytes),
+            plain_upto,
+            bytes,
+            stops: stops.to_vec(),
+            vocab: tokens.len(),
+        }
+    }
+
+    /// Vocabulary size.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Whether `t` is a stop token.
+    pub fn is_stop(&self, t: u32) -> bool {
+        self.stops.contains(&t)
+    }
+
+    /// A token's bytes (empty for special tokens).
+    pub fn token_bytes(&self, t: u32) -> &[u8] {
+        self.bytes.get(t as usize).map_or(&[], |b| b)
+    }
+
+    /// Trie nodes (for figures).
+    pub fn node_count(&self) -> usize {
+        self.all.nodes.len()
+    }
+
+    /// Fills `mask` with the tokens allowed after `state`; `scratch` is reused between calls.
+    pub fn fill_mask(
+        &self,
+        g: &Grammar,
+        state: &State,
+        mask: &mut TokenSet,
+        scratch: &mut Vec<State>,
+    ) {
+        let trie = match state.string_room(g) {
+            Some(room) => {
+                let k = (room as usize).min(self.plain_upto.len().saturating_sub(1));
+                match self.plain_upto.get(k) {
+                    Some(set) => mask.clone_from(set),
+                    None => mask.clear(),
+                }
+                &self.special_in_strings
+            }
+            None => {
+                mask.clear();
+                &self.all
+            }
+        };
+        if scratch.len() < trie.max_len + 1 {
+            scratch.resize_with(trie.max_len + 1, State::default);
+        }
+        scratch[0].clone_from(state);
+        trie.walk(g, 0, 0, mask, scratch);
+        if state.can_finish(g) {
+            for &s in &self.stops {
+                mask.insert(s);
             }
         }
     }
