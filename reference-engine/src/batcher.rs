@@ -27,6 +27,7 @@ use std::thread::JoinHandle;
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::constrain::Constraint;
 use crate::engine::{Engine, Finish, GenerateParams, GeneratedToken, ScoredSequence, Seq};
 use crate::error::{EngineError, Result};
 
@@ -125,7 +126,17 @@ impl BatcherHandle {
     /// Starts a generation; tokens stream on the returned receiver, ending with
     /// [`GenEvent::Done`] or [`GenEvent::Error`]. Dropping the receiver cancels it.
     pub fn generate(&self, prompt: Vec<u32>, params: GenerateParams) -> Result<mpsc::UnboundedReceiver<GenEvent>> {
-        let seq = Box::new(self.engine.generate_seq(prompt, params)?);
+        self.generate_constrained(prompt, params, None)
+    }
+
+    /// [`BatcherHandle::generate`] held to a constraint ([`Engine::generate_seq_constrained`]).
+    pub fn generate_constrained(
+        &self,
+        prompt: Vec<u32>,
+        params: GenerateParams,
+        constraint: Option<Constraint>,
+    ) -> Result<mpsc::UnboundedReceiver<GenEvent>> {
+        let seq = Box::new(self.engine.generate_seq_constrained(prompt, params, constraint)?);
         let (events, rx) = mpsc::unbounded_channel();
         self.tx.send(Job::Generate { seq, events }).map_err(|_| EngineError::Shutdown)?;
         Ok(rx)

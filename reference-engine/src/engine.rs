@@ -11,6 +11,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::config::ModelConfig;
+use crate::constrain::{Constraint, Matcher};
 use crate::error::{EngineError, Result};
 use crate::forward::{BatchItem, forward};
 use crate::gguf::GgufFile;
@@ -154,7 +155,16 @@ pub struct Seq {
 #[allow(clippy::large_enum_variant)] // one per sequence; boxing buys nothing
 enum Kind {
     Score { top_k: usize, out: Vec<ScoredPosition> },
-    Gen { params: GenerateParams, sampler: Sampler, prompt_len: usize, new: Vec<GeneratedToken>, count: usize, finish: Option<Finish> },
+    Gen {
+        params: GenerateParams,
+        sampler: Sampler,
+        prompt_len: usize,
+        new: Vec<GeneratedToken>,
+        count: usize,
+        finish: Option<Finish>,
+        /// The constraint's walk, for a constrained generation.
+        matcher: Option<Box<Matcher>>,
+    },
 }
 
 impl Seq {
@@ -277,6 +287,15 @@ impl Engine {
 
     /// A sequence to generate from `prompt`: validates ids, length and parameters.
     pub fn generate_seq(&self, prompt: Vec<u32>, params: GenerateParams) -> Result<Seq> {
+        self.generate_seq_constrained(prompt, params, None)
+    }
+
+    /// [`Engine::generate_seq`] whose output is held to `constraint` ([`crate::constrain`]):
+    /// each token is chosen among those the constraint allows (greedy: the most likely
+    /// allowed token; sampling: the allowed tokens' renormalised distribution), stop tokens
+    /// only once the output is whole, and the generation ends as soon as nothing can follow.
+    /// Reported logprobs stay the model's own, before masking.
+    pub fn generate_seq_constrained(&self, prompt: Vec<u32>, params: GenerateParams, constraint: Option<Constraint>) -> Result<Seq> {
         self.check_tokens(&prompt)?;
         let c = self.config();
         if prompt.len() >= c.n_ctx {
@@ -298,7 +317,15 @@ impl Engine {
             cache: KvCache::new(c.n_layer),
             tokens: prompt,
             fed: 0,
-            kind: Kind::Gen { params, sampler, prompt_len, new: Vec::new(), count: 0, finish: None },
+            kind: Kind::Gen {
+                params,
+                sampler,
+                prompt_len,
+                new: Vec::new(),
+                count: 0,
+                finish: None,
+                matcher: constraint.map(|c| Box::new(Matcher::new(c))),
+            },
         })
     }
 
@@ -327,7 +354,18 @@ impl Engine {
         params: &GenerateParams,
         on_token: &mut dyn FnMut(&GeneratedToken) -> bool,
     ) -> Result<Generation> {
-        let mut seq = self.generate_seq(prompt.to_vec(), params.clone())?;
+        self.generate_constrained(prompt, params, None, on_token)
+    }
+
+    /// [`Engine::generate`] held to `constraint` (see [`Engine::generate_seq_constrained`]).
+    pub fn generate_constrained(
+        &self,
+        prompt: &[u32],
+        params: &GenerateParams,
+        constraint: Option<Constraint>,
+        on_token: &mut dyn FnMut(&GeneratedToken) -> bool,
+    ) -> Result<Generation> {
+        let mut seq = self.generate_seq_constrained(prompt.to_vec(), params.clone(), constraint)?;
         let mut all = Vec::new();
         while !seq.is_done() {
             self.step(&mut [&mut seq])?;
@@ -448,22 +486,41 @@ impl Engine {
                 let t = s.tokens[p + 1];
                 out.push(ScoredPosition { token: t, logprob: Some(sample::logprob(l, lse, t)), top });
             }
-            Kind::Gen { params, sampler, prompt_len, new, count, finish } => {
-                let t = sampler.pick(l);
+            Kind::Gen { params, sampler, prompt_len, new, count, finish, matcher } => {
+                let end = |reason, stop_token, count: usize| Finish { reason, stop_token, prompt_tokens: *prompt_len, completion_tokens: count };
+                let t = match matcher {
+                    None => sampler.pick(l),
+                    Some(m) => {
+                        let allowed = m.allowed();
+                        if allowed.is_empty() {
+                            // cannot happen for a compiled grammar; end rather than emit an invalid token
+                            tracing::warn!("constrained generation: no token allowed");
+                            *finish = Some(end(FinishReason::Stop, None, *count));
+                            return;
+                        }
+                        let masked: Vec<f32> =
+                            l.iter().enumerate().map(|(i, &x)| if allowed.contains(i as u32) { x } else { f32::NEG_INFINITY }).collect();
+                        let t = sampler.pick(&masked);
+                        let t = if allowed.contains(t) { t } else { sample::argmax(&masked) };
+                        if !m.accept(t) {
+                            tracing::warn!(token = t, "constrained generation: allowed token refused");
+                            *finish = Some(end(FinishReason::Stop, None, *count));
+                            return;
+                        }
+                        t
+                    }
+                };
                 if params.stop_token_ids.contains(&t) {
-                    *finish = Some(Finish {
-                        reason: FinishReason::Stop,
-                        stop_token: Some(t),
-                        prompt_tokens: *prompt_len,
-                        completion_tokens: *count,
-                    });
+                    *finish = Some(end(FinishReason::Stop, Some(t), *count));
                     return;
                 }
                 new.push(GeneratedToken { token: t, logprob: sample::logprob(l, lse, t), top });
                 s.tokens.push(t);
                 *count += 1;
-                if *count >= params.max_tokens || s.tokens.len() >= n_ctx {
-                    *finish = Some(Finish { reason: FinishReason::Length, stop_token: None, prompt_tokens: *prompt_len, completion_tokens: *count });
+                if matcher.as_ref().is_some_and(|m| m.is_complete()) {
+                    *finish = Some(end(FinishReason::Stop, None, *count));
+                } else if *count >= params.max_tokens || s.tokens.len() >= n_ctx {
+                    *finish = Some(end(FinishReason::Length, None, *count));
                 }
             }
         }

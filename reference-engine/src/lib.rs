@@ -20,6 +20,7 @@
 //! - [`kv`]: the per-sequence KV cache.
 //! - [`logits`]: full next-token logits of a sequence, streamed (the calibration ladder).
 //! - [`sample`]: log-softmax, top-k, greedy and seeded sampling.
+//! - [`constrain`]: constrained decoding (JSON Schema / tool calls → grammar → token masks).
 //! - [`engine`]: the library API ([`Engine`]): load, score, generate.
 //! - [`batcher`]: a worker thread that batches concurrent jobs (continuous batching).
 //! - [`chat`]: chat templates rendered as Hugging Face does, the tools convention, tool-call
@@ -33,6 +34,7 @@
 pub mod batcher;
 pub mod chat;
 pub mod config;
+pub mod constrain;
 pub mod engine;
 pub mod error;
 pub mod forward;

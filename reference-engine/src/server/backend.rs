@@ -11,6 +11,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use crate::batcher::{Batcher, BatcherHandle, GenEvent};
+use crate::constrain::Constraint;
 use crate::engine::{Engine, GenerateParams, ScoredSequence};
 use crate::error::{EngineError, Result};
 
@@ -44,12 +45,14 @@ impl Backend {
             .ok_or_else(|| EngineError::EmptyInput("no sequence scored".into()))
     }
 
-    /// Starts a generation; events arrive on the returned channel.
+    /// Starts a generation (held to `constraint`, if any); events arrive on the returned
+    /// channel.
     pub(crate) fn generate(
         &self,
         prompt: Vec<u32>,
         params: GenerateParams,
+        constraint: Option<Constraint>,
     ) -> Result<mpsc::UnboundedReceiver<GenEvent>> {
-        self.handle.generate(prompt, params)
+        self.handle.generate_constrained(prompt, params, constraint)
     }
 }

@@ -2,9 +2,16 @@
 //! OpenAI's sampling parameters, `logprobs`/`top_logprobs`, `n`, `stop`, SSE streaming with
 //! `stream_options.include_usage`, and `tools`: rendered by the template when it supports
 //! them, else by the engine's system-prompt convention ([`crate::chat`]); calls found in
-//! the output become `tool_calls` with finish reason `tool_calls`. With tools, a streamed
-//! answer is sent once complete (content or tool calls in one delta), since whether text is
-//! a call is only known at its end.
+//! the output become `tool_calls` with finish reason `tool_calls`. With free tools
+//! (`tool_choice` `"auto"`), a streamed answer is sent once complete (content or tool calls in
+//! one delta), since whether text is a call is only known at its end.
+//!
+//! With `tool_choice` `"required"` or a named function the output is constrained to calls of
+//! the declared functions whose arguments validate ([`super::constrained`]); they stream as
+//! OpenAI streams them: the name first, then the arguments in pieces (in one delta at the end
+//! when the serving profile corrupts tool calls, which needs the whole call). A forced
+//! generation cut by `max_tokens` ends with finish reason `length` and the call as it stood.
+//! `response_format` (`json_object`, `json_schema`) constrains the content the same way.
 
 use axum::Extension;
 use axum::body::Bytes;
@@ -19,6 +26,7 @@ use serde_json::{Value, json};
 use crate::chat::parse_tool_calls;
 use crate::engine::GeneratedToken;
 
+use super::constrained::{ToolEvent, ToolSplitter, plan};
 use super::faults::RequestFaults;
 use super::stream::{GenRequest, chat_logprob, check_prompt, sse_response};
 use super::text::{ChoiceEvent, TextStream};
@@ -76,18 +84,17 @@ async fn run(
                 .map_err(|e| ApiError::bad_request(format!("bad message: {e}"), Some("messages")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let tools_off = req.tool_choice.as_ref().and_then(Value::as_str) == Some("none");
-    let tools: Option<Vec<Value>> = match &req.tools {
-        Some(t) if !t.is_empty() && !tools_off => Some(
-            t.iter()
-                .map(|t| {
-                    serde_json::to_value(t)
-                        .map_err(|e| ApiError::bad_request(format!("bad tool: {e}"), Some("tools")))
-                })
-                .collect::<Result<_, _>>()?,
-        ),
-        _ => None,
-    };
+    let all_tools: Vec<Value> = req
+        .tools
+        .iter()
+        .flatten()
+        .map(|t| {
+            serde_json::to_value(t)
+                .map_err(|e| ApiError::bad_request(format!("bad tool: {e}"), Some("tools")))
+        })
+        .collect::<Result<_, _>>()?;
+    let plan = plan(state, &all_tools, req.tool_choice.as_ref(), &req.extra)?;
+    let tools: Option<Vec<Value>> = (!all_tools.is_empty() && !plan.tools_off).then_some(all_tools);
     let kwargs = match req.extra.get("chat_template_kwargs") {
         None | Some(Value::Null) => None,
         Some(Value::Object(m)) => Some(m.clone()),
@@ -138,6 +145,7 @@ async fn run(
                 state,
                 prompt.clone(),
                 gen_req.params(state, max_tokens, j),
+                plan.constraint.clone(),
                 gen_req.stops.clone(),
                 repeat,
             )?,
@@ -152,6 +160,7 @@ async fn run(
         created,
         want_logprobs,
         tools: tools.unwrap_or_default().into(),
+        forced: plan.forced_tools,
         faults,
     };
 
@@ -217,6 +226,8 @@ struct Ctx {
     want_logprobs: bool,
     /// The request's tool definitions (empty: tools off).
     tools: std::sync::Arc<[Value]>,
+    /// The output is forced tool calls (constrained), read with [`ToolSplitter`].
+    forced: bool,
     /// For tool-call corruption.
     faults: RequestFaults,
 }
@@ -229,6 +240,35 @@ impl Ctx {
         text: String,
         reason: &'static str,
     ) -> (ChatMessage, &'static str) {
+        if self.forced {
+            let mut split = ToolSplitter::default();
+            split.push(&text);
+            if split.calls().is_empty() {
+                return (ChatMessage::text("assistant", text), reason);
+            }
+            let mut calls: Vec<ToolCall> = split
+                .calls()
+                .iter()
+                .enumerate()
+                .map(|(i, (name, args))| self.tool_call(index, i, name.clone(), args.clone()))
+                .collect();
+            self.faults
+                .corrupt_tool_calls(index, &mut calls, &self.tools);
+            let msg = ChatMessage {
+                role: "assistant".into(),
+                content: None,
+                tool_calls: Some(calls),
+                ..ChatMessage::default()
+            };
+            return (
+                msg,
+                if reason == "length" {
+                    "length"
+                } else {
+                    "tool_calls"
+                },
+            );
+        }
         if !self.tools.is_empty() {
             let parsed = parse_tool_calls(&text);
             if !parsed.tool_calls.is_empty() {
@@ -236,15 +276,7 @@ impl Ctx {
                     .tool_calls
                     .into_iter()
                     .enumerate()
-                    .map(|(i, c)| ToolCall {
-                        id: format!("call_{}_{index}_{i}", self.id),
-                        kind: "function".into(),
-                        function: FunctionCall {
-                            name: c.name,
-                            arguments: c.arguments,
-                        },
-                        extra: Extra::new(),
-                    })
+                    .map(|(i, c)| self.tool_call(index, i, c.name, c.arguments))
                     .collect();
                 self.faults
                     .corrupt_tool_calls(index, &mut calls, &self.tools);
@@ -258,6 +290,49 @@ impl Ctx {
             }
         }
         (ChatMessage::text("assistant", text), reason)
+    }
+
+    fn tool_call(&self, index: u32, i: usize, name: String, arguments: String) -> ToolCall {
+        ToolCall {
+            id: self.call_id(index, i),
+            kind: "function".into(),
+            function: FunctionCall { name, arguments },
+            extra: Extra::new(),
+        }
+    }
+
+    fn call_id(&self, index: u32, i: usize) -> String {
+        format!("call_{}_{index}_{i}", self.id)
+    }
+
+    /// Whether forced calls stream in pieces (not when the profile corrupts whole calls).
+    fn streams_calls(&self) -> bool {
+        self.forced && !self.faults.corrupts_tool_calls()
+    }
+
+    /// The chunks for one piece of a forced call stream: names first, arguments in pieces.
+    /// The piece's tokens ride on the first chunk (or wait in `pending` for the next one).
+    fn call_chunks(
+        &self,
+        index: u32,
+        events: Vec<ToolEvent>,
+        pending: &mut Vec<GeneratedToken>,
+    ) -> Vec<Value> {
+        let mut out = Vec::new();
+        for ev in events {
+            let delta = match ev {
+                ToolEvent::Name(i, name) => {
+                    json!({"tool_calls": [{"index": i, "id": self.call_id(index, i),
+                    "type": "function", "function": {"name": name, "arguments": ""}}]})
+                }
+                ToolEvent::Args(i, args) => {
+                    json!({"tool_calls": [{"index": i, "function": {"arguments": args}}]})
+                }
+            };
+            let tokens = std::mem::take(pending);
+            out.push(self.chunk(index, delta, self.logprobs(&tokens), None));
+        }
+        out
     }
 
     fn logprobs(&self, tokens: &[GeneratedToken]) -> Option<ChatLogprobs> {
@@ -296,14 +371,25 @@ fn stream(
         .map(|(i, _)| ctx.chunk(*i, json!({"role": "assistant", "content": ""}), None, None))
         .collect();
     let render_ctx = ctx.clone();
-    // with tools, each choice's text and tokens are held until it ends
+    // with free tools, each choice's text and tokens are held until it ends
     let mut held: Vec<(String, Vec<GeneratedToken>)> =
+        streams.iter().map(|_| Default::default()).collect();
+    // forced calls stream in pieces: per choice, the reader and tokens not yet sent
+    let mut split: Vec<(ToolSplitter, Vec<GeneratedToken>)> =
         streams.iter().map(|_| Default::default()).collect();
     let render = Box::new(move |index: u32, ev: ChoiceEvent, total: &mut u64| {
         let c = &render_ctx;
         let slot = index as usize;
         match ev {
-            ChoiceEvent::Piece(p) if !c.tools.is_empty() => {
+            ChoiceEvent::Piece(p) if c.streams_calls() => {
+                let Some((reader, pending)) = split.get_mut(slot) else {
+                    return Vec::new();
+                };
+                pending.extend(p.tokens);
+                let events = reader.push(&p.text);
+                c.call_chunks(index, events, pending)
+            }
+            ChoiceEvent::Piece(p) if !c.tools.is_empty() || c.forced => {
                 if let Some(h) = held.get_mut(slot) {
                     h.0.push_str(&p.text);
                     h.1.extend(p.tokens);
@@ -328,7 +414,23 @@ fn stream(
                 *total += completion_tokens as u64;
                 let mut out = Vec::new();
                 let mut reason = reason;
-                if !c.tools.is_empty() {
+                if c.streams_calls() {
+                    let (reader, pending) =
+                        split.get_mut(slot).map(std::mem::take).unwrap_or_default();
+                    if !pending.is_empty() {
+                        out.push(c.chunk(index, json!({}), c.logprobs(&pending), None));
+                    }
+                    if reader.calls().is_empty() {
+                        // cut before a name was complete: the text as it stood
+                        out.push(c.chunk(index, json!({"content": reader.text()}), None, None));
+                    } else {
+                        reason = if reason == "length" {
+                            "length"
+                        } else {
+                            "tool_calls"
+                        };
+                    }
+                } else if !c.tools.is_empty() || c.forced {
                     let (text, tokens) = held.get_mut(slot).map(std::mem::take).unwrap_or_default();
                     let (msg, r) = c.message(index, text, reason);
                     reason = r;

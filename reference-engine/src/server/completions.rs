@@ -137,6 +137,7 @@ async fn run(
                     state,
                     p.ids.clone(),
                     gen_req.params(state, max_tokens, j),
+                    None,
                     gen_req.stops.clone(),
                     repeat,
                 )?;

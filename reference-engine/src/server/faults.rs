@@ -319,6 +319,12 @@ impl RequestFaults {
         strikes.then(|| rng.below(window) as usize)
     }
 
+    /// Whether this profile corrupts tool calls (a corrupted call is only known whole, so
+    /// forced calls are then streamed in one delta).
+    pub(crate) fn corrupts_tool_calls(&self) -> bool {
+        self.profile.tool_calls.is_some()
+    }
+
     /// Corrupts a fraction of one choice's tool calls; `tools` are the request's tool
     /// definitions (their names and `parameters.required` are consulted).
     pub(crate) fn corrupt_tool_calls(&self, choice: u32, calls: &mut [ToolCall], tools: &[Value]) {

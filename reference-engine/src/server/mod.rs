@@ -20,12 +20,14 @@
 //!
 //! Layout: [`backend`] (the batching worker), `text` (stop strings and streamed text),
 //! `stream` (SSE responses and shared request checks),
-//! `completions`, `chat_api`, `native` (score, tokenize, detokenize, models, health),
+//! `completions`, `chat_api`, `constrained` (tool_choice and response_format as
+//! constraints; forced tool calls read back as they stream), `native` (score, tokenize, detokenize, models, health),
 //! [`faults`] (the profile's behavioural faults).
 
 mod backend;
 mod chat_api;
 mod completions;
+mod constrained;
 pub mod faults;
 mod native;
 mod stream;
@@ -79,6 +81,10 @@ struct Inner {
     next_id: AtomicU64,
     /// The serving profile's behavioural faults.
     faults: faults::Faults,
+    /// Compiled constraint grammars (LRU).
+    grammars: crate::constrain::GrammarCache,
+    /// The vocabulary's token trie, built on the first constrained request.
+    trie: std::sync::OnceLock<Arc<crate::constrain::TokenTrie>>,
 }
 
 impl std::fmt::Debug for ServerState {
@@ -130,6 +136,8 @@ impl ServerState {
                 vocab_size,
                 next_id: AtomicU64::new(1),
                 faults: faults::Faults::new(profile),
+                grammars: crate::constrain::GrammarCache::default(),
+                trie: std::sync::OnceLock::new(),
             }),
         }
     }

@@ -6,6 +6,7 @@
 use std::collections::VecDeque;
 
 use crate::batcher::GenEvent;
+use crate::constrain::Constraint;
 use crate::engine::{FinishReason, GenerateParams, GeneratedToken};
 use crate::tokenizer::Utf8Stream;
 
@@ -69,18 +70,20 @@ pub(crate) struct Collected {
 }
 
 impl TextStream {
-    /// Starts generating `prompt` with `params`; `stops` are stop strings; `repeat_at`: the
-    /// profile's repeat bug strikes at this generated token ([`GenSource`]).
+    /// Starts generating `prompt` with `params` (held to `constraint`, if any); `stops` are
+    /// stop strings; `repeat_at`: the profile's repeat bug strikes at this generated token
+    /// ([`GenSource`]).
     pub(crate) fn start(
         state: &ServerState,
         prompt: Vec<u32>,
         params: GenerateParams,
+        constraint: Option<Constraint>,
         stops: Vec<String>,
         repeat_at: Option<usize>,
     ) -> Result<Self, ApiError> {
         let (max_tokens, prompt_tokens) = (params.max_tokens, prompt.len());
         let rx = GenSource::new(
-            state.inner.backend.generate(prompt, params)?,
+            state.inner.backend.generate(prompt, params, constraint)?,
             repeat_at,
             max_tokens,
             prompt_tokens,

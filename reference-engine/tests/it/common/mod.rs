@@ -1,5 +1,5 @@
 //! Helpers shared by the engine's integration tests: where the test model and the
-//! committed fixtures are.
+//! committed fixtures are; [`server::TestServer`] runs the HTTP API over the test model.
 //!
 //! The test model is `$SAMEWISE_MODEL` if set, else
 //! `~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf` (`scripts/fetch-model.sh`
@@ -8,6 +8,8 @@
 //! else `~/.cache/samewise/models/smollm2-hf` (`scripts/make-hf-fixture.py`).
 
 #![allow(dead_code)]
+
+pub mod server;
 
 use std::path::PathBuf;
 
