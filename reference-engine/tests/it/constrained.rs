@@ -6,7 +6,7 @@
 //! own; the `tool-corrupt` profile corrupts real constrained calls in each of its ways;
 //! unsupported schema keywords get an OpenAI 400 naming them; `"auto"` stays free.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -8,6 +8,7 @@
 mod common;
 
 mod chat_template;
+mod constrained;
 mod fidelity;
 mod invariance;
 mod loading;
