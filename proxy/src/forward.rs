@@ -21,6 +21,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use rand::Rng;
+use samewise_store::ErrorKind;
 use samewise_wire::sse::SseDecoder;
 use tokio::time::Instant;
 
@@ -326,10 +327,15 @@ async fn one_attempt(
     };
     let Some(up) = state.inner.upstreams.get(&ep.provider) else {
         ep.health.release(admission);
-        let rec = ctx.attempt_record(&att, None, Some("config"), None, Instant::now());
+        let rec = ctx.attempt_record(&att, None, Some(ErrorKind::Config), None, Instant::now());
         ctx.earlier.push(rec);
         return Outcome::Retry(Retry {
-            err: upstream_error(StatusCode::BAD_GATEWAY, "upstream_error"),
+            err: ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                "server_error",
+                "the upstream provider's answer was unusable",
+            ),
         });
     };
     let body = match req.body_for(&ep.upstream_model) {
@@ -360,19 +366,19 @@ async fn one_attempt(
                 &att,
                 admission,
                 None,
-                "timeout",
+                ErrorKind::Timeout,
                 StatusCode::GATEWAY_TIMEOUT,
             );
         }
         Ok(Err(e)) => {
             let kind = if e.is_connect() {
-                "connect"
+                ErrorKind::Connect
             } else if e.is_timeout() {
-                "timeout"
+                ErrorKind::Timeout
             } else {
-                "upstream_io"
+                ErrorKind::UpstreamIo
             };
-            let status = if kind == "timeout" {
+            let status = if kind == ErrorKind::Timeout {
                 StatusCode::GATEWAY_TIMEOUT
             } else {
                 StatusCode::BAD_GATEWAY
@@ -391,7 +397,13 @@ async fn one_attempt(
         }
         // Rate limiting says nothing about the endpoint's health: no breaker outcome.
         ep.health.release(admission);
-        let rec = ctx.attempt_record(&att, Some(429), Some("rate_limited"), None, Instant::now());
+        let rec = ctx.attempt_record(
+            &att,
+            Some(429),
+            Some(ErrorKind::RateLimited),
+            None,
+            Instant::now(),
+        );
         ctx.earlier.push(rec);
         let mut err = ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
@@ -410,7 +422,7 @@ async fn one_attempt(
             &att,
             admission,
             Some(status.as_u16()),
-            "upstream_5xx",
+            ErrorKind::Upstream5xx,
             StatusCode::BAD_GATEWAY,
         );
     }
@@ -471,15 +483,15 @@ async fn one_attempt(
     let parsed = inspector.on_body(&body, Instant::now());
     let obs = inspector.finish();
     let kind = if !status.is_success() {
-        Some("upstream_4xx")
+        Some(ErrorKind::Upstream4xx)
     } else if req.stream {
-        Some("not_sse")
+        Some(ErrorKind::NotSse)
     } else if !parsed {
-        Some("invalid_json")
+        Some(ErrorKind::InvalidJson)
     } else if obs.degenerate {
-        Some("degenerate")
+        Some(ErrorKind::Degenerate)
     } else if obs.upstream_error {
-        Some("upstream_error_body")
+        Some(ErrorKind::UpstreamErrorBody)
     } else {
         None
     };
@@ -510,11 +522,11 @@ fn failed(
     att: &AttemptCtx,
     admission: Admission,
     status: Option<u16>,
-    kind: &'static str,
+    kind: ErrorKind,
     client_status: StatusCode,
 ) -> Outcome {
     att.endpoint.health.record(admission, false);
-    tracing::debug!(endpoint = %att.endpoint.id, attempt = att.attempt, kind, "upstream attempt failed");
+    tracing::debug!(endpoint = %att.endpoint.id, attempt = att.attempt, kind = kind.as_str(), "upstream attempt failed");
     let rec = ctx.attempt_record(att, status, Some(kind), None, Instant::now());
     ctx.earlier.push(rec);
     Outcome::Retry(Retry {
@@ -528,9 +540,9 @@ fn failed_after_head(
     ctx: &mut RequestCtx,
     att: &AttemptCtx,
     status: u16,
-    kind: &'static str,
+    kind: ErrorKind,
 ) -> Outcome {
-    tracing::debug!(endpoint = %att.endpoint.id, attempt = att.attempt, kind, "upstream body failed");
+    tracing::debug!(endpoint = %att.endpoint.id, attempt = att.attempt, kind = kind.as_str(), "upstream body failed");
     let rec = ctx.attempt_record(att, Some(status), Some(kind), None, Instant::now());
     ctx.earlier.push(rec);
     Outcome::Retry(Retry {
@@ -538,28 +550,28 @@ fn failed_after_head(
     })
 }
 
-fn upstream_error(status: StatusCode, kind: &'static str) -> ApiError {
+fn upstream_error(status: StatusCode, kind: ErrorKind) -> ApiError {
     let message = match kind {
-        "timeout" => "the upstream provider did not answer in time",
-        "connect" => "the upstream provider could not be reached",
-        "upstream_5xx" => "the upstream provider failed",
+        ErrorKind::Timeout => "the upstream provider did not answer in time",
+        ErrorKind::Connect => "the upstream provider could not be reached",
+        ErrorKind::Upstream5xx => "the upstream provider failed",
         _ => "the upstream provider's answer was unusable",
     };
-    ApiError::new(status, kind, "server_error", message)
+    ApiError::new(status, kind.as_str(), "server_error", message)
 }
 
 /// Reads a whole upstream body with a per-read idle timeout and a size bound.
-async fn read_upstream(resp: reqwest::Response, idle: Duration) -> Result<Bytes, &'static str> {
+async fn read_upstream(resp: reqwest::Response, idle: Duration) -> Result<Bytes, ErrorKind> {
     let mut stream = resp.bytes_stream();
     let mut buf = Vec::new();
     loop {
         match tokio::time::timeout(idle, stream.next()).await {
-            Err(_) => return Err("body_idle_timeout"),
+            Err(_) => return Err(ErrorKind::BodyIdleTimeout),
             Ok(None) => return Ok(Bytes::from(buf)),
-            Ok(Some(Err(_))) => return Err("body_reset"),
+            Ok(Some(Err(_))) => return Err(ErrorKind::BodyReset),
             Ok(Some(Ok(b))) => {
                 if buf.len() + b.len() > MAX_UPSTREAM_BODY {
-                    return Err("body_too_large");
+                    return Err(ErrorKind::BodyTooLarge);
                 }
                 buf.extend_from_slice(&b);
             }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use samewise_store::RequestRecord;
+use samewise_store::{ErrorKind, RequestRecord};
 use tokio::time::Instant;
 
 use crate::inspect::Observation;
@@ -58,7 +58,7 @@ impl RequestCtx {
         &self,
         att: &AttemptCtx,
         status: Option<u16>,
-        error_kind: Option<&str>,
+        error_kind: Option<ErrorKind>,
         obs: Option<&Observation>,
         now: Instant,
     ) -> RequestRecord {
@@ -68,7 +68,7 @@ impl RequestCtx {
         r.provider = Some(att.endpoint.provider.clone());
         r.endpoint = Some(att.endpoint.id.clone());
         r.status = status;
-        r.error_kind = error_kind.map(str::to_owned);
+        r.error_kind = error_kind.map(|k| k.as_str().to_owned());
         r.latency_ms = ms(now.saturating_duration_since(att.started));
         if let Some(o) = obs {
             r.ttft_ms = o
@@ -168,7 +168,11 @@ pub(crate) fn finish(state: &AppState, ctx: &mut RequestCtx, mut last: RequestRe
     }
     for r in ctx.earlier.iter().chain(std::iter::once(&last)) {
         let Some(ep) = &r.endpoint else { continue };
-        if let Some(kind) = r.error_kind.as_ref().filter(|k| *k != "client_disconnect") {
+        if let Some(kind) = r
+            .error_kind
+            .as_ref()
+            .filter(|k| *k != ErrorKind::ClientDisconnect.as_str())
+        {
             m.upstream_errors
                 .get_or_create(&ErrorLabels {
                     endpoint: ep.clone(),

@@ -17,6 +17,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
+use samewise_store::ErrorKind;
 use samewise_wire::ErrorBody;
 use samewise_wire::sse::{SseDecoder, encode_data};
 use tokio::time::Instant;
@@ -59,12 +60,15 @@ impl Relay {
             self.inspector.as_ref()?;
             match tokio::time::timeout(self.idle, self.upstream.next()).await {
                 Err(_) => {
-                    return Some(self.fail("stream_idle_timeout", "the upstream stopped sending"));
+                    return Some(
+                        self.fail(ErrorKind::StreamIdleTimeout, "the upstream stopped sending"),
+                    );
                 }
                 Ok(Some(Err(_))) => {
-                    return Some(
-                        self.fail("stream_reset", "the upstream connection broke mid-stream"),
-                    );
+                    return Some(self.fail(
+                        ErrorKind::StreamReset,
+                        "the upstream connection broke mid-stream",
+                    ));
                 }
                 Ok(None) => return self.at_end(),
                 Ok(Some(Ok(bytes))) => {
@@ -72,7 +76,7 @@ impl Relay {
                         Ok(blocks) => blocks,
                         Err(_) => {
                             return Some(self.fail(
-                                "broken_sse",
+                                ErrorKind::BrokenSse,
                                 "the upstream sent an event larger than allowed",
                             ));
                         }
@@ -94,9 +98,10 @@ impl Relay {
             let events = match self.decoder.feed(&block) {
                 Ok(events) => events,
                 Err(_) => {
-                    out.extend_from_slice(
-                        &self.fail("broken_sse", "the upstream sent an invalid event stream"),
-                    );
+                    out.extend_from_slice(&self.fail(
+                        ErrorKind::BrokenSse,
+                        "the upstream sent an invalid event stream",
+                    ));
                     return Some(out.freeze());
                 }
             };
@@ -119,10 +124,10 @@ impl Relay {
                 EventAction::Drop => {}
                 EventAction::Cut => {
                     out.extend_from_slice(&error_event(
-                        "degenerate",
+                        ErrorKind::Degenerate.as_str(),
                         "generation stopped: the same output repeated too many times in a row",
                     ));
-                    self.finalize(Some("degenerate"), false);
+                    self.finalize(Some(ErrorKind::Degenerate), false);
                     return Some(out.freeze());
                 }
             }
@@ -140,37 +145,37 @@ impl Relay {
         if self.framer.has_partial() {
             // Half an event is never forwarded: the client's parser would glue it to ours.
             return Some(self.fail(
-                "stream_truncated",
+                ErrorKind::StreamTruncated,
                 "the upstream ended the stream in the middle of an event",
             ));
         }
         if self.inspector.as_ref().is_some_and(Inspector::saw_finish) {
             // Finished but without [DONE]: complete enough; record it and end cleanly.
-            self.finalize(Some("missing_done"), true);
+            self.finalize(Some(ErrorKind::MissingDone), true);
             return None;
         }
         Some(self.fail(
-            "stream_truncated",
+            ErrorKind::StreamTruncated,
             "the upstream ended the stream before it finished",
         ))
     }
 
     /// Ends the stream with an error event and records the failure.
-    fn fail(&mut self, kind: &'static str, message: &str) -> Bytes {
+    fn fail(&mut self, kind: ErrorKind, message: &str) -> Bytes {
         self.finalize(Some(kind), false);
-        error_event(kind, message)
+        error_event(kind.as_str(), message)
     }
 
     /// Records the attempt once; `healthy` is the breaker outcome.
-    fn finalize(&mut self, error_kind: Option<&str>, healthy: bool) {
+    fn finalize(&mut self, error_kind: Option<ErrorKind>, healthy: bool) {
         let Some(inspector) = self.inspector.take() else {
             return;
         };
         let obs = inspector.finish();
         let kind = match error_kind {
             Some(k) => Some(k),
-            None if obs.upstream_error => Some("upstream_stream_error"),
-            None if obs.invalid_events > 0 => Some("invalid_json"),
+            None if obs.upstream_error => Some(ErrorKind::UpstreamStreamError),
+            None if obs.invalid_events > 0 => Some(ErrorKind::InvalidJson),
             None => None,
         };
         if !healthy {
@@ -191,7 +196,7 @@ impl Drop for Relay {
     fn drop(&mut self) {
         // The client went away before the stream ended (or the server is shutting down).
         if self.inspector.is_some() {
-            self.finalize(Some("client_disconnect"), true);
+            self.finalize(Some(ErrorKind::ClientDisconnect), true);
         }
     }
 }

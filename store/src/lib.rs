@@ -13,6 +13,7 @@
 //!   redacted.
 //! - [`connect`]: [`Store`], [`Backend`], URL resolution and pool set-up.
 //! - [`migrate`]: the migration runner over the SQL files embedded from `migrations/`.
+//! - [`error_kind`]: [`ErrorKind`], the closed set of `error_kind` names a record carries.
 //! - [`records`]: [`RequestRecord`] (one row per upstream attempt) and its queries.
 //! - [`partitions`]: daily partitions of `request_records` on PostgreSQL, and retention.
 //! - [`keys`]: [`ApiKey`]; keys are stored as SHA-256 hashes only.
@@ -26,6 +27,7 @@
 pub mod alerts;
 pub mod connect;
 pub mod error;
+pub mod error_kind;
 pub mod keys;
 pub mod migrate;
 pub mod partitions;
@@ -39,6 +41,7 @@ pub mod writer;
 pub use alerts::{Alert, AlertQuery, AlertState, NewAlert};
 pub use connect::{Backend, Store};
 pub use error::StoreError;
+pub use error_kind::ErrorKind;
 pub use keys::ApiKey;
 pub use probe_runs::{ProbeRun, ProbeRunQuery};
 pub use records::{RecordQuery, RequestRecord};
