@@ -13,3 +13,4 @@ mod passive_drift_e2e;
 mod probes_e2e;
 mod probes_rounds;
 mod tidy;
+mod tool_corrupt_gateway;
