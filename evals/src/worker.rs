@@ -200,20 +200,23 @@ impl Worker {
         for point in look_points(total, params.looks) {
             let done = self.store.eval_results(job.id).await?;
             let has = |id: &str, role: &str| done.iter().any(|r| r.item == id && r.target == role);
-            let todo: Vec<(&tool_calls::Item, &str)> = items[from..point]
+            // (item, is the suspect): owned, so the stream's futures borrow nothing
+            let todo: Vec<(tool_calls::Item, bool)> = items[from..point]
                 .iter()
-                .flat_map(|it| [(it, "suspect"), (it, "baseline")])
-                .filter(|(it, role)| !has(&it.id, role))
+                .flat_map(|it| [(it.clone(), true), (it.clone(), false)])
+                .filter(|(it, s)| !has(&it.id, role_name(*s)))
                 .collect();
             from = point;
             let mut stream = futures_util::stream::iter(todo)
-                .map(|(it, role)| {
-                    let t = if role == "suspect" {
-                        &suspect
+                .map(|(it, is_suspect)| {
+                    let role = role_name(is_suspect);
+                    let t = if is_suspect {
+                        suspect.clone()
                     } else {
-                        &baseline
+                        baseline.clone()
                     };
-                    tool_calls::run(&self.targets, t, role, it)
+                    let targets = self.targets.clone();
+                    async move { tool_calls::run(&targets, &t, role, &it).await }
                 })
                 .buffered(self.settings.concurrency * 2);
             while let Some(r) = stream.next().await {
@@ -321,6 +324,10 @@ impl Worker {
             }
         }
     }
+}
+
+fn role_name(is_suspect: bool) -> &'static str {
+    if is_suspect { "suspect" } else { "baseline" }
 }
 
 /// Opens jobs for active alerts, per the `[evals]` rules.

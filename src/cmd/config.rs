@@ -36,7 +36,11 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
             }
             print!("{}: ok\n{}", file.display(), config.summary());
             if let Some(p) = &probes {
-                println!("probes: {} model(s), reference {}", p.models.len(), super::probes::reference_label(p));
+                println!(
+                    "probes: {} model(s), reference {}",
+                    p.models.len(),
+                    super::probes::reference_label(p)
+                );
             }
             for (name, p) in &config.providers {
                 if let Some(var) = &p.api_key_env

@@ -59,6 +59,24 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
             return Err(e);
         }
     };
+    // eval job workers and the alert watcher that opens jobs ([evals] workers; 0: none)
+    let evals_cfg =
+        samewise_evals::EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref());
+    let evals = match evals_cfg.map_err(anyhow::Error::from).and_then(|c| {
+        (c.workers > 0)
+            .then(|| super::evals::start(&config, store.clone(), c.workers, true))
+            .transpose()
+    }) {
+        Ok(e) => e,
+        Err(e) => {
+            if let Some(p) = probes {
+                p.shutdown().await;
+            }
+            writer.shutdown().await;
+            store.close().await;
+            return Err(e);
+        }
+    };
     let addr = listen.unwrap_or(config.server.listen);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -68,12 +86,15 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
     // One line on stdout for scripts and tests that start the gateway on port 0.
     println!("listening on http://{local}");
     // drift alerts demote or exclude endpoints (each model's on_drift), re-read every poll
-    let quality =
-        samewise_proxy::QualityWatcher::spawn(&config, state.clone(), store.clone());
+    let quality = samewise_proxy::QualityWatcher::spawn(&config, state.clone(), store.clone());
     let served = samewise_proxy::serve(listener, state, shutdown_signal()).await;
     if let Some(p) = probes {
         tracing::info!("stopping the probe scheduler");
         p.shutdown().await;
+    }
+    if let Some(e) = evals {
+        tracing::info!("stopping the eval workers");
+        e.shutdown().await;
     }
     quality.shutdown().await;
     tracing::info!("draining request records");
