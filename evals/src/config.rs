@@ -16,6 +16,7 @@
 //! reference_url = "http://127.0.0.1:8081"  # default: probes.reference.url
 //! reference_model = "smollm2"  # the model name the reference serves
 //! webhooks = ["http://..."]    # verdicts are POSTed here
+//! max_items = 32               # items per job opened by an alert (default: the whole suite)
 //! [[evals.rules]]              # alert → suites (default: the rules below)
 //! kind = "unfaithful"
 //! suites = ["tool_calls"]
@@ -86,6 +87,8 @@ pub struct EvalsConfig {
     pub webhooks: Vec<String>,
     /// Alert → suites.
     pub rules: Vec<Rule>,
+    /// Jobs opened by alerts run at most this many items of their suite (None: all).
+    pub max_items: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -105,6 +108,7 @@ struct Raw {
     reference_model: Option<String>,
     webhooks: Option<Vec<String>>,
     rules: Option<Vec<Rule>>,
+    max_items: Option<u64>,
 }
 
 fn bad(key: &str, msg: impl Into<String>) -> EvalsError {
@@ -200,6 +204,7 @@ impl EvalsConfig {
             reference_model: raw.reference_model,
             webhooks: raw.webhooks.unwrap_or_default(),
             rules,
+            max_items: raw.max_items,
         })
     }
 

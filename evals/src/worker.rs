@@ -5,7 +5,8 @@
 //! resumed after its worker died — are skipped), writes each result once, looks at the
 //! paired results at the fixed look points and stops as soon as the verdict is decided or
 //! the token budget is spent, then finishes the job with its verdict document, attaches it
-//! to the alert that opened the job and POSTs it to the webhooks. A worker that loses its
+//! to the alert that opened the job and POSTs it to the webhooks; a "degraded" verdict also
+//! raises an `eval_degraded` alert on the endpoint, which routing honours (`on_drift`). A worker that loses its
 //! lease stops at once; a cancelled worker stops and leaves its lease to expire.
 //!
 //! [`AlertWatcher::run`] polls the store's active alerts and opens the suites the rules map
@@ -300,6 +301,23 @@ impl Worker {
         {
             tracing::warn!(job = job.id, alert = a, error = %e, "attaching the verdict to the alert");
         }
+        // a degraded verdict is an alert of its own, so routing applies the model's on_drift
+        if verdict["verdict"] == "degraded" {
+            let alert = samewise_store::NewAlert {
+                model: job.model.clone(),
+                endpoint: job.endpoint.clone(),
+                kind: "eval_degraded".to_owned(),
+                summary: format!(
+                    "eval {} degraded against {} (job {})",
+                    job.suite, job.baseline, job.id
+                ),
+                evidence: json!({"signal": "eval", "job_id": job.id, "suite": job.suite, "verdict": verdict}),
+                now_ms: samewise_store::now_ms(),
+            };
+            if let Err(e) = self.store.upsert_alert(&alert).await {
+                tracing::warn!(job = job.id, error = %e, "raising the eval_degraded alert");
+            }
+        }
         let body = json!({
             "event": "eval_verdict",
             "job_id": job.id,
@@ -354,7 +372,12 @@ impl AlertWatcher {
                     suite,
                     baseline: crate::target::REFERENCE.to_owned(),
                     alert_id: Some(a.id),
-                    params: json!({"opened_by": {"alert": a.id, "kind": a.kind}}),
+                    params: match self.config.max_items {
+                        Some(n) => {
+                            json!({"opened_by": {"alert": a.id, "kind": a.kind}, "max_items": n})
+                        }
+                        None => json!({"opened_by": {"alert": a.id, "kind": a.kind}}),
+                    },
                     max_attempts: self.config.max_attempts,
                     now_ms: samewise_store::now_ms(),
                 };

@@ -4,6 +4,9 @@
 //! - `tool_calls`: a `tool-corrupt` endpoint (every returned call corrupted) is "degraded"
 //!   against the reference, its failures in the corruption's buckets, trigger F1 and schema
 //!   accuracy reported; its twin, the reference's own endpoint, is "equivalent".
+//! - alert → job → verdict: inside `samewise serve`, the probes flag a `w4` endpoint, the
+//!   alert watcher opens the mapped `tool_calls` job, a worker runs it, and the verdict
+//!   arrives in the alert's evidence and at a webhook receiver.
 //! - SIGKILL take-over: a worker process killed mid-job (k of n items done, the lease held
 //!   by it) is replaced by another that finishes the job; no item has two results (both
 //!   stores).
@@ -17,8 +20,8 @@ use samewise_store::testing::TestDb;
 use samewise_store::{Backend, JobState, NewEvalJob};
 use serde_json::Value;
 
-use crate::common::BIN;
-use crate::common::probes::engine;
+use crate::common::probes::{alerts, engine};
+use crate::common::{BIN, spawn_listening};
 
 /// A config with one provider per engine (model id "smol") and `[evals]` with the first
 /// engine as the reference.
@@ -250,4 +253,113 @@ async fn sigkilled_worker_is_taken_over_sqlite() -> Result<()> {
 #[tokio::test]
 async fn sigkilled_worker_is_taken_over_postgres() -> Result<()> {
     sigkill_takeover(Backend::Postgres).await
+}
+
+/// A webhook receiver: every POST body, answered 200.
+async fn receiver(
+    listener: tokio::net::TcpListener,
+    tx: tokio::sync::mpsc::UnboundedSender<String>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    while let Ok((mut sock, _)) = listener.accept().await {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let body = loop {
+            let Ok(n) = sock.read(&mut chunk).await else {
+                break None;
+            };
+            if n == 0 {
+                break None;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&buf).into_owned();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let len = text[..end]
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse::<usize>().ok())?
+                    })
+                    .unwrap_or(0);
+                if buf.len() >= end + 4 + len {
+                    break Some(String::from_utf8_lossy(&buf[end + 4..end + 4 + len]).into_owned());
+                }
+            }
+        };
+        let _ = sock
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+            .await;
+        if let Some(b) = body {
+            let _ = tx.send(b);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_probe_alert_opens_a_job_whose_verdict_reaches_the_alert_and_the_webhook() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (_r, u_ref) = engine("reference", dir.path())?;
+    let (_w, u_w4) = engine("w4", dir.path())?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let hook = format!("http://{}/hook", listener.local_addr()?);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let hooks = tokio::spawn(receiver(listener, tx));
+    let data = dir.path().join("data");
+    let cfg = dir.path().join("samewise.toml");
+    let text = crate::common::probes::config(
+        &data,
+        &[("exact", &u_ref), ("w4", &u_w4)],
+        "interval_ms = 1000\njitter = 0.0",
+    )? + &format!(
+        "\n[evals]\nreference_url = \"{u_ref}\"\nreference_model = \"smol\"\nworkers = 1\n\
+         poll_ms = 300\nmax_items = 4\nlooks = 1\nwebhooks = [\"{hook}\"]\n"
+    );
+    std::fs::write(&cfg, text)?;
+    let cfg_s = cfg.to_str().context("path")?.to_owned();
+    let (gw, _url) = spawn_listening(
+        &["serve", "--config", &cfg_s, "--listen", "127.0.0.1:0"],
+        dir.path(),
+    )?;
+    // the webhook: the eval verdict of a job opened by the w4 alert
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
+    let event: Value = loop {
+        let body = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .context("no eval webhook within 600 s")?
+            .context("receiver stopped")?;
+        let v: Value = serde_json::from_str(&body)?;
+        if v["event"] == "eval_verdict" {
+            break v;
+        }
+    };
+    ensure!(
+        event["endpoint"] == "w4/smol" && event["suite"] == "tool_calls",
+        "{event:#}"
+    );
+    let verdict = event["verdict"]["verdict"].as_str().context("no verdict")?;
+    ensure!(
+        ["degraded", "equivalent", "inconclusive"].contains(&verdict),
+        "{event:#}"
+    );
+    ensure!(event["verdict"]["items"] == 4, "{event:#}");
+    let alert_id = event["alert_id"]
+        .as_i64()
+        .context("job not opened by an alert")?;
+    let job_id = event["job_id"].as_i64().context("no job id")?;
+    // the verdict is in the alert's evidence (kept across the probes' refreshes)
+    let all = alerts(&data).await?;
+    let a = all
+        .iter()
+        .find(|a| a.id == alert_id)
+        .context("alert gone")?;
+    ensure!(a.kind == "unfaithful" && a.endpoint == "w4/smol", "{a:?}");
+    ensure!(
+        a.evidence["evals"][job_id.to_string()]["verdict"] == verdict,
+        "{:?}",
+        a.evidence
+    );
+    gw.stop()?;
+    hooks.abort();
+    Ok(())
 }

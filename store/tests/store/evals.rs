@@ -258,5 +258,18 @@ async fn eval_verdict_on_alert(db: TestDb) -> Result<()> {
             .await?
             .is_none()
     );
+    // a detector refreshing the alert keeps the attached verdicts
+    let (r, new) = s
+        .upsert_alert(&NewAlert {
+            model: "smollm2".to_owned(),
+            endpoint: "p/a".to_owned(),
+            kind: "unfaithful".to_owned(),
+            summary: "kl again".to_owned(),
+            evidence: serde_json::json!({"signal": "kl_p99"}),
+            now_ms: 2_000,
+        })
+        .await?;
+    ensure!(!new && r.id == alert.id && r.evidence["signal"] == "kl_p99");
+    ensure!(r.evidence["evals"][j.id.to_string()] == v, "{:?}", r.evidence);
     Ok(())
 }
