@@ -53,6 +53,8 @@ pub struct Stop {
     pub reason: &'static str,
     /// Items in the suite.
     pub items_total: usize,
+    /// Wall time of this run of the job, milliseconds.
+    pub wall_ms: i64,
 }
 
 /// The verdict document.
@@ -64,7 +66,6 @@ pub fn document(
     results: &[EvalResult],
     stop: &Stop,
     extras: Value,
-    wall_ms: i64,
 ) -> Value {
     let n = t.n();
     json!({
@@ -94,7 +95,7 @@ pub fn document(
         "looks_done": stop.looks_done,
         "stopped": stop.reason,
         "tokens": results.iter().map(|r| r.tokens).sum::<i64>(),
-        "wall_ms": wall_ms,
+        "wall_ms": stop.wall_ms,
         "extras": extras,
     })
 }

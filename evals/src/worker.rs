@@ -268,10 +268,10 @@ impl Worker {
             looks_done,
             reason,
             items_total: total,
+            wall_ms: i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
         };
         let extras = tool_calls::extras(&items, &results);
-        let wall = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
-        let doc = document(&job.suite, &t, &d, &params, &results, &stop, extras, wall);
+        let doc = document(&job.suite, &t, &d, &params, &results, &stop, extras);
         if !self
             .store
             .finish_eval_job(

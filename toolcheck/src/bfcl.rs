@@ -559,7 +559,7 @@ mod tests {
             Ok(())
         );
         assert_eq!(
-            bucket(check(Category::Parallel, &f, &e, &[w.clone()])),
+            bucket(check(Category::Parallel, &f, &e, std::slice::from_ref(&w))),
             Some(ErrorType::WrongCount)
         );
         let bad_t = act("get_time", r#"{"zone": "CET"}"#);
