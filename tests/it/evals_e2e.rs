@@ -359,6 +359,30 @@ async fn a_probe_alert_opens_a_job_whose_verdict_reaches_the_alert_and_the_webho
         "{:?}",
         a.evidence
     );
+    // `samewise alerts show ID` lists the job and its verdict
+    let out = Command::new(BIN)
+        .args([
+            "alerts",
+            "--config",
+            &cfg_s,
+            "--json",
+            "show",
+            &alert_id.to_string(),
+        ])
+        .env_remove("DATABASE_URL")
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: Value = serde_json::from_slice(&out.stdout)?;
+    let jobs = shown["eval_jobs"].as_array().context("no eval_jobs")?;
+    ensure!(
+        jobs.iter()
+            .any(|j| j["job"] == job_id && j["verdict"]["verdict"] == verdict),
+        "{shown:#}"
+    );
     gw.stop()?;
     hooks.abort();
     Ok(())
