@@ -387,3 +387,31 @@ async fn a_probe_alert_opens_a_job_whose_verdict_reaches_the_alert_and_the_webho
     hooks.abort();
     Ok(())
 }
+
+#[test]
+fn config_check_validates_the_evals_section() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let check = |evals: &str| -> Result<std::process::Output> {
+        let cfg = config(dir.path(), &[("p", "http://127.0.0.1:9")], evals)?;
+        Ok(Command::new(BIN)
+            .args(["config", "check"])
+            .arg(&cfg)
+            .env_remove("DATABASE_URL")
+            .output()?)
+    };
+    let ok = check("workers = 2")?;
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    ensure!(
+        ok.status.success() && stdout.contains("evals: 2 worker(s)"),
+        "{stdout}"
+    );
+    for (bad, key) in [("delta = 2.0", "evals.delta"), ("nope = 1", "nope")] {
+        let out = check(bad)?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success() && stderr.contains(key),
+            "{bad}: {stderr}"
+        );
+    }
+    Ok(())
+}
