@@ -242,6 +242,32 @@ async fn sigkill_takeover(backend: Backend) -> Result<()> {
         "{:?}",
         done.verdict
     );
+    // `evals show --export`: one JSONL record per item and target, with the check
+    let export = dir.path().join("items.jsonl");
+    let out = Command::new(BIN)
+        .args(["evals", "--config"])
+        .arg(&cfg)
+        .args(["show", &job.id.to_string(), "--export"])
+        .arg(&export)
+        .env("DATABASE_URL", db.url())
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(String::from_utf8_lossy(&out.stdout).contains("verdict:"));
+    let lines: Vec<Value> = std::fs::read_to_string(&export)?
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    ensure!(lines.len() == 16, "{} exported records", lines.len());
+    ensure!(
+        lines
+            .iter()
+            .all(|l| l["record"]["check"]["passed"] == l["passed"]
+                && l["record"]["request"]["messages"].is_array())
+    );
     Ok(())
 }
 
