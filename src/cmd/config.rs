@@ -46,11 +46,7 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
                 );
             }
             if let Some(p) = &probes {
-                println!(
-                    "probes: {} model(s), reference {}",
-                    p.models.len(),
-                    super::probes::reference_label(p)
-                );
+                println!("probes: {} model(s), reference {}", p.models.len(), super::probes::reference_label(p));
             }
             for (name, p) in &config.providers {
                 if let Some(var) = &p.api_key_env

@@ -86,7 +86,8 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
     // One line on stdout for scripts and tests that start the gateway on port 0.
     println!("listening on http://{local}");
     // drift alerts demote or exclude endpoints (each model's on_drift), re-read every poll
-    let quality = samewise_proxy::QualityWatcher::spawn(&config, state.clone(), store.clone());
+    let quality =
+        samewise_proxy::QualityWatcher::spawn(&config, state.clone(), store.clone());
     let served = samewise_proxy::serve(listener, state, shutdown_signal()).await;
     if let Some(p) = probes {
         tracing::info!("stopping the probe scheduler");

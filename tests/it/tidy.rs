@@ -64,10 +64,7 @@ fn rust_files() -> Result<Vec<PathBuf>> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
         for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
             let path = entry?.path();
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
             if path.is_dir() {
                 if name == "target" || name.starts_with('.') {
                     continue;
@@ -82,12 +79,7 @@ fn rust_files() -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     walk(&root(), &mut out)?;
     out.sort();
-    ensure!(
-        out.len() > 50,
-        "found only {} .rs files under {}",
-        out.len(),
-        root().display()
-    );
+    ensure!(out.len() > 50, "found only {} .rs files under {}", out.len(), root().display());
     Ok(out)
 }
 
@@ -99,13 +91,7 @@ fn rel(p: &Path) -> String {
 fn crates_depend_only_in_the_documented_direction() -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let out = Command::new(cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--offline",
-        ])
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
         .current_dir(root())
         .output()
         .context("running cargo metadata")?;
@@ -129,9 +115,7 @@ fn crates_depend_only_in_the_documented_direction() -> Result<()> {
             continue;
         }
         let Some(may) = allowed.get(name) else {
-            wrong.push(format!(
-                "{name}: not in tidy's crate graph (add it to ALLOWED and to ARCHITECTURE.md)"
-            ));
+            wrong.push(format!("{name}: not in tidy's crate graph (add it to ALLOWED and to ARCHITECTURE.md)"));
             continue;
         };
         for d in p["dependencies"].as_array().context("no dependencies")? {
@@ -180,10 +164,7 @@ fn no_sql_outside_store() -> Result<()> {
         }
     }
     if !wrong.is_empty() {
-        bail!(
-            "SQL outside store (ask store for a method):\n{}",
-            wrong.join("\n")
-        );
+        bail!("SQL outside store (ask store for a method):\n{}", wrong.join("\n"));
     }
     Ok(())
 }
@@ -202,10 +183,7 @@ fn file_paths_are_module_paths() -> Result<()> {
         }
     }
     if !wrong.is_empty() {
-        bail!(
-            "#[path] attributes (move the file instead):\n{}",
-            wrong.join("\n")
-        );
+        bail!("#[path] attributes (move the file instead):\n{}", wrong.join("\n"));
     }
     Ok(())
 }

@@ -270,6 +270,10 @@ async fn eval_verdict_on_alert(db: TestDb) -> Result<()> {
         })
         .await?;
     ensure!(!new && r.id == alert.id && r.evidence["signal"] == "kl_p99");
-    ensure!(r.evidence["evals"][j.id.to_string()] == v, "{:?}", r.evidence);
+    ensure!(
+        r.evidence["evals"][j.id.to_string()] == v,
+        "{:?}",
+        r.evidence
+    );
     Ok(())
 }

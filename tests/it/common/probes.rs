@@ -116,3 +116,4 @@ pub fn stat(r: &ProbeRun, key: &str) -> Result<f64> {
         .and_then(serde_json::Value::as_f64)
         .with_context(|| format!("{key} missing: {r:?}"))
 }
+
