@@ -195,7 +195,7 @@ pub fn alerts_table(list: &[Alert]) -> String {
 }
 
 /// Unix milliseconds as `YYYY-MM-DD HH:MM:SS` UTC.
-fn utc(ms: i64) -> String {
+pub fn utc(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // civil_from_days (Howard Hinnant's algorithm)

@@ -36,6 +36,8 @@ pub struct Config {
     pub models: BTreeMap<String, ModelConfig>,
     /// `[probes]`, raw: parsed and validated by the probes crate.
     pub probes: Option<toml::Table>,
+    /// `[evals]`, raw: parsed and validated by the evals crate.
+    pub evals: Option<toml::Table>,
 }
 
 /// `[server]`.
@@ -268,6 +270,7 @@ struct RawConfig {
     #[serde(default)]
     models: BTreeMap<String, RawModel>,
     probes: Option<toml::Table>,
+    evals: Option<toml::Table>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -403,6 +406,7 @@ impl Validator<'_> {
             providers,
             models,
             probes: raw.probes,
+            evals: raw.evals,
         })
     }
 

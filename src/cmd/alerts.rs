@@ -1,14 +1,15 @@
-//! `samewise alerts list|ack ID|resolve ID`: the drift alerts in the store (PostgreSQL when
+//! `samewise alerts list|show ID|ack ID|resolve ID`: the drift alerts in the store (PostgreSQL when
 //! `DATABASE_URL` is set, else SQLite in the data directory of `--config`, or `--data-dir`),
 //! as a table or, with `--json`, as JSON. `list` shows active alerts (open and acknowledged)
-//! unless `--state` says otherwise. `resolve` notifies the webhooks of `[[probes.webhooks]]`
+//! unless `--state` says otherwise; `show` adds the eval jobs the alert opened, with their
+//! verdicts. `resolve` notifies the webhooks of `[[probes.webhooks]]`
 //! when `--config` names a file that has them; acknowledging notifies nobody.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
-use samewise_probes::alerting::{Alerting, AlertsConfig, alerts_table};
+use samewise_probes::alerting::{Alerting, AlertsConfig, alerts_table, utc};
 use samewise_proxy::Config;
 use samewise_store::{Alert, AlertQuery, AlertState, Store};
 
@@ -60,6 +61,11 @@ pub enum AlertsCommand {
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: u32,
+    },
+    /// Show one alert with its evidence and the verdicts of the eval jobs it opened.
+    Show {
+        /// The alert's id.
+        id: i64,
     },
     /// Acknowledge an open alert (it stays active for routing until resolved).
     Ack {
@@ -132,6 +138,54 @@ async fn alerts(
                 println!("no alerts");
             } else {
                 print!("{}", alerts_table(&list));
+            }
+        }
+        AlertsCommand::Show { id } => {
+            let a = store
+                .alert(id)
+                .await?
+                .with_context(|| format!("no alert with id {id}"))?;
+            let jobs = store.eval_jobs(Some(id), 100).await?;
+            let evals: Vec<serde_json::Value> = jobs
+                .iter()
+                .map(|j| {
+                    serde_json::json!({
+                        "job": j.id,
+                        "suite": j.suite,
+                        "baseline": j.baseline,
+                        "state": j.state.as_str(),
+                        "verdict": j.verdict,
+                    })
+                })
+                .collect();
+            if json {
+                let mut v = a.to_json();
+                v["eval_jobs"] = serde_json::Value::Array(evals);
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                println!(
+                    "alert {}  {}  {} on {} ({})  opened {}  last seen {}",
+                    a.id,
+                    a.state,
+                    a.kind,
+                    a.endpoint,
+                    a.model,
+                    utc(a.opened_ms),
+                    utc(a.last_seen_ms)
+                );
+                println!("summary: {}", a.summary);
+                println!("evidence: {}", a.evidence);
+                for j in &jobs {
+                    let verdict = j
+                        .verdict
+                        .as_ref()
+                        .and_then(|v| v["verdict"].as_str())
+                        .unwrap_or("-");
+                    println!(
+                        "eval job {}: {} vs {}  {}  verdict {}",
+                        j.id, j.suite, j.baseline, j.state, verdict
+                    );
+                }
             }
         }
         AlertsCommand::Ack { id } => {

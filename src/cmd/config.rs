@@ -34,7 +34,17 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
                 // detector thresholds, alert policy, webhooks and the ladder file
                 samewise_probes::detect::Detectors::check_config(p)?;
             }
+            // [evals] is raw too: the evals crate validates it
+            let evals =
+                samewise_evals::EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref())?;
             print!("{}: ok\n{}", file.display(), config.summary());
+            if config.evals.is_some() {
+                println!(
+                    "evals: {} worker(s), reference {}",
+                    evals.workers,
+                    evals.reference_url.as_deref().unwrap_or("none")
+                );
+            }
             if let Some(p) = &probes {
                 println!("probes: {} model(s), reference {}", p.models.len(), super::probes::reference_label(p));
             }

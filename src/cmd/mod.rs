@@ -9,6 +9,7 @@ pub mod alerts;
 pub mod calibrate;
 pub mod config;
 pub mod engine;
+pub mod evals;
 pub mod keys;
 pub mod probes;
 pub mod serve;
@@ -30,6 +31,8 @@ pub enum Command {
     Probes(probes::ProbesArgs),
     /// Measure a model's calibration ladder (`samewise calibrate --model PATH [--out FILE]`).
     Calibrate(calibrate::CalibrateArgs),
+    /// Eval jobs (`samewise evals run|show|worker --config FILE`).
+    Evals(evals::EvalsArgs),
 }
 
 /// Runs one subcommand to completion on a fresh tokio runtime where it needs one.
@@ -42,6 +45,7 @@ pub fn run(command: Command) -> anyhow::Result<()> {
         Command::Alerts(args) => alerts::run(args),
         Command::Probes(args) => probes::run(args),
         Command::Calibrate(args) => calibrate::run(args),
+        Command::Evals(args) => evals::run(args),
     }
 }
 

@@ -56,6 +56,24 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
             return Err(e);
         }
     };
+    // eval job workers and the alert watcher that opens jobs ([evals] workers; 0: none)
+    let evals_cfg =
+        samewise_evals::EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref());
+    let evals = match evals_cfg.map_err(anyhow::Error::from).and_then(|c| {
+        (c.workers > 0)
+            .then(|| super::evals::start(&config, store.clone(), c.workers, true))
+            .transpose()
+    }) {
+        Ok(e) => e,
+        Err(e) => {
+            if let Some(p) = probes {
+                p.shutdown().await;
+            }
+            writer.shutdown().await;
+            store.close().await;
+            return Err(e);
+        }
+    };
     let addr = listen.unwrap_or(config.server.listen);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -70,6 +88,10 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
     if let Some(p) = probes {
         tracing::info!("stopping the probe scheduler");
         p.shutdown().await;
+    }
+    if let Some(e) = evals {
+        tracing::info!("stopping the eval workers");
+        e.shutdown().await;
     }
     quality.shutdown().await;
     tracing::info!("draining request records");

@@ -141,7 +141,16 @@ impl Store {
                 "an alert needs a model, an endpoint and a kind".to_owned(),
             ));
         }
-        let evidence = serde_json::to_string(&a.evidence)
+        // a refresh keeps the eval verdicts attached to the active alert (`evidence.evals`)
+        let mut evidence = a.evidence.clone();
+        if let Some(obj) = evidence.as_object_mut()
+            && !obj.contains_key("evals")
+            && let Some(active) = self.active_alert(&a.model, &a.endpoint, &a.kind).await?
+            && let Some(evals) = active.evidence.get("evals")
+        {
+            obj.insert("evals".to_owned(), evals.clone());
+        }
+        let evidence = serde_json::to_string(&evidence)
             .map_err(|e| StoreError::InvalidInput(format!("alert evidence: {e}")))?;
         let refresh = sql(
             self.backend(),
@@ -202,6 +211,34 @@ impl Store {
             "alert {}/{}/{} kept changing under concurrent writers",
             a.model, a.endpoint, a.kind
         )))
+    }
+
+    /// The active alert of `model`, `endpoint` and `kind`, if any.
+    async fn active_alert(
+        &self,
+        model: &str,
+        endpoint: &str,
+        kind: &str,
+    ) -> Result<Option<Alert>, StoreError> {
+        const OP: &str = "reading an active alert";
+        let stmt = sql(
+            self.backend(),
+            &format!(
+                "SELECT {COLUMNS} FROM alerts WHERE model = $1 AND endpoint = $2 AND kind = $3 \
+                 AND state <> 'resolved'"
+            ),
+        )
+        .into_owned();
+        on_pool!(&self.pool, |p| {
+            let row = sqlx::query(&stmt)
+                .bind(text(model))
+                .bind(text(endpoint))
+                .bind(text(kind))
+                .fetch_optional(p)
+                .await
+                .map_err(StoreError::query(OP))?;
+            row.as_ref().map(alert_from_row).transpose()
+        })
     }
 
     /// Alerts matching `q`, newest first (by id).

@@ -21,6 +21,8 @@
 //! - [`probe_runs`]: [`ProbeRun`], one probe of one endpoint, and its queries.
 //! - [`alerts`]: [`Alert`] and its lifecycle (open, acknowledged, resolved), deduplicated
 //!   per model, endpoint and kind.
+//! - [`evals`]: [`EvalJob`] queue (claim with a lease, heartbeat, take-over, bounded
+//!   attempts), per-item [`EvalResult`]s written once, per-endpoint cooldowns.
 //! - [`scheduler_lock`]: [`SchedulerLock`], one active probe scheduler per database.
 //! - `testing` (feature `testing`): fresh PostgreSQL and SQLite databases for tests.
 
@@ -28,6 +30,7 @@ pub mod alerts;
 pub mod connect;
 pub mod error;
 pub mod error_kind;
+pub mod evals;
 pub mod keys;
 pub mod migrate;
 pub mod partitions;
@@ -42,6 +45,7 @@ pub use alerts::{Alert, AlertQuery, AlertState, NewAlert};
 pub use connect::{Backend, Store};
 pub use error::StoreError;
 pub use error_kind::ErrorKind;
+pub use evals::{EvalJob, EvalResult, JobProgress, JobState, Lease, NewEvalJob};
 pub use keys::ApiKey;
 pub use probe_runs::{ProbeRun, ProbeRunQuery};
 pub use records::{RecordQuery, RequestRecord};

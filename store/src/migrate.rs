@@ -37,6 +37,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "probe runs and alerts",
         sql: include_str!("../migrations/postgres/0002_probes_alerts.sql"),
     },
+    Migration {
+        version: 4,
+        name: "eval jobs and results",
+        sql: include_str!("../migrations/postgres/0004_evals.sql"),
+    },
 ];
 
 /// SQLite migrations, in order (the same versions as [`POSTGRES`]).
@@ -50,6 +55,11 @@ pub const SQLITE: &[Migration] = &[
         version: 2,
         name: "probe runs and alerts",
         sql: include_str!("../migrations/sqlite/0002_probes_alerts.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "eval jobs and results",
+        sql: include_str!("../migrations/sqlite/0004_evals.sql"),
     },
 ];
 

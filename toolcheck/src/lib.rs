@@ -7,6 +7,8 @@
 //! answers. It must not know HTTP, the database or the engine; it never panics on any input.
 //!
 //! # Layout
+//! - [`bfcl`]: BFCL's AST checker rules for the evals' `tool_calls` suite (one answer's
+//!   calls against an item's ground truth, failures bucketed by [`bfcl::ErrorType`]).
 //! - [`classify`]: [`ToolSet`] (a request's tools compiled once), [`ToolCallAssembler`]
 //!   (streamed deltas → whole calls by `index`), [`check_calls`] → [`ToolReport`]
 //!   (ok / invalid_json / unknown_name / schema_mismatch, finish-reason consistency).
@@ -14,6 +16,7 @@
 //!   (call/no-call decisions against a baseline's; `None` when neither side has a positive)
 //!   and [`vendor::SchemaAccuracy`].
 
+pub mod bfcl;
 pub mod classify;
 pub mod vendor;
 

@@ -57,12 +57,14 @@ async fn concurrent_connects_migrate_once(db: TestDb) -> Result<()> {
     stores[0]
         .insert_request_records(&[full_record("race", 1, 5)])
         .await?;
-    let latest = samewise_store::migrate::POSTGRES.len() as i64;
+    // versions may have gaps (numbers are reserved per branch): the latest is the highest
+    let migrations = samewise_store::migrate::POSTGRES;
+    let latest = migrations.iter().map(|m| m.version).max().unwrap_or(0);
     for s in &stores {
         ensure!(s.request_records(&by_id("race")).await?.len() == 1);
         ensure!(s.schema_version().await? == latest);
         ensure!(
-            s.applied_migrations().await? == latest as u64,
+            s.applied_migrations().await? == migrations.len() as u64,
             "a migration was recorded twice"
         );
     }

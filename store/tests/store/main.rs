@@ -5,7 +5,8 @@
 //!
 //! Layout: `connect` (URLs, migrations, concurrent start-up), `records` (request records,
 //! queries, retention and partitions), `keys` (API keys), `writer` (the batch writer),
-//! `probe_runs` (probe runs and the scheduler lock), `alerts` (alert lifecycle).
+//! `probe_runs` (probe runs and the scheduler lock), `alerts` (alert lifecycle), `evals`
+//! (the eval job queue).
 
 use std::time::Duration;
 
@@ -39,6 +40,7 @@ macro_rules! both {
 // after the macro, so that the modules can use it
 mod alerts;
 mod connect;
+mod evals;
 mod keys;
 mod probe_runs;
 mod records;

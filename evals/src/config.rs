@@ -1,0 +1,270 @@
+//! The `[evals]` section, parsed here from the raw table the proxy's config keeps
+//! (`deny_unknown_fields`; errors name the key).
+//!
+//! ```toml
+//! [evals]
+//! workers = 1                  # job workers inside `samewise serve` (0: none)
+//! lease_ms = 30000             # a claimed job's lease; heartbeats renew it every lease/3
+//! poll_ms = 2000               # idle workers and the alert watcher look this often
+//! max_attempts = 3             # claims per job before it is failed
+//! cooldown_ms = 3600000        # per endpoint and suite, kept in the database
+//! budget_tokens = 200000       # per job, both targets together
+//! concurrency = 4              # items in flight per job
+//! delta = 0.05                 # verdict margin δ (5 points)
+//! alpha = 0.01                 # verdict significance α (whole job)
+//! looks = 4                    # sequential looks (Bonferroni split of α)
+//! reference_url = "http://127.0.0.1:8081"  # default: probes.reference.url
+//! reference_model = "smollm2"  # the model name the reference serves
+//! webhooks = ["http://..."]    # verdicts are POSTed here
+//! max_items = 32               # items per job opened by an alert (default: the whole suite)
+//! [[evals.rules]]              # alert → suites (default: the rules below)
+//! kind = "unfaithful"
+//! suites = ["tool_calls"]
+//! [[evals.rules]]
+//! kind = "passive"
+//! signal = "tool"              # a substring of the alert's evidence (JSON text)
+//! suites = ["tool_calls"]
+//! ```
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::EvalsError;
+use crate::stats::VerdictParams;
+
+/// Suites this build runs.
+pub const KNOWN_SUITES: &[&str] = &["tool_calls"];
+
+/// One mapping from an alert to suites.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    /// The alert's kind ("unfaithful", "changed", "passive").
+    pub kind: String,
+    /// When set, the rule applies only if the alert's evidence (as JSON text) contains it.
+    #[serde(default)]
+    pub signal: Option<String>,
+    /// The suites to open.
+    pub suites: Vec<String>,
+}
+
+impl Rule {
+    /// Whether the rule applies to an alert of `kind` with `evidence`.
+    pub fn matches(&self, kind: &str, evidence: &serde_json::Value) -> bool {
+        self.kind == kind
+            && self
+                .signal
+                .as_deref()
+                .is_none_or(|s| evidence.to_string().contains(s))
+    }
+}
+
+/// The checked `[evals]` section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvalsConfig {
+    /// Workers inside `samewise serve`.
+    pub workers: u32,
+    /// Lease of a claimed job.
+    pub lease: Duration,
+    /// Idle poll period.
+    pub poll: Duration,
+    /// Claims per job.
+    pub max_attempts: u32,
+    /// Cooldown per endpoint and suite.
+    pub cooldown: Duration,
+    /// Token budget per job.
+    pub budget_tokens: i64,
+    /// Items in flight per job.
+    pub concurrency: usize,
+    /// Verdict parameters.
+    pub verdict: VerdictParams,
+    /// The reference engine's base URL (the baseline "reference").
+    pub reference_url: Option<String>,
+    /// The model name the reference serves.
+    pub reference_model: Option<String>,
+    /// Verdicts are POSTed here.
+    pub webhooks: Vec<String>,
+    /// Alert → suites.
+    pub rules: Vec<Rule>,
+    /// Jobs opened by alerts run at most this many items of their suite (None: all).
+    pub max_items: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    workers: Option<u32>,
+    lease_ms: Option<u64>,
+    poll_ms: Option<u64>,
+    max_attempts: Option<u32>,
+    cooldown_ms: Option<u64>,
+    budget_tokens: Option<i64>,
+    concurrency: Option<usize>,
+    delta: Option<f64>,
+    alpha: Option<f64>,
+    looks: Option<u32>,
+    reference_url: Option<String>,
+    reference_model: Option<String>,
+    webhooks: Option<Vec<String>>,
+    rules: Option<Vec<Rule>>,
+    max_items: Option<u64>,
+}
+
+fn bad(key: &str, msg: impl Into<String>) -> EvalsError {
+    EvalsError::Config {
+        key: format!("evals.{key}"),
+        message: msg.into(),
+    }
+}
+
+/// The default alert → suite rules.
+pub fn default_rules() -> Vec<Rule> {
+    vec![
+        Rule {
+            kind: "unfaithful".into(),
+            signal: None,
+            suites: vec!["tool_calls".into()],
+        },
+        Rule {
+            kind: "passive".into(),
+            signal: Some("tool".into()),
+            suites: vec!["tool_calls".into()],
+        },
+    ]
+}
+
+impl EvalsConfig {
+    /// Parses `[evals]` (None: every default). `probes` is the raw `[probes]` table, whose
+    /// `reference.url` is the default reference.
+    pub fn parse(
+        evals: Option<&toml::Table>,
+        probes: Option<&toml::Table>,
+    ) -> Result<EvalsConfig, EvalsError> {
+        let raw: Raw = match evals {
+            None => Raw::default(),
+            Some(t) => t
+                .clone()
+                .try_into()
+                .map_err(|e: toml::de::Error| bad("", e.message().to_owned()))?,
+        };
+        let ms = |v: Option<u64>, d: u64| Duration::from_millis(v.unwrap_or(d));
+        let lease = ms(raw.lease_ms, 30_000);
+        if lease < Duration::from_millis(300) {
+            return Err(bad("lease_ms", "must be at least 300"));
+        }
+        let delta = raw.delta.unwrap_or(0.05);
+        if !(delta > 0.0 && delta < 1.0) {
+            return Err(bad("delta", "must be in (0, 1)"));
+        }
+        let alpha = raw.alpha.unwrap_or(0.01);
+        if !(alpha > 0.0 && alpha < 0.5) {
+            return Err(bad("alpha", "must be in (0, 0.5)"));
+        }
+        let looks = raw.looks.unwrap_or(4);
+        if looks == 0 {
+            return Err(bad("looks", "must be at least 1"));
+        }
+        let concurrency = raw.concurrency.unwrap_or(4);
+        if concurrency == 0 {
+            return Err(bad("concurrency", "must be at least 1"));
+        }
+        let rules = raw.rules.unwrap_or_else(default_rules);
+        for (i, r) in rules.iter().enumerate() {
+            for s in &r.suites {
+                if !KNOWN_SUITES.contains(&s.as_str()) {
+                    return Err(bad(
+                        &format!("rules[{i}].suites"),
+                        format!("unknown suite {s:?} (known: {})", KNOWN_SUITES.join(", ")),
+                    ));
+                }
+            }
+        }
+        let reference_url = raw.reference_url.or_else(|| {
+            probes
+                .and_then(|p| p.get("reference"))
+                .and_then(|r| r.get("url"))
+                .and_then(|u| u.as_str())
+                .map(str::to_owned)
+        });
+        Ok(EvalsConfig {
+            workers: raw.workers.unwrap_or(1),
+            lease,
+            poll: ms(raw.poll_ms, 2_000),
+            max_attempts: raw.max_attempts.unwrap_or(3).max(1),
+            cooldown: ms(raw.cooldown_ms, 3_600_000),
+            budget_tokens: raw.budget_tokens.unwrap_or(200_000),
+            concurrency,
+            verdict: VerdictParams {
+                delta,
+                alpha,
+                looks,
+            },
+            reference_url,
+            reference_model: raw.reference_model,
+            webhooks: raw.webhooks.unwrap_or_default(),
+            rules,
+            max_items: raw.max_items,
+        })
+    }
+
+    /// The suites the rules map an alert to, deduplicated in rule order.
+    pub fn suites_for(&self, kind: &str, evidence: &serde_json::Value) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for r in self.rules.iter().filter(|r| r.matches(kind, evidence)) {
+            for s in &r.suites {
+                if !out.contains(s) {
+                    out.push(s.clone());
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(s: &str) -> toml::Table {
+        s.parse().unwrap_or_default()
+    }
+
+    #[test]
+    fn defaults_and_reference_from_probes() {
+        let probes = table("[reference]\nbackend = \"remote\"\nurl = \"http://r:1\"");
+        let c = EvalsConfig::parse(None, Some(&probes)).map_err(|e| e.to_string());
+        let c = c.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.reference_url.as_deref(), Some("http://r:1"));
+        assert_eq!(c.verdict, VerdictParams::default());
+        assert_eq!(c.workers, 1);
+        let ev = serde_json::json!({"signal": "tool_errors"});
+        assert_eq!(c.suites_for("passive", &ev), vec!["tool_calls"]);
+        assert!(
+            c.suites_for("passive", &serde_json::json!({"signal": "degenerate"}))
+                .is_empty()
+        );
+        assert_eq!(c.suites_for("unfaithful", &ev), vec!["tool_calls"]);
+        assert!(c.suites_for("changed", &ev).is_empty());
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        for (src, key) in [
+            ("nope = 1", "nope"),
+            ("delta = 2.0", "evals.delta"),
+            ("looks = 0", "evals.looks"),
+            (
+                "[[rules]]\nkind = \"x\"\nsuites = [\"bogus\"]",
+                "evals.rules[0].suites",
+            ),
+            ("[[rules]]\nkind = \"x\"\nsuites = []\nwhat = 1", "what"),
+        ] {
+            let e = EvalsConfig::parse(Some(&table(src)), None)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains(key), "{src}: {e}");
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! samewise-evals: targeted eval jobs (issue #10). When a cheap signal fires (a probe alert,
+//! a passive finding), or an operator asks, a job runs a suite of items against the suspect
+//! endpoint and a baseline (the reference engine or a healthy peer), and its verdict —
+//! pass rates with Wilson intervals, McNemar's exact paired test, "degraded" /
+//! "equivalent" / "inconclusive" / "n/a" with stated parameters — lands on the job, on the
+//! alert's evidence and at the webhooks.
+//!
+//! API boundary: the queue (claims, leases, results written once) lives in `samewise-store`;
+//! the tool-call rules in `samewise-toolcheck`. This crate owns the suites and their data,
+//! the statistics, the worker loop and the alert → job rules; it knows neither the proxy
+//! nor the probes (the binary composes targets from the proxy's config, and alerts are read
+//! from the store).
+//!
+//! # Layout
+//! - [`config`]: the `[evals]` section ([`EvalsConfig`]).
+//! - [`stats`]: Wilson, McNemar exact, the paired-difference interval, the verdict rule and
+//!   its sequential looks.
+//! - [`target`]: [`Target`]s (OpenAI-compatible endpoints) and the HTTP client.
+//! - [`tool_calls`]: the `tool_calls` suite (data in `data/tool_calls.json`).
+//! - [`report`]: the verdict document from a job's stored results.
+//! - [`worker`]: [`Worker`] (claim, run items on both targets, heartbeat, stop early,
+//!   finish) and the alert watcher that opens jobs.
+
+pub mod config;
+pub mod report;
+pub mod stats;
+pub mod target;
+pub mod tool_calls;
+pub mod worker;
+
+pub use config::EvalsConfig;
+pub use stats::{Verdict, VerdictParams};
+pub use target::{Target, Targets};
+pub use worker::{AlertWatcher, Worker, WorkerSettings};
+
+/// Everything that can go wrong in an eval.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalsError {
+    /// A bad `[evals]` key.
+    #[error("config key {key}: {message}")]
+    Config {
+        /// The key, e.g. `evals.delta`.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A suite's data or name.
+    #[error("suite: {0}")]
+    Suite(String),
+    /// A job names an endpoint the worker does not know.
+    #[error(
+        "unknown endpoint {0:?} (not in the config, and not \"reference\" with a reference URL)"
+    )]
+    UnknownTarget(String),
+    /// An HTTP exchange with a target failed.
+    #[error("HTTP: {0}")]
+    Http(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] samewise_store::StoreError),
+    /// The job's lease was lost (taken over after expiry, or the job was cancelled).
+    #[error("lost the lease of job {0}")]
+    LeaseLost(i64),
+}

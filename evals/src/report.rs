@@ -1,0 +1,106 @@
+//! The verdict document of a job, computed from its stored results (so a resumed job's
+//! verdict counts every item once, whoever wrote it): per side, the pass rate with its
+//! Wilson 95% interval and failures by bucket; the paired table, McNemar's p-value, the
+//! difference and its interval; the verdict and its parameters; suite extras.
+
+use std::collections::BTreeMap;
+
+use samewise_store::EvalResult;
+use serde_json::{Value, json};
+
+use crate::stats::{Decision, Paired, VerdictParams, decide, wilson};
+
+/// The paired table over items answered by both sides, in `order` (item ids).
+pub fn paired(order: &[String], results: &[EvalResult]) -> Paired {
+    let mut by: BTreeMap<(&str, &str), bool> = BTreeMap::new();
+    for r in results {
+        by.insert((r.item.as_str(), r.target.as_str()), r.passed);
+    }
+    let mut t = Paired::default();
+    for id in order {
+        if let (Some(s), Some(b)) = (
+            by.get(&(id.as_str(), "suspect")),
+            by.get(&(id.as_str(), "baseline")),
+        ) {
+            t.add(*s, *b);
+        }
+    }
+    t
+}
+
+fn side(k: u64, n: u64, results: &[EvalResult], role: &str) -> Value {
+    let mut buckets: BTreeMap<&str, u64> = BTreeMap::new();
+    for r in results.iter().filter(|r| r.target == role) {
+        if let Some(e) = &r.error_type {
+            *buckets.entry(e.as_str()).or_default() += 1;
+        }
+    }
+    json!({
+        "passed": k,
+        "n": n,
+        "rate": (n > 0).then(|| k as f64 / n as f64),
+        "wilson95": wilson(k, n, 0.95).map(|(a, b)| [a, b]),
+        "failures": buckets,
+    })
+}
+
+/// Where a job stopped and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stop {
+    /// Looks taken.
+    pub looks_done: u32,
+    /// "decided" | "all_items" | "budget".
+    pub reason: &'static str,
+    /// Items in the suite.
+    pub items_total: usize,
+    /// Wall time of this run of the job, milliseconds.
+    pub wall_ms: i64,
+}
+
+/// The verdict document.
+pub fn document(
+    suite: &str,
+    t: &Paired,
+    d: &Decision,
+    params: &VerdictParams,
+    results: &[EvalResult],
+    stop: &Stop,
+    extras: Value,
+) -> Value {
+    let n = t.n();
+    json!({
+        "suite": suite,
+        "verdict": d.verdict.as_str(),
+        "items": n,
+        "items_total": stop.items_total,
+        "suspect": side(t.suspect_pass(), n, results, "suspect"),
+        "baseline": side(t.baseline_pass(), n, results, "baseline"),
+        "paired": {
+            "both_pass": t.both_pass,
+            "suspect_only": t.suspect_only,
+            "baseline_only": t.baseline_only,
+            "both_fail": t.both_fail,
+        },
+        "diff": d.diff,
+        "diff_interval": d.diff_interval.map(|(a, b)| [a, b]),
+        "diff_interval_level": d.interval_level,
+        "p_value": d.p_value,
+        "params": {
+            "delta": params.delta,
+            "alpha": params.alpha,
+            "looks": params.looks,
+            "alpha_per_look": d.look_alpha,
+            "test": "McNemar exact, two-sided; Agresti-Min interval; Bonferroni over looks",
+        },
+        "looks_done": stop.looks_done,
+        "stopped": stop.reason,
+        "tokens": results.iter().map(|r| r.tokens).sum::<i64>(),
+        "wall_ms": stop.wall_ms,
+        "extras": extras,
+    })
+}
+
+/// Decides `t` under `params` (re-exported for callers that only hold a table).
+pub fn decide_table(t: &Paired, params: &VerdictParams) -> Decision {
+    decide(t, params)
+}

@@ -1,0 +1,360 @@
+//! The statistics behind a verdict: Wilson 95% intervals of each side's pass rate, McNemar's
+//! exact test on the discordant pairs (both sides answer the same items), an interval for
+//! the paired difference of pass rates (Agresti–Min: the adjusted Wald interval with ½ added
+//! to each cell of the 2×2 table), and the verdict rule with sequential looks.
+//!
+//! Sequential stopping: a job looks at its results at `looks` fixed points (after ⌈j·N/K⌉
+//! items, j = 1..K) and stops at the first look that decides. Each look spends α/K on
+//! "degraded" and (1 − level)/K on "equivalent" (Bonferroni), so over the whole job the
+//! chance of a false "degraded" is at most α and of a false "equivalent" at most 5%,
+//! whichever look decides.
+
+use statrs::distribution::{ContinuousCDF, Normal};
+
+/// The verdict of one suite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// The suspect is worse than the baseline, significantly and by more than δ.
+    Degraded,
+    /// The paired difference's interval lies within ±δ.
+    Equivalent,
+    /// Neither, with the items seen.
+    Inconclusive,
+    /// No item to judge.
+    NotApplicable,
+}
+
+impl Verdict {
+    /// "degraded" | "equivalent" | "inconclusive" | "n/a".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Degraded => "degraded",
+            Verdict::Equivalent => "equivalent",
+            Verdict::Inconclusive => "inconclusive",
+            Verdict::NotApplicable => "n/a",
+        }
+    }
+
+    /// Whether a look with this verdict stops the job.
+    pub fn decided(self) -> bool {
+        matches!(self, Verdict::Degraded | Verdict::Equivalent)
+    }
+}
+
+/// The verdict's parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VerdictParams {
+    /// Margin δ, as a fraction (0.05 = 5 points).
+    pub delta: f64,
+    /// Significance α of "degraded", over the whole job.
+    pub alpha: f64,
+    /// Fixed looks (≥ 1).
+    pub looks: u32,
+}
+
+impl Default for VerdictParams {
+    fn default() -> Self {
+        VerdictParams {
+            delta: 0.05,
+            alpha: 0.01,
+            looks: 4,
+        }
+    }
+}
+
+/// Paired outcomes of one suite: counts of the 2×2 table (suspect × baseline).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Paired {
+    /// Both passed.
+    pub both_pass: u64,
+    /// Suspect passed, baseline failed.
+    pub suspect_only: u64,
+    /// Baseline passed, suspect failed.
+    pub baseline_only: u64,
+    /// Both failed.
+    pub both_fail: u64,
+}
+
+impl Paired {
+    /// Adds one item answered by both sides.
+    pub fn add(&mut self, suspect: bool, baseline: bool) {
+        match (suspect, baseline) {
+            (true, true) => self.both_pass += 1,
+            (true, false) => self.suspect_only += 1,
+            (false, true) => self.baseline_only += 1,
+            (false, false) => self.both_fail += 1,
+        }
+    }
+
+    /// Items.
+    pub fn n(&self) -> u64 {
+        self.both_pass + self.suspect_only + self.baseline_only + self.both_fail
+    }
+
+    /// Suspect passes.
+    pub fn suspect_pass(&self) -> u64 {
+        self.both_pass + self.suspect_only
+    }
+
+    /// Baseline passes.
+    pub fn baseline_pass(&self) -> u64 {
+        self.both_pass + self.baseline_only
+    }
+
+    /// Suspect rate − baseline rate; None without items.
+    pub fn diff(&self) -> Option<f64> {
+        let n = self.n();
+        (n > 0).then(|| (self.suspect_only as f64 - self.baseline_only as f64) / n as f64)
+    }
+}
+
+/// The two-sided standard normal quantile for confidence `level` (0.95 → 1.96).
+pub fn z_for(level: f64) -> f64 {
+    let level = level.clamp(1e-9, 1.0 - 1e-12);
+    match Normal::new(0.0, 1.0) {
+        Ok(n) => n.inverse_cdf(0.5 + level / 2.0),
+        Err(_) => 1.959_963_984_540_054,
+    }
+}
+
+/// Wilson score interval of `k` passes in `n` at confidence `level`; None when `n` is 0.
+pub fn wilson(k: u64, n: u64, level: f64) -> Option<(f64, f64)> {
+    if n == 0 {
+        return None;
+    }
+    let z = z_for(level);
+    let (k, n) = (k.min(n) as f64, n as f64);
+    let p = k / n;
+    let z2 = z * z;
+    let centre = (p + z2 / (2.0 * n)) / (1.0 + z2 / n);
+    let half = z / (1.0 + z2 / n) * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt();
+    Some(((centre - half).max(0.0), (centre + half).min(1.0)))
+}
+
+/// ln C(n, k).
+fn ln_choose(n: u64, k: u64) -> f64 {
+    statrs::function::factorial::ln_binomial(n, k)
+}
+
+/// McNemar's exact test: the two-sided p-value of `b` vs `c` discordant pairs under
+/// Binomial(b + c, ½). 1 when there is no discordant pair.
+pub fn mcnemar_exact(b: u64, c: u64) -> f64 {
+    let n = b + c;
+    if n == 0 {
+        return 1.0;
+    }
+    let m = b.min(c);
+    let tail: f64 = (0..=m)
+        .map(|i| (ln_choose(n, i) - n as f64 * std::f64::consts::LN_2).exp())
+        .sum();
+    (2.0 * tail).min(1.0)
+}
+
+/// Agresti–Min interval of the paired difference (suspect − baseline) at confidence
+/// `level`; None without items.
+pub fn paired_diff_interval(t: &Paired, level: f64) -> Option<(f64, f64)> {
+    if t.n() == 0 {
+        return None;
+    }
+    let z = z_for(level);
+    let n = t.n() as f64 + 2.0;
+    let p_s = (t.suspect_only as f64 + 0.5) / n;
+    let p_b = (t.baseline_only as f64 + 0.5) / n;
+    let d = p_s - p_b;
+    let var = ((p_s + p_b) - d * d) / n;
+    let half = z * var.max(0.0).sqrt();
+    Some(((d - half).max(-1.0), (d + half).min(1.0)))
+}
+
+/// The outcome of one look.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decision {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// McNemar's exact p-value.
+    pub p_value: f64,
+    /// Suspect − baseline pass rate.
+    pub diff: Option<f64>,
+    /// The paired difference's interval at this look's Bonferroni level.
+    pub diff_interval: Option<(f64, f64)>,
+    /// α spent at this look (α / looks).
+    pub look_alpha: f64,
+    /// Confidence level of `diff_interval` (1 − 0.05 / looks).
+    pub interval_level: f64,
+}
+
+/// The verdict rule at one look: degraded when the suspect is worse by more than δ with
+/// p < α/K; equivalent when the (1 − 0.05/K) interval of the difference lies within ±δ;
+/// otherwise inconclusive; n/a without items.
+pub fn decide(t: &Paired, p: &VerdictParams) -> Decision {
+    let looks = f64::from(p.looks.max(1));
+    let look_alpha = p.alpha / looks;
+    let interval_level = 1.0 - 0.05 / looks;
+    let p_value = mcnemar_exact(t.baseline_only, t.suspect_only);
+    let diff = t.diff();
+    let diff_interval = paired_diff_interval(t, interval_level);
+    let verdict = match (diff, diff_interval) {
+        (None, _) | (_, None) => Verdict::NotApplicable,
+        (Some(d), Some((lo, hi))) => {
+            if d < -p.delta && t.baseline_only > t.suspect_only && p_value < look_alpha {
+                Verdict::Degraded
+            } else if lo >= -p.delta && hi <= p.delta {
+                Verdict::Equivalent
+            } else {
+                Verdict::Inconclusive
+            }
+        }
+    };
+    Decision {
+        verdict,
+        p_value,
+        diff,
+        diff_interval,
+        look_alpha,
+        interval_level,
+    }
+}
+
+/// The item counts after which a job of `n` items looks: ⌈j·n/K⌉ for j = 1..K, deduplicated.
+pub fn look_points(n: usize, looks: u32) -> Vec<usize> {
+    let k = looks.max(1) as usize;
+    let mut out: Vec<usize> = (1..=k)
+        .map(|j| (j * n).div_ceil(k))
+        .filter(|&x| x > 0)
+        .collect();
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn close(a: f64, b: f64, tol: f64) -> bool {
+        (a - b).abs() <= tol
+    }
+
+    #[test]
+    fn wilson_matches_published_values() {
+        // 81/263 at 95%: 0.2553..0.3662 (Wilson 1927 / Newcombe 1998 example)
+        let (lo, hi) = wilson(81, 263, 0.95).unwrap_or((0.0, 0.0));
+        assert!(
+            close(lo, 0.2553, 5e-4) && close(hi, 0.3662, 5e-4),
+            "{lo} {hi}"
+        );
+        let (lo, hi) = wilson(0, 10, 0.95).unwrap_or((1.0, 1.0));
+        assert!(lo.abs() < 1e-12 && close(hi, 0.2775, 5e-4), "{lo} {hi}");
+        assert_eq!(wilson(0, 0, 0.95), None);
+        assert!(close(z_for(0.95), 1.959_964, 1e-5));
+    }
+
+    #[test]
+    fn mcnemar_exact_is_the_binomial_tail() {
+        assert_eq!(mcnemar_exact(0, 0), 1.0);
+        // 10 vs 0: 2 · 0.5^10
+        assert!(close(mcnemar_exact(10, 0), 2.0 * 0.5f64.powi(10), 1e-12));
+        assert!(close(mcnemar_exact(0, 10), 2.0 * 0.5f64.powi(10), 1e-12));
+        // 1 vs 5: 2 · (1 + 6) / 64
+        assert!(close(mcnemar_exact(1, 5), 14.0 / 64.0, 1e-12));
+        assert_eq!(mcnemar_exact(3, 3), 1.0);
+    }
+
+    #[test]
+    fn paired_interval_is_centred_and_shrinks() {
+        let mut t = Paired::default();
+        for _ in 0..100 {
+            t.add(true, true);
+        }
+        let (lo, hi) = paired_diff_interval(&t, 0.95).unwrap_or((-1.0, 1.0));
+        assert!(close(lo, -hi, 1e-12) && hi < 0.02, "{lo} {hi}");
+        let mut small = Paired::default();
+        for _ in 0..10 {
+            small.add(true, true);
+        }
+        let (_, hi_small) = paired_diff_interval(&small, 0.95).unwrap_or((-1.0, 1.0));
+        assert!(hi_small > hi);
+    }
+
+    #[test]
+    fn verdicts_each_reachable() {
+        let p = VerdictParams {
+            looks: 1,
+            ..VerdictParams::default()
+        };
+        assert_eq!(
+            decide(&Paired::default(), &p).verdict,
+            Verdict::NotApplicable
+        );
+        // the suspect fails 20 of 40 items the baseline passes
+        let t = Paired {
+            both_pass: 20,
+            baseline_only: 20,
+            ..Paired::default()
+        };
+        let d = decide(&t, &p);
+        assert_eq!(d.verdict, Verdict::Degraded, "{d:?}");
+        assert!(d.p_value < 1e-5 && d.diff == Some(-0.5));
+        // the same answers on 200 items
+        let t = Paired {
+            both_pass: 150,
+            both_fail: 50,
+            ..Paired::default()
+        };
+        assert_eq!(decide(&t, &p).verdict, Verdict::Equivalent);
+        // 12 items, all the same: too few for ±5 points
+        let t = Paired {
+            both_pass: 12,
+            ..Paired::default()
+        };
+        assert_eq!(decide(&t, &p).verdict, Verdict::Inconclusive);
+        // better, not worse: never degraded
+        let t = Paired {
+            suspect_only: 20,
+            both_pass: 20,
+            ..Paired::default()
+        };
+        assert_eq!(decide(&t, &p).verdict, Verdict::Inconclusive);
+    }
+
+    #[test]
+    fn looks_split_alpha() {
+        // 9 vs 0 discordant: p = 0.0039 < 0.01 with one look, not with 4 (α/4 = 0.0025)
+        let t = Paired {
+            both_pass: 11,
+            baseline_only: 9,
+            ..Paired::default()
+        };
+        let one = VerdictParams {
+            looks: 1,
+            ..VerdictParams::default()
+        };
+        assert_eq!(decide(&t, &one).verdict, Verdict::Degraded);
+        assert_eq!(
+            decide(&t, &VerdictParams::default()).verdict,
+            Verdict::Inconclusive
+        );
+        assert_eq!(look_points(10, 4), vec![3, 5, 8, 10]);
+        assert_eq!(look_points(2, 4), vec![1, 2]);
+        assert_eq!(look_points(0, 4), Vec::<usize>::new());
+    }
+
+    proptest! {
+        #[test]
+        fn intervals_are_ordered_and_bounded(k in 0u64..200, extra in 0u64..200, b in 0u64..50, c in 0u64..50, s in 0u64..50) {
+            let n = k + extra;
+            if let Some((lo, hi)) = wilson(k, n, 0.95) {
+                prop_assert!(0.0 <= lo && lo <= k as f64 / n as f64 + 1e-12);
+                prop_assert!(hi <= 1.0 && hi + 1e-12 >= k as f64 / n as f64);
+            }
+            let t = Paired { both_pass: s, suspect_only: c, baseline_only: b, both_fail: 0 };
+            let p = mcnemar_exact(b, c);
+            prop_assert!((0.0..=1.0).contains(&p));
+            prop_assert!((p - mcnemar_exact(c, b)).abs() < 1e-12);
+            if let Some((lo, hi)) = paired_diff_interval(&t, 0.95) {
+                prop_assert!(-1.0 <= lo && lo <= hi && hi <= 1.0);
+            }
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! Targets: the OpenAI-compatible endpoints a job talks to — the suspect (a provider's
+//! endpoint as the proxy config declares it: base URL, API key from the environment, the
+//! provider's model id) and the baseline (the reference engine, or a healthy peer).
+//! Requests go straight to the endpoint, never through the gateway, so eval traffic is
+//! neither routed elsewhere nor recorded as user traffic.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::EvalsError;
+
+/// Label of the reference engine as a baseline.
+pub const REFERENCE: &str = "reference";
+
+/// One endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The label (`provider/model-id`, or "reference").
+    pub label: String,
+    /// The OpenAI base URL (`.../v1` or the server root; `/v1/...` is appended when absent).
+    pub base_url: String,
+    /// The bearer key, read from the environment by the caller.
+    pub api_key: Option<String>,
+    /// The model name sent in requests.
+    pub model: String,
+}
+
+/// An answer and what it cost.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// The response body.
+    pub body: Value,
+    /// prompt + completion tokens (`usage`; 0 when absent).
+    pub tokens: i64,
+}
+
+/// Every endpoint a worker may be asked about, by label.
+#[derive(Debug, Clone, Default)]
+pub struct Targets {
+    by_label: BTreeMap<String, Target>,
+    client: reqwest::Client,
+}
+
+impl Targets {
+    /// The targets, with an HTTP client whose requests time out after `timeout`.
+    pub fn new(targets: Vec<Target>, timeout: Duration) -> Result<Targets, EvalsError> {
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| EvalsError::Http(format!("building the HTTP client: {e}")))?;
+        Ok(Targets {
+            by_label: targets.into_iter().map(|t| (t.label.clone(), t)).collect(),
+            client,
+        })
+    }
+
+    /// The target labelled `label`.
+    pub fn get(&self, label: &str) -> Result<&Target, EvalsError> {
+        self.by_label
+            .get(label)
+            .ok_or_else(|| EvalsError::UnknownTarget(label.to_owned()))
+    }
+
+    /// Labels known.
+    pub fn labels(&self) -> impl Iterator<Item = &str> {
+        self.by_label.keys().map(String::as_str)
+    }
+
+    /// POSTs `body` (its `model` set to the target's) to `path` (e.g. "chat/completions").
+    pub async fn post(
+        &self,
+        t: &Target,
+        path: &str,
+        mut body: Value,
+    ) -> Result<Answer, EvalsError> {
+        if let Some(o) = body.as_object_mut() {
+            o.insert("model".into(), Value::String(t.model.clone()));
+        }
+        let base = t.base_url.trim_end_matches('/');
+        let url = if base.ends_with("/v1") {
+            format!("{base}/{path}")
+        } else {
+            format!("{base}/v1/{path}")
+        };
+        let payload = serde_json::to_vec(&body)
+            .map_err(|e| EvalsError::Http(format!("{}: encoding the request: {e}", t.label)))?;
+        let mut req = self
+            .client
+            .post(&url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(payload);
+        if let Some(k) = &t.api_key {
+            req = req.bearer_auth(k);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| EvalsError::Http(format!("{}: {e}", t.label)))?;
+        let status = resp.status();
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| EvalsError::Http(format!("{}: reading the body: {e}", t.label)))?;
+        if !status.is_success() {
+            let snippet: String = text.chars().take(300).collect();
+            return Err(EvalsError::Http(format!(
+                "{}: HTTP {status}: {snippet}",
+                t.label
+            )));
+        }
+        let body: Value = serde_json::from_str(&text)
+            .map_err(|e| EvalsError::Http(format!("{}: the body is not JSON: {e}", t.label)))?;
+        let tokens = body
+            .pointer("/usage/total_tokens")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        Ok(Answer { body, tokens })
+    }
+}

@@ -1,0 +1,265 @@
+//! The `tool_calls` suite: items authored in this repo (`data/tool_calls.json`), each a
+//! question with the tools offered and BFCL-style ground truth, asked after a few-shot
+//! dialog that teaches the answer format. Call items send `tool_choice: "required"`,
+//! irrelevance items `"auto"`. An answer is scored by [`samewise_toolcheck::bfcl::check`];
+//! over the job, K2-Vendor-Verifier's trigger F1 (finish reason `tool_calls` on the suspect
+//! vs the baseline) and schema accuracy (the suspect's calls valid for their schema).
+
+use samewise_store::EvalResult;
+use samewise_toolcheck::bfcl::{self, ActualCall, Category, ExpectedCall};
+use samewise_toolcheck::vendor::{SchemaAccuracy, trigger_f1};
+use samewise_toolcheck::{ToolCall, ToolSet};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::EvalsError;
+use crate::target::{Target, Targets};
+
+const DATA: &str = include_str!("../data/tool_calls.json");
+
+#[derive(Debug, Clone, Deserialize)]
+struct Doc {
+    tools: Vec<Value>,
+    few_shot: Vec<Value>,
+    items: Vec<RawItem>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct RawItem {
+    id: String,
+    category: String,
+    tools: Vec<String>,
+    prompt: String,
+    expected: Vec<RawExpected>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct RawExpected {
+    name: String,
+    args: serde_json::Map<String, Value>,
+}
+
+/// One item, ready to send.
+#[derive(Debug, Clone)]
+pub struct Item {
+    /// Unique within the suite.
+    pub id: String,
+    /// BFCL category.
+    pub category: Category,
+    /// The offered tools (OpenAI form).
+    pub tools: Vec<Value>,
+    /// The chat request (without `model`).
+    pub request: Value,
+    /// Ground truth.
+    pub expected: Vec<ExpectedCall>,
+}
+
+/// The suite's items, from the shipped data file.
+pub fn items() -> Result<Vec<Item>, EvalsError> {
+    let doc: Doc = serde_json::from_str(DATA)
+        .map_err(|e| EvalsError::Suite(format!("tool_calls.json: {e}")))?;
+    let mut out = Vec::with_capacity(doc.items.len());
+    for it in doc.items {
+        let category = Category::parse(&it.category).ok_or_else(|| {
+            EvalsError::Suite(format!(
+                "item {}: unknown category {:?}",
+                it.id, it.category
+            ))
+        })?;
+        let mut tools = Vec::new();
+        for name in &it.tools {
+            let t = doc
+                .tools
+                .iter()
+                .find(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(name))
+                .ok_or_else(|| EvalsError::Suite(format!("item {}: no tool {name:?}", it.id)))?;
+            tools.push(t.clone());
+        }
+        let mut messages = doc.few_shot.clone();
+        messages.push(json!({"role": "user", "content": it.prompt}));
+        let tool_choice = if category == Category::Irrelevance {
+            "auto"
+        } else {
+            "required"
+        };
+        let request = json!({
+            "messages": messages,
+            "tools": tools,
+            "tool_choice": tool_choice,
+            "temperature": 0,
+            "max_tokens": 96,
+        });
+        out.push(Item {
+            id: it.id,
+            category,
+            tools,
+            request,
+            expected: it
+                .expected
+                .into_iter()
+                .map(|e| ExpectedCall {
+                    name: e.name,
+                    args: e.args,
+                })
+                .collect(),
+        });
+    }
+    Ok(out)
+}
+
+/// Asks `target` item `item` and scores the answer. A failed request is a failed item
+/// (`request_error`), recorded with the error.
+pub async fn run(targets: &Targets, target: &Target, role: &str, item: &Item) -> EvalResult {
+    let answer = targets
+        .post(target, "chat/completions", item.request.clone())
+        .await;
+    let (message, finish, tokens, request_error) = match &answer {
+        Ok(a) => (
+            a.body
+                .pointer("/choices/0/message")
+                .cloned()
+                .unwrap_or(Value::Null),
+            a.body
+                .pointer("/choices/0/finish_reason")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            a.tokens,
+            None,
+        ),
+        Err(e) => (Value::Null, None, 0, Some(e.to_string())),
+    };
+    let calls: Vec<ActualCall> = message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .map(|cs| {
+            cs.iter()
+                .map(|c| ActualCall {
+                    name: c
+                        .pointer("/function/name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_owned(),
+                    arguments: c
+                        .pointer("/function/arguments")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_owned(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let checked = match &request_error {
+        Some(e) => Err(("request_error".to_owned(), e.clone())),
+        None => bfcl::check(item.category, &item.tools, &item.expected, &calls)
+            .map_err(|f| (f.error.as_str().to_owned(), f.detail)),
+    };
+    let (passed, error_type, detail) = match checked {
+        Ok(()) => (true, None, None),
+        Err((t, d)) => (false, Some(t), Some(d)),
+    };
+    EvalResult {
+        item: item.id.clone(),
+        target: role.to_owned(),
+        passed,
+        error_type: error_type.clone(),
+        tokens,
+        record: json!({
+            "request": item.request,
+            "endpoint": target.label,
+            "category": item.category.as_str(),
+            "answer": message,
+            "finish_reason": finish,
+            "calls": calls.iter().map(|c| json!({"name": c.name, "arguments": c.arguments})).collect::<Vec<_>>(),
+            "check": {"passed": passed, "error_type": error_type, "detail": detail},
+        }),
+    }
+}
+
+/// Trigger F1 and schema accuracy over the items both sides answered.
+pub fn extras(items: &[Item], results: &[EvalResult]) -> Value {
+    let find = |id: &str, role: &str| results.iter().find(|r| r.item == id && r.target == role);
+    let called = |r: &EvalResult| r.record["finish_reason"] == "tool_calls";
+    let mut pairs = Vec::new();
+    let mut schema = SchemaAccuracy::default();
+    let mut schema_base = SchemaAccuracy::default();
+    for it in items {
+        let (Some(s), Some(b)) = (find(&it.id, "suspect"), find(&it.id, "baseline")) else {
+            continue;
+        };
+        pairs.push((called(b), called(s)));
+        let set = ToolSet::from_request_tools(&Value::Array(it.tools.clone()));
+        for (r, acc) in [(s, &mut schema), (b, &mut schema_base)] {
+            let calls: Vec<ToolCall> = r.record["calls"]
+                .as_array()
+                .map(|cs| {
+                    cs.iter()
+                        .map(|c| ToolCall {
+                            name: c["name"].as_str().map(str::to_owned),
+                            arguments: c["arguments"].as_str().unwrap_or("").to_owned(),
+                            ..ToolCall::default()
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            acc.add(&set, &calls);
+        }
+    }
+    let f1 = trigger_f1(&pairs);
+    json!({
+        "trigger_f1": f1.map_or(json!("n/a"), |v| json!(v)),
+        "schema_accuracy": {
+            "suspect": schema.rate().map_or(json!("n/a"), |v| json!(v)),
+            "suspect_calls": schema.calls,
+            "baseline": schema_base.rate().map_or(json!("n/a"), |v| json!(v)),
+            "baseline_calls": schema_base.calls,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_items_load_and_their_ground_truth_passes_itself() {
+        let items = items().unwrap_or_default();
+        assert!(items.len() >= 20, "{}", items.len());
+        let mut ids: Vec<&str> = items.iter().map(|i| i.id.as_str()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), items.len(), "duplicate item ids");
+        for it in &items {
+            // the first allowed value of each expected parameter is a passing answer
+            let calls: Vec<ActualCall> = it
+                .expected
+                .iter()
+                .map(|e| {
+                    let args: serde_json::Map<String, Value> = e
+                        .args
+                        .iter()
+                        .filter_map(|(k, v)| {
+                            let first = v.as_array()?.first()?.clone();
+                            (first != "").then(|| (k.clone(), first))
+                        })
+                        .collect();
+                    ActualCall {
+                        name: e.name.clone(),
+                        arguments: Value::Object(args).to_string(),
+                    }
+                })
+                .collect();
+            assert_eq!(
+                bfcl::check(it.category, &it.tools, &it.expected, &calls),
+                Ok(()),
+                "{}",
+                it.id
+            );
+            let want = if it.category == Category::Irrelevance {
+                "auto"
+            } else {
+                "required"
+            };
+            assert_eq!(it.request["tool_choice"], want);
+        }
+    }
+}

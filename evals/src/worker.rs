@@ -1,0 +1,409 @@
+//! The job worker and the alert watcher.
+//!
+//! [`Worker::run`] claims jobs (a lease, renewed by heartbeats every lease/3 while the job
+//! runs), runs each item on the suspect and the baseline (items already stored — a job
+//! resumed after its worker died — are skipped), writes each result once, looks at the
+//! paired results at the fixed look points and stops as soon as the verdict is decided or
+//! the token budget is spent, then finishes the job with its verdict document, attaches it
+//! to the alert that opened the job and POSTs it to the webhooks; a "degraded" verdict also
+//! raises an `eval_degraded` alert on the endpoint, which routing honours (`on_drift`). A worker that loses its
+//! lease stops at once; a cancelled worker stops and leaves its lease to expire.
+//!
+//! [`AlertWatcher::run`] polls the store's active alerts and opens the suites the rules map
+//! each one to, against the reference; the per-endpoint cooldown is taken in the database,
+//! so several gateways open one job.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use samewise_store::{EvalJob, JobState, Lease, NewEvalJob, Store};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::EvalsConfig;
+use crate::report::{Stop, document, paired};
+use crate::stats::{VerdictParams, decide, look_points};
+use crate::target::Targets;
+use crate::{EvalsError, tool_calls};
+
+/// How one worker behaves.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    /// Unique among live workers (host, pid, index).
+    pub id: String,
+    /// Lease of a claimed job.
+    pub lease: Duration,
+    /// Idle poll period.
+    pub poll: Duration,
+    /// Token budget per job (a job's `params.budget_tokens` overrides it).
+    pub budget_tokens: i64,
+    /// Items in flight.
+    pub concurrency: usize,
+    /// Verdict parameters (a job's `params` may override delta, alpha, looks).
+    pub verdict: VerdictParams,
+    /// Verdicts are POSTed here.
+    pub webhooks: Vec<String>,
+}
+
+impl WorkerSettings {
+    /// Settings from the config, with worker id `id`.
+    pub fn from_config(cfg: &EvalsConfig, id: String) -> WorkerSettings {
+        WorkerSettings {
+            id,
+            lease: cfg.lease,
+            poll: cfg.poll,
+            budget_tokens: cfg.budget_tokens,
+            concurrency: cfg.concurrency,
+            verdict: cfg.verdict,
+            webhooks: cfg.webhooks.clone(),
+        }
+    }
+}
+
+/// A job worker.
+#[derive(Debug, Clone)]
+pub struct Worker {
+    store: Store,
+    targets: Arc<Targets>,
+    settings: WorkerSettings,
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl Worker {
+    /// A worker over `store`, reaching endpoints through `targets`.
+    pub fn new(store: Store, targets: Arc<Targets>, settings: WorkerSettings) -> Worker {
+        Worker {
+            store,
+            targets,
+            settings,
+        }
+    }
+
+    /// Claims and runs jobs until `cancel`. Errors of one job fail that job (or, for a lost
+    /// lease, leave it to its new holder); store errors are logged and retried after a poll.
+    pub async fn run(&self, cancel: CancellationToken) {
+        loop {
+            if cancel.is_cancelled() {
+                return;
+            }
+            match self.run_next(&cancel).await {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => tracing::warn!(worker = %self.settings.id, error = %e, "eval worker"),
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(self.settings.poll) => {}
+            }
+        }
+    }
+
+    /// Claims one job and runs it to its end. Ok(false) when nothing was claimable.
+    pub async fn run_next(&self, cancel: &CancellationToken) -> Result<bool, EvalsError> {
+        let now = samewise_store::now_ms();
+        let Some((job, lease)) = self
+            .store
+            .claim_eval_job(&self.settings.id, now, ms(self.settings.lease))
+            .await?
+        else {
+            return Ok(false);
+        };
+        tracing::info!(job = job.id, suite = %job.suite, endpoint = %job.endpoint, attempt = lease.attempt, worker = %self.settings.id, "eval job claimed");
+        let work = self.work(&job, &lease);
+        tokio::pin!(work);
+        let mut beat = tokio::time::interval(self.settings.lease / 3);
+        beat.tick().await;
+        let outcome = loop {
+            tokio::select! {
+                r = &mut work => break r,
+                () = cancel.cancelled() => return Ok(true),
+                _ = beat.tick() => {
+                    let alive = self.store.heartbeat_eval_job(&lease, samewise_store::now_ms(), ms(self.settings.lease), None).await?;
+                    if !alive {
+                        break Err(EvalsError::LeaseLost(job.id));
+                    }
+                }
+            }
+        };
+        match outcome {
+            Ok(verdict) => self.publish(&job, &verdict).await,
+            Err(EvalsError::LeaseLost(id)) => {
+                tracing::warn!(job = id, "lost the lease; the job continues elsewhere");
+            }
+            Err(e) => {
+                tracing::warn!(job = job.id, error = %e, "eval job failed");
+                self.store
+                    .finish_eval_job(
+                        &lease,
+                        JobState::Failed,
+                        None,
+                        Some(&e.to_string()),
+                        samewise_store::now_ms(),
+                    )
+                    .await?;
+            }
+        }
+        Ok(true)
+    }
+
+    fn params(&self, job: &EvalJob) -> (VerdictParams, i64) {
+        let p = &job.params;
+        let d = self.settings.verdict;
+        let verdict = VerdictParams {
+            delta: p["delta"].as_f64().unwrap_or(d.delta),
+            alpha: p["alpha"].as_f64().unwrap_or(d.alpha),
+            looks: p["looks"]
+                .as_u64()
+                .and_then(|v| u32::try_from(v).ok())
+                .unwrap_or(d.looks)
+                .max(1),
+        };
+        let budget = p["budget_tokens"]
+            .as_i64()
+            .unwrap_or(self.settings.budget_tokens);
+        (verdict, budget)
+    }
+
+    /// Runs the job's items under `lease` and finishes it; returns the verdict document.
+    async fn work(&self, job: &EvalJob, lease: &Lease) -> Result<Value, EvalsError> {
+        let started = Instant::now();
+        if job.suite != "tool_calls" {
+            return Err(EvalsError::Suite(format!("unknown suite {:?}", job.suite)));
+        }
+        let mut items = tool_calls::items()?;
+        if let Some(n) = job.params["max_items"].as_u64() {
+            items.truncate(usize::try_from(n).unwrap_or(usize::MAX));
+        }
+        let suspect = self.targets.get(&job.endpoint)?.clone();
+        let baseline = self.targets.get(&job.baseline)?.clone();
+        let (params, budget) = self.params(job);
+        let total = items.len();
+        let alive = self
+            .store
+            .heartbeat_eval_job(
+                lease,
+                samewise_store::now_ms(),
+                ms(self.settings.lease),
+                u32::try_from(total).ok(),
+            )
+            .await?;
+        if !alive {
+            return Err(EvalsError::LeaseLost(job.id));
+        }
+        let order: Vec<String> = items.iter().map(|i| i.id.clone()).collect();
+        let mut looks_done = 0u32;
+        let mut from = 0usize;
+        let mut reason = "all_items";
+        for point in look_points(total, params.looks) {
+            let done = self.store.eval_results(job.id).await?;
+            let has = |id: &str, role: &str| done.iter().any(|r| r.item == id && r.target == role);
+            // (item, is the suspect): owned, so the stream's futures borrow nothing
+            let todo: Vec<(tool_calls::Item, bool)> = items[from..point]
+                .iter()
+                .flat_map(|it| [(it.clone(), true), (it.clone(), false)])
+                .filter(|(it, s)| !has(&it.id, role_name(*s)))
+                .collect();
+            from = point;
+            let mut stream = futures_util::stream::iter(todo)
+                .map(|(it, is_suspect)| {
+                    let role = role_name(is_suspect);
+                    let t = if is_suspect {
+                        suspect.clone()
+                    } else {
+                        baseline.clone()
+                    };
+                    let targets = self.targets.clone();
+                    async move { tool_calls::run(&targets, &t, role, &it).await }
+                })
+                .buffered(self.settings.concurrency * 2);
+            while let Some(r) = stream.next().await {
+                let written = self
+                    .store
+                    .insert_eval_result(lease, &r, samewise_store::now_ms())
+                    .await?;
+                if !written
+                    && !self
+                        .store
+                        .heartbeat_eval_job(
+                            lease,
+                            samewise_store::now_ms(),
+                            ms(self.settings.lease),
+                            None,
+                        )
+                        .await?
+                {
+                    return Err(EvalsError::LeaseLost(job.id));
+                }
+            }
+            looks_done += 1;
+            let results = self.store.eval_results(job.id).await?;
+            let d = decide(&paired(&order, &results), &params);
+            let spent: i64 = results.iter().map(|r| r.tokens).sum();
+            tracing::info!(
+                job = job.id,
+                items = point,
+                total,
+                verdict = d.verdict.as_str(),
+                p = d.p_value,
+                tokens = spent,
+                "eval look"
+            );
+            if d.verdict.decided() {
+                reason = "decided";
+                break;
+            }
+            if spent >= budget {
+                reason = "budget";
+                break;
+            }
+        }
+        let results = self.store.eval_results(job.id).await?;
+        let t = paired(&order, &results);
+        let d = decide(&t, &params);
+        let stop = Stop {
+            looks_done,
+            reason,
+            items_total: total,
+            wall_ms: i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
+        };
+        let extras = tool_calls::extras(&items, &results);
+        let doc = document(&job.suite, &t, &d, &params, &results, &stop, extras);
+        if !self
+            .store
+            .finish_eval_job(
+                lease,
+                JobState::Succeeded,
+                Some(&doc),
+                None,
+                samewise_store::now_ms(),
+            )
+            .await?
+        {
+            return Err(EvalsError::LeaseLost(job.id));
+        }
+        tracing::info!(
+            job = job.id,
+            verdict = d.verdict.as_str(),
+            "eval job finished"
+        );
+        Ok(doc)
+    }
+
+    /// Attaches the verdict to the job's alert and POSTs it to the webhooks (failures are
+    /// logged: the verdict is already on the job).
+    async fn publish(&self, job: &EvalJob, verdict: &Value) {
+        if let Some(a) = job.alert_id
+            && let Err(e) = self.store.attach_eval_verdict(a, job.id, verdict).await
+        {
+            tracing::warn!(job = job.id, alert = a, error = %e, "attaching the verdict to the alert");
+        }
+        // a degraded verdict is an alert of its own, so routing applies the model's on_drift
+        if verdict["verdict"] == "degraded" {
+            let alert = samewise_store::NewAlert {
+                model: job.model.clone(),
+                endpoint: job.endpoint.clone(),
+                kind: "eval_degraded".to_owned(),
+                summary: format!(
+                    "eval {} degraded against {} (job {})",
+                    job.suite, job.baseline, job.id
+                ),
+                evidence: json!({"signal": "eval", "job_id": job.id, "suite": job.suite, "verdict": verdict}),
+                now_ms: samewise_store::now_ms(),
+            };
+            if let Err(e) = self.store.upsert_alert(&alert).await {
+                tracing::warn!(job = job.id, error = %e, "raising the eval_degraded alert");
+            }
+        }
+        let body = json!({
+            "event": "eval_verdict",
+            "job_id": job.id,
+            "alert_id": job.alert_id,
+            "model": job.model,
+            "endpoint": job.endpoint,
+            "suite": job.suite,
+            "baseline": job.baseline,
+            "verdict": verdict,
+        });
+        for url in &self.settings.webhooks {
+            let client = reqwest::Client::new();
+            let sent = client
+                .post(url)
+                .timeout(Duration::from_secs(10))
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.to_string())
+                .send()
+                .await;
+            if let Err(e) = sent.and_then(reqwest::Response::error_for_status) {
+                tracing::warn!(job = job.id, url = %url, error = %e, "eval webhook");
+            }
+        }
+    }
+}
+
+fn role_name(is_suspect: bool) -> &'static str {
+    if is_suspect { "suspect" } else { "baseline" }
+}
+
+/// Opens jobs for active alerts, per the `[evals]` rules.
+#[derive(Debug, Clone)]
+pub struct AlertWatcher {
+    store: Store,
+    config: EvalsConfig,
+}
+
+impl AlertWatcher {
+    /// A watcher over `store`.
+    pub fn new(store: Store, config: EvalsConfig) -> AlertWatcher {
+        AlertWatcher { store, config }
+    }
+
+    /// One pass: the jobs opened.
+    pub async fn poll_once(&self) -> Result<Vec<EvalJob>, EvalsError> {
+        let mut opened = Vec::new();
+        for a in self.store.active_alerts().await? {
+            for suite in self.config.suites_for(&a.kind, &a.evidence) {
+                let job = NewEvalJob {
+                    model: a.model.clone(),
+                    endpoint: a.endpoint.clone(),
+                    suite,
+                    baseline: crate::target::REFERENCE.to_owned(),
+                    alert_id: Some(a.id),
+                    params: match self.config.max_items {
+                        Some(n) => {
+                            json!({"opened_by": {"alert": a.id, "kind": a.kind}, "max_items": n})
+                        }
+                        None => json!({"opened_by": {"alert": a.id, "kind": a.kind}}),
+                    },
+                    max_attempts: self.config.max_attempts,
+                    now_ms: samewise_store::now_ms(),
+                };
+                if let Some(j) = self
+                    .store
+                    .enqueue_eval_job(&job, ms(self.config.cooldown))
+                    .await?
+                {
+                    tracing::info!(job = j.id, alert = a.id, suite = %j.suite, endpoint = %j.endpoint, "eval job opened by an alert");
+                    opened.push(j);
+                }
+            }
+        }
+        Ok(opened)
+    }
+
+    /// Polls until `cancel`.
+    pub async fn run(&self, cancel: CancellationToken) {
+        loop {
+            if let Err(e) = self.poll_once().await {
+                tracing::warn!(error = %e, "eval alert watcher");
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(self.config.poll) => {}
+            }
+        }
+    }
+}

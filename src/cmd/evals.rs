@@ -1,0 +1,366 @@
+//! `samewise evals run|show|worker`: targeted eval jobs (composition only; the product
+//! logic is in `samewise-evals`). The store is PostgreSQL when `DATABASE_URL` is set, else
+//! SQLite in the config's data directory. Targets come from the proxy config: each model's
+//! endpoints (`provider/model-id`, the provider's base URL and API key from its
+//! `api_key_env`), and "reference" = `[evals] reference_url` (default: the probes' remote
+//! reference URL).
+//!
+//! - `run --endpoint E --suite S [--baseline reference|ENDPOINT]`: opens a job (no
+//!   cooldown), runs it with an in-process worker (other queued jobs may run first), prints
+//!   progress on stderr and the verdict on stdout.
+//! - `show JOB [--json] [--export FILE]`: the job and its verdict; `--export` writes the
+//!   per-item records as JSONL.
+//! - `worker [--workers N]`: job workers and the alert watcher until SIGINT/SIGTERM.
+//!
+//! [`start`] runs the same workers and watcher inside `samewise serve`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use samewise_evals::{AlertWatcher, EvalsConfig, Target, Targets, Worker, WorkerSettings};
+use samewise_proxy::Config;
+use samewise_store::{EvalJob, NewEvalJob, Store};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Arguments of `samewise evals`.
+#[derive(Debug, Args)]
+pub struct EvalsArgs {
+    /// The configuration file (endpoints, `[evals]`, data directory).
+    #[arg(long, short, global = true)]
+    pub config: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: EvalsCommand,
+}
+
+/// `samewise evals` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum EvalsCommand {
+    /// Open a job and run it here until its verdict.
+    Run {
+        /// The suspect endpoint (`provider/model-id`).
+        #[arg(long)]
+        endpoint: String,
+        /// The suite (tool_calls).
+        #[arg(long)]
+        suite: String,
+        /// "reference" or a peer endpoint.
+        #[arg(long, default_value = "reference")]
+        baseline: String,
+        /// Run at most this many items.
+        #[arg(long)]
+        max_items: Option<u64>,
+        /// Verdict margin δ (fraction), instead of the config's.
+        #[arg(long)]
+        delta: Option<f64>,
+    },
+    /// Show a job and its verdict.
+    Show {
+        /// The job's id.
+        job: i64,
+        /// Write the per-item records to this JSONL file.
+        #[arg(long)]
+        export: Option<PathBuf>,
+    },
+    /// Run job workers (and the alert watcher) until SIGINT or SIGTERM.
+    Worker {
+        /// Workers (default: `[evals] workers`, at least 1).
+        #[arg(long)]
+        workers: Option<u32>,
+    },
+}
+
+/// The eval targets of `config`: every endpoint of every model, and "reference".
+pub fn targets(config: &Config, evals: &EvalsConfig) -> anyhow::Result<Targets> {
+    let mut out: Vec<Target> = config
+        .endpoint_targets(|_| true)?
+        .into_iter()
+        .map(|t| Target {
+            label: t.endpoint.into_string(),
+            base_url: t.base_url,
+            api_key: t.api_key,
+            model: t.provider_model,
+        })
+        .collect();
+    if let Some(url) = &evals.reference_url {
+        let model = evals
+            .reference_model
+            .clone()
+            .or_else(|| config.models.keys().next().cloned())
+            .unwrap_or_default();
+        out.push(Target {
+            label: samewise_evals::target::REFERENCE.to_owned(),
+            base_url: url.clone(),
+            api_key: None,
+            model,
+        });
+    }
+    Ok(Targets::new(out, Duration::from_secs(300))?)
+}
+
+/// Workers and the alert watcher of a running process, drained by [`Running::shutdown`].
+pub struct Running {
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Running {
+    /// Stops the workers (a job in progress keeps its lease until it expires, then another
+    /// worker resumes it) and waits for them.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+}
+
+/// Starts `workers` job workers and, when `watch_alerts`, the alert watcher.
+pub fn start(
+    config: &Config,
+    store: Store,
+    workers: u32,
+    watch_alerts: bool,
+) -> anyhow::Result<Running> {
+    let evals = EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref())?;
+    let targets = Arc::new(targets(config, &evals)?);
+    let cancel = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "local".to_owned());
+    for i in 0..workers {
+        let id = format!("{host}-{}-{i}", std::process::id());
+        let w = Worker::new(
+            store.clone(),
+            targets.clone(),
+            WorkerSettings::from_config(&evals, id),
+        );
+        let c = cancel.clone();
+        tracker.spawn(async move { w.run(c).await });
+    }
+    if watch_alerts {
+        let watcher = AlertWatcher::new(store, evals);
+        let c = cancel.clone();
+        tracker.spawn(async move { watcher.run(c).await });
+    }
+    Ok(Running { cancel, tracker })
+}
+
+/// Runs `samewise evals ...`.
+pub fn run(args: EvalsArgs) -> anyhow::Result<()> {
+    let path = args
+        .config
+        .clone()
+        .context("samewise evals needs --config FILE (endpoints and [evals])")?;
+    let config = Config::load(&path)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let store = Store::connect_from_env(&config.server.data_dir).await?;
+        let result = evals(&config, &store, args.command, args.json).await;
+        store.close().await;
+        result
+    })
+}
+
+async fn evals(
+    config: &Config,
+    store: &Store,
+    command: EvalsCommand,
+    json: bool,
+) -> anyhow::Result<()> {
+    match command {
+        EvalsCommand::Run {
+            endpoint,
+            suite,
+            baseline,
+            max_items,
+            delta,
+        } => {
+            let evals = EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref())?;
+            anyhow::ensure!(
+                samewise_evals::config::KNOWN_SUITES.contains(&suite.as_str()),
+                "unknown suite {suite:?} (known: {})",
+                samewise_evals::config::KNOWN_SUITES.join(", ")
+            );
+            let t = targets(config, &evals)?;
+            t.get(&endpoint)?;
+            t.get(&baseline)?;
+            let model = config
+                .models
+                .iter()
+                .find(|(_, m)| {
+                    m.endpoints
+                        .iter()
+                        .any(|e| e.id().as_str() == endpoint)
+                })
+                .map(|(n, _)| n.clone())
+                .unwrap_or_default();
+            let mut params = serde_json::json!({"opened_by": "cli"});
+            if let Some(n) = max_items {
+                params["max_items"] = n.into();
+            }
+            if let Some(d) = delta {
+                params["delta"] = d.into();
+            }
+            let job = store
+                .enqueue_eval_job(
+                    &NewEvalJob {
+                        model,
+                        endpoint,
+                        suite,
+                        baseline,
+                        alert_id: None,
+                        params,
+                        max_attempts: evals.max_attempts,
+                        now_ms: samewise_store::now_ms(),
+                    },
+                    0,
+                )
+                .await?
+                .context("the job was not opened")?;
+            eprintln!("eval job {} opened", job.id);
+            let running = start(config, store.clone(), 1, false)?;
+            let done = loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let j = store.eval_job(job.id).await?.context("the job vanished")?;
+                let p = store.eval_progress(job.id).await?;
+                eprintln!(
+                    "job {}: {} — {} results of {} items × 2, {} tokens",
+                    j.id,
+                    j.state,
+                    p.results,
+                    j.items_total.map_or("?".to_owned(), |n| n.to_string()),
+                    p.tokens
+                );
+                if j.state.is_final() {
+                    break j;
+                }
+            };
+            running.shutdown().await;
+            print_job(&done, json)?;
+            anyhow::ensure!(
+                done.state == samewise_store::JobState::Succeeded,
+                "job {} {}: {}",
+                done.id,
+                done.state,
+                done.error.as_deref().unwrap_or("")
+            );
+            Ok(())
+        }
+        EvalsCommand::Show { job, export } => {
+            let j = store
+                .eval_job(job)
+                .await?
+                .with_context(|| format!("no eval job {job}"))?;
+            if let Some(path) = export {
+                let mut f = std::fs::File::create(&path)
+                    .with_context(|| format!("creating {}", path.display()))?;
+                for r in store.eval_results(job).await? {
+                    let line = serde_json::json!({
+                        "job": job,
+                        "item": r.item,
+                        "target": r.target,
+                        "passed": r.passed,
+                        "error_type": r.error_type,
+                        "tokens": r.tokens,
+                        "record": r.record,
+                    });
+                    writeln!(f, "{line}")?;
+                }
+            }
+            print_job(&j, json)
+        }
+        EvalsCommand::Worker { workers } => {
+            let evals = EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref())?;
+            let n = workers.unwrap_or(evals.workers).max(1);
+            let running = start(config, store.clone(), n, true)?;
+            println!("eval workers running: {n}");
+            super::shutdown_signal().await;
+            running.shutdown().await;
+            Ok(())
+        }
+    }
+}
+
+fn print_job(j: &EvalJob, json: bool) -> anyhow::Result<()> {
+    if json {
+        let doc = serde_json::json!({
+            "id": j.id,
+            "model": j.model,
+            "endpoint": j.endpoint,
+            "suite": j.suite,
+            "baseline": j.baseline,
+            "alert_id": j.alert_id,
+            "state": j.state.as_str(),
+            "attempts": j.attempts,
+            "worker": j.worker,
+            "items_total": j.items_total,
+            "tokens": j.tokens,
+            "created_ms": j.created_ms,
+            "started_ms": j.started_ms,
+            "finished_ms": j.finished_ms,
+            "params": j.params,
+            "verdict": j.verdict,
+            "error": j.error,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    println!(
+        "job {}  {}  suite {}  endpoint {}  baseline {}  attempts {}  tokens {}",
+        j.id, j.state, j.suite, j.endpoint, j.baseline, j.attempts, j.tokens
+    );
+    if let Some(e) = &j.error {
+        println!("error: {e}");
+    }
+    if let Some(v) = &j.verdict {
+        let f = |x: &serde_json::Value| {
+            x.as_f64()
+                .map_or("n/a".to_owned(), |v| format!("{:.1}%", v * 100.0))
+        };
+        let ci = |x: &serde_json::Value| match (x[0].as_f64(), x[1].as_f64()) {
+            (Some(a), Some(b)) => format!("[{:.1}%, {:.1}%]", a * 100.0, b * 100.0),
+            _ => "n/a".to_owned(),
+        };
+        println!(
+            "verdict: {}  (items {} of {}, stopped: {})",
+            v["verdict"].as_str().unwrap_or("?"),
+            v["items"],
+            v["items_total"],
+            v["stopped"].as_str().unwrap_or("?")
+        );
+        println!(
+            "suspect : {} {}  failures {}",
+            f(&v["suspect"]["rate"]),
+            ci(&v["suspect"]["wilson95"]),
+            v["suspect"]["failures"]
+        );
+        println!(
+            "baseline: {} {}  failures {}",
+            f(&v["baseline"]["rate"]),
+            ci(&v["baseline"]["wilson95"]),
+            v["baseline"]["failures"]
+        );
+        println!(
+            "paired: diff {} {} at {:.2}%, McNemar exact p = {:.3e}; δ = {}, α = {}, looks = {}",
+            f(&v["diff"]),
+            ci(&v["diff_interval"]),
+            v["diff_interval_level"].as_f64().unwrap_or(0.0) * 100.0,
+            v["p_value"].as_f64().unwrap_or(1.0),
+            v["params"]["delta"],
+            v["params"]["alpha"],
+            v["params"]["looks"]
+        );
+        if !v["extras"].is_null() {
+            println!("extras: {}", v["extras"]);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,443 @@
+//! Evals end to end (issue #10): real `samewise engine serve --profile P` processes on the
+//! test model, the real `samewise evals` CLI, real SQLite and PostgreSQL.
+//!
+//! - `tool_calls`: a `tool-corrupt` endpoint (every returned call corrupted) is "degraded"
+//!   against the reference, its failures in the corruption's buckets, trigger F1 and schema
+//!   accuracy reported; its twin, the reference's own endpoint, is "equivalent".
+//! - alert → job → verdict: inside `samewise serve`, the probes flag a `w4` endpoint, the
+//!   alert watcher opens the mapped `tool_calls` job, a worker runs it, and the verdict
+//!   arrives in the alert's evidence and at a webhook receiver.
+//! - SIGKILL take-over: a worker process killed mid-job (k of n items done, the lease held
+//!   by it) is replaced by another that finishes the job; no item has two results (both
+//!   stores).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use samewise_store::testing::TestDb;
+use samewise_store::{Backend, JobState, NewEvalJob};
+use serde_json::Value;
+
+use crate::common::probes::{alerts, engine};
+use crate::common::{BIN, spawn_listening};
+
+/// A config with one provider per engine (model id "smol") and `[evals]` with the first
+/// engine as the reference.
+fn config(dir: &Path, engines: &[(&str, &str)], evals: &str) -> Result<std::path::PathBuf> {
+    let mut s = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n",
+        dir.join("data").display()
+    );
+    for (name, url) in engines {
+        s += &format!(
+            "[providers.{name}]\nbase_url = \"{url}/v1\"\nprice_input_per_mtok = 0.0\nprice_output_per_mtok = 0.0\n\n"
+        );
+    }
+    s += "[models.smol]\npolicy = \"weighted\"\n";
+    for (name, _) in engines {
+        s += &format!("[[models.smol.endpoints]]\nprovider = \"{name}\"\nmodel = \"smol\"\n");
+    }
+    let reference = engines.first().map(|e| e.1).unwrap_or_default();
+    s += &format!(
+        "\n[evals]\nreference_url = \"{reference}\"\nreference_model = \"smol\"\n{evals}\n"
+    );
+    let path = dir.join("samewise.toml");
+    std::fs::write(&path, s)?;
+    Ok(path)
+}
+
+/// `samewise evals run ... --json` on SQLite in the config's data directory; the job.
+fn evals_run(cfg: &Path, args: &[&str]) -> Result<Value> {
+    let out = Command::new(BIN)
+        .args(["evals", "--config"])
+        .arg(cfg)
+        .args(["--json", "run", "--suite", "tool_calls"])
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "warn")
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.success(),
+        "evals run {args:?} failed:\n{stderr}\n{stdout}"
+    );
+    ensure!(
+        stderr.contains("results of"),
+        "no progress on stderr: {stderr}"
+    );
+    serde_json::from_str(&stdout).with_context(|| format!("not JSON: {stdout}"))
+}
+
+#[test]
+fn tool_calls_corrupt_is_degraded_and_the_reference_equivalent() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (_good, good_url) = engine("reference", dir.path())?;
+    let (_bad, bad_url) = engine("tool-corrupt", dir.path())?;
+    let cfg = config(
+        dir.path(),
+        &[("good", &good_url), ("bad", &bad_url)],
+        "concurrency = 4",
+    )?;
+
+    let job = evals_run(&cfg, &["--endpoint", "bad/smol"])?;
+    let v = &job["verdict"];
+    ensure!(job["state"] == "succeeded", "{job:#}");
+    ensure!(
+        v["verdict"] == "degraded",
+        "tool-corrupt not degraded: {v:#}"
+    );
+    ensure!(
+        v["p_value"].as_f64().unwrap_or(1.0)
+            < v["params"]["alpha_per_look"].as_f64().unwrap_or(0.0)
+    );
+    // failures in the corruption's buckets (unknown_name → wrong_name, cut arguments →
+    // invalid_json, a required argument removed → missing_required), never elsewhere
+    let fails = v["suspect"]["failures"]
+        .as_object()
+        .context("no failure buckets")?;
+    let corrupt: u64 = ["invalid_json", "wrong_name", "missing_required"]
+        .iter()
+        .map(|k| fails.get(*k).and_then(Value::as_u64).unwrap_or(0))
+        .sum();
+    ensure!(
+        corrupt >= 8,
+        "too few failures in the corruption buckets: {fails:?}"
+    );
+    let base_fails = v["baseline"]["failures"]
+        .as_object()
+        .context("no baseline buckets")?;
+    ensure!(
+        ["invalid_json", "missing_required"]
+            .iter()
+            .all(|k| !base_fails.contains_key(*k)),
+        "the reference has corruption failures: {base_fails:?}"
+    );
+    // vendor-verifier numbers: both sides call tools, so trigger F1 is a number
+    let f1 = v["extras"]["trigger_f1"]
+        .as_f64()
+        .context("trigger F1 not a number")?;
+    ensure!((0.0..=1.0).contains(&f1));
+    let sa = v["extras"]["schema_accuracy"]["suspect"]
+        .as_f64()
+        .context("no schema accuracy")?;
+    let sa_base = v["extras"]["schema_accuracy"]["baseline"]
+        .as_f64()
+        .context("no baseline schema accuracy")?;
+    ensure!(
+        sa < sa_base,
+        "schema accuracy {sa} not below the reference's {sa_base}"
+    );
+
+    // the twin: the reference's own endpoint (δ = 10 points: 32 items cannot show ±5)
+    let job = evals_run(&cfg, &["--endpoint", "good/smol", "--delta", "0.10"])?;
+    let v = &job["verdict"];
+    ensure!(
+        v["verdict"] == "equivalent",
+        "reference not equivalent: {v:#}"
+    );
+    ensure!(v["paired"]["suspect_only"] == 0 && v["paired"]["baseline_only"] == 0);
+    Ok(())
+}
+
+fn spawn_worker(cfg: &Path, db_url: &str) -> Result<Child> {
+    Ok(Command::new(BIN)
+        .args(["evals", "--config"])
+        .arg(cfg)
+        .args(["worker", "--workers", "1"])
+        .env("DATABASE_URL", db_url)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?)
+}
+
+async fn sigkill_takeover(backend: Backend) -> Result<()> {
+    let db = TestDb::new(backend).await?;
+    let dir = tempfile::tempdir()?;
+    let (_eng, url) = engine("reference", dir.path())?;
+    let cfg = config(
+        dir.path(),
+        &[("good", &url)],
+        "lease_ms = 3000\npoll_ms = 200\nconcurrency = 1\nworkers = 1",
+    )?;
+    let job = db
+        .store
+        .enqueue_eval_job(
+            &NewEvalJob {
+                model: "smol".into(),
+                endpoint: "good/smol".into(),
+                suite: "tool_calls".into(),
+                baseline: "reference".into(),
+                alert_id: None,
+                params: serde_json::json!({"max_items": 8, "looks": 1}),
+                max_attempts: 3,
+                now_ms: samewise_store::now_ms(),
+            },
+            0,
+        )
+        .await?
+        .context("job not opened")?;
+    let mut a = spawn_worker(&cfg, db.url())?;
+    let a_id = format!("-{}-0", a.id());
+    // wait until some (not all) items are done under A's lease
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let k = loop {
+        let p = db.store.eval_progress(job.id).await?;
+        let j = db.store.eval_job(job.id).await?.context("job gone")?;
+        if p.results >= 3 {
+            ensure!(j.state == JobState::Running, "{j:?}");
+            ensure!(
+                j.worker.as_deref().is_some_and(|w| w.ends_with(&a_id)),
+                "lease not held by A: {j:?}"
+            );
+            ensure!(j.lease_until_ms.unwrap_or(0) > samewise_store::now_ms() - 1_000);
+            break p.results;
+        }
+        ensure!(Instant::now() < deadline, "worker A wrote no results");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    a.kill()?;
+    a.wait()?;
+    let after_kill = db.store.eval_progress(job.id).await?.results;
+    ensure!(
+        after_kill < 16,
+        "job finished before the kill ({after_kill} of 16)"
+    );
+    let mut b = spawn_worker(&cfg, db.url())?;
+    let b_id = format!("-{}-0", b.id());
+    let deadline = Instant::now() + Duration::from_secs(400);
+    let done = loop {
+        let j = db.store.eval_job(job.id).await?.context("job gone")?;
+        if j.state.is_final() {
+            break j;
+        }
+        ensure!(Instant::now() < deadline, "worker B did not finish: {j:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    b.kill()?;
+    b.wait()?;
+    ensure!(done.state == JobState::Succeeded, "{done:?}");
+    ensure!(
+        done.attempts == 2 && done.worker.as_deref().is_some_and(|w| w.ends_with(&b_id)),
+        "{done:?}"
+    );
+    let results = db.store.eval_results(job.id).await?;
+    let mut keys: Vec<(String, String)> = results
+        .iter()
+        .map(|r| (r.item.clone(), r.target.clone()))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    ensure!(keys.len() == results.len(), "duplicate item results");
+    ensure!(
+        results.len() == 16,
+        "{} results for 8 items × 2 (k = {k})",
+        results.len()
+    );
+    ensure!(
+        done.verdict.as_ref().is_some_and(|v| v["items"] == 8),
+        "{:?}",
+        done.verdict
+    );
+    // `evals show --export`: one JSONL record per item and target, with the check
+    let export = dir.path().join("items.jsonl");
+    let out = Command::new(BIN)
+        .args(["evals", "--config"])
+        .arg(&cfg)
+        .args(["show", &job.id.to_string(), "--export"])
+        .arg(&export)
+        .env("DATABASE_URL", db.url())
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(String::from_utf8_lossy(&out.stdout).contains("verdict:"));
+    let lines: Vec<Value> = std::fs::read_to_string(&export)?
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    ensure!(lines.len() == 16, "{} exported records", lines.len());
+    ensure!(
+        lines
+            .iter()
+            .all(|l| l["record"]["check"]["passed"] == l["passed"]
+                && l["record"]["request"]["messages"].is_array())
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn sigkilled_worker_is_taken_over_sqlite() -> Result<()> {
+    sigkill_takeover(Backend::Sqlite).await
+}
+
+#[tokio::test]
+async fn sigkilled_worker_is_taken_over_postgres() -> Result<()> {
+    sigkill_takeover(Backend::Postgres).await
+}
+
+/// A webhook receiver: every POST body, answered 200.
+async fn receiver(
+    listener: tokio::net::TcpListener,
+    tx: tokio::sync::mpsc::UnboundedSender<String>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    while let Ok((mut sock, _)) = listener.accept().await {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let body = loop {
+            let Ok(n) = sock.read(&mut chunk).await else {
+                break None;
+            };
+            if n == 0 {
+                break None;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&buf).into_owned();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let len = text[..end]
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse::<usize>().ok())?
+                    })
+                    .unwrap_or(0);
+                if buf.len() >= end + 4 + len {
+                    break Some(String::from_utf8_lossy(&buf[end + 4..end + 4 + len]).into_owned());
+                }
+            }
+        };
+        let _ = sock
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+            .await;
+        if let Some(b) = body {
+            let _ = tx.send(b);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_probe_alert_opens_a_job_whose_verdict_reaches_the_alert_and_the_webhook() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (_r, u_ref) = engine("reference", dir.path())?;
+    let (_w, u_w4) = engine("w4", dir.path())?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let hook = format!("http://{}/hook", listener.local_addr()?);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let hooks = tokio::spawn(receiver(listener, tx));
+    let data = dir.path().join("data");
+    let cfg = dir.path().join("samewise.toml");
+    let text = crate::common::probes::config(
+        &data,
+        &[("exact", &u_ref), ("w4", &u_w4)],
+        "interval_ms = 1000\njitter = 0.0",
+    )? + &format!(
+        "\n[evals]\nreference_url = \"{u_ref}\"\nreference_model = \"smol\"\nworkers = 1\n\
+         poll_ms = 300\nmax_items = 4\nlooks = 1\nwebhooks = [\"{hook}\"]\n"
+    );
+    std::fs::write(&cfg, text)?;
+    let cfg_s = cfg.to_str().context("path")?.to_owned();
+    let (gw, _url) = spawn_listening(
+        &["serve", "--config", &cfg_s, "--listen", "127.0.0.1:0"],
+        dir.path(),
+    )?;
+    // the webhook: the eval verdict of a job opened by the w4 alert
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
+    let event: Value = loop {
+        let body = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .context("no eval webhook within 600 s")?
+            .context("receiver stopped")?;
+        let v: Value = serde_json::from_str(&body)?;
+        if v["event"] == "eval_verdict" {
+            break v;
+        }
+    };
+    ensure!(
+        event["endpoint"] == "w4/smol" && event["suite"] == "tool_calls",
+        "{event:#}"
+    );
+    let verdict = event["verdict"]["verdict"].as_str().context("no verdict")?;
+    ensure!(
+        ["degraded", "equivalent", "inconclusive"].contains(&verdict),
+        "{event:#}"
+    );
+    ensure!(event["verdict"]["items"] == 4, "{event:#}");
+    let alert_id = event["alert_id"]
+        .as_i64()
+        .context("job not opened by an alert")?;
+    let job_id = event["job_id"].as_i64().context("no job id")?;
+    // the verdict is in the alert's evidence (kept across the probes' refreshes)
+    let all = alerts(&data).await?;
+    let a = all
+        .iter()
+        .find(|a| a.id == alert_id)
+        .context("alert gone")?;
+    ensure!(a.kind == "unfaithful" && a.endpoint == "w4/smol", "{a:?}");
+    ensure!(
+        a.evidence["evals"][job_id.to_string()]["verdict"] == verdict,
+        "{:?}",
+        a.evidence
+    );
+    // `samewise alerts show ID` lists the job and its verdict
+    let out = Command::new(BIN)
+        .args([
+            "alerts",
+            "--config",
+            &cfg_s,
+            "--json",
+            "show",
+            &alert_id.to_string(),
+        ])
+        .env_remove("DATABASE_URL")
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: Value = serde_json::from_slice(&out.stdout)?;
+    let jobs = shown["eval_jobs"].as_array().context("no eval_jobs")?;
+    ensure!(
+        jobs.iter()
+            .any(|j| j["job"] == job_id && j["verdict"]["verdict"] == verdict),
+        "{shown:#}"
+    );
+    gw.stop()?;
+    hooks.abort();
+    Ok(())
+}
+
+#[test]
+fn config_check_validates_the_evals_section() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let check = |evals: &str| -> Result<std::process::Output> {
+        let cfg = config(dir.path(), &[("p", "http://127.0.0.1:9")], evals)?;
+        Ok(Command::new(BIN)
+            .args(["config", "check"])
+            .arg(&cfg)
+            .env_remove("DATABASE_URL")
+            .output()?)
+    };
+    let ok = check("workers = 2")?;
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    ensure!(
+        ok.status.success() && stdout.contains("evals: 2 worker(s)"),
+        "{stdout}"
+    );
+    for (bad, key) in [("delta = 2.0", "evals.delta"), ("nope = 1", "nope")] {
+        let out = check(bad)?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success() && stderr.contains(key),
+            "{bad}: {stderr}"
+        );
+    }
+    Ok(())
+}
