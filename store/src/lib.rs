@@ -14,6 +14,8 @@
 //! - [`connect`]: [`Store`], [`Backend`], URL resolution and pool set-up.
 //! - [`migrate`]: the migration runner over the SQL files embedded from `migrations/`.
 //! - [`records`]: [`RequestRecord`] (one row per upstream attempt) and its queries.
+//! - [`rollups`]: [`Rollup`] per endpoint per minute, upserted with the records; the
+//!   summaries and time series dashboards read.
 //! - [`partitions`]: daily partitions of `request_records` on PostgreSQL, and retention.
 //! - [`keys`]: [`ApiKey`]; keys are stored as SHA-256 hashes only.
 //! - [`writer`]: [`RecordWriter`] / [`RecordSender`], the bounded queue and batched writes.
@@ -31,6 +33,7 @@ pub mod migrate;
 pub mod partitions;
 pub mod probe_runs;
 pub mod records;
+pub mod rollups;
 pub mod scheduler_lock;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -39,9 +42,10 @@ pub mod writer;
 pub use alerts::{Alert, AlertQuery, AlertState, NewAlert};
 pub use connect::{Backend, Store};
 pub use error::StoreError;
-pub use keys::ApiKey;
+pub use keys::{ApiKey, KeyOptions};
 pub use probe_runs::{ProbeRun, ProbeRunQuery};
 pub use records::{RecordQuery, RequestRecord};
+pub use rollups::{EndpointRollup, Rollup, RollupPoint, RollupQuery};
 pub use scheduler_lock::SchedulerLock;
 pub use writer::{RecordSender, RecordWriter, RecordWriterConfig};
 

@@ -37,6 +37,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "probe runs and alerts",
         sql: include_str!("../migrations/postgres/0002_probes_alerts.sql"),
     },
+    Migration {
+        version: 3,
+        name: "admin keys and endpoint rollups",
+        sql: include_str!("../migrations/postgres/0003_dashboards.sql"),
+    },
 ];
 
 /// SQLite migrations, in order (the same versions as [`POSTGRES`]).
@@ -50,6 +55,11 @@ pub const SQLITE: &[Migration] = &[
         version: 2,
         name: "probe runs and alerts",
         sql: include_str!("../migrations/sqlite/0002_probes_alerts.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "admin keys and endpoint rollups",
+        sql: include_str!("../migrations/sqlite/0003_dashboards.sql"),
     },
 ];
 

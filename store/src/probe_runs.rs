@@ -164,6 +164,40 @@ impl Store {
         })
     }
 
+    /// As [`Store::probe_runs`] without the raw per-position data (`raw` is None): the
+    /// statistics series that dashboards draw.
+    pub async fn probe_run_stats(&self, q: &ProbeRunQuery) -> Result<Vec<ProbeRun>, StoreError> {
+        const OP: &str = "reading probe run statistics";
+        let no_raw = match self.backend() {
+            Backend::Postgres => "CAST(NULL AS BYTEA)",
+            Backend::Sqlite => "NULL",
+        };
+        let columns = COLUMNS.replace(" raw,", &format!(" {no_raw},"));
+        on_pool!(&self.pool, |p| {
+            let mut qb = QueryBuilder::new(format!("SELECT {columns} FROM probe_runs WHERE 1=1"));
+            if let Some(m) = &q.model {
+                qb.push(" AND model = ").push_bind(m.as_str());
+            }
+            if let Some(e) = &q.endpoint {
+                qb.push(" AND endpoint = ").push_bind(e.as_str());
+            }
+            if let Some(k) = &q.kind {
+                qb.push(" AND kind = ").push_bind(k.as_str());
+            }
+            if let Some(t) = q.since_ms {
+                qb.push(" AND started_ms >= ").push_bind(t);
+            }
+            qb.push(" ORDER BY started_ms DESC, id DESC LIMIT ")
+                .push_bind(i64::from(q.limit));
+            let rows = qb
+                .build()
+                .fetch_all(p)
+                .await
+                .map_err(StoreError::query(OP))?;
+            rows.iter().map(run_from_row).collect()
+        })
+    }
+
     /// Probe tokens spent on `endpoint` by runs started at or after `since_ms`.
     pub async fn probe_tokens_since(
         &self,

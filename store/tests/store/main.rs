@@ -5,7 +5,7 @@
 //!
 //! Layout: `connect` (URLs, migrations, concurrent start-up), `records` (request records,
 //! queries, retention and partitions), `keys` (API keys), `writer` (the batch writer),
-//! `probe_runs` (probe runs and the scheduler lock), `alerts` (alert lifecycle).
+//! `probe_runs` (probe runs and the scheduler lock), `alerts` (alert lifecycle), `rollups` (per-minute rollups, admin keys, probe statistics).
 
 use std::time::Duration;
 
@@ -42,6 +42,7 @@ mod connect;
 mod keys;
 mod probe_runs;
 mod records;
+mod rollups;
 mod writer;
 
 /// A record with every optional field set, distinct per `i`.
