@@ -32,6 +32,8 @@ pub struct Config {
     pub models: BTreeMap<String, ModelConfig>,
     /// `[probes]`, raw: parsed and validated by the probes crate.
     pub probes: Option<toml::Table>,
+    /// `[dashboards]`, raw: parsed and validated by the dashboards crate.
+    pub dashboards: Option<toml::Table>,
 }
 
 /// `[server]`.
@@ -144,6 +146,9 @@ pub struct ModelConfig {
     pub on_drift: OnDrift,
     /// `[models.NAME.probes]`, raw: parsed and validated by the probes crate.
     pub probes: Option<toml::Table>,
+    /// `[models.NAME.slo]` (TTFT and TPOT targets), raw: parsed and validated by the
+    /// dashboards crate.
+    pub slo: Option<toml::Table>,
 }
 
 /// What an active alert (open or acknowledged) on an endpoint does to its routing.
@@ -264,6 +269,7 @@ struct RawConfig {
     #[serde(default)]
     models: BTreeMap<String, RawModel>,
     probes: Option<toml::Table>,
+    dashboards: Option<toml::Table>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -323,6 +329,7 @@ struct RawModel {
     endpoints: Option<Spanned<Vec<RawEndpoint>>>,
     on_drift: Option<OnDrift>,
     probes: Option<toml::Table>,
+    slo: Option<toml::Table>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -399,6 +406,7 @@ impl Validator<'_> {
             providers,
             models,
             probes: raw.probes,
+            dashboards: raw.dashboards,
         })
     }
 
@@ -628,6 +636,7 @@ impl Validator<'_> {
             endpoints,
             on_drift: raw.on_drift.unwrap_or_default(),
             probes: raw.probes,
+            slo: raw.slo,
         })
     }
 }

@@ -51,5 +51,5 @@ pub use config::{Config, OnDrift};
 pub use error::{ApiError, ProxyError};
 pub use health::Quality;
 pub use quality::QualityWatcher;
-pub use server::{router, serve};
+pub use server::{router, serve, serve_router};
 pub use state::AppState;

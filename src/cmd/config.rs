@@ -34,9 +34,18 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
                 // detector thresholds, alert policy, webhooks and the ladder file
                 samewise_probes::detect::Detectors::check_config(p)?;
             }
+            // `[dashboards]` and each model's `slo` table: the dashboards crate validates them
+            samewise_dashboards::DashboardsConfig::parse(config.dashboards.as_ref())?;
+            for (name, m) in &config.models {
+                samewise_dashboards::Slo::parse(name, m.slo.as_ref())?;
+            }
             print!("{}: ok\n{}", file.display(), config.summary());
             if let Some(p) = &probes {
-                println!("probes: {} model(s), reference {}", p.models.len(), super::probes::reference_label(p));
+                println!(
+                    "probes: {} model(s), reference {}",
+                    p.models.len(),
+                    super::probes::reference_label(p)
+                );
             }
             for (name, p) in &config.providers {
                 if let Some(var) = &p.api_key_env

@@ -8,6 +8,7 @@ use clap::Subcommand;
 pub mod alerts;
 pub mod calibrate;
 pub mod config;
+pub mod dashboards;
 pub mod engine;
 pub mod keys;
 pub mod probes;
@@ -49,5 +50,8 @@ pub fn run(command: Command) -> anyhow::Result<()> {
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }

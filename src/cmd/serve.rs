@@ -1,4 +1,5 @@
-//! `samewise serve --config FILE`: runs the gateway. The store is PostgreSQL when
+//! `samewise serve --config FILE`: runs the gateway, with the dashboards (`/`, `/api/v1/`)
+//! merged into its router on the same listener. The store is PostgreSQL when
 //! `DATABASE_URL` is set, else SQLite in the configured data directory. SIGINT or SIGTERM stops
 //! accepting connections, lets in-flight requests (streams included) finish, drains the
 //! request-record queue into the store, then exits.
@@ -59,6 +60,19 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
             return Err(e);
         }
     };
+    // the dashboards (`/`, `/api/v1/`) beside the gateway's routes, on the same listener
+    let dashboards = match super::dashboards::build(&config, store.clone(), state.clone()) {
+        Ok(d) => d,
+        Err(e) => {
+            if let Some(p) = probes {
+                p.shutdown().await;
+            }
+            writer.shutdown().await;
+            store.close().await;
+            return Err(e);
+        }
+    };
+    let app = samewise_proxy::router(state.clone()).merge(samewise_dashboards::router(dashboards));
     let addr = listen.unwrap_or(config.server.listen);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -68,9 +82,8 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
     // One line on stdout for scripts and tests that start the gateway on port 0.
     println!("listening on http://{local}");
     // drift alerts demote or exclude endpoints (each model's on_drift), re-read every poll
-    let quality =
-        samewise_proxy::QualityWatcher::spawn(&config, state.clone(), store.clone());
-    let served = samewise_proxy::serve(listener, state, shutdown_signal()).await;
+    let quality = samewise_proxy::QualityWatcher::spawn(&config, state.clone(), store.clone());
+    let served = samewise_proxy::serve_router(listener, app, shutdown_signal()).await;
     if let Some(p) = probes {
         tracing::info!("stopping the probe scheduler");
         p.shutdown().await;
