@@ -38,7 +38,7 @@ pub fn page(title: &str, body: &str) -> String {
     format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>{t} · samewise</title><link rel=\"stylesheet\" href=\"/assets/style.css\">\
+         <title>{t} · samewise</title><link rel=\"icon\" href=\"data:,\"><link rel=\"stylesheet\" href=\"/assets/style.css\">\
          <script src=\"/assets/refresh.js\" defer></script></head>\
          <body data-refresh=\"60\"><header><nav><a href=\"/\">Overview</a> \
          <a href=\"/alerts\">Alerts</a> <a href=\"/compare\">Compare</a>\

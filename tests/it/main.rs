@@ -9,6 +9,7 @@ mod common;
 
 mod alerts_cli;
 mod cli;
+mod dashboards_browser;
 mod passive_drift_e2e;
 mod probes_e2e;
 mod probes_rounds;
