@@ -21,6 +21,8 @@
 //! - [`error`]: [`DashError`] and the OpenAI-shaped error responses.
 //! - [`auth`]: admin keys, sessions, CSRF tokens, security headers.
 //! - [`view`]: what a page shows, computed from the store (shared by pages and the API).
+//! - [`metrics`]: the dashboards' Prometheus families (probe statistics, probe runs,
+//!   active alerts, routing state, goodput) and the task that refreshes them.
 //! - [`stats`]: Wilson intervals, N-step compounding, histogram read-outs.
 //! - `html`: escaping and the page shell; `svg`: charts; `pages`: the HTML routes; `api`:
 //!   the JSON routes.
@@ -28,6 +30,7 @@
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod metrics;
 pub mod stats;
 pub mod view;
 

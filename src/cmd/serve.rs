@@ -43,7 +43,9 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
         ..RecordWriterConfig::default()
     };
     let (records, writer) = RecordWriter::spawn(store.clone(), writer_cfg);
-    let state = match AppState::new(&config, store.clone(), records) {
+    // the process's one Prometheus registry: each crate registers its own families
+    let registry = samewise_proxy::new_registry();
+    let state = match AppState::new_in(&config, store.clone(), records, registry.clone()) {
         Ok(s) => s,
         Err(e) => {
             writer.shutdown().await;
@@ -72,6 +74,15 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
             return Err(e);
         }
     };
+    let dash_metrics = {
+        let mut r = registry.write().unwrap_or_else(|p| p.into_inner());
+        samewise_dashboards::metrics::DashMetrics::register(&mut r)
+    };
+    let refresher = samewise_dashboards::metrics::Refresher::spawn(
+        dashboards.clone(),
+        dash_metrics,
+        std::time::Duration::from_secs(15),
+    );
     let app = samewise_proxy::router(state.clone()).merge(samewise_dashboards::router(dashboards));
     let addr = listen.unwrap_or(config.server.listen);
     let listener = tokio::net::TcpListener::bind(addr)
@@ -89,6 +100,7 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
         p.shutdown().await;
     }
     quality.shutdown().await;
+    refresher.shutdown().await;
     tracing::info!("draining request records");
     writer.shutdown().await;
     store.close().await;

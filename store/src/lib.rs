@@ -43,7 +43,7 @@ pub use alerts::{Alert, AlertQuery, AlertState, NewAlert};
 pub use connect::{Backend, Store};
 pub use error::StoreError;
 pub use keys::{ApiKey, KeyOptions};
-pub use probe_runs::{ProbeRun, ProbeRunQuery};
+pub use probe_runs::{ProbeRun, ProbeRunCount, ProbeRunQuery};
 pub use records::{RecordQuery, RequestRecord};
 pub use rollups::{EndpointRollup, Rollup, RollupPoint, RollupQuery};
 pub use scheduler_lock::SchedulerLock;

@@ -58,6 +58,21 @@ pub struct ProbeRunQuery {
     pub limit: u32,
 }
 
+/// How many probe runs of one kind one endpoint has, with one outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeRunCount {
+    /// The logical model.
+    pub model: String,
+    /// The endpoint label.
+    pub endpoint: String,
+    /// The probe kind.
+    pub kind: String,
+    /// The outcome.
+    pub ok: bool,
+    /// Runs.
+    pub runs: i64,
+}
+
 /// Longest error text kept for a failed run (characters).
 pub const MAX_ERROR_CHARS: usize = 2_000;
 
@@ -195,6 +210,31 @@ impl Store {
                 .await
                 .map_err(StoreError::query(OP))?;
             rows.iter().map(run_from_row).collect()
+        })
+    }
+
+    /// Probe runs per endpoint, kind and outcome (ok or not), over all time: what
+    /// `/metrics` exports as `probe_runs_total`.
+    pub async fn probe_run_counts(&self) -> Result<Vec<ProbeRunCount>, StoreError> {
+        const OP: &str = "counting probe runs";
+        let stmt = "SELECT model, endpoint, kind, ok, COUNT(*) FROM probe_runs \
+                    GROUP BY model, endpoint, kind, ok ORDER BY model, endpoint, kind, ok";
+        on_pool!(&self.pool, |p| {
+            let rows = sqlx::query(stmt)
+                .fetch_all(p)
+                .await
+                .map_err(StoreError::query(OP))?;
+            rows.iter()
+                .map(|r| {
+                    Ok(ProbeRunCount {
+                        model: r.try_get(0).map_err(StoreError::query(OP))?,
+                        endpoint: r.try_get(1).map_err(StoreError::query(OP))?,
+                        kind: r.try_get(2).map_err(StoreError::query(OP))?,
+                        ok: r.try_get(3).map_err(StoreError::query(OP))?,
+                        runs: r.try_get(4).map_err(StoreError::query(OP))?,
+                    })
+                })
+                .collect()
         })
     }
 

@@ -6,7 +6,8 @@
 //! through the UI, an XSS payload stored in an alert renders as text (the global it would set
 //! stays unset, the CSP header is present), and the console stays free of errors (a planted
 //! script error proves the check can fail). Screenshots go to
-//! `$CARGO_TARGET_TMPDIR/dashboards-browser/`.
+//! `$CARGO_TARGET_TMPDIR/dashboards-browser/`. `/metrics` must serve the gateway's and the
+//! dashboards' families from the one registry.
 
 use std::path::Path;
 use std::time::Duration;
@@ -191,6 +192,26 @@ async fn dashboards_in_a_real_browser() -> Result<()> {
             "only {n} attempts rolled up"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // `/metrics` serves the one registry: the gateway's families and the dashboards'
+    let metrics = http
+        .get(format!("{url}/metrics"))
+        .send()
+        .await?
+        .text()
+        .await?;
+    for family in [
+        "samewise_requests_total{",
+        "samewise_probe_statistic{model=\"smol\",endpoint=\"w4/smol\",kind=\"prompt_logprobs\",stat=\"kl_mean\"}",
+        "samewise_probe_runs_total{model=\"smol\",endpoint=\"w4/smol\",kind=\"prompt_logprobs\",outcome=\"ok\"}",
+        "samewise_alerts_active{model=\"smol\",kind=\"unfaithful\",state=\"open\"} 1",
+        "samewise_endpoint_routing_state{model=\"smol\",endpoint=\"w4/smol\",state=\"demoted\"} 1",
+    ] {
+        ensure!(
+            metrics.contains(family),
+            "/metrics lacks {family}:\n{metrics}"
+        );
     }
 
     let driver = ChromeDriver::start().await?;

@@ -44,6 +44,8 @@ pub struct Server {
     pub xss_alert: i64,
     /// Attempts stored per endpoint of model `m`.
     pub attempts: i64,
+    /// The dashboards' state the server runs.
+    pub dash: Dashboards,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
 }
@@ -207,7 +209,7 @@ impl Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let (stop, stopped) = oneshot::channel::<()>();
-        let app = samewise_dashboards::router(dash);
+        let app = samewise_dashboards::router(dash.clone());
         let task = tokio::spawn(async move {
             axum::serve(listener, app)
                 .with_graceful_shutdown(async {
@@ -223,6 +225,7 @@ impl Server {
             unfaithful_alert: unfaithful.id,
             xss_alert: xss.id,
             attempts,
+            dash,
             stop: Some(stop),
             task: Some(task),
         })

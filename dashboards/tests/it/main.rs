@@ -3,10 +3,11 @@
 //! path (rollups included), driven by a real HTTP client.
 //!
 //! Layout: `common` (the server and the data it holds), `auth` (no key, a non-admin key,
-//! sessions, CSRF), `api` (every `/api/v1/` route against what the store holds), `pages`
-//! (pages show the API's values; XSS payloads render as text; security headers).
+//! sessions, CSRF), `api` (every `/api/v1/` route against what the store holds), `metrics`
+//! (the Prometheus families), `pages` (pages show the API's values; XSS payloads render as text; security headers).
 
 mod api;
 mod auth;
 mod common;
+mod metrics;
 mod pages;

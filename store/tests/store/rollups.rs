@@ -289,6 +289,14 @@ async fn probe_stats_and_tables(db: TestDb) -> Result<()> {
         "newest first: {:?}",
         got[0].stats
     );
+    let counts = s.probe_run_counts().await?;
+    ensure!(
+        counts.len() == 1
+            && counts[0].runs == 3
+            && counts[0].ok
+            && counts[0].kind == "prompt_logprobs",
+        "{counts:?}"
+    );
     ensure!(s.has_table("probe_runs").await?);
     ensure!(!s.has_table("eval_runs_that_do_not_exist").await?);
     Ok(())
