@@ -53,6 +53,7 @@ impl RepeatGuard {
         }
         self.run >= self.n
     }
+
 }
 
 impl Default for RepeatGuard {
