@@ -16,19 +16,27 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use samewise_dashboards::{Dashboards, DashboardsConfig, LiveState, ModelSpec, Routing, Slo};
 use samewise_store::testing::TestDb;
-use samewise_store::{Backend, NewAlert, ProbeRun, RecordWriter, RecordWriterConfig, RequestRecord};
+use samewise_store::{
+    Backend, NewAlert, ProbeRun, RecordWriter, RecordWriterConfig, RequestRecord,
+};
 
 #[derive(Debug)]
 struct AllActive;
 
 impl LiveState for AllActive {
     fn routing(&self, _: &str, _: &str) -> Option<Routing> {
-        Some(Routing { state: "active", why: None })
+        Some(Routing {
+            state: "active",
+            why: None,
+        })
     }
 }
 
 fn env(name: &str, default: i64) -> i64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -38,13 +46,23 @@ async fn main() -> Result<()> {
         Some("sqlite") => Backend::Sqlite,
         Some(o) => anyhow::bail!("unknown backend {o:?}"),
     };
-    let (endpoints, days, rpm, repeat) = (env("ENDPOINTS", 50), env("DAYS", 2), env("RPM", 1), env("REPEAT", 40));
+    let (endpoints, days, rpm, repeat) = (
+        env("ENDPOINTS", 50),
+        env("DAYS", 2),
+        env("RPM", 1),
+        env("REPEAT", 40),
+    );
     let db = TestDb::new(backend).await?;
     let now = samewise_store::now_ms();
     let start = now - days * 86_400_000;
     let mut specs: HashMap<String, Vec<String>> = HashMap::new();
     let names: Vec<(String, String)> = (0..endpoints)
-        .map(|i| (format!("model-{}", i / 10), format!("p{i}/model-{}", i / 10)))
+        .map(|i| {
+            (
+                format!("model-{}", i / 10),
+                format!("p{i}/model-{}", i / 10),
+            )
+        })
         .collect();
     for (m, e) in &names {
         specs.entry(m.clone()).or_default().push(e.clone());
@@ -54,7 +72,11 @@ async fn main() -> Result<()> {
     let load = Instant::now();
     let (tx, writer) = RecordWriter::spawn(
         db.store.clone(),
-        RecordWriterConfig { capacity: 100_000, max_batch: 5_000, ..RecordWriterConfig::default() },
+        RecordWriterConfig {
+            capacity: 100_000,
+            max_batch: 5_000,
+            ..RecordWriterConfig::default()
+        },
     );
     let minutes = days * 1440;
     let mut n = 0u64;
@@ -78,7 +100,9 @@ async fn main() -> Result<()> {
                     tpot_ms: Some(8.0 + (minute % 30) as f64),
                     prompt_tokens: Some(200),
                     completion_tokens: Some(100),
-                    finish_reason: Some(if minute % 10 == 0 { "length" } else { "stop" }.to_owned()),
+                    finish_reason: Some(
+                        if minute % 10 == 0 { "length" } else { "stop" }.to_owned(),
+                    ),
                     error_kind: (minute % 97 == 0).then(|| "upstream_5xx".to_owned()),
                     tool_calls: u32::from(minute % 3 == 0),
                     tool_errored: minute % 31 == 0,
@@ -128,12 +152,20 @@ async fn main() -> Result<()> {
         .map(|(name, endpoints)| ModelSpec {
             name,
             endpoints,
-            slo: Some(Slo { ttft_ms: 300.0, tpot_ms: 30.0 }),
+            slo: Some(Slo {
+                ttft_ms: 300.0,
+                tpot_ms: 30.0,
+            }),
             ladder: Vec::new(),
         })
         .collect();
     models.sort_by(|a, b| a.name.cmp(&b.name));
-    let dash = Dashboards::new(db.store.clone(), models, Arc::new(AllActive), DashboardsConfig::default());
+    let dash = Dashboards::new(
+        db.store.clone(),
+        models,
+        Arc::new(AllActive),
+        DashboardsConfig::default(),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -146,7 +178,13 @@ async fn main() -> Result<()> {
     });
     let (_, key) = db
         .store
-        .create_api_key_with("bench", samewise_store::KeyOptions { rpm_limit: None, admin: true })
+        .create_api_key_with(
+            "bench",
+            samewise_store::KeyOptions {
+                rpm_limit: None,
+                admin: true,
+            },
+        )
         .await?;
     let http = reqwest::Client::new();
     println!(
@@ -156,12 +194,21 @@ async fn main() -> Result<()> {
     );
     println!("| page | cold (ms) | warm p50 (ms) | warm p95 (ms) | bytes |");
     println!("|---|---|---|---|---|");
-    for path in ["/?range=24h", "/?range=30d", "/endpoint?e=p7%2Fmodel-0&range=24h", "/endpoint?e=p7%2Fmodel-0&range=30d"] {
+    for path in [
+        "/?range=24h",
+        "/?range=30d",
+        "/endpoint?e=p7%2Fmodel-0&range=24h",
+        "/endpoint?e=p7%2Fmodel-0&range=30d",
+    ] {
         let mut times = Vec::new();
         let mut bytes = 0;
         for _ in 0..=repeat {
             let t = Instant::now();
-            let res = http.get(format!("{url}{path}")).bearer_auth(&key).send().await?;
+            let res = http
+                .get(format!("{url}{path}"))
+                .bearer_auth(&key)
+                .send()
+                .await?;
             anyhow::ensure!(res.status() == 200, "{path}: {}", res.status());
             bytes = res.bytes().await?.len();
             times.push(t.elapsed().as_secs_f64() * 1000.0);
@@ -169,7 +216,11 @@ async fn main() -> Result<()> {
         let cold = times.remove(0);
         times.sort_by(f64::total_cmp);
         let q = |p: f64| times[((times.len() as f64 - 1.0) * p).round() as usize];
-        println!("| `{path}` | {cold:.1} | {:.1} | {:.1} | {bytes} |", q(0.5), q(0.95));
+        println!(
+            "| `{path}` | {cold:.1} | {:.1} | {:.1} | {bytes} |",
+            q(0.5),
+            q(0.95)
+        );
     }
     let _ = stop.send(());
     server.await.context("server task")??;

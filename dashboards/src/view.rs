@@ -321,12 +321,15 @@ pub async fn overview(
             .filter(|r| r.model == m.name)
             .map(|r| r.totals.requests)
             .sum();
+        // one query for the model's runs, not one per endpoint
+        let runs = runs_since(d, Some(&m.name), None, range).await?;
         let mut rows = Vec::new();
         for e in &m.endpoints {
             let r = rollups
                 .iter()
                 .find(|r| r.endpoint == *e && r.model == m.name);
-            rows.push(row(d, &m.name, e, range, r, total, &active, &evals).await?);
+            let mine: Vec<ProbeRun> = runs.iter().filter(|r| r.endpoint == *e).cloned().collect();
+            rows.push(row(d, &m.name, e, range, r, total, &active, &evals, &mine)?);
         }
         out.push(ModelOverview {
             model: m.name.clone(),
@@ -352,9 +355,30 @@ async fn evals(d: &Dashboards) -> Result<Evals, DashError> {
     })
 }
 
-/// The row of `endpoint` of `model`.
+/// Probe runs (without raw data) of `model` or `endpoint` since the start of `range` or 24 h
+/// ago, whichever is earlier (the sparkline always covers 24 h), newest first.
+async fn runs_since(
+    d: &Dashboards,
+    model: Option<&str>,
+    endpoint: Option<&str>,
+    range: Range,
+) -> Result<Vec<ProbeRun>, DashError> {
+    let now = samewise_store::now_ms();
+    Ok(d.inner
+        .store
+        .probe_run_stats(&ProbeRunQuery {
+            model: model.map(str::to_owned),
+            endpoint: endpoint.map(str::to_owned),
+            kind: None,
+            since_ms: Some(range.since_ms.min(now - 24 * 3_600_000)),
+            limit: MAX_RUNS * 10,
+        })
+        .await?)
+}
+
+/// The row of `endpoint` of `model`, from its rollup and its probe runs (`runs_since`).
 #[allow(clippy::too_many_arguments)]
-async fn row(
+fn row(
     d: &Dashboards,
     model: &str,
     endpoint: &str,
@@ -363,18 +387,9 @@ async fn row(
     model_total: i64,
     active: &[Alert],
     evals: &Evals,
+    runs: &[ProbeRun],
 ) -> Result<EndpointRow, DashError> {
-    let store = &d.inner.store;
     let now = samewise_store::now_ms();
-    let runs = store
-        .probe_run_stats(&ProbeRunQuery {
-            model: None,
-            endpoint: Some(endpoint.to_owned()),
-            kind: None,
-            since_ms: Some(range.since_ms.min(now - 24 * 3_600_000)),
-            limit: MAX_RUNS,
-        })
-        .await?;
     let alerts: Vec<&Alert> = active
         .iter()
         .filter(|a| a.endpoint == endpoint && a.model == model)
@@ -537,7 +552,10 @@ pub async fn endpoint(
     let mine = all.iter().find(|r| r.endpoint == endpoint);
     let active = store.active_alerts().await?;
     let evals = evals(d).await?;
-    let row = row(d, &model, endpoint, range, mine, total, &active, &evals).await?;
+    let runs = runs_since(d, None, Some(endpoint), range).await?;
+    let row = row(
+        d, &model, endpoint, range, mine, total, &active, &evals, &runs,
+    )?;
     let step_ms = step_ms
         .unwrap_or_else(|| range.default_step_ms())
         .max(60_000);

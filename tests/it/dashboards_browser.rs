@@ -7,7 +7,8 @@
 //! stays unset, the CSP header is present), and the console stays free of errors (a planted
 //! script error proves the check can fail). Screenshots go to
 //! `$CARGO_TARGET_TMPDIR/dashboards-browser/`. `/metrics` must serve the gateway's and the
-//! dashboards' families from the one registry.
+//! dashboards' families from the one registry, and a real Prometheus (Debian's `prometheus`)
+//! scraping it must answer every query of every panel of `dashboards/grafana/*.json`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -214,6 +215,8 @@ async fn dashboards_in_a_real_browser() -> Result<()> {
         );
     }
 
+    grafana_panels_have_data(&url, dir.path()).await?;
+
     let driver = ChromeDriver::start().await?;
     let profile = tempfile::tempdir()?;
     let b = driver.browser(profile.path()).await?;
@@ -401,5 +404,107 @@ async fn drive(
             .is_some_and(|m| m.contains("planted-error"))),
         "the planted error was not seen: {e:?}"
     );
+    Ok(())
+}
+
+/// A child process killed when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A real Prometheus scrapes `url`'s `/metrics` every second; every panel of the Grafana
+/// dashboards must have a query, and every query (with `$model` = smol, `$endpoint` =
+/// exact/smol) must return data.
+async fn grafana_panels_have_data(url: &str, dir: &Path) -> Result<()> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let cfg = dir.join("prometheus.yml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: samewise\n    static_configs:\n      - targets: [\"{}\"]\n",
+            url.trim_start_matches("http://")
+        ),
+    )?;
+    let _prom = Killed(
+        std::process::Command::new("prometheus")
+            .arg(format!("--config.file={}", cfg.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("cannot start prometheus (apt-get install prometheus)")?,
+    );
+    let http = reqwest::Client::new();
+    let query = |q: String| {
+        let http = http.clone();
+        async move {
+            let text = http
+                .get(format!("http://127.0.0.1:{port}/api/v1/query"))
+                .query(&[("query", q.as_str())])
+                .send()
+                .await?
+                .text()
+                .await?;
+            let v: Value = serde_json::from_str(&text).with_context(|| text.clone())?;
+            anyhow::Ok(v)
+        }
+    };
+    let mut panels = Vec::new();
+    for name in ["overview", "endpoint"] {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("dashboards/grafana/{name}.json"));
+        let d: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        let list = d["panels"].as_array().cloned().unwrap_or_default();
+        ensure!(!list.is_empty(), "{name}: no panels");
+        for p in list {
+            let exprs: Vec<String> = p["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t["expr"].as_str().map(str::to_owned))
+                .filter(|e| !e.trim().is_empty())
+                .collect();
+            ensure!(
+                !exprs.is_empty(),
+                "{name}: panel {} has no query",
+                p["title"]
+            );
+            for e in exprs {
+                panels.push((format!("{name}: {}", p["title"]), e));
+            }
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    for (title, expr) in panels {
+        let q = expr
+            .replace("$model", "smol")
+            .replace("$endpoint", "exact/smol");
+        loop {
+            let v = query(q.clone()).await.unwrap_or_default();
+            if v["status"] == "success"
+                && v["data"]["result"]
+                    .as_array()
+                    .is_some_and(|r| !r.is_empty())
+            {
+                break;
+            }
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "{title}: no data for {q}: {v}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
     Ok(())
 }
