@@ -89,6 +89,6 @@ fn bands(l: &Ladder) -> Vec<Band> {
             kl_mean: v.kl_topk_mean,
         })
         .collect();
-    out.sort_by(|a, b| b.bits.cmp(&a.bits));
+    out.sort_by_key(|b| std::cmp::Reverse(b.bits));
     out
 }

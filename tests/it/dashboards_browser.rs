@@ -195,13 +195,21 @@ async fn dashboards_in_a_real_browser() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    // `/metrics` serves the one registry: the gateway's families and the dashboards'
-    let metrics = http
-        .get(format!("{url}/metrics"))
-        .send()
-        .await?
-        .text()
-        .await?;
+    // `/metrics` serves the one registry: the gateway's families and the dashboards' (these
+    // are refreshed every 15 s, so the routing state may take one refresh to show)
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let metrics = loop {
+        let m = http
+            .get(format!("{url}/metrics"))
+            .send()
+            .await?
+            .text()
+            .await?;
+        if m.contains("state=\"demoted\"} 1") || std::time::Instant::now() > deadline {
+            break m;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     for family in [
         "samewise_requests_total{",
         "samewise_probe_statistic{model=\"smol\",endpoint=\"w4/smol\",kind=\"prompt_logprobs\",stat=\"kl_mean\"}",
