@@ -222,6 +222,38 @@ async fn main() -> Result<()> {
             q(0.95)
         );
     }
+    // where the overview's time goes: the store queries alone (warm, median of REPEAT)
+    for (name, range_ms) in [("24h", 86_400_000i64), ("30d", 30 * 86_400_000)] {
+        let mut t_roll = Vec::new();
+        let mut t_runs = Vec::new();
+        for _ in 0..repeat {
+            let now = samewise_store::now_ms();
+            let t = Instant::now();
+            db.store
+                .endpoint_rollups(&samewise_store::RollupQuery { since_ms: now - range_ms, until_ms: now + 1, ..Default::default() })
+                .await?;
+            t_roll.push(t.elapsed().as_secs_f64() * 1000.0);
+            let t = Instant::now();
+            for m in 0..(endpoints + 9) / 10 {
+                db.store
+                    .probe_run_stats(&samewise_store::ProbeRunQuery {
+                        model: Some(format!("model-{m}")),
+                        since_ms: Some(now - range_ms.max(86_400_000)),
+                        limit: 50_000,
+                        ..Default::default()
+                    })
+                    .await?;
+            }
+            t_runs.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        t_roll.sort_by(f64::total_cmp);
+        t_runs.sort_by(f64::total_cmp);
+        println!(
+            "store only, {name}: endpoint_rollups (all endpoints) median {:.1} ms; probe runs (every model) median {:.1} ms",
+            t_roll[t_roll.len() / 2],
+            t_runs[t_runs.len() / 2]
+        );
+    }
     let _ = stop.send(());
     server.await.context("server task")??;
     Ok(())

@@ -1,5 +1,7 @@
 //! Per-endpoint per-minute rollups of request records (`endpoint_minutes`, and
-//! `endpoint_minute_labels` for error kinds and finish reasons), what dashboards, the passive
+//! `endpoint_minute_labels` for error kinds and finish reasons), and the same per hour
+//! (`endpoint_hours`, `endpoint_hour_labels`: long ranges read their whole hours there and
+//! only the partial hours at their edges from the minutes), what dashboards, the passive
 //! sweep and eval triggers read instead of raw rows.
 //!
 //! The record writer keeps them up to date: [`Store::insert_request_records`] adds the
@@ -31,6 +33,31 @@ pub const TPOT_BOUNDS_MS: [f64; BUCKETS - 1] = [
 ];
 /// One minute, the rollup grain, in milliseconds.
 pub const MINUTE_MS: i64 = 60_000;
+/// One hour, the coarse grain long ranges read, in milliseconds.
+pub const HOUR_MS: i64 = 3_600_000;
+
+/// One rollup grain: its tables and time column.
+#[derive(Debug, Clone, Copy)]
+struct Grain {
+    table: &'static str,
+    labels: &'static str,
+    col: &'static str,
+    ms: i64,
+}
+
+const MINUTES: Grain = Grain {
+    table: "endpoint_minutes",
+    labels: "endpoint_minute_labels",
+    col: "minute_ms",
+    ms: MINUTE_MS,
+};
+
+const HOURS: Grain = Grain {
+    table: "endpoint_hours",
+    labels: "endpoint_hour_labels",
+    col: "hour_ms",
+    ms: HOUR_MS,
+};
 /// Longest label (error kind, finish reason) kept; longer ones are cut (they come from
 /// providers, so they are bounded here).
 pub const MAX_LABEL_CHARS: usize = 64;
@@ -276,51 +303,27 @@ fn label(s: &str) -> String {
     text(s).chars().take(MAX_LABEL_CHARS).collect()
 }
 
-/// The minute rows and labelled counts that `rows` add.
+/// The minute and hour rows and labelled counts that `rows` add.
 pub(crate) struct Deltas {
-    minutes: Vec<(String, i64, String, Rollup)>,
+    grains: Vec<GrainDeltas>,
+}
+
+/// The rows one grain's tables get.
+struct GrainDeltas {
+    grain: Grain,
+    rows: Vec<(String, i64, String, Rollup)>,
     labels: Vec<(String, i64, &'static str, String, i64)>,
 }
 
 impl Deltas {
-    /// Sums `rows` (only those with an endpoint) per endpoint and minute.
-    pub(crate) fn of<'a>(rows: impl IntoIterator<Item = &'a RequestRecord>) -> Deltas {
-        let mut minutes: HashMap<(String, i64), (String, Rollup)> = HashMap::new();
-        let mut labels: HashMap<(String, i64, &'static str, String), i64> = HashMap::new();
-        for r in rows {
-            let Some(endpoint) = r.endpoint.as_deref() else {
-                continue;
-            };
-            let endpoint = text(endpoint).into_owned();
-            let minute = minute_of(r.ts_ms);
-            minutes
-                .entry((endpoint.clone(), minute))
-                .or_insert_with(|| (text(&r.model).into_owned(), Rollup::default()))
-                .1
-                .add(r);
-            if let Some(k) = &r.error_kind {
-                *labels
-                    .entry((endpoint.clone(), minute, "error_kind", label(k)))
-                    .or_default() += 1;
-            }
-            if let Some(f) = &r.finish_reason {
-                *labels
-                    .entry((endpoint, minute, "finish_reason", label(f)))
-                    .or_default() += 1;
-            }
+    /// Sums `rows` (only those with an endpoint) per endpoint and minute, and per hour.
+    pub(crate) fn of<'a>(rows: impl IntoIterator<Item = &'a RequestRecord> + Clone) -> Deltas {
+        Deltas {
+            grains: [MINUTES, HOURS]
+                .into_iter()
+                .map(|g| GrainDeltas::of(g, rows.clone()))
+                .collect(),
         }
-        let mut minutes: Vec<_> = minutes
-            .into_iter()
-            .map(|((e, m), (model, r))| (e, m, model, r))
-            .collect();
-        // a fixed order, so concurrent writers take row locks in the same order
-        minutes.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
-        let mut labels: Vec<_> = labels
-            .into_iter()
-            .map(|((e, m, d, l), n)| (e, m, d, l, n))
-            .collect();
-        labels.sort_by(|a, b| (&a.0, a.1, a.2, &a.3).cmp(&(&b.0, b.1, b.2, &b.3)));
-        Deltas { minutes, labels }
     }
 
     /// The upsert statements for the deltas, to run inside the records' transaction.
@@ -330,16 +333,74 @@ impl Deltas {
         &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
         i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
     {
+        self.grains
+            .iter()
+            .flat_map(GrainDeltas::statements)
+            .collect()
+    }
+}
+
+impl GrainDeltas {
+    fn of<'a>(grain: Grain, rows: impl IntoIterator<Item = &'a RequestRecord>) -> GrainDeltas {
+        let mut sums: HashMap<(String, i64), (String, Rollup)> = HashMap::new();
+        let mut labels: HashMap<(String, i64, &'static str, String), i64> = HashMap::new();
+        for r in rows {
+            let Some(endpoint) = r.endpoint.as_deref() else {
+                continue;
+            };
+            let endpoint = text(endpoint).into_owned();
+            let at = r.ts_ms.div_euclid(grain.ms) * grain.ms;
+            sums.entry((endpoint.clone(), at))
+                .or_insert_with(|| (text(&r.model).into_owned(), Rollup::default()))
+                .1
+                .add(r);
+            if let Some(k) = &r.error_kind {
+                *labels
+                    .entry((endpoint.clone(), at, "error_kind", label(k)))
+                    .or_default() += 1;
+            }
+            if let Some(f) = &r.finish_reason {
+                *labels
+                    .entry((endpoint, at, "finish_reason", label(f)))
+                    .or_default() += 1;
+            }
+        }
+        let mut rows: Vec<_> = sums
+            .into_iter()
+            .map(|((e, m), (model, r))| (e, m, model, r))
+            .collect();
+        // a fixed order, so concurrent writers take row locks in the same order
+        rows.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+        let mut labels: Vec<_> = labels
+            .into_iter()
+            .map(|((e, m, d, l), n)| (e, m, d, l, n))
+            .collect();
+        labels.sort_by(|a, b| (&a.0, a.1, a.2, &a.3).cmp(&(&b.0, b.1, b.2, &b.3)));
+        GrainDeltas {
+            grain,
+            rows,
+            labels,
+        }
+    }
+
+    fn statements<'a, DB>(&'a self) -> Vec<QueryBuilder<'a, DB>>
+    where
+        DB: Database,
+        &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+        i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    {
+        let Grain {
+            table, labels, col, ..
+        } = self.grain;
         let mut out = Vec::new();
-        for chunk in self.minutes.chunks(ROWS_PER_UPSERT) {
-            let mut qb = QueryBuilder::<DB>::new(
-                "INSERT INTO endpoint_minutes (endpoint, minute_ms, model, ",
-            );
+        for chunk in self.rows.chunks(ROWS_PER_UPSERT) {
+            let mut qb =
+                QueryBuilder::<DB>::new(format!("INSERT INTO {table} (endpoint, {col}, model, "));
             qb.push(value_columns().join(", "));
             qb.push(") ");
-            qb.push_values(chunk, |mut b, (endpoint, minute, model, r)| {
+            qb.push_values(chunk, |mut b, (endpoint, at, model, r)| {
                 b.push_bind(endpoint.as_str())
-                    .push_bind(*minute)
+                    .push_bind(*at)
                     .push_bind(model.as_str());
                 for v in r
                     .scalars()
@@ -350,29 +411,28 @@ impl Deltas {
                     b.push_bind(v);
                 }
             });
-            qb.push(" ON CONFLICT (endpoint, minute_ms) DO UPDATE SET ");
+            qb.push(format!(" ON CONFLICT (endpoint, {col}) DO UPDATE SET "));
             let sets: Vec<String> = value_columns()
                 .iter()
-                .map(|c| format!("{c} = endpoint_minutes.{c} + excluded.{c}"))
+                .map(|c| format!("{c} = {table}.{c} + excluded.{c}"))
                 .collect();
             qb.push(sets.join(", "));
             out.push(qb);
         }
         for chunk in self.labels.chunks(ROWS_PER_UPSERT) {
-            let mut qb = QueryBuilder::<DB>::new(
-                "INSERT INTO endpoint_minute_labels (endpoint, minute_ms, dim, label, n) ",
-            );
-            qb.push_values(chunk, |mut b, (endpoint, minute, dim, l, n)| {
+            let mut qb = QueryBuilder::<DB>::new(format!(
+                "INSERT INTO {labels} (endpoint, {col}, dim, label, n) "
+            ));
+            qb.push_values(chunk, |mut b, (endpoint, at, dim, l, n)| {
                 b.push_bind(endpoint.as_str())
-                    .push_bind(*minute)
+                    .push_bind(*at)
                     .push_bind(*dim)
                     .push_bind(l.as_str())
                     .push_bind(*n);
             });
-            qb.push(
-                " ON CONFLICT (endpoint, minute_ms, dim, label) DO UPDATE SET \
-                 n = endpoint_minute_labels.n + excluded.n",
-            );
+            qb.push(format!(
+                " ON CONFLICT (endpoint, {col}, dim, label) DO UPDATE SET n = {labels}.n + excluded.n"
+            ));
             out.push(qb);
         }
         out
@@ -422,18 +482,74 @@ where
 
 impl Store {
     /// Each endpoint's rollups summed over `q`'s range, ordered by model then endpoint.
+    /// Whole hours inside the range are read from the hourly tables, the partial hours at
+    /// its edges from the minute tables.
     pub async fn endpoint_rollups(
         &self,
         q: &RollupQuery,
     ) -> Result<Vec<EndpointRollup>, StoreError> {
+        let first_hour = q.since_ms.div_euclid(HOUR_MS) * HOUR_MS
+            + if q.since_ms.rem_euclid(HOUR_MS) == 0 {
+                0
+            } else {
+                HOUR_MS
+            };
+        let last_hour = q.until_ms.div_euclid(HOUR_MS) * HOUR_MS;
+        let parts: Vec<(Grain, i64, i64)> = if first_hour < last_hour {
+            vec![
+                (MINUTES, q.since_ms, first_hour),
+                (HOURS, first_hour, last_hour),
+                (MINUTES, last_hour, q.until_ms),
+            ]
+        } else {
+            vec![(MINUTES, q.since_ms, q.until_ms)]
+        };
+        let mut out: Vec<EndpointRollup> = Vec::new();
+        for (grain, since, until) in parts {
+            if since >= until {
+                continue;
+            }
+            let sub = RollupQuery {
+                since_ms: since,
+                until_ms: until,
+                ..q.clone()
+            };
+            for part in self.sum_rollups(grain, &sub).await? {
+                match out.iter_mut().find(|e| e.endpoint == part.endpoint) {
+                    Some(e) => {
+                        e.totals.merge(&part.totals);
+                        for (k, n) in part.error_kinds {
+                            *e.error_kinds.entry(k).or_default() += n;
+                        }
+                        for (k, n) in part.finish_reasons {
+                            *e.finish_reasons.entry(k).or_default() += n;
+                        }
+                    }
+                    None => out.push(part),
+                }
+            }
+        }
+        out.sort_by(|a, b| (&a.model, &a.endpoint).cmp(&(&b.model, &b.endpoint)));
+        Ok(out)
+    }
+
+    /// One grain's sums over `q`'s range (which the caller aligns to the grain).
+    async fn sum_rollups(
+        &self,
+        g: Grain,
+        q: &RollupQuery,
+    ) -> Result<Vec<EndpointRollup>, StoreError> {
+        let Grain {
+            table, labels, col, ..
+        } = g;
         const OP: &str = "summing endpoint rollups";
         let mut out: Vec<EndpointRollup> = on_pool!(&self.pool, |p| {
             let mut qb = QueryBuilder::new(format!(
-                "SELECT endpoint, MIN(model), {} FROM endpoint_minutes WHERE minute_ms >= ",
+                "SELECT endpoint, MIN(model), {} FROM {table} WHERE {col} >= ",
                 sum_columns()
             ));
             qb.push_bind(q.since_ms)
-                .push(" AND minute_ms < ")
+                .push(format!(" AND {col} < "))
                 .push_bind(q.until_ms);
             if let Some(m) = &q.model {
                 qb.push(" AND model = ").push_bind(m.as_str());
@@ -459,25 +575,24 @@ impl Store {
                 .collect::<Result<Vec<_>, StoreError>>()?
         });
         let labels: Vec<(String, String, String, i64)> = on_pool!(&self.pool, |p| {
-            let mut qb = QueryBuilder::new(
+            let mut qb = QueryBuilder::new(format!(
                 "SELECT l.endpoint, l.dim, l.label, CAST(SUM(l.n) AS BIGINT) \
-                 FROM endpoint_minute_labels l WHERE l.minute_ms >= ",
-            );
+                 FROM {labels} l WHERE l.{col} >= "
+            ));
             qb.push_bind(q.since_ms)
-                .push(" AND l.minute_ms < ")
+                .push(format!(" AND l.{col} < "))
                 .push_bind(q.until_ms);
             if let Some(e) = &q.endpoint {
                 qb.push(" AND l.endpoint = ").push_bind(e.as_str());
             }
             if let Some(m) = &q.model {
-                qb.push(
-                    " AND l.endpoint IN (SELECT DISTINCT endpoint FROM endpoint_minutes \
-                     WHERE model = ",
-                )
+                qb.push(format!(
+                    " AND l.endpoint IN (SELECT DISTINCT endpoint FROM {table} WHERE model = "
+                ))
                 .push_bind(m.as_str())
-                .push(" AND minute_ms >= ")
+                .push(format!(" AND {col} >= "))
                 .push_bind(q.since_ms)
-                .push(" AND minute_ms < ")
+                .push(format!(" AND {col} < "))
                 .push_bind(q.until_ms)
                 .push(")");
             }
@@ -568,11 +683,25 @@ impl Store {
             self.backend(),
             "DELETE FROM endpoint_minutes WHERE minute_ms < $1",
         );
+        let hours = sql(self.backend(), "DELETE FROM endpoint_hours WHERE hour_ms < $1");
+        let hour_labels = sql(
+            self.backend(),
+            "DELETE FROM endpoint_hour_labels WHERE hour_ms < $1",
+        );
+        // an hour is kept whole until every minute of it is past the cut
+        let hour_cut = ts_ms.div_euclid(HOUR_MS) * HOUR_MS;
         let labels = sql(
             self.backend(),
             "DELETE FROM endpoint_minute_labels WHERE minute_ms < $1",
         );
         on_pool!(&self.pool, |p| {
+            for stmt in [&hour_labels, &hours] {
+                sqlx::query(stmt)
+                    .bind(hour_cut)
+                    .execute(p)
+                    .await
+                    .map_err(StoreError::query(OP))?;
+            }
             sqlx::query(&labels)
                 .bind(ts_ms)
                 .execute(p)

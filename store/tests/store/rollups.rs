@@ -3,11 +3,12 @@
 //! counts, retention; admin keys; probe statistics without raw data; table lookup.
 
 use super::*;
-use samewise_store::rollups::{MINUTE_MS, hist_quantile, minute_of};
+use samewise_store::rollups::{HOUR_MS, MINUTE_MS, hist_quantile, minute_of};
 use samewise_store::{KeyOptions, ProbeRun, ProbeRunQuery, RollupQuery};
 
 both!(
     rollups_follow_inserts,
+    long_ranges_read_hours_and_minute_edges,
     rollup_series_steps,
     rollups_through_the_writer,
     rollup_retention,
@@ -140,6 +141,59 @@ async fn rollups_follow_inserts(db: TestDb) -> Result<()> {
     Ok(())
 }
 
+async fn long_ranges_read_hours_and_minute_edges(db: TestDb) -> Result<()> {
+    let s = &db.store;
+    // one attempt at 0:30, 1:30, 2:30 and 5:10 after T0
+    let rows: Vec<RequestRecord> = [30, 90, 150, 310]
+        .iter()
+        .map(|m| {
+            attempt(
+                &format!("h{m}"),
+                "p/e",
+                T0 + m * MINUTE_MS,
+                80.0,
+                (*m == 90).then_some("timeout"),
+            )
+        })
+        .collect();
+    s.insert_request_records(&rows).await?;
+    for (since_min, until_min, want) in [
+        (20, 160, 3),   // minutes 20..60, hour 1, minutes 120..160
+        (40, 160, 2),   // starts after the first
+        (0, 60 * 6, 4), // whole hours only
+        (60, 120, 1),   // exactly one hour
+        (91, 149, 0),   // inside one hour: minutes only
+        (0, 311, 4),    // hours 0..5, minutes 300..311
+    ] {
+        let got = s
+            .endpoint_rollups(&RollupQuery {
+                since_ms: T0 + since_min * MINUTE_MS,
+                until_ms: T0 + until_min * MINUTE_MS,
+                ..RollupQuery::default()
+            })
+            .await?;
+        let n = got.first().map_or(0, |e| e.totals.requests);
+        ensure!(
+            n == want,
+            "[{since_min}, {until_min}) min: {n} attempts, want {want}"
+        );
+        let timeouts = got
+            .first()
+            .and_then(|e| e.error_kinds.get("timeout"))
+            .copied()
+            .unwrap_or(0);
+        let want_timeouts = i64::from(since_min <= 90 && 90 < until_min);
+        ensure!(
+            timeouts == want_timeouts,
+            "[{since_min}, {until_min}): {timeouts} timeouts"
+        );
+        if let Some(e) = got.first() {
+            ensure!(e.finish_reasons.values().sum::<i64>() == want, "{e:?}");
+        }
+    }
+    Ok(())
+}
+
 async fn rollup_series_steps(db: TestDb) -> Result<()> {
     let s = &db.store;
     let rows: Vec<RequestRecord> = (0..10)
@@ -206,10 +260,10 @@ async fn rollup_retention(db: TestDb) -> Result<()> {
     let s = &db.store;
     let rows = [
         attempt("old", "p/e", T0, 80.0, Some("timeout")),
-        attempt("new", "p/e", T0 + 2 * MINUTE_MS, 80.0, None),
+        attempt("new", "p/e", T0 + 2 * HOUR_MS, 80.0, None),
     ];
     s.insert_request_records(&rows).await?;
-    ensure!(s.delete_rollups_before(T0 + MINUTE_MS).await? == 1);
+    ensure!(s.delete_rollups_before(T0 + HOUR_MS).await? == 1);
     let got = s
         .endpoint_rollups(&RollupQuery {
             since_ms: 0,
