@@ -230,7 +230,11 @@ async fn main() -> Result<()> {
             let now = samewise_store::now_ms();
             let t = Instant::now();
             db.store
-                .endpoint_rollups(&samewise_store::RollupQuery { since_ms: now - range_ms, until_ms: now + 1, ..Default::default() })
+                .endpoint_rollups(&samewise_store::RollupQuery {
+                    since_ms: now - range_ms,
+                    until_ms: now + 1,
+                    ..Default::default()
+                })
                 .await?;
             t_roll.push(t.elapsed().as_secs_f64() * 1000.0);
             let t = Instant::now();

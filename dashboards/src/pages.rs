@@ -101,13 +101,7 @@ pub async fn overview(
                 "<p class=\"muted\">No SLO configured (<code>[models.NAME.slo]</code>).</p>",
             ),
         }
-        b.push_str(
-            "<div class=\"scroll\"><table class=\"overview\"><thead><tr><th>Endpoint</th>\
-             <th>Changed?</th><th>Faithful?</th><th>≈ bits</th><th>Still works?</th>\
-             <th>KL 24 h</th><th>Tool-call errors (95% CI)</th><th>TTFT p50 / p95</th>\
-             <th>TPOT p50 / p95</th><th>Goodput</th><th>Errors</th><th>Traffic</th>\
-             <th>Routing</th><th>Alerts</th><th>Evals</th></tr></thead><tbody>",
-        );
+        b.push_str(TABLE_HEAD);
         for r in &m.endpoints {
             row_html(&mut b, r);
         }
@@ -115,6 +109,13 @@ pub async fn overview(
     }
     Ok(html(page("Overview", &b)).into_response())
 }
+
+/// The overview table's opening and header row.
+const TABLE_HEAD: &str = "<div class=\"scroll\"><table class=\"overview\"><thead><tr><th>Endpoint</th>\
+     <th>Changed?</th><th>Faithful?</th><th>≈ bits</th><th>Still works?</th>\
+     <th>KL 24 h</th><th>Tool-call errors (95% CI)</th><th>TTFT p50 / p95</th>\
+     <th>TPOT p50 / p95</th><th>Goodput</th><th>Errors</th><th>Traffic</th>\
+     <th>Routing</th><th>Alerts</th><th>Evals</th></tr></thead><tbody>";
 
 fn range_picker(path: &str, range: Range, extra: &str) -> String {
     let mut b = String::from("<p class=\"ranges\">Range: ");
@@ -261,7 +262,7 @@ pub async fn endpoint(
         esc(&detail.row.model),
         url(&e)
     );
-    b.push_str("<div class=\"scroll\"><table class=\"overview\"><tbody>");
+    b.push_str(TABLE_HEAD);
     row_html(&mut b, &detail.row);
     b.push_str("</tbody></table></div>");
     detail_html(&mut b, &detail, &admin);
@@ -276,13 +277,7 @@ fn detail_html(b: &mut String, d: &EndpointDetail, admin: &Admin) {
     for s in &d.probes {
         let pts: Vec<(i64, f64)> = s.points.iter().map(|p| (p.t_ms, p.v)).collect();
         let bands: Vec<Line> = if s.stat == "kl_mean" {
-            d.ladder
-                .iter()
-                .map(|l| Line {
-                    label: l.name.clone(),
-                    value: l.kl_mean,
-                })
-                .collect()
+            ladder_bands(&d.ladder, &pts)
         } else {
             Vec::new()
         };
@@ -362,6 +357,25 @@ fn detail_html(b: &mut String, d: &EndpointDetail, admin: &Admin) {
     );
     b.push_str("</div><h2>Alerts</h2>");
     alerts_table(b, &d.alerts, admin);
+}
+
+/// The ladder levels worth drawing beside `pts`: those up to 1.5 times the highest point,
+/// and the first one above that (the levels far above would flatten the series to a line).
+fn ladder_bands(ladder: &[crate::Band], pts: &[(i64, f64)]) -> Vec<Line> {
+    let top = pts.iter().map(|p| p.1).fold(0.0_f64, f64::max) * 1.5;
+    let mut levels: Vec<&crate::Band> = ladder.iter().collect();
+    levels.sort_by(|a, b| a.kl_mean.total_cmp(&b.kl_mean));
+    let mut out = Vec::new();
+    for l in levels {
+        out.push(Line {
+            label: l.name.clone(),
+            value: l.kl_mean,
+        });
+        if l.kl_mean > top {
+            break;
+        }
+    }
+    out
 }
 
 fn kv_table<'a>(b: &mut String, title: &str, rows: impl Iterator<Item = (&'a str, i64)>) {
@@ -480,7 +494,7 @@ pub async fn compare(
         }
         let da = view::endpoint(&d, a, range, None).await?;
         let dc = view::endpoint(&d, c, range, None).await?;
-        b.push_str("<div class=\"scroll\"><table class=\"overview\"><tbody>");
+        b.push_str(TABLE_HEAD);
         row_html(&mut b, &da.row);
         row_html(&mut b, &dc.row);
         b.push_str("</tbody></table></div><div class=\"side\">");
