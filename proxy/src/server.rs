@@ -5,12 +5,12 @@
 use std::future::Future;
 
 use axum::Router;
-use axum::serve::ListenerExt;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use samewise_wire::ModelList;
 
 use crate::body::Route;
@@ -40,6 +40,17 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), crate::ProxyError> {
+    serve_router(listener, router(state), shutdown).await
+}
+
+/// Serves `app` (the gateway's [`router`], possibly merged with other routers, such as the
+/// dashboards', at composition) on `listener` until `shutdown` resolves, then drains
+/// in-flight requests. Accepted sockets get TCP_NODELAY, as in [`serve`].
+pub async fn serve_router(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), crate::ProxyError> {
     // Streamed answers are many small writes: without TCP_NODELAY on accepted sockets, Nagle's
     // algorithm and the client's delayed ACK add ~40 ms per stream (measured by bench/proxy).
     let listener = listener.tap_io(|tcp| {
@@ -47,7 +58,7 @@ pub async fn serve(
             tracing::debug!(error = %e, "cannot set TCP_NODELAY on an accepted socket");
         }
     });
-    axum::serve(listener, router(state))
+    axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await?;
     Ok(())

@@ -15,7 +15,7 @@ use crate::ProxyError;
 use crate::auth::Authenticator;
 use crate::config::{Config, Limits};
 use crate::health::EndpointHealth;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, SharedRegistry};
 use crate::routing::{Endpoint, ModelRoute};
 
 /// Shared state of the gateway; cheap to clone.
@@ -63,12 +63,39 @@ impl AppState {
         Self::with_env(config, store, records, |name| std::env::var(name).ok())
     }
 
+    /// As [`AppState::new`], registering the gateway's metric families in `registry` (the
+    /// process's one registry, created at composition) instead of a registry of its own.
+    pub fn new_in(
+        config: &Config,
+        store: Store,
+        records: RecordSender,
+        registry: SharedRegistry,
+    ) -> Result<AppState, ProxyError> {
+        Self::build(
+            config,
+            store,
+            records,
+            |name| std::env::var(name).ok(),
+            registry,
+        )
+    }
+
     /// As [`AppState::new`], reading variables through `env` (tests pass their own).
     pub fn with_env(
         config: &Config,
         store: Store,
         records: RecordSender,
         env: impl Fn(&str) -> Option<String>,
+    ) -> Result<AppState, ProxyError> {
+        Self::build(config, store, records, env, crate::metrics::new_registry())
+    }
+
+    fn build(
+        config: &Config,
+        store: Store,
+        records: RecordSender,
+        env: impl Fn(&str) -> Option<String>,
+        registry: SharedRegistry,
     ) -> Result<AppState, ProxyError> {
         let mut upstreams = HashMap::new();
         for (name, p) in &config.providers {
@@ -146,7 +173,7 @@ impl AppState {
             );
         }
 
-        let metrics = Metrics::new(records.clone(), all);
+        let metrics = Metrics::new(records.clone(), all, registry);
         Ok(AppState {
             inner: Arc::new(Inner {
                 limits: config.limits.clone(),

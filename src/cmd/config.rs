@@ -37,6 +37,11 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
             // [evals] is raw too: the evals crate validates it
             let evals =
                 samewise_evals::EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref())?;
+            // `[dashboards]` and each model's `slo` table: the dashboards crate validates them
+            samewise_dashboards::DashboardsConfig::parse(config.dashboards.as_ref())?;
+            for (name, m) in &config.models {
+                samewise_dashboards::Slo::parse(name, m.slo.as_ref())?;
+            }
             print!("{}: ok\n{}", file.display(), config.summary());
             if config.evals.is_some() {
                 println!(
@@ -46,7 +51,11 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
                 );
             }
             if let Some(p) = &probes {
-                println!("probes: {} model(s), reference {}", p.models.len(), super::probes::reference_label(p));
+                println!(
+                    "probes: {} model(s), reference {}",
+                    p.models.len(),
+                    super::probes::reference_label(p)
+                );
             }
             for (name, p) in &config.providers {
                 if let Some(var) = &p.api_key_env

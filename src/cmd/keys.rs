@@ -1,5 +1,5 @@
-//! `samewise keys create NAME [--rpm N]`, `keys list`, `keys revoke NAME`: samewise API keys
-//! in the store (PostgreSQL when `DATABASE_URL` is set, else SQLite in the data directory of
+//! `samewise keys create NAME [--rpm N] [--admin]`, `keys list`, `keys revoke NAME`: samewise API keys
+//! in the store (an `--admin` key also opens the dashboards and their API) (PostgreSQL when `DATABASE_URL` is set, else SQLite in the data directory of
 //! `--config`, or `--data-dir`). A new key is printed once; only its hash is stored. A revoked
 //! key stops working on running gateways within `limits.key_cache_ttl_ms` (default 10 s).
 
@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 use samewise_proxy::Config;
-use samewise_store::Store;
+use samewise_store::{KeyOptions, Store};
 
 /// Arguments of `samewise keys`.
 #[derive(Debug, Args)]
@@ -32,6 +32,9 @@ pub enum KeysCommand {
         /// Requests per minute allowed with this key.
         #[arg(long)]
         rpm: Option<u32>,
+        /// An admin key: it also opens the dashboards (`/`) and their API (`/api/v1/`).
+        #[arg(long)]
+        admin: bool,
     },
     /// List keys (never their secrets).
     List,
@@ -62,10 +65,15 @@ pub fn run(args: KeysArgs) -> anyhow::Result<()> {
 
 async fn keys(store: &Store, command: KeysCommand) -> anyhow::Result<()> {
     match command {
-        KeysCommand::Create { name, rpm } => {
-            let (key, plaintext) = store.create_api_key(&name, rpm).await?;
+        KeysCommand::Create { name, rpm, admin } => {
+            let opts = KeyOptions {
+                rpm_limit: rpm,
+                admin,
+            };
+            let (key, plaintext) = store.create_api_key_with(&name, opts).await?;
             eprintln!(
-                "created key \"{}\" (id {}, {}); it is shown once, store it now:",
+                "created {}key \"{}\" (id {}, {}); it is shown once, store it now:",
+                if key.admin { "admin " } else { "" },
                 key.name,
                 key.id,
                 key.rpm_limit
@@ -79,9 +87,10 @@ async fn keys(store: &Store, command: KeysCommand) -> anyhow::Result<()> {
             for k in store.list_api_keys().await? {
                 let rpm = k.rpm_limit.map_or("-".to_owned(), |r| r.to_string());
                 let state = if k.revoked { "revoked" } else { "active" };
+                let role = if k.admin { "admin" } else { "client" };
                 println!(
-                    "{}\t{}\t{}...\trpm={}\t{}",
-                    k.id, k.name, k.prefix, rpm, state
+                    "{}\t{}\t{}...\trpm={}\t{}\t{}",
+                    k.id, k.name, k.prefix, rpm, state, role
                 );
             }
         }

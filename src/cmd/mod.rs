@@ -8,6 +8,7 @@ use clap::Subcommand;
 pub mod alerts;
 pub mod calibrate;
 pub mod config;
+pub mod dashboards;
 pub mod engine;
 pub mod evals;
 pub mod keys;

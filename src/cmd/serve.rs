@@ -1,4 +1,5 @@
-//! `samewise serve --config FILE`: runs the gateway. The store is PostgreSQL when
+//! `samewise serve --config FILE`: runs the gateway, with the dashboards (`/`, `/api/v1/`)
+//! merged into its router on the same listener. The store is PostgreSQL when
 //! `DATABASE_URL` is set, else SQLite in the configured data directory. SIGINT or SIGTERM stops
 //! accepting connections, lets in-flight requests (streams included) finish, drains the
 //! request-record queue into the store, then exits.
@@ -39,7 +40,9 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
         ..RecordWriterConfig::default()
     };
     let (records, writer) = RecordWriter::spawn(store.clone(), writer_cfg);
-    let state = match AppState::new(&config, store.clone(), records) {
+    // the process's one Prometheus registry: each crate registers its own families
+    let registry = samewise_proxy::new_registry();
+    let state = match AppState::new_in(&config, store.clone(), records, registry.clone()) {
         Ok(s) => s,
         Err(e) => {
             writer.shutdown().await;
@@ -74,6 +77,31 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
             return Err(e);
         }
     };
+    // the dashboards (`/`, `/api/v1/`) beside the gateway's routes, on the same listener
+    let dashboards = match super::dashboards::build(&config, store.clone(), state.clone()) {
+        Ok(d) => d,
+        Err(e) => {
+            if let Some(p) = probes {
+                p.shutdown().await;
+            }
+            if let Some(e) = evals {
+                e.shutdown().await;
+            }
+            writer.shutdown().await;
+            store.close().await;
+            return Err(e);
+        }
+    };
+    let dash_metrics = {
+        let mut r = registry.write().unwrap_or_else(|p| p.into_inner());
+        samewise_dashboards::metrics::DashMetrics::register(&mut r)
+    };
+    let refresher = samewise_dashboards::metrics::Refresher::spawn(
+        dashboards.clone(),
+        dash_metrics,
+        std::time::Duration::from_secs(15),
+    );
+    let app = samewise_proxy::router(state.clone()).merge(samewise_dashboards::router(dashboards));
     let addr = listen.unwrap_or(config.server.listen);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -84,7 +112,7 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
     println!("listening on http://{local}");
     // drift alerts demote or exclude endpoints (each model's on_drift), re-read every poll
     let quality = samewise_proxy::QualityWatcher::spawn(&config, state.clone(), store.clone());
-    let served = samewise_proxy::serve(listener, state, super::shutdown_signal()).await;
+    let served = samewise_proxy::serve_router(listener, app, super::shutdown_signal()).await;
     if let Some(p) = probes {
         tracing::info!("stopping the probe scheduler");
         p.shutdown().await;
@@ -94,6 +122,7 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
         e.shutdown().await;
     }
     quality.shutdown().await;
+    refresher.shutdown().await;
     tracing::info!("draining request records");
     writer.shutdown().await;
     store.close().await;

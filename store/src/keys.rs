@@ -25,6 +25,18 @@ pub struct ApiKey {
     pub created_ms: i64,
     /// True once revoked; revoked keys no longer authenticate.
     pub revoked: bool,
+    /// True for an admin key: it opens the dashboards and their JSON API (and still works
+    /// on the gateway routes).
+    pub admin: bool,
+}
+
+/// What a new key is allowed ([`Store::create_api_key_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KeyOptions {
+    /// Requests per minute; None = no per-key limit.
+    pub rpm_limit: Option<u32>,
+    /// An admin key (dashboards, admin APIs).
+    pub admin: bool,
 }
 
 /// What every plaintext key starts with.
@@ -34,7 +46,8 @@ pub const DISPLAY_PREFIX_LEN: usize = 8;
 /// Longest accepted key name.
 pub const MAX_NAME_LEN: usize = 200;
 
-const SELECT: &str = "SELECT id, name, prefix, rpm_limit, created_ms, revoked_ms FROM api_keys";
+const SELECT: &str =
+    "SELECT id, name, prefix, rpm_limit, created_ms, revoked_ms, admin FROM api_keys";
 
 impl Store {
     /// Creates a key named `name` and returns it with its plaintext (`sw-` + 64 hex
@@ -45,6 +58,20 @@ impl Store {
         name: &str,
         rpm_limit: Option<u32>,
     ) -> Result<(ApiKey, String), StoreError> {
+        let opts = KeyOptions {
+            rpm_limit,
+            admin: false,
+        };
+        self.create_api_key_with(name, opts).await
+    }
+
+    /// As [`Store::create_api_key`], with every option (an admin key, a rate limit).
+    pub async fn create_api_key_with(
+        &self,
+        name: &str,
+        opts: KeyOptions,
+    ) -> Result<(ApiKey, String), StoreError> {
+        let KeyOptions { rpm_limit, admin } = opts;
         validate_name(name)?;
         let mut secret = [0u8; 32];
         rand::rngs::OsRng
@@ -58,26 +85,28 @@ impl Store {
         const OP: &str = "creating an API key";
         let result = match &self.pool {
             Pool::Postgres(pool) => sqlx::query(
-                "INSERT INTO api_keys (name, key_hash, prefix, rpm_limit, created_ms) \
-                     VALUES ($1, $2, $3, $4, $5) RETURNING id",
+                "INSERT INTO api_keys (name, key_hash, prefix, rpm_limit, created_ms, admin) \
+                     VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
             )
             .bind(name)
             .bind(&hash)
             .bind(&prefix)
             .bind(rpm)
             .bind(created_ms)
+            .bind(admin)
             .fetch_one(pool)
             .await
             .and_then(|row| row.try_get::<i64, _>(0)),
             Pool::Sqlite(pool) => sqlx::query(
-                "INSERT INTO api_keys (name, key_hash, prefix, rpm_limit, created_ms) \
-                     VALUES (?, ?, ?, ?, ?) RETURNING id",
+                "INSERT INTO api_keys (name, key_hash, prefix, rpm_limit, created_ms, admin) \
+                     VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
             )
             .bind(name)
             .bind(&hash)
             .bind(&prefix)
             .bind(rpm)
             .bind(created_ms)
+            .bind(admin)
             .fetch_one(pool)
             .await
             .and_then(|row| row.try_get::<i64, _>(0)),
@@ -96,6 +125,7 @@ impl Store {
             rpm_limit,
             created_ms,
             revoked: false,
+            admin,
         };
         Ok((key, plaintext))
     }
@@ -212,6 +242,7 @@ where
     String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     Option<i64>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    bool: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     const OP: &str = "decoding an API key";
     let rpm: Option<i64> = row.try_get(3).map_err(StoreError::query(OP))?;
@@ -231,5 +262,6 @@ where
         rpm_limit,
         created_ms: row.try_get(4).map_err(StoreError::query(OP))?,
         revoked: revoked_ms.is_some(),
+        admin: row.try_get(6).map_err(StoreError::query(OP))?,
     })
 }

@@ -15,6 +15,8 @@
 //! - [`migrate`]: the migration runner over the SQL files embedded from `migrations/`.
 //! - [`error_kind`]: [`ErrorKind`], the closed set of `error_kind` names a record carries.
 //! - [`records`]: [`RequestRecord`] (one row per upstream attempt) and its queries.
+//! - [`rollups`]: [`Rollup`] per endpoint per minute, upserted with the records; the
+//!   summaries and time series dashboards read.
 //! - [`partitions`]: daily partitions of `request_records` on PostgreSQL, and retention.
 //! - [`keys`]: [`ApiKey`]; keys are stored as SHA-256 hashes only.
 //! - [`writer`]: [`RecordWriter`] / [`RecordSender`], the bounded queue and batched writes.
@@ -36,6 +38,7 @@ pub mod migrate;
 pub mod partitions;
 pub mod probe_runs;
 pub mod records;
+pub mod rollups;
 pub mod scheduler_lock;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -46,9 +49,10 @@ pub use connect::{Backend, Store};
 pub use error::StoreError;
 pub use error_kind::ErrorKind;
 pub use evals::{EvalJob, EvalResult, JobProgress, JobState, Lease, NewEvalJob};
-pub use keys::ApiKey;
-pub use probe_runs::{ProbeRun, ProbeRunQuery};
+pub use keys::{ApiKey, KeyOptions};
+pub use probe_runs::{ProbeRun, ProbeRunCount, ProbeRunQuery};
 pub use records::{RecordQuery, RequestRecord};
+pub use rollups::{EndpointRollup, Rollup, RollupPoint, RollupQuery};
 pub use scheduler_lock::SchedulerLock;
 pub use writer::{RecordSender, RecordWriter, RecordWriterConfig};
 

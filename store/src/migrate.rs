@@ -38,6 +38,11 @@ pub const POSTGRES: &[Migration] = &[
         sql: include_str!("../migrations/postgres/0002_probes_alerts.sql"),
     },
     Migration {
+        version: 3,
+        name: "admin keys and endpoint rollups",
+        sql: include_str!("../migrations/postgres/0003_dashboards.sql"),
+    },
+    Migration {
         version: 4,
         name: "eval jobs and results",
         sql: include_str!("../migrations/postgres/0004_evals.sql"),
@@ -55,6 +60,11 @@ pub const SQLITE: &[Migration] = &[
         version: 2,
         name: "probe runs and alerts",
         sql: include_str!("../migrations/sqlite/0002_probes_alerts.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "admin keys and endpoint rollups",
+        sql: include_str!("../migrations/sqlite/0003_dashboards.sql"),
     },
     Migration {
         version: 4,

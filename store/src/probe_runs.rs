@@ -58,6 +58,21 @@ pub struct ProbeRunQuery {
     pub limit: u32,
 }
 
+/// How many probe runs of one kind one endpoint has, with one outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeRunCount {
+    /// The logical model.
+    pub model: String,
+    /// The endpoint label.
+    pub endpoint: String,
+    /// The probe kind.
+    pub kind: String,
+    /// The outcome.
+    pub ok: bool,
+    /// Runs.
+    pub runs: i64,
+}
+
 /// Longest error text kept for a failed run (characters).
 pub const MAX_ERROR_CHARS: usize = 2_000;
 
@@ -161,6 +176,65 @@ impl Store {
                 .await
                 .map_err(StoreError::query(OP))?;
             rows.iter().map(run_from_row).collect()
+        })
+    }
+
+    /// As [`Store::probe_runs`] without the raw per-position data (`raw` is None): the
+    /// statistics series that dashboards draw.
+    pub async fn probe_run_stats(&self, q: &ProbeRunQuery) -> Result<Vec<ProbeRun>, StoreError> {
+        const OP: &str = "reading probe run statistics";
+        let no_raw = match self.backend() {
+            Backend::Postgres => "CAST(NULL AS BYTEA)",
+            Backend::Sqlite => "NULL",
+        };
+        let columns = COLUMNS.replace(" raw,", &format!(" {no_raw},"));
+        on_pool!(&self.pool, |p| {
+            let mut qb = QueryBuilder::new(format!("SELECT {columns} FROM probe_runs WHERE 1=1"));
+            if let Some(m) = &q.model {
+                qb.push(" AND model = ").push_bind(m.as_str());
+            }
+            if let Some(e) = &q.endpoint {
+                qb.push(" AND endpoint = ").push_bind(e.as_str());
+            }
+            if let Some(k) = &q.kind {
+                qb.push(" AND kind = ").push_bind(k.as_str());
+            }
+            if let Some(t) = q.since_ms {
+                qb.push(" AND started_ms >= ").push_bind(t);
+            }
+            qb.push(" ORDER BY started_ms DESC, id DESC LIMIT ")
+                .push_bind(i64::from(q.limit));
+            let rows = qb
+                .build()
+                .fetch_all(p)
+                .await
+                .map_err(StoreError::query(OP))?;
+            rows.iter().map(run_from_row).collect()
+        })
+    }
+
+    /// Probe runs per endpoint, kind and outcome (ok or not), over all time: what
+    /// `/metrics` exports as `probe_runs_total`.
+    pub async fn probe_run_counts(&self) -> Result<Vec<ProbeRunCount>, StoreError> {
+        const OP: &str = "counting probe runs";
+        let stmt = "SELECT model, endpoint, kind, ok, COUNT(*) FROM probe_runs \
+                    GROUP BY model, endpoint, kind, ok ORDER BY model, endpoint, kind, ok";
+        on_pool!(&self.pool, |p| {
+            let rows = sqlx::query(stmt)
+                .fetch_all(p)
+                .await
+                .map_err(StoreError::query(OP))?;
+            rows.iter()
+                .map(|r| {
+                    Ok(ProbeRunCount {
+                        model: r.try_get(0).map_err(StoreError::query(OP))?,
+                        endpoint: r.try_get(1).map_err(StoreError::query(OP))?,
+                        kind: r.try_get(2).map_err(StoreError::query(OP))?,
+                        ok: r.try_get(3).map_err(StoreError::query(OP))?,
+                        runs: r.try_get(4).map_err(StoreError::query(OP))?,
+                    })
+                })
+                .collect()
         })
     }
 

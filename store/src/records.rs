@@ -5,14 +5,17 @@
 //! since the table is partitioned by `ts_ms`, see [`crate::partitions`]). Inserts skip rows
 //! whose key is already stored (`ON CONFLICT DO NOTHING`), so a batch retried after an
 //! ambiguous failure cannot fail forever or double-count; skipped rows are logged at WARN,
-//! never silent. NUL characters in text fields are stored as U+FFFD (PostgreSQL's TEXT
+//! never silent. The same transaction adds the newly inserted rows to the per-minute
+//! rollups ([`crate::rollups`]). NUL characters in text fields are stored as U+FFFD (PostgreSQL's TEXT
 //! cannot hold them, and one such row would otherwise fail its whole batch).
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 
 use sqlx::{Database, QueryBuilder, Row};
 
 use crate::connect::Pool;
+use crate::rollups::Deltas;
 use crate::{Store, StoreError};
 
 /// One upstream attempt of one client request (attempt 1..n; `final_attempt` marks the one
@@ -131,7 +134,7 @@ $7::text[], $8::text[], $9::text[], $10::bool[], $11::int8[], $12::text[], $13::
 $14::float8[], $15::float8[], $16::float8[], $17::int8[], $18::int8[], $19::bool[], $20::text[], \
 $21::int8[], $22::float8[], $23::int8[], $24::int8[], $25::int8[], $26::int8[], $27::text[], \
 $28::bool[], $29::bool[]) \
-ON CONFLICT (request_id, attempt, ts_ms) DO NOTHING";
+ON CONFLICT (request_id, attempt, ts_ms) DO NOTHING RETURNING request_id, attempt, ts_ms";
 
 /// The columns, in the order they are inserted and selected.
 const COLUMNS: &str = "request_id, attempt, final_attempt, ts_ms, key_id, model, provider, endpoint, \
@@ -151,9 +154,19 @@ impl Store {
         let inserted = match &self.pool {
             Pool::Postgres(pool) => {
                 let mut tx = pool.begin().await.map_err(StoreError::query(OP))?;
-                let mut inserted = 0;
+                let mut keys = Vec::new();
                 for chunk in rows.chunks(PG_ROWS_PER_STATEMENT) {
-                    inserted += insert_postgres(&mut tx, chunk)
+                    keys.extend(
+                        insert_postgres(&mut tx, chunk)
+                            .await
+                            .map_err(StoreError::query(OP))?,
+                    );
+                }
+                let inserted = keys.len() as u64;
+                let deltas = Deltas::of(newly_inserted(rows, keys));
+                for mut qb in deltas.statements::<sqlx::Postgres>() {
+                    qb.build()
+                        .execute(&mut *tx)
                         .await
                         .map_err(StoreError::query(OP))?;
                 }
@@ -165,15 +178,25 @@ impl Store {
                     .begin_with("BEGIN IMMEDIATE")
                     .await
                     .map_err(StoreError::query(OP))?;
-                let mut inserted = 0;
+                let mut keys = Vec::new();
                 for chunk in rows.chunks(ROWS_PER_STATEMENT) {
                     let mut qb = insert_statement::<sqlx::Sqlite>(chunk);
-                    inserted += qb
+                    for row in qb
                         .build()
-                        .execute(&mut *tx)
+                        .fetch_all(&mut *tx)
                         .await
                         .map_err(StoreError::query(OP))?
-                        .rows_affected();
+                    {
+                        keys.push(inserted_key(&row).map_err(StoreError::query(OP))?);
+                    }
+                }
+                let inserted = keys.len() as u64;
+                let deltas = Deltas::of(newly_inserted(rows, keys));
+                for mut qb in deltas.statements::<sqlx::Sqlite>() {
+                    qb.build()
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(StoreError::query(OP))?;
                 }
                 tx.commit().await.map_err(StoreError::query(OP))?;
                 inserted
@@ -225,11 +248,49 @@ fn text(s: &str) -> Cow<'_, str> {
     }
 }
 
-/// Inserts `rows` on PostgreSQL with [`PG_INSERT`]; returns how many were new.
+/// `(request_id, attempt, ts_ms)` of an inserted row, as the insert's RETURNING gives it.
+type InsertedKey = (String, i64, i64);
+
+fn inserted_key<R>(row: &R) -> Result<InsertedKey, sqlx::Error>
+where
+    R: Row,
+    usize: sqlx::ColumnIndex<R>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
+}
+
+/// The rows of `rows` that the insert reported as new (`keys`, one per inserted row; a key
+/// given twice in one batch counts once), for the rollups.
+fn newly_inserted(rows: &[RequestRecord], keys: Vec<InsertedKey>) -> Vec<&RequestRecord> {
+    let mut left: HashMap<InsertedKey, usize> = HashMap::new();
+    for k in keys {
+        *left.entry(k).or_default() += 1;
+    }
+    rows.iter()
+        .filter(|r| {
+            let k = (
+                text(&r.request_id).into_owned(),
+                i64::from(r.attempt),
+                r.ts_ms,
+            );
+            match left.get_mut(&k) {
+                Some(n) if *n > 0 => {
+                    *n -= 1;
+                    true
+                }
+                _ => false,
+            }
+        })
+        .collect()
+}
+
+/// Inserts `rows` on PostgreSQL with [`PG_INSERT`]; returns the keys of the new ones.
 async fn insert_postgres(
     conn: &mut sqlx::PgConnection,
     rows: &[RequestRecord],
-) -> Result<u64, sqlx::Error> {
+) -> Result<Vec<InsertedKey>, sqlx::Error> {
     fn col<'a, T>(rows: &'a [RequestRecord], f: impl Fn(&'a RequestRecord) -> T) -> Vec<T> {
         rows.iter().map(f).collect()
     }
@@ -263,9 +324,9 @@ async fn insert_postgres(
         .bind(col(rows, |r| r.tool_finish_mismatch.as_deref().map(text)))
         .bind(col(rows, |r| r.tool_errored))
         .bind(col(rows, |r| r.degenerate))
-        .execute(conn)
+        .fetch_all(conn)
         .await?;
-    Ok(done.rows_affected())
+    done.iter().map(inserted_key).collect()
 }
 
 /// `INSERT INTO request_records (...) VALUES (...), ... ON CONFLICT DO NOTHING` for `rows`
@@ -315,7 +376,7 @@ where
             .push_bind(r.tool_errored)
             .push_bind(r.degenerate);
     });
-    qb.push(" ON CONFLICT (request_id, attempt) DO NOTHING");
+    qb.push(" ON CONFLICT (request_id, attempt) DO NOTHING RETURNING request_id, attempt, ts_ms");
     qb
 }
 

@@ -15,12 +15,15 @@
 //!   one rule for every crate's tests and benchmarks.
 //! - `http1`: a small hand-written HTTP/1.1 server side (keep-alive, chunked bodies), so the
 //!   mock can reset connections, split writes and stall at exact byte offsets.
+//! - [`webdriver`]: a tiny W3C WebDriver client over `reqwest` for browser tests against
+//!   a real headless Chromium ([`webdriver::ChromeDriver`], [`webdriver::Browser`]).
 
 mod behavior;
 pub mod fixtures;
 mod http1;
 mod mock;
 mod render;
+pub mod webdriver;
 
 pub use behavior::{Behavior, LogprobsMode, Reply, ToolCall};
 pub use mock::{MockUpstream, MockUpstreamBuilder, RecordedRequest};
@@ -44,4 +47,7 @@ pub enum TestkitError {
         /// How many had arrived at the deadline.
         seen: usize,
     },
+    /// The browser or its driver failed (not installed, refused a command, ...).
+    #[error("webdriver: {0}")]
+    WebDriver(String),
 }

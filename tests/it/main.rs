@@ -10,6 +10,7 @@ mod common;
 mod alerts_cli;
 mod cli;
 mod evals_e2e;
+mod dashboards_browser;
 mod passive_drift_e2e;
 mod probes_e2e;
 mod probes_rounds;

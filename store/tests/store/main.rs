@@ -6,7 +6,7 @@
 //! Layout: `connect` (URLs, migrations, concurrent start-up), `records` (request records,
 //! queries, retention and partitions), `keys` (API keys), `writer` (the batch writer),
 //! `probe_runs` (probe runs and the scheduler lock), `alerts` (alert lifecycle), `evals`
-//! (the eval job queue).
+//! (the eval job queue), `rollups` (per-minute rollups, admin keys, probe statistics).
 
 use std::time::Duration;
 
@@ -44,6 +44,7 @@ mod evals;
 mod keys;
 mod probe_runs;
 mod records;
+mod rollups;
 mod writer;
 
 /// A record with every optional field set, distinct per `i`.

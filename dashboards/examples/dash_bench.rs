@@ -1,0 +1,274 @@
+//! The dashboards' latency benchmark: ENDPOINTS endpoints (10 per model) with DAYS days of
+//! traffic (RPM attempts per endpoint per minute) loaded through the real record writer and
+//! its rollup upserts, one logprob probe run per endpoint per hour, a few alerts; then the
+//! real router on 127.0.0.1 answers the overview (`/?range=24h`, `/?range=30d`) and an
+//! endpoint page (`/endpoint?e=…&range=24h`). "cold" is the first request after the server
+//! (and its connection pool) started; "warm" is the p50/p95 of REPEAT requests after it.
+//! Not a test: it prints numbers.
+//!
+//! Run: `cargo run --release -p samewise-dashboards --example dash_bench -- [sqlite|postgres]`
+//! with ENDPOINTS (50), DAYS (2), RPM (1), REPEAT (40) in the environment.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use samewise_dashboards::{Dashboards, DashboardsConfig, LiveState, ModelSpec, Routing, Slo};
+use samewise_store::testing::TestDb;
+use samewise_store::{
+    Backend, NewAlert, ProbeRun, RecordWriter, RecordWriterConfig, RequestRecord,
+};
+
+#[derive(Debug)]
+struct AllActive;
+
+impl LiveState for AllActive {
+    fn routing(&self, _: &str, _: &str) -> Option<Routing> {
+        Some(Routing {
+            state: "active",
+            why: None,
+        })
+    }
+}
+
+fn env(name: &str, default: i64) -> i64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let backend = match std::env::args().nth(1).as_deref() {
+        None | Some("postgres") => Backend::Postgres,
+        Some("sqlite") => Backend::Sqlite,
+        Some(o) => anyhow::bail!("unknown backend {o:?}"),
+    };
+    let (endpoints, days, rpm, repeat) = (
+        env("ENDPOINTS", 50),
+        env("DAYS", 2),
+        env("RPM", 1),
+        env("REPEAT", 40),
+    );
+    let db = TestDb::new(backend).await?;
+    let now = samewise_store::now_ms();
+    let start = now - days * 86_400_000;
+    let mut specs: HashMap<String, Vec<String>> = HashMap::new();
+    let names: Vec<(String, String)> = (0..endpoints)
+        .map(|i| {
+            (
+                format!("model-{}", i / 10),
+                format!("p{i}/model-{}", i / 10),
+            )
+        })
+        .collect();
+    for (m, e) in &names {
+        specs.entry(m.clone()).or_default().push(e.clone());
+    }
+
+    // traffic through the real writer (and its rollup upserts)
+    let load = Instant::now();
+    let (tx, writer) = RecordWriter::spawn(
+        db.store.clone(),
+        RecordWriterConfig {
+            capacity: 100_000,
+            max_batch: 5_000,
+            ..RecordWriterConfig::default()
+        },
+    );
+    let minutes = days * 1440;
+    let mut n = 0u64;
+    for minute in 0..minutes {
+        for (i, (m, e)) in names.iter().enumerate() {
+            for k in 0..rpm {
+                let ts = start + minute * 60_000 + (i as i64 * 997 + k * 7_919) % 60_000;
+                let r = RequestRecord {
+                    request_id: format!("{minute}-{i}-{k}"),
+                    attempt: 1,
+                    final_attempt: true,
+                    ts_ms: ts,
+                    model: m.clone(),
+                    provider: Some(format!("p{i}")),
+                    endpoint: Some(e.clone()),
+                    route: "chat".to_owned(),
+                    status: Some(200),
+                    attempts: 1,
+                    ttft_ms: Some(50.0 + ((minute + k) % 400) as f64),
+                    latency_ms: 900.0,
+                    tpot_ms: Some(8.0 + (minute % 30) as f64),
+                    prompt_tokens: Some(200),
+                    completion_tokens: Some(100),
+                    finish_reason: Some(
+                        if minute % 10 == 0 { "length" } else { "stop" }.to_owned(),
+                    ),
+                    error_kind: (minute % 97 == 0).then(|| "upstream_5xx".to_owned()),
+                    tool_calls: u32::from(minute % 3 == 0),
+                    tool_errored: minute % 31 == 0,
+                    ..RequestRecord::default()
+                };
+                while !tx.try_send(r.clone()) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                n += 1;
+            }
+        }
+    }
+    writer.shutdown().await;
+    ensure_written(&tx, n)?;
+    let load_s = load.elapsed().as_secs_f64();
+    for (m, e) in &names {
+        for h in 0..days * 24 {
+            db.store
+                .insert_probe_run(&ProbeRun {
+                    model: m.clone(),
+                    endpoint: e.clone(),
+                    kind: "prompt_logprobs".to_owned(),
+                    started_ms: start + h * 3_600_000,
+                    finished_ms: start + h * 3_600_000 + 2_000,
+                    ok: true,
+                    tokens: 500,
+                    stats: serde_json::json!({ "kl_mean": 0.001 * (1 + h % 5) as f64, "top1_same": 0.97 }),
+                    ..ProbeRun::default()
+                })
+                .await?;
+        }
+    }
+    for (m, e) in names.iter().step_by(7) {
+        db.store
+            .upsert_alert(&NewAlert {
+                model: m.clone(),
+                endpoint: e.clone(),
+                kind: "unfaithful".to_owned(),
+                summary: "bench".to_owned(),
+                evidence: serde_json::json!({ "equivalent": { "relation": "approx", "bits": 4.1 } }),
+                now_ms: now,
+            })
+            .await?;
+    }
+    let mut models: Vec<ModelSpec> = specs
+        .into_iter()
+        .map(|(name, endpoints)| ModelSpec {
+            name,
+            endpoints,
+            slo: Some(Slo {
+                ttft_ms: 300.0,
+                tpot_ms: 30.0,
+            }),
+            ladder: Vec::new(),
+        })
+        .collect();
+    models.sort_by(|a, b| a.name.cmp(&b.name));
+    let dash = Dashboards::new(
+        db.store.clone(),
+        models,
+        Arc::new(AllActive),
+        DashboardsConfig::default(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, samewise_dashboards::router(dash))
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let (_, key) = db
+        .store
+        .create_api_key_with(
+            "bench",
+            samewise_store::KeyOptions {
+                rpm_limit: None,
+                admin: true,
+            },
+        )
+        .await?;
+    let http = reqwest::Client::new();
+    println!(
+        "backend {}: {endpoints} endpoints, {days} days, {n} request records loaded through the writer in {load_s:.1} s ({:.0}/s)",
+        backend.name(),
+        n as f64 / load_s
+    );
+    println!("| page | cold (ms) | warm p50 (ms) | warm p95 (ms) | bytes |");
+    println!("|---|---|---|---|---|");
+    for path in [
+        "/?range=24h",
+        "/?range=30d",
+        "/endpoint?e=p7%2Fmodel-0&range=24h",
+        "/endpoint?e=p7%2Fmodel-0&range=30d",
+    ] {
+        let mut times = Vec::new();
+        let mut bytes = 0;
+        for _ in 0..=repeat {
+            let t = Instant::now();
+            let res = http
+                .get(format!("{url}{path}"))
+                .bearer_auth(&key)
+                .send()
+                .await?;
+            anyhow::ensure!(res.status() == 200, "{path}: {}", res.status());
+            bytes = res.bytes().await?.len();
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        let cold = times.remove(0);
+        times.sort_by(f64::total_cmp);
+        let q = |p: f64| times[((times.len() as f64 - 1.0) * p).round() as usize];
+        println!(
+            "| `{path}` | {cold:.1} | {:.1} | {:.1} | {bytes} |",
+            q(0.5),
+            q(0.95)
+        );
+    }
+    // where the overview's time goes: the store queries alone (warm, median of REPEAT)
+    for (name, range_ms) in [("24h", 86_400_000i64), ("30d", 30 * 86_400_000)] {
+        let mut t_roll = Vec::new();
+        let mut t_runs = Vec::new();
+        for _ in 0..repeat {
+            let now = samewise_store::now_ms();
+            let t = Instant::now();
+            db.store
+                .endpoint_rollups(&samewise_store::RollupQuery {
+                    since_ms: now - range_ms,
+                    until_ms: now + 1,
+                    ..Default::default()
+                })
+                .await?;
+            t_roll.push(t.elapsed().as_secs_f64() * 1000.0);
+            let t = Instant::now();
+            for m in 0..(endpoints + 9) / 10 {
+                db.store
+                    .probe_run_stats(&samewise_store::ProbeRunQuery {
+                        model: Some(format!("model-{m}")),
+                        since_ms: Some(now - range_ms.max(86_400_000)),
+                        limit: 50_000,
+                        ..Default::default()
+                    })
+                    .await?;
+            }
+            t_runs.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        t_roll.sort_by(f64::total_cmp);
+        t_runs.sort_by(f64::total_cmp);
+        println!(
+            "store only, {name}: endpoint_rollups (all endpoints) median {:.1} ms; probe runs (every model) median {:.1} ms",
+            t_roll[t_roll.len() / 2],
+            t_runs[t_runs.len() / 2]
+        );
+    }
+    let _ = stop.send(());
+    server.await.context("server task")??;
+    Ok(())
+}
+
+fn ensure_written(tx: &samewise_store::RecordSender, n: u64) -> Result<()> {
+    anyhow::ensure!(
+        tx.written() == n && tx.write_errors() == 0,
+        "written {} of {n}, {} errors",
+        tx.written(),
+        tx.write_errors()
+    );
+    Ok(())
+}

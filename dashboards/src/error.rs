@@ -1,0 +1,84 @@
+//! The crate's error type, and how errors reach an HTTP client: OpenAI-shaped JSON
+//! (`{"error": {"message", "type", "code"}}`) with a status, never a leaked internal message
+//! (store failures are logged and answered with a generic "internal error").
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+/// Everything that can go wrong in the dashboards.
+#[derive(Debug, thiserror::Error)]
+pub enum DashError {
+    /// A `[dashboards]` or `[models.NAME.slo]` value is invalid; names the key.
+    #[error("invalid configuration at {key}: {reason}")]
+    Config {
+        /// The TOML key, e.g. `models.smol.slo.ttft_ms`.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A store query failed.
+    #[error(transparent)]
+    Store(#[from] samewise_store::StoreError),
+    /// No credentials (or an unknown key / expired session).
+    #[error("an admin key or a dashboard session is required")]
+    Unauthenticated,
+    /// A valid key that is not an admin key.
+    #[error("this key is not an admin key")]
+    Forbidden,
+    /// A POST under a session without its CSRF token.
+    #[error("missing or wrong CSRF token")]
+    Csrf,
+    /// Something asked for does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// A malformed parameter.
+    #[error("{0}")]
+    BadRequest(String),
+}
+
+impl DashError {
+    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        match self {
+            DashError::Config { .. } | DashError::Store(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                "internal",
+            ),
+            DashError::Unauthenticated => (
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "invalid_api_key",
+            ),
+            DashError::Forbidden => (
+                StatusCode::FORBIDDEN,
+                "permission_error",
+                "admin_key_required",
+            ),
+            DashError::Csrf => (StatusCode::FORBIDDEN, "permission_error", "csrf"),
+            DashError::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", "not_found"),
+            DashError::BadRequest(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "invalid_parameter",
+            ),
+        }
+    }
+}
+
+impl IntoResponse for DashError {
+    fn into_response(self) -> Response {
+        let (status, kind, code) = self.parts();
+        let message = match &self {
+            DashError::Store(e) => {
+                tracing::error!(error = %e, "a dashboard query failed");
+                "internal error".to_owned()
+            }
+            DashError::Config { .. } => "internal error".to_owned(),
+            other => other.to_string(),
+        };
+        let body = serde_json::json!({
+            "error": { "message": message, "type": kind, "code": code }
+        });
+        (status, axum::Json(body)).into_response()
+    }
+}

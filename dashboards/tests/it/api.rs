@@ -1,0 +1,223 @@
+//! The JSON API against what the store holds: models, the overview's answers (counts, rates,
+//! verdicts, "≈ 4-bit", routing, evals), series with a step, probe series with one point per
+//! run, alerts (list, one, acknowledge, resolve), and parameter errors. Also on PostgreSQL.
+
+use anyhow::{Result, ensure};
+use samewise_store::Backend;
+use serde_json::Value;
+
+use crate::common::{RUNS, Server, body};
+
+fn row<'a>(overview: &'a Value, endpoint: &str) -> Result<&'a Value> {
+    overview["models"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|m| m["endpoints"].as_array().into_iter().flatten())
+        .find(|r| r["endpoint"] == endpoint)
+        .ok_or_else(|| anyhow::anyhow!("no row for {endpoint}: {overview}"))
+}
+
+async fn overview_matches_the_store(backend: Backend) -> Result<()> {
+    let s = Server::start_on(backend).await?;
+    let models = s.json("/api/v1/models").await?;
+    ensure!(
+        models["models"].as_array().map(Vec::len) == Some(2),
+        "{models}"
+    );
+    ensure!(models["models"][0]["slo"]["ttft_ms"] == 100.0);
+
+    let o = s.json("/api/v1/overview?range=24h").await?;
+    let w4 = row(&o, "w4/m")?;
+    ensure!(w4["requests"] == s.attempts, "{w4}");
+    ensure!(w4["bits"] == "≈ 4-bit", "{}", w4["bits"]);
+    ensure!(w4["faithful"]["answer"] == "no" && w4["changed"]["answer"] == "no");
+    ensure!(w4["works"]["answer"] == "yes");
+    ensure!(w4["routing"]["state"] == "demoted");
+    ensure!(
+        w4["kl_24h"].as_array().map(Vec::len) == Some(RUNS),
+        "{}",
+        w4["kl_24h"]
+    );
+    ensure!(w4["alerts"].as_array().map(Vec::len) == Some(1));
+    ensure!(w4["evals"]["note"] == "no evals yet" && w4["evals"]["available"] == false);
+    let share = w4["traffic_share"].as_f64().unwrap_or_default();
+    ensure!((share - 1.0 / 3.0).abs() < 1e-9, "{share}");
+    let reference = row(&o, "ref/m")?;
+    ensure!(reference["faithful"]["answer"] == "yes" && reference["bits"].is_null());
+    // TTFT 80..119 ms: the median lies in the (50, 100] or (100, 200] bucket
+    let p50 = reference["ttft_p50_ms"].as_f64().unwrap_or_default();
+    ensure!((50.0..=200.0).contains(&p50), "{p50}");
+    ensure!(
+        reference["goodput"]["tpot_within"] == 1.0,
+        "{}",
+        reference["goodput"]
+    );
+    let tool = row(&o, "tool/m")?;
+    ensure!(
+        tool["tool_errors"]["k"] == 10 && tool["tool_errors"]["n"] == 40,
+        "{}",
+        tool["tool_errors"]
+    );
+    let (lo, hi) = (
+        tool["tool_errors"]["lo"].as_f64().unwrap_or(1.0),
+        tool["tool_errors"]["hi"].as_f64().unwrap_or(0.0),
+    );
+    ensure!(
+        lo < 0.25 && hi > 0.25,
+        "Wilson interval around 0.25: {lo} {hi}"
+    );
+    let other = row(&o, "x/o")?;
+    ensure!(
+        other["requests"] == 0
+            && other["works"]["answer"] == "unknown"
+            && other["routing"].is_null()
+    );
+
+    // one model only; an unknown one
+    let only = s.json("/api/v1/overview?model=other").await?;
+    ensure!(only["models"].as_array().map(Vec::len) == Some(1));
+    ensure!(
+        s.get("/api/v1/overview?model=nope", Some(&s.admin))
+            .await?
+            .status()
+            == 404
+    );
+    ensure!(
+        s.get("/api/v1/overview?range=2y", Some(&s.admin))
+            .await?
+            .status()
+            == 400
+    );
+    s.stop().await
+}
+
+#[tokio::test]
+async fn overview_matches_the_store_sqlite() -> Result<()> {
+    overview_matches_the_store(Backend::Sqlite).await
+}
+
+#[tokio::test]
+async fn overview_matches_the_store_postgres() -> Result<()> {
+    overview_matches_the_store(Backend::Postgres).await
+}
+
+#[tokio::test]
+async fn series_and_probe_series() -> Result<()> {
+    let s = Server::start().await?;
+    let per_minute = s
+        .json("/api/v1/series?endpoint=ref/m&range=6h&step=60")
+        .await?;
+    let pts = per_minute["points"].as_array().cloned().unwrap_or_default();
+    ensure!(
+        pts.len() as i64 == s.attempts,
+        "one attempt per minute: {}",
+        pts.len()
+    );
+    ensure!(pts.iter().all(|p| p["requests"] == 1));
+    let ten = s
+        .json("/api/v1/series?endpoint=ref/m&range=6h&step=600")
+        .await?;
+    let total: i64 = ten["points"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["requests"].as_i64())
+        .sum();
+    ensure!(total == s.attempts && ten["step_ms"] == 600_000, "{ten}");
+    ensure!(
+        s.get("/api/v1/series?endpoint=ref/m&step=7", Some(&s.admin))
+            .await?
+            .status()
+            == 400
+    );
+    ensure!(
+        s.get("/api/v1/series?endpoint=nope/x", Some(&s.admin))
+            .await?
+            .status()
+            == 404
+    );
+
+    let ps = s
+        .json("/api/v1/probe-series?endpoint=w4/m&range=24h")
+        .await?;
+    let kl = ps["series"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|x| x["stat"] == "kl_mean")
+        .cloned()
+        .unwrap_or_default();
+    ensure!(kl["points"].as_array().map(Vec::len) == Some(RUNS), "{ps}");
+    // a range holding none of the runs (they are 1-2 h old)
+    let none = s
+        .json("/api/v1/probe-series?endpoint=w4/m&range=1h")
+        .await?;
+    ensure!(
+        none["series"].as_array().is_some_and(Vec::is_empty),
+        "{none}"
+    );
+
+    let e = s.json("/api/v1/endpoint?endpoint=tool/m&range=24h").await?;
+    ensure!(
+        e["tool_errors_by_kind"]["unknown_name"] == 10,
+        "{}",
+        e["tool_errors_by_kind"]
+    );
+    ensure!(e["finish_reasons"]["stop"] == 30);
+    ensure!(e["agent"][0]["basis"] == "tool-call error");
+    let n50 = e["agent"][0]["task_failure"][2][1]
+        .as_f64()
+        .unwrap_or_default();
+    ensure!((n50 - (1.0 - 0.75f64.powi(50))).abs() < 1e-9, "{n50}");
+    ensure!(e["ladder"].as_array().map(Vec::len) == Some(2));
+    s.stop().await
+}
+
+#[tokio::test]
+async fn alerts_list_ack_resolve() -> Result<()> {
+    let s = Server::start().await?;
+    let http = Server::http()?;
+    let all = s.json("/api/v1/alerts").await?;
+    ensure!(all["alerts"].as_array().map(Vec::len) == Some(2), "{all}");
+    let one = s
+        .json(&format!("/api/v1/alerts/{}", s.unfaithful_alert))
+        .await?;
+    ensure!(one["kind"] == "unfaithful" && one["evidence"]["equivalent"]["bits"] == 4.2);
+    ensure!(
+        s.get("/api/v1/alerts/999999", Some(&s.admin))
+            .await?
+            .status()
+            == 404
+    );
+    ensure!(
+        s.get("/api/v1/alerts?state=bogus", Some(&s.admin))
+            .await?
+            .status()
+            == 400
+    );
+    // Bearer POSTs need no CSRF token (no ambient credential)
+    let id = s.unfaithful_alert;
+    let acked = body(
+        http.post(format!("{}/api/v1/alerts/{id}/ack", s.url))
+            .bearer_auth(&s.admin)
+            .send()
+            .await?,
+    )
+    .await?;
+    ensure!(acked["state"] == "acknowledged", "{acked}");
+    let open = s.json("/api/v1/alerts?state=open").await?;
+    ensure!(open["alerts"].as_array().map(Vec::len) == Some(1));
+    let resolved = body(
+        http.post(format!("{}/api/v1/alerts/{id}/resolve", s.url))
+            .bearer_auth(&s.admin)
+            .send()
+            .await?,
+    )
+    .await?;
+    ensure!(resolved["state"] == "resolved");
+    // once resolved, the overview no longer counts it
+    let o = s.json("/api/v1/overview").await?;
+    ensure!(row(&o, "w4/m")?["faithful"]["answer"] == "yes");
+    s.stop().await
+}

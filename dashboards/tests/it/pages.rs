@@ -1,0 +1,119 @@
+//! Pages: they show what the API answers (the w4 row's "≈ 4-bit", a chart with one point per
+//! run in its range, the ladder's bands), every XSS payload from the store renders as text,
+//! and every response carries the CSP and hardening headers.
+
+use anyhow::{Result, ensure};
+
+use crate::common::{RUNS, Server, XSS};
+
+async fn page(s: &Server, path: &str) -> Result<String> {
+    let res = s.get(path, Some(&s.admin)).await?;
+    ensure!(res.status() == 200, "GET {path}: {}", res.status());
+    let csp = res
+        .headers()
+        .get("content-security-policy")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    ensure!(csp.starts_with("default-src 'self'"), "{path}: CSP {csp:?}");
+    ensure!(
+        res.headers()
+            .get("x-content-type-options")
+            .is_some_and(|v| v == "nosniff")
+    );
+    ensure!(
+        res.headers()
+            .get("x-frame-options")
+            .is_some_and(|v| v == "DENY")
+    );
+    let html = res.text().await?;
+    ensure!(
+        !html.contains(XSS) && !html.contains("<script>window"),
+        "{path}: the payload is raw"
+    );
+    ensure!(!html.contains("<img"), "{path}: an injected element");
+    Ok(html)
+}
+
+/// The `<tr>` of `endpoint` in `html`.
+fn tr<'a>(html: &'a str, endpoint: &str) -> &'a str {
+    let start = html
+        .find(&format!("<tr data-endpoint=\"{endpoint}\""))
+        .unwrap_or(0);
+    let rest = &html[start..];
+    &rest[..rest.find("</tr>").unwrap_or(rest.len())]
+}
+
+#[tokio::test]
+async fn overview_rows_show_the_api_values() -> Result<()> {
+    let s = Server::start().await?;
+    let html = page(&s, "/").await?;
+    let w4 = tr(&html, "w4/m");
+    ensure!(w4.contains("<td class=\"bits\">≈ 4-bit</td>"), "{w4}");
+    ensure!(w4.contains("demoted"), "{w4}");
+    ensure!(
+        w4.contains(&format!("data-points=\"{RUNS}\"")),
+        "the KL sparkline has one point per run"
+    );
+    ensure!(w4.contains("no evals yet"));
+    let tool = tr(&html, "tool/m");
+    ensure!(tool.contains("25.0%"), "tool-call error rate: {tool}");
+    ensure!(html.contains("SLO: TTFT ≤ 100 ms, TPOT ≤ 15 ms"));
+    ensure!(html.contains("/assets/refresh.js") && html.contains("/assets/style.css"));
+    ensure!(
+        !html.contains("http://") && !html.contains("https://"),
+        "a reference to another host"
+    );
+    s.stop().await
+}
+
+#[tokio::test]
+async fn endpoint_page_charts_runs_with_ladder_bands() -> Result<()> {
+    let s = Server::start().await?;
+    let html = page(&s, "/endpoint?e=w4/m&range=24h").await?;
+    let kl = html
+        .split("<figure")
+        .find(|f| f.contains("prompt_logprobs · kl_mean"))
+        .unwrap_or_default();
+    ensure!(kl.contains(&format!("data-points=\"{RUNS}\"")), "{kl}");
+    ensure!(kl.matches("<circle").count() == RUNS);
+    ensure!(
+        kl.matches("class=\"band\"").count() == 2 && kl.contains(">w4 "),
+        "ladder bands: {kl}"
+    );
+    ensure!(html.contains("5-step task") && html.contains("50-step task"));
+    ensure!(html.contains("Acknowledge"));
+    // a range without runs draws none
+    let empty = page(&s, "/endpoint?e=w4/m&range=1h").await?;
+    ensure!(empty.contains("No probe runs in the range."));
+    // the tool endpoint's breakdowns hold the payload as a finish reason: escaped
+    let tool = page(&s, "/endpoint?e=tool/m").await?;
+    ensure!(
+        tool.contains("&lt;script&gt;window.__pwned=1&lt;/script&gt;"),
+        "escaped payload shown"
+    );
+    ensure!(tool.contains("<th>unknown_name</th><td>10</td>"));
+    let res = s.get("/endpoint?e=nope/x", Some(&s.admin)).await?;
+    ensure!(res.status() == 404);
+    s.stop().await
+}
+
+#[tokio::test]
+async fn alerts_and_compare_pages_escape_and_compare() -> Result<()> {
+    let s = Server::start().await?;
+    let list = page(&s, "/alerts").await?;
+    ensure!(list.contains("&lt;script&gt;window.__pwned=1&lt;/script&gt;"));
+    let one = page(&s, &format!("/alerts/{}", s.xss_alert)).await?;
+    ensure!(one.contains("tool_name") && one.contains("&lt;img src=x onerror="));
+    let cmp = page(&s, "/compare?a=ref/m&b=w4/m").await?;
+    ensure!(
+        cmp.contains("<tr data-endpoint=\"ref/m\"") && cmp.contains("<tr data-endpoint=\"w4/m\"")
+    );
+    ensure!(cmp.matches("prompt_logprobs · kl_mean").count() == 2);
+    let across = s.get("/compare?a=ref/m&b=x/o", Some(&s.admin)).await?;
+    ensure!(across.status() == 400, "two models: {}", across.status());
+    // assets are served from our own routes
+    let js = s.get("/assets/refresh.js", None).await?;
+    ensure!(js.status() == 200 && js.text().await?.contains("location.reload"));
+    s.stop().await
+}

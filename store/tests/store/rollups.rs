@@ -1,0 +1,369 @@
+//! Per-endpoint per-minute rollups: kept by the record insert (only new rows count, in the
+//! same transaction), summed per endpoint over a range, as a series with a step, labelled
+//! counts, retention; admin keys; probe statistics without raw data; table lookup.
+
+use super::*;
+use samewise_store::rollups::{HOUR_MS, MINUTE_MS, hist_quantile, minute_of};
+use samewise_store::{KeyOptions, ProbeRun, ProbeRunQuery, RollupQuery};
+
+both!(
+    rollups_follow_inserts,
+    long_ranges_read_hours_and_minute_edges,
+    rollup_series_steps,
+    rollups_through_the_writer,
+    rollup_retention,
+    admin_keys,
+    probe_stats_and_tables
+);
+
+/// An attempt on `endpoint` at `ts_ms` with the given TTFT, TPOT and outcome.
+fn attempt(id: &str, endpoint: &str, ts_ms: i64, ttft: f64, error: Option<&str>) -> RequestRecord {
+    RequestRecord {
+        request_id: id.to_owned(),
+        attempt: 1,
+        final_attempt: true,
+        ts_ms,
+        model: "m".to_owned(),
+        provider: Some("p".to_owned()),
+        endpoint: Some(endpoint.to_owned()),
+        route: "chat".to_owned(),
+        status: Some(if error.is_some() { 502 } else { 200 }),
+        error_kind: error.map(str::to_owned),
+        attempts: 1,
+        ttft_ms: Some(ttft),
+        latency_ms: ttft * 2.0,
+        tpot_ms: Some(12.0),
+        prompt_tokens: Some(10),
+        completion_tokens: Some(5),
+        finish_reason: Some(
+            if error.is_some() {
+                "<script>x</script>"
+            } else {
+                "stop"
+            }
+            .to_owned(),
+        ),
+        ..RequestRecord::default()
+    }
+}
+
+/// A fixed minute-aligned base time (2026-01-01T00:00Z).
+const T0: i64 = 1_767_225_600_000;
+
+async fn rollups_follow_inserts(db: TestDb) -> Result<()> {
+    let s = &db.store;
+    let mut batch = vec![
+        attempt("a", "p/e1", T0 + 1_000, 40.0, None),
+        attempt("b", "p/e1", T0 + 59_999, 150.0, Some("upstream_5xx")),
+        attempt("c", "p/e1", T0 + MINUTE_MS, 20_000.0, None),
+        attempt("d", "p/e2", T0 + 5_000, 90.0, None),
+    ];
+    let mut tool = attempt("e", "p/e2", T0 + 6_000, 90.0, None);
+    tool.tool_calls = 2;
+    tool.tool_invalid_json = 1;
+    tool.tool_errored = true;
+    tool.degenerate = true;
+    batch.push(tool);
+    batch.push(bare_record("rejected", T0 + 7_000)); // no endpoint: not rolled up
+    s.insert_request_records(&batch).await?;
+    // the same batch again (a retry after an ambiguous failure) adds nothing
+    s.insert_request_records(&batch).await?;
+    // one row given twice in one batch counts once
+    let twice = attempt("f", "p/e2", T0 + 8_000, 90.0, None);
+    s.insert_request_records(&[twice.clone(), twice]).await?;
+
+    let q = RollupQuery {
+        since_ms: T0,
+        until_ms: T0 + 10 * MINUTE_MS,
+        ..RollupQuery::default()
+    };
+    let all = s.endpoint_rollups(&q).await?;
+    ensure!(all.len() == 2, "{all:?}");
+    let e1 = &all[0];
+    ensure!(e1.endpoint == "p/e1" && e1.model == "m");
+    let t = &e1.totals;
+    ensure!(
+        t.requests == 3 && t.errors == 1 && t.final_requests == 3,
+        "{t:?}"
+    );
+    ensure!(t.prompt_tokens == 30 && t.completion_tokens == 15);
+    // TTFT 40 → bucket 0 (≤50), 150 → bucket 2 (≤200), 20 s → the open bucket
+    ensure!(
+        t.ttft_hist[0] == 1 && t.ttft_hist[2] == 1 && t.ttft_hist[12] == 1,
+        "{:?}",
+        t.ttft_hist
+    );
+    ensure!(
+        t.tpot_hist[2] == 3,
+        "TPOT 12 ms is bucket 2: {:?}",
+        t.tpot_hist
+    );
+    ensure!(
+        e1.error_kinds.get("upstream_5xx") == Some(&1),
+        "{:?}",
+        e1.error_kinds
+    );
+    ensure!(e1.finish_reasons.get("stop") == Some(&2));
+    ensure!(
+        e1.finish_reasons.get("<script>x</script>") == Some(&1),
+        "labels are stored as given"
+    );
+    let e2 = &all[1].totals;
+    ensure!(e2.requests == 3, "{e2:?}");
+    ensure!(e2.tool_requests == 1 && e2.tool_errored == 1 && e2.tool_calls == 2);
+    ensure!(e2.tool_invalid_json == 1 && e2.degenerate == 1);
+    ensure!(all[1].error_kinds.is_empty());
+
+    // filters: endpoint, model, range
+    let only = s
+        .endpoint_rollups(&RollupQuery {
+            endpoint: Some("p/e2".to_owned()),
+            ..q.clone()
+        })
+        .await?;
+    ensure!(only.len() == 1 && only[0].endpoint == "p/e2");
+    let none = s
+        .endpoint_rollups(&RollupQuery {
+            model: Some("other".to_owned()),
+            ..q.clone()
+        })
+        .await?;
+    ensure!(none.is_empty());
+    let first_minute = s
+        .endpoint_rollups(&RollupQuery {
+            model: Some("m".to_owned()),
+            until_ms: T0 + MINUTE_MS,
+            ..q.clone()
+        })
+        .await?;
+    ensure!(first_minute[0].totals.requests == 2, "{first_minute:?}");
+    ensure!(first_minute[0].error_kinds.get("upstream_5xx") == Some(&1));
+    Ok(())
+}
+
+async fn long_ranges_read_hours_and_minute_edges(db: TestDb) -> Result<()> {
+    let s = &db.store;
+    // one attempt at 0:30, 1:30, 2:30 and 5:10 after T0
+    let rows: Vec<RequestRecord> = [30, 90, 150, 310]
+        .iter()
+        .map(|m| {
+            attempt(
+                &format!("h{m}"),
+                "p/e",
+                T0 + m * MINUTE_MS,
+                80.0,
+                (*m == 90).then_some("timeout"),
+            )
+        })
+        .collect();
+    s.insert_request_records(&rows).await?;
+    for (since_min, until_min, want) in [
+        (20, 160, 3),   // minutes 20..60, hour 1, minutes 120..160
+        (40, 160, 2),   // starts after the first
+        (0, 60 * 6, 4), // whole hours only
+        (60, 120, 1),   // exactly one hour
+        (91, 149, 0),   // inside one hour: minutes only
+        (0, 311, 4),    // hours 0..5, minutes 300..311
+    ] {
+        let got = s
+            .endpoint_rollups(&RollupQuery {
+                since_ms: T0 + since_min * MINUTE_MS,
+                until_ms: T0 + until_min * MINUTE_MS,
+                ..RollupQuery::default()
+            })
+            .await?;
+        let n = got.first().map_or(0, |e| e.totals.requests);
+        ensure!(
+            n == want,
+            "[{since_min}, {until_min}) min: {n} attempts, want {want}"
+        );
+        let timeouts = got
+            .first()
+            .and_then(|e| e.error_kinds.get("timeout"))
+            .copied()
+            .unwrap_or(0);
+        let want_timeouts = i64::from(since_min <= 90 && 90 < until_min);
+        ensure!(
+            timeouts == want_timeouts,
+            "[{since_min}, {until_min}): {timeouts} timeouts"
+        );
+        if let Some(e) = got.first() {
+            ensure!(e.finish_reasons.values().sum::<i64>() == want, "{e:?}");
+        }
+    }
+    Ok(())
+}
+
+async fn rollup_series_steps(db: TestDb) -> Result<()> {
+    let s = &db.store;
+    let rows: Vec<RequestRecord> = (0..10)
+        .map(|i| {
+            attempt(
+                &format!("r{i}"),
+                "p/e",
+                T0 + i * MINUTE_MS + 500,
+                80.0,
+                None,
+            )
+        })
+        .collect();
+    s.insert_request_records(&rows).await?;
+    let per_minute = s
+        .endpoint_rollup_series("p/e", T0, T0 + 10 * MINUTE_MS, MINUTE_MS)
+        .await?;
+    ensure!(per_minute.len() == 10, "{}", per_minute.len());
+    ensure!(per_minute.iter().all(|p| p.totals.requests == 1));
+    ensure!(per_minute[3].start_ms == T0 + 3 * MINUTE_MS);
+    let five = s
+        .endpoint_rollup_series("p/e", T0, T0 + 10 * MINUTE_MS, 5 * MINUTE_MS)
+        .await?;
+    ensure!(
+        five.len() == 2 && five[0].totals.requests == 5 && five[1].start_ms == T0 + 5 * MINUTE_MS,
+        "{five:?}"
+    );
+    // a range that starts mid-series
+    let tail = s
+        .endpoint_rollup_series(
+            "p/e",
+            T0 + 8 * MINUTE_MS,
+            T0 + 60 * MINUTE_MS,
+            30 * MINUTE_MS,
+        )
+        .await?;
+    ensure!(tail.len() == 1 && tail[0].totals.requests == 2, "{tail:?}");
+    ensure!(
+        s.endpoint_rollup_series("p/none", T0, T0 + MINUTE_MS, MINUTE_MS)
+            .await?
+            .is_empty()
+    );
+    Ok(())
+}
+
+async fn rollups_through_the_writer(db: TestDb) -> Result<()> {
+    let (tx, writer) = RecordWriter::spawn(db.store.clone(), RecordWriterConfig::default());
+    let now = samewise_store::now_ms();
+    for i in 0..50 {
+        ensure!(tx.try_send(attempt(&format!("w{i}"), "p/w", now, 60.0, None)));
+    }
+    writer.shutdown().await;
+    let q = RollupQuery {
+        since_ms: minute_of(now),
+        until_ms: now + 1,
+        ..RollupQuery::default()
+    };
+    let got = db.store.endpoint_rollups(&q).await?;
+    ensure!(got.len() == 1 && got[0].totals.requests == 50, "{got:?}");
+    Ok(())
+}
+
+async fn rollup_retention(db: TestDb) -> Result<()> {
+    let s = &db.store;
+    let rows = [
+        attempt("old", "p/e", T0, 80.0, Some("timeout")),
+        attempt("new", "p/e", T0 + 2 * HOUR_MS, 80.0, None),
+    ];
+    s.insert_request_records(&rows).await?;
+    ensure!(s.delete_rollups_before(T0 + HOUR_MS).await? == 1);
+    let got = s
+        .endpoint_rollups(&RollupQuery {
+            since_ms: 0,
+            until_ms: i64::MAX,
+            ..RollupQuery::default()
+        })
+        .await?;
+    ensure!(
+        got.len() == 1 && got[0].totals.requests == 1 && got[0].error_kinds.is_empty(),
+        "{got:?}"
+    );
+    // raw-record retention leaves the rollups alone
+    s.delete_request_records_before(T0 + 10 * MINUTE_MS).await?;
+    let again = s
+        .endpoint_rollups(&RollupQuery {
+            since_ms: 0,
+            until_ms: i64::MAX,
+            ..RollupQuery::default()
+        })
+        .await?;
+    ensure!(again == got);
+    Ok(())
+}
+
+async fn admin_keys(db: TestDb) -> Result<()> {
+    let s = &db.store;
+    let (admin, admin_text) = s
+        .create_api_key_with(
+            "ops",
+            KeyOptions {
+                rpm_limit: None,
+                admin: true,
+            },
+        )
+        .await?;
+    let (plain, plain_text) = s.create_api_key("app", Some(5)).await?;
+    ensure!(admin.admin && !plain.admin);
+    let found = s.find_api_key(&admin_text).await?;
+    ensure!(found.as_ref().is_some_and(|k| k.admin), "{found:?}");
+    let found = s.find_api_key(&plain_text).await?;
+    ensure!(
+        found
+            .as_ref()
+            .is_some_and(|k| !k.admin && k.rpm_limit == Some(5))
+    );
+    let listed = s.list_api_keys().await?;
+    ensure!(listed.iter().filter(|k| k.admin).count() == 1);
+    Ok(())
+}
+
+async fn probe_stats_and_tables(db: TestDb) -> Result<()> {
+    let s = &db.store;
+    for i in 0..3 {
+        s.insert_probe_run(&ProbeRun {
+            model: "m".to_owned(),
+            endpoint: "p/e".to_owned(),
+            kind: "prompt_logprobs".to_owned(),
+            started_ms: T0 + i,
+            finished_ms: T0 + i + 1,
+            ok: true,
+            stats: serde_json::json!({ "kl_mean": i as f64 / 10.0 }),
+            raw: Some(vec![1, 2, 3]),
+            ..ProbeRun::default()
+        })
+        .await?;
+    }
+    let got = s
+        .probe_run_stats(&ProbeRunQuery {
+            endpoint: Some("p/e".to_owned()),
+            limit: 10,
+            ..ProbeRunQuery::default()
+        })
+        .await?;
+    ensure!(got.len() == 3 && got.iter().all(|r| r.raw.is_none()));
+    ensure!(
+        got[0].stats["kl_mean"] == serde_json::json!(0.2),
+        "newest first: {:?}",
+        got[0].stats
+    );
+    let counts = s.probe_run_counts().await?;
+    ensure!(
+        counts.len() == 1
+            && counts[0].runs == 3
+            && counts[0].ok
+            && counts[0].kind == "prompt_logprobs",
+        "{counts:?}"
+    );
+    ensure!(s.has_table("probe_runs").await?);
+    ensure!(!s.has_table("eval_runs_that_do_not_exist").await?);
+    Ok(())
+}
+
+#[test]
+fn histogram_quantiles() {
+    let bounds = [10.0, 20.0, 40.0];
+    assert_eq!(hist_quantile(&[0, 0, 0, 0], &bounds, 0.5), None);
+    // 10 samples in (10, 20]: the median interpolates to the middle of the bucket
+    assert_eq!(hist_quantile(&[0, 10, 0, 0], &bounds, 0.5), Some(15.0));
+    // everything in the open bucket answers its lower bound
+    assert_eq!(hist_quantile(&[0, 0, 0, 4], &bounds, 0.95), Some(40.0));
+    assert_eq!(minute_of(T0 + 59_999), T0);
+    assert_eq!(minute_of(-1), -MINUTE_MS);
+}
