@@ -58,26 +58,11 @@ pub fn pct(v: Option<f64>) -> String {
     v.map_or("—".to_owned(), |v| format!("{:.1}%", v * 100.0))
 }
 
-/// A unix-milliseconds time as `YYYY-MM-DD HH:MM` UTC.
+/// A unix-milliseconds time as `YYYY-MM-DD HH:MM` UTC (the store's formatter, to the minute).
 pub fn time(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // civil-from-days (Howard Hinnant's algorithm)
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}",
-        rem / 3600,
-        rem % 3600 / 60
-    )
+    let mut t = samewise_store::utc_text(ms);
+    t.truncate("YYYY-MM-DD HH:MM".len());
+    t
 }
 
 #[cfg(test)]

@@ -85,6 +85,20 @@ impl std::fmt::Display for EndpointId {
     }
 }
 
+/// Unix milliseconds as `YYYY-MM-DD HH:MM:SS` UTC: how every stored timestamp is shown (the
+/// CLI's tables, the dashboards), with the calendar arithmetic the partitions use.
+pub fn utc_text(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = partitions::civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
 /// The current time as unix milliseconds, the unit of every timestamp in the store.
 pub fn now_ms() -> i64 {
     let since_epoch = std::time::SystemTime::now()

@@ -189,7 +189,7 @@ pub fn parse_partition_day(name: &str) -> Option<i64> {
 }
 
 /// Gregorian (year, month, day) of a day count since 1970-01-01 (H. Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
+pub(crate) fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
