@@ -19,6 +19,10 @@ use crate::ProxyError;
 
 mod targets;
 
+/// The longest duration any `*_ms` key may set (7 days): beyond it a timeout means "never", and
+/// a value near `u64::MAX` would overflow `Instant + Duration`.
+pub const MAX_DURATION_MS: u64 = 7 * 24 * 3600 * 1000;
+
 pub use targets::EndpointTarget;
 
 /// Everything `samewise serve` needs to run the gateway.
@@ -375,7 +379,32 @@ impl Validator<'_> {
         match v {
             None => Ok(Duration::from_millis(default_ms)),
             Some(s) if *s.get_ref() == 0 => self.err(key, Some(s.span()), "must be greater than 0"),
+            Some(s) if *s.get_ref() > MAX_DURATION_MS => self.err(
+                key,
+                Some(s.span()),
+                format!(
+                    "must be at most {MAX_DURATION_MS} (7 days), not {}",
+                    s.get_ref()
+                ),
+            ),
             Some(s) => Ok(Duration::from_millis(*s.get_ref())),
+        }
+    }
+
+    /// A duration in milliseconds (0 allowed) of at most [`MAX_DURATION_MS`].
+    fn bounded_ms(
+        &self,
+        key: &str,
+        v: Option<u64>,
+        default_ms: u64,
+    ) -> Result<Duration, ProxyError> {
+        match v {
+            Some(ms) if ms > MAX_DURATION_MS => self.err(
+                key,
+                None,
+                format!("must be at most {MAX_DURATION_MS} (7 days), not {ms}"),
+            ),
+            v => Ok(Duration::from_millis(v.unwrap_or(default_ms))),
         }
     }
 
@@ -483,13 +512,17 @@ impl Validator<'_> {
             }
             Some(s) => usize::try_from(*s.get_ref()).unwrap_or(usize::MAX),
         };
-        let backoff_base = Duration::from_millis(raw.backoff_base_ms.unwrap_or(25));
-        let backoff_max = Duration::from_millis(raw.backoff_max_ms.unwrap_or(1_000));
+        let backoff_base = self.bounded_ms("limits.backoff_base_ms", raw.backoff_base_ms, 25)?;
+        let backoff_max = self.bounded_ms("limits.backoff_max_ms", raw.backoff_max_ms, 1_000)?;
         Ok(Limits {
             max_attempts,
             backoff_base,
             backoff_max: backoff_max.max(backoff_base),
-            retry_after_max: Duration::from_millis(raw.retry_after_max_ms.unwrap_or(5_000)),
+            retry_after_max: self.bounded_ms(
+                "limits.retry_after_max_ms",
+                raw.retry_after_max_ms,
+                5_000,
+            )?,
             key_cache_ttl: self.positive_ms(
                 "limits.key_cache_ttl_ms",
                 raw.key_cache_ttl_ms,
@@ -536,7 +569,7 @@ impl Validator<'_> {
             error_rate,
             min_requests: raw.min_requests.unwrap_or(d.min_requests).max(1),
             window: self.positive_ms("breaker.window_ms", raw.window_ms, 30_000)?,
-            cooldown: Duration::from_millis(raw.cooldown_ms.unwrap_or(10_000)),
+            cooldown: self.bounded_ms("breaker.cooldown_ms", raw.cooldown_ms, 10_000)?,
             half_open_trials,
         })
     }
@@ -668,6 +701,47 @@ policy = "cheapest"
 provider = "a"
 model = "m-1"
 "#;
+
+    /// A duration near u64::MAX milliseconds overflowed `Instant + Duration` (a panic on the
+    /// first request that used it): every duration key is bounded, and the error names it.
+    #[test]
+    fn durations_past_the_bound_are_config_errors_naming_the_key() {
+        let huge = u64::MAX;
+        for (table, key) in [
+            ("providers.a", "connect_timeout_ms"),
+            ("providers.a", "first_byte_timeout_ms"),
+            ("providers.a", "idle_timeout_ms"),
+            ("limits", "backoff_base_ms"),
+            ("limits", "backoff_max_ms"),
+            ("limits", "retry_after_max_ms"),
+            ("limits", "key_cache_ttl_ms"),
+            ("breaker", "window_ms"),
+            ("breaker", "cooldown_ms"),
+            ("server", "alert_poll_ms"),
+        ] {
+            let src = GOOD.replacen(
+                &format!("[{table}]\n"),
+                &format!("[{table}]\n{key} = {huge}\n"),
+                1,
+            );
+            let src = if src.contains(&format!("{key} = ")) {
+                src
+            } else {
+                format!("{GOOD}\n[{table}]\n{key} = {huge}\n")
+            };
+            let err = Config::from_toml_str(&src).err().map(|e| e.to_string());
+            assert!(
+                err.as_deref()
+                    .is_some_and(|e| e.contains(key) && e.contains("at most")),
+                "{table}.{key} = {huge}: {err:?}"
+            );
+            let ok = src.replace(&huge.to_string(), &MAX_DURATION_MS.to_string());
+            assert!(
+                Config::from_toml_str(&ok).is_ok(),
+                "{table}.{key} at the bound"
+            );
+        }
+    }
 
     #[test]
     fn good_config_parses_with_defaults() {

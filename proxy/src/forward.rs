@@ -579,13 +579,19 @@ async fn read_upstream(resp: reqwest::Response, idle: Duration) -> Result<Bytes,
     }
 }
 
-/// `Retry-After` in seconds (the HTTP-date form is not used by LLM providers; it is ignored).
+/// The longest an upstream `Retry-After` keeps an endpoint out of rotation: one provider
+/// answering `Retry-After: 86400` must not lose it for a day; past this the endpoint is simply
+/// tried again (and a new 429 sets a new wait).
+const MAX_RETRY_AFTER_SECS: f64 = 60.0;
+
+/// `Retry-After` in seconds, capped at [`MAX_RETRY_AFTER_SECS`] (the HTTP-date form is not
+/// used by LLM providers; it is ignored).
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let v = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
     v.parse::<f64>()
         .ok()
         .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(|s| Duration::from_secs_f64(s.min(86_400.0)))
+        .map(|s| Duration::from_secs_f64(s.min(MAX_RETRY_AFTER_SECS)))
 }
 
 #[cfg(test)]
@@ -613,6 +619,11 @@ mod tests {
         assert_eq!(retry_after(&h), None);
         h.insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
         assert_eq!(retry_after(&h), Some(Duration::from_secs(2)));
+        // a day-long Retry-After does not take the endpoint out for a day
+        h.insert(header::RETRY_AFTER, HeaderValue::from_static("86400"));
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(60)));
+        h.insert(header::RETRY_AFTER, HeaderValue::from_static("1e300"));
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(60)));
         h.insert(
             header::RETRY_AFTER,
             HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
