@@ -1,0 +1,126 @@
+//! The configuration's unit tests: the example parses with its defaults, each invalid value is
+//! an error naming its key and line.
+
+use super::*;
+
+const GOOD: &str = r#"
+[server]
+listen = "127.0.0.1:0"
+
+[providers.a]
+base_url = "http://127.0.0.1:9/v1/"
+price_input_per_mtok = 0.5
+price_output_per_mtok = 1.5
+
+[models.m]
+policy = "cheapest"
+[[models.m.endpoints]]
+provider = "a"
+model = "m-1"
+"#;
+
+/// A duration near u64::MAX milliseconds overflowed `Instant + Duration` (a panic on the
+/// first request that used it): every duration key is bounded, and the error names it.
+#[test]
+fn durations_past_the_bound_are_config_errors_naming_the_key() {
+    let huge = u64::MAX;
+    for (table, key) in [
+        ("providers.a", "connect_timeout_ms"),
+        ("providers.a", "first_byte_timeout_ms"),
+        ("providers.a", "idle_timeout_ms"),
+        ("limits", "backoff_base_ms"),
+        ("limits", "backoff_max_ms"),
+        ("limits", "retry_after_max_ms"),
+        ("limits", "key_cache_ttl_ms"),
+        ("breaker", "window_ms"),
+        ("breaker", "cooldown_ms"),
+        ("server", "alert_poll_ms"),
+    ] {
+        let src = GOOD.replacen(
+            &format!("[{table}]\n"),
+            &format!("[{table}]\n{key} = {huge}\n"),
+            1,
+        );
+        let src = if src.contains(&format!("{key} = ")) {
+            src
+        } else {
+            format!("{GOOD}\n[{table}]\n{key} = {huge}\n")
+        };
+        let err = Config::from_toml_str(&src).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains(key) && e.contains("at most")),
+            "{table}.{key} = {huge}: {err:?}"
+        );
+        let ok = src.replace(&huge.to_string(), &MAX_DURATION_MS.to_string());
+        assert!(
+            Config::from_toml_str(&ok).is_ok(),
+            "{table}.{key} at the bound"
+        );
+    }
+}
+
+#[test]
+fn good_config_parses_with_defaults() {
+    let c = Config::from_toml_str(GOOD).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.providers["a"].base_url, "http://127.0.0.1:9/v1");
+    assert_eq!(c.models["m"].policy, Policy::Cheapest);
+    assert_eq!(c.models["m"].endpoints[0].weight, 1.0);
+    assert_eq!(c.limits.max_attempts, 3);
+    assert!(c.summary().contains("model m"));
+}
+
+#[test]
+fn unknown_key_names_key_and_line() {
+    let src = GOOD.replace(
+        "price_output_per_mtok = 1.5",
+        "price_output_per_mtok = 1.5\nbogus_key = 3",
+    );
+    let err = Config::from_toml_str(&src)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("bogus_key"), "{err}");
+    assert!(err.contains("line 9"), "{err}");
+}
+
+#[test]
+fn unknown_provider_names_key_and_line() {
+    let src = GOOD.replace("provider = \"a\"", "provider = \"nope\"");
+    let err = Config::from_toml_str(&src)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("models.m.endpoints[0].provider"), "{err}");
+    assert!(err.contains("line 13"), "{err}");
+}
+
+#[test]
+fn bad_values_are_rejected() {
+    for (from, to, key) in [
+        (
+            "listen = \"127.0.0.1:0\"",
+            "listen = \"nowhere\"",
+            "server.listen",
+        ),
+        (
+            "base_url = \"http://127.0.0.1:9/v1/\"",
+            "base_url = \"ftp://x\"",
+            "providers.a.base_url",
+        ),
+        (
+            "price_input_per_mtok = 0.5",
+            "price_input_per_mtok = -1.0",
+            "providers.a.price_input_per_mtok",
+        ),
+        ("policy = \"cheapest\"", "policy = \"fastest\"", "fastest"),
+    ] {
+        let src = GOOD.replace(from, to);
+        let err = Config::from_toml_str(&src)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains(key), "{key}: {err}");
+        assert!(err.contains("line"), "{key}: {err}");
+    }
+}
