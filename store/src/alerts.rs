@@ -141,23 +141,18 @@ impl Store {
                 "an alert needs a model, an endpoint and a kind".to_owned(),
             ));
         }
-        // a refresh keeps the eval verdicts attached to the active alert (`evidence.evals`)
-        let mut evidence = a.evidence.clone();
-        if let Some(obj) = evidence.as_object_mut()
-            && !obj.contains_key("evals")
-            && let Some(active) = self.active_alert(&a.model, &a.endpoint, &a.kind).await?
-            && let Some(evals) = active.evidence.get("evals")
-        {
-            obj.insert("evals".to_owned(), evals.clone());
-        }
-        let evidence = serde_json::to_string(&evidence)
-            .map_err(|e| StoreError::InvalidInput(format!("alert evidence: {e}")))?;
+        let to_text = |v: &serde_json::Value| {
+            serde_json::to_string(v)
+                .map_err(|e| StoreError::InvalidInput(format!("alert evidence: {e}")))
+        };
+        // A refresh is a compare-and-set on the active alert's evidence: it keeps the eval
+        // verdicts attached to it (`evidence.evals`), and a verdict attached between our read
+        // and our write makes the write miss and retry instead of being overwritten.
         let refresh = sql(
             self.backend(),
             &format!(
                 "UPDATE alerts SET summary = $1, evidence = $2, last_seen_ms = $3, updated_ms = $3 \
-                 WHERE model = $4 AND endpoint = $5 AND kind = $6 AND state <> 'resolved' \
-                 RETURNING {COLUMNS}"
+                 WHERE id = $4 AND evidence = $5 AND state <> 'resolved' RETURNING {COLUMNS}"
             ),
         )
         .into_owned();
@@ -171,25 +166,36 @@ impl Store {
             ),
         )
         .into_owned();
-        // Refresh first; if nothing is active, insert; if a concurrent caller inserted in
-        // between (the insert hit the unique index), refresh again.
-        for _ in 0..3 {
-            let refreshed = on_pool!(&self.pool, |p| {
-                let row = sqlx::query(&refresh)
-                    .bind(text(&a.summary))
-                    .bind(text(&evidence))
-                    .bind(a.now_ms)
-                    .bind(text(&a.model))
-                    .bind(text(&a.endpoint))
-                    .bind(text(&a.kind))
-                    .fetch_optional(p)
-                    .await
-                    .map_err(StoreError::query(OP))?;
-                row.as_ref().map(alert_from_row).transpose()?
-            });
-            if let Some(alert) = refreshed {
-                return Ok((alert, false));
+        // Refresh the active alert if there is one; else insert; if a concurrent caller
+        // changed the active alert or inserted one in between, start over.
+        for _ in 0..5 {
+            if let Some(active) = self.active_alert(&a.model, &a.endpoint, &a.kind).await? {
+                let mut evidence = a.evidence.clone();
+                if let Some(obj) = evidence.as_object_mut()
+                    && !obj.contains_key("evals")
+                    && let Some(evals) = active.evidence.get("evals")
+                {
+                    obj.insert("evals".to_owned(), evals.clone());
+                }
+                let (new, old) = (to_text(&evidence)?, to_text(&active.evidence)?);
+                let refreshed = on_pool!(&self.pool, |p| {
+                    let row = sqlx::query(&refresh)
+                        .bind(text(&a.summary))
+                        .bind(text(&new))
+                        .bind(a.now_ms)
+                        .bind(active.id)
+                        .bind(text(&old))
+                        .fetch_optional(p)
+                        .await
+                        .map_err(StoreError::query(OP))?;
+                    row.as_ref().map(alert_from_row).transpose()?
+                });
+                if let Some(alert) = refreshed {
+                    return Ok((alert, false));
+                }
+                continue;
             }
+            let evidence = to_text(&a.evidence)?;
             let inserted = on_pool!(&self.pool, |p| {
                 let row = sqlx::query(&insert)
                     .bind(text(&a.model))

@@ -11,7 +11,8 @@ both!(
     eval_job_lifecycle,
     eval_job_takeover_and_attempts,
     eval_concurrent_claimers,
-    eval_verdict_on_alert
+    eval_verdict_on_alert,
+    eval_verdicts_survive_concurrent_refreshes
 );
 
 fn job(endpoint: &str, suite: &str, now_ms: i64) -> NewEvalJob {
@@ -274,6 +275,49 @@ async fn eval_verdict_on_alert(db: TestDb) -> Result<()> {
         r.evidence["evals"][j.id.to_string()] == v,
         "{:?}",
         r.evidence
+    );
+    Ok(())
+}
+
+/// A detector refreshing the alert while verdicts are attached loses none of them (the
+/// refresh was a read-modify-write that could overwrite a verdict written in between; seen
+/// as a flaky end-to-end test, now a compare-and-set).
+async fn eval_verdicts_survive_concurrent_refreshes(db: TestDb) -> Result<()> {
+    let finding = |now_ms: i64| NewAlert {
+        model: "smollm2".to_owned(),
+        endpoint: "p/a".to_owned(),
+        kind: "unfaithful".to_owned(),
+        summary: format!("kl at {now_ms}"),
+        evidence: serde_json::json!({"signal": "kl_mean", "at": now_ms}),
+        now_ms,
+    };
+    let (alert, _) = db.store.upsert_alert(&finding(0)).await?;
+    let refresher = {
+        let s = db.store.clone();
+        tokio::spawn(async move {
+            for i in 1..=60 {
+                s.upsert_alert(&finding(i)).await?;
+                tokio::task::yield_now().await;
+            }
+            anyhow::Ok(())
+        })
+    };
+    const VERDICTS: i64 = 12;
+    for j in 0..VERDICTS {
+        let v = serde_json::json!({"verdict": "degraded", "job": j});
+        db.store
+            .attach_eval_verdict(alert.id, j, &v)
+            .await?
+            .context("alert gone")?;
+    }
+    refresher.await??;
+    db.store.upsert_alert(&finding(1_000)).await?;
+    let a = db.store.alert(alert.id).await?.context("alert gone")?;
+    let kept = a.evidence["evals"].as_object().map_or(0, |o| o.len());
+    ensure!(
+        kept == VERDICTS as usize && a.evidence["at"] == 1_000,
+        "{kept} of {VERDICTS} verdicts kept: {:?}",
+        a.evidence
     );
     Ok(())
 }
