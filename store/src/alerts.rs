@@ -127,6 +127,10 @@ pub struct AlertQuery {
     pub limit: u32,
 }
 
+/// Compare-and-set attempts on an alert's evidence before giving up (with a back-off of
+/// `attempt` ms between them: about 0.2 s in all).
+pub(crate) const CAS_ATTEMPTS: u64 = 20;
+
 const COLUMNS: &str = "id, model, endpoint, kind, state, opened_ms, updated_ms, resolved_ms, \
                        last_seen_ms, summary, evidence";
 
@@ -168,7 +172,10 @@ impl Store {
         .into_owned();
         // Refresh the active alert if there is one; else insert; if a concurrent caller
         // changed the active alert or inserted one in between, start over.
-        for _ in 0..5 {
+        for attempt in 0..CAS_ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(attempt)).await;
+            }
             if let Some(active) = self.active_alert(&a.model, &a.endpoint, &a.kind).await? {
                 let mut evidence = a.evidence.clone();
                 if let Some(obj) = evidence.as_object_mut()

@@ -19,6 +19,7 @@
 
 use sqlx::Row;
 
+use crate::alerts::CAS_ATTEMPTS;
 use crate::probe_runs::{on_pool, sql, text};
 use crate::{Store, StoreError};
 
@@ -552,7 +553,12 @@ impl Store {
         job_id: i64,
         verdict: &serde_json::Value,
     ) -> Result<Option<crate::Alert>, StoreError> {
-        for _ in 0..5 {
+        // compare-and-set; under contention (a detector refreshing the alert) back off a
+        // little longer each time rather than lose the verdict
+        for attempt in 0..CAS_ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(attempt)).await;
+            }
             let Some(alert) = self.alert(alert_id).await? else {
                 return Ok(None);
             };
