@@ -177,14 +177,19 @@ impl Store {
                 tokio::time::sleep(std::time::Duration::from_millis(attempt)).await;
             }
             if let Some(active) = self.active_alert(&a.model, &a.endpoint, &a.kind).await? {
+                let Some(old) = self.alert_evidence_text(active.id).await? else {
+                    continue;
+                };
+                let stored: serde_json::Value =
+                    serde_json::from_str(&old).unwrap_or(serde_json::Value::Null);
                 let mut evidence = a.evidence.clone();
                 if let Some(obj) = evidence.as_object_mut()
                     && !obj.contains_key("evals")
-                    && let Some(evals) = active.evidence.get("evals")
+                    && let Some(evals) = stored.get("evals")
                 {
                     obj.insert("evals".to_owned(), evals.clone());
                 }
-                let (new, old) = (to_text(&evidence)?, to_text(&active.evidence)?);
+                let new = to_text(&evidence)?;
                 let refreshed = on_pool!(&self.pool, |p| {
                     let row = sqlx::query(&refresh)
                         .bind(text(&a.summary))
@@ -224,6 +229,24 @@ impl Store {
             "alert {}/{}/{} kept changing under concurrent writers",
             a.model, a.endpoint, a.kind
         )))
+    }
+
+    /// Alert `id`'s evidence exactly as stored (its text, not a re-serialisation): what a
+    /// compare-and-set on the evidence compares against, since parsing and re-writing a
+    /// float need not give back the same digits.
+    pub(crate) async fn alert_evidence_text(&self, id: i64) -> Result<Option<String>, StoreError> {
+        const OP: &str = "reading an alert's evidence";
+        let stmt = sql(self.backend(), "SELECT evidence FROM alerts WHERE id = $1").into_owned();
+        on_pool!(&self.pool, |p| {
+            let row = sqlx::query(&stmt)
+                .bind(id)
+                .fetch_optional(p)
+                .await
+                .map_err(StoreError::query(OP))?;
+            row.map(|r| r.try_get::<String, _>(0))
+                .transpose()
+                .map_err(StoreError::query(OP))
+        })
     }
 
     /// The active alert of `model`, `endpoint` and `kind`, if any.

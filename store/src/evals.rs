@@ -559,10 +559,11 @@ impl Store {
             if attempt > 0 {
                 tokio::time::sleep(std::time::Duration::from_millis(attempt)).await;
             }
-            let Some(alert) = self.alert(alert_id).await? else {
+            let Some(old) = self.alert_evidence_text(alert_id).await? else {
                 return Ok(None);
             };
-            let mut evidence = alert.evidence.clone();
+            let mut evidence: serde_json::Value =
+                serde_json::from_str(&old).unwrap_or(serde_json::Value::Null);
             if !evidence.is_object() {
                 evidence = serde_json::json!({ "finding": evidence });
             }
@@ -576,7 +577,7 @@ impl Store {
                 }
             }
             if self
-                .replace_alert_evidence(alert_id, &alert.evidence, &evidence)
+                .replace_alert_evidence(alert_id, &old, &evidence)
                 .await?
             {
                 return self.alert(alert_id).await;
@@ -587,15 +588,15 @@ impl Store {
         )))
     }
 
-    /// Compare-and-set of an alert's evidence: true when `old` was still its evidence.
+    /// Compare-and-set of an alert's evidence: true when `old` (its stored text) was still its
+    /// evidence.
     async fn replace_alert_evidence(
         &self,
         alert_id: i64,
-        old: &serde_json::Value,
+        old: &str,
         new: &serde_json::Value,
     ) -> Result<bool, StoreError> {
         const OP: &str = "attaching an eval verdict to an alert";
-        let old = json_text(old, "alert evidence")?;
         let new = json_text(new, "alert evidence")?;
         let stmt = sql(
             self.backend(),

@@ -281,14 +281,17 @@ async fn eval_verdict_on_alert(db: TestDb) -> Result<()> {
 
 /// A detector refreshing the alert while verdicts are attached loses none of them (the
 /// refresh was a read-modify-write that could overwrite a verdict written in between; seen
-/// as a flaky end-to-end test, now a compare-and-set).
+/// as a flaky end-to-end test, now a compare-and-set against the stored text).
 async fn eval_verdicts_survive_concurrent_refreshes(db: TestDb) -> Result<()> {
     let finding = |now_ms: i64| NewAlert {
         model: "smollm2".to_owned(),
         endpoint: "p/a".to_owned(),
         kind: "unfaithful".to_owned(),
         summary: format!("kl at {now_ms}"),
-        evidence: serde_json::json!({"signal": "kl_mean", "at": now_ms}),
+        // floats as the detectors write them: the compare-and-set must not depend on parsing
+        // and re-writing giving back the same digits
+        evidence: serde_json::json!({"signal": "kl_mean", "at": now_ms,
+            "value": 0.23778421885733225 + now_ms as f64 * 1.3e-7, "threshold": 0.1 + 0.2}),
         now_ms,
     };
     let (alert, _) = db.store.upsert_alert(&finding(0)).await?;
