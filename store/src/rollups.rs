@@ -715,24 +715,4 @@ impl Store {
                 .rows_affected())
         })
     }
-
-    /// Whether a table named `name` exists (so that a reader can show "nothing yet" for a
-    /// feature whose migration has not landed, e.g. evals).
-    pub async fn has_table(&self, name: &str) -> Result<bool, StoreError> {
-        const OP: &str = "looking for a table";
-        let stmt = match self.backend() {
-            crate::Backend::Postgres => {
-                "SELECT COUNT(*) FROM information_schema.tables \
-                                         WHERE table_schema = current_schema() AND table_name = $1"
-            }
-            crate::Backend::Sqlite => {
-                "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?1"
-            }
-        };
-        let n: i64 = on_pool!(&self.pool, |p| {
-            sqlx::query_scalar(stmt).bind(name).fetch_one(p).await
-        })
-        .map_err(StoreError::query(OP))?;
-        Ok(n > 0)
-    }
 }

@@ -136,3 +136,58 @@ async fn in_memory_sqlite_works() -> Result<()> {
     store.close().await;
     Ok(())
 }
+
+both!(integrity_check_finds_what_is_broken);
+
+async fn integrity_check_finds_what_is_broken(db: TestDb) -> Result<()> {
+    db.store
+        .insert_request_records(&[full_record("r1", 1, 1000), full_record("r2", 1, 1000)])
+        .await?;
+    let clean = db.store.integrity_check().await?;
+    ensure!(clean.is_empty(), "a fresh database has problems: {clean:?}");
+    // break it the way each engine can be broken, behind the store's back
+    match db.backend() {
+        Backend::Sqlite => {
+            use sqlx::Connection;
+            let path = db
+                .data_dir()
+                .join(samewise_store::connect::DEFAULT_SQLITE_FILE);
+            let mut conn =
+                sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display())).await?;
+            sqlx::query("PRAGMA foreign_keys = OFF")
+                .execute(&mut conn)
+                .await?;
+            sqlx::query(
+                "INSERT INTO eval_results (job_id, item, target, passed, tokens, record, created_ms) \
+                 VALUES (999, 'i', 'suspect', 1, 0, '{}', 0)",
+            )
+            .execute(&mut conn)
+            .await?;
+            conn.close().await?;
+        }
+        Backend::Postgres => {
+            use sqlx::Connection;
+            let mut conn = sqlx::PgConnection::connect(db.url()).await?;
+            // a concurrent unique index build that meets duplicates fails and stays INVALID
+            db.store.create_api_key("k1", None).await?;
+            db.store.create_api_key("k2", None).await?;
+            let built = sqlx::query(
+                "CREATE UNIQUE INDEX CONCURRENTLY broken_live ON api_keys ((revoked_ms IS NULL))",
+            )
+            .execute(&mut conn)
+            .await;
+            ensure!(
+                built.is_err(),
+                "duplicate models did not fail the unique index"
+            );
+            conn.close().await?;
+        }
+    }
+    let found = db.store.integrity_check().await?;
+    ensure!(found.len() == 1, "{found:?}");
+    ensure!(
+        found[0].contains("eval_results") || found[0].contains("broken_live"),
+        "{found:?}"
+    );
+    Ok(())
+}
