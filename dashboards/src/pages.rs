@@ -112,7 +112,7 @@ pub async fn overview(
 
 /// The overview table's opening and header row.
 const TABLE_HEAD: &str = "<div class=\"scroll\"><table class=\"overview\"><thead><tr><th>Endpoint</th>\
-     <th>Changed?</th><th>Faithful?</th><th>≈ bits</th><th>Still works?</th>\
+     <th>Changed?</th><th>Faithful?</th><th>≈ bits</th><th>Context</th><th>Still works?</th>\
      <th>KL 24 h</th><th>Tool-call errors (95% CI)</th><th>TTFT p50 / p95</th>\
      <th>TPOT p50 / p95</th><th>Goodput</th><th>Errors</th><th>Traffic</th>\
      <th>Routing</th><th>Alerts</th><th>Evals</th></tr></thead><tbody>";
@@ -173,6 +173,12 @@ fn row_html(b: &mut String, r: &EndpointRow) {
         "<td class=\"bits\">{}</td>",
         esc(r.bits.as_deref().unwrap_or("—"))
     );
+    let _ = write!(
+        b,
+        "<td class=\"context\" title=\"effective context length (tokens), latest long_context probe\">{}</td>",
+        r.effective_context
+            .map_or("—".to_owned(), |c| c.to_string())
+    );
     verdict_html(b, &r.works, "works");
     let kl: Vec<(i64, f64)> = r.kl_24h.iter().map(|p| (p.t_ms, p.v)).collect();
     let _ = write!(b, "<td class=\"kl\">{}</td>", sparkline(&kl));
@@ -229,11 +235,26 @@ fn row_html(b: &mut String, r: &EndpointRow) {
             esc(a.state)
         );
     }
-    let _ = write!(
-        b,
-        "</td><td class=\"evals\">{}</td></tr>",
-        esc(r.evals.note)
-    );
+    b.push_str("</td><td class=\"evals\">");
+    if r.evals.jobs.is_empty() {
+        b.push_str(esc(r.evals.note).as_str());
+    }
+    for j in &r.evals.jobs {
+        let tone = match j.verdict.as_deref() {
+            Some("degraded") => "bad",
+            Some("equivalent") => "good",
+            _ => "unknown",
+        };
+        let _ = write!(
+            b,
+            "<span class=\"{tone}\" title=\"job {} · {}\">{}: {}</span> ",
+            j.id,
+            esc(j.summary.as_deref().unwrap_or("")),
+            esc(&j.suite),
+            esc(j.verdict.as_deref().unwrap_or(j.state))
+        );
+    }
+    b.push_str("</td></tr>");
 }
 
 /// `?e=&range=&step=` (step in seconds).

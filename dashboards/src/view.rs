@@ -34,8 +34,12 @@ pub const CHARTED_STATS: [&str; 7] = [
 ];
 /// Most probe runs read for one chart.
 const MAX_RUNS: u32 = 5_000;
-/// Tables whose presence means evals exist (built by another issue).
-const EVAL_TABLES: [&str; 2] = ["eval_runs", "evals"];
+/// Eval jobs read per overview (newest first); older endpoints' jobs fall off the cell.
+const EVAL_JOBS_READ: u32 = 500;
+
+mod evals;
+
+pub use evals::{EvalView, Evals};
 
 /// A time range, `[since_ms, until_ms)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -49,7 +53,9 @@ pub struct Range {
 }
 
 /// The ranges offered, by name.
-pub const RANGES: [(&str, i64); 5] = [
+pub const RANGES: [(&str, i64); 7] = [
+    ("5m", 300_000),
+    ("15m", 900_000),
     ("1h", 3_600_000),
     ("6h", 6 * 3_600_000),
     ("24h", 24 * 3_600_000),
@@ -58,7 +64,7 @@ pub const RANGES: [(&str, i64); 5] = [
 ];
 
 impl Range {
-    /// The range `name` ("1h" .. "30d"; None = "24h") ending now.
+    /// The range `name` ("5m" .. "30d"; None = "24h") ending now.
     pub fn parse(name: Option<&str>) -> Result<Range, DashError> {
         let want = name.unwrap_or("24h");
         let (name, len) = RANGES
@@ -66,8 +72,10 @@ impl Range {
             .find(|(n, _)| *n == want)
             .copied()
             .ok_or_else(|| {
+                let names: Vec<&str> = RANGES.iter().map(|(n, _)| *n).collect();
                 DashError::BadRequest(format!(
-                    "range must be one of 1h, 6h, 24h, 7d, 30d (got {want:?})"
+                    "range must be one of {} (got {want:?})",
+                    names.join(", ")
                 ))
             })?;
         let now = samewise_store::now_ms();
@@ -136,15 +144,6 @@ pub struct AlertView {
     pub evidence: Value,
 }
 
-/// The "evals" cell: evals are built by another issue.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Evals {
-    /// Whether an evals table exists in the store.
-    pub available: bool,
-    /// What the cell says.
-    pub note: &'static str,
-}
-
 /// One endpoint's row of the overview: its current answers.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct EndpointRow {
@@ -160,6 +159,8 @@ pub struct EndpointRow {
     pub works: Verdict,
     /// "≈ 4-bit", from the active unfaithful alert's ladder position.
     pub bits: Option<String>,
+    /// Effective context length (tokens) by the latest successful long_context probe.
+    pub effective_context: Option<i64>,
     /// `kl_mean` of each logprob probe run of the last 24 h, oldest first.
     pub kl_24h: Vec<Point>,
     /// Attempts in the range.
@@ -308,7 +309,7 @@ pub async fn overview(
         })
         .await?;
     let active = store.active_alerts().await?;
-    let evals = evals(d).await?;
+    let jobs = store.eval_jobs(None, EVAL_JOBS_READ).await?;
     let mut out = Vec::new();
     for m in d
         .inner
@@ -329,7 +330,8 @@ pub async fn overview(
                 .iter()
                 .find(|r| r.endpoint == *e && r.model == m.name);
             let mine: Vec<ProbeRun> = runs.iter().filter(|r| r.endpoint == *e).cloned().collect();
-            rows.push(row(d, &m.name, e, range, r, total, &active, &evals, &mine)?);
+            let evals = Evals::of(&jobs, &m.name, e);
+            rows.push(row(d, &m.name, e, range, r, total, &active, evals, &mine)?);
         }
         out.push(ModelOverview {
             model: m.name.clone(),
@@ -338,21 +340,6 @@ pub async fn overview(
         });
     }
     Ok(out)
-}
-
-async fn evals(d: &Dashboards) -> Result<Evals, DashError> {
-    for t in EVAL_TABLES {
-        if d.inner.store.has_table(t).await? {
-            return Ok(Evals {
-                available: true,
-                note: "evals recorded: see the evals report",
-            });
-        }
-    }
-    Ok(Evals {
-        available: false,
-        note: "no evals yet",
-    })
 }
 
 /// Probe runs (without raw data) of `model` or `endpoint` since the start of `range` or 24 h
@@ -386,7 +373,7 @@ fn row(
     rollup: Option<&EndpointRollup>,
     model_total: i64,
     active: &[Alert],
-    evals: &Evals,
+    evals: Evals,
     runs: &[ProbeRun],
 ) -> Result<EndpointRow, DashError> {
     let now = samewise_store::now_ms();
@@ -434,8 +421,17 @@ fn row(
         None => plain("unknown", "unknown", "no logprob probe runs in the range"),
     };
     let errors = Rate::of(t.errors, t.requests);
-    let works = match runs.first() {
-        Some(r) if !r.ok => Verdict {
+    // does it still work? a degraded eval verdict, then a passive finding in live traffic,
+    // then the latest probe and the range's error rate
+    let works = match (evals.degraded(), find("passive"), runs.first()) {
+        (Some(j), _, _) => Verdict {
+            answer: "no",
+            tone: "bad",
+            why: format!("the {} eval judged it degraded", j.suite),
+            evidence: serde_json::json!({ "eval_job": j }),
+        },
+        (None, Some(a), _) => alert_verdict("no", "bad", a),
+        (None, None, Some(r)) if !r.ok => Verdict {
             answer: "no",
             tone: "bad",
             why: format!("the latest {} probe failed", r.kind),
@@ -447,19 +443,19 @@ fn row(
             why: "at least half of the range's attempts erred".to_owned(),
             evidence: serde_json::json!({ "errors": errors }),
         },
-        Some(r) => Verdict {
+        (None, None, Some(r)) => Verdict {
             answer: "yes",
             tone: "good",
             why: format!("the latest {} probe succeeded", r.kind),
             evidence: serde_json::json!({ "probe_run": r.id, "errors": errors }),
         },
-        None if t.requests > 0 => Verdict {
+        _ if t.requests > 0 => Verdict {
             answer: "yes",
             tone: "good",
             why: "serving traffic".to_owned(),
             evidence: serde_json::json!({ "errors": errors }),
         },
-        None => plain(
+        _ => plain(
             "unknown",
             "unknown",
             "no probes and no traffic in the range",
@@ -473,6 +469,11 @@ fn row(
         faithful,
         works,
         bits: unfaithful.and_then(|a| bits_text(&a.evidence)),
+        effective_context: runs
+            .iter()
+            .find(|r| r.ok && r.kind == "long_context")
+            .and_then(|r| r.stats.get("effective_context"))
+            .and_then(Value::as_i64),
         kl_24h,
         requests: t.requests,
         tool_errors: Rate::of(t.tool_errored, t.tool_requests),
@@ -485,7 +486,7 @@ fn row(
         traffic_share: (model_total > 0).then(|| t.requests as f64 / model_total as f64),
         routing: d.inner.live.routing(model, endpoint),
         alerts: alerts.iter().map(|a| AlertView::of(a)).collect(),
-        evals: evals.clone(),
+        evals,
     })
 }
 
@@ -551,10 +552,11 @@ pub async fn endpoint(
     let total = all.iter().map(|r| r.totals.requests).sum();
     let mine = all.iter().find(|r| r.endpoint == endpoint);
     let active = store.active_alerts().await?;
-    let evals = evals(d).await?;
+    let jobs = store.eval_jobs(None, EVAL_JOBS_READ).await?;
+    let evals = Evals::of(&jobs, &model, endpoint);
     let runs = runs_since(d, None, Some(endpoint), range).await?;
     let row = row(
-        d, &model, endpoint, range, mine, total, &active, &evals, &runs,
+        d, &model, endpoint, range, mine, total, &active, evals, &runs,
     )?;
     let step_ms = step_ms
         .unwrap_or_else(|| range.default_step_ms())

@@ -2,7 +2,7 @@
 //! verdicts, "≈ 4-bit", routing, evals), series with a step, probe series with one point per
 //! run, alerts (list, one, acknowledge, resolve), and parameter errors. Also on PostgreSQL.
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use samewise_store::Backend;
 use serde_json::Value;
 
@@ -40,7 +40,10 @@ async fn overview_matches_the_store(backend: Backend) -> Result<()> {
         w4["kl_24h"]
     );
     ensure!(w4["alerts"].as_array().map(Vec::len) == Some(1));
-    ensure!(w4["evals"]["note"] == "no evals yet" && w4["evals"]["available"] == false);
+    // the latest job per suite: w4's is still queued, with no verdict
+    let w4_jobs = w4["evals"]["jobs"].as_array().context("no jobs")?;
+    ensure!(w4_jobs.len() == 1, "{}", w4["evals"]);
+    ensure!(w4_jobs[0]["state"] == "queued" && w4_jobs[0]["verdict"].is_null());
     let share = w4["traffic_share"].as_f64().unwrap_or_default();
     ensure!((share - 1.0 / 3.0).abs() < 1e-9, "{share}");
     let reference = row(&o, "ref/m")?;
@@ -58,6 +61,29 @@ async fn overview_matches_the_store(backend: Backend) -> Result<()> {
         tool["tool_errors"]["k"] == 10 && tool["tool_errors"]["n"] == 40,
         "{}",
         tool["tool_errors"]
+    );
+    // its eval verdict answers "still works?" first, then its passive alert would
+    let job = &tool["evals"]["jobs"][0];
+    ensure!(
+        job["suite"] == "tool_calls" && job["verdict"] == "degraded",
+        "{}",
+        tool["evals"]
+    );
+    ensure!(
+        job["summary"] == "0% vs baseline 50% on 24 items, p = 4.0e-4",
+        "{}",
+        job["summary"]
+    );
+    ensure!(tool["works"]["answer"] == "no", "{}", tool["works"]);
+    ensure!(
+        tool["works"]["why"] == "the tool_calls eval judged it degraded",
+        "{}",
+        tool["works"]
+    );
+    let reference_evals = &row(&o, "ref/m")?["evals"];
+    ensure!(
+        reference_evals["note"] == "no evals yet"
+            && reference_evals["jobs"] == serde_json::json!([])
     );
     let (lo, hi) = (
         tool["tool_errors"]["lo"].as_f64().unwrap_or(1.0),

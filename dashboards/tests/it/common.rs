@@ -8,7 +8,9 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use samewise_dashboards::{Band, Dashboards, DashboardsConfig, LiveState, ModelSpec, Routing, Slo};
 use samewise_store::testing::TestDb;
-use samewise_store::{Backend, KeyOptions, NewAlert, ProbeRun, RequestRecord};
+use samewise_store::{
+    Backend, JobState, KeyOptions, NewAlert, NewEvalJob, ProbeRun, RequestRecord,
+};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -149,6 +151,45 @@ impl Server {
                 now_ms: now - 30_000,
             })
             .await?;
+        // a finished tool_calls job on tool/m judged "degraded", and a queued one on w4/m
+        for (endpoint, finish) in [("tool/m", true), ("w4/m", false)] {
+            db.store
+                .enqueue_eval_job(
+                    &NewEvalJob {
+                        model: "m".to_owned(),
+                        endpoint: endpoint.to_owned(),
+                        suite: "tool_calls".to_owned(),
+                        baseline: "reference".to_owned(),
+                        alert_id: None,
+                        params: serde_json::json!({}),
+                        max_attempts: 1,
+                        now_ms: now - 20_000,
+                    },
+                    0,
+                )
+                .await?
+                .context("job not opened")?;
+            if finish {
+                let (_, lease) = db
+                    .store
+                    .claim_eval_job("w", now - 19_000, 60_000)
+                    .await?
+                    .context("job not claimed")?;
+                let verdict = serde_json::json!({
+                    "verdict": "degraded", "items": 24, "p_value": 0.0004,
+                    "suspect": { "rate": 0.0 }, "baseline": { "rate": 0.5 }
+                });
+                db.store
+                    .finish_eval_job(
+                        &lease,
+                        JobState::Succeeded,
+                        Some(&verdict),
+                        None,
+                        now - 10_000,
+                    )
+                    .await?;
+            }
+        }
         let models = vec![
             ModelSpec {
                 name: "m".to_owned(),

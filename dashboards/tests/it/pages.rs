@@ -55,8 +55,13 @@ async fn overview_rows_show_the_api_values() -> Result<()> {
         w4.contains(&format!("data-points=\"{RUNS}\"")),
         "the KL sparkline has one point per run"
     );
-    ensure!(w4.contains("no evals yet"));
+    ensure!(w4.contains("tool_calls: queued"), "{w4}");
+    ensure!(tr(&html, "ref/m").contains("no evals yet"));
     let tool = tr(&html, "tool/m");
+    ensure!(
+        tool.contains("<span class=\"bad\" title=\"job ") && tool.contains("tool_calls: degraded"),
+        "{tool}"
+    );
     ensure!(tool.contains("25.0%"), "tool-call error rate: {tool}");
     ensure!(html.contains("SLO: TTFT ≤ 100 ms, TPOT ≤ 15 ms"));
     ensure!(html.contains("/assets/refresh.js") && html.contains("/assets/style.css"));
