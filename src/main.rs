@@ -18,7 +18,7 @@ struct Cli {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    cmd::init_tracing();
+    cmd::init_tracing(&cli.command);
     match cmd::run(cli.command) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {

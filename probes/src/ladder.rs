@@ -33,6 +33,12 @@ use std::fmt;
 use crate::compare::RunSummary;
 use crate::{ProbesError, Result};
 
+/// The ladder shipped for the test model (SmolLM2-135M-Instruct, Q4_1), as
+/// `probes/data/ladders/smollm2-135m-instruct-q4_1.json` holds it; `samewise demo` writes it
+/// next to its configuration.
+pub const SMOLLM2_135M_INSTRUCT_Q4_1: &str =
+    include_str!("../data/ladders/smollm2-135m-instruct-q4_1.json");
+
 /// The level an endpoint must not be worse than, unless configured otherwise.
 pub const DEFAULT_UNFAITHFUL_LEVEL: &str = "w6";
 
@@ -138,7 +144,11 @@ impl Metric {
     }
 
     fn badness(self, value: f64) -> f64 {
-        if self.higher_is_better() { 1.0 - value } else { value }
+        if self.higher_is_better() {
+            1.0 - value
+        } else {
+            value
+        }
     }
 }
 
@@ -171,7 +181,11 @@ impl fmt::Display for Equivalent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Equivalent::NoWorseThan { bits } => write!(f, "no worse than {bits}-bit"),
-            Equivalent::Approx { bits, better, worse } => {
+            Equivalent::Approx {
+                bits,
+                better,
+                worse,
+            } => {
                 write!(f, "≈ {bits:.1}-bit (between {better} and {worse} bits)")
             }
             Equivalent::WorseThan { bits } => write!(f, "worse than {bits}-bit"),
@@ -199,7 +213,8 @@ fn ladder_err(msg: impl Into<String>) -> ProbesError {
 impl Ladder {
     /// Parses and validates a ladder from JSON.
     pub fn from_json(text: &str) -> Result<Self> {
-        let l: Ladder = serde_json::from_str(text).map_err(|e| ladder_err(format!("bad JSON: {e}")))?;
+        let l: Ladder =
+            serde_json::from_str(text).map_err(|e| ladder_err(format!("bad JSON: {e}")))?;
         l.validate()?;
         Ok(l)
     }
@@ -214,16 +229,34 @@ impl Ladder {
                 return Err(ladder_err(format!("level {} appears twice", l.name)));
             }
             if !(1..=32).contains(&l.bits) {
-                return Err(ladder_err(format!("level {}: bits {} out of range", l.name, l.bits)));
+                return Err(ladder_err(format!(
+                    "level {}: bits {} out of range",
+                    l.name, l.bits
+                )));
             }
             if l.kind == LevelKind::Weights
-                && self.levels[..i].iter().any(|o| o.kind == LevelKind::Weights && o.bits == l.bits)
+                && self.levels[..i]
+                    .iter()
+                    .any(|o| o.kind == LevelKind::Weights && o.bits == l.bits)
             {
-                return Err(ladder_err(format!("two weights levels with {} bits", l.bits)));
+                return Err(ladder_err(format!(
+                    "two weights levels with {} bits",
+                    l.bits
+                )));
             }
-            let all = [l.kl_mean, l.kl_p99, l.kl_topk_mean, l.dlogprob_mean, l.top1_same, l.topk_overlap];
+            let all = [
+                l.kl_mean,
+                l.kl_p99,
+                l.kl_topk_mean,
+                l.dlogprob_mean,
+                l.top1_same,
+                l.topk_overlap,
+            ];
             if all.iter().any(|v| !v.is_finite() || *v < 0.0) {
-                return Err(ladder_err(format!("level {}: values must be finite and ≥ 0", l.name)));
+                return Err(ladder_err(format!(
+                    "level {}: values must be finite and ≥ 0",
+                    l.name
+                )));
             }
             if l.top1_same > 1.0 || l.topk_overlap > 1.0 {
                 return Err(ladder_err(format!("level {}: rates must be ≤ 1", l.name)));
@@ -239,7 +272,11 @@ impl Ladder {
 
     /// The weights levels, most bits first, with their monotone (running-max) badness.
     fn scale(&self, metric: Metric) -> Vec<(u32, f64)> {
-        let mut w: Vec<&Level> = self.levels.iter().filter(|l| l.kind == LevelKind::Weights).collect();
+        let mut w: Vec<&Level> = self
+            .levels
+            .iter()
+            .filter(|l| l.kind == LevelKind::Weights)
+            .collect();
         w.sort_by_key(|l| std::cmp::Reverse(l.bits));
         let mut running = f64::NEG_INFINITY;
         w.iter()
@@ -253,7 +290,9 @@ impl Ladder {
     /// Where `value` of `metric` falls on the bit scale (see the module doc).
     pub fn equivalent(&self, metric: Metric, value: f64) -> Result<Equivalent> {
         if !value.is_finite() {
-            return Err(ProbesError::InvalidInput(format!("statistic {value} is not finite")));
+            return Err(ProbesError::InvalidInput(format!(
+                "statistic {value} is not finite"
+            )));
         }
         let scale = self.scale(metric);
         let (Some(&(best_bits, best)), Some(&(worst_bits, worst))) = (scale.first(), scale.last())
@@ -272,9 +311,17 @@ impl Ladder {
             let ((b_hi, x_hi), (b_lo, x_lo)) = (pair[0], pair[1]);
             if x > x_hi && x <= x_lo {
                 let span = ln(x_lo) - ln(x_hi);
-                let f = if span > 0.0 { ((ln(x) - ln(x_hi)) / span).clamp(0.0, 1.0) } else { 1.0 };
+                let f = if span > 0.0 {
+                    ((ln(x) - ln(x_hi)) / span).clamp(0.0, 1.0)
+                } else {
+                    1.0
+                };
                 let bits = f64::from(b_hi) - f * f64::from(b_hi - b_lo);
-                return Ok(Equivalent::Approx { bits, better: b_hi, worse: b_lo });
+                return Ok(Equivalent::Approx {
+                    bits,
+                    better: b_hi,
+                    worse: b_lo,
+                });
             }
         }
         // unreachable for a monotone scale with best < x ≤ worst; answer conservatively
@@ -284,7 +331,9 @@ impl Ladder {
     /// The value of `metric` at level `level_name` (monotone-adjusted for weights levels), in
     /// the metric's own units: an endpoint past it is worse than that level.
     pub fn threshold(&self, metric: Metric, level_name: &str) -> Result<f64> {
-        let level = self.level(level_name).ok_or_else(|| ladder_err(format!("no level {level_name}")))?;
+        let level = self
+            .level(level_name)
+            .ok_or_else(|| ladder_err(format!("no level {level_name}")))?;
         let badness = match level.kind {
             LevelKind::Weights => self
                 .scale(metric)
@@ -293,7 +342,11 @@ impl Ladder {
                 .map_or(metric.badness(metric.of_level(level)), |(_, x)| x),
             LevelKind::Activations => metric.badness(metric.of_level(level)),
         };
-        Ok(if metric.higher_is_better() { 1.0 - badness } else { badness })
+        Ok(if metric.higher_is_better() {
+            1.0 - badness
+        } else {
+            badness
+        })
     }
 
     /// The faithful? verdict: `value` against the threshold at `level_name`.
@@ -301,7 +354,12 @@ impl Ladder {
         let threshold = self.threshold(metric, level_name)?;
         let equivalent = self.equivalent(metric, value)?;
         let unfaithful = metric.badness(value) > metric.badness(threshold);
-        Ok(Judgement { value, threshold, unfaithful, equivalent })
+        Ok(Judgement {
+            value,
+            threshold,
+            unfaithful,
+            equivalent,
+        })
     }
 }
 
@@ -321,12 +379,21 @@ impl LevelBuilder {
         if top_k == 0 {
             return Err(ProbesError::InvalidInput("top_k must be at least 1".into()));
         }
-        Ok(Self { top_k, full_kl: Vec::new(), positions: Vec::new() })
+        Ok(Self {
+            top_k,
+            full_kl: Vec::new(),
+            positions: Vec::new(),
+        })
     }
 
     /// Adds one position: both sides' raw logits over the whole vocabulary and the actual
     /// next token.
-    pub fn add(&mut self, reference_logits: &[f32], level_logits: &[f32], actual_id: u32) -> Result<()> {
+    pub fn add(
+        &mut self,
+        reference_logits: &[f32],
+        level_logits: &[f32],
+        actual_id: u32,
+    ) -> Result<()> {
         use crate::compare::{compare_position, kl_full, log_softmax, position_from_full_logprobs};
         let kl = kl_full(reference_logits, level_logits)?;
         let (r, l) = (log_softmax(reference_logits)?, log_softmax(level_logits)?);

@@ -9,6 +9,7 @@ pub mod alerts;
 pub mod calibrate;
 pub mod config;
 pub mod dashboards;
+pub mod demo;
 pub mod engine;
 pub mod evals;
 pub mod keys;
@@ -34,6 +35,10 @@ pub enum Command {
     Calibrate(calibrate::CalibrateArgs),
     /// Eval jobs (`samewise evals run|show|worker --config FILE`).
     Evals(evals::EvalsArgs),
+    /// The whole loop on this machine: five endpoints of the test model (one faithful, one
+    /// faithful with other kernels, three faulty), the gateway, probes, evals, dashboards and
+    /// traffic, with a live summary.
+    Demo(demo::DemoArgs),
 }
 
 /// Runs one subcommand to completion on a fresh tokio runtime where it needs one.
@@ -47,11 +52,16 @@ pub fn run(command: Command) -> anyhow::Result<()> {
         Command::Probes(args) => probes::run(args),
         Command::Calibrate(args) => calibrate::run(args),
         Command::Evals(args) => evals::run(args),
+        Command::Demo(args) => demo::run(args),
     }
 }
 
-/// Logs go to stderr, filtered by `RUST_LOG` (default `info`).
-pub fn init_tracing() {
+/// Logs go to stderr, filtered by `RUST_LOG` (default `info`); `samewise demo` logs to a file
+/// of its own instead (the terminal is its summary's).
+pub fn init_tracing(command: &Command) {
+    if matches!(command, Command::Demo(_)) {
+        return;
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()

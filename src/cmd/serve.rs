@@ -7,7 +7,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
 use samewise_proxy::{AppState, Config};
 use samewise_store::{RecordWriter, RecordWriterConfig, Store};
@@ -29,12 +28,32 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(serve(config, args.listen))
+    runtime.block_on(async move {
+        let store = Store::connect_from_env(&config.server.data_dir).await?;
+        tracing::info!(backend = store.backend().name(), "store ready");
+        let addr = args.listen.unwrap_or(config.server.listen);
+        let listener = match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                store.close().await;
+                return Err(anyhow::Error::new(e).context(format!("cannot listen on {addr}")));
+            }
+        };
+        // One line on stdout for scripts and tests that start the gateway on port 0.
+        println!("listening on http://{}", listener.local_addr()?);
+        serve_on(&config, store, listener, super::shutdown_signal()).await
+    })
 }
 
-async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()> {
-    let store = Store::connect_from_env(&config.server.data_dir).await?;
-    tracing::info!(backend = store.backend().name(), "store ready");
+/// Runs the gateway, its probe scheduler, eval workers and dashboards on `listener` over
+/// `store` until `shutdown` resolves; then drains everything in order and closes the store
+/// (also when start-up fails). `samewise serve` and `samewise demo` both run this.
+pub async fn serve_on(
+    config: &Config,
+    store: Store,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let writer_cfg = RecordWriterConfig {
         capacity: config.limits.record_queue_capacity,
         ..RecordWriterConfig::default()
@@ -42,7 +61,7 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
     let (records, writer) = RecordWriter::spawn(store.clone(), writer_cfg);
     // the process's one Prometheus registry: each crate registers its own families
     let registry = samewise_proxy::new_registry();
-    let state = match AppState::new_in(&config, store.clone(), records, registry.clone()) {
+    let state = match AppState::new_in(config, store.clone(), records, registry.clone()) {
         Ok(s) => s,
         Err(e) => {
             writer.shutdown().await;
@@ -51,7 +70,7 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
         }
     };
     // the drift-probe scheduler, beside the gateway (never on the request path)
-    let probes = match super::probes::start(&config, store.clone()).await {
+    let probes = match super::probes::start(config, store.clone()).await {
         Ok(p) => p,
         Err(e) => {
             writer.shutdown().await;
@@ -64,7 +83,7 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
         samewise_evals::EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref());
     let evals = match evals_cfg.map_err(anyhow::Error::from).and_then(|c| {
         (c.workers > 0)
-            .then(|| super::evals::start(&config, store.clone(), c.workers, true))
+            .then(|| super::evals::start(config, store.clone(), c.workers, true))
             .transpose()
     }) {
         Ok(e) => e,
@@ -78,7 +97,7 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
         }
     };
     // the dashboards (`/`, `/api/v1/`) beside the gateway's routes, on the same listener
-    let dashboards = match super::dashboards::build(&config, store.clone(), state.clone()) {
+    let dashboards = match super::dashboards::build(config, store.clone(), state.clone()) {
         Ok(d) => d,
         Err(e) => {
             if let Some(p) = probes {
@@ -102,17 +121,12 @@ async fn serve(config: Config, listen: Option<SocketAddr>) -> anyhow::Result<()>
         std::time::Duration::from_secs(15),
     );
     let app = samewise_proxy::router(state.clone()).merge(samewise_dashboards::router(dashboards));
-    let addr = listen.unwrap_or(config.server.listen);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
-    let local = listener.local_addr()?;
-    tracing::info!(addr = %local, models = config.models.len(), "samewise gateway listening");
-    // One line on stdout for scripts and tests that start the gateway on port 0.
-    println!("listening on http://{local}");
+    if let Ok(local) = listener.local_addr() {
+        tracing::info!(addr = %local, models = config.models.len(), "samewise gateway listening");
+    }
     // drift alerts demote or exclude endpoints (each model's on_drift), re-read every poll
-    let quality = samewise_proxy::QualityWatcher::spawn(&config, state.clone(), store.clone());
-    let served = samewise_proxy::serve_router(listener, app, super::shutdown_signal()).await;
+    let quality = samewise_proxy::QualityWatcher::spawn(config, state.clone(), store.clone());
+    let served = samewise_proxy::serve_router(listener, app, shutdown).await;
     if let Some(p) = probes {
         tracing::info!("stopping the probe scheduler");
         p.shutdown().await;

@@ -350,6 +350,14 @@ impl Profile {
         Profile { name: self.name.clone(), seed: self.seed, ..Profile::default() } == *self
     }
 
+    /// Whether the engine computes differently under this profile (re-quantized weights,
+    /// 8-bit activations, another KV-cache format). A profile without numeric knobs only
+    /// changes what the server does around the engine, so several servers with such
+    /// profiles can share one loaded reference engine (`samewise demo` does).
+    pub fn changes_numerics(&self) -> bool {
+        self.weights.is_some() || self.activations.is_some() || self.kv_cache.is_some()
+    }
+
     /// Checks every range; the message names the field.
     pub fn validate(&self) -> Result<(), String> {
         if let Some(w) = &self.weights {
