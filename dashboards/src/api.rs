@@ -150,6 +150,15 @@ pub async fn alert(State(d): State<Dashboards>, _admin: Admin, Path(id): Path<i6
     to_json(view::AlertView::of(&a))
 }
 
+/// `GET /api/v1/evals/{id}`: an eval job with its verdict and every item on both targets.
+pub async fn eval_job(
+    State(d): State<Dashboards>,
+    _admin: Admin,
+    Path(id): Path<i64>,
+) -> ApiResult {
+    to_json(view::evals::job(&d, id).await?)
+}
+
 /// `POST /api/v1/alerts/{id}/ack`.
 pub async fn ack(
     State(d): State<Dashboards>,

@@ -147,6 +147,7 @@ pub fn router(state: Dashboards) -> Router {
         .route("/alerts/{id}", get(pages::alert))
         .route("/alerts/{id}/ack", post(pages::ack))
         .route("/alerts/{id}/resolve", post(pages::resolve))
+        .route("/evals/{id}", get(pages::job_page))
         .route("/login", get(pages::login_form).post(pages::login))
         .route("/logout", post(pages::logout))
         .route("/assets/refresh.js", get(pages::refresh_js))
@@ -160,6 +161,7 @@ pub fn router(state: Dashboards) -> Router {
         .route("/api/v1/alerts/{id}", get(api::alert))
         .route("/api/v1/alerts/{id}/ack", post(api::ack))
         .route("/api/v1/alerts/{id}/resolve", post(api::resolve))
+        .route("/api/v1/evals/{id}", get(api::eval_job))
         .layer(axum::middleware::map_response(auth::security_headers))
         .with_state(state)
 }

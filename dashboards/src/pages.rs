@@ -1,5 +1,5 @@
 //! The HTML routes: overview, endpoint, compare, alerts (with acknowledge / resolve forms),
-//! login and logout, and the two assets (stylesheet, refresh script). Handlers are thin: they
+//! eval jobs down to their items (`evals`), login and logout, and the two assets (stylesheet, refresh script). Handlers are thin: they
 //! authenticate, ask [`crate::view`] for the data and render it; every string from the store
 //! goes through [`esc`]. Unauthenticated page requests are redirected to the login form.
 
@@ -17,6 +17,10 @@ use crate::html::{esc, num, page, pct, time, url};
 use crate::svg::{Line, chart, sparkline};
 use crate::view::{self, AlertView, EndpointDetail, EndpointRow, RANGES, Range, Verdict};
 use crate::{DashError, Dashboards};
+
+mod evals;
+
+pub use evals::job_page;
 
 /// A page's failure: a redirect to the login form, or an error page.
 #[derive(Debug)]
@@ -247,7 +251,8 @@ fn row_html(b: &mut String, r: &EndpointRow) {
         };
         let _ = write!(
             b,
-            "<span class=\"{tone}\" title=\"job {} · {}\">{}: {}</span> ",
+            "<a class=\"{tone}\" href=\"/evals/{}\" title=\"job {} · {}\">{}: {}</a> ",
+            j.id,
             j.id,
             esc(j.summary.as_deref().unwrap_or("")),
             esc(&j.suite),
@@ -573,10 +578,25 @@ pub async fn alert(
         .ok_or_else(|| DashError::NotFound(format!("no alert {id}")))?;
     let a = AlertView::of(&a);
     let evidence = serde_json::to_string_pretty(&a.evidence).unwrap_or_default();
+    let mut jobs = String::new();
+    for j in d.inner.store.eval_jobs(Some(id), 50).await? {
+        let j = view::EvalView::of(&j);
+        let _ = write!(
+            jobs,
+            "<li><a href=\"/evals/{}\">{}: {}</a> <span class=\"muted\">{}</span></li>",
+            j.id,
+            esc(&j.suite),
+            esc(j.verdict.as_deref().unwrap_or(j.state)),
+            esc(j.summary.as_deref().unwrap_or(""))
+        );
+    }
+    if !jobs.is_empty() {
+        jobs = format!("<h2>Eval jobs it opened</h2><ul class=\"jobs\">{jobs}</ul>");
+    }
     let b = format!(
         "<dl><dt>Endpoint</dt><dd><a href=\"/endpoint?e={u}\">{e}</a> ({m})</dd><dt>Kind</dt><dd>{k}</dd>\
          <dt>State</dt><dd class=\"state\">{s}</dd><dt>Opened</dt><dd>{o}</dd><dt>Last seen</dt><dd>{l}</dd>\
-         <dt>Summary</dt><dd class=\"summary\">{sum}</dd></dl><h2>Evidence</h2><pre class=\"evidence\">{ev}</pre>{f}",
+         <dt>Summary</dt><dd class=\"summary\">{sum}</dd></dl>{jobs}<h2>Evidence</h2><pre class=\"evidence\">{ev}</pre>{f}",
         u = url(&a.endpoint),
         e = esc(&a.endpoint),
         m = esc(&a.model),

@@ -37,7 +37,7 @@ const MAX_RUNS: u32 = 5_000;
 /// Eval jobs read per overview (newest first); older endpoints' jobs fall off the cell.
 const EVAL_JOBS_READ: u32 = 500;
 
-mod evals;
+pub mod evals;
 
 pub use evals::{EvalView, Evals};
 

@@ -25,7 +25,8 @@ pub struct EvalView {
 }
 
 impl EvalView {
-    fn of(j: &EvalJob) -> EvalView {
+    /// The view of stored job `j`.
+    pub fn of(j: &EvalJob) -> EvalView {
         let v = j.verdict.as_ref();
         let verdict = v.and_then(|v| v["verdict"].as_str()).map(str::to_owned);
         let rate = |side: &str| v.and_then(|v| v[side]["rate"].as_f64());
@@ -94,4 +95,103 @@ impl Evals {
             .iter()
             .find(|j| j.verdict.as_deref() == Some("degraded"))
     }
+}
+
+/// One side's result of one item.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ItemSide {
+    /// Whether it passed its check.
+    pub passed: bool,
+    /// The failure bucket, when it failed.
+    pub error_type: Option<String>,
+    /// The request, the answer and the check (as the worker stored them).
+    pub record: serde_json::Value,
+}
+
+/// One item on both targets.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ItemView {
+    /// The item's id in the suite.
+    pub item: String,
+    /// The suspect's result, once written.
+    pub suspect: Option<ItemSide>,
+    /// The baseline's result, once written.
+    pub baseline: Option<ItemSide>,
+}
+
+impl ItemView {
+    /// The suspect failed where the baseline passed (the items a verdict of "degraded"
+    /// rests on).
+    pub fn regressed(&self) -> bool {
+        self.suspect.as_ref().is_some_and(|s| !s.passed)
+            && self.baseline.as_ref().is_some_and(|b| b.passed)
+    }
+}
+
+/// An eval job down to its items: what the job page and `/api/v1/evals/{id}` show.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobDetail {
+    /// The job as the overview cell shows it.
+    pub job: EvalView,
+    /// The logical model.
+    pub model: String,
+    /// The suspect endpoint.
+    pub endpoint: String,
+    /// "reference" or a peer endpoint.
+    pub baseline: String,
+    /// When a worker first claimed it, and when it finished.
+    pub started_ms: Option<i64>,
+    /// When it finished.
+    pub finished_ms: Option<i64>,
+    /// Tokens spent (both targets).
+    pub tokens: i64,
+    /// The verdict document, once finished.
+    pub verdict: Option<serde_json::Value>,
+    /// Every item, those where the suspect failed and the baseline passed first.
+    pub items: Vec<ItemView>,
+}
+
+/// Job `id` with its per-item results.
+pub async fn job(d: &crate::Dashboards, id: i64) -> Result<JobDetail, crate::DashError> {
+    let store = &d.inner.store;
+    let j = store
+        .eval_job(id)
+        .await?
+        .ok_or_else(|| crate::DashError::NotFound(format!("no eval job {id}")))?;
+    let mut items: Vec<ItemView> = Vec::new();
+    for r in store.eval_results(id).await? {
+        let side = ItemSide {
+            passed: r.passed,
+            error_type: r.error_type.clone(),
+            record: r.record.clone(),
+        };
+        let i = match items.iter().position(|i| i.item == r.item) {
+            Some(i) => i,
+            None => {
+                items.push(ItemView {
+                    item: r.item.clone(),
+                    suspect: None,
+                    baseline: None,
+                });
+                items.len() - 1
+            }
+        };
+        match r.target.as_str() {
+            "suspect" => items[i].suspect = Some(side),
+            _ => items[i].baseline = Some(side),
+        }
+    }
+    // regressions first, then the rest in write order (a stable sort keeps it)
+    items.sort_by_key(|i| !i.regressed());
+    Ok(JobDetail {
+        job: EvalView::of(&j),
+        model: j.model,
+        endpoint: j.endpoint,
+        baseline: j.baseline,
+        started_ms: j.started_ms,
+        finished_ms: j.finished_ms,
+        tokens: j.tokens,
+        verdict: j.verdict,
+        items,
+    })
 }

@@ -160,7 +160,8 @@ impl Server {
                         endpoint: endpoint.to_owned(),
                         suite: "tool_calls".to_owned(),
                         baseline: "reference".to_owned(),
-                        alert_id: None,
+                        // tool/m's job was opened by its passive alert
+                        alert_id: finish.then_some(xss.id),
                         params: serde_json::json!({}),
                         max_attempts: 1,
                         now_ms: now - 20_000,
@@ -175,6 +176,29 @@ impl Server {
                     .claim_eval_job("w", now - 19_000, 60_000)
                     .await?
                     .context("job not claimed")?;
+                // two items: one the corruption broke (with a model-written XSS payload in the
+                // answer), one both sides passed
+                for (item, target, passed, err) in [
+                    ("weather-1", "suspect", false, Some("wrong_name")),
+                    ("weather-1", "baseline", true, None),
+                    ("book-2", "suspect", true, None),
+                    ("book-2", "baseline", true, None),
+                ] {
+                    db.store
+                        .insert_eval_result(
+                            &lease,
+                            &samewise_store::EvalResult {
+                                item: item.to_owned(),
+                                target: target.to_owned(),
+                                passed,
+                                error_type: err.map(str::to_owned),
+                                tokens: 10,
+                                record: serde_json::json!({ "answer": XSS, "check": { "passed": passed } }),
+                            },
+                            now - 15_000,
+                        )
+                        .await?;
+                }
                 let verdict = serde_json::json!({
                     "verdict": "degraded", "items": 24, "p_value": 0.0004,
                     "suspect": { "rate": 0.0 }, "baseline": { "rate": 0.5 }

@@ -59,7 +59,7 @@ async fn overview_rows_show_the_api_values() -> Result<()> {
     ensure!(tr(&html, "ref/m").contains("no evals yet"));
     let tool = tr(&html, "tool/m");
     ensure!(
-        tool.contains("<span class=\"bad\" title=\"job ") && tool.contains("tool_calls: degraded"),
+        tool.contains("<a class=\"bad\" href=\"/evals/") && tool.contains("tool_calls: degraded"),
         "{tool}"
     );
     ensure!(tool.contains("25.0%"), "tool-call error rate: {tool}");
@@ -110,6 +110,10 @@ async fn alerts_and_compare_pages_escape_and_compare() -> Result<()> {
     ensure!(list.contains("&lt;script&gt;window.__pwned=1&lt;/script&gt;"));
     let one = page(&s, &format!("/alerts/{}", s.xss_alert)).await?;
     ensure!(one.contains("tool_name") && one.contains("&lt;img src=x onerror="));
+    ensure!(
+        one.contains("<h2>Eval jobs it opened</h2>") && one.contains("tool_calls: degraded</a>"),
+        "{one}"
+    );
     let cmp = page(&s, "/compare?a=ref/m&b=w4/m").await?;
     ensure!(
         cmp.contains("<tr data-endpoint=\"ref/m\"") && cmp.contains("<tr data-endpoint=\"w4/m\"")
@@ -121,4 +125,47 @@ async fn alerts_and_compare_pages_escape_and_compare() -> Result<()> {
     let js = s.get("/assets/refresh.js", None).await?;
     ensure!(js.status() == 200 && js.text().await?.contains("location.reload"));
     s.stop().await
+}
+
+#[tokio::test]
+async fn eval_job_page_shows_the_verdict_and_the_failing_item_first() -> Result<()> {
+    let s = Server::start().await?;
+    let overview = page(&s, "/").await?;
+    let row = tr(&overview, "tool/m");
+    let href = row
+        .split("href=\"/evals/")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .ok_or_else(|| anyhow::anyhow!("no job link in {row}"))?;
+    let html = page(&s, &format!("/evals/{href}")).await?;
+    ensure!(
+        html.contains("Verdict: <span class=\"verdict-word\">degraded</span>"),
+        "{html}"
+    );
+    ensure!(
+        html.contains("the suspect failed and the baseline passed on 1)"),
+        "{html}"
+    );
+    // the regressed item comes first, its bucket shown; the model's text is escaped
+    let first = html.find("weather-1").unwrap_or(usize::MAX);
+    let second = html.find("book-2").unwrap_or(0);
+    ensure!(first < second, "the regressed item is not first");
+    ensure!(html.contains("<summary>wrong_name</summary>"), "{html}");
+    ensure!(html.contains("&lt;script&gt;window.__pwned=1&lt;/script&gt;"));
+    // the same over the API
+    let api = s
+        .get(&format!("/api/v1/evals/{href}"), Some(&s.admin))
+        .await?;
+    ensure!(api.status() == 200);
+    let v: serde_json::Value = serde_json::from_str(&api.text().await?)?;
+    ensure!(v["items"][0]["item"] == "weather-1" && v["items"][0]["suspect"]["passed"] == false);
+    ensure!(
+        v["job"]["verdict"] == "degraded" && v["endpoint"] == "tool/m",
+        "{v}"
+    );
+    // an unknown job is a 404 with an OpenAI-shaped error, not a panic
+    let missing = s.get("/api/v1/evals/999999", Some(&s.admin)).await?;
+    ensure!(missing.status() == 404);
+    ensure!(missing.text().await?.contains("no eval job 999999"));
+    Ok(())
 }
