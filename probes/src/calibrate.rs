@@ -233,13 +233,10 @@ fn compare_rows(
             &reference[p * vocab..(p + 1) * vocab],
             &level[p * vocab..(p + 1) * vocab],
         );
-        let kl = compare::kl_full(r, l)?;
-        let input = compare::position_from_full_logprobs(
-            &compare::log_softmax(r)?,
-            &compare::log_softmax(l)?,
-            seq[p + 1],
-            top_k,
-        )?;
+        // each row's log-softmax once, for the full KL and the top-k view alike
+        let (lr, ll) = (compare::log_softmax(r)?, compare::log_softmax(l)?);
+        let kl = compare::kl_from_logprobs(&lr, &ll)?;
+        let input = compare::position_from_full_logprobs(&lr, &ll, seq[p + 1], top_k)?;
         Ok((kl, compare::compare_position(&input)?))
     };
     let per = n.div_ceil(threads.max(1)).max(1);

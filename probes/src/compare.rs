@@ -231,7 +231,21 @@ pub fn kl_full(reference_logits: &[f32], endpoint_logits: &[f32]) -> Result<f64>
     }
     let lr = log_softmax(reference_logits)?;
     let le = log_softmax(endpoint_logits)?;
-    let kl: f64 = lr.iter().zip(&le).map(|(&a, &b)| a.exp() * (a - b)).sum();
+    kl_from_logprobs(&lr, &le)
+}
+
+/// Full-vocabulary KL(ref‖endpoint) from two log-probability vectors (what [`kl_full`]
+/// computes after its log-softmax; a caller that needs the log-probabilities anyway, like the
+/// calibration ladder, computes them once).
+pub fn kl_from_logprobs(reference: &[f64], endpoint: &[f64]) -> Result<f64> {
+    if reference.len() != endpoint.len() {
+        return Err(ProbesError::LengthMismatch {
+            what: "logprob vectors",
+            left: reference.len(),
+            right: endpoint.len(),
+        });
+    }
+    let kl: f64 = reference.iter().zip(endpoint).map(|(&a, &b)| a.exp() * (a - b)).sum();
     Ok(kl.max(0.0))
 }
 
@@ -259,16 +273,39 @@ pub fn position_from_full_logprobs(
         return Err(invalid("k must be at least 1"));
     }
     let top = |lp: &[f64]| -> Vec<TopEntry> {
-        let mut idx: Vec<usize> = (0..lp.len()).collect();
-        idx.sort_by(|&x, &y| lp[y].total_cmp(&lp[x]).then(x.cmp(&y)));
-        idx.truncate(k);
-        idx.into_iter().map(|i| TopEntry { id: i as u32, logprob: lp[i] }).collect()
+        top_k_ids(lp, k).into_iter().map(|i| TopEntry { id: i as u32, logprob: lp[i] }).collect()
     };
     Ok(PositionInput {
         actual_id,
         reference: Side { actual_logprob: reference[a], top: top(reference) },
         endpoint: Side { actual_logprob: endpoint[a], top: top(endpoint) },
     })
+}
+
+/// The `k` highest entries of `lp` (ties by lower index), highest first: exactly the first
+/// `k` of a full sort by (logprob descending, index ascending), in one pass that keeps a
+/// sorted buffer of `k` instead of sorting the whole vocabulary (the calibration ladder asks
+/// this twice per position of a 49k-entry vocabulary).
+pub fn top_k_ids(lp: &[f64], k: usize) -> Vec<usize> {
+    // `x` ranks before `y`: a higher logprob, or the same (total order) and a lower index
+    let before = |x: usize, y: usize| match lp[x].total_cmp(&lp[y]) {
+        std::cmp::Ordering::Greater => true,
+        std::cmp::Ordering::Equal => x < y,
+        std::cmp::Ordering::Less => false,
+    };
+    let mut best: Vec<usize> = Vec::with_capacity(k + 1);
+    if k == 0 {
+        return best;
+    }
+    for i in 0..lp.len() {
+        if best.len() == k && best.last().is_some_and(|&w| !before(i, w)) {
+            continue;
+        }
+        let at = best.partition_point(|&b| before(b, i));
+        best.insert(at, i);
+        best.truncate(k);
+    }
+    best
 }
 
 const MAGIC: &[u8; 4] = b"SWPP";

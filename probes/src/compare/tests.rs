@@ -199,3 +199,44 @@ fn encoding_is_compact_and_rejects_garbage() {
     let big = PositionInput { actual_id: 0, reference: Side { actual_logprob: -1.0, top: many }, endpoint: p.endpoint };
     assert!(encode_positions(&[big]).is_err());
 }
+
+/// The full sort `top_k_ids` replaces: (logprob descending, index ascending), first `k`.
+fn top_k_by_sorting(lp: &[f64], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..lp.len()).collect();
+    idx.sort_by(|&x, &y| lp[y].total_cmp(&lp[x]).then(x.cmp(&y)));
+    idx.truncate(k);
+    idx
+}
+
+proptest! {
+    #[test]
+    fn top_k_selection_equals_the_full_sort(
+        // few distinct values, so ties are common; NaN and infinities included
+        vals in prop::collection::vec(
+            prop_oneof![
+                (0u8..6).prop_map(|v| -f64::from(v)),
+                Just(f64::NEG_INFINITY),
+                Just(f64::NAN),
+                Just(-0.0),
+                any::<f64>(),
+            ],
+            0..300,
+        ),
+        k in 0usize..40,
+    ) {
+        prop_assert_eq!(top_k_ids(&vals, k), top_k_by_sorting(&vals, k));
+    }
+}
+
+#[test]
+fn top_k_selection_on_a_vocabulary_row() {
+    // a 49,152-entry row like the test model's, with ties at the top
+    let mut lp: Vec<f64> = (0..49_152).map(|i| -((i * 7919 % 49_152) as f64) / 1000.0).collect();
+    lp[17] = 0.5;
+    lp[40_000] = 0.5;
+    lp[3] = 0.25;
+    for k in [1, 5, 20] {
+        assert_eq!(top_k_ids(&lp, k), top_k_by_sorting(&lp, k));
+    }
+    assert_eq!(top_k_ids(&lp, 3), vec![17, 40_000, 3]);
+}
