@@ -1,7 +1,8 @@
 //! Request lifecycles at the edges: a client that goes away mid-stream (recorded once, as
 //! `client_disconnect`), graceful shutdown that lets an in-flight stream finish and drains its
 //! record, a `Retry-After` short enough to be waited out on the same endpoint, records that
-//! cannot be queued counted on `/metrics`, and a breaker's half-open trial over real time.
+//! cannot be queued counted on `/metrics`, a breaker's half-open trial over real time, and a
+//! trial whose client goes away before the answer (its slot is freed).
 
 use crate::common;
 
@@ -176,5 +177,74 @@ async fn an_open_breaker_lets_a_trial_through_after_the_cooldown_and_closes() ->
         metric_value(&m, "samewise_breaker_state", "endpoint=\"a/sa\""),
         Some(0.0)
     );
+    gw.stop().await
+}
+
+/// Polls `/metrics` until `endpoint`'s breaker gauge reads `want` (10 s deadline).
+async fn wait_breaker(gw: &Gateway, endpoint: &str, want: f64) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = gw.metrics().await?;
+        let label = format!("endpoint=\"{endpoint}\"");
+        if metric_value(&m, "samewise_breaker_state", &label) == Some(want) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "breaker of {endpoint} never reached {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_client_leaving_during_the_half_open_trial_frees_the_trial() -> Result<()> {
+    // two 500s open the breaker; the trial then hangs before its response head
+    let a = MockUpstream::builder()
+        .behaviors([
+            Behavior::Status(500, "{}".into()),
+            Behavior::Status(500, "{}".into()),
+            Behavior::DelayHeaders(Duration::from_secs(60)),
+        ])
+        .start()
+        .await?;
+    let cfg = format!(
+        "{FAST_LIMITS}[breaker]\nconsecutive_failures = 2\ncooldown_ms = 50\n{}{}",
+        provider("a", &a.base_url(), "first_byte_timeout_ms = 120000"),
+        model("smol", "weighted", &[("a", "sa")])
+    );
+    let gw = Gateway::start(&cfg).await?;
+    assert_eq!(gw.chat(&chat_body("smol")).await?.status(), 502);
+    wait_breaker(&gw, "a/sa", 1.0).await?;
+
+    // the trial's client goes away while the endpoint has not answered
+    let (url, key) = (gw.url("/v1/chat/completions"), gw.key.clone());
+    let trial = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .bearer_auth(key)
+            .header("content-type", "application/json")
+            .body(chat_body("smol").to_string())
+            .send()
+            .await
+    });
+    a.wait_for_requests(3, Duration::from_secs(10)).await?;
+    trial.abort();
+    let _ = trial.await;
+
+    // the endpoint gets a new trial (which succeeds): it is not refused until restart
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut last = 0;
+    while tokio::time::Instant::now() < deadline {
+        let resp = gw.chat(&chat_body("smol")).await?;
+        last = resp.status().as_u16();
+        if last == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(last, 200, "the abandoned trial still holds the only slot");
+    assert_eq!(a.request_count(), 4);
+    wait_breaker(&gw, "a/sa", 0.0).await?;
     gw.stop().await
 }
