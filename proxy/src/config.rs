@@ -59,6 +59,10 @@ pub struct ServerConfig {
     /// How often the gateway re-reads the active alerts to demote or exclude endpoints
     /// (`alert_poll_ms`, default 2 s).
     pub alert_poll: Duration,
+    /// After the shutdown signal, how long open requests and streams may take to finish
+    /// before their connections are closed and the gateway exits anyway (`drain_timeout_ms`,
+    /// default 30 s; 0 closes them at once).
+    pub drain_timeout: Duration,
 }
 
 /// `[limits]`.
@@ -290,6 +294,7 @@ struct RawServer {
     body_limit_bytes: Option<Spanned<u64>>,
     data_dir: Option<String>,
     alert_poll_ms: Option<Spanned<u64>>,
+    drain_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -474,11 +479,14 @@ impl Validator<'_> {
         };
         let data_dir = PathBuf::from(raw.data_dir.unwrap_or_else(|| "samewise-data".to_owned()));
         let alert_poll = self.positive_ms("server.alert_poll_ms", raw.alert_poll_ms, 2_000)?;
+        let drain_timeout =
+            self.bounded_ms("server.drain_timeout_ms", raw.drain_timeout_ms, 30_000)?;
         Ok(ServerConfig {
             listen,
             body_limit_bytes,
             data_dir,
             alert_poll,
+            drain_timeout,
         })
     }
 

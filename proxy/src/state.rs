@@ -29,6 +29,8 @@ pub struct AppState {
 pub(crate) struct Inner {
     pub(crate) limits: Limits,
     pub(crate) body_limit: usize,
+    /// `[server] drain_timeout_ms`, for [`crate::serve`].
+    pub(crate) drain_timeout: Duration,
     pub(crate) models: HashMap<String, Arc<ModelRoute>>,
     pub(crate) upstreams: HashMap<String, Upstream>,
     pub(crate) auth: Authenticator,
@@ -178,6 +180,7 @@ impl AppState {
             inner: Arc::new(Inner {
                 limits: config.limits.clone(),
                 body_limit: config.server.body_limit_bytes,
+                drain_timeout: config.server.drain_timeout,
                 models,
                 upstreams,
                 auth: Authenticator::new(store, config.limits.key_cache_ttl),

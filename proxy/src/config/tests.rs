@@ -35,6 +35,7 @@ fn durations_past_the_bound_are_config_errors_naming_the_key() {
         ("breaker", "window_ms"),
         ("breaker", "cooldown_ms"),
         ("server", "alert_poll_ms"),
+        ("server", "drain_timeout_ms"),
     ] {
         let src = GOOD.replacen(
             &format!("[{table}]\n"),

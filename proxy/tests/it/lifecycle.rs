@@ -248,3 +248,51 @@ async fn a_client_leaving_during_the_half_open_trial_frees_the_trial() -> Result
     wait_breaker(&gw, "a/sa", 0.0).await?;
     gw.stop().await
 }
+
+#[tokio::test]
+async fn shutdown_cuts_a_trickling_stream_at_the_drain_deadline() -> Result<()> {
+    // a stream that trickles for a minute: one event every 60 ms, 1000 of them
+    let mock = MockUpstream::builder()
+        .default_behavior(slow_stream(1000, 60))
+        .start()
+        .await?;
+    let cfg = format!(
+        "[server]\ndrain_timeout_ms = 300\n{}",
+        single(&mock, FAST_LIMITS)
+    );
+    let gw = Gateway::start(&cfg).await?;
+    let mut body = chat_body("smol");
+    body["stream"] = json!(true);
+    let mut resp = gw.chat(&body).await?;
+    let id = request_id(&resp);
+    assert!(resp.chunk().await?.is_some());
+    let reader = async move {
+        loop {
+            match resp.chunk().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => return "ended",
+                Err(_) => return "broken",
+            }
+        }
+    };
+    // stop() returns once the server has exited (and the writer drained): without a deadline
+    // it would wait out the whole stream; 10 s is far past the 300 ms drain timeout
+    let (outcome, stopped) = tokio::join!(
+        reader,
+        tokio::time::timeout(Duration::from_secs(10), gw.stop_keep_db())
+    );
+    let db = stopped.map_err(|_| anyhow::anyhow!("shutdown still waiting on the stream"))??;
+    assert_eq!(
+        outcome, "broken",
+        "the client sees its stream cut, not completed"
+    );
+    // the cut stream's attempt is recorded once, and the writer drained it
+    let q = samewise_store::RecordQuery {
+        request_id: Some(id),
+        ..Default::default()
+    };
+    let recs = db.store.request_records(&q).await?;
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    assert!(recs[0].final_attempt);
+    Ok(())
+}
