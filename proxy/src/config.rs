@@ -78,6 +78,9 @@ pub struct Limits {
     pub retry_after_max: Duration,
     /// How long a key lookup is cached; a revoked key stops working within this time.
     pub key_cache_ttl: Duration,
+    /// How long past its TTL a cached valid key keeps working while the database cannot be
+    /// asked (`key_stale_grace_ms`, default 15 min; 0: never).
+    pub key_stale_grace: Duration,
     /// Capacity of the request-record queue; a full queue drops (and counts) records.
     pub record_queue_capacity: usize,
     /// The same token or text delta this many times in a row ends a generation.
@@ -305,6 +308,7 @@ struct RawLimits {
     backoff_max_ms: Option<u64>,
     retry_after_max_ms: Option<u64>,
     key_cache_ttl_ms: Option<Spanned<u64>>,
+    key_stale_grace_ms: Option<u64>,
     record_queue_capacity: Option<Spanned<u64>>,
     degenerate_repeat: Option<Spanned<u64>>,
 }
@@ -535,6 +539,11 @@ impl Validator<'_> {
                 "limits.key_cache_ttl_ms",
                 raw.key_cache_ttl_ms,
                 10_000,
+            )?,
+            key_stale_grace: self.bounded_ms(
+                "limits.key_stale_grace_ms",
+                raw.key_stale_grace_ms,
+                900_000,
             )?,
             record_queue_capacity,
             degenerate_repeat,

@@ -12,7 +12,7 @@ use rand::rngs::SmallRng;
 use samewise_store::{RecordSender, Store};
 
 use crate::ProxyError;
-use crate::auth::Authenticator;
+use crate::auth::{Authenticator, KeyCacheConfig};
 use crate::config::{Config, Limits};
 use crate::health::EndpointHealth;
 use crate::metrics::{Metrics, SharedRegistry};
@@ -183,7 +183,10 @@ impl AppState {
                 drain_timeout: config.server.drain_timeout,
                 models,
                 upstreams,
-                auth: Authenticator::new(store, config.limits.key_cache_ttl),
+                auth: Authenticator::new(
+                    store,
+                    KeyCacheConfig::new(config.limits.key_cache_ttl, config.limits.key_stale_grace),
+                ),
                 records,
                 metrics,
                 rng: Mutex::new(SmallRng::from_os_rng()),
