@@ -441,7 +441,7 @@ async fn one_attempt(
     let inspector = Inspector::new(
         req.route,
         req.strip_usage_chunk,
-        req.tools.as_ref(),
+        req.tools.clone(),
         state.inner.limits.degenerate_repeat,
     );
 
