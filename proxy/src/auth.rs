@@ -1,33 +1,106 @@
 //! samewise API keys on the request path: `Authorization: Bearer <key>` is looked up in the
-//! store through a short-lived in-memory cache (keyed by the key's SHA-256, never the
-//! plaintext), and each key's requests-per-minute limit is enforced with a token bucket.
+//! store through an in-memory cache (keyed by the key's SHA-256, never the plaintext), and
+//! each key's requests-per-minute limit is enforced with a token bucket.
 //!
-//! Revocation is bounded: a cached lookup (positive or negative) is reused for at most
-//! `limits.key_cache_ttl` (default 10 s), so a key revoked in the database stops working within
-//! that time on every proxy.
+//! The cache holds valid keys and invalid ones apart, each a bounded LRU: valid keys up to
+//! [`KeyCacheConfig::max_valid`], unknown or revoked ones up to the smaller
+//! [`KeyCacheConfig::max_invalid`]. A flood of random keys only evicts other random keys, never
+//! a valid one, so it cannot send every client's lookups to the database.
+//!
+//! Revocation is bounded: a cached lookup is trusted for `limits.key_cache_ttl` (default 10 s),
+//! so a key revoked in the database stops working within that time on every proxy.
+//!
+//! The database going away must not take valid clients with it: when the refresh of an expired
+//! valid key fails (an error, or no answer within [`LOOKUP_TIMEOUT`]), the key keeps working on
+//! its cached entry for up to `limits.key_stale_grace` past its TTL, and only one request per
+//! key per [`LOOKUP_TIMEOUT`] asks the database again. A key the cache has never seen cannot be
+//! checked then: it gets an OpenAI-shaped 503 (`store_unavailable`, with `Retry-After`).
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode, header};
+use hashlink::LruCache;
 use samewise_store::{ApiKey, Store};
 use tokio::time::Instant;
 
 use crate::error::ApiError;
 
-/// Most cached lookups; the cache is cleared when full (a flood of random keys cannot grow it).
-const MAX_CACHED: usize = 50_000;
+/// Longest wait for the database on one key lookup; past it the lookup counts as failed (a
+/// stopped database must not hold requests for the pool's whole acquire timeout).
+pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Bounds and times of the key cache.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyCacheConfig {
+    /// How long a lookup is trusted (`limits.key_cache_ttl_ms`).
+    pub ttl: Duration,
+    /// How long past its TTL a valid key keeps working while the database cannot be asked
+    /// (`limits.key_stale_grace_ms`).
+    pub stale_grace: Duration,
+    /// Most valid keys cached.
+    pub max_valid: usize,
+    /// Most unknown or revoked keys cached (apart from the valid ones).
+    pub max_invalid: usize,
+}
+
+impl KeyCacheConfig {
+    /// The default bounds (50k valid keys, 10k invalid ones) with these times.
+    pub fn new(ttl: Duration, stale_grace: Duration) -> Self {
+        KeyCacheConfig {
+            ttl,
+            stale_grace,
+            max_valid: 50_000,
+            max_invalid: 10_000,
+        }
+    }
+}
 
 /// Authenticates requests and applies per-key rate limits.
 #[derive(Debug)]
 pub struct Authenticator {
     store: Store,
-    ttl: Duration,
-    /// key hash -> (lookup result, when it was fetched)
-    cache: Mutex<HashMap<String, (Option<ApiKey>, Instant)>>,
+    cfg: KeyCacheConfig,
+    /// The two LRUs of lookups, by key hash.
+    cache: Mutex<KeyCache>,
     /// key id -> bucket
-    buckets: Mutex<HashMap<i64, Bucket>>,
+    buckets: Mutex<std::collections::HashMap<i64, Bucket>>,
+}
+
+/// Valid and invalid lookups, kept apart so that one kind cannot evict the other.
+struct KeyCache {
+    /// key hash -> the valid key and when the store last confirmed it.
+    valid: LruCache<String, ValidEntry>,
+    /// key hash -> when the store last said the key is unknown or revoked.
+    invalid: LruCache<String, Instant>,
+}
+
+impl std::fmt::Debug for KeyCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyCache")
+            .field("valid", &self.valid.len())
+            .field("invalid", &self.invalid.len())
+            .finish()
+    }
+}
+
+/// One cached valid key.
+struct ValidEntry {
+    /// The key row (no secret: the hash only).
+    key: ApiKey,
+    /// When the store last confirmed it.
+    confirmed: Instant,
+    /// No request asks the store about this key again before this instant (one refresh at a
+    /// time; after a failed one, a pause).
+    next_ask: Instant,
+}
+
+/// What the cache says about a key.
+enum Cached {
+    /// Trust this answer.
+    Answer(Option<ApiKey>),
+    /// Ask the store; on failure, fall back to this stale key if any.
+    Ask(Option<ApiKey>),
 }
 
 /// A token bucket holding up to `rpm` requests, refilled at `rpm` per minute.
@@ -64,13 +137,16 @@ impl Bucket {
 }
 
 impl Authenticator {
-    /// An authenticator over `store` whose lookups live `ttl`.
-    pub fn new(store: Store, ttl: Duration) -> Self {
+    /// An authenticator over `store` with the cache's bounds and times.
+    pub fn new(store: Store, cfg: KeyCacheConfig) -> Self {
         Authenticator {
             store,
-            ttl,
-            cache: Mutex::new(HashMap::new()),
-            buckets: Mutex::new(HashMap::new()),
+            cfg,
+            cache: Mutex::new(KeyCache {
+                valid: LruCache::new(cfg.max_valid.max(1)),
+                invalid: LruCache::new(cfg.max_invalid.max(1)),
+            }),
+            buckets: Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -81,7 +157,7 @@ impl Authenticator {
         Ok(key)
     }
 
-    /// The valid key a request presents (401 otherwise).
+    /// The valid key a request presents (401 otherwise; 503 when it cannot be checked).
     pub async fn identify(&self, headers: &HeaderMap) -> Result<ApiKey, ApiError> {
         let presented = bearer(headers).ok_or_else(|| {
             ApiError::new(
@@ -125,31 +201,84 @@ impl Authenticator {
         })
     }
 
+    /// What the cache says about `hash` at `now`; claims the refresh of an expired valid key.
+    fn cached(&self, hash: &str, now: Instant) -> Cached {
+        let Ok(mut cache) = self.cache.lock() else {
+            return Cached::Ask(None);
+        };
+        let (ttl, grace) = (self.cfg.ttl, self.cfg.stale_grace);
+        if let Some(e) = cache.valid.get_mut(hash) {
+            let age = now.saturating_duration_since(e.confirmed);
+            if age < ttl {
+                return Cached::Answer(Some(e.key.clone()));
+            }
+            if age < ttl.saturating_add(grace) {
+                if now < e.next_ask {
+                    // another request is asking the store, or the last ask failed just now
+                    return Cached::Answer(Some(e.key.clone()));
+                }
+                e.next_ask = now + LOOKUP_TIMEOUT;
+                return Cached::Ask(Some(e.key.clone()));
+            }
+            return Cached::Ask(None);
+        }
+        match cache.invalid.get(hash) {
+            Some(at) if now.saturating_duration_since(*at) < ttl => Cached::Answer(None),
+            _ => Cached::Ask(None),
+        }
+    }
+
     async fn lookup(&self, presented: &str) -> Result<Option<ApiKey>, ApiError> {
         let hash = samewise_store::keys::hash_key(presented);
+        let stale = match self.cached(&hash, Instant::now()) {
+            Cached::Answer(found) => return Ok(found),
+            Cached::Ask(stale) => stale,
+        };
+        let asked = tokio::time::timeout(LOOKUP_TIMEOUT, self.store.find_api_key(presented)).await;
         let now = Instant::now();
-        if let Ok(cache) = self.cache.lock()
-            && let Some((hit, at)) = cache.get(&hash)
-            && now.saturating_duration_since(*at) < self.ttl
-        {
-            return Ok(hit.clone());
-        }
-        let found = self.store.find_api_key(presented).await.map_err(|e| {
-            tracing::error!(error = %e, "API key lookup failed");
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store_unavailable",
-                "server_error",
-                "the key store is unavailable; try again",
-            )
-            .with_retry_after(1)
-        })?;
-        let found = found.filter(|k| !k.revoked);
-        if let Ok(mut cache) = self.cache.lock() {
-            if cache.len() >= MAX_CACHED {
-                cache.clear();
+        let found = match asked {
+            Ok(Ok(found)) => found.filter(|k| !k.revoked),
+            failed => {
+                match &failed {
+                    Ok(Err(e)) => tracing::error!(error = %e, "API key lookup failed"),
+                    _ => tracing::error!(timeout = ?LOOKUP_TIMEOUT, "API key lookup timed out"),
+                }
+                if let Some(key) = stale {
+                    // valid before the store went away: keep serving it, within the grace
+                    if let Ok(mut cache) = self.cache.lock()
+                        && let Some(e) = cache.valid.peek_mut(&hash)
+                    {
+                        e.next_ask = now + LOOKUP_TIMEOUT;
+                    }
+                    return Ok(Some(key));
+                }
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store_unavailable",
+                    "server_error",
+                    "the key store is unavailable and this key is not cached; try again",
+                )
+                .with_retry_after(1));
             }
-            cache.insert(hash, (found.clone(), now));
+        };
+        if let Ok(mut cache) = self.cache.lock() {
+            match &found {
+                Some(key) => {
+                    cache.invalid.remove(&hash);
+                    cache.valid.insert(
+                        hash,
+                        ValidEntry {
+                            key: key.clone(),
+                            confirmed: now,
+                            next_ask: now,
+                        },
+                    );
+                }
+                None => {
+                    cache.valid.remove(&hash);
+                    cache.invalid.insert(hash, now);
+                }
+            }
         }
         Ok(found)
     }
@@ -178,6 +307,121 @@ mod tests {
         assert!(b.take(3, Instant::now()).is_err());
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(b.take(3, Instant::now()), Ok(()));
+    }
+
+    fn presenting(key: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Ok(v) = axum::http::HeaderValue::from_str(&format!("Bearer {key}")) {
+            h.insert(header::AUTHORIZATION, v);
+        }
+        h
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_invalid_keys_does_not_evict_a_valid_one() {
+        let db = samewise_store::testing::TestDb::new(samewise_store::Backend::Sqlite)
+            .await
+            .unwrap();
+        let (_, key) = db.store.create_api_key("t", None).await.unwrap();
+        let auth = Authenticator::new(
+            db.store.clone(),
+            KeyCacheConfig::new(Duration::from_secs(600), Duration::from_secs(60)),
+        );
+        assert!(auth.identify(&presenting(&key)).await.is_ok());
+        // 60k distinct invalid keys (an attacker's random keys)
+        for i in 0..60_000 {
+            let e = auth.identify(&presenting(&format!("junk-{i}"))).await;
+            assert_eq!(e.map_err(|e| e.status), Err(StatusCode::UNAUTHORIZED));
+        }
+        // the database goes away: the valid key, still within its TTL, is served from the cache
+        db.store.close().await;
+        let again = auth.identify(&presenting(&key)).await;
+        assert!(
+            again.is_ok(),
+            "the valid key was flushed: {:?}",
+            again.err()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_valid_key_outlives_a_store_outage_and_unknown_keys_get_503() {
+        let db = samewise_store::testing::TestDb::new(samewise_store::Backend::Sqlite)
+            .await
+            .unwrap();
+        let (_, key) = db.store.create_api_key("t", None).await.unwrap();
+        let auth = Authenticator::new(
+            db.store.clone(),
+            KeyCacheConfig::new(Duration::from_secs(10), Duration::from_secs(60)),
+        );
+        assert!(auth.identify(&presenting(&key)).await.is_ok());
+        // (a store with a closed pool answers every query with an error, at once)
+        db.store.close().await;
+        tokio::time::pause();
+        tokio::time::advance(Duration::from_secs(11)).await;
+        // past its TTL, with the store away: the key that was valid keeps working
+        let got = auth.identify(&presenting(&key)).await;
+        assert!(got.is_ok(), "{:?}", got.err());
+        assert!(auth.identify(&presenting(&key)).await.is_ok());
+        // a key never seen cannot be checked: a clear 503, not a 401
+        let unknown = auth
+            .identify(&presenting("sw-0123456789abcdef"))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(unknown.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(unknown.kind, "store_unavailable");
+        let body = axum::response::IntoResponse::into_response(unknown);
+        assert_eq!(body.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.headers().contains_key(header::RETRY_AFTER));
+        // the grace is bounded: an hour later, the stale key is refused too
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        let late = auth.identify(&presenting(&key)).await.err().unwrap();
+        assert_eq!(late.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[tokio::test]
+    async fn each_kind_of_entry_has_its_own_bound() {
+        let db = samewise_store::testing::TestDb::new(samewise_store::Backend::Sqlite)
+            .await
+            .unwrap();
+        let mut keys = Vec::new();
+        for i in 0..3 {
+            keys.push(
+                db.store
+                    .create_api_key(&format!("k{i}"), None)
+                    .await
+                    .unwrap()
+                    .1,
+            );
+        }
+        let cfg = KeyCacheConfig {
+            max_valid: 2,
+            max_invalid: 3,
+            ..KeyCacheConfig::new(Duration::from_secs(600), Duration::from_secs(60))
+        };
+        let auth = Authenticator::new(db.store.clone(), cfg);
+        // k0, k1 cached; k0 used again; k2 evicts the least recently used: k1 (not k0, the
+        // oldest inserted)
+        for k in [&keys[0], &keys[1], &keys[0], &keys[2]] {
+            assert!(auth.identify(&presenting(k)).await.is_ok());
+        }
+        for i in 0..10 {
+            assert!(
+                auth.identify(&presenting(&format!("sw-bad-{i}")))
+                    .await
+                    .is_err()
+            );
+        }
+        let (valid, invalid) = {
+            let c = auth.cache.lock().unwrap();
+            (c.valid.len(), c.invalid.len())
+        };
+        assert_eq!((valid, invalid), (2, 3));
+        db.store.close().await;
+        assert!(auth.identify(&presenting(&keys[0])).await.is_ok());
+        assert!(auth.identify(&presenting(&keys[2])).await.is_ok());
+        let evicted = auth.identify(&presenting(&keys[1])).await.err().unwrap();
+        assert_eq!(evicted.status, StatusCode::SERVICE_UNAVAILABLE);
     }
 
     #[test]

@@ -7,9 +7,19 @@
 //! can record usage; the extra usage chunk is stripped again when the client did not ask for
 //! it). Fields samewise does not know — `logprobs`, `top_logprobs`, `n`, `tools`, `seed`,
 //! provider-specific ones — pass through byte for byte.
+//!
+//! JSON Schemas the client sends (`tools[].function.parameters`,
+//! `response_format.json_schema.schema`) are bounded here, before anything compiles them
+//! (`samewise_toolcheck::schema`: nesting depth, values per request; past either, a 400
+//! naming the field), and the declared tools are compiled once per request into a shared
+//! `ToolSet`, whatever the number of attempts.
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use indexmap::IndexMap;
+use samewise_toolcheck::ToolSet;
+use samewise_toolcheck::schema::{self, MAX_SCHEMA_DEPTH, MAX_SCHEMA_NODES};
 use serde_json::value::RawValue;
 
 use crate::error::ApiError;
@@ -58,8 +68,8 @@ pub struct ClientRequest {
     pub strip_usage_chunk: bool,
     /// Routing preferences from the `provider` object.
     pub prefs: ProviderPrefs,
-    /// The declared tools (parsed only when present), for tool-call checks.
-    pub tools: Option<serde_json::Value>,
+    /// The declared tools, compiled once for every attempt's tool-call checks.
+    pub tools: Option<Arc<ToolSet>>,
     /// Hash of the leading prompt bytes, the cache-affinity key when no session id is sent.
     pub prefix_hash: u64,
     /// Characters of prompt text, for counting tokens when the upstream reports no usage.
@@ -152,6 +162,8 @@ impl ClientRequest {
                 Some(v).filter(|v| !v.is_null())
             }
         };
+        check_schemas(tools.as_ref(), fields.get("response_format"))?;
+        let tools = tools.map(|t| Arc::new(ToolSet::from_request_tools(&t)));
 
         let prefs = match fields.shift_remove("provider") {
             None => ProviderPrefs::default(),
@@ -232,6 +244,37 @@ fn internal() -> ApiError {
 
 fn raw_json(s: &str) -> Result<Box<RawValue>, ApiError> {
     RawValue::from_string(s.to_owned()).map_err(|_| internal())
+}
+
+/// Bounds every client-supplied schema of the request (see the module doc): the declared
+/// tools' `parameters` and a `json_schema` response format's `schema`.
+fn check_schemas(
+    tools: Option<&serde_json::Value>,
+    response_format: Option<&Box<RawValue>>,
+) -> Result<(), ApiError> {
+    let mut budget = MAX_SCHEMA_NODES;
+    let mut check = |schema: &serde_json::Value, param: &str| -> Result<(), ApiError> {
+        budget = schema::check_size(schema, MAX_SCHEMA_DEPTH, budget)
+            .map_err(|e| ApiError::bad_request(e.code(), format!("`{param}`: {e}"), Some(param)))?;
+        Ok(())
+    };
+    for (i, tool) in tools
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if let Some(p) = tool.pointer("/function/parameters") {
+            check(p, &format!("tools[{i}].function.parameters"))?;
+        }
+    }
+    if let Some(raw) = response_format
+        && let Ok(rf) = serde_json::from_str::<serde_json::Value>(raw.get())
+        && let Some(s) = rf.pointer("/json_schema/schema")
+    {
+        check(s, "response_format.json_schema.schema")?;
+    }
+    Ok(())
 }
 
 /// Checks `messages` / `prompt` and returns the characters of prompt text.

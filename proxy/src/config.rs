@@ -59,6 +59,10 @@ pub struct ServerConfig {
     /// How often the gateway re-reads the active alerts to demote or exclude endpoints
     /// (`alert_poll_ms`, default 2 s).
     pub alert_poll: Duration,
+    /// After the shutdown signal, how long open requests and streams may take to finish
+    /// before their connections are closed and the gateway exits anyway (`drain_timeout_ms`,
+    /// default 30 s; 0 closes them at once).
+    pub drain_timeout: Duration,
 }
 
 /// `[limits]`.
@@ -74,6 +78,9 @@ pub struct Limits {
     pub retry_after_max: Duration,
     /// How long a key lookup is cached; a revoked key stops working within this time.
     pub key_cache_ttl: Duration,
+    /// How long past its TTL a cached valid key keeps working while the database cannot be
+    /// asked (`key_stale_grace_ms`, default 15 min; 0: never).
+    pub key_stale_grace: Duration,
     /// Capacity of the request-record queue; a full queue drops (and counts) records.
     pub record_queue_capacity: usize,
     /// The same token or text delta this many times in a row ends a generation.
@@ -290,6 +297,7 @@ struct RawServer {
     body_limit_bytes: Option<Spanned<u64>>,
     data_dir: Option<String>,
     alert_poll_ms: Option<Spanned<u64>>,
+    drain_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -300,6 +308,7 @@ struct RawLimits {
     backoff_max_ms: Option<u64>,
     retry_after_max_ms: Option<u64>,
     key_cache_ttl_ms: Option<Spanned<u64>>,
+    key_stale_grace_ms: Option<u64>,
     record_queue_capacity: Option<Spanned<u64>>,
     degenerate_repeat: Option<Spanned<u64>>,
 }
@@ -474,11 +483,14 @@ impl Validator<'_> {
         };
         let data_dir = PathBuf::from(raw.data_dir.unwrap_or_else(|| "samewise-data".to_owned()));
         let alert_poll = self.positive_ms("server.alert_poll_ms", raw.alert_poll_ms, 2_000)?;
+        let drain_timeout =
+            self.bounded_ms("server.drain_timeout_ms", raw.drain_timeout_ms, 30_000)?;
         Ok(ServerConfig {
             listen,
             body_limit_bytes,
             data_dir,
             alert_poll,
+            drain_timeout,
         })
     }
 
@@ -527,6 +539,11 @@ impl Validator<'_> {
                 "limits.key_cache_ttl_ms",
                 raw.key_cache_ttl_ms,
                 10_000,
+            )?,
+            key_stale_grace: self.bounded_ms(
+                "limits.key_stale_grace_ms",
+                raw.key_stale_grace_ms,
+                900_000,
             )?,
             record_queue_capacity,
             degenerate_repeat,

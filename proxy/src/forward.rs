@@ -6,7 +6,9 @@
 //! jittered exponential backoff, within `limits.max_attempts`. A 429's `Retry-After` marks
 //! that endpoint unavailable until then (for every request); when every endpoint of the plan
 //! is waiting, the request waits for the first to come back if that is within
-//! `limits.retry_after_max`. Each endpoint's breaker is asked before each attempt. Other 4xx
+//! `limits.retry_after_max`. Each endpoint's breaker is asked before each attempt; its
+//! admission is a `Permit` the attempt owns, so a request cancelled mid-attempt (its client
+//! went away) gives a half-open trial back instead of holding it forever. Other 4xx
 //! answers are the client's and pass through. Once an answer is committed, a non-streamed
 //! body is sent whole (after its side reading, so a degenerate answer can still be retried
 //! once elsewhere) and a stream goes through [`Relay`].
@@ -28,7 +30,7 @@ use tokio::time::Instant;
 use crate::body::{ClientRequest, Route};
 use crate::error::ApiError;
 use crate::frames::EventFramer;
-use crate::health::Admission;
+use crate::health::Permit;
 use crate::inspect::Inspector;
 use crate::record::{self, AttemptCtx, RequestCtx};
 use crate::relay::Relay;
@@ -229,12 +231,14 @@ async fn attempts(
             if ep.health.not_before().is_some() {
                 continue;
             }
-            if let Some(adm) = ep.health.try_acquire() {
-                pick = Some((i, adm));
+            if let Some(permit) = ep.health.try_acquire() {
+                pick = Some((i, permit));
                 break;
             }
         }
-        let Some((i, admission)) = pick else {
+        // The permit is owned from here: should this future be dropped (the client went away
+        // during the backoff or the attempt), its drop frees a half-open trial slot.
+        let Some((i, permit)) = pick else {
             // Everything is waiting or refusing: wait for the earliest Retry-After if it is
             // within the budget, else give up.
             let earliest = plan.iter().filter_map(|e| e.health.not_before()).min();
@@ -258,7 +262,7 @@ async fn attempts(
         attempt += 1;
         next = i + 1;
         let ep = Arc::clone(&plan[i]);
-        match one_attempt(state, req, ep, admission, attempt, ctx).await {
+        match one_attempt(state, req, ep, permit, attempt, ctx).await {
             Outcome::Answered(resp) => return resp,
             Outcome::Retry(r) => last_err = Some(r.err),
             Outcome::Degenerate(resp) => {
@@ -315,7 +319,7 @@ async fn one_attempt(
     state: &AppState,
     req: &ClientRequest,
     ep: Arc<Endpoint>,
-    admission: Admission,
+    permit: Permit,
     attempt: u32,
     ctx: &mut RequestCtx,
 ) -> Outcome {
@@ -326,7 +330,7 @@ async fn one_attempt(
         endpoint: Arc::clone(&ep),
     };
     let Some(up) = state.inner.upstreams.get(&ep.provider) else {
-        ep.health.release(admission);
+        drop(permit); // no outcome: the endpoint was never called
         let rec = ctx.attempt_record(&att, None, Some(ErrorKind::Config), None, Instant::now());
         ctx.earlier.push(rec);
         return Outcome::Retry(Retry {
@@ -341,7 +345,7 @@ async fn one_attempt(
     let body = match req.body_for(&ep.upstream_model) {
         Ok(b) => b,
         Err(e) => {
-            ep.health.release(admission);
+            drop(permit);
             return Outcome::Answered(e.into_response());
         }
     };
@@ -364,7 +368,7 @@ async fn one_attempt(
             return failed(
                 ctx,
                 &att,
-                admission,
+                permit,
                 None,
                 ErrorKind::Timeout,
                 StatusCode::GATEWAY_TIMEOUT,
@@ -383,7 +387,7 @@ async fn one_attempt(
             } else {
                 StatusCode::BAD_GATEWAY
             };
-            return failed(ctx, &att, admission, None, kind, status);
+            return failed(ctx, &att, permit, None, kind, status);
         }
         Ok(Ok(r)) => r,
     };
@@ -396,7 +400,7 @@ async fn one_attempt(
             ep.health.set_not_before(Instant::now() + d);
         }
         // Rate limiting says nothing about the endpoint's health: no breaker outcome.
-        ep.health.release(admission);
+        drop(permit);
         let rec = ctx.attempt_record(
             &att,
             Some(429),
@@ -420,14 +424,14 @@ async fn one_attempt(
         return failed(
             ctx,
             &att,
-            admission,
+            permit,
             Some(status.as_u16()),
             ErrorKind::Upstream5xx,
             StatusCode::BAD_GATEWAY,
         );
     }
     // The endpoint answered: it is alive (a 4xx is the request's fault, not the endpoint's).
-    ep.health.record(admission, true);
+    permit.record(true);
 
     let upstream_ct = resp.headers().get(header::CONTENT_TYPE).cloned();
     let is_sse = upstream_ct
@@ -437,7 +441,7 @@ async fn one_attempt(
     let inspector = Inspector::new(
         req.route,
         req.strip_usage_chunk,
-        req.tools.as_ref(),
+        req.tools.clone(),
         state.inner.limits.degenerate_repeat,
     );
 
@@ -474,7 +478,7 @@ async fn one_attempt(
         Ok(b) => b,
         Err(kind) => {
             drop(inflight);
-            ep.health.record(Admission::Normal, false);
+            ep.health.record(crate::health::Admission::Normal, false);
             return failed_after_head(ctx, &att, status.as_u16(), kind);
         }
     };
@@ -520,12 +524,12 @@ async fn one_attempt(
 fn failed(
     ctx: &mut RequestCtx,
     att: &AttemptCtx,
-    admission: Admission,
+    permit: Permit,
     status: Option<u16>,
     kind: ErrorKind,
     client_status: StatusCode,
 ) -> Outcome {
-    att.endpoint.health.record(admission, false);
+    permit.record(false);
     tracing::debug!(endpoint = %att.endpoint.id, attempt = att.attempt, kind = kind.as_str(), "upstream attempt failed");
     let rec = ctx.attempt_record(att, status, Some(kind), None, Instant::now());
     ctx.earlier.push(rec);

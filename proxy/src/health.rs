@@ -3,6 +3,10 @@
 //! upstream's `Retry-After`, and a quality flag that drift alerts will set (an endpoint can be
 //! demoted to the back of every plan or excluded from it).
 //!
+//! The breaker's admission of one attempt is a [`Permit`] the attempt owns: recording the
+//! outcome consumes it, and dropping it unrecorded (the client went away, the attempt's future
+//! was cancelled) frees its half-open trial slot, so no path can leave a trial counted forever.
+//!
 //! All clocks are `tokio::time::Instant`, so tests drive them with `tokio::time::pause()`.
 
 use std::collections::VecDeque;
@@ -267,12 +271,19 @@ impl EndpointHealth {
             .unwrap_or(false)
     }
 
-    /// Asks the breaker for one attempt.
-    pub fn try_acquire(&self) -> Option<Admission> {
-        self.breaker
+    /// Asks the breaker for one attempt; the permit records its outcome or, dropped
+    /// unrecorded, gives its trial slot back.
+    pub fn try_acquire(self: &Arc<Self>) -> Option<Permit> {
+        let admission = self
+            .breaker
             .lock()
             .ok()
-            .and_then(|mut b| b.try_acquire(Instant::now()))
+            .and_then(|mut b| b.try_acquire(Instant::now()))?;
+        Some(Permit {
+            health: Arc::clone(self),
+            admission,
+            settled: false,
+        })
     }
 
     /// Records the outcome of an attempt that the breaker admitted.
@@ -288,7 +299,7 @@ impl EndpointHealth {
     }
 
     /// An admitted attempt that ended without an outcome.
-    pub fn release(&self, admission: Admission) {
+    fn release(&self, admission: Admission) {
         if admission == Admission::Trial
             && let Ok(mut b) = self.breaker.lock()
         {
@@ -354,6 +365,41 @@ impl EndpointHealth {
             Quality::Excluded => 2,
         };
         self.quality.store(v, Ordering::Relaxed);
+    }
+}
+
+/// One attempt the breaker admitted (see [`EndpointHealth::try_acquire`]). Its outcome is
+/// recorded once with [`Permit::record`]; a permit dropped unrecorded is an attempt that ended
+/// without an outcome (rate limited, unusable body, or cancelled with its client), and frees
+/// its half-open trial slot.
+#[derive(Debug)]
+pub struct Permit {
+    /// The endpoint whose breaker admitted the attempt.
+    health: Arc<EndpointHealth>,
+    /// What the breaker allowed.
+    admission: Admission,
+    /// The outcome was recorded: nothing to release on drop.
+    settled: bool,
+}
+
+impl Permit {
+    /// What the breaker allowed.
+    pub fn admission(&self) -> Admission {
+        self.admission
+    }
+
+    /// Records the attempt's outcome (consumes the permit).
+    pub fn record(mut self, ok: bool) {
+        self.settled = true;
+        self.health.record(self.admission, ok);
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.health.release(self.admission);
+        }
     }
 }
 
@@ -457,6 +503,47 @@ mod tests {
         assert_eq!(b.try_acquire(Instant::now()), Some(Admission::Trial));
         b.release_trial();
         assert_eq!(b.try_acquire(Instant::now()), Some(Admission::Trial));
+    }
+
+    /// Opens `h`'s breaker (3 failures in a row) and waits out its cool-down.
+    async fn open_then_cool_down(h: &Arc<EndpointHealth>) {
+        for _ in 0..3 {
+            h.record(Admission::Normal, false);
+        }
+        assert_eq!(h.breaker_state(), BreakerState::Open);
+        tokio::time::advance(Duration::from_secs(5)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_trial_permit_dropped_unrecorded_frees_its_slot() {
+        let h = Arc::new(EndpointHealth::new(cfg()));
+        open_then_cool_down(&h).await;
+        let trial = h.try_acquire().map(|p| p.admission());
+        assert_eq!(trial, Some(Admission::Trial));
+        // the permit above was dropped at once (its client went away): the slot is free again
+        let again = h.try_acquire();
+        assert_eq!(
+            again.as_ref().map(Permit::admission),
+            Some(Admission::Trial)
+        );
+        // while it is held, no second trial
+        assert!(h.try_acquire().is_none());
+        // a recorded success closes the breaker; dropping the settled permit changes nothing
+        if let Some(p) = again {
+            p.record(true);
+        }
+        assert_eq!(h.breaker_state(), BreakerState::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_trial_reopens_and_its_drop_releases_nothing() {
+        let h = Arc::new(EndpointHealth::new(cfg()));
+        open_then_cool_down(&h).await;
+        if let Some(p) = h.try_acquire() {
+            p.record(false);
+        }
+        assert_eq!(h.breaker_state(), BreakerState::Open);
+        assert!(h.try_acquire().is_none());
     }
 
     #[tokio::test(start_paused = true)]

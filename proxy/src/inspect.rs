@@ -85,7 +85,7 @@ pub struct Inspector {
     strip_usage_chunk: bool,
     obs: Observation,
     degen: crate::degen::RepeatGuard,
-    tools: Option<samewise_toolcheck::ToolSet>,
+    tools: Option<std::sync::Arc<samewise_toolcheck::ToolSet>>,
     assembler: samewise_toolcheck::ToolCallAssembler,
 }
 
@@ -160,11 +160,12 @@ struct FullMessage {
 }
 
 impl Inspector {
-    /// A reader for one attempt; `tools` are the request's declared tools.
+    /// A reader for one attempt; `tools` are the request's declared tools, compiled once per
+    /// request.
     pub fn new(
         route: Route,
         strip_usage_chunk: bool,
-        tools: Option<&serde_json::Value>,
+        tools: Option<std::sync::Arc<samewise_toolcheck::ToolSet>>,
         degenerate_repeat: usize,
     ) -> Self {
         Inspector {
@@ -172,7 +173,7 @@ impl Inspector {
             strip_usage_chunk,
             obs: Observation::default(),
             degen: crate::degen::RepeatGuard::new(degenerate_repeat),
-            tools: tools.map(samewise_toolcheck::ToolSet::from_request_tools),
+            tools,
             assembler: samewise_toolcheck::ToolCallAssembler::new(),
         }
     }
@@ -301,7 +302,7 @@ impl Inspector {
         let calls = self.assembler.finish();
         if self.tools.is_some() || !calls.is_empty() {
             let empty = samewise_toolcheck::ToolSet::default();
-            let set = self.tools.as_ref().unwrap_or(&empty);
+            let set = self.tools.as_deref().unwrap_or(&empty);
             let report =
                 samewise_toolcheck::check_calls(set, &calls, self.obs.finish_reason.as_deref());
             self.obs.tools = ToolCounts {

@@ -1,17 +1,27 @@
 //! The HTTP surface: [`router`] maps routes to thin handlers over [`AppState`], and [`serve`]
 //! runs it on a listener until a shutdown future resolves, then waits for in-flight requests
-//! (streams included) to finish.
+//! (streams included) to finish — for at most the drain timeout (`[server] drain_timeout_ms`).
+//! At the deadline every response still open is cut (a body mid-stream ends with an error, so
+//! its connection closes; a request still waiting for its answer gets a 503) and the server
+//! returns: a client trickling a stream cannot hold the exit forever.
 
-use std::future::Future;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
+use bytes::Bytes;
+use http_body::Frame;
 use samewise_wire::ModelList;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::body::Route;
 use crate::error::ApiError;
@@ -33,23 +43,46 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// The drain timeout of [`serve_router`] (the default of `[server] drain_timeout_ms`).
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// After the drain deadline has cut every open response, how long the server still waits for
+/// the connections to close (a client stuck sending its request head has no response to cut)
+/// before it returns anyway.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
 /// Serves `router(state)` on `listener` until `shutdown` resolves, then drains in-flight
-/// requests.
+/// requests for at most the configured `[server] drain_timeout_ms`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), crate::ProxyError> {
-    serve_router(listener, router(state), shutdown).await
+    let drain = state.inner.drain_timeout;
+    serve_router_with(listener, router(state), shutdown, drain).await
 }
 
 /// Serves `app` (the gateway's [`router`], possibly merged with other routers, such as the
 /// dashboards', at composition) on `listener` until `shutdown` resolves, then drains
-/// in-flight requests. Accepted sockets get TCP_NODELAY, as in [`serve`].
+/// in-flight requests for at most [`DEFAULT_DRAIN_TIMEOUT`]. Accepted sockets get
+/// TCP_NODELAY, as in [`serve`].
 pub async fn serve_router(
     listener: tokio::net::TcpListener,
     app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), crate::ProxyError> {
+    serve_router_with(listener, app, shutdown, DEFAULT_DRAIN_TIMEOUT).await
+}
+
+/// [`serve_router`] with the drain timeout given (`Config::server.drain_timeout`): after
+/// `shutdown` resolves, open requests and streams have `drain` to finish; then each is cut,
+/// its connection closes, and this returns (waiting at most a further [`CLOSE_GRACE`] for the
+/// connections to go).
+pub async fn serve_router_with(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    drain: Duration,
 ) -> Result<(), crate::ProxyError> {
     // Streamed answers are many small writes: without TCP_NODELAY on accepted sockets, Nagle's
     // algorithm and the client's delayed ACK add ~40 ms per stream (measured by bench/proxy).
@@ -58,10 +91,103 @@ pub async fn serve_router(
             tracing::debug!(error = %e, "cannot set TCP_NODELAY on an accepted socket");
         }
     });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await?;
-    Ok(())
+    let cut = CancellationToken::new();
+    let app = app.layer(axum::middleware::from_fn_with_state(
+        cut.clone(),
+        cut_at_deadline,
+    ));
+    let draining = CancellationToken::new();
+    let signal = {
+        let draining = draining.clone();
+        async move {
+            shutdown.await;
+            draining.cancel();
+        }
+    };
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(signal)
+        .into_future();
+    tokio::pin!(server);
+    tokio::select! {
+        served = &mut server => return Ok(served?),
+        () = async {
+            draining.cancelled().await;
+            tokio::time::sleep(drain).await;
+        } => {}
+    }
+    tracing::warn!(
+        drain_ms = u64::try_from(drain.as_millis()).unwrap_or(u64::MAX),
+        "drain deadline passed: closing the connections still open"
+    );
+    cut.cancel();
+    match tokio::time::timeout(CLOSE_GRACE, server).await {
+        Ok(served) => Ok(served?),
+        Err(_) => {
+            tracing::warn!("connections still open after the drain deadline; exiting anyway");
+            Ok(())
+        }
+    }
+}
+
+/// Middleware of [`serve_router_with`]: once `cut` fires (the drain deadline), a request still
+/// waiting for its answer gets a 503 and a response body still open ends with an error.
+async fn cut_at_deadline(
+    State(cut): State<CancellationToken>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let resp = tokio::select! {
+        resp = next.run(req) => resp,
+        () = cut.cancelled() => {
+            return ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "server_error",
+                "the gateway is shutting down; try again",
+            )
+            .into_response();
+        }
+    };
+    resp.map(|inner| {
+        Body::new(CutBody {
+            inner,
+            cut: Box::pin(cut.cancelled_owned()),
+        })
+    })
+}
+
+/// A response body that ends with an error when the drain deadline fires (see
+/// [`cut_at_deadline`]); until then it is `inner`, frame for frame.
+struct CutBody {
+    /// The response's own body.
+    inner: Body,
+    /// Resolves at the drain deadline.
+    cut: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+impl http_body::Body for CutBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        if self.cut.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(axum::Error::new(
+                "the drain deadline passed: response cut",
+            ))));
+        }
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 async fn chat(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {

@@ -12,7 +12,7 @@ use rand::rngs::SmallRng;
 use samewise_store::{RecordSender, Store};
 
 use crate::ProxyError;
-use crate::auth::Authenticator;
+use crate::auth::{Authenticator, KeyCacheConfig};
 use crate::config::{Config, Limits};
 use crate::health::EndpointHealth;
 use crate::metrics::{Metrics, SharedRegistry};
@@ -29,6 +29,8 @@ pub struct AppState {
 pub(crate) struct Inner {
     pub(crate) limits: Limits,
     pub(crate) body_limit: usize,
+    /// `[server] drain_timeout_ms`, for [`crate::serve`].
+    pub(crate) drain_timeout: Duration,
     pub(crate) models: HashMap<String, Arc<ModelRoute>>,
     pub(crate) upstreams: HashMap<String, Upstream>,
     pub(crate) auth: Authenticator,
@@ -178,9 +180,13 @@ impl AppState {
             inner: Arc::new(Inner {
                 limits: config.limits.clone(),
                 body_limit: config.server.body_limit_bytes,
+                drain_timeout: config.server.drain_timeout,
                 models,
                 upstreams,
-                auth: Authenticator::new(store, config.limits.key_cache_ttl),
+                auth: Authenticator::new(
+                    store,
+                    KeyCacheConfig::new(config.limits.key_cache_ttl, config.limits.key_stale_grace),
+                ),
                 records,
                 metrics,
                 rng: Mutex::new(SmallRng::from_os_rng()),

@@ -48,6 +48,13 @@ pub struct EngineServeArgs {
     /// tool-corrupt, repeat-bug, drop-system, no-logprobs, shifted-echo, flaky) or a TOML file.
     #[arg(long, default_value = "reference")]
     pub profile: String,
+    /// Most prompts in one `/v1/completions` request.
+    #[arg(long, default_value_t = 64)]
+    pub max_prompts: usize,
+    /// Most prompt tokens in one request, all prompts together (default: four context
+    /// windows).
+    #[arg(long)]
+    pub max_prompt_tokens: Option<usize>,
 }
 
 /// Runs an engine subcommand.
@@ -68,6 +75,12 @@ fn serve(args: EngineServeArgs) -> anyhow::Result<()> {
     };
     let state = ServerState::load(&args.model, opts, args.model_name)
         .with_context(|| format!("cannot load model {}", args.model.display()))?;
+    anyhow::ensure!(args.max_prompts >= 1, "--max-prompts must be at least 1");
+    let defaults = state.limits();
+    state.set_limits(server::ServerLimits {
+        max_prompts: args.max_prompts,
+        max_prompt_tokens: args.max_prompt_tokens.unwrap_or(defaults.max_prompt_tokens),
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -12,7 +12,8 @@
 //!    no (or an empty) schema accepts any JSON object, and only objects. A function whose
 //!    schema does not compile cannot be checked: its calls count as ok (only JSON and object
 //!    shape are checked) and the compile error is kept in [`ToolSet::schema_errors`]; the
-//!    fault is the app's, not the endpoint's.
+//!    fault is the app's, not the endpoint's. Schemas compile with linear-time regexes
+//!    ([`crate::schema::compile`]): a `pattern` that needs backtracking does not compile.
 //!
 //! Finish reason: `tool_calls` (or the legacy `function_call`) with no call is
 //! `finish_without_calls`; calls with any other finish reason is `calls_without_finish`; no
@@ -148,7 +149,7 @@ impl ToolSet {
             let check = match function.get("parameters") {
                 None | Some(Value::Null) => ArgCheck::AnyObject,
                 Some(Value::Object(o)) if o.is_empty() => ArgCheck::AnyObject,
-                Some(schema) => match jsonschema::validator_for(schema) {
+                Some(schema) => match crate::schema::compile(schema) {
                     Ok(v) => ArgCheck::Schema(Box::new(v)),
                     Err(err) => {
                         set.schema_errors.push((
@@ -539,6 +540,33 @@ mod tests {
         let calls = whole.finish();
         assert_eq!(calls[1].index, 1);
         assert_eq!(calls[1].arguments, r#"{"k":1}"#);
+    }
+
+    /// `^(a+)+\1$` makes a backtracking engine try every split of a run of a's (2^28 of
+    /// them for 29 a's and a `!`). The pattern is the client's: checking a call against it
+    /// must finish, and must not make the endpoint's call a schema_mismatch. A nested
+    /// quantifier without backreferences is run in linear time and still checks.
+    #[test]
+    fn a_catastrophic_pattern_neither_hangs_nor_blames_the_endpoint() {
+        let tool = |pattern: &str| {
+            json!([{"type": "function", "function": {"name": "f", "parameters": {
+                "type": "object",
+                "properties": {"s": {"type": "string", "pattern": pattern}}
+            }}}])
+        };
+        let evil = format!("{}!", "a".repeat(29));
+        let args = json!({ "s": evil }).to_string();
+        let set = ToolSet::from_request_tools(&tool("^(a+)+\\1$"));
+        assert_eq!(set.classify(&call("f", &args)), CallVerdict::Ok);
+        assert_eq!(set.schema_errors().len(), 1, "{:?}", set.schema_errors());
+        let linear = ToolSet::from_request_tools(&tool("^(a+)+$"));
+        assert!(linear.schema_errors().is_empty());
+        assert_eq!(
+            linear.classify(&call("f", &args)),
+            CallVerdict::SchemaMismatch
+        );
+        let fine = json!({ "s": "a".repeat(29) }).to_string();
+        assert_eq!(linear.classify(&call("f", &fine)), CallVerdict::Ok);
     }
 
     proptest! {

@@ -12,12 +12,15 @@
 //! - [`classify`]: [`ToolSet`] (a request's tools compiled once), [`ToolCallAssembler`]
 //!   (streamed deltas → whole calls by `index`), [`check_calls`] → [`ToolReport`]
 //!   (ok / invalid_json / unknown_name / schema_mismatch, finish-reason consistency).
+//! - [`schema`]: client-supplied JSON Schemas bounded (depth, size) and compiled with
+//!   linear-time regexes.
 //! - [`vendor`]: K2-Vendor-Verifier's numbers over many answers: [`vendor::trigger_f1`]
 //!   (call/no-call decisions against a baseline's; `None` when neither side has a positive)
 //!   and [`vendor::SchemaAccuracy`].
 
 pub mod bfcl;
 pub mod classify;
+pub mod schema;
 pub mod vendor;
 
 pub use classify::{

@@ -7,10 +7,15 @@
 //! reasons (chi-square) have no "worse" direction: they are tested only with three or more
 //! endpoints, pairwise, and an endpoint is flagged when it differs from a majority of the
 //! others (see [`majority_tests`]).
+//!
+//! Only records that say something about their endpoint are compared ([`blames_client`]): a
+//! client that went away, a request the endpoint rightly refused (a 4xx caused by the request)
+//! and a rate limit are left out of every test, so one bad client stuck to one endpoint by
+//! cache affinity cannot get a healthy endpoint flagged.
 
 use std::collections::BTreeMap;
 
-use samewise_store::{NewAlert, RequestRecord};
+use samewise_store::{ErrorKind, NewAlert, RequestRecord};
 
 use super::{DetectorConfig, KIND_PASSIVE, fmt_num};
 use crate::Result;
@@ -31,6 +36,24 @@ struct Test {
     /// What to show: the endpoint's value and the rest's.
     detail: serde_json::Value,
     text: String,
+}
+
+/// 4xx statuses that are the endpoint's (or the gateway's credentials'), not the request's:
+/// the provider refused our key (401, 403, 407) or timed out reading the request (408).
+const ENDPOINT_4XX: [u16; 4] = [401, 403, 407, 408];
+
+/// Whether a record's failure is the client's or the traffic's doing, not the endpoint's: the
+/// client went away (`client_disconnect`), the endpoint rate limited (429), or it refused the
+/// request itself (400, 404, 413, 422, ...: any 4xx but [`ENDPOINT_4XX`]).
+fn blames_client(r: &RequestRecord) -> bool {
+    let client_4xx = r
+        .status
+        .is_some_and(|s| (400..500).contains(&s) && !ENDPOINT_4XX.contains(&s));
+    match r.error_kind.as_deref().map(ErrorKind::parse) {
+        Some(Some(ErrorKind::ClientDisconnect | ErrorKind::RateLimited)) => true,
+        None | Some(Some(ErrorKind::Upstream4xx)) => client_4xx,
+        Some(_) => false,
+    }
 }
 
 fn is_error(r: &RequestRecord) -> bool {
@@ -118,7 +141,7 @@ pub(super) fn findings(
 ) -> Result<Vec<NewAlert>> {
     let mut by_model: BTreeMap<&str, BTreeMap<&str, Vec<&RequestRecord>>> = BTreeMap::new();
     for r in records {
-        if r.attempt == 0 {
+        if r.attempt == 0 || blames_client(r) {
             continue;
         }
         let Some(endpoint) = r.endpoint.as_deref() else {

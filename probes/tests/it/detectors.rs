@@ -365,6 +365,66 @@ async fn two_endpoints_only_the_worse_one_is_flagged() -> Result<()> {
     Ok(())
 }
 
+/// A failed record of `endpoint`: `status` and `kind` as the gateway stores them.
+fn failed(model: &str, endpoint: &str, i: usize, status: Option<u16>, kind: &str) -> RequestRecord {
+    RequestRecord {
+        status,
+        error_kind: Some(kind.to_owned()),
+        finish_reason: None,
+        tool_calls: 0,
+        ..record(model, endpoint, i, false, 0, "stop")
+    }
+}
+
+#[tokio::test]
+async fn passive_does_not_blame_endpoints_for_their_clients() -> Result<()> {
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let d = detectors(DetectorConfig::default(), None)?;
+    let mut rows = Vec::new();
+    for i in 0..400 {
+        rows.push(record("smol", "p/a", i, false, 100, "stop"));
+        // b serves a bad client (cache affinity): 40% of its records are the client's doing —
+        // the client went away, sent requests the endpoint refused, or was rate limited
+        rows.push(match i % 10 {
+            0 => failed("smol", "p/b", i, Some(200), "client_disconnect"),
+            1 => failed(
+                "smol",
+                "p/b",
+                i,
+                Some([400, 404, 413, 422][i % 4]),
+                "upstream_4xx",
+            ),
+            2 => failed("smol", "p/b", i, Some(429), "rate_limited"),
+            3 => failed("smol", "p/b", i, Some(400), "upstream_4xx"),
+            _ => record("smol", "p/b", i, false, 100, "stop"),
+        });
+        // control: failures that are the endpoint's (5xx, its key refused) are still counted
+        rows.push(record("other", "q/x", i, false, 100, "stop"));
+        rows.push(match i % 10 {
+            0 => failed("other", "q/y", i, Some(503), "upstream_5xx"),
+            1 => failed("other", "q/y", i, Some(401), "upstream_4xx"),
+            _ => record("other", "q/y", i, false, 100, "stop"),
+        });
+    }
+    db.store.insert_request_records(&rows).await?;
+    let alerts = d.sweep(&db.store, 1_000_500).await?;
+    ensure!(
+        alerts.iter().all(|a| a.endpoint != "p/b"),
+        "an endpoint was flagged for its client: {alerts:?}"
+    );
+    let y = alerts
+        .iter()
+        .find(|a| a.endpoint == "q/y")
+        .context("the endpoint's own errors were not flagged")?;
+    ensure!(
+        y.summary.contains("error rate 20.0% vs 0.0%"),
+        "{}",
+        y.summary
+    );
+    ensure!(alerts.len() == 1, "{alerts:?}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn sweep_auto_resolves_quiet_alerts() -> Result<()> {
     let db = TestDb::new(Backend::Sqlite).await?;

@@ -32,9 +32,11 @@ fn durations_past_the_bound_are_config_errors_naming_the_key() {
         ("limits", "backoff_max_ms"),
         ("limits", "retry_after_max_ms"),
         ("limits", "key_cache_ttl_ms"),
+        ("limits", "key_stale_grace_ms"),
         ("breaker", "window_ms"),
         ("breaker", "cooldown_ms"),
         ("server", "alert_poll_ms"),
+        ("server", "drain_timeout_ms"),
     ] {
         let src = GOOD.replacen(
             &format!("[{table}]\n"),

@@ -259,3 +259,55 @@ async fn health_metrics_and_unknown_routes() -> Result<()> {
     assert!(metric_value(&m, "samewise_records_written_total", "").unwrap_or(0.0) >= 1.0);
     gw.stop().await
 }
+
+#[tokio::test]
+async fn client_schemas_too_deep_or_too_large_are_a_clear_400() -> Result<()> {
+    let mock = MockUpstream::builder().start().await?;
+    let gw = Gateway::start(&cfg(&mock, "")).await?;
+    // 90 levels of `items` (the body stays within the JSON parser's own nesting limit)
+    let mut deep = json!({"type": "string"});
+    for _ in 0..90 {
+        deep = json!({"type": "array", "items": deep});
+    }
+    // 6000 properties: 12k schema nodes
+    let props: serde_json::Map<String, serde_json::Value> = (0..6000)
+        .map(|i| (format!("p{i}"), json!({"type": "string"})))
+        .collect();
+    let wide = json!({"type": "object", "properties": props});
+    let tool = |params: &serde_json::Value| json!([{"type": "function", "function": {"name": "f", "parameters": params}}]);
+    let cases = [
+        (
+            "tools",
+            tool(&deep),
+            "schema_too_deep",
+            "tools[0].function.parameters",
+        ),
+        (
+            "tools",
+            tool(&wide),
+            "schema_too_large",
+            "tools[0].function.parameters",
+        ),
+        (
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": deep}}),
+            "schema_too_deep",
+            "response_format.json_schema.schema",
+        ),
+    ];
+    for (field, value, code, param) in cases {
+        let mut body = chat_body("smol");
+        body[field] = value;
+        let resp = gw.chat(&body).await?;
+        assert_eq!(resp.status(), 400, "{code}");
+        let v = error_json(resp).await?;
+        assert_eq!(v["error"]["code"], code, "{v}");
+        assert_eq!(v["error"]["param"], param, "{v}");
+    }
+    assert_eq!(mock.request_count(), 0, "nothing reached the provider");
+    // an ordinary schema goes through
+    let mut body = chat_body("smol");
+    body["tools"] = tool(&json!({"type": "object", "properties": {"city": {"type": "string"}}}));
+    assert_eq!(gw.chat(&body).await?.status(), 200);
+    gw.stop().await
+}

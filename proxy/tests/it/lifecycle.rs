@@ -1,7 +1,8 @@
 //! Request lifecycles at the edges: a client that goes away mid-stream (recorded once, as
 //! `client_disconnect`), graceful shutdown that lets an in-flight stream finish and drains its
 //! record, a `Retry-After` short enough to be waited out on the same endpoint, records that
-//! cannot be queued counted on `/metrics`, and a breaker's half-open trial over real time.
+//! cannot be queued counted on `/metrics`, a breaker's half-open trial over real time, and a
+//! trial whose client goes away before the answer (its slot is freed).
 
 use crate::common;
 
@@ -177,4 +178,121 @@ async fn an_open_breaker_lets_a_trial_through_after_the_cooldown_and_closes() ->
         Some(0.0)
     );
     gw.stop().await
+}
+
+/// Polls `/metrics` until `endpoint`'s breaker gauge reads `want` (10 s deadline).
+async fn wait_breaker(gw: &Gateway, endpoint: &str, want: f64) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = gw.metrics().await?;
+        let label = format!("endpoint=\"{endpoint}\"");
+        if metric_value(&m, "samewise_breaker_state", &label) == Some(want) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "breaker of {endpoint} never reached {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_client_leaving_during_the_half_open_trial_frees_the_trial() -> Result<()> {
+    // two 500s open the breaker; the trial then hangs before its response head
+    let a = MockUpstream::builder()
+        .behaviors([
+            Behavior::Status(500, "{}".into()),
+            Behavior::Status(500, "{}".into()),
+            Behavior::DelayHeaders(Duration::from_secs(60)),
+        ])
+        .start()
+        .await?;
+    let cfg = format!(
+        "{FAST_LIMITS}[breaker]\nconsecutive_failures = 2\ncooldown_ms = 50\n{}{}",
+        provider("a", &a.base_url(), "first_byte_timeout_ms = 120000"),
+        model("smol", "weighted", &[("a", "sa")])
+    );
+    let gw = Gateway::start(&cfg).await?;
+    assert_eq!(gw.chat(&chat_body("smol")).await?.status(), 502);
+    wait_breaker(&gw, "a/sa", 1.0).await?;
+
+    // the trial's client goes away while the endpoint has not answered
+    let (url, key) = (gw.url("/v1/chat/completions"), gw.key.clone());
+    let trial = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .bearer_auth(key)
+            .header("content-type", "application/json")
+            .body(chat_body("smol").to_string())
+            .send()
+            .await
+    });
+    a.wait_for_requests(3, Duration::from_secs(10)).await?;
+    trial.abort();
+    let _ = trial.await;
+
+    // the endpoint gets a new trial (which succeeds): it is not refused until restart
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut last = 0;
+    while tokio::time::Instant::now() < deadline {
+        let resp = gw.chat(&chat_body("smol")).await?;
+        last = resp.status().as_u16();
+        if last == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(last, 200, "the abandoned trial still holds the only slot");
+    assert_eq!(a.request_count(), 4);
+    wait_breaker(&gw, "a/sa", 0.0).await?;
+    gw.stop().await
+}
+
+#[tokio::test]
+async fn shutdown_cuts_a_trickling_stream_at_the_drain_deadline() -> Result<()> {
+    // a stream that trickles for a minute: one event every 60 ms, 1000 of them
+    let mock = MockUpstream::builder()
+        .default_behavior(slow_stream(1000, 60))
+        .start()
+        .await?;
+    let cfg = format!(
+        "[server]\ndrain_timeout_ms = 300\n{}",
+        single(&mock, FAST_LIMITS)
+    );
+    let gw = Gateway::start(&cfg).await?;
+    let mut body = chat_body("smol");
+    body["stream"] = json!(true);
+    let mut resp = gw.chat(&body).await?;
+    let id = request_id(&resp);
+    assert!(resp.chunk().await?.is_some());
+    let reader = async move {
+        loop {
+            match resp.chunk().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => return "ended",
+                Err(_) => return "broken",
+            }
+        }
+    };
+    // stop() returns once the server has exited (and the writer drained): without a deadline
+    // it would wait out the whole stream; 10 s is far past the 300 ms drain timeout
+    let (outcome, stopped) = tokio::join!(
+        reader,
+        tokio::time::timeout(Duration::from_secs(10), gw.stop_keep_db())
+    );
+    let db = stopped.map_err(|_| anyhow::anyhow!("shutdown still waiting on the stream"))??;
+    assert_eq!(
+        outcome, "broken",
+        "the client sees its stream cut, not completed"
+    );
+    // the cut stream's attempt is recorded once, and the writer drained it
+    let q = samewise_store::RecordQuery {
+        request_id: Some(id),
+        ..Default::default()
+    };
+    let recs = db.store.request_records(&q).await?;
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    assert!(recs[0].final_attempt);
+    Ok(())
 }

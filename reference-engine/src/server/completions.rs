@@ -50,6 +50,22 @@ async fn run(
     let req: CompletionRequest = parse_body(body)?;
     faults.check_logprobs(req.logprobs.is_some())?;
     let tok = state.tokenizer();
+    let limits = state.limits();
+    let count = match &req.prompt {
+        Prompt::Texts(ts) => ts.len(),
+        Prompt::TokenBatches(b) => b.len(),
+        Prompt::Text(_) | Prompt::Tokens(_) => 1,
+    };
+    if count > limits.max_prompts {
+        return Err(ApiError::bad_request_code(
+            format!(
+                "at most {} prompts per request, not {count}",
+                limits.max_prompts
+            ),
+            "prompt",
+            "too_many_prompts",
+        ));
+    }
     let prompts: Vec<PromptIn> = match &req.prompt {
         Prompt::Text(t) => vec![PromptIn {
             ids: tok.encode(t, true)?,
@@ -78,6 +94,17 @@ async fn run(
     };
     if prompts.is_empty() {
         return Err(ApiError::bad_request("prompt is empty", Some("prompt")));
+    }
+    let total: usize = prompts.iter().map(|p| p.ids.len()).sum();
+    if total > limits.max_prompt_tokens {
+        return Err(ApiError::bad_request_code(
+            format!(
+                "at most {} prompt tokens per request (all prompts together), not {total}",
+                limits.max_prompt_tokens
+            ),
+            "prompt",
+            "too_many_tokens",
+        ));
     }
     let max_tokens = req.max_tokens.map_or(DEFAULT_MAX_TOKENS, |m| m as usize);
     let echo = req.echo.unwrap_or(false);

@@ -36,7 +36,7 @@ mod text;
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use axum::Router;
 use axum::http::{StatusCode, header};
@@ -54,6 +54,29 @@ use backend::Backend;
 
 /// Largest request body accepted (token-id prompts of a full context fit easily).
 const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+
+/// Bounds on one request's work, beyond the context window that bounds each prompt: a list
+/// of prompts (`/v1/completions`) is at most `max_prompts` long and holds at most
+/// `max_prompt_tokens` tokens in all. Past either, the request is an OpenAI-shaped 400
+/// (`too_many_prompts`, `too_many_tokens`) before any work is queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Most prompts in one request (default 64).
+    pub max_prompts: usize,
+    /// Most prompt tokens in one request, all prompts together (default four context
+    /// windows).
+    pub max_prompt_tokens: usize,
+}
+
+impl ServerLimits {
+    /// The defaults for a model with context window `n_ctx`.
+    pub fn for_context(n_ctx: usize) -> Self {
+        ServerLimits {
+            max_prompts: 64,
+            max_prompt_tokens: n_ctx.saturating_mul(4),
+        }
+    }
+}
 
 /// Everything a handler needs, cheap to clone.
 #[derive(Clone)]
@@ -81,6 +104,10 @@ struct Inner {
     next_id: AtomicU64,
     /// The serving profile's behavioural faults.
     faults: faults::Faults,
+    /// [`ServerLimits::max_prompts`] (atomic: set after start by [`ServerState::set_limits`]).
+    max_prompts: AtomicUsize,
+    /// [`ServerLimits::max_prompt_tokens`].
+    max_prompt_tokens: AtomicUsize,
     /// Compiled constraint grammars (LRU).
     grammars: crate::constrain::GrammarCache,
     /// The vocabulary's token trie, built on the first constrained request.
@@ -136,6 +163,10 @@ impl ServerState {
                 vocab_size,
                 next_id: AtomicU64::new(1),
                 faults: faults::Faults::new(profile),
+                max_prompts: AtomicUsize::new(ServerLimits::for_context(n_ctx).max_prompts),
+                max_prompt_tokens: AtomicUsize::new(
+                    ServerLimits::for_context(n_ctx).max_prompt_tokens,
+                ),
                 grammars: crate::constrain::GrammarCache::default(),
                 trie: std::sync::OnceLock::new(),
             }),
@@ -165,6 +196,24 @@ impl ServerState {
         profile: Profile,
     ) -> Result<Self> {
         Self::load(path, LoadOptions { profile, ..opts }, model_name)
+    }
+
+    /// Bounds on one request's work (every clone of this state shares them).
+    pub fn limits(&self) -> ServerLimits {
+        ServerLimits {
+            max_prompts: self.inner.max_prompts.load(Ordering::Relaxed),
+            max_prompt_tokens: self.inner.max_prompt_tokens.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Sets the bounds on one request's work (see [`ServerLimits`]).
+    pub fn set_limits(&self, limits: ServerLimits) {
+        self.inner
+            .max_prompts
+            .store(limits.max_prompts, Ordering::Relaxed);
+        self.inner
+            .max_prompt_tokens
+            .store(limits.max_prompt_tokens, Ordering::Relaxed);
     }
 
     /// The served model name.
@@ -269,6 +318,13 @@ impl ApiError {
         if let Some(p) = param {
             e.body = e.body.with_param(p);
         }
+        e
+    }
+
+    /// A 400 with this `code`, naming the field at fault.
+    pub(crate) fn bad_request_code(message: impl Into<String>, param: &str, code: &str) -> Self {
+        let mut e = Self::bad_request(message, Some(param));
+        e.body.error.code = Some(code.into());
         e
     }
 

@@ -570,6 +570,10 @@ async fn models_health_tokenize_detokenize() -> anyhow::Result<()> {
 async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
     let srv = TestServer::start().await?;
     let too_long: Vec<u32> = vec![28; 8193];
+    // one request's work is bounded: at most 64 prompts, and at most 4 contexts' worth of
+    // prompt tokens in all (40 prompts of 1000 tokens each fit one context apiece)
+    let many_prompts = vec!["hi"; 65];
+    let many_tokens = vec![vec![28u32; 1000]; 40];
     let cases: Vec<(&str, String, u16, Option<&str>)> = vec![
         ("/v1/completions", "{not json".into(), 400, Some("invalid_json")),
         ("/v1/chat/completions", "[1, 2]".into(), 400, Some("invalid_json")),
@@ -580,6 +584,8 @@ async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
         ("/v1/completions", json!({"prompt": "hi", "max_tokens": 9000}).to_string(), 400, Some("context_length_exceeded")),
         ("/v1/completions", json!({"prompt": "hi", "echo": true, "logprobs": 21, "max_tokens": 0}).to_string(), 400, None),
         ("/v1/completions", json!({"prompt": []}).to_string(), 400, None),
+        ("/v1/completions", json!({"prompt": many_prompts, "max_tokens": 0}).to_string(), 400, Some("too_many_prompts")),
+        ("/v1/completions", json!({"prompt": many_tokens, "max_tokens": 0}).to_string(), 400, Some("too_many_tokens")),
         ("/v1/completions", json!({"prompt": "hi", "n": 0}).to_string(), 400, None),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}).to_string(), 400, None),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}).to_string(), 400, None),
