@@ -43,7 +43,7 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The drain timeout of [`serve_router`] (the default of `[server] drain_timeout_ms`).
+/// The default of `[server] drain_timeout_ms`.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// After the drain deadline has cut every open response, how long the server still waits for
@@ -63,18 +63,8 @@ pub async fn serve(
 }
 
 /// Serves `app` (the gateway's [`router`], possibly merged with other routers, such as the
-/// dashboards', at composition) on `listener` until `shutdown` resolves, then drains
-/// in-flight requests for at most [`DEFAULT_DRAIN_TIMEOUT`]. Accepted sockets get
-/// TCP_NODELAY, as in [`serve`].
-pub async fn serve_router(
-    listener: tokio::net::TcpListener,
-    app: Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), crate::ProxyError> {
-    serve_router_with(listener, app, shutdown, DEFAULT_DRAIN_TIMEOUT).await
-}
-
-/// [`serve_router`] with the drain timeout given (`Config::server.drain_timeout`): after
+/// dashboards', at composition) on `listener` until `shutdown` resolves (accepted sockets get
+/// TCP_NODELAY, as in [`serve`]), with the drain timeout given (`Config::server.drain_timeout`): after
 /// `shutdown` resolves, open requests and streams have `drain` to finish; then each is cut,
 /// its connection closes, and this returns (waiting at most a further [`CLOSE_GRACE`] for the
 /// connections to go).

@@ -126,7 +126,9 @@ pub async fn serve_on(
     }
     // drift alerts demote or exclude endpoints (each model's on_drift), re-read every poll
     let quality = samewise_proxy::QualityWatcher::spawn(config, state.clone(), store.clone());
-    let served = samewise_proxy::serve_router(listener, app, shutdown).await;
+    let served =
+        samewise_proxy::serve_router_with(listener, app, shutdown, config.server.drain_timeout)
+            .await;
     if let Some(p) = probes {
         tracing::info!("stopping the probe scheduler");
         p.shutdown().await;
