@@ -21,6 +21,7 @@ use serde_json::Value;
 const ALLOWED: &[(&str, &[&str])] = &[
     ("samewise-wire", &[]),
     ("samewise-toolcheck", &[]),
+    ("samewise-longctx", &[]),
     ("samewise-testkit", &[]),
     ("samewise-store", &["samewise-wire"]),
     ("samewise-engine", &["samewise-wire"]),
