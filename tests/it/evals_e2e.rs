@@ -155,16 +155,23 @@ fn tool_calls_corrupt_is_degraded_and_the_reference_equivalent() -> Result<()> {
 /// by likelihood): `truncate-512` keeps only the last 512 prompt tokens, so it loses the
 /// needles in the first half of the 1024-token haystack — "degraded", its effective context
 /// 512, its failures `truncated`; the twins in the same setup: the reference's own endpoint
-/// is "equivalent" with the window's effective context, and `a8` is never "degraded".
+/// is "equivalent" with the window's effective context, and `a8` is never "degraded"; an
+/// endpoint refusing logprobs makes both sides answer by generation.
 #[test]
 fn long_context_truncate_512_is_degraded_and_the_reference_and_a8_are_not() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let (_good, good_url) = engine("reference", dir.path())?;
     let (_trunc, trunc_url) = engine("truncate-512", dir.path())?;
     let (_a8, a8_url) = engine("a8", dir.path())?;
+    let (_nolp, nolp_url) = engine("no-logprobs", dir.path())?;
     let cfg = config(
         dir.path(),
-        &[("good", &good_url), ("trunc", &trunc_url), ("a8", &a8_url)],
+        &[
+            ("good", &good_url),
+            ("trunc", &trunc_url),
+            ("a8", &a8_url),
+            ("nolp", &nolp_url),
+        ],
         "[evals.long_context]\nwindow = 1024\ntasks = [\"multi_query\"]\ndistractors = 2",
     )?;
     let lc = |v: &Value| {
@@ -238,6 +245,19 @@ fn long_context_truncate_512_is_degraded_and_the_reference_and_a8_are_not() -> R
         "a8 degraded: {v:#}"
     );
     ensure!(lc(v) == 1024, "{v:#}");
+
+    // an endpoint refusing logprobs: both sides answer by generation (one short length)
+    let job = evals_run_suite(
+        &cfg,
+        "long_context",
+        &["--endpoint", "nolp/smol", "--window", "256"],
+    )?;
+    let v = &job["verdict"];
+    ensure!(job["state"] == "succeeded", "{job:#}");
+    ensure!(
+        v["extras"]["scoring"] == "generation" && v["items"] == 4,
+        "{v:#}"
+    );
     Ok(())
 }
 

@@ -3,7 +3,8 @@
 //! 512 prompt tokens, silently) and `a8` (8-bit activations: faithful, not identical) — run
 //! by the scheduler against the in-process reference, with the detectors writing alerts to
 //! a real SQLite store: only the truncating endpoint is flagged, with its effective context
-//! within one doubling of 512.
+//! within one doubling of 512. An endpoint refusing logprobs is judged by generation on both
+//! sides.
 
 use std::sync::Arc;
 
@@ -148,6 +149,47 @@ async fn truncation_is_flagged_and_faithful_endpoints_are_not() -> Result<()> {
             .contains(&format!("effective context {eff} tokens, reference 1024")),
         "{}",
         a.summary
+    );
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_refusing_logprobs_is_judged_by_generation_on_both_sides() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let (tok, template) = tokenizer_and_template()?;
+    let nolp = Profile::builtin("no-logprobs").context("no no-logprobs profile")?;
+    let url = serve(
+        server::router(ServerState::with_profile(
+            engine()?,
+            tok,
+            template,
+            "smol".into(),
+            nolp,
+        )),
+        &stop,
+        &tasks,
+    )
+    .await?;
+    let reference = in_process()?;
+    let h = Harness::new("context_window = 256")?;
+    let o = h
+        .probe(
+            &reference,
+            samewise_probes::config::ProbeKind::LongContext,
+            &target(&url, "nolp/smol"),
+        )
+        .await;
+    ensure!(o.ok, "{:?}", o.error);
+    ensure!(o.stats["scoring"] == "generation", "{}", o.stats);
+    let l = &o.stats["lengths"][0];
+    // the same engine greedily answers the same prompts on both sides
+    ensure!(
+        l["queries"] == 4 && l["passed"] == l["reference_passed"] && l["below"] == false,
+        "{l}"
     );
     stop.cancel();
     tasks.close();
