@@ -393,8 +393,12 @@ impl Draft {
     /// Drafts one group per task and length.
     pub fn new(haystack: &Haystack, s: &Settings) -> Result<Draft> {
         haystack.validate()?;
-        if !(2..=12).contains(&s.digits) {
-            return Err(LongctxError::Data("digits must be in 2..=12".into()));
+        // at least 9,000 numbers for the ≤ 16 values and ≤ 16 × 16 distractors of a group
+        if !(4..=12).contains(&s.digits) {
+            return Err(LongctxError::Data("digits must be in 4..=12".into()));
+        }
+        if s.distractors > 16 {
+            return Err(LongctxError::Data("at most 16 distractors".into()));
         }
         if s.distractors == 0 {
             return Err(LongctxError::Data(

@@ -154,7 +154,11 @@ fn bad_settings_and_missing_counts_are_errors() {
             ..Settings::default()
         },
         Settings {
-            digits: 1,
+            digits: 3,
+            ..Settings::default()
+        },
+        Settings {
+            distractors: 17,
             ..Settings::default()
         },
     ] {
