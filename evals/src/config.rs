@@ -17,6 +17,12 @@
 //! reference_model = "smollm2"  # the model name the reference serves
 //! webhooks = ["http://..."]    # verdicts are POSTed here
 //! max_items = 32               # items per job opened by an alert (default: the whole suite)
+//! [evals.long_context]         # the long_context suite (a job's params override each key)
+//! window = 8192                # longest length (default: the model's, from /tokenize)
+//! start_tokens = 256           # shortest length; lengths double up to the window
+//! tasks = ["single_needle", "multi_key", "multi_value", "multi_query", "variable_tracking"]
+//! distractors = 3              # K distractor answers per item
+//! margin = 2.9957              # nats the true answer must beat every distractor by (ln 20)
 //! [[evals.rules]]              # alert → suites (default: the rules below)
 //! kind = "unfaithful"
 //! suites = ["tool_calls"]
@@ -24,17 +30,133 @@
 //! kind = "passive"
 //! signal = "tool"              # a substring of the alert's evidence (JSON text)
 //! suites = ["tool_calls"]
+//! [[evals.rules]]              # a long-context probe finding (unfaithful or changed)
+//! kind = "unfaithful"
+//! signal = "effective_context"
+//! suites = ["long_context"]
 //! ```
 
 use std::time::Duration;
 
+use samewise_longctx::TaskKind;
 use serde::Deserialize;
 
 use crate::EvalsError;
 use crate::stats::VerdictParams;
 
 /// Suites this build runs.
-pub const KNOWN_SUITES: &[&str] = &["tool_calls"];
+pub const KNOWN_SUITES: &[&str] = &["tool_calls", "long_context"];
+
+/// `[evals.long_context]`: how the `long_context` suite builds its items.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LongContextConfig {
+    /// The longest length in tokens (None: the model's, as its `/tokenize` reports it).
+    pub window: Option<u32>,
+    /// The shortest length; lengths double up to the window.
+    pub start_tokens: u32,
+    /// The tasks, one haystack per task and length.
+    pub tasks: Vec<TaskKind>,
+    /// Distractor answers per item (K).
+    pub distractors: usize,
+    /// Nats by which a true answer must beat every distractor.
+    pub margin: f64,
+}
+
+impl Default for LongContextConfig {
+    fn default() -> Self {
+        LongContextConfig {
+            window: None,
+            start_tokens: 256,
+            tasks: TaskKind::ALL.to_vec(),
+            distractors: 3,
+            margin: samewise_longctx::score::DEFAULT_MARGIN,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLongContext {
+    window: Option<u32>,
+    start_tokens: Option<u32>,
+    tasks: Option<Vec<String>>,
+    distractors: Option<usize>,
+    margin: Option<f64>,
+}
+
+impl LongContextConfig {
+    /// Checks and fills `raw`; `key` prefixes the names in errors (`evals.long_context`, or
+    /// `params` for a job's overrides).
+    fn from_raw(
+        raw: RawLongContext,
+        base: &LongContextConfig,
+        key: &str,
+    ) -> Result<Self, EvalsError> {
+        let bad = |k: &str, m: &str| EvalsError::Config {
+            key: format!("{key}.{k}"),
+            message: m.to_owned(),
+        };
+        let start_tokens = raw.start_tokens.unwrap_or(base.start_tokens);
+        if start_tokens < 16 {
+            return Err(bad("start_tokens", "must be at least 16"));
+        }
+        let window = raw.window.or(base.window);
+        if window.is_some_and(|w| w < start_tokens) {
+            return Err(bad("window", "must be at least start_tokens"));
+        }
+        let tasks = match raw.tasks {
+            None => base.tasks.clone(),
+            Some(names) => {
+                let mut out = Vec::new();
+                for n in &names {
+                    let t = TaskKind::parse(n).ok_or_else(|| {
+                        let known: Vec<&str> = TaskKind::ALL.iter().map(|t| t.as_str()).collect();
+                        bad(
+                            "tasks",
+                            &format!("unknown task {n:?} (known: {})", known.join(", ")),
+                        )
+                    })?;
+                    if !out.contains(&t) {
+                        out.push(t);
+                    }
+                }
+                if out.is_empty() {
+                    return Err(bad("tasks", "name at least one task"));
+                }
+                out
+            }
+        };
+        let distractors = raw.distractors.unwrap_or(base.distractors);
+        if !(1..=16).contains(&distractors) {
+            return Err(bad("distractors", "must be in 1..=16"));
+        }
+        let margin = raw.margin.unwrap_or(base.margin);
+        if !(margin.is_finite() && margin >= 0.0) {
+            return Err(bad("margin", "must be a finite number ≥ 0"));
+        }
+        Ok(LongContextConfig {
+            window,
+            start_tokens,
+            tasks,
+            distractors,
+            margin,
+        })
+    }
+
+    /// This config with a job's `params` (window, start_tokens, tasks, distractors, margin)
+    /// applied.
+    pub fn with_params(&self, params: &serde_json::Value) -> Result<Self, EvalsError> {
+        let pick = |k: &str| params.get(k).cloned().unwrap_or(serde_json::Value::Null);
+        let raw = RawLongContext {
+            window: serde_json::from_value(pick("window")).ok().flatten(),
+            start_tokens: serde_json::from_value(pick("start_tokens")).ok().flatten(),
+            tasks: serde_json::from_value(pick("tasks")).ok().flatten(),
+            distractors: serde_json::from_value(pick("distractors")).ok().flatten(),
+            margin: serde_json::from_value(pick("margin")).ok().flatten(),
+        };
+        LongContextConfig::from_raw(raw, self, "params")
+    }
+}
 
 /// One mapping from an alert to suites.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -89,6 +211,8 @@ pub struct EvalsConfig {
     pub rules: Vec<Rule>,
     /// Jobs opened by alerts run at most this many items of their suite (None: all).
     pub max_items: Option<u64>,
+    /// The `long_context` suite's items.
+    pub long_context: LongContextConfig,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -109,6 +233,7 @@ struct Raw {
     webhooks: Option<Vec<String>>,
     rules: Option<Vec<Rule>>,
     max_items: Option<u64>,
+    long_context: Option<RawLongContext>,
 }
 
 fn bad(key: &str, msg: impl Into<String>) -> EvalsError {
@@ -130,6 +255,17 @@ pub fn default_rules() -> Vec<Rule> {
             kind: "passive".into(),
             signal: Some("tool".into()),
             suites: vec!["tool_calls".into()],
+        },
+        // the long_context probe's findings name their statistic in the evidence
+        Rule {
+            kind: "unfaithful".into(),
+            signal: Some("effective_context".into()),
+            suites: vec!["long_context".into()],
+        },
+        Rule {
+            kind: "changed".into(),
+            signal: Some("effective_context".into()),
+            suites: vec!["long_context".into()],
         },
     ]
 }
@@ -187,7 +323,13 @@ impl EvalsConfig {
                 .and_then(|u| u.as_str())
                 .map(str::to_owned)
         });
+        let long_context = LongContextConfig::from_raw(
+            raw.long_context.unwrap_or_default(),
+            &LongContextConfig::default(),
+            "evals.long_context",
+        )?;
         Ok(EvalsConfig {
+            long_context,
             workers: raw.workers.unwrap_or(1),
             lease,
             poll: ms(raw.poll_ms, 2_000),
@@ -226,6 +368,30 @@ impl EvalsConfig {
 mod tests {
     use super::*;
 
+    #[test]
+    fn long_context_keys_and_job_params() {
+        let t = table("[long_context]\nwindow = 1024\ntasks = [\"multi_query\"]\ndistractors = 2");
+        let c = EvalsConfig::parse(Some(&t), None).map_err(|e| e.to_string());
+        let c = c.unwrap_or_else(|e| panic!("{e}")).long_context;
+        assert_eq!(c.window, Some(1024));
+        assert_eq!(c.tasks, vec![TaskKind::MultiQuery]);
+        assert_eq!(c.distractors, 2);
+        let p = c
+            .with_params(
+                &serde_json::json!({"window": 512, "tasks": ["single_needle", "single_needle"]}),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (p.window, p.tasks.clone(), p.distractors),
+            (Some(512), vec![TaskKind::SingleNeedle], 2)
+        );
+        let e = c
+            .with_params(&serde_json::json!({"window": 8}))
+            .err()
+            .map(|e| e.to_string());
+        assert!(e.is_some_and(|e| e.contains("params.window")));
+    }
+
     fn table(s: &str) -> toml::Table {
         s.parse().unwrap_or_default()
     }
@@ -246,6 +412,14 @@ mod tests {
         );
         assert_eq!(c.suites_for("unfaithful", &ev), vec!["tool_calls"]);
         assert!(c.suites_for("changed", &ev).is_empty());
+        let lc =
+            serde_json::json!({"probe_kind": "long_context", "statistic": "effective_context"});
+        assert_eq!(
+            c.suites_for("unfaithful", &lc),
+            vec!["tool_calls", "long_context"]
+        );
+        assert_eq!(c.suites_for("changed", &lc), vec!["long_context"]);
+        assert_eq!(c.long_context, LongContextConfig::default());
     }
 
     #[test]
@@ -259,6 +433,19 @@ mod tests {
                 "evals.rules[0].suites",
             ),
             ("[[rules]]\nkind = \"x\"\nsuites = []\nwhat = 1", "what"),
+            (
+                "[long_context]\ntasks = [\"nope\"]",
+                "evals.long_context.tasks",
+            ),
+            (
+                "[long_context]\nstart_tokens = 512\nwindow = 256",
+                "evals.long_context.window",
+            ),
+            (
+                "[long_context]\ndistractors = 0",
+                "evals.long_context.distractors",
+            ),
+            ("[long_context]\nwhat = 1", "what"),
         ] {
             let e = EvalsConfig::parse(Some(&table(src)), None)
                 .err()

@@ -6,7 +6,8 @@
 //! alert's evidence and at the webhooks.
 //!
 //! API boundary: the queue (claims, leases, results written once) lives in `samewise-store`;
-//! the tool-call rules in `samewise-toolcheck`. This crate owns the suites and their data,
+//! the tool-call rules in `samewise-toolcheck`; the long-context tasks and their likelihood
+//! scoring in `samewise-longctx`. This crate owns the suites and their data,
 //! the statistics, the worker loop and the alert → job rules; it knows neither the proxy
 //! nor the probes (the binary composes targets from the proxy's config, and alerts are read
 //! from the store).
@@ -17,11 +18,14 @@
 //!   its sequential looks.
 //! - [`target`]: [`Target`]s (OpenAI-compatible endpoints) and the HTTP client.
 //! - [`tool_calls`]: the `tool_calls` suite (data in `data/tool_calls.json`).
+//! - [`long_context`]: the `long_context` suite (tasks from `samewise-longctx`, shared with
+//!   the probes), per-length pass rates and effective context lengths.
 //! - [`report`]: the verdict document from a job's stored results.
 //! - [`worker`]: [`Worker`] (claim, run items on both targets, heartbeat, stop early,
 //!   finish) and the alert watcher that opens jobs.
 
 pub mod config;
+pub mod long_context;
 pub mod report;
 pub mod stats;
 pub mod target;
@@ -55,6 +59,14 @@ pub enum EvalsError {
     /// An HTTP exchange with a target failed.
     #[error("HTTP: {0}")]
     Http(String),
+    /// A target answered with an error status (a 4xx is a refusal, e.g. of logprobs).
+    #[error("HTTP: {message}")]
+    Status {
+        /// The status code.
+        status: u16,
+        /// Label, status and the start of the body.
+        message: String,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] samewise_store::StoreError),

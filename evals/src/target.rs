@@ -69,21 +69,33 @@ impl Targets {
     }
 
     /// POSTs `body` (its `model` set to the target's) to `path` (e.g. "chat/completions").
-    pub async fn post(
-        &self,
-        t: &Target,
-        path: &str,
-        mut body: Value,
-    ) -> Result<Answer, EvalsError> {
-        if let Some(o) = body.as_object_mut() {
-            o.insert("model".into(), Value::String(t.model.clone()));
-        }
+    pub async fn post(&self, t: &Target, path: &str, body: Value) -> Result<Answer, EvalsError> {
         let base = t.base_url.trim_end_matches('/');
         let url = if base.ends_with("/v1") {
             format!("{base}/{path}")
         } else {
             format!("{base}/v1/{path}")
         };
+        self.send(t, url, body).await
+    }
+
+    /// POSTs `body` (its `model` set to the target's) to `path` at the server's root, outside
+    /// `/v1` (vLLM's and the engine's `tokenize`).
+    pub async fn post_root(
+        &self,
+        t: &Target,
+        path: &str,
+        body: Value,
+    ) -> Result<Answer, EvalsError> {
+        let base = t.base_url.trim_end_matches('/');
+        let root = base.strip_suffix("/v1").unwrap_or(base);
+        self.send(t, format!("{root}/{path}"), body).await
+    }
+
+    async fn send(&self, t: &Target, url: String, mut body: Value) -> Result<Answer, EvalsError> {
+        if let Some(o) = body.as_object_mut() {
+            o.insert("model".into(), Value::String(t.model.clone()));
+        }
         let payload = serde_json::to_vec(&body)
             .map_err(|e| EvalsError::Http(format!("{}: encoding the request: {e}", t.label)))?;
         let mut req = self
@@ -105,10 +117,10 @@ impl Targets {
             .map_err(|e| EvalsError::Http(format!("{}: reading the body: {e}", t.label)))?;
         if !status.is_success() {
             let snippet: String = text.chars().take(300).collect();
-            return Err(EvalsError::Http(format!(
-                "{}: HTTP {status}: {snippet}",
-                t.label
-            )));
+            return Err(EvalsError::Status {
+                status: status.as_u16(),
+                message: format!("{}: HTTP {status}: {snippet}", t.label),
+            });
         }
         let body: Value = serde_json::from_str(&text)
             .map_err(|e| EvalsError::Http(format!("{}: the body is not JSON: {e}", t.label)))?;

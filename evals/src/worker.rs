@@ -21,9 +21,10 @@ use samewise_store::{EvalJob, JobState, Lease, NewEvalJob, Store};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::EvalsConfig;
+use crate::config::{EvalsConfig, LongContextConfig};
+use crate::long_context::{self, Scoring};
 use crate::report::{Stop, document, paired};
-use crate::stats::{VerdictParams, decide, look_points};
+use crate::stats::{Verdict, VerdictParams, decide, look_points};
 use crate::target::Targets;
 use crate::{EvalsError, tool_calls};
 
@@ -44,6 +45,8 @@ pub struct WorkerSettings {
     pub verdict: VerdictParams,
     /// Verdicts are POSTed here.
     pub webhooks: Vec<String>,
+    /// The `long_context` suite's settings (a job's params override them).
+    pub long_context: LongContextConfig,
 }
 
 impl WorkerSettings {
@@ -57,6 +60,7 @@ impl WorkerSettings {
             concurrency: cfg.concurrency,
             verdict: cfg.verdict,
             webhooks: cfg.webhooks.clone(),
+            long_context: cfg.long_context.clone(),
         }
     }
 }
@@ -170,10 +174,236 @@ impl Worker {
 
     /// Runs the job's items under `lease` and finishes it; returns the verdict document.
     async fn work(&self, job: &EvalJob, lease: &Lease) -> Result<Value, EvalsError> {
-        let started = Instant::now();
-        if job.suite != "tool_calls" {
-            return Err(EvalsError::Suite(format!("unknown suite {:?}", job.suite)));
+        match job.suite.as_str() {
+            "tool_calls" => self.work_tool_calls(job, lease).await,
+            "long_context" => self.work_long_context(job, lease).await,
+            s => Err(EvalsError::Suite(format!("unknown suite {s:?}"))),
         }
+    }
+
+    /// Renews the lease, recording the job's item count when known.
+    async fn renew(
+        &self,
+        job: &EvalJob,
+        lease: &Lease,
+        total: Option<usize>,
+    ) -> Result<(), EvalsError> {
+        let alive = self
+            .store
+            .heartbeat_eval_job(
+                lease,
+                samewise_store::now_ms(),
+                ms(self.settings.lease),
+                total.and_then(|n| u32::try_from(n).ok()),
+            )
+            .await?;
+        if alive {
+            Ok(())
+        } else {
+            Err(EvalsError::LeaseLost(job.id))
+        }
+    }
+
+    /// Writes results (each once); a result already written under a lost lease stops the job.
+    async fn write(
+        &self,
+        job: &EvalJob,
+        lease: &Lease,
+        results: &[samewise_store::EvalResult],
+    ) -> Result<(), EvalsError> {
+        for r in results {
+            let written = self
+                .store
+                .insert_eval_result(lease, r, samewise_store::now_ms())
+                .await?;
+            if !written {
+                self.renew(job, lease, None).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Finishes the job with its verdict document.
+    async fn finish(&self, job: &EvalJob, lease: &Lease, doc: &Value) -> Result<(), EvalsError> {
+        if !self
+            .store
+            .finish_eval_job(
+                lease,
+                JobState::Succeeded,
+                Some(doc),
+                None,
+                samewise_store::now_ms(),
+            )
+            .await?
+        {
+            return Err(EvalsError::LeaseLost(job.id));
+        }
+        tracing::info!(
+            job = job.id,
+            verdict = doc["verdict"].as_str().unwrap_or("?"),
+            "eval job finished"
+        );
+        Ok(())
+    }
+
+    /// The `long_context` suite: its groups task by task (each on both targets), a look
+    /// after each task's sweep of the lengths at the usual look points, the per-length
+    /// analysis beside the verdict.
+    async fn work_long_context(&self, job: &EvalJob, lease: &Lease) -> Result<Value, EvalsError> {
+        let started = Instant::now();
+        let suspect = self.targets.get(&job.endpoint)?.clone();
+        let baseline = self.targets.get(&job.baseline)?.clone();
+        let tokenizer = self
+            .targets
+            .get(crate::target::REFERENCE)
+            .unwrap_or(&baseline)
+            .clone();
+        let cfg = self.settings.long_context.with_params(&job.params)?;
+        let seed = job.params["seed"]
+            .as_u64()
+            .unwrap_or_else(|| u64::try_from(job.id).unwrap_or(0));
+        let suite = long_context::prepare(&self.targets, &tokenizer, &cfg, seed).await?;
+        let (mut params, budget) = self.params(job);
+        let order = suite.order();
+        self.renew(job, lease, Some(order.len())).await?;
+        let ends = suite.task_ends();
+        // looks only where a task's sweep of every length is complete
+        let looks: Vec<usize> = look_points(ends.len(), params.looks)
+            .into_iter()
+            .filter_map(|i| ends.get(i.wrapping_sub(1)).copied())
+            .collect();
+        params.looks = u32::try_from(looks.len()).unwrap_or(1).max(1);
+        let stored = self.store.eval_results(job.id).await?;
+        let mut scoring = stored.iter().find_map(Scoring::of);
+        let margin = cfg.margin;
+        let mut looks_done = 0u32;
+        let mut from = 0usize;
+        let mut reason = "all_items";
+        for point in looks {
+            for g in &suite.groups[from..point] {
+                let done = self.store.eval_results(job.id).await?;
+                let has = |role: &str| {
+                    g.queries
+                        .iter()
+                        .all(|q| done.iter().any(|r| r.item == q.id && r.target == role))
+                };
+                let todo: Vec<(&crate::target::Target, &str)> =
+                    [(&suspect, "suspect"), (&baseline, "baseline")]
+                        .into_iter()
+                        .filter(|(_, role)| !has(role))
+                        .collect();
+                if todo.is_empty() {
+                    continue;
+                }
+                let mode = scoring.unwrap_or(Scoring::Likelihood);
+                let mut futs = Vec::with_capacity(todo.len());
+                for (t, role) in &todo {
+                    futs.push(long_context::run_group(
+                        &self.targets,
+                        t,
+                        role,
+                        g,
+                        mode,
+                        margin,
+                        seed,
+                    ));
+                }
+                let runs = futures_util::future::join_all(futs).await;
+                if scoring.is_none() {
+                    // the first group decides: a side refusing echo logprobs makes both
+                    // sides answer by generation, so they are judged alike
+                    if runs
+                        .iter()
+                        .any(|r| r.as_ref().err().is_some_and(long_context::is_refusal))
+                    {
+                        tracing::info!(
+                            job = job.id,
+                            "long_context: logprobs refused; scoring by generation"
+                        );
+                        scoring = Some(Scoring::Generation);
+                        let mut futs = Vec::with_capacity(todo.len());
+                        for (t, role) in &todo {
+                            futs.push(long_context::run_group(
+                                &self.targets,
+                                t,
+                                role,
+                                g,
+                                Scoring::Generation,
+                                margin,
+                                seed,
+                            ));
+                        }
+                        let again = futures_util::future::join_all(futs).await;
+                        for (r, (t, role)) in again.into_iter().zip(&todo) {
+                            let rs = r.unwrap_or_else(|e| {
+                                long_context::failed_group(
+                                    g,
+                                    t,
+                                    role,
+                                    Scoring::Generation,
+                                    seed,
+                                    &e.to_string(),
+                                )
+                            });
+                            self.write(job, lease, &rs).await?;
+                        }
+                        continue;
+                    }
+                    scoring = Some(Scoring::Likelihood);
+                }
+                for (r, (t, role)) in runs.into_iter().zip(&todo) {
+                    let rs = r.unwrap_or_else(|e| {
+                        long_context::failed_group(g, t, role, mode, seed, &e.to_string())
+                    });
+                    self.write(job, lease, &rs).await?;
+                }
+            }
+            from = point;
+            looks_done += 1;
+            let results = self.store.eval_results(job.id).await?;
+            let d = decide(&paired(&order, &results), &params);
+            let spent: i64 = results.iter().map(|r| r.tokens).sum();
+            tracing::info!(
+                job = job.id,
+                groups = point,
+                verdict = d.verdict.as_str(),
+                p = d.p_value,
+                tokens = spent,
+                "eval look"
+            );
+            if d.verdict == Verdict::Degraded {
+                reason = "decided";
+                break;
+            }
+            if spent >= budget {
+                reason = "budget";
+                break;
+            }
+        }
+        let results = self.store.eval_results(job.id).await?;
+        let t = paired(&order, &results);
+        let mut d = decide(&t, &params);
+        let scoring = scoring.unwrap_or(Scoring::Likelihood);
+        let (mut extras, below_any) = long_context::analyze(&suite, &results, &params, scoring);
+        if d.verdict == Verdict::Equivalent && below_any {
+            d.verdict = Verdict::Inconclusive;
+            extras["verdict_note"] =
+                json!("pooled equivalent, but a length is significantly below the baseline");
+        }
+        let stop = Stop {
+            looks_done,
+            reason,
+            items_total: order.len(),
+            wall_ms: i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
+        };
+        let doc = document(&job.suite, &t, &d, &params, &results, &stop, extras);
+        self.finish(job, lease, &doc).await?;
+        Ok(doc)
+    }
+
+    /// The `tool_calls` suite.
+    async fn work_tool_calls(&self, job: &EvalJob, lease: &Lease) -> Result<Value, EvalsError> {
+        let started = Instant::now();
         let mut items = tool_calls::items()?;
         if let Some(n) = job.params["max_items"].as_u64() {
             items.truncate(usize::try_from(n).unwrap_or(usize::MAX));

@@ -50,7 +50,7 @@ pub enum ProbeKind {
     Samples,
     /// Prompts that should and should not call a tool; trigger F1 and schema accuracy.
     ToolCalls,
-    /// Needle retrieval at doubling lengths; the longest passing length.
+    /// Needle retrieval at doubling lengths, by likelihood; the effective context.
     LongContext,
 }
 
@@ -183,7 +183,7 @@ pub struct PromptSetPaths {
     pub tool_call_prompts: Option<PathBuf>,
     /// JSON of tool definitions.
     pub tools: Option<PathBuf>,
-    /// JSON of the needle template.
+    /// JSON of the long-context haystack (`samewise_longctx::Haystack`: filler, keys).
     pub needle: Option<PathBuf>,
 }
 

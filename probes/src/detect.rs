@@ -9,7 +9,9 @@
 //!   `kl_threshold` may be configured instead. A samples run is flagged when its permutation
 //!   p-value is below `samples_alpha`; a logprob run whose tokens do not map onto the
 //!   reference vocabulary (`stats.mismatch_rate` above `max_mismatch_rate`) is flagged as a
-//!   different tokenizer.
+//!   different tokenizer. A long_context run is flagged when its effective context is one
+//!   doubling or more below the reference's (evidence: `statistic: "effective_context"`,
+//!   both values, the per-length passes).
 //! - **changed?** ([`Detectors::after_run`]): a two-sided CUSUM per endpoint, probe kind and
 //!   statistic over the endpoint's stored runs, oldest first; its first
 //!   `cusum_baseline_rounds` runs are the baseline. The chart is rebuilt from the store on
@@ -324,6 +326,7 @@ impl Detectors {
         match run.kind.as_str() {
             "prompt_logprobs" | "completion_logprobs" => {}
             "samples" => return Ok(self.samples_finding(run)),
+            "long_context" => return Ok(long_context_finding(run)),
             _ => return Ok(None),
         }
         if let Some(finding) = self.mismatch_finding(run) {
@@ -602,6 +605,66 @@ impl Detectors {
         out.extend(self.alerting.auto_resolve(store, now_ms).await?);
         Ok(out)
     }
+}
+
+/// The faithful? finding of a long_context run: its effective context one doubling or more
+/// below the reference's (`samewise_longctx::context::one_doubling_below`), with the
+/// per-length passes of both sides as evidence.
+fn long_context_finding(run: &ProbeRun) -> Option<NewAlert> {
+    let value = stat(&run.stats, "effective_context")?;
+    let reference = stat(&run.stats, "reference_effective_context")?;
+    let (v, r) = (value.max(0.0) as u32, reference.max(0.0) as u32);
+    if !samewise_longctx::context::one_doubling_below(v, r) {
+        return None;
+    }
+    let lengths: Vec<serde_json::Value> = run
+        .stats
+        .get("lengths")
+        .and_then(serde_json::Value::as_array)
+        .map(|ls| {
+            ls.iter()
+                .map(|l| {
+                    serde_json::json!({"length": l["length"], "passed": l["passed"],
+                        "reference_passed": l["reference_passed"], "queries": l["queries"],
+                        "below": l["below"], "truncated": l["truncated"]})
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let detail: Vec<String> = lengths
+        .iter()
+        .map(|l| {
+            format!(
+                "{}: {}/{} vs {}/{}",
+                l["length"], l["passed"], l["queries"], l["reference_passed"], l["queries"]
+            )
+        })
+        .collect();
+    let summary = format!(
+        "endpoint {}: effective context {v} tokens, reference {r} (long_context passes per length, endpoint vs reference: {})",
+        run.endpoint,
+        detail.join(", ")
+    );
+    Some(NewAlert {
+        model: run.model.clone(),
+        endpoint: run.endpoint.clone(),
+        kind: KIND_UNFAITHFUL.to_owned(),
+        summary,
+        evidence: serde_json::json!({
+            "detector": "faithful",
+            "probe_kind": run.kind,
+            "statistic": "effective_context",
+            "value": v,
+            "reference_value": r,
+            "threshold": r / 2,
+            "window": run.stats.get("window").cloned().unwrap_or(serde_json::Value::Null),
+            "scoring": run.stats.get("scoring").cloned().unwrap_or(serde_json::Value::Null),
+            "lengths": lengths,
+            "p_value": serde_json::Value::Null,
+            "probe_runs": [run.id],
+        }),
+        now_ms: run.finished_ms,
+    })
 }
 
 /// The chart configuration the changed? detector uses for one statistic: the configured

@@ -7,7 +7,8 @@
 //!   (`completion_prompts.jsonl`).
 //! - [`ToolCallPrompt`] and the tool definitions (`tool_call_prompts.jsonl`, `tools.json`):
 //!   prompts that should, and should not, make the model call a tool.
-//! - [`NeedleTemplate`] (`needle_haystack.json`): the long-context retrieval probe.
+//! - The long-context probe's haystack is `samewise_longctx::Haystack` (shared with the
+//!   evals' `long_context` suite; built in: `longctx/data/haystack.json`).
 //!
 //! [`pretoken_lower_bound`] bounds a text's token count from below for byte-level BPE
 //! tokenizers of the GPT-2/Llama-3 family, without the tokenizer (used to check a set is big enough).
@@ -93,93 +94,6 @@ impl ToolDefinitions {
     }
 }
 
-/// The needle-in-a-haystack template.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NeedleTemplate {
-    /// What the probe does, for people reading the file.
-    pub description: String,
-    /// The needle sentence with a `{value}` placeholder.
-    pub needle: String,
-    /// The question asked after the haystack.
-    pub question: String,
-    /// Values the needle carries (one per probe, rotating).
-    pub values: Vec<String>,
-    /// Depths (fraction of the haystack before the needle) to test.
-    pub depths: Vec<f64>,
-    /// The shortest haystack length tried, in tokens; lengths double up to the window.
-    pub start_tokens: u32,
-    /// Filler sentences, repeated in order.
-    pub filler: Vec<String>,
-}
-
-/// One built long-context prompt.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NeedlePrompt {
-    /// Haystack with the needle, then the question.
-    pub prompt: String,
-    /// The value a correct answer contains.
-    pub expected: String,
-}
-
-impl NeedleTemplate {
-    /// Checks the template is usable.
-    pub fn validate(&self) -> Result<()> {
-        if !self.needle.contains("{value}") {
-            return Err(ProbesError::Data("needle has no {value} placeholder".into()));
-        }
-        if self.values.is_empty() || self.filler.is_empty() || self.depths.is_empty() {
-            return Err(ProbesError::Data("needle template needs values, depths and filler".into()));
-        }
-        if self.depths.iter().any(|d| !(0.0..=1.0).contains(d)) {
-            return Err(ProbesError::Data("needle depths must lie in [0, 1]".into()));
-        }
-        if self.start_tokens == 0 {
-            return Err(ProbesError::Data("start_tokens must be positive".into()));
-        }
-        Ok(())
-    }
-
-    /// The haystack lengths to try, in tokens: `start_tokens`, doubling, up to `window`
-    /// (the window itself included when it is not a power-of-two multiple).
-    pub fn lengths(&self, window: u32) -> Vec<u32> {
-        let mut out = Vec::new();
-        let mut n = self.start_tokens.max(1);
-        while n < window {
-            out.push(n);
-            n = n.saturating_mul(2);
-        }
-        if window > 0 {
-            out.push(window);
-        }
-        out
-    }
-
-    /// A prompt of `sentences` filler sentences (cycling through `filler`) with the needle
-    /// carrying `value` inserted after `round(depth · sentences)` of them, then the question.
-    /// The caller picks `sentences` to reach a token length with its tokenizer.
-    pub fn build(&self, sentences: usize, depth: f64, value: &str) -> Result<NeedlePrompt> {
-        self.validate()?;
-        if !(0.0..=1.0).contains(&depth) {
-            return Err(ProbesError::Data(format!("depth {depth} not in [0, 1]")));
-        }
-        let at = (depth * sentences as f64).round() as usize;
-        let needle = self.needle.replace("{value}", value);
-        let mut parts: Vec<&str> = Vec::with_capacity(sentences + 1);
-        for i in 0..sentences {
-            if i == at {
-                parts.push(&needle);
-            }
-            parts.push(&self.filler[i % self.filler.len()]);
-        }
-        if at >= sentences {
-            parts.push(&needle);
-        }
-        let prompt = format!("{}\n\n{}", parts.join(" "), self.question);
-        Ok(NeedlePrompt { prompt, expected: value.to_owned() })
-    }
-}
-
 /// Parses JSON Lines into `T` (blank lines skipped; errors name the 1-based line).
 pub fn parse_jsonl<T: DeserializeOwned>(text: &str) -> Result<Vec<T>> {
     text.lines()
@@ -213,13 +127,6 @@ pub fn builtin_tool_call_prompts() -> Result<Vec<ToolCallPrompt>> {
 /// The built-in tool definitions.
 pub fn builtin_tools() -> Result<ToolDefinitions> {
     parse_json(include_str!("../data/tools.json"), "tools.json")
-}
-
-/// The built-in needle template.
-pub fn builtin_needle() -> Result<NeedleTemplate> {
-    let t: NeedleTemplate = parse_json(include_str!("../data/needle_haystack.json"), "needle_haystack.json")?;
-    t.validate()?;
-    Ok(t)
 }
 
 /// A lower bound on the number of tokens a byte-level BPE tokenizer with a GPT-2 or

@@ -2,9 +2,9 @@
 //! model's interval with seeded jitter, within the endpoint's hourly probe-token budget
 //! (`Store::probe_tokens_since`), stores each run (`Store::insert_probe_run`), runs the
 //! "faithful?" and "changed?" detectors after it, and sweeps the passive detectors
-//! periodically. Every `noise_pair_every`-th round of a kind (the first included) is a
-//! noise-floor pair: the same probe twice, the second stored with `repeat_of`. The reference's
-//! scores are memoized ([`crate::reference::Cached`], `reference_cache_positions`): rounds
+//! periodically. Every `noise_pair_every`-th round of a kind with per-position data (the
+//! first included) is a noise-floor pair: the same probe twice, the second stored with
+//! `repeat_of`. The reference's scores are memoized ([`crate::reference::Cached`], `reference_cache_positions`): rounds
 //! re-send the same sequences, and the reference's answer to one never changes.
 //!
 //! One scheduler is active per database: it runs only while it holds
@@ -159,7 +159,8 @@ impl Scheduler {
         let pair = round.is_multiple_of(u64::from(self.cfg.noise_pair_every));
         let first = self.probe_and_store(&ctx, target, kind, None).await?;
         let mut out = vec![first];
-        if pair && out[0].ok {
+        // a repeat measures a noise floor only from per-position data (logprob kinds)
+        if pair && out[0].ok && out[0].raw.is_some() {
             let second = self
                 .probe_and_store(&ctx, target, kind, Some(out[0].id))
                 .await?;

@@ -48,7 +48,7 @@ pub enum EvalsCommand {
         /// The suspect endpoint (`provider/model-id`).
         #[arg(long)]
         endpoint: String,
-        /// The suite (tool_calls).
+        /// The suite (tool_calls, long_context).
         #[arg(long)]
         suite: String,
         /// "reference" or a peer endpoint.
@@ -60,6 +60,10 @@ pub enum EvalsCommand {
         /// Verdict margin δ (fraction), instead of the config's.
         #[arg(long)]
         delta: Option<f64>,
+        /// long_context: the longest length in tokens, instead of `[evals.long_context]
+        /// window` (default: the model's).
+        #[arg(long)]
+        window: Option<u32>,
     },
     /// Show a job and its verdict.
     Show {
@@ -182,6 +186,7 @@ async fn evals(
             baseline,
             max_items,
             delta,
+            window,
         } => {
             let evals = EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref())?;
             anyhow::ensure!(
@@ -195,11 +200,7 @@ async fn evals(
             let model = config
                 .models
                 .iter()
-                .find(|(_, m)| {
-                    m.endpoints
-                        .iter()
-                        .any(|e| e.id().as_str() == endpoint)
-                })
+                .find(|(_, m)| m.endpoints.iter().any(|e| e.id().as_str() == endpoint))
                 .map(|(n, _)| n.clone())
                 .unwrap_or_default();
             let mut params = serde_json::json!({"opened_by": "cli"});
@@ -208,6 +209,9 @@ async fn evals(
             }
             if let Some(d) = delta {
                 params["delta"] = d.into();
+            }
+            if let Some(w) = window {
+                params["window"] = w.into();
             }
             let job = store
                 .enqueue_eval_job(

@@ -7,6 +7,9 @@
 //! - alert → job → verdict: inside `samewise serve`, the probes flag a `w4` endpoint, the
 //!   alert watcher opens the mapped `tool_calls` job, a worker runs it, and the verdict
 //!   arrives in the alert's evidence and at a webhook receiver.
+//! - `long_context`: a `truncate-512` endpoint is "degraded" with its effective context
+//!   within one doubling of 512; the reference's own endpoint "equivalent", `a8` never
+//!   "degraded".
 //! - SIGKILL take-over: a worker process killed mid-job (k of n items done, the lease held
 //!   by it) is replaced by another that finishes the job; no item has two results (both
 //!   stores).
@@ -48,12 +51,18 @@ fn config(dir: &Path, engines: &[(&str, &str)], evals: &str) -> Result<std::path
     Ok(path)
 }
 
-/// `samewise evals run ... --json` on SQLite in the config's data directory; the job.
+/// `samewise evals run --suite tool_calls ... --json` on SQLite in the config's data
+/// directory; the job.
 fn evals_run(cfg: &Path, args: &[&str]) -> Result<Value> {
+    evals_run_suite(cfg, "tool_calls", args)
+}
+
+/// `samewise evals run --suite SUITE ... --json` on SQLite; the job.
+fn evals_run_suite(cfg: &Path, suite: &str, args: &[&str]) -> Result<Value> {
     let out = Command::new(BIN)
         .args(["evals", "--config"])
         .arg(cfg)
-        .args(["--json", "run", "--suite", "tool_calls"])
+        .args(["--json", "run", "--suite", suite])
         .args(args)
         .env_remove("DATABASE_URL")
         .env("RUST_LOG", "warn")
@@ -139,6 +148,116 @@ fn tool_calls_corrupt_is_degraded_and_the_reference_equivalent() -> Result<()> {
         "reference not equivalent: {v:#}"
     );
     ensure!(v["paired"]["suspect_only"] == 0 && v["paired"]["baseline_only"] == 0);
+    Ok(())
+}
+
+/// `long_context` (multi-query needles at 256, 512 and 1024 tokens, two distractors, scored
+/// by likelihood): `truncate-512` keeps only the last 512 prompt tokens, so it loses the
+/// needles in the first half of the 1024-token haystack — "degraded", its effective context
+/// 512, its failures `truncated`; the twins in the same setup: the reference's own endpoint
+/// is "equivalent" with the window's effective context, and `a8` is never "degraded"; an
+/// endpoint refusing logprobs makes both sides answer by generation.
+#[test]
+fn long_context_truncate_512_is_degraded_and_the_reference_and_a8_are_not() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (_good, good_url) = engine("reference", dir.path())?;
+    let (_trunc, trunc_url) = engine("truncate-512", dir.path())?;
+    let (_a8, a8_url) = engine("a8", dir.path())?;
+    let (_nolp, nolp_url) = engine("no-logprobs", dir.path())?;
+    let cfg = config(
+        dir.path(),
+        &[
+            ("good", &good_url),
+            ("trunc", &trunc_url),
+            ("a8", &a8_url),
+            ("nolp", &nolp_url),
+        ],
+        "[evals.long_context]\nwindow = 1024\ntasks = [\"multi_query\"]\ndistractors = 2",
+    )?;
+    let lc = |v: &Value| {
+        v["extras"]["effective_context"]
+            .as_u64()
+            .unwrap_or(u64::MAX)
+    };
+
+    let job = evals_run_suite(&cfg, "long_context", &["--endpoint", "trunc/smol"])?;
+    let v = &job["verdict"];
+    ensure!(job["state"] == "succeeded", "{job:#}");
+    ensure!(
+        v["verdict"] == "degraded",
+        "truncate-512 not degraded: {v:#}"
+    );
+    ensure!(
+        v["extras"]["scoring"] == "likelihood" && v["extras"]["window"] == 1024,
+        "{v:#}"
+    );
+    // within one doubling of the truncation point, and below the window
+    ensure!((256..=512).contains(&lc(v)), "effective context: {v:#}");
+    let per = v["extras"]["per_length"].as_array().context("per_length")?;
+    ensure!(
+        per.iter()
+            .map(|l| l["length"].as_u64().unwrap_or(0))
+            .collect::<Vec<_>>()
+            == [256, 512, 1024],
+        "{per:?}"
+    );
+    ensure!(
+        per[2]["below"] == true && per[2]["baseline_only"].as_u64().unwrap_or(0) >= 8,
+        "{per:?}"
+    );
+    let fails = v["suspect"]["failures"].as_object().context("buckets")?;
+    ensure!(
+        fails.get("truncated").and_then(Value::as_u64).unwrap_or(0) >= 8
+            && !v["baseline"]["failures"]
+                .as_object()
+                .is_some_and(|b| b.contains_key("truncated")),
+        "failures: {fails:?} / {}",
+        v["baseline"]["failures"]
+    );
+    ensure!(v["tokens"].as_i64().unwrap_or(0) > 0, "{v:#}");
+
+    // the twin: the reference's own endpoint (δ = 10 points: 28 items cannot show ±5)
+    let job = evals_run_suite(
+        &cfg,
+        "long_context",
+        &["--endpoint", "good/smol", "--delta", "0.10"],
+    )?;
+    let v = &job["verdict"];
+    ensure!(
+        v["verdict"] == "equivalent",
+        "reference not equivalent: {v:#}"
+    );
+    ensure!(lc(v) == 1024, "{v:#}");
+    ensure!(
+        v["paired"]["suspect_only"] == 0 && v["paired"]["baseline_only"] == 0,
+        "{v:#}"
+    );
+
+    // a8: faithful, not bit-identical; never degraded, nothing lost
+    let job = evals_run_suite(
+        &cfg,
+        "long_context",
+        &["--endpoint", "a8/smol", "--delta", "0.10"],
+    )?;
+    let v = &job["verdict"];
+    ensure!(
+        job["state"] == "succeeded" && v["verdict"] != "degraded",
+        "a8 degraded: {v:#}"
+    );
+    ensure!(lc(v) == 1024, "{v:#}");
+
+    // an endpoint refusing logprobs: both sides answer by generation (one short length)
+    let job = evals_run_suite(
+        &cfg,
+        "long_context",
+        &["--endpoint", "nolp/smol", "--window", "256"],
+    )?;
+    let v = &job["verdict"];
+    ensure!(job["state"] == "succeeded", "{job:#}");
+    ensure!(
+        v["extras"]["scoring"] == "generation" && v["items"] == 4,
+        "{v:#}"
+    );
     Ok(())
 }
 

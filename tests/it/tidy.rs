@@ -21,6 +21,7 @@ use serde_json::Value;
 const ALLOWED: &[(&str, &[&str])] = &[
     ("samewise-wire", &[]),
     ("samewise-toolcheck", &[]),
+    ("samewise-longctx", &[]),
     ("samewise-demo", &[]),
     ("samewise-testkit", &["samewise-demo"]),
     ("samewise-store", &["samewise-wire"]),
@@ -35,6 +36,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "samewise-wire",
             "samewise-store",
             "samewise-toolcheck",
+            "samewise-longctx",
             "samewise-engine",
         ],
     ),
@@ -44,6 +46,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "samewise-wire",
             "samewise-store",
             "samewise-toolcheck",
+            "samewise-longctx",
             "samewise-engine",
         ],
     ),

@@ -10,7 +10,8 @@
 //!   reference under teacher forcing.
 //! - [`samples`]: n samples at temperature 1 from both sides; MMD and log-likelihood tests.
 //! - [`tool_calls`]: trigger F1 and schema accuracy against the reference's own answers.
-//! - [`long_context`]: needle retrieval at doubling lengths; the longest passing length.
+//! - [`long_context`]: multi-query needle retrieval at doubling lengths, scored by answer
+//!   likelihood on the endpoint and the reference; the effective context.
 
 use std::path::Path;
 use std::time::Duration;
@@ -20,9 +21,7 @@ use serde_json::{Value, json};
 use crate::align::{EndpointToken, ReferenceVocab, map_top};
 use crate::compare::{self, PositionInput, Side, TopEntry};
 use crate::config::{ModelProbes, ProbeKind, PromptSetPaths};
-use crate::prompts::{
-    self, CompletionPrompt, LogprobText, NeedleTemplate, ToolCallPrompt, ToolDefinitions,
-};
+use crate::prompts::{self, CompletionPrompt, LogprobText, ToolCallPrompt, ToolDefinitions};
 use crate::reference::http::{HttpFailure, post_json};
 use crate::reference::{RefPosition, Reference, norm};
 use crate::{ProbesError, Result};
@@ -71,8 +70,8 @@ pub struct PromptSets {
     pub tool_call_prompts: Vec<ToolCallPrompt>,
     /// Tool definitions the cases name.
     pub tools: ToolDefinitions,
-    /// long_context template.
-    pub needle: NeedleTemplate,
+    /// long_context haystack (filler and needle keys).
+    pub haystack: samewise_longctx::Haystack,
 }
 
 fn read(path: &Path) -> Result<String> {
@@ -106,14 +105,15 @@ impl PromptSets {
             )?,
             None => prompts::builtin_tools()?,
         };
-        let needle: NeedleTemplate = match &paths.needle {
+        let haystack = match &paths.needle {
             Some(p) => in_file(
                 p,
-                serde_json::from_str(&read(p)?).map_err(|e| ProbesError::Data(e.to_string())),
+                samewise_longctx::Haystack::from_json(&read(p)?)
+                    .map_err(|e| ProbesError::Data(e.to_string())),
             )?,
-            None => prompts::builtin_needle()?,
+            None => samewise_longctx::Haystack::builtin()
+                .map_err(|e| ProbesError::Data(e.to_string()))?,
         };
-        needle.validate()?;
         if logprob_texts.is_empty() || completion_prompts.is_empty() || tool_call_prompts.is_empty()
         {
             return Err(ProbesError::Data("a prompt set is empty".into()));
@@ -128,7 +128,7 @@ impl PromptSets {
             completion_prompts,
             tool_call_prompts,
             tools,
-            needle,
+            haystack,
         })
     }
 }
@@ -338,10 +338,7 @@ fn map_top_disambiguated(
                 .or(first),
         };
         match id {
-            Some(id) => out.push(TopEntry {
-                id,
-                logprob: alt.1,
-            }),
+            Some(id) => out.push(TopEntry { id, logprob: alt.1 }),
             None => dropped += 1,
         }
     }

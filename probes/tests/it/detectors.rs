@@ -620,3 +620,52 @@ fn samples_alpha_out_of_reach_of_the_permutations_is_a_config_error() -> Result<
     Detectors::check_config(&no_samples)?;
     Ok(())
 }
+
+fn long_context_run(endpoint: &str, effective: u32, reference: u32) -> ProbeRun {
+    let lengths: Vec<serde_json::Value> = [256u32, 512, 1024]
+        .iter()
+        .map(|&l| {
+            let lost = l > effective;
+            serde_json::json!({"length": l, "queries": 16, "passed": if lost { 7 } else { 16 },
+                               "reference_passed": 16, "below": lost, "truncated": lost})
+        })
+        .collect();
+    ProbeRun {
+        kind: "long_context".to_owned(),
+        stats: serde_json::json!({"effective_context": effective, "reference_effective_context": reference,
+                                  "window": 1024, "scoring": "likelihood", "lengths": lengths}),
+        ..logprob_run(endpoint, 1_000, 0.0, 1.0)
+    }
+}
+
+#[tokio::test]
+async fn long_context_flags_an_effective_context_a_doubling_below_the_reference() -> Result<()> {
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let d = detectors(DetectorConfig::default(), None)?;
+    for (ep, eff) in [("p/full", 1024), ("p/most", 768)] {
+        let r = store_run(&db.store, &long_context_run(ep, eff, 1024)).await?;
+        ensure!(d.after_run(&db.store, &r).await?.is_empty(), "{ep} flagged");
+    }
+    let cut = store_run(&db.store, &long_context_run("p/cut", 512, 1024)).await?;
+    let alerts = d.after_run(&db.store, &cut).await?;
+    ensure!(alerts.len() == 1, "{alerts:?}");
+    let a = &alerts[0];
+    ensure!(a.kind == "unfaithful", "{a:?}");
+    ensure!(
+        a.summary
+            .starts_with("endpoint p/cut: effective context 512 tokens, reference 1024")
+            && a.summary.contains("1024: 7/16 vs 16/16"),
+        "{}",
+        a.summary
+    );
+    let e = &a.evidence;
+    ensure!(
+        e["statistic"] == "effective_context"
+            && e["value"] == 512
+            && e["reference_value"] == 1024
+            && e["lengths"].as_array().map(Vec::len) == Some(3)
+            && e["probe_runs"] == serde_json::json!([cut.id]),
+        "{e}"
+    );
+    Ok(())
+}

@@ -9,6 +9,7 @@ mod common;
 
 mod calibrate;
 mod detectors;
+mod long_context;
 mod pipeline;
 mod probes_engine;
 mod scheduler;
