@@ -23,6 +23,7 @@
 //! [models.smol.probes]
 //! kinds = ["prompt_logprobs", "completion_logprobs"]
 //! interval_ms = 300000
+//! intervals_ms = { long_context = 1800000 }  # a kind's own interval (costly kinds less often)
 //! jitter = 0.1                          # ± share of the interval, seeded
 //! max_tokens = 64
 //! token_budget_per_hour = 50000         # per endpoint
@@ -151,6 +152,9 @@ pub struct ModelProbes {
     pub kinds: Vec<ProbeKind>,
     /// Time between rounds of one kind on one endpoint.
     pub interval: Duration,
+    /// Kinds with their own interval (`intervals_ms`), e.g. a costly long-context probe
+    /// less often than the logprob probes.
+    pub intervals: BTreeMap<ProbeKind, Duration>,
     /// Share of the interval added or removed at random (0..1).
     pub jitter: f64,
     /// Generation budget per request (completion, samples, tools, long-context answers).
@@ -169,6 +173,13 @@ pub struct ModelProbes {
     pub context_window: u32,
     /// Users' prompt sets (None: the built-in set).
     pub prompt_sets: PromptSetPaths,
+}
+
+impl ModelProbes {
+    /// Time between rounds of `kind` on one endpoint: its own interval, else the model's.
+    pub fn interval_of(&self, kind: ProbeKind) -> Duration {
+        self.intervals.get(&kind).copied().unwrap_or(self.interval)
+    }
 }
 
 /// Paths of users' own prompt sets; None means the built-in set of `probes/data/`.
@@ -223,6 +234,7 @@ struct RawReference {
 struct RawModelProbes {
     kinds: Option<Vec<ProbeKind>>,
     interval_ms: Option<u64>,
+    intervals_ms: Option<BTreeMap<ProbeKind, u64>>,
     jitter: Option<f64>,
     max_tokens: Option<u32>,
     token_budget_per_hour: Option<i64>,
@@ -311,9 +323,16 @@ impl ProbesConfig {
     }
 }
 
+/// The longest duration any `*_ms` key takes (7 days): a scheduler adds it to the clock,
+/// which a value near `u64::MAX` would overflow.
+pub const MAX_DURATION_MS: u64 = 7 * 24 * 3_600_000;
+
 fn positive_ms(v: Option<u64>, default: u64, key: &str) -> Result<Duration> {
     match v {
         Some(0) => Err(cfg_err(key, "must be positive")),
+        Some(ms) if ms > MAX_DURATION_MS => {
+            Err(cfg_err(key, format!("must be at most {MAX_DURATION_MS} (7 days)")))
+        }
         Some(ms) => Ok(Duration::from_millis(ms)),
         None => Ok(Duration::from_millis(default)),
     }
@@ -462,9 +481,16 @@ fn parse_model(name: &str, t: &toml::Table) -> Result<ModelProbes> {
     if context_window < 64 {
         return Err(cfg_err(&k("context_window"), "must be at least 64"));
     }
+    let interval = positive_ms(r.interval_ms, 300_000, &k("interval_ms"))?;
+    let mut intervals = BTreeMap::new();
+    for (kind, ms) in r.intervals_ms.unwrap_or_default() {
+        let key = k(&format!("intervals_ms.{}", kind.name()));
+        intervals.insert(kind, positive_ms(Some(ms), 0, &key)?);
+    }
     Ok(ModelProbes {
         kinds,
-        interval: positive_ms(r.interval_ms, 300_000, &k("interval_ms"))?,
+        interval,
+        intervals,
         jitter,
         max_tokens,
         token_budget_per_hour: budget,

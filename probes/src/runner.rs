@@ -333,7 +333,7 @@ impl Scheduler {
                 (
                     k,
                     start
-                        + m.interval
+                        + m.interval_of(k)
                             .mul_f64(rng.random_range(0.0..1.0) * m.jitter.max(0.05)),
                     0,
                 )
@@ -357,7 +357,7 @@ impl Scheduler {
             }
             due[i] = (
                 kind,
-                at + next_gap(m.interval, m.jitter, &mut rng),
+                at + next_gap(m.interval_of(kind), m.jitter, &mut rng),
                 round + 1,
             );
         }
