@@ -87,6 +87,8 @@ pub struct Sizes {
     /// Time between probe rounds of one kind on one endpoint, ms (the first round starts
     /// within a tenth of it).
     pub probe_interval_ms: u64,
+    /// Time between long-context probe rounds on one endpoint, ms (the costly kind).
+    pub long_context_interval_ms: u64,
     /// Texts / prompts per logprob probe round.
     pub probe_items: usize,
     /// The long-context probe's window (tokens): the truncation point (512) is inside it.
@@ -111,12 +113,13 @@ impl Default for Sizes {
     fn default() -> Self {
         Sizes {
             probe_interval_ms: 60_000,
+            long_context_interval_ms: 600_000,
             probe_items: 2,
             context_window: 1024,
             sweep_interval_ms: 10_000,
             passive_min_requests: 10,
             eval_items: 24,
-            eval_concurrency: 4,
+            eval_concurrency: 8,
             eval_workers: 2,
             clients: 4,
         }
@@ -204,9 +207,13 @@ pub fn config_toml(setup: &Setup<'_>, sizes: &Sizes) -> String {
         s,
         "[models.{MODEL}.slo]\nttft_ms = 2000\ntpot_ms = 200\n\n\
          [models.{MODEL}.probes]\nkinds = [\"prompt_logprobs\", \"completion_logprobs\", \"long_context\"]\n\
-         interval_ms = {}\njitter = 0.1\nitems_per_round = {}\ntop_k = 5\nmax_tokens = 32\n\
+         interval_ms = {}\n# the long-context probe costs ~5,400 prompt tokens per endpoint: once per run\n\
+         intervals_ms = {{ long_context = {} }}\njitter = 0.1\nitems_per_round = {}\ntop_k = 5\nmax_tokens = 32\n\
          context_window = {}\ntoken_budget_per_hour = 400000\n",
-        sizes.probe_interval_ms, sizes.probe_items, sizes.context_window
+        sizes.probe_interval_ms,
+        sizes.long_context_interval_ms,
+        sizes.probe_items,
+        sizes.context_window
     );
     let _ = writeln!(
         s,
@@ -222,11 +229,19 @@ pub fn config_toml(setup: &Setup<'_>, sizes: &Sizes) -> String {
     let _ = writeln!(
         s,
         "[evals]\nworkers = {}\npoll_ms = 1000\nlease_ms = 30000\nreference_url = {}\n\
-         reference_model = \"{SERVED_AS}\"\nmax_items = {}\nconcurrency = {}\nlooks = 2\n",
+         reference_model = \"{SERVED_AS}\"\nmax_items = {}\nconcurrency = {}\nlooks = 2\n\n\
+         [evals.long_context]\nwindow = {}\ntasks = [\"multi_query\"]\ndistractors = 2\n\n\
+         # which alert opens which suite: a tool-call error finding -> tool calls, a\n\
+         # long-context finding -> long context. A logprob finding is already quantified by the\n\
+         # ladder (\"≈ 4-bit\"); its tool-call eval (the default rule) is inconclusive on this\n\
+         # model and would take two minutes of the two cores the demo shares\n\
+         [[evals.rules]]\nkind = \"passive\"\nsignal = \"tool\"\nsuites = [\"tool_calls\"]\n\n\
+         [[evals.rules]]\nkind = \"unfaithful\"\nsignal = \"effective_context\"\nsuites = [\"long_context\"]\n",
         sizes.eval_workers,
         q(setup.reference_url),
         sizes.eval_items,
-        sizes.eval_concurrency
+        sizes.eval_concurrency,
+        sizes.context_window
     );
     s
 }

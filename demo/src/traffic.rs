@@ -39,12 +39,12 @@ impl Shape {
     pub const MIX: [(Shape, u32); 5] = [
         (Shape::Chat, 3),
         (Shape::Stream, 2),
-        (Shape::Tools, 4),
+        (Shape::Tools, 5),
         (Shape::Long, 1),
         (Shape::Logprobs, 1),
     ];
     /// Sum of the weights.
-    pub const TOTAL_WEIGHT: u32 = 11;
+    pub const TOTAL_WEIGHT: u32 = 12;
 
     /// Its name in the summary.
     pub fn name(self) -> &'static str {

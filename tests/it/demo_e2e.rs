@@ -3,7 +3,8 @@
 //! listens and prints the dashboard URL with an admin key; the 4-bit endpoint is flagged
 //! unfaithful on the ladder, the tool-corrupting one by the passive tool-call check with a
 //! "degraded" tool_calls eval, the truncating one gets an effective context length within
-//! one doubling of its truncation point while the faithful one's is the window; the faithful
+//! one doubling of its truncation point while the faithful one's is the window, is flagged
+//! for it and its long_context eval is "degraded"; the faithful
 //! and `a8` endpoints are never flagged; traffic leaves the flagged endpoints (shares before
 //! and after each alert, from the request records); SIGINT stops it cleanly (exit 0, no
 //! process of its tree left in /proc) and the store passes its integrity check.
@@ -24,9 +25,9 @@ use crate::common::BIN;
 use samewise_testkit::webdriver::ChromeDriver;
 
 /// How long the findings may take, counted from start-up.
-const FINDINGS_WITHIN: Duration = Duration::from_secs(150);
+const FINDINGS_WITHIN: Duration = Duration::from_secs(165);
 /// Traffic watched after the last finding, for the "after" shares.
-const AFTER: Duration = Duration::from_secs(15);
+const AFTER: Duration = Duration::from_secs(10);
 
 struct Found {
     alerts: Vec<Alert>,
@@ -114,11 +115,17 @@ impl Found {
         if self.verdict("toolbug/smol", "tool_calls") != Some("degraded") {
             m.push("no degraded tool_calls verdict on toolbug".to_owned());
         }
-        if self.verdict("w4/smol", "tool_calls").is_none() {
-            m.push("no tool_calls verdict on w4".to_owned());
-        }
         if self.context("trunc/smol").is_none() || self.context("exact/smol").is_none() {
             m.push("no effective context for trunc and exact".to_owned());
+        }
+        let context_alert = self
+            .alert("trunc/smol", "unfaithful")
+            .is_some_and(|a| a.evidence.to_string().contains("effective_context"));
+        if !context_alert {
+            m.push("trunc not flagged for its effective context".to_owned());
+        }
+        if self.verdict("trunc/smol", "long_context") != Some("degraded") {
+            m.push("no degraded long_context verdict on trunc".to_owned());
         }
         m
     }
@@ -334,14 +341,11 @@ async fn demo_finds_every_fault_and_stops_cleanly_on_sigint() -> Result<()> {
         ec == ew,
         "exact's effective context {ec} is not the window {ew}"
     );
-    let w4_job = f
-        .jobs
-        .iter()
-        .find(|j| j.endpoint == "w4/smol" && j.suite == "tool_calls")
-        .context("w4 job")?;
+    // evals are opened by the alerts that map to them (demo.toml's rules), never by hand
     ensure!(
-        w4_job.alert_id == Some(w4.id),
-        "the w4 job was not opened by its alert"
+        f.jobs.iter().all(|j| j.alert_id.is_some()) && f.jobs.len() >= 2,
+        "{:?}",
+        f.jobs.iter().map(|j| (&j.endpoint, &j.suite, j.alert_id)).collect::<Vec<_>>()
     );
     let now = samewise_store::now_ms();
     let mut report = Vec::new();
