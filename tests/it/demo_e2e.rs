@@ -25,9 +25,9 @@ use crate::common::BIN;
 use samewise_testkit::webdriver::ChromeDriver;
 
 /// How long the findings may take, counted from start-up.
-const FINDINGS_WITHIN: Duration = Duration::from_secs(165);
+const FINDINGS_WITHIN: Duration = Duration::from_secs(170);
 /// Traffic watched after the last finding, for the "after" shares.
-const AFTER: Duration = Duration::from_secs(10);
+const AFTER: Duration = Duration::from_secs(8);
 
 struct Found {
     alerts: Vec<Alert>,
@@ -388,7 +388,7 @@ async fn overview_screenshot(base: &str, key: &str) -> Result<std::path::PathBuf
     let profile = tempfile::tempdir()?;
     let b = driver.browser(profile.path()).await?;
     let shot = async {
-        b.resize(1500, 620).await?;
+        b.resize(1600, 1000).await?;
         b.goto(&format!("{base}/login")).await?;
         let field = b.find("input[name=key]").await?;
         b.type_into(&field, key).await?;
