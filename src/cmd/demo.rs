@@ -65,11 +65,34 @@ pub struct DemoArgs {
 
 /// Runs the demo until Ctrl-C, SIGTERM or `--minutes`.
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.threads >= 1, "--threads must be at least 1");
+    anyhow::ensure!(
+        (1..=64).contains(&args.threads),
+        "--threads must be within 1..=64"
+    );
+    // bounded so that no deadline, interval or client count can overflow or exhaust anything
     if let Some(m) = args.minutes {
         anyhow::ensure!(
-            m.is_finite() && m > 0.0,
-            "--minutes must be a positive number"
+            m.is_finite() && m > 0.0 && m <= 10_080.0,
+            "--minutes must be a positive number of at most 10080 (7 days)"
+        );
+    }
+    anyhow::ensure!(
+        (1..=3_600).contains(&args.refresh_s),
+        "--refresh-s must be within 1..=3600"
+    );
+    if let Some(c) = args.clients {
+        anyhow::ensure!((1..=64).contains(&c), "--clients must be within 1..=64");
+    }
+    if let Some(s) = args.probe_interval_s {
+        anyhow::ensure!(
+            (5..=86_400).contains(&s),
+            "--probe-interval-s must be within 5..=86400"
+        );
+    }
+    if let Some(n) = args.eval_items {
+        anyhow::ensure!(
+            (1..=10_000).contains(&n),
+            "--eval-items must be within 1..=10000"
         );
     }
     let started = Instant::now();
@@ -98,13 +121,13 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", ladder.display()))?;
     let mut sizes = Sizes::default();
     if let Some(c) = args.clients {
-        sizes.clients = c.max(1);
+        sizes.clients = c;
     }
     if let Some(s) = args.probe_interval_s {
-        sizes.probe_interval_ms = s.max(5) * 1000;
+        sizes.probe_interval_ms = s * 1000;
     }
     if let Some(n) = args.eval_items {
-        sizes.eval_items = n.max(1);
+        sizes.eval_items = n;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -336,7 +359,7 @@ async fn demo(
         &traffic,
         started,
         deadline,
-        Duration::from_secs(args.refresh_s.max(1)),
+        Duration::from_secs(args.refresh_s),
     );
     tokio::select! {
         () = watched => println!("\n{} — time is up, stopping", clock(started)),

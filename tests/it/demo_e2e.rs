@@ -486,3 +486,41 @@ fn demo_refuses_a_model_file_with_the_wrong_sha256() -> Result<()> {
     ensure!(stderr.contains("is not the test model: sha256"), "{stderr}");
     Ok(())
 }
+
+/// Out-of-range options are refused with a message naming the option, before anything starts
+/// (a deadline of 1e30 minutes once overflowed the clock).
+#[test]
+fn demo_refuses_out_of_range_options() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    for (args, named) in [
+        (vec!["--minutes", "1e30"], "--minutes"),
+        (vec!["--minutes", "NaN"], "--minutes"),
+        (vec!["--refresh-s", "0"], "--refresh-s"),
+        (vec!["--clients", "100000"], "--clients"),
+        (
+            vec!["--probe-interval-s", "18446744073709551615"],
+            "--probe-interval-s",
+        ),
+        (vec!["--eval-items", "0"], "--eval-items"),
+        (vec!["--threads", "0"], "--threads"),
+    ] {
+        let out = Command::new(BIN)
+            .arg("demo")
+            .args(&args)
+            .arg("--data-dir")
+            .arg(dir.path().join("demo"))
+            .stdin(Stdio::null())
+            .output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            out.status.code() == Some(1),
+            "{args:?}: {:?} {stderr}",
+            out.status
+        );
+        ensure!(
+            stderr.contains(named) && !stderr.contains("panicked"),
+            "{args:?}: {stderr}"
+        );
+    }
+    Ok(())
+}
