@@ -362,12 +362,9 @@ async fn demo_finds_every_fault_and_stops_cleanly_on_sigint() -> Result<()> {
         report.push(format!(
             "{endpoint}: {before:.2} of {n_before} before, {after:.2} of {n_after} after"
         ));
-        // the probes flag w4 within seconds, before many requests exist: it must have been in
-        // the rotation; toolbug is judged on its own traffic, so it had its share
-        ensure!(
-            before > 0.0,
-            "{endpoint} served nothing before its alert: {report:?}"
-        );
+        // the probes flag w4 within seconds, when a handful of requests exist (none of them
+        // may have drawn w4: 0.8^6 = 26% of runs), so only its "after" is asserted; toolbug
+        // is judged on its own traffic, so it had its share before
         if endpoint == "toolbug/smol" {
             ensure!(n_before >= 20 && before >= 0.10, "{report:?}");
         }
