@@ -20,10 +20,10 @@
 //! becomes "inconclusive".
 
 use futures_util::StreamExt;
-use samewise_longctx::task::{Draft, Group, Haystack, Settings};
+use samewise_longctx::task::{Draft, Group, Haystack, Query, Settings};
 use samewise_longctx::{context, score};
 use samewise_store::EvalResult;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::EvalsError;
 use crate::config::LongContextConfig;
@@ -255,6 +255,37 @@ pub async fn run_group(
     let tokens = shares(a.tokens, g.queries.len());
     let bad = |e: samewise_longctx::LongctxError| EvalsError::Http(format!("{}: {e}", t.label));
     let mut out = Vec::with_capacity(g.queries.len());
+    // what every item's record holds, whichever the scoring, in this key order
+    let base = |q: &Query| -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("request".into(), request_summary(g, scoring, seed));
+        m.insert("endpoint".into(), json!(t.label));
+        m.insert("scoring".into(), json!(scoring.as_str()));
+        m.insert("task".into(), json!(g.task.as_str()));
+        m.insert("length".into(), json!(g.length));
+        m.insert("depth".into(), json!(q.depth));
+        m
+    };
+    // the item's result: the record closed by its check
+    let result = |q: &Query,
+                  i: usize,
+                  passed: bool,
+                  error: Option<&str>,
+                  detail: Option<String>,
+                  mut record: Map<String, Value>| {
+        record.insert(
+            "check".into(),
+            json!({"passed": passed, "error_type": error, "detail": detail}),
+        );
+        EvalResult {
+            item: q.id.clone(),
+            target: role.to_owned(),
+            passed,
+            error_type: error.map(str::to_owned),
+            tokens: tokens.get(i).copied().unwrap_or(0),
+            record: Value::Object(record),
+        }
+    };
     match scoring {
         Scoring::Likelihood => {
             let echoed = score::read_likelihood(g, &a.body).map_err(bad)?;
@@ -284,30 +315,19 @@ pub async fn run_group(
                     "outranked" => format!("true answer {:.2} nats above the best distractor (margin {margin:.2})", r.margin.unwrap_or(f64::NAN)),
                     _ => "the answer's tokens have no logprobs in the echo".to_owned(),
                 });
-                out.push(EvalResult {
-                    item: q.id.clone(),
-                    target: role.to_owned(),
-                    passed: r.passed,
-                    error_type: error.map(str::to_owned),
-                    tokens: tokens.get(i).copied().unwrap_or(0),
-                    record: json!({
-                        "request": request_summary(g, scoring, seed),
-                        "endpoint": t.label,
-                        "scoring": scoring.as_str(),
-                        "task": g.task.as_str(),
-                        "length": g.length,
-                        "depth": q.depth,
-                        "candidates": std::iter::once(&q.answer).chain(&q.distractors).collect::<Vec<_>>(),
-                        "answer": {
-                            "logprobs": scores.iter().map(|s| s.get(i).copied().flatten()).collect::<Vec<_>>(),
-                            "margin": r.margin.filter(|m| m.is_finite()),
-                            "rank": r.rank,
-                            "kept_tokens": truth.map(|e| e.kept_tokens),
-                            "truncated": truth.is_some_and(score::Echoed::truncated),
-                        },
-                        "check": {"passed": r.passed, "error_type": error, "detail": detail},
-                    }),
-                });
+                let mut record = base(q);
+                record.insert(
+                    "candidates".into(),
+                    json!(std::iter::once(&q.answer).chain(&q.distractors).collect::<Vec<_>>()),
+                );
+                record.insert("answer".into(), json!({
+                    "logprobs": scores.iter().map(|s| s.get(i).copied().flatten()).collect::<Vec<_>>(),
+                    "margin": r.margin.filter(|m| m.is_finite()),
+                    "rank": r.rank,
+                    "kept_tokens": truth.map(|e| e.kept_tokens),
+                    "truncated": truth.is_some_and(score::Echoed::truncated),
+                }));
+                out.push(result(q, i, r.passed, error, detail, record));
             }
         }
         Scoring::Generation => {
@@ -315,24 +335,10 @@ pub async fn run_group(
             for (i, (q, text)) in g.queries.iter().zip(&answers).enumerate() {
                 let passed = score::string_match_all(text, &q.expected);
                 let error = (!passed).then_some("not_found");
-                out.push(EvalResult {
-                    item: q.id.clone(),
-                    target: role.to_owned(),
-                    passed,
-                    error_type: error.map(str::to_owned),
-                    tokens: tokens.get(i).copied().unwrap_or(0),
-                    record: json!({
-                        "request": request_summary(g, scoring, seed),
-                        "endpoint": t.label,
-                        "scoring": scoring.as_str(),
-                        "task": g.task.as_str(),
-                        "length": g.length,
-                        "depth": q.depth,
-                        "answer": {"text": text, "expected": q.expected},
-                        "check": {"passed": passed, "error_type": error,
-                                  "detail": error.map(|_| format!("expected all of {:?}", q.expected))},
-                    }),
-                });
+                let mut record = base(q);
+                record.insert("answer".into(), json!({"text": text, "expected": q.expected}));
+                let detail = error.map(|_| format!("expected all of {:?}", q.expected));
+                out.push(result(q, i, passed, error, detail, record));
             }
         }
     }
