@@ -318,7 +318,11 @@ pub async fn run_group(
                 let mut record = base(q);
                 record.insert(
                     "candidates".into(),
-                    json!(std::iter::once(&q.answer).chain(&q.distractors).collect::<Vec<_>>()),
+                    json!(
+                        std::iter::once(&q.answer)
+                            .chain(&q.distractors)
+                            .collect::<Vec<_>>()
+                    ),
                 );
                 record.insert("answer".into(), json!({
                     "logprobs": scores.iter().map(|s| s.get(i).copied().flatten()).collect::<Vec<_>>(),
@@ -336,7 +340,10 @@ pub async fn run_group(
                 let passed = score::string_match_all(text, &q.expected);
                 let error = (!passed).then_some("not_found");
                 let mut record = base(q);
-                record.insert("answer".into(), json!({"text": text, "expected": q.expected}));
+                record.insert(
+                    "answer".into(),
+                    json!({"text": text, "expected": q.expected}),
+                );
                 let detail = error.map(|_| format!("expected all of {:?}", q.expected));
                 out.push(result(q, i, passed, error, detail, record));
             }

@@ -46,7 +46,10 @@ pub struct EndpointToken {
 impl EndpointToken {
     /// A token known only by its text.
     pub fn text(t: impl Into<String>) -> Self {
-        Self { text: t.into(), bytes: None }
+        Self {
+            text: t.into(),
+            bytes: None,
+        }
     }
 
     /// The token's bytes: the `bytes` field if present; else vLLM's `"bytes:\xNN..."`
@@ -68,13 +71,19 @@ impl EndpointToken {
 
 impl From<&TokenLogprob> for EndpointToken {
     fn from(t: &TokenLogprob) -> Self {
-        Self { text: t.token.clone(), bytes: t.bytes.clone() }
+        Self {
+            text: t.token.clone(),
+            bytes: t.bytes.clone(),
+        }
     }
 }
 
 impl From<&TopLogprob> for EndpointToken {
     fn from(t: &TopLogprob) -> Self {
-        Self { text: t.token.clone(), bytes: t.bytes.clone() }
+        Self {
+            text: t.token.clone(),
+            bytes: t.bytes.clone(),
+        }
     }
 }
 
@@ -123,7 +132,11 @@ pub struct Alignment {
 impl Alignment {
     /// The reference id of endpoint token `i`, if it maps.
     pub fn id_at(&self, i: usize) -> Option<u32> {
-        self.ref_index.get(i).copied().flatten().and_then(|j| self.reference_ids.get(j).copied())
+        self.ref_index
+            .get(i)
+            .copied()
+            .flatten()
+            .and_then(|j| self.reference_ids.get(j).copied())
     }
 }
 
@@ -163,7 +176,11 @@ pub fn align(tokens: &[EndpointToken], vocab: &dyn ReferenceVocab) -> Alignment 
 /// reference's tokenization of `text` resolves it: if it has the same number of tokens and
 /// agrees with every endpoint token (by bytes where known, else by display text), the endpoint
 /// sequence is that one ([`AlignMethod::Direct`]). Otherwise as [`align`].
-pub fn align_to_text(tokens: &[EndpointToken], text: &str, vocab: &dyn ReferenceVocab) -> Alignment {
+pub fn align_to_text(
+    tokens: &[EndpointToken],
+    text: &str,
+    vocab: &dyn ReferenceVocab,
+) -> Alignment {
     if let Some(ids) = direct_ids(tokens, vocab) {
         return direct_alignment(ids);
     }
@@ -173,7 +190,11 @@ pub fn align_to_text(tokens: &[EndpointToken], text: &str, vocab: &dyn Reference
     }
 }
 
-fn resolve_with_text(tokens: &[EndpointToken], text: &str, vocab: &dyn ReferenceVocab) -> Option<Vec<u32>> {
+fn resolve_with_text(
+    tokens: &[EndpointToken],
+    text: &str,
+    vocab: &dyn ReferenceVocab,
+) -> Option<Vec<u32>> {
     let encoded = vocab.encode(text);
     let lead = tokens.len().checked_sub(encoded.len())?;
     if lead > 2 {
@@ -205,7 +226,9 @@ fn retokenized(tokens: &[EndpointToken], vocab: &dyn ReferenceVocab) -> Alignmen
     let mut all = Vec::new();
     let mut ep_spans = Vec::with_capacity(tokens.len());
     for t in tokens {
-        let b = t.resolved_bytes().unwrap_or_else(|| t.text.as_bytes().to_vec());
+        let b = t
+            .resolved_bytes()
+            .unwrap_or_else(|| t.text.as_bytes().to_vec());
         let start = all.len();
         all.extend_from_slice(&b);
         ep_spans.push((start, all.len()));
@@ -221,25 +244,36 @@ fn retokenized(tokens: &[EndpointToken], vocab: &dyn ReferenceVocab) -> Alignmen
     }
     // If lossy decoding changed the bytes, offsets past the change cannot be trusted; the
     // spans then simply fail to match and count as unmappable.
-    let ref_index: Vec<Option<usize>> = ep_spans.iter().map(|s| ref_spans.get(s).copied()).collect();
+    let ref_index: Vec<Option<usize>> =
+        ep_spans.iter().map(|s| ref_spans.get(s).copied()).collect();
     let unmappable = ref_index.iter().filter(|x| x.is_none()).count();
     Alignment {
         method: AlignMethod::Retokenized,
         reference_ids,
         ref_index,
         unmappable,
-        mismatch_rate: if tokens.is_empty() { 0.0 } else { unmappable as f64 / tokens.len() as f64 },
+        mismatch_rate: if tokens.is_empty() {
+            0.0
+        } else {
+            unmappable as f64 / tokens.len() as f64
+        },
     }
 }
 
 /// Maps an endpoint's top-k alternatives `(token, logprob)` to reference ids; alternatives
 /// that do not map are dropped and counted (the second value).
-pub fn map_top(alternatives: &[(EndpointToken, f64)], vocab: &dyn ReferenceVocab) -> (Vec<TopEntry>, usize) {
+pub fn map_top(
+    alternatives: &[(EndpointToken, f64)],
+    vocab: &dyn ReferenceVocab,
+) -> (Vec<TopEntry>, usize) {
     let mut out = Vec::with_capacity(alternatives.len());
     let mut dropped = 0;
     for (t, logprob) in alternatives {
         match direct_id(t, vocab) {
-            Some(id) => out.push(TopEntry { id, logprob: *logprob }),
+            Some(id) => out.push(TopEntry {
+                id,
+                logprob: *logprob,
+            }),
             None => dropped += 1,
         }
     }

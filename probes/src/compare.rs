@@ -96,7 +96,9 @@ pub struct RunSummary {
 
 fn check_logprob(lp: f64, what: &str) -> Result<f64> {
     if lp.is_nan() || lp == f64::INFINITY {
-        return Err(invalid(format!("{what}: logprob {lp} is not a log-probability")));
+        return Err(invalid(format!(
+            "{what}: logprob {lp} is not a log-probability"
+        )));
     }
     // Providers round; a logprob slightly above 0 is a probability of 1.
     if lp > 1e-3 {
@@ -135,13 +137,20 @@ pub fn compare_position(p: &PositionInput) -> Result<PositionMetrics> {
     let same_top1 = rt[0].id == et[0].id;
     let common: Vec<(u32, f64, f64)> = rt
         .iter()
-        .filter_map(|r| et.iter().find(|e| e.id == r.id).map(|e| (r.id, r.logprob, e.logprob)))
+        .filter_map(|r| {
+            et.iter()
+                .find(|e| e.id == r.id)
+                .map(|e| (r.id, r.logprob, e.logprob))
+        })
         .collect();
     let overlap = common.len() as f64 / k as f64;
 
     // Support S = common ∪ {actual}; the actual token's values come from `actual_logprob`.
-    let mut support: Vec<(f64, f64)> =
-        common.iter().filter(|c| c.0 != p.actual_id).map(|c| (c.1, c.2)).collect();
+    let mut support: Vec<(f64, f64)> = common
+        .iter()
+        .filter(|c| c.0 != p.actual_id)
+        .map(|c| (c.1, c.2))
+        .collect();
     support.push((r_actual, e_actual));
 
     // The endpoint's probability is floored at min(ε, p_ref) — never above the reference's,
@@ -163,7 +172,12 @@ pub fn compare_position(p: &PositionInput) -> Result<PositionMetrics> {
     let tail_e = (1.0 - mass_e).max(TAIL_EPSILON);
     kl += tail_r * (tail_r / tail_e).ln();
 
-    Ok(PositionMetrics { kl: kl.max(0.0), dlogprob: e_actual - r_actual, same_top1, overlap })
+    Ok(PositionMetrics {
+        kl: kl.max(0.0),
+        dlogprob: e_actual - r_actual,
+        same_top1,
+        overlap,
+    })
 }
 
 /// Compares every position of a run.
@@ -214,8 +228,15 @@ pub fn log_softmax(logits: &[f32]) -> Result<Vec<f64>> {
     if logits.iter().any(|l| !l.is_finite()) {
         return Err(invalid("logits must be finite"));
     }
-    let max = logits.iter().fold(f64::NEG_INFINITY, |m, &l| m.max(f64::from(l)));
-    let lse = max + logits.iter().map(|&l| (f64::from(l) - max).exp()).sum::<f64>().ln();
+    let max = logits
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &l| m.max(f64::from(l)));
+    let lse = max
+        + logits
+            .iter()
+            .map(|&l| (f64::from(l) - max).exp())
+            .sum::<f64>()
+            .ln();
     Ok(logits.iter().map(|&l| f64::from(l) - lse).collect())
 }
 
@@ -245,7 +266,11 @@ pub fn kl_from_logprobs(reference: &[f64], endpoint: &[f64]) -> Result<f64> {
             right: endpoint.len(),
         });
     }
-    let kl: f64 = reference.iter().zip(endpoint).map(|(&a, &b)| a.exp() * (a - b)).sum();
+    let kl: f64 = reference
+        .iter()
+        .zip(endpoint)
+        .map(|(&a, &b)| a.exp() * (a - b))
+        .sum();
     Ok(kl.max(0.0))
 }
 
@@ -267,18 +292,33 @@ pub fn position_from_full_logprobs(
     }
     let a = actual_id as usize;
     if a >= reference.len() {
-        return Err(invalid(format!("actual id {actual_id} outside a vocabulary of {}", reference.len())));
+        return Err(invalid(format!(
+            "actual id {actual_id} outside a vocabulary of {}",
+            reference.len()
+        )));
     }
     if k == 0 {
         return Err(invalid("k must be at least 1"));
     }
     let top = |lp: &[f64]| -> Vec<TopEntry> {
-        top_k_ids(lp, k).into_iter().map(|i| TopEntry { id: i as u32, logprob: lp[i] }).collect()
+        top_k_ids(lp, k)
+            .into_iter()
+            .map(|i| TopEntry {
+                id: i as u32,
+                logprob: lp[i],
+            })
+            .collect()
     };
     Ok(PositionInput {
         actual_id,
-        reference: Side { actual_logprob: reference[a], top: top(reference) },
-        endpoint: Side { actual_logprob: endpoint[a], top: top(endpoint) },
+        reference: Side {
+            actual_logprob: reference[a],
+            top: top(reference),
+        },
+        endpoint: Side {
+            actual_logprob: endpoint[a],
+            top: top(endpoint),
+        },
     })
 }
 
@@ -328,8 +368,9 @@ pub fn encode_positions(positions: &[PositionInput]) -> Result<Vec<u8>> {
         out.extend_from_slice(&(p.reference.actual_logprob as f32).to_le_bytes());
         out.extend_from_slice(&(p.endpoint.actual_logprob as f32).to_le_bytes());
         for side in [&p.reference, &p.endpoint] {
-            let n = u8::try_from(side.top.len())
-                .map_err(|_| invalid(format!("top list of {} entries (max 255)", side.top.len())))?;
+            let n = u8::try_from(side.top.len()).map_err(|_| {
+                invalid(format!("top list of {} entries (max 255)", side.top.len()))
+            })?;
             out.push(n);
             for e in &side.top {
                 out.extend_from_slice(&e.id.to_le_bytes());
@@ -349,7 +390,10 @@ impl Reader<'_> {
     fn take<const N: usize>(&mut self) -> Result<[u8; N]> {
         let end = self.at.checked_add(N).filter(|&e| e <= self.bytes.len());
         let Some(end) = end else {
-            return Err(ProbesError::Decode(format!("truncated at byte {}", self.at)));
+            return Err(ProbesError::Decode(format!(
+                "truncated at byte {}",
+                self.at
+            )));
         };
         let mut a = [0u8; N];
         a.copy_from_slice(&self.bytes[self.at..end]);
@@ -377,7 +421,9 @@ pub fn decode_positions(bytes: &[u8]) -> Result<Vec<PositionInput>> {
     let count = r.u32()? as usize;
     // Each position takes at least 14 bytes: refuse counts the input cannot hold.
     if count > bytes.len() / 14 {
-        return Err(ProbesError::Decode(format!("count {count} exceeds the data")));
+        return Err(ProbesError::Decode(format!(
+            "count {count} exceeds the data"
+        )));
     }
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
@@ -396,12 +442,21 @@ pub fn decode_positions(bytes: &[u8]) -> Result<Vec<PositionInput>> {
         let [rt, et] = sides;
         out.push(PositionInput {
             actual_id,
-            reference: Side { actual_logprob: ra, top: rt },
-            endpoint: Side { actual_logprob: ea, top: et },
+            reference: Side {
+                actual_logprob: ra,
+                top: rt,
+            },
+            endpoint: Side {
+                actual_logprob: ea,
+                top: et,
+            },
         });
     }
     if r.at != bytes.len() {
-        return Err(ProbesError::Decode(format!("{} trailing bytes", bytes.len() - r.at)));
+        return Err(ProbesError::Decode(format!(
+            "{} trailing bytes",
+            bytes.len() - r.at
+        )));
     }
     Ok(out)
 }

@@ -330,9 +330,10 @@ pub const MAX_DURATION_MS: u64 = 7 * 24 * 3_600_000;
 fn positive_ms(v: Option<u64>, default: u64, key: &str) -> Result<Duration> {
     match v {
         Some(0) => Err(cfg_err(key, "must be positive")),
-        Some(ms) if ms > MAX_DURATION_MS => {
-            Err(cfg_err(key, format!("must be at most {MAX_DURATION_MS} (7 days)")))
-        }
+        Some(ms) if ms > MAX_DURATION_MS => Err(cfg_err(
+            key,
+            format!("must be at most {MAX_DURATION_MS} (7 days)"),
+        )),
         Some(ms) => Ok(Duration::from_millis(ms)),
         None => Ok(Duration::from_millis(default)),
     }

@@ -50,7 +50,10 @@ pub struct PermutationConfig {
 
 impl Default for PermutationConfig {
     fn default() -> Self {
-        Self { permutations: 1000, seed: 0x5a3e_5157 }
+        Self {
+            permutations: 1000,
+            seed: 0x5a3e_5157,
+        }
     }
 }
 
@@ -101,10 +104,16 @@ struct PromptGram {
 impl PromptGram {
     fn new(p: &PromptSamples) -> Result<Self> {
         if p.endpoint.len() < 2 || p.reference.len() < 2 {
-            return Err(invalid("MMD needs at least two samples per side for every prompt"));
+            return Err(invalid(
+                "MMD needs at least two samples per side for every prompt",
+            ));
         }
-        let w: Vec<Vec<char>> =
-            p.endpoint.iter().chain(&p.reference).map(|s| window(s)).collect();
+        let w: Vec<Vec<char>> = p
+            .endpoint
+            .iter()
+            .chain(&p.reference)
+            .map(|s| window(s))
+            .collect();
         let size = w.len();
         let mut k = vec![0.0; size * size];
         for i in 0..size {
@@ -114,7 +123,11 @@ impl PromptGram {
                 k[j * size + i] = v;
             }
         }
-        Ok(Self { k, size, m: p.endpoint.len() })
+        Ok(Self {
+            k,
+            size,
+            m: p.endpoint.len(),
+        })
     }
 
     /// Unbiased MMD² with `is_x[i]` saying which pooled samples play the endpoint.
@@ -151,11 +164,18 @@ pub fn mmd_test(prompts: &[PromptSamples], cfg: &PermutationConfig) -> Result<Pe
         return Err(invalid("no prompts"));
     }
     let grams: Vec<PromptGram> = prompts.iter().map(PromptGram::new).collect::<Result<_>>()?;
-    let mut labels: Vec<Vec<bool>> =
-        grams.iter().map(|g| (0..g.size).map(|i| i < g.m).collect()).collect();
+    let mut labels: Vec<Vec<bool>> = grams
+        .iter()
+        .map(|g| (0..g.size).map(|i| i < g.m).collect())
+        .collect();
     let np = grams.len() as f64;
     let stat = |labels: &[Vec<bool>]| -> f64 {
-        grams.iter().zip(labels).map(|(g, l)| g.mmd2(l)).sum::<f64>() / np
+        grams
+            .iter()
+            .zip(labels)
+            .map(|(g, l)| g.mmd2(l))
+            .sum::<f64>()
+            / np
     };
     let observed = stat(&labels);
     let mut rng = StdRng::seed_from_u64(cfg.seed);
@@ -196,9 +216,15 @@ pub fn loglik_test(prompts: &[PromptLoglik], cfg: &PermutationConfig) -> Result<
     let mut pooled: Vec<(Vec<f64>, usize)> = Vec::with_capacity(prompts.len());
     for p in prompts {
         if p.endpoint.is_empty() || p.reference.is_empty() {
-            return Err(invalid("log-likelihood test needs samples on both sides of every prompt"));
+            return Err(invalid(
+                "log-likelihood test needs samples on both sides of every prompt",
+            ));
         }
-        if p.endpoint.iter().chain(&p.reference).any(|v| !v.is_finite()) {
+        if p.endpoint
+            .iter()
+            .chain(&p.reference)
+            .any(|v| !v.is_finite())
+        {
             return Err(invalid("log-likelihoods must be finite"));
         }
         let v: Vec<f64> = p.endpoint.iter().chain(&p.reference).copied().collect();

@@ -48,7 +48,9 @@ pub fn repeat_summary(run_a: &[PositionInput], run_b: &[PositionInput]) -> Resul
     let mut pairs = Vec::with_capacity(run_a.len());
     for (i, (a, b)) in run_a.iter().zip(run_b).enumerate() {
         if a.actual_id != b.actual_id {
-            return Err(invalid(format!("repeat runs differ in the actual token at position {i}")));
+            return Err(invalid(format!(
+                "repeat runs differ in the actual token at position {i}"
+            )));
         }
         pairs.push(PositionInput {
             actual_id: a.actual_id,
@@ -93,7 +95,11 @@ impl NoiseFloor {
 
     /// The floor for `metric`, oriented as the metric is.
     pub fn floor_for(&self, metric: Metric) -> Option<f64> {
-        if metric.higher_is_better() { self.floor_rate() } else { self.floor() }
+        if metric.higher_is_better() {
+            self.floor_rate()
+        } else {
+            self.floor()
+        }
     }
 }
 
@@ -108,7 +114,10 @@ pub struct FaithfulRule {
 
 impl Default for FaithfulRule {
     fn default() -> Self {
-        Self { level: crate::ladder::DEFAULT_UNFAITHFUL_LEVEL.to_owned(), floor_factor: DEFAULT_FLOOR_FACTOR }
+        Self {
+            level: crate::ladder::DEFAULT_UNFAITHFUL_LEVEL.to_owned(),
+            floor_factor: DEFAULT_FLOOR_FACTOR,
+        }
     }
 }
 
@@ -135,14 +144,29 @@ pub fn judge(
     rule: &FaithfulRule,
 ) -> Result<NoiseAwareJudgement> {
     if !(rule.floor_factor >= 1.0 && rule.floor_factor.is_finite()) {
-        return Err(invalid(format!("floor factor {} must be ≥ 1", rule.floor_factor)));
+        return Err(invalid(format!(
+            "floor factor {} must be ≥ 1",
+            rule.floor_factor
+        )));
     }
     if floor.is_some_and(|f| !f.is_finite()) {
         return Err(invalid("noise floor is not finite"));
     }
     let lj = ladder.judge(metric, value, &rule.level)?;
-    let bad = |v: f64| if metric.higher_is_better() { 1.0 - v } else { v };
-    let unbad = |b: f64| if metric.higher_is_better() { 1.0 - b } else { b };
+    let bad = |v: f64| {
+        if metric.higher_is_better() {
+            1.0 - v
+        } else {
+            v
+        }
+    };
+    let unbad = |b: f64| {
+        if metric.higher_is_better() {
+            1.0 - b
+        } else {
+            b
+        }
+    };
     let mut threshold_badness = bad(lj.threshold);
     if let Some(f) = floor {
         threshold_badness = threshold_badness.max(rule.floor_factor * bad(f).max(0.0));

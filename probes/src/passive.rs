@@ -54,10 +54,16 @@ pub fn two_proportion_z(x1: u64, n1: u64, x2: u64, n2: u64) -> Result<TestResult
     let p = (x1 + x2) / (n1 + n2);
     let se = (p * (1.0 - p) * (1.0 / n1 + 1.0 / n2)).sqrt();
     if se == 0.0 {
-        return Ok(TestResult { statistic: 0.0, p_value: 1.0 });
+        return Ok(TestResult {
+            statistic: 0.0,
+            p_value: 1.0,
+        });
     }
     let z = (x1 / n1 - x2 / n2) / se;
-    Ok(TestResult { statistic: z, p_value: (2.0 * normal_sf(z.abs())).min(1.0) })
+    Ok(TestResult {
+        statistic: z,
+        p_value: (2.0 * normal_sf(z.abs())).min(1.0),
+    })
 }
 
 /// For each endpoint `(successes, trials)`, the two-proportion test of it against the sum of
@@ -66,8 +72,13 @@ pub fn proportions_vs_rest(counts: &[(u64, u64)]) -> Result<Vec<TestResult>> {
     if counts.len() < 2 {
         return Err(invalid("need at least two endpoints"));
     }
-    let (sx, sn) = counts.iter().fold((0u64, 0u64), |(a, b), &(x, n)| (a + x, b + n));
-    counts.iter().map(|&(x, n)| two_proportion_z(x, n, sx - x, sn - n)).collect()
+    let (sx, sn) = counts
+        .iter()
+        .fold((0u64, 0u64), |(a, b), &(x, n)| (a + x, b + n));
+    counts
+        .iter()
+        .map(|&(x, n)| two_proportion_z(x, n, sx - x, sn - n))
+        .collect()
 }
 
 /// Average ranks (1-based) of `values`, ties sharing the mean of their ranks, plus the tie
@@ -115,10 +126,16 @@ pub fn mann_whitney_u(x: &[f64], y: &[f64]) -> Result<TestResult> {
     let mu = n1 * n2 / 2.0;
     let var = n1 * n2 / 12.0 * ((n + 1.0) - ties / (n * (n - 1.0)));
     if var <= 0.0 {
-        return Ok(TestResult { statistic: u1, p_value: 1.0 });
+        return Ok(TestResult {
+            statistic: u1,
+            p_value: 1.0,
+        });
     }
     let z = (u1.max(u2) - mu - 0.5) / var.sqrt();
-    Ok(TestResult { statistic: u1, p_value: (2.0 * normal_sf(z)).clamp(0.0, 1.0) })
+    Ok(TestResult {
+        statistic: u1,
+        p_value: (2.0 * normal_sf(z)).clamp(0.0, 1.0),
+    })
 }
 
 /// Chi-square test of independence on a contingency table of counts (rows: groups, columns:
@@ -130,18 +147,27 @@ pub fn chi_square_independence(table: &[Vec<u64>]) -> Result<(TestResult, usize)
     if table.iter().any(|r| r.len() != cols) {
         return Err(invalid("contingency table rows differ in length"));
     }
-    let keep_cols: Vec<usize> = (0..cols).filter(|&c| table.iter().any(|r| r[c] > 0)).collect();
+    let keep_cols: Vec<usize> = (0..cols)
+        .filter(|&c| table.iter().any(|r| r[c] > 0))
+        .collect();
     let rows: Vec<Vec<f64>> = table
         .iter()
         .filter(|r| r.iter().any(|&v| v > 0))
         .map(|r| keep_cols.iter().map(|&c| r[c] as f64).collect())
         .collect();
     if rows.len() < 2 || keep_cols.len() < 2 {
-        return Ok((TestResult { statistic: 0.0, p_value: 1.0 }, 0));
+        return Ok((
+            TestResult {
+                statistic: 0.0,
+                p_value: 1.0,
+            },
+            0,
+        ));
     }
     let row_sums: Vec<f64> = rows.iter().map(|r| r.iter().sum()).collect();
-    let col_sums: Vec<f64> =
-        (0..keep_cols.len()).map(|c| rows.iter().map(|r| r[c]).sum()).collect();
+    let col_sums: Vec<f64> = (0..keep_cols.len())
+        .map(|c| rows.iter().map(|r| r[c]).sum())
+        .collect();
     let total: f64 = row_sums.iter().sum();
     let mut x2 = 0.0;
     for (r, row) in rows.iter().enumerate() {
@@ -152,7 +178,13 @@ pub fn chi_square_independence(table: &[Vec<u64>]) -> Result<(TestResult, usize)
     }
     let dof = (rows.len() - 1) * (keep_cols.len() - 1);
     let chi = ChiSquared::new(dof as f64).map_err(|e| invalid(format!("chi-square: {e}")))?;
-    Ok((TestResult { statistic: x2, p_value: chi.sf(x2).clamp(0.0, 1.0) }, dof))
+    Ok((
+        TestResult {
+            statistic: x2,
+            p_value: chi.sf(x2).clamp(0.0, 1.0),
+        },
+        dof,
+    ))
 }
 
 /// For each endpoint's category counts (e.g. finish reasons `stop`, `length`, `tool_calls`,
@@ -217,7 +249,9 @@ pub fn bh_adjusted(p_values: &[f64]) -> Result<Vec<f64>> {
 /// order): all those with rank ≤ the largest `i` such that `p_(i) ≤ i·q/m`.
 pub fn benjamini_hochberg(p_values: &[f64], q: f64) -> Result<Vec<bool>> {
     if !(q > 0.0 && q < 1.0) {
-        return Err(ProbesError::InvalidInput(format!("FDR level {q} not in (0, 1)")));
+        return Err(ProbesError::InvalidInput(format!(
+            "FDR level {q} not in (0, 1)"
+        )));
     }
     Ok(bh_adjusted(p_values)?.into_iter().map(|a| a <= q).collect())
 }

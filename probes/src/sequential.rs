@@ -86,7 +86,12 @@ pub fn siegmund_arl(delta: f64, h: f64) -> f64 {
 /// `k/r`, `h/r`, whose rate is `1/ARL` by Siegmund (both sides when two-sided, at most 1).
 /// The two integrals are sums over fixed grids. With known parameters (`baseline_rounds`
 /// → ∞) it tends to `1/arl0`.
-pub fn estimated_baseline_alarm_rate(k: f64, h: f64, two_sided: bool, baseline_rounds: usize) -> f64 {
+pub fn estimated_baseline_alarm_rate(
+    k: f64,
+    h: f64,
+    two_sided: bool,
+    baseline_rounds: usize,
+) -> f64 {
     let n = baseline_rounds.max(2) as f64;
     let nu = n - 1.0;
     // the mean's error in σ units: a = z/√n, z ~ N(0, 1), on [−8, 8]
@@ -147,7 +152,12 @@ pub fn h_for_arl0_estimated(
     }
     let key = (k.to_bits(), arl0.to_bits(), two_sided, baseline_rounds);
     let memo = MEMO.get_or_init(|| Mutex::new(Vec::new()));
-    if let Some(&(_, h)) = memo.lock().map_err(|_| invalid("memo poisoned"))?.iter().find(|(k2, _)| *k2 == key) {
+    if let Some(&(_, h)) = memo
+        .lock()
+        .map_err(|_| invalid("memo poisoned"))?
+        .iter()
+        .find(|(k2, _)| *k2 == key)
+    {
         return Ok(h);
     }
     let target = 1.0 / arl0;
@@ -198,7 +208,13 @@ impl Default for CusumConfig {
     /// `min_sd = 1e-9` (replace it with the endpoint's noise floor).
     fn default() -> Self {
         let h = h_for_arl0(0.5, 1000.0, false).unwrap_or(5.07);
-        Self { k: 0.5, h, two_sided: false, baseline_rounds: 30, min_sd: 1e-9 }
+        Self {
+            k: 0.5,
+            h,
+            two_sided: false,
+            baseline_rounds: 30,
+            min_sd: 1e-9,
+        }
     }
 }
 
@@ -232,7 +248,12 @@ pub fn h_for_arl0(k: f64, arl0: f64, two_sided: bool) -> Result<f64> {
 impl CusumConfig {
     /// A config whose ARL0 (Siegmund) is `arl0` rounds for this `k` and sidedness.
     pub fn for_arl0(k: f64, arl0: f64, two_sided: bool) -> Result<Self> {
-        Ok(Self { k, h: h_for_arl0(k, arl0, two_sided)?, two_sided, ..Self::default() })
+        Ok(Self {
+            k,
+            h: h_for_arl0(k, arl0, two_sided)?,
+            two_sided,
+            ..Self::default()
+        })
     }
 
     /// The same chart read as an e-detector (Shin, Ramdas & Rinaldo, "E-detectors", 2023):
@@ -249,8 +270,17 @@ impl CusumConfig {
             return Err(invalid(format!("ARL0 bound {arl0_bound} must exceed 1")));
         }
         // two sides each at 2·bound: alarms from either side still come no more often
-        let c = if two_sided { 2.0 * arl0_bound } else { arl0_bound };
-        Ok(Self { k, h: c.ln() / (2.0 * k), two_sided, ..Self::default() })
+        let c = if two_sided {
+            2.0 * arl0_bound
+        } else {
+            arl0_bound
+        };
+        Ok(Self {
+            k,
+            h: c.ln() / (2.0 * k),
+            two_sided,
+            ..Self::default()
+        })
     }
 
     /// This chart with `h` raised for its estimated baseline: the in-control false-alarm rate
@@ -276,7 +306,10 @@ impl CusumConfig {
 
     fn validate(&self) -> Result<()> {
         if !(self.k >= 0.0 && self.k.is_finite() && self.h > 0.0 && self.h.is_finite()) {
-            return Err(invalid(format!("CUSUM k = {}, h = {} invalid", self.k, self.h)));
+            return Err(invalid(format!(
+                "CUSUM k = {}, h = {} invalid",
+                self.k, self.h
+            )));
         }
         if self.baseline_rounds < 2 {
             return Err(invalid("CUSUM baseline needs at least 2 rounds"));
@@ -327,7 +360,14 @@ impl Cusum {
     /// A chart that first collects `config.baseline_rounds` rounds.
     pub fn new(config: CusumConfig) -> Result<Self> {
         config.validate()?;
-        Ok(Self { config, baseline: Vec::new(), fitted: None, s_hi: 0.0, s_lo: 0.0, monitored: 0 })
+        Ok(Self {
+            config,
+            baseline: Vec::new(),
+            fitted: None,
+            s_hi: 0.0,
+            s_lo: 0.0,
+            monitored: 0,
+        })
     }
 
     /// A chart with a known baseline (`sd` is still floored at `min_sd`).
@@ -369,7 +409,12 @@ impl Cusum {
                 let var = self.baseline.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (n - 1.0);
                 self.fitted = Some((m, var.sqrt().max(self.config.min_sd)));
             }
-            return Ok(Observation { z: None, s_hi: 0.0, s_lo: 0.0, alarm: None });
+            return Ok(Observation {
+                z: None,
+                s_hi: 0.0,
+                s_lo: 0.0,
+                alarm: None,
+            });
         };
         let z = (x - mean) / sd;
         self.monitored += 1;
@@ -384,7 +429,12 @@ impl Cusum {
         } else {
             None
         };
-        let obs = Observation { z: Some(z), s_hi: self.s_hi, s_lo: self.s_lo, alarm };
+        let obs = Observation {
+            z: Some(z),
+            s_hi: self.s_hi,
+            s_lo: self.s_lo,
+            alarm,
+        };
         if alarm.is_some() {
             self.s_hi = 0.0;
             self.s_lo = 0.0;

@@ -53,7 +53,6 @@ impl RepeatGuard {
         }
         self.run >= self.n
     }
-
 }
 
 impl Default for RepeatGuard {

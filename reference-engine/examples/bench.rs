@@ -11,7 +11,11 @@ use samewise_engine::{Engine, GenerateParams, LoadOptions};
 fn rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
@@ -43,14 +47,28 @@ fn main() -> anyhow::Result<()> {
             "--len" => len = args.next().and_then(|v| v.parse().ok()).unwrap_or(512),
             "--gen" => gen_tokens = args.next().and_then(|v| v.parse().ok()).unwrap_or(128),
             "--batches" => {
-                batches = args.next().unwrap_or_default().split(',').filter_map(|v| v.parse().ok()).collect();
+                batches = args
+                    .next()
+                    .unwrap_or_default()
+                    .split(',')
+                    .filter_map(|v| v.parse().ok())
+                    .collect();
             }
-            other => anyhow::bail!("unknown argument {other} (use --model PATH --threads N [--len N] [--gen N] [--batches 1,8])"),
+            other => anyhow::bail!(
+                "unknown argument {other} (use --model PATH --threads N [--len N] [--gen N] [--batches 1,8])"
+            ),
         }
     }
     let model = model.ok_or_else(|| anyhow::anyhow!("--model PATH is required"))?;
     let t0 = Instant::now();
-    let engine = Engine::load(&model, LoadOptions { threads, isa: None, ..LoadOptions::default() })?;
+    let engine = Engine::load(
+        &model,
+        LoadOptions {
+            threads,
+            isa: None,
+            ..LoadOptions::default()
+        },
+    )?;
     println!(
         "loaded {} in {:.2}s: isa {:?}, threads {}, packed weights {:.1} MiB, RSS {:.1} MiB",
         model.display(),
@@ -65,7 +83,9 @@ fn main() -> anyhow::Result<()> {
     let mut seq = |n: usize| -> Vec<u32> {
         (0..n)
             .map(|_| {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((state >> 33) % vocab) as u32
             })
             .collect()
@@ -76,14 +96,24 @@ fn main() -> anyhow::Result<()> {
         let out = engine.score(&seqs, 20)?;
         let (dt, dc) = (t.elapsed().as_secs_f64(), cpu_s() - c);
         let n: usize = out.iter().map(|s| s.positions.len()).sum();
-        println!("score: batch {batch} x {len} tokens: {:.1} prompt tokens/s ({dt:.2}s wall, {dc:.2} CPU-s)", n as f64 / dt);
+        println!(
+            "score: batch {batch} x {len} tokens: {:.1} prompt tokens/s ({dt:.2}s wall, {dc:.2} CPU-s)",
+            n as f64 / dt
+        );
     }
     let prompt = seq(16);
-    let params = GenerateParams { max_tokens: gen_tokens, ..GenerateParams::default() };
+    let params = GenerateParams {
+        max_tokens: gen_tokens,
+        ..GenerateParams::default()
+    };
     let (t, c) = (Instant::now(), cpu_s());
     let g = engine.generate(&prompt, &params, &mut |_| true)?;
     let (dt, dc) = (t.elapsed().as_secs_f64(), cpu_s() - c);
-    println!("generate: {} tokens: {:.1} tokens/s ({dt:.2}s wall, {dc:.2} CPU-s)", g.tokens.len(), g.tokens.len() as f64 / dt);
+    println!(
+        "generate: {} tokens: {:.1} tokens/s ({dt:.2}s wall, {dc:.2} CPU-s)",
+        g.tokens.len(),
+        g.tokens.len() as f64 / dt
+    );
     println!("RSS after run {:.1} MiB", rss_mib());
     Ok(())
 }

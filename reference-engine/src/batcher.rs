@@ -43,8 +43,15 @@ pub enum GenEvent {
 }
 
 enum Job {
-    Score { seqs: Vec<Vec<u32>>, top_k: usize, reply: oneshot::Sender<Result<Vec<ScoredSequence>>> },
-    Generate { seq: Box<Seq>, events: mpsc::UnboundedSender<GenEvent> },
+    Score {
+        seqs: Vec<Vec<u32>>,
+        top_k: usize,
+        reply: oneshot::Sender<Result<Vec<ScoredSequence>>>,
+    },
+    Generate {
+        seq: Box<Seq>,
+        events: mpsc::UnboundedSender<GenEvent>,
+    },
     Stop,
 }
 
@@ -74,8 +81,14 @@ impl Batcher {
     pub fn start(engine: Arc<Engine>) -> Self {
         let (tx, rx) = std_mpsc::channel();
         let e = Arc::clone(&engine);
-        let worker = std::thread::Builder::new().name("samewise-batcher".into()).spawn(move || run(&e, &rx)).ok();
-        Self { handle: BatcherHandle { tx, engine }, worker }
+        let worker = std::thread::Builder::new()
+            .name("samewise-batcher".into())
+            .spawn(move || run(&e, &rx))
+            .ok();
+        Self {
+            handle: BatcherHandle { tx, engine },
+            worker,
+        }
     }
 
     /// A handle for submitting jobs.
@@ -119,13 +132,19 @@ impl BatcherHandle {
             drop(self.engine.score_seq(s.clone(), top_k)?);
         }
         let (reply, rx) = oneshot::channel();
-        self.tx.send(Job::Score { seqs, top_k, reply }).map_err(|_| EngineError::Shutdown)?;
+        self.tx
+            .send(Job::Score { seqs, top_k, reply })
+            .map_err(|_| EngineError::Shutdown)?;
         rx.await.map_err(|_| EngineError::Shutdown)?
     }
 
     /// Starts a generation; tokens stream on the returned receiver, ending with
     /// [`GenEvent::Done`] or [`GenEvent::Error`]. Dropping the receiver cancels it.
-    pub fn generate(&self, prompt: Vec<u32>, params: GenerateParams) -> Result<mpsc::UnboundedReceiver<GenEvent>> {
+    pub fn generate(
+        &self,
+        prompt: Vec<u32>,
+        params: GenerateParams,
+    ) -> Result<mpsc::UnboundedReceiver<GenEvent>> {
         self.generate_constrained(prompt, params, None)
     }
 
@@ -136,17 +155,28 @@ impl BatcherHandle {
         params: GenerateParams,
         constraint: Option<Constraint>,
     ) -> Result<mpsc::UnboundedReceiver<GenEvent>> {
-        let seq = Box::new(self.engine.generate_seq_constrained(prompt, params, constraint)?);
+        let seq = Box::new(
+            self.engine
+                .generate_seq_constrained(prompt, params, constraint)?,
+        );
         let (events, rx) = mpsc::unbounded_channel();
-        self.tx.send(Job::Generate { seq, events }).map_err(|_| EngineError::Shutdown)?;
+        self.tx
+            .send(Job::Generate { seq, events })
+            .map_err(|_| EngineError::Shutdown)?;
         Ok(rx)
     }
 }
 
 /// A job being worked on.
 enum Active {
-    Score { seqs: Vec<Seq>, reply: oneshot::Sender<Result<Vec<ScoredSequence>>> },
-    Generate { seq: Box<Seq>, events: mpsc::UnboundedSender<GenEvent> },
+    Score {
+        seqs: Vec<Seq>,
+        reply: oneshot::Sender<Result<Vec<ScoredSequence>>>,
+    },
+    Generate {
+        seq: Box<Seq>,
+        events: mpsc::UnboundedSender<GenEvent>,
+    },
 }
 
 impl Active {
@@ -174,7 +204,11 @@ fn run(engine: &Engine, rx: &std_mpsc::Receiver<Job>) {
     let mut stopping = false;
     loop {
         // take every queued job; block only when idle
-        let mut next = if active.is_empty() { rx.recv().ok() } else { rx.try_recv().ok() };
+        let mut next = if active.is_empty() {
+            rx.recv().ok()
+        } else {
+            rx.try_recv().ok()
+        };
         if next.is_none() && active.is_empty() {
             return; // every handle is gone
         }
@@ -182,7 +216,11 @@ fn run(engine: &Engine, rx: &std_mpsc::Receiver<Job>) {
             match job {
                 Job::Stop => stopping = true,
                 Job::Score { seqs, top_k, reply } => {
-                    match seqs.into_iter().map(|s| engine.score_seq(s, top_k)).collect::<Result<Vec<_>>>() {
+                    match seqs
+                        .into_iter()
+                        .map(|s| engine.score_seq(s, top_k))
+                        .collect::<Result<Vec<_>>>()
+                    {
                         Ok(seqs) => active.push(Active::Score { seqs, reply }),
                         Err(e) => {
                             let _ = reply.send(Err(e));
@@ -207,7 +245,9 @@ fn run(engine: &Engine, rx: &std_mpsc::Receiver<Job>) {
             let mut live: Vec<&mut Seq> = Vec::new();
             for a in &mut active {
                 match a {
-                    Active::Score { seqs, .. } => live.extend(seqs.iter_mut().filter(|s| !s.is_done())),
+                    Active::Score { seqs, .. } => {
+                        live.extend(seqs.iter_mut().filter(|s| !s.is_done()))
+                    }
                     Active::Generate { seq, .. } => {
                         if !seq.is_done() {
                             live.push(seq);
@@ -220,7 +260,9 @@ fn run(engine: &Engine, rx: &std_mpsc::Receiver<Job>) {
         if let Err(e) = result {
             let msg = e.to_string();
             for a in active.drain(..) {
-                a.fail(EngineError::InvalidRequest(format!("batched step failed: {msg}")));
+                a.fail(EngineError::InvalidRequest(format!(
+                    "batched step failed: {msg}"
+                )));
             }
             continue;
         }

@@ -102,10 +102,15 @@ impl ModelConfig {
             .ok_or_else(|| EngineError::MissingMetadata("general.architecture".into()))?;
         let arch = Arch::parse(arch_name)?;
         let a = arch_name;
-        let req = |key: &str| g.get_usize(&format!("{a}.{key}")).ok_or_else(|| EngineError::MissingMetadata(format!("{a}.{key}")));
+        let req = |key: &str| {
+            g.get_usize(&format!("{a}.{key}"))
+                .ok_or_else(|| EngineError::MissingMetadata(format!("{a}.{key}")))
+        };
         let n_embd = req("embedding_length")?;
         let n_head = req("attention.head_count")?;
-        let n_head_kv = g.get_usize(&format!("{a}.attention.head_count_kv")).unwrap_or(n_head);
+        let n_head_kv = g
+            .get_usize(&format!("{a}.attention.head_count_kv"))
+            .unwrap_or(n_head);
         let head_dim = match g.get_usize(&format!("{a}.attention.key_length")) {
             Some(d) => d,
             None if n_head > 0 => n_embd / n_head,
@@ -116,10 +121,14 @@ impl ModelConfig {
             .and_then(|t| t.dims.get(1).copied())
             .ok_or_else(|| EngineError::MissingTensor("token_embd.weight".into()))?;
         // end of sequence, plus Llama 3's end-of-turn / end-of-message when present
-        let mut eos: Vec<u32> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"]
-            .iter()
-            .filter_map(|k| g.get_u32(k))
-            .collect();
+        let mut eos: Vec<u32> = [
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id",
+        ]
+        .iter()
+        .filter_map(|k| g.get_u32(k))
+        .collect();
         eos.dedup();
         let cfg = Self {
             arch,
@@ -136,8 +145,12 @@ impl ModelConfig {
                 Some(w) if w > 0 => req("context_length")?.min(w),
                 _ => req("context_length")?,
             },
-            rms_eps: g.get_f32(&format!("{a}.attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
-            rope_theta: g.get_f32(&format!("{a}.rope.freq_base")).unwrap_or(10_000.0),
+            rms_eps: g
+                .get_f32(&format!("{a}.attention.layer_norm_rms_epsilon"))
+                .unwrap_or(1e-5),
+            rope_theta: g
+                .get_f32(&format!("{a}.rope.freq_base"))
+                .unwrap_or(10_000.0),
             rope_scaling: None,
             bos_token_id: g.get_u32("tokenizer.ggml.bos_token_id"),
             eos_token_ids: eos,
@@ -149,9 +162,16 @@ impl ModelConfig {
     /// Reads the configuration from a Hugging Face `config.json` value.
     pub fn from_hf(v: &serde_json::Value) -> Result<Self> {
         let bad = |k: &str| EngineError::InvalidHf(format!("config.json: missing or invalid {k}"));
-        let get = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).and_then(|x| usize::try_from(x).ok());
+        let get = |k: &str| {
+            v.get(k)
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|x| usize::try_from(x).ok())
+        };
         let req = |k: &str| get(k).ok_or_else(|| bad(k));
-        let model_type = v.get("model_type").and_then(serde_json::Value::as_str).ok_or_else(|| bad("model_type"))?;
+        let model_type = v
+            .get("model_type")
+            .and_then(serde_json::Value::as_str)
+            .ok_or_else(|| bad("model_type"))?;
         let arch = Arch::parse(model_type)?;
         let n_embd = req("hidden_size")?;
         let n_head = req("num_attention_heads")?;
@@ -163,10 +183,16 @@ impl ModelConfig {
         let f = |k: &str| v.get(k).and_then(serde_json::Value::as_f64);
         let ids = |k: &str| -> Vec<u32> {
             match v.get(k) {
-                Some(serde_json::Value::Array(a)) => {
-                    a.iter().filter_map(serde_json::Value::as_u64).filter_map(|x| u32::try_from(x).ok()).collect()
-                }
-                Some(x) => x.as_u64().and_then(|x| u32::try_from(x).ok()).into_iter().collect(),
+                Some(serde_json::Value::Array(a)) => a
+                    .iter()
+                    .filter_map(serde_json::Value::as_u64)
+                    .filter_map(|x| u32::try_from(x).ok())
+                    .collect(),
+                Some(x) => x
+                    .as_u64()
+                    .and_then(|x| u32::try_from(x).ok())
+                    .into_iter()
+                    .collect(),
                 None => Vec::new(),
             }
         };
@@ -175,10 +201,17 @@ impl ModelConfig {
             Some(p) if p.is_object() => Some(p),
             _ => v.get("rope_scaling").filter(|s| s.is_object()),
         };
-        let rope_type = rope.and_then(|r| r.get("rope_type").or_else(|| r.get("type"))).and_then(serde_json::Value::as_str);
+        let rope_type = rope
+            .and_then(|r| r.get("rope_type").or_else(|| r.get("type")))
+            .and_then(serde_json::Value::as_str);
         let rope_scaling = match (rope, rope_type) {
             (Some(s), Some("llama3")) => {
-                let g = |k: &str| s.get(k).and_then(serde_json::Value::as_f64).map(|x| x as f32).ok_or_else(|| bad(k));
+                let g = |k: &str| {
+                    s.get(k)
+                        .and_then(serde_json::Value::as_f64)
+                        .map(|x| x as f32)
+                        .ok_or_else(|| bad(k))
+                };
                 Some(RopeScaling {
                     factor: g("factor")?,
                     low_freq_factor: g("low_freq_factor")?,
@@ -187,10 +220,17 @@ impl ModelConfig {
                 })
             }
             (_, None | Some("default")) => None,
-            (_, Some(other)) => return Err(EngineError::InvalidHf(format!("unsupported rope type {other:?}"))),
+            (_, Some(other)) => {
+                return Err(EngineError::InvalidHf(format!(
+                    "unsupported rope type {other:?}"
+                )));
+            }
         };
         let rope_theta = f("rope_theta")
-            .or_else(|| rope.and_then(|r| r.get("rope_theta")).and_then(serde_json::Value::as_f64))
+            .or_else(|| {
+                rope.and_then(|r| r.get("rope_theta"))
+                    .and_then(serde_json::Value::as_f64)
+            })
             .map_or(10_000.0, |x| x as f32);
         let cfg = Self {
             arch,
@@ -202,7 +242,11 @@ impl ModelConfig {
             n_ff: req("intermediate_size")?,
             vocab_size: req("vocab_size")?,
             // sliding-window attention is not implemented: cap the context at the window
-            n_ctx: match (get("sliding_window"), v.get("use_sliding_window").and_then(serde_json::Value::as_bool)) {
+            n_ctx: match (
+                get("sliding_window"),
+                v.get("use_sliding_window")
+                    .and_then(serde_json::Value::as_bool),
+            ) {
                 (Some(w), None | Some(true)) if w > 0 => req("max_position_embeddings")?.min(w),
                 _ => req("max_position_embeddings")?,
             },
@@ -222,13 +266,19 @@ impl ModelConfig {
             return bad(format!("{} layers", self.n_layer));
         }
         if self.n_head == 0 || self.n_head_kv == 0 || !self.n_head.is_multiple_of(self.n_head_kv) {
-            return bad(format!("{} heads with {} kv heads", self.n_head, self.n_head_kv));
+            return bad(format!(
+                "{} heads with {} kv heads",
+                self.n_head, self.n_head_kv
+            ));
         }
         if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) || self.head_dim > 1024 {
             return bad(format!("head dimension {}", self.head_dim));
         }
         if self.n_embd == 0 || self.n_embd > 1 << 16 || self.n_ff == 0 || self.n_ff > 1 << 18 {
-            return bad(format!("hidden size {} / ffn size {}", self.n_embd, self.n_ff));
+            return bad(format!(
+                "hidden size {} / ffn size {}",
+                self.n_embd, self.n_ff
+            ));
         }
         if self.vocab_size == 0 || self.vocab_size > 1 << 24 {
             return bad(format!("vocabulary of {}", self.vocab_size));
@@ -236,7 +286,11 @@ impl ModelConfig {
         if self.n_ctx == 0 {
             return bad("context length 0".into());
         }
-        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0 && self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+        if !(self.rms_eps.is_finite()
+            && self.rms_eps > 0.0
+            && self.rope_theta.is_finite()
+            && self.rope_theta > 0.0)
+        {
             return bad("rms epsilon / rope theta".into());
         }
         Ok(())
@@ -266,7 +320,8 @@ impl ModelConfig {
                         } else if wl > low_wl {
                             f / s.factor
                         } else {
-                            let smooth = (s.original_context / wl - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+                            let smooth = (s.original_context / wl - s.low_freq_factor)
+                                / (s.high_freq_factor - s.low_freq_factor);
                             (1.0 - smooth) * f / s.factor + smooth * f
                         }
                     }

@@ -45,7 +45,11 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { threads: 2, isa: None, profile: Profile::default() }
+        Self {
+            threads: 2,
+            isa: None,
+            profile: Profile::default(),
+        }
     }
 }
 
@@ -92,7 +96,12 @@ pub struct GenerateParams {
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        Self { sampling: SamplingParams::default(), max_tokens: 16, stop_token_ids: Vec::new(), top_logprobs: 0 }
+        Self {
+            sampling: SamplingParams::default(),
+            max_tokens: 16,
+            stop_token_ids: Vec::new(),
+            top_logprobs: 0,
+        }
     }
 }
 
@@ -154,7 +163,10 @@ pub struct Seq {
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // one per sequence; boxing buys nothing
 enum Kind {
-    Score { top_k: usize, out: Vec<ScoredPosition> },
+    Score {
+        top_k: usize,
+        out: Vec<ScoredPosition>,
+    },
     Gen {
         params: GenerateParams,
         sampler: Sampler,
@@ -179,7 +191,9 @@ impl Seq {
     /// For a finished score sequence, its result.
     pub fn take_scored(&mut self) -> Option<ScoredSequence> {
         match &mut self.kind {
-            Kind::Score { out, .. } if self.fed == self.tokens.len() => Some(ScoredSequence { positions: std::mem::take(out) }),
+            Kind::Score { out, .. } if self.fed == self.tokens.len() => Some(ScoredSequence {
+                positions: std::mem::take(out),
+            }),
             _ => None,
         }
     }
@@ -203,7 +217,13 @@ impl Seq {
     /// Ends a generation early (the caller went away).
     pub fn cancel(&mut self) {
         let done = self.tokens.len();
-        if let Kind::Gen { finish, prompt_len, count, .. } = &mut self.kind {
+        if let Kind::Gen {
+            finish,
+            prompt_len,
+            count,
+            ..
+        } = &mut self.kind
+        {
             finish.get_or_insert(Finish {
                 reason: FinishReason::Cancelled,
                 stop_token: None,
@@ -217,9 +237,9 @@ impl Seq {
 impl Engine {
     /// Loads a GGUF file, or an HF directory (config.json + safetensors).
     pub fn load(path: &Path, opts: LoadOptions) -> Result<Self> {
-        opts.profile
-            .validate()
-            .map_err(|m| EngineError::InvalidRequest(format!("profile {}: {m}", opts.profile.name)))?;
+        opts.profile.validate().map_err(|m| {
+            EngineError::InvalidRequest(format!("profile {}: {m}", opts.profile.name))
+        })?;
         let numerics = Numerics::from_profile(&opts.profile);
         let weights = if path.is_dir() {
             Weights::from_hf(&HfDir::open(path)?, &numerics)?
@@ -227,7 +247,14 @@ impl Engine {
             Weights::from_gguf(&GgufFile::open(path)?, &numerics)?
         };
         let isa = opts.isa.map_or_else(Isa::detect, Isa::at_most);
-        Ok(Self { weights, ctx: Ctx { pool: Pool::new(opts.threads), isa }, profile: opts.profile })
+        Ok(Self {
+            weights,
+            ctx: Ctx {
+                pool: Pool::new(opts.threads),
+                isa,
+            },
+            profile: opts.profile,
+        })
     }
 
     /// The serving profile the engine runs (`reference` unless loaded with another).
@@ -261,7 +288,10 @@ impl Engine {
             return Err(EngineError::EmptyInput("a sequence has no tokens".into()));
         }
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(EngineError::TokenOutOfVocab { token: t, vocab_size: c.vocab_size });
+            return Err(EngineError::TokenOutOfVocab {
+                token: t,
+                vocab_size: c.vocab_size,
+            });
         }
         Ok(())
     }
@@ -271,17 +301,29 @@ impl Engine {
         self.check_tokens(&tokens)?;
         let n_ctx = self.config().n_ctx;
         if tokens.len() > n_ctx {
-            return Err(EngineError::SequenceTooLong { len: tokens.len(), n_ctx });
+            return Err(EngineError::SequenceTooLong {
+                len: tokens.len(),
+                n_ctx,
+            });
         }
         if top_k > MAX_TOP_K {
-            return Err(EngineError::InvalidRequest(format!("top_k {top_k} exceeds {MAX_TOP_K}")));
+            return Err(EngineError::InvalidRequest(format!(
+                "top_k {top_k} exceeds {MAX_TOP_K}"
+            )));
         }
-        let first = ScoredPosition { token: tokens[0], logprob: None, top: Vec::new() };
+        let first = ScoredPosition {
+            token: tokens[0],
+            logprob: None,
+            top: Vec::new(),
+        };
         Ok(Seq {
             cache: KvCache::new(self.config().n_layer),
             tokens,
             fed: 0,
-            kind: Kind::Score { top_k, out: vec![first] },
+            kind: Kind::Score {
+                top_k,
+                out: vec![first],
+            },
         })
     }
 
@@ -295,21 +337,36 @@ impl Engine {
     /// allowed token; sampling: the allowed tokens' renormalised distribution), stop tokens
     /// only once the output is whole, and the generation ends as soon as nothing can follow.
     /// Reported logprobs stay the model's own, before masking.
-    pub fn generate_seq_constrained(&self, prompt: Vec<u32>, params: GenerateParams, constraint: Option<Constraint>) -> Result<Seq> {
+    pub fn generate_seq_constrained(
+        &self,
+        prompt: Vec<u32>,
+        params: GenerateParams,
+        constraint: Option<Constraint>,
+    ) -> Result<Seq> {
         self.check_tokens(&prompt)?;
         let c = self.config();
         if prompt.len() >= c.n_ctx {
-            return Err(EngineError::SequenceTooLong { len: prompt.len() + 1, n_ctx: c.n_ctx });
+            return Err(EngineError::SequenceTooLong {
+                len: prompt.len() + 1,
+                n_ctx: c.n_ctx,
+            });
         }
         if params.max_tokens == 0 {
-            return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
+            return Err(EngineError::InvalidRequest(
+                "max_tokens must be at least 1".into(),
+            ));
         }
         if params.top_logprobs > MAX_TOP_K {
-            return Err(EngineError::InvalidRequest(format!("top_logprobs {} exceeds {MAX_TOP_K}", params.top_logprobs)));
+            return Err(EngineError::InvalidRequest(format!(
+                "top_logprobs {} exceeds {MAX_TOP_K}",
+                params.top_logprobs
+            )));
         }
         let s = &params.sampling;
         if !s.temperature.is_finite() || s.temperature < 0.0 || !(s.top_p > 0.0 && s.top_p <= 1.0) {
-            return Err(EngineError::InvalidRequest("temperature must be >= 0 and top_p in (0, 1]".into()));
+            return Err(EngineError::InvalidRequest(
+                "temperature must be >= 0 and top_p in (0, 1]".into(),
+            ));
         }
         let sampler = Sampler::new(params.sampling.clone());
         let prompt_len = prompt.len();
@@ -335,7 +392,10 @@ impl Engine {
         if seqs.is_empty() {
             return Err(EngineError::EmptyInput("no sequences".into()));
         }
-        let mut work = seqs.iter().map(|s| self.score_seq(s.clone(), top_k)).collect::<Result<Vec<_>>>()?;
+        let mut work = seqs
+            .iter()
+            .map(|s| self.score_seq(s.clone(), top_k))
+            .collect::<Result<Vec<_>>>()?;
         loop {
             let mut live: Vec<&mut Seq> = work.iter_mut().filter(|s| !s.is_done()).collect();
             if live.is_empty() {
@@ -376,8 +436,14 @@ impl Engine {
                 all.push(t);
             }
         }
-        let finish = seq.finish().cloned().ok_or_else(|| EngineError::InvalidRequest("generation did not finish".into()))?;
-        Ok(Generation { tokens: all, finish })
+        let finish = seq
+            .finish()
+            .cloned()
+            .ok_or_else(|| EngineError::InvalidRequest("generation did not finish".into()))?;
+        Ok(Generation {
+            tokens: all,
+            finish,
+        })
     }
 
     /// Advances every sequence by one forward pass: the next prefill chunk of those still
@@ -424,7 +490,10 @@ impl Engine {
                 .filter(|(_, n)| **n > 0)
                 .map(|(s, &n)| {
                     let s: &mut Seq = s;
-                    BatchItem { cache: &mut s.cache, tokens: &s.tokens[s.fed..s.fed + n] }
+                    BatchItem {
+                        cache: &mut s.cache,
+                        tokens: &s.tokens[s.fed..s.fed + n],
+                    }
                 })
                 .collect();
             forward(&self.weights, &self.ctx, &mut items)?
@@ -446,7 +515,9 @@ impl Engine {
             for (j, &(r, _, _)) in chunk.iter().enumerate() {
                 x[j * e..(j + 1) * e].copy_from_slice(&hidden[r * e..(r + 1) * e]);
             }
-            self.weights.numerics.quantize_inputs(&mut x, chunk.len(), e);
+            self.weights
+                .numerics
+                .quantize_inputs(&mut x, chunk.len(), e);
             head.matmul(&self.ctx, &x, chunk.len(), &mut logits);
             // log-sum-exp and top-k per row, rows split over the threads
             let ks: Vec<usize> = chunk
@@ -456,7 +527,8 @@ impl Engine {
                     Kind::Gen { params, .. } => params.top_logprobs,
                 })
                 .collect();
-            let stats: std::sync::Mutex<Vec<(usize, f64, Vec<TokenLogprob>)>> = std::sync::Mutex::new(Vec::new());
+            let stats: std::sync::Mutex<Vec<(usize, f64, Vec<TokenLogprob>)>> =
+                std::sync::Mutex::new(Vec::new());
             let logits_ref = &logits;
             self.ctx.pool.for_chunks(chunk.len(), 4, &|rows| {
                 let mine: Vec<(usize, f64, Vec<TokenLogprob>)> = rows
@@ -466,9 +538,14 @@ impl Engine {
                         (j, lse, sample::top_k(l, lse, ks[j]))
                     })
                     .collect();
-                stats.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(mine);
+                stats
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .extend(mine);
             });
-            let mut stats = stats.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut stats = stats
+                .into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             stats.sort_by_key(|s| s.0);
             for ((j, lse, top), &(_, i, p)) in stats.into_iter().zip(chunk) {
                 let l = &logits[j * v..(j + 1) * v];
@@ -484,10 +561,27 @@ impl Engine {
         match &mut s.kind {
             Kind::Score { out, .. } => {
                 let t = s.tokens[p + 1];
-                out.push(ScoredPosition { token: t, logprob: Some(sample::logprob(l, lse, t)), top });
+                out.push(ScoredPosition {
+                    token: t,
+                    logprob: Some(sample::logprob(l, lse, t)),
+                    top,
+                });
             }
-            Kind::Gen { params, sampler, prompt_len, new, count, finish, matcher } => {
-                let end = |reason, stop_token, count: usize| Finish { reason, stop_token, prompt_tokens: *prompt_len, completion_tokens: count };
+            Kind::Gen {
+                params,
+                sampler,
+                prompt_len,
+                new,
+                count,
+                finish,
+                matcher,
+            } => {
+                let end = |reason, stop_token, count: usize| Finish {
+                    reason,
+                    stop_token,
+                    prompt_tokens: *prompt_len,
+                    completion_tokens: count,
+                };
                 let t = match matcher {
                     None => sampler.pick(l),
                     Some(m) => {
@@ -498,12 +592,28 @@ impl Engine {
                             *finish = Some(end(FinishReason::Stop, None, *count));
                             return;
                         }
-                        let masked: Vec<f32> =
-                            l.iter().enumerate().map(|(i, &x)| if allowed.contains(i as u32) { x } else { f32::NEG_INFINITY }).collect();
+                        let masked: Vec<f32> = l
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &x)| {
+                                if allowed.contains(i as u32) {
+                                    x
+                                } else {
+                                    f32::NEG_INFINITY
+                                }
+                            })
+                            .collect();
                         let t = sampler.pick(&masked);
-                        let t = if allowed.contains(t) { t } else { sample::argmax(&masked) };
+                        let t = if allowed.contains(t) {
+                            t
+                        } else {
+                            sample::argmax(&masked)
+                        };
                         if !m.accept(t) {
-                            tracing::warn!(token = t, "constrained generation: allowed token refused");
+                            tracing::warn!(
+                                token = t,
+                                "constrained generation: allowed token refused"
+                            );
                             *finish = Some(end(FinishReason::Stop, None, *count));
                             return;
                         }
@@ -514,7 +624,11 @@ impl Engine {
                     *finish = Some(end(FinishReason::Stop, Some(t), *count));
                     return;
                 }
-                new.push(GeneratedToken { token: t, logprob: sample::logprob(l, lse, t), top });
+                new.push(GeneratedToken {
+                    token: t,
+                    logprob: sample::logprob(l, lse, t),
+                    top,
+                });
                 s.tokens.push(t);
                 *count += 1;
                 if matcher.as_ref().is_some_and(|m| m.is_complete()) {

@@ -32,14 +32,22 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
     for (i, it) in items.iter().enumerate() {
         let start = it.cache.len;
         if start + it.tokens.len() > c.n_ctx {
-            return Err(EngineError::SequenceTooLong { len: start + it.tokens.len(), n_ctx: c.n_ctx });
+            return Err(EngineError::SequenceTooLong {
+                len: start + it.tokens.len(),
+                n_ctx: c.n_ctx,
+            });
         }
         if it.cache.layers.len() != c.n_layer {
-            return Err(EngineError::InvalidRequest("KV cache belongs to another model".into()));
+            return Err(EngineError::InvalidRequest(
+                "KV cache belongs to another model".into(),
+            ));
         }
         for (j, &t) in it.tokens.iter().enumerate() {
             if t as usize >= c.vocab_size {
-                return Err(EngineError::TokenOutOfVocab { token: t, vocab_size: c.vocab_size });
+                return Err(EngineError::TokenOutOfVocab {
+                    token: t,
+                    vocab_size: c.vocab_size,
+                });
             }
             rows.push((i, start + j));
         }
@@ -77,7 +85,13 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
     let scale = 1.0 / (hd as f32).sqrt();
     for (li, layer) in w.layers.iter().enumerate() {
         for r in 0..m {
-            ops::rms_norm(isa, &x[r * e..(r + 1) * e], &layer.attn_norm, c.rms_eps, &mut h[r * e..(r + 1) * e]);
+            ops::rms_norm(
+                isa,
+                &x[r * e..(r + 1) * e],
+                &layer.attn_norm,
+                c.rms_eps,
+                &mut h[r * e..(r + 1) * e],
+            );
         }
         w.numerics.quantize_inputs(&mut h, m, e);
         layer.qkv.matmul(ctx, &h, m, &mut qkv);
@@ -88,7 +102,10 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
                     *v += bv;
                 }
             }
-            let (cs, sn) = (&cos[r * half..(r + 1) * half], &sin[r * half..(r + 1) * half]);
+            let (cs, sn) = (
+                &cos[r * half..(r + 1) * half],
+                &sin[r * half..(r + 1) * half],
+            );
             let mut tmp = vec![0f32; hd];
             for head in 0..nh + nkv {
                 let v = &mut row[head * hd..(head + 1) * hd];
@@ -143,8 +160,20 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
                     }
                     let q = &qkv[r * qkvd + head * hd..r * qkvd + (head + 1) * hd];
                     // SAFETY: each (row, head) slice of `att` is written by exactly one thread.
-                    let out = unsafe { std::slice::from_raw_parts_mut(ap.0.add(r * qd + head * hd), hd) };
-                    ops::attend(isa, q, kc, vc, kvd, (head / group) * hd, n_keys, scale, &mut scores, out);
+                    let out =
+                        unsafe { std::slice::from_raw_parts_mut(ap.0.add(r * qd + head * hd), hd) };
+                    ops::attend(
+                        isa,
+                        q,
+                        kc,
+                        vc,
+                        kvd,
+                        (head / group) * hd,
+                        n_keys,
+                        scale,
+                        &mut scores,
+                        out,
+                    );
                 }
             });
         }
@@ -154,7 +183,13 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
             *xv += ov;
         }
         for r in 0..m {
-            ops::rms_norm(isa, &x[r * e..(r + 1) * e], &layer.ffn_norm, c.rms_eps, &mut h[r * e..(r + 1) * e]);
+            ops::rms_norm(
+                isa,
+                &x[r * e..(r + 1) * e],
+                &layer.ffn_norm,
+                c.rms_eps,
+                &mut h[r * e..(r + 1) * e],
+            );
         }
         w.numerics.quantize_inputs(&mut h, m, e);
         layer.gate_up.matmul(ctx, &h, m, &mut gu);
@@ -186,7 +221,13 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
         it.cache.len += it.tokens.len();
     }
     for r in 0..m {
-        ops::rms_norm(isa, &x[r * e..(r + 1) * e], &w.output_norm, c.rms_eps, &mut h[r * e..(r + 1) * e]);
+        ops::rms_norm(
+            isa,
+            &x[r * e..(r + 1) * e],
+            &w.output_norm,
+            c.rms_eps,
+            &mut h[r * e..(r + 1) * e],
+        );
     }
     Ok(h)
 }

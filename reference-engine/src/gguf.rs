@@ -236,7 +236,10 @@ impl std::fmt::Debug for GgufFile {
 impl GgufFile {
     /// Opens and parses a GGUF file. The tensor data is memory-mapped, not read.
     pub fn open(path: &Path) -> Result<Self> {
-        let io = |source| EngineError::Io { path: path.to_path_buf(), source };
+        let io = |source| EngineError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
         let file = File::open(path).map_err(io)?;
         // SAFETY: the map is read-only and private to this process; a file truncated by
         // someone else while mapped is outside what this engine defends against (as for
@@ -249,7 +252,10 @@ impl GgufFile {
         let bytes: &[u8] = &map;
         let mut r = Reader { buf: bytes, pos: 0 };
         if bytes.len() < 4 {
-            return Err(EngineError::NotGguf(format!("file is only {} bytes", bytes.len())));
+            return Err(EngineError::NotGguf(format!(
+                "file is only {} bytes",
+                bytes.len()
+            )));
         }
         let magic = r.u32()?;
         if magic != GGUF_MAGIC {
@@ -263,10 +269,14 @@ impl GgufFile {
         let n_kv = r.u64()?;
         // every kv takes at least 12 bytes, every tensor info at least 24
         if n_kv > (r.remaining() / 12) as u64 {
-            return Err(EngineError::Truncated(format!("{n_kv} metadata entries cannot fit in the file")));
+            return Err(EngineError::Truncated(format!(
+                "{n_kv} metadata entries cannot fit in the file"
+            )));
         }
         if n_tensors > (r.remaining() / 24) as u64 {
-            return Err(EngineError::Truncated(format!("{n_tensors} tensor infos cannot fit in the file")));
+            return Err(EngineError::Truncated(format!(
+                "{n_tensors} tensor infos cannot fit in the file"
+            )));
         }
         let mut metadata = BTreeMap::new();
         for _ in 0..n_kv {
@@ -278,9 +288,13 @@ impl GgufFile {
         let alignment = match metadata.get("general.alignment") {
             None => 32,
             Some(v) => {
-                let a = v.as_u64().ok_or_else(|| EngineError::corrupt("general.alignment is not an integer"))?;
+                let a = v
+                    .as_u64()
+                    .ok_or_else(|| EngineError::corrupt("general.alignment is not an integer"))?;
                 if a == 0 || !a.is_power_of_two() || a > 1 << 20 {
-                    return Err(EngineError::corrupt(format!("general.alignment {a} is not a power of two")));
+                    return Err(EngineError::corrupt(format!(
+                        "general.alignment {a} is not a power of two"
+                    )));
                 }
                 a as usize
             }
@@ -290,7 +304,9 @@ impl GgufFile {
             let name = r.string()?;
             let n_dims = r.u32()?;
             if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(EngineError::corrupt(format!("tensor {name}: {n_dims} dimensions")));
+                return Err(EngineError::corrupt(format!(
+                    "tensor {name}: {n_dims} dimensions"
+                )));
             }
             let mut dims = Vec::with_capacity(n_dims as usize);
             for _ in 0..n_dims {
@@ -308,21 +324,26 @@ impl GgufFile {
         let header_end = r.pos;
         let data_offset = header_end.div_ceil(alignment) * alignment;
         if data_offset > bytes.len() && !infos.is_empty() {
-            return Err(EngineError::Truncated("file ends before the tensor data section".into()));
+            return Err(EngineError::Truncated(
+                "file ends before the tensor data section".into(),
+            ));
         }
         let data_len = bytes.len().saturating_sub(data_offset);
         let mut tensors = Vec::with_capacity(infos.len());
         let mut by_name = BTreeMap::new();
         for (name, dims, type_id, offset) in infos {
-            let ggml_type = GgmlType::from_id(type_id).ok_or_else(|| EngineError::UnsupportedTensorType {
-                tensor: name.clone(),
-                type_name: format!("ggml type {type_id}"),
-            })?;
+            let ggml_type =
+                GgmlType::from_id(type_id).ok_or_else(|| EngineError::UnsupportedTensorType {
+                    tensor: name.clone(),
+                    type_name: format!("ggml type {type_id}"),
+                })?;
             let n_el = dims
                 .iter()
                 .try_fold(1usize, |acc, &d| acc.checked_mul(d))
                 .filter(|&n| n < 1 << 40)
-                .ok_or_else(|| EngineError::corrupt(format!("tensor {name}: element count overflows")))?;
+                .ok_or_else(|| {
+                    EngineError::corrupt(format!("tensor {name}: element count overflows"))
+                })?;
             if dims[0] % ggml_type.block_size() != 0 {
                 return Err(EngineError::corrupt(format!(
                     "tensor {name}: row length {} is not a multiple of the {} block size {}",
@@ -335,7 +356,9 @@ impl GgufFile {
             let offset = usize::try_from(offset)
                 .ok()
                 .filter(|o| o % alignment == 0)
-                .ok_or_else(|| EngineError::corrupt(format!("tensor {name}: offset {offset} is misaligned")))?;
+                .ok_or_else(|| {
+                    EngineError::corrupt(format!("tensor {name}: offset {offset} is misaligned"))
+                })?;
             let end = offset
                 .checked_add(size)
                 .ok_or_else(|| EngineError::corrupt(format!("tensor {name}: offset overflows")))?;
@@ -347,9 +370,23 @@ impl GgufFile {
             if by_name.insert(name.clone(), tensors.len()).is_some() {
                 return Err(EngineError::corrupt(format!("duplicate tensor {name}")));
             }
-            tensors.push(TensorInfo { name, dims, ggml_type, offset, size });
+            tensors.push(TensorInfo {
+                name,
+                dims,
+                ggml_type,
+                offset,
+                size,
+            });
         }
-        Ok(Self { version, metadata, tensors, alignment, data_offset, map, by_name })
+        Ok(Self {
+            version,
+            metadata,
+            tensors,
+            alignment,
+            data_offset,
+            map,
+            by_name,
+        })
     }
 
     /// The info of the tensor with this name.
@@ -376,12 +413,16 @@ impl GgufFile {
 
     /// An unsigned integer of any width that fits a u32.
     pub fn get_u32(&self, key: &str) -> Option<u32> {
-        self.get(key).and_then(GgufValue::as_u64).and_then(|v| u32::try_from(v).ok())
+        self.get(key)
+            .and_then(GgufValue::as_u64)
+            .and_then(|v| u32::try_from(v).ok())
     }
 
     /// An unsigned integer of any width that fits a usize.
     pub fn get_usize(&self, key: &str) -> Option<usize> {
-        self.get(key).and_then(GgufValue::as_u64).and_then(|v| usize::try_from(v).ok())
+        self.get(key)
+            .and_then(GgufValue::as_u64)
+            .and_then(|v| usize::try_from(v).ok())
     }
 
     /// A float (F32, F64, or an integer).
@@ -452,15 +493,23 @@ impl<'a> Reader<'a> {
 
     fn len(&mut self, what: &str) -> Result<usize> {
         let n = self.u64()?;
-        usize::try_from(n).ok().filter(|&n| n <= self.remaining()).ok_or_else(|| {
-            EngineError::Truncated(format!("{what} of length {n} at offset {} runs past the end", self.pos))
-        })
+        usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= self.remaining())
+            .ok_or_else(|| {
+                EngineError::Truncated(format!(
+                    "{what} of length {n} at offset {} runs past the end",
+                    self.pos
+                ))
+            })
     }
 
     fn string(&mut self) -> Result<String> {
         let n = self.len("string")?;
         let s = self.take(n)?;
-        String::from_utf8(s.to_vec()).map_err(|_| EngineError::corrupt(format!("string at offset {} is not UTF-8", self.pos - n)))
+        String::from_utf8(s.to_vec()).map_err(|_| {
+            EngineError::corrupt(format!("string at offset {} is not UTF-8", self.pos - n))
+        })
     }
 
     fn value(&mut self, ty: u32, depth: usize) -> Result<GgufValue> {
@@ -475,7 +524,12 @@ impl<'a> Reader<'a> {
             7 => match self.array::<1>()?[0] {
                 0 => GgufValue::Bool(false),
                 1 => GgufValue::Bool(true),
-                b => return Err(EngineError::corrupt(format!("bool value {b} at offset {}", self.pos - 1))),
+                b => {
+                    return Err(EngineError::corrupt(format!(
+                        "bool value {b} at offset {}",
+                        self.pos - 1
+                    )));
+                }
             },
             8 => GgufValue::String(self.string()?),
             9 => {
@@ -494,7 +548,12 @@ impl<'a> Reader<'a> {
             10 => GgufValue::U64(self.u64()?),
             11 => GgufValue::I64(i64::from_le_bytes(self.array()?)),
             12 => GgufValue::F64(f64::from_le_bytes(self.array()?)),
-            t => return Err(EngineError::corrupt(format!("unknown metadata value type {t} at offset {}", self.pos - 4))),
+            t => {
+                return Err(EngineError::corrupt(format!(
+                    "unknown metadata value type {t} at offset {}",
+                    self.pos - 4
+                )));
+            }
         })
     }
 }

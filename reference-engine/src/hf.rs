@@ -33,12 +33,18 @@ pub struct HfDir {
 
 impl std::fmt::Debug for HfDir {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HfDir").field("files", &self.maps.len()).field("tensors", &self.tensors.len()).finish()
+        f.debug_struct("HfDir")
+            .field("files", &self.maps.len())
+            .field("tensors", &self.tensors.len())
+            .finish()
     }
 }
 
 fn read(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|source| EngineError::Io { path: path.to_path_buf(), source })
+    std::fs::read(path).map_err(|source| EngineError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 impl HfDir {
@@ -51,8 +57,9 @@ impl HfDir {
         let files: Vec<PathBuf> = if single.is_file() {
             vec![single]
         } else if index.is_file() {
-            let idx: serde_json::Value = serde_json::from_slice(&read(&index)?)
-                .map_err(|e| EngineError::InvalidHf(format!("model.safetensors.index.json: {e}")))?;
+            let idx: serde_json::Value = serde_json::from_slice(&read(&index)?).map_err(|e| {
+                EngineError::InvalidHf(format!("model.safetensors.index.json: {e}"))
+            })?;
             let map = idx
                 .get("weight_map")
                 .and_then(serde_json::Value::as_object)
@@ -63,7 +70,9 @@ impl HfDir {
             let mut out = Vec::new();
             for n in names {
                 if n.contains('/') || n.contains("..") {
-                    return Err(EngineError::InvalidHf(format!("shard name {n:?} leaves the directory")));
+                    return Err(EngineError::InvalidHf(format!(
+                        "shard name {n:?} leaves the directory"
+                    )));
                 }
                 out.push(dir.join(n));
             }
@@ -77,9 +86,15 @@ impl HfDir {
         let mut maps = Vec::new();
         let mut tensors = BTreeMap::new();
         for (i, path) in files.iter().enumerate() {
-            let f = File::open(path).map_err(|source| EngineError::Io { path: path.clone(), source })?;
+            let f = File::open(path).map_err(|source| EngineError::Io {
+                path: path.clone(),
+                source,
+            })?;
             // SAFETY: read-only private map (see GgufFile::open).
-            let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|source| EngineError::Io { path: path.clone(), source })?;
+            let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|source| EngineError::Io {
+                path: path.clone(),
+                source,
+            })?;
             let (header_len, meta) = SafeTensors::read_metadata(&map)
                 .map_err(|e| EngineError::InvalidHf(format!("{}: {e}", path.display())))?;
             let base = 8 + header_len;
@@ -87,13 +102,29 @@ impl HfDir {
                 let (s, e) = info.data_offsets;
                 let (start, end) = (base + s, base + e);
                 if end > map.len() || start > end {
-                    return Err(EngineError::InvalidHf(format!("{name}: data runs past the end of {}", path.display())));
+                    return Err(EngineError::InvalidHf(format!(
+                        "{name}: data runs past the end of {}",
+                        path.display()
+                    )));
                 }
-                tensors.insert(name, Entry { file: i, dtype: info.dtype, shape: info.shape.clone(), start, end });
+                tensors.insert(
+                    name,
+                    Entry {
+                        file: i,
+                        dtype: info.dtype,
+                        shape: info.shape.clone(),
+                        start,
+                        end,
+                    },
+                );
             }
             maps.push(map);
         }
-        Ok(Self { config, maps, tensors })
+        Ok(Self {
+            config,
+            maps,
+            tensors,
+        })
     }
 
     /// Whether a tensor exists.
@@ -103,12 +134,18 @@ impl HfDir {
 
     /// A tensor's shape.
     pub fn shape(&self, name: &str) -> Result<&[usize]> {
-        self.tensors.get(name).map(|e| e.shape.as_slice()).ok_or_else(|| EngineError::MissingTensor(name.into()))
+        self.tensors
+            .get(name)
+            .map(|e| e.shape.as_slice())
+            .ok_or_else(|| EngineError::MissingTensor(name.into()))
     }
 
     /// A whole tensor as f32, row-major.
     pub fn tensor_f32(&self, name: &str) -> Result<Vec<f32>> {
-        let e = self.tensors.get(name).ok_or_else(|| EngineError::MissingTensor(name.into()))?;
+        let e = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| EngineError::MissingTensor(name.into()))?;
         let bytes = &self.maps[e.file][e.start..e.end];
         let n: usize = e.shape.iter().product();
         let (width, conv): (usize, fn(&[u8]) -> f32) = match e.dtype {
@@ -116,11 +153,17 @@ impl HfDir {
             Dtype::F16 => (2, |c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
             Dtype::BF16 => (2, |c| bf16::from_le_bytes([c[0], c[1]]).to_f32()),
             other => {
-                return Err(EngineError::UnsupportedTensorType { tensor: name.into(), type_name: format!("{other:?}") });
+                return Err(EngineError::UnsupportedTensorType {
+                    tensor: name.into(),
+                    type_name: format!("{other:?}"),
+                });
             }
         };
         if bytes.len() != n * width {
-            return Err(EngineError::InvalidHf(format!("{name}: {} bytes for {n} elements", bytes.len())));
+            return Err(EngineError::InvalidHf(format!(
+                "{name}: {} bytes for {n} elements",
+                bytes.len()
+            )));
         }
         Ok(bytes.chunks_exact(width).map(conv).collect())
     }

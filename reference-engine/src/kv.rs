@@ -15,7 +15,10 @@ pub struct KvCache {
 impl KvCache {
     /// An empty cache for `n_layer` layers.
     pub fn new(n_layer: usize) -> Self {
-        Self { layers: vec![(Vec::new(), Vec::new()); n_layer], len: 0 }
+        Self {
+            layers: vec![(Vec::new(), Vec::new()); n_layer],
+            len: 0,
+        }
     }
 
     /// Positions processed so far.
@@ -30,6 +33,9 @@ impl KvCache {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.layers.iter().map(|(k, v)| (k.capacity() + v.capacity()) * 4).sum()
+        self.layers
+            .iter()
+            .map(|(k, v)| (k.capacity() + v.capacity()) * 4)
+            .sum()
     }
 }

@@ -52,7 +52,8 @@ pub mod tokenizer;
 
 pub use config::{Arch, ModelConfig};
 pub use engine::{
-    Engine, Finish, FinishReason, GenerateParams, GeneratedToken, Generation, LoadOptions, ScoredPosition, ScoredSequence,
+    Engine, Finish, FinishReason, GenerateParams, GeneratedToken, Generation, LoadOptions,
+    ScoredPosition, ScoredSequence,
 };
 pub use error::{EngineError, Result};
 pub use kernels::Isa;

@@ -108,7 +108,11 @@ enum Src<'a> {
 
 /// A loaded 2-D tensor ready to hand rows out.
 enum Mat<'a> {
-    Gguf { bytes: &'a [u8], ty: GgmlType, row_bytes: usize },
+    Gguf {
+        bytes: &'a [u8],
+        ty: GgmlType,
+        row_bytes: usize,
+    },
     F32(Vec<f32>),
 }
 
@@ -175,14 +179,20 @@ impl Src<'_> {
         let name = self.name(t, layer);
         let v = match self {
             Src::Gguf(g) => {
-                let info = g.tensor(&name).ok_or_else(|| EngineError::MissingTensor(name.clone()))?;
+                let info = g
+                    .tensor(&name)
+                    .ok_or_else(|| EngineError::MissingTensor(name.clone()))?;
                 check_type(&name, info.ggml_type)?;
                 quant::dequantize_row(info.ggml_type, g.tensor_bytes(info), info.n_elements())?
             }
             Src::Hf(h) => h.tensor_f32(&name)?,
         };
         if v.len() != len {
-            return Err(EngineError::ShapeMismatch { tensor: name, actual: vec![v.len()], expected: vec![len] });
+            return Err(EngineError::ShapeMismatch {
+                tensor: name,
+                actual: vec![v.len()],
+                expected: vec![len],
+            });
         }
         Ok(v)
     }
@@ -192,9 +202,15 @@ impl Src<'_> {
         let name = self.name(t, layer);
         match self {
             Src::Gguf(g) => {
-                let info = g.tensor(&name).ok_or_else(|| EngineError::MissingTensor(name.clone()))?;
+                let info = g
+                    .tensor(&name)
+                    .ok_or_else(|| EngineError::MissingTensor(name.clone()))?;
                 if info.dims != [k, n] {
-                    return Err(EngineError::ShapeMismatch { tensor: name, actual: info.dims.clone(), expected: vec![k, n] });
+                    return Err(EngineError::ShapeMismatch {
+                        tensor: name,
+                        actual: info.dims.clone(),
+                        expected: vec![k, n],
+                    });
                 }
                 check_type(&name, info.ggml_type)?;
                 let ty = info.ggml_type;
@@ -204,12 +220,23 @@ impl Src<'_> {
                     _ => Some(32),
                 };
                 let row_bytes = k / ty.block_size() * ty.type_size();
-                Ok((Mat::Gguf { bytes: g.tensor_bytes(info), ty, row_bytes }, group))
+                Ok((
+                    Mat::Gguf {
+                        bytes: g.tensor_bytes(info),
+                        ty,
+                        row_bytes,
+                    },
+                    group,
+                ))
             }
             Src::Hf(h) => {
                 let shape = h.shape(&name)?;
                 if shape != [n, k] {
-                    return Err(EngineError::ShapeMismatch { tensor: name, actual: shape.to_vec(), expected: vec![n, k] });
+                    return Err(EngineError::ShapeMismatch {
+                        tensor: name,
+                        actual: shape.to_vec(),
+                        expected: vec![n, k],
+                    });
                 }
                 Ok((Mat::F32(h.tensor_f32(&name)?), None))
             }
@@ -221,7 +248,10 @@ fn check_type(name: &str, ty: GgmlType) -> Result<()> {
     if quant::is_supported(ty) {
         Ok(())
     } else {
-        Err(EngineError::UnsupportedTensorType { tensor: name.into(), type_name: ty.name().into() })
+        Err(EngineError::UnsupportedTensorType {
+            tensor: name.into(),
+            type_name: ty.name().into(),
+        })
     }
 }
 
@@ -230,7 +260,11 @@ impl Mat<'_> {
     fn row(&self, i: usize, k: usize, as_f32: bool) -> Result<RowSource> {
         match self {
             Mat::F32(v) => Ok(RowSource::F32(v[i * k..(i + 1) * k].to_vec())),
-            Mat::Gguf { bytes, ty, row_bytes } => {
+            Mat::Gguf {
+                bytes,
+                ty,
+                row_bytes,
+            } => {
                 let b = &bytes[i * row_bytes..(i + 1) * row_bytes];
                 if as_f32 || matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
                     Ok(RowSource::F32(quant::dequantize_row(*ty, b, k)?))
@@ -254,7 +288,11 @@ fn common_group(groups: &[Option<usize>]) -> Option<usize> {
 /// Packs matrices stacked along n. `perm[j]` = Some(head_dim) un-permutes part j's rows.
 /// With `requant`, every row is re-quantized along k (the input dimension, which the row
 /// permutation does not mix) and stored as its integer codes, or as f32 when they do not fit.
-fn stack(parts: &[(Mat<'_>, Option<usize>, usize, Option<usize>)], k: usize, requant: Option<WeightQuant>) -> Result<Linear> {
+fn stack(
+    parts: &[(Mat<'_>, Option<usize>, usize, Option<usize>)],
+    k: usize,
+    requant: Option<WeightQuant>,
+) -> Result<Linear> {
     if let Some(q) = requant {
         return stack_requantized(parts, k, q);
     }
@@ -274,7 +312,11 @@ fn stack(parts: &[(Mat<'_>, Option<usize>, usize, Option<usize>)], k: usize, req
 }
 
 /// [`stack`] with every row re-quantized by `q`.
-fn stack_requantized(parts: &[(Mat<'_>, Option<usize>, usize, Option<usize>)], k: usize, q: WeightQuant) -> Result<Linear> {
+fn stack_requantized(
+    parts: &[(Mat<'_>, Option<usize>, usize, Option<usize>)],
+    k: usize,
+    q: WeightQuant,
+) -> Result<Linear> {
     let n: usize = parts.iter().map(|p| p.2).sum();
     let as_codes = q.codes(&vec![0f32; k]).is_some();
     // the kernels store scales per 32 values; a coarser group repeats its scale
@@ -287,9 +329,12 @@ fn stack_requantized(parts: &[(Mat<'_>, Option<usize>, usize, Option<usize>)], k
                     return Err(EngineError::corrupt("expected an f32 row"));
                 };
                 return Ok(match q.codes(&v) {
-                    Some(c) if as_codes => {
-                        RowSource::Quant(quant::Decomposed { group: q.group_size, q: c.q, scale: c.scale, offset: c.offset })
-                    }
+                    Some(c) if as_codes => RowSource::Quant(quant::Decomposed {
+                        group: q.group_size,
+                        q: c.q,
+                        scale: c.scale,
+                        offset: c.offset,
+                    }),
                     _ => {
                         q.apply(&mut v);
                         RowSource::F32(v)
@@ -310,7 +355,9 @@ impl Weights {
         if let Some(info) = g.tensor("rope_freqs.weight") {
             let f = quant::dequantize_row(info.ggml_type, g.tensor_bytes(info), info.n_elements())?;
             if f.len() != w.inv_freq.len() {
-                return Err(EngineError::corrupt("rope_freqs.weight has the wrong length"));
+                return Err(EngineError::corrupt(
+                    "rope_freqs.weight has the wrong length",
+                ));
             }
             for (x, d) in w.inv_freq.iter_mut().zip(f) {
                 *x /= d;
@@ -349,7 +396,11 @@ impl Weights {
             let (q, qg) = src.matrix(T::Q, l, qd, e)?;
             let (k, kg) = src.matrix(T::K, l, kvd, e)?;
             let (v, vg) = src.matrix(T::V, l, kvd, e)?;
-            let qkv = stack(&[(q, qg, qd, perm), (k, kg, kvd, perm), (v, vg, kvd, None)], e, qa)?;
+            let qkv = stack(
+                &[(q, qg, qd, perm), (k, kg, kvd, perm), (v, vg, kvd, None)],
+                e,
+                qa,
+            )?;
             let qkv_bias = if src.has(T::QBias, l) {
                 let q = src.vector(T::QBias, l, qd)?;
                 let k = src.vector(T::KBias, l, kvd)?;
@@ -388,7 +439,15 @@ impl Weights {
         }
         let output_norm = src.vector(T::OutputNorm, 0, e)?;
         let inv_freq = config.inv_freq();
-        Ok(Self { config, embed, output, output_norm, layers, inv_freq, numerics: numerics.clone() })
+        Ok(Self {
+            config,
+            embed,
+            output,
+            output_norm,
+            layers,
+            inv_freq,
+            numerics: numerics.clone(),
+        })
     }
 }
 

@@ -56,7 +56,10 @@ fn check(ty: GgmlType, bytes: &[u8], n: usize) -> Result<usize> {
 }
 
 fn unsupported(ty: GgmlType) -> EngineError {
-    EngineError::UnsupportedTensorType { tensor: String::new(), type_name: ty.name().into() }
+    EngineError::UnsupportedTensorType {
+        tensor: String::new(),
+        type_name: ty.name().into(),
+    }
 }
 
 /// True if this engine can dequantize `ty`.
@@ -80,7 +83,10 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
     }
 }
 
@@ -89,15 +95,24 @@ pub fn dequantize_row(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>> 
     match ty {
         GgmlType::F32 => {
             check(ty, bytes, n)?;
-            Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+            Ok(bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect())
         }
         GgmlType::F16 => {
             check(ty, bytes, n)?;
-            Ok(bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect())
+            Ok(bytes
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect())
         }
         GgmlType::BF16 => {
             check(ty, bytes, n)?;
-            Ok(bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect())
+            Ok(bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect())
         }
         _ => {
             let d = decompose_row(ty, bytes, n)?;
@@ -128,7 +143,11 @@ pub fn decompose_row(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Decomposed>
         }
         GgmlType::Q4_0 | GgmlType::Q4_1 => {
             group = 32;
-            let (hdr, bias) = if ty == GgmlType::Q4_0 { (2, 8i8) } else { (4, 0i8) };
+            let (hdr, bias) = if ty == GgmlType::Q4_0 {
+                (2, 8i8)
+            } else {
+                (4, 0i8)
+            };
             for b in bytes.chunks_exact(ts) {
                 scale.push(f16_at(b, 0));
                 if ty == GgmlType::Q4_1 {
@@ -149,7 +168,11 @@ pub fn decompose_row(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Decomposed>
                 let d = f16_at(b, 0);
                 let dmin = f16_at(b, 2);
                 let scales = &b[4..16];
-                let (qh, mut ql) = if ty == GgmlType::Q5K { (Some(&b[16..48]), &b[48..176]) } else { (None, &b[16..144]) };
+                let (qh, mut ql) = if ty == GgmlType::Q5K {
+                    (Some(&b[16..48]), &b[48..176])
+                } else {
+                    (None, &b[16..144])
+                };
                 let (mut u1, mut u2) = (1u8, 2u8);
                 for j in 0..4 {
                     for half in 0..2 {
@@ -185,9 +208,11 @@ pub fn decompose_row(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Decomposed>
                     let sc = &b[192 + n128 * 8..192 + n128 * 8 + 8];
                     for l in 0..32 {
                         q[base + l] = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i8 - 32;
-                        q[base + l + 32] = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
+                        q[base + l + 32] =
+                            ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
                         q[base + l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32;
-                        q[base + l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
+                        q[base + l + 96] =
+                            ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
                     }
                     for &s in sc {
                         scale.push(d * f32::from(s as i8));
@@ -201,7 +226,12 @@ pub fn decompose_row(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Decomposed>
     }
     debug_assert_eq!(q.len(), n);
     debug_assert_eq!(scale.len(), nb * ty.block_size() / group);
-    Ok(Decomposed { group, q, scale, offset: has_offset.then_some(offset) })
+    Ok(Decomposed {
+        group,
+        q,
+        scale,
+        offset: has_offset.then_some(offset),
+    })
 }
 
 #[cfg(test)]
@@ -292,7 +322,11 @@ mod tests {
                 }
                 let d1 = d * sc[sub] as f32;
                 let m1 = dmin * mn[sub] as f32;
-                assert_eq!(y[i].to_bits(), (d1 * qv as f32 - m1).to_bits(), "{ty:?} element {i}");
+                assert_eq!(
+                    y[i].to_bits(),
+                    (d1 * qv as f32 - m1).to_bits(),
+                    "{ty:?} element {i}"
+                );
             }
         }
     }
@@ -324,12 +358,28 @@ mod tests {
 
     #[test]
     fn float_types_and_bad_lengths() {
-        let b: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
-        assert_eq!(dequantize_row(GgmlType::F32, &b, 2).unwrap(), vec![1.5, -2.0]);
+        let b: Vec<u8> = [1.5f32, -2.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(
+            dequantize_row(GgmlType::F32, &b, 2).unwrap(),
+            vec![1.5, -2.0]
+        );
         let b: Vec<u8> = [h(0.5), h(-3.0)].concat();
-        assert_eq!(dequantize_row(GgmlType::F16, &b, 2).unwrap(), vec![0.5, -3.0]);
-        let b: Vec<u8> = [bf16::from_f32(1.25).to_le_bytes(), bf16::from_f32(-4.0).to_le_bytes()].concat();
-        assert_eq!(dequantize_row(GgmlType::BF16, &b, 2).unwrap(), vec![1.25, -4.0]);
+        assert_eq!(
+            dequantize_row(GgmlType::F16, &b, 2).unwrap(),
+            vec![0.5, -3.0]
+        );
+        let b: Vec<u8> = [
+            bf16::from_f32(1.25).to_le_bytes(),
+            bf16::from_f32(-4.0).to_le_bytes(),
+        ]
+        .concat();
+        assert_eq!(
+            dequantize_row(GgmlType::BF16, &b, 2).unwrap(),
+            vec![1.25, -4.0]
+        );
         assert!(dequantize_row(GgmlType::Q4_1, &[0u8; 19], 32).is_err());
         assert!(dequantize_row(GgmlType::Q2K, &[0u8; 84], 256).is_err());
     }

@@ -33,7 +33,8 @@ pub fn log_sum_exp(logits: &[f32]) -> f64 {
             lanes[i % 8] += f64::from(e);
         }
     }
-    let sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+    let sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
+        + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
     f64::from(max) + sum.ln()
 }
 
@@ -52,11 +53,19 @@ pub fn top_k(logits: &[f32], lse: f64, k: usize) -> Vec<TokenLogprob> {
         if best.len() == k && l.partial_cmp(&best[k - 1].0) != Some(std::cmp::Ordering::Greater) {
             continue;
         }
-        let pos = best.iter().position(|&(bl, _)| l > bl).unwrap_or(best.len());
+        let pos = best
+            .iter()
+            .position(|&(bl, _)| l > bl)
+            .unwrap_or(best.len());
         best.insert(pos, (l, i as u32));
         best.truncate(k);
     }
-    best.into_iter().map(|(l, t)| TokenLogprob { token: t, logprob: (f64::from(l) - lse) as f32 }).collect()
+    best.into_iter()
+        .map(|(l, t)| TokenLogprob {
+            token: t,
+            logprob: (f64::from(l) - lse) as f32,
+        })
+        .collect()
 }
 
 /// How to pick the next token.
@@ -74,7 +83,12 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        Self { temperature: 0.0, top_p: 1.0, top_k: 0, seed: None }
+        Self {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: None,
+        }
     }
 }
 
@@ -106,8 +120,12 @@ impl Sampler {
         // candidates (weight, id); unnormalized probabilities exp((l - max) / T)
         let weight = |l: f32| ((f64::from(l) - f64::from(max)) * inv_t).exp();
         let mut cand: Vec<(f64, u32)> = if p.top_k > 0 || p.top_p < 1.0 {
-            let mut all: Vec<(f64, u32)> =
-                logits.iter().enumerate().map(|(i, &l)| (weight(l), i as u32)).filter(|c| c.0 > 0.0).collect();
+            let mut all: Vec<(f64, u32)> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (weight(l), i as u32))
+                .filter(|c| c.0 > 0.0)
+                .collect();
             all.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
             if p.top_k > 0 {
                 all.truncate(p.top_k);
@@ -127,7 +145,11 @@ impl Sampler {
             }
             all
         } else {
-            logits.iter().enumerate().map(|(i, &l)| (weight(l), i as u32)).collect()
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (weight(l), i as u32))
+                .collect()
         };
         let total: f64 = cand.iter().map(|c| c.0).sum();
         let mut u = self.rng.random::<f64>() * total;
@@ -171,7 +193,12 @@ mod tests {
     #[test]
     fn seeded_sampling_repeats_and_respects_top_k() {
         let logits: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin()).collect();
-        let params = SamplingParams { temperature: 1.0, top_p: 1.0, top_k: 5, seed: Some(42) };
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 5,
+            seed: Some(42),
+        };
         let a: Vec<u32> = {
             let mut s = Sampler::new(params.clone());
             (0..50).map(|_| s.pick(&logits)).collect()

@@ -59,11 +59,7 @@ pub fn build(config: &Config, store: Store, gateway: AppState) -> anyhow::Result
     for (name, m) in &config.models {
         models.push(ModelSpec {
             name: name.clone(),
-            endpoints: m
-                .endpoints
-                .iter()
-                .map(|e| e.id().into_string())
-                .collect(),
+            endpoints: m.endpoints.iter().map(|e| e.id().into_string()).collect(),
             slo: Slo::parse(name, m.slo.as_ref())?,
             ladder: ladder.clone(),
         });

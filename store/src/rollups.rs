@@ -683,7 +683,10 @@ impl Store {
             self.backend(),
             "DELETE FROM endpoint_minutes WHERE minute_ms < $1",
         );
-        let hours = sql(self.backend(), "DELETE FROM endpoint_hours WHERE hour_ms < $1");
+        let hours = sql(
+            self.backend(),
+            "DELETE FROM endpoint_hours WHERE hour_ms < $1",
+        );
         let hour_labels = sql(
             self.backend(),
             "DELETE FROM endpoint_hour_labels WHERE hour_ms < $1",

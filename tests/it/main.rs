@@ -9,9 +9,9 @@ mod common;
 
 mod alerts_cli;
 mod cli;
-mod evals_e2e;
 mod dashboards_browser;
 mod demo_e2e;
+mod evals_e2e;
 mod passive_drift_e2e;
 mod probes_e2e;
 mod probes_rounds;

@@ -74,7 +74,9 @@ async fn probes_run_once_tells_the_profiles_apart() -> Result<()> {
     );
     ensure!(
         stdout.contains("1 round(s): 7 run(s) stored, ")
-            && stdout.lines().any(|l| l.starts_with("alert #") && l.contains("shift/smol unfaithful")),
+            && stdout
+                .lines()
+                .any(|l| l.starts_with("alert #") && l.contains("shift/smol unfaithful")),
         "summary and open alerts:\n{stdout}"
     );
 

@@ -68,7 +68,12 @@ async fn fifty_rounds_never_flag_the_unmodified_or_the_8bit_activation_endpoint(
     ensure!(all.len() == stored, "{} runs stored", all.len());
     let exact = rounds_of(&all, "exact/smol");
     let a8 = rounds_of(&all, "a8/smol");
-    ensure!(exact.len() == ROUNDS && a8.len() == ROUNDS, "{} / {}", exact.len(), a8.len());
+    ensure!(
+        exact.len() == ROUNDS && a8.len() == ROUNDS,
+        "{} / {}",
+        exact.len(),
+        a8.len()
+    );
     for r in exact.iter().chain(&a8) {
         ensure!(
             r.ok && r.tokens > 0,
@@ -93,8 +98,7 @@ async fn fifty_rounds_never_flag_the_unmodified_or_the_8bit_activation_endpoint(
     }
     // 8-bit activations really differ from the reference in every round (the verdict is not
     // vacuous), yet stay within the ladder's 6-bit level every time
-    let ladder =
-        samewise_probes::ladder::Ladder::from_json(&std::fs::read_to_string(LADDER)?)?;
+    let ladder = samewise_probes::ladder::Ladder::from_json(&std::fs::read_to_string(LADDER)?)?;
     let threshold = ladder.threshold(samewise_probes::ladder::Metric::KlTopkMean, "w6")?;
     let mut worst: f64 = 0.0;
     for r in &a8 {
@@ -102,7 +106,10 @@ async fn fifty_rounds_never_flag_the_unmodified_or_the_8bit_activation_endpoint(
         ensure!(kl > 0.0, "a8 round #{} measured KL 0: {}", r.id, r.stats);
         worst = worst.max(kl);
     }
-    ensure!(worst < threshold, "a8 KL {worst} ≥ the w6 level {threshold}");
+    ensure!(
+        worst < threshold,
+        "a8 KL {worst} ≥ the w6 level {threshold}"
+    );
     eprintln!("a8 over {ROUNDS} rounds: worst round mean KL {worst:.5}, w6 level {threshold:.5}");
 
     let all_alerts = alerts(&data).await?;
@@ -124,12 +131,7 @@ async fn an_endpoint_switched_to_4bit_weights_mid_run_raises_changed() -> Result
         .to_owned();
     let data = dir.path().join("data");
     let cfg = dir.path().join("samewise.toml");
-    let text = ladder_config(
-        &data,
-        &[("ep", &url)],
-        "interval_ms = 300\njitter = 0.0",
-    )?
-    .replace(
+    let text = ladder_config(&data, &[("ep", &url)], "interval_ms = 300\njitter = 0.0")?.replace(
         "[probes.detectors]\n",
         &format!("[probes.detectors]\ncusum_baseline_rounds = {BASELINE}\n"),
     );
@@ -186,7 +188,10 @@ async fn an_endpoint_switched_to_4bit_weights_mid_run_raises_changed() -> Result
     ensure!(alert.endpoint == "ep/smol", "{alert:?}");
     let ev = &alert.evidence;
     let run_id = ev["probe_runs"][0].as_i64().context("probe run id")?;
-    ensure!(run_id > last_before, "alarm on run #{run_id}, before the switch");
+    ensure!(
+        run_id > last_before,
+        "alarm on run #{run_id}, before the switch"
+    );
     let kl = ev["alarms"]
         .as_array()
         .context("alarms")?
@@ -210,7 +215,10 @@ async fn an_endpoint_switched_to_4bit_weights_mid_run_raises_changed() -> Result
         .into_iter()
         .filter(|r| r.ok && r.id > last_before && r.id <= run_id)
         .count();
-    ensure!((1..=2).contains(&after), "{after} runs after the switch until the alarm");
+    ensure!(
+        (1..=2).contains(&after),
+        "{after} runs after the switch until the alarm"
+    );
     let switched = all.iter().find(|r| r.id == run_id).context("alarm run")?;
     ensure!(stat(switched, "kl_mean")? > 0.01, "{}", switched.stats);
     Ok(())

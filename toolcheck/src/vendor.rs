@@ -75,7 +75,11 @@ mod tests {
         assert_eq!(acc.rate(), None);
         acc.add(
             &tools,
-            &[call("f", r#"{"x": 1}"#), call("f", r#"{"x": "1"}"#), call("g", "{}")],
+            &[
+                call("f", r#"{"x": 1}"#),
+                call("f", r#"{"x": "1"}"#),
+                call("g", "{}"),
+            ],
         );
         acc.add(&tools, &[call("f", "not json")]);
         assert_eq!(acc, SchemaAccuracy { calls: 4, valid: 1 });

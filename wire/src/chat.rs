@@ -395,7 +395,10 @@ mod tests {
         assert_eq!(req.top_logprobs, Some(5));
         assert_eq!(req.extra["provider_specific"]["a"][1], 2);
         assert_eq!(req.messages[0].extra["x_part"], 1);
-        assert_eq!(req.tools.as_ref().unwrap()[0].function.extra["strict"], true);
+        assert_eq!(
+            req.tools.as_ref().unwrap()[0].function.extra["strict"],
+            true
+        );
         let again: Value = serde_json::to_value(&req).unwrap();
         let orig: Value = serde_json::from_str(text).unwrap();
         assert_eq!(again, orig);
@@ -419,14 +422,22 @@ mod tests {
         .unwrap();
         let d = &c.choices[0].delta.tool_calls.as_ref().unwrap()[0];
         assert_eq!(d.index, 1);
-        assert_eq!(d.function.as_ref().unwrap().arguments.as_deref(), Some("{\"a\""));
+        assert_eq!(
+            d.function.as_ref().unwrap().arguments.as_deref(),
+            Some("{\"a\"")
+        );
         assert!(c.usage.is_none());
     }
 
     #[test]
     fn wrong_types_are_errors_not_panics() {
-        assert!(serde_json::from_str::<ChatCompletionRequest>(r#"{"model":"m","messages":"hi"}"#).is_err());
+        assert!(
+            serde_json::from_str::<ChatCompletionRequest>(r#"{"model":"m","messages":"hi"}"#)
+                .is_err()
+        );
         assert!(serde_json::from_str::<ChatCompletionRequest>(r#"{"model":"m"}"#).is_err());
-        assert!(serde_json::from_str::<ChatCompletionRequest>(r#"{"model":1,"messages":[]}"#).is_err());
+        assert!(
+            serde_json::from_str::<ChatCompletionRequest>(r#"{"model":1,"messages":[]}"#).is_err()
+        );
     }
 }

@@ -140,7 +140,11 @@ impl CompletionLogprobs {
             .as_ref()
             .and_then(|v| v.get(i))
             .and_then(|o| o.as_ref())
-            .map(|m| m.iter().filter_map(|(k, v)| v.as_f64().map(|f| (k.clone(), f))).collect())
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| v.as_f64().map(|f| (k.clone(), f)))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }
@@ -154,8 +158,14 @@ mod tests {
         let p = |s: &str| serde_json::from_str::<Prompt>(s).unwrap();
         assert_eq!(p(r#""hi""#), Prompt::Text("hi".into()));
         assert_eq!(p("[1,2]"), Prompt::Tokens(vec![1, 2]));
-        assert_eq!(p(r#"["a","b"]"#), Prompt::Texts(vec!["a".into(), "b".into()]));
-        assert_eq!(p("[[1],[2,3]]"), Prompt::TokenBatches(vec![vec![1], vec![2, 3]]));
+        assert_eq!(
+            p(r#"["a","b"]"#),
+            Prompt::Texts(vec!["a".into(), "b".into()])
+        );
+        assert_eq!(
+            p("[[1],[2,3]]"),
+            Prompt::TokenBatches(vec![vec![1], vec![2, 3]])
+        );
         assert!(serde_json::from_str::<Prompt>("[1,\"a\"]").is_err());
         assert!(serde_json::from_str::<Prompt>("[-1]").is_err());
     }
@@ -172,6 +182,9 @@ mod tests {
         let lp = r.choices[0].logprobs.as_ref().unwrap();
         assert_eq!(lp.token_logprobs, vec![None, Some(-1.5)]);
         assert!(lp.top_at(0).is_empty());
-        assert_eq!(lp.top_at(1), vec![(" world".into(), -1.5), (" there".into(), -2.0)]);
+        assert_eq!(
+            lp.top_at(1),
+            vec![(" world".into(), -1.5), (" there".into(), -2.0)]
+        );
     }
 }

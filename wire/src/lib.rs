@@ -22,8 +22,8 @@ pub mod sse;
 
 pub use chat::{
     ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatLogprobs,
-    ChatMessage, ChunkChoice, Delta, FunctionCall, FunctionCallDelta, FunctionDef,
-    MessageContent, StreamOptions, Tool, ToolCall, ToolCallDelta, TopLogprob, TokenLogprob,
+    ChatMessage, ChunkChoice, Delta, FunctionCall, FunctionCallDelta, FunctionDef, MessageContent,
+    StreamOptions, TokenLogprob, Tool, ToolCall, ToolCallDelta, TopLogprob,
 };
 pub use common::{ErrorBody, ErrorDetail, ModelList, ModelObject, Stop, Usage};
 pub use completions::{

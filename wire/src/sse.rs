@@ -201,7 +201,11 @@ impl SseDecoder {
             return None;
         }
         self.has_data = false;
-        Some(SseEvent { event, data: std::mem::take(&mut self.data), id })
+        Some(SseEvent {
+            event,
+            data: std::mem::take(&mut self.data),
+            id,
+        })
     }
 }
 
@@ -241,10 +245,26 @@ mod tests {
 
     fn expected() -> Vec<SseEvent> {
         vec![
-            SseEvent { event: None, data: "{\"a\":1}".into(), id: None },
-            SseEvent { event: Some("error".into()), data: "x\ny".into(), id: None },
-            SseEvent { event: None, data: "nospace".into(), id: None },
-            SseEvent { event: None, data: "[DONE]".into(), id: None },
+            SseEvent {
+                event: None,
+                data: "{\"a\":1}".into(),
+                id: None,
+            },
+            SseEvent {
+                event: Some("error".into()),
+                data: "x\ny".into(),
+                id: None,
+            },
+            SseEvent {
+                event: None,
+                data: "nospace".into(),
+                id: None,
+            },
+            SseEvent {
+                event: None,
+                data: "[DONE]".into(),
+                id: None,
+            },
         ]
     }
 
@@ -311,7 +331,14 @@ mod tests {
         bytes.extend(encode_event(Some("error"), "line1\nline2"));
         bytes.extend(DONE_EVENT);
         let evs = d.feed(&bytes).unwrap();
-        assert_eq!(evs[0], SseEvent { event: Some("error".into()), data: "line1\nline2".into(), id: None });
+        assert_eq!(
+            evs[0],
+            SseEvent {
+                event: Some("error".into()),
+                data: "line1\nline2".into(),
+                id: None
+            }
+        );
         assert!(evs[1].is_done());
     }
 }

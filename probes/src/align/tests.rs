@@ -17,7 +17,11 @@ impl TestVocab {
     fn new(extra: &[&[u8]]) -> Self {
         let mut tokens: Vec<Vec<u8>> = (0u8..=255).map(|b| vec![b]).collect();
         tokens.extend(extra.iter().map(|t| t.to_vec()));
-        let by_bytes = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let by_bytes = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
         Self { tokens, by_bytes }
     }
 }
@@ -71,7 +75,10 @@ fn direct_mapping_by_text() {
     // a non-canonical split that still exists in the vocabulary stays direct
     assert_eq!(align(&toks(&["Hel", "lo"]), &v).method, AlignMethod::Direct);
     let empty = align(&[], &v);
-    assert_eq!((empty.method, empty.mismatch_rate), (AlignMethod::Direct, 0.0));
+    assert_eq!(
+        (empty.method, empty.mismatch_rate),
+        (AlignMethod::Direct, 0.0)
+    );
 }
 
 #[test]
@@ -79,14 +86,26 @@ fn partial_characters_map_by_bytes() {
     let v = vocab();
     let e = "é".as_bytes();
     let tokens = vec![
-        EndpointToken { text: "\u{FFFD}".into(), bytes: Some(vec![e[0]]) },
-        EndpointToken { text: "\u{FFFD}".into(), bytes: Some(vec![e[1]]) },
+        EndpointToken {
+            text: "\u{FFFD}".into(),
+            bytes: Some(vec![e[0]]),
+        },
+        EndpointToken {
+            text: "\u{FFFD}".into(),
+            bytes: Some(vec![e[1]]),
+        },
         EndpointToken::text(format!("bytes:\\x{:02x}", b'a')),
     ];
     let a = align(&tokens, &v);
     assert_eq!(a.method, AlignMethod::Direct);
-    assert_eq!(a.reference_ids, vec![u32::from(e[0]), u32::from(e[1]), u32::from(b'a')]);
-    assert_eq!(EndpointToken::text("bytes:\\xc3\\xa9").resolved_bytes(), Some(e.to_vec()));
+    assert_eq!(
+        a.reference_ids,
+        vec![u32::from(e[0]), u32::from(e[1]), u32::from(b'a')]
+    );
+    assert_eq!(
+        EndpointToken::text("bytes:\\xc3\\xa9").resolved_bytes(),
+        Some(e.to_vec())
+    );
     assert_eq!(EndpointToken::text("bytes:\\xzz").resolved_bytes(), None);
     assert_eq!(EndpointToken::text("bytes:\\x+f").resolved_bytes(), None);
     assert_eq!(EndpointToken::text("bytes:").resolved_bytes(), None);
@@ -116,7 +135,13 @@ fn a_foreign_tokenizer_is_mostly_unmappable() {
     assert_eq!(a.unmappable, 5);
     assert_eq!(a.mismatch_rate, 1.0);
     // an unknown partial character without bytes cannot be resolved but keeps offsets sane
-    let b = align(&[EndpointToken::text("\u{FFFD}"), EndpointToken::text(" world")], &v);
+    let b = align(
+        &[
+            EndpointToken::text("\u{FFFD}"),
+            EndpointToken::text(" world"),
+        ],
+        &v,
+    );
     assert_eq!(b.method, AlignMethod::Retokenized);
     assert_eq!(b.unmappable, 1);
     assert_eq!(b.id_at(1), Some(258));
@@ -128,19 +153,46 @@ fn top_alternatives_map_or_are_counted() {
     let alts = vec![
         (EndpointToken::text(" world"), -0.1),
         (EndpointToken::text(" wor"), -2.0),
-        (EndpointToken { text: "\u{FFFD}".into(), bytes: Some(vec![0xc3]) }, -3.0),
+        (
+            EndpointToken {
+                text: "\u{FFFD}".into(),
+                bytes: Some(vec![0xc3]),
+            },
+            -3.0,
+        ),
     ];
     let (top, dropped) = map_top(&alts, &v);
     assert_eq!(dropped, 1);
-    assert_eq!(top, vec![TopEntry { id: 258, logprob: -0.1 }, TopEntry { id: 0xc3, logprob: -3.0 }]);
+    assert_eq!(
+        top,
+        vec![
+            TopEntry {
+                id: 258,
+                logprob: -0.1
+            },
+            TopEntry {
+                id: 0xc3,
+                logprob: -3.0
+            }
+        ]
+    );
 }
 
 #[test]
 fn wire_tokens_convert() {
-    let t = TokenLogprob { token: "lo".into(), logprob: -0.5, bytes: Some(b"lo".to_vec()), top_logprobs: vec![] };
+    let t = TokenLogprob {
+        token: "lo".into(),
+        logprob: -0.5,
+        bytes: Some(b"lo".to_vec()),
+        top_logprobs: vec![],
+    };
     let e = EndpointToken::from(&t);
     assert_eq!(e.resolved_bytes(), Some(b"lo".to_vec()));
-    let top = TopLogprob { token: "x".into(), logprob: -1.0, bytes: None };
+    let top = TopLogprob {
+        token: "x".into(),
+        logprob: -1.0,
+        bytes: None,
+    };
     assert_eq!(EndpointToken::from(&top), EndpointToken::text("x"));
 }
 
@@ -164,18 +216,36 @@ fn lossy_partial_characters_resolve_through_the_known_text() {
     let with_bos = [vec![EndpointToken::text("lo")], tokens.clone()].concat();
     let b = align_to_text(&with_bos, "Helé", &v);
     assert_eq!(b.method, AlignMethod::Direct);
-    assert_eq!(b.reference_ids, vec![257, 256, u32::from(e[0]), u32::from(e[1])]);
+    assert_eq!(
+        b.reference_ids,
+        vec![257, 256, u32::from(e[0]), u32::from(e[1])]
+    );
     // a text the tokens do not spell is no licence: back to the span fallback
-    assert_eq!(align_to_text(&tokens, "Hello", &v).method, AlignMethod::Retokenized);
-    assert_eq!(align_to_text(&tokens, "Helé!", &v).method, AlignMethod::Retokenized);
+    assert_eq!(
+        align_to_text(&tokens, "Hello", &v).method,
+        AlignMethod::Retokenized
+    );
+    assert_eq!(
+        align_to_text(&tokens, "Helé!", &v).method,
+        AlignMethod::Retokenized
+    );
     // bytes, where sent, must agree too
     let wrong = vec![
         EndpointToken::text("Hel"),
-        EndpointToken { text: "\u{FFFD}".into(), bytes: Some(vec![e[1]]) },
+        EndpointToken {
+            text: "\u{FFFD}".into(),
+            bytes: Some(vec![e[1]]),
+        },
         lossy(),
     ];
-    assert_eq!(align_to_text(&wrong, "Helé", &v).method, AlignMethod::Retokenized);
+    assert_eq!(
+        align_to_text(&wrong, "Helé", &v).method,
+        AlignMethod::Retokenized
+    );
     // tokens that all map stay direct whatever the text
     let plain = toks(&["Hel", "lo"]);
-    assert_eq!(align_to_text(&plain, "unrelated", &v).reference_ids, vec![256, 257]);
+    assert_eq!(
+        align_to_text(&plain, "unrelated", &v).reference_ids,
+        vec![256, 257]
+    );
 }

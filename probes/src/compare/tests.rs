@@ -6,22 +6,41 @@ use proptest::prelude::*;
 use super::*;
 
 fn e(id: u32, p: f64) -> TopEntry {
-    TopEntry { id, logprob: p.ln() }
+    TopEntry {
+        id,
+        logprob: p.ln(),
+    }
 }
 
 fn pos(actual: u32, r: Vec<TopEntry>, ep: Vec<TopEntry>) -> PositionInput {
-    let ra = r.iter().find(|x| x.id == actual).map_or(-20.0, |x| x.logprob);
-    let ea = ep.iter().find(|x| x.id == actual).map_or(-20.0, |x| x.logprob);
+    let ra = r
+        .iter()
+        .find(|x| x.id == actual)
+        .map_or(-20.0, |x| x.logprob);
+    let ea = ep
+        .iter()
+        .find(|x| x.id == actual)
+        .map_or(-20.0, |x| x.logprob);
     PositionInput {
         actual_id: actual,
-        reference: Side { actual_logprob: ra, top: r },
-        endpoint: Side { actual_logprob: ea, top: ep },
+        reference: Side {
+            actual_logprob: ra,
+            top: r,
+        },
+        endpoint: Side {
+            actual_logprob: ea,
+            top: ep,
+        },
     }
 }
 
 #[test]
 fn identical_sides_give_zero_drift() {
-    let p = pos(1, vec![e(1, 0.6), e(2, 0.3), e(3, 0.05)], vec![e(3, 0.05), e(1, 0.6), e(2, 0.3)]);
+    let p = pos(
+        1,
+        vec![e(1, 0.6), e(2, 0.3), e(3, 0.05)],
+        vec![e(3, 0.05), e(1, 0.6), e(2, 0.3)],
+    );
     let m = compare_position(&p).unwrap();
     assert_eq!(m.kl, 0.0);
     assert_eq!(m.dlogprob, 0.0);
@@ -64,7 +83,11 @@ fn disjoint_lists_use_actual_token_and_tail() {
 #[test]
 fn endpoint_with_smaller_k_is_compared_at_its_k() {
     // ref gives 4 alternatives, ep only 2; the common k is 2: ref's {0,1} vs ep's {0,2}.
-    let p = pos(0, vec![e(0, 0.5), e(1, 0.2), e(2, 0.1), e(3, 0.1)], vec![e(0, 0.5), e(2, 0.25)]);
+    let p = pos(
+        0,
+        vec![e(0, 0.5), e(1, 0.2), e(2, 0.1), e(3, 0.1)],
+        vec![e(0, 0.5), e(2, 0.25)],
+    );
     let m = compare_position(&p).unwrap();
     assert_eq!(m.overlap, 0.5);
     // S = {0}; both .5 → KL 0 exactly.
@@ -74,7 +97,11 @@ fn endpoint_with_smaller_k_is_compared_at_its_k() {
 #[test]
 fn rounding_and_neg_inf_stay_finite() {
     // top-k sums above 1 (rounding) and a -inf endpoint logprob.
-    let mut p = pos(0, vec![e(0, 0.9), e(1, 0.1000001)], vec![e(0, 0.95), e(1, 0.06)]);
+    let mut p = pos(
+        0,
+        vec![e(0, 0.9), e(1, 0.1000001)],
+        vec![e(0, 0.95), e(1, 0.06)],
+    );
     p.endpoint.actual_logprob = f64::NEG_INFINITY;
     let m = compare_position(&p).unwrap();
     assert!(m.kl.is_finite() && m.kl > 0.0);
@@ -88,7 +115,14 @@ fn bad_inputs_are_errors() {
     assert!(compare_position(&p).is_err());
     let p = pos(0, vec![], vec![e(0, 0.9)]);
     assert!(compare_position(&p).is_err());
-    let p = pos(0, vec![TopEntry { id: 0, logprob: 0.5 }], vec![e(0, 0.9)]);
+    let p = pos(
+        0,
+        vec![TopEntry {
+            id: 0,
+            logprob: 0.5,
+        }],
+        vec![e(0, 0.9)],
+    );
     assert!(compare_position(&p).is_err());
     assert!(summarize(&[]).is_err());
     assert!(kl_full(&[0.0, 1.0], &[0.0]).is_err());
@@ -131,7 +165,10 @@ fn full_kl_hand_computed() {
 
 fn logits_strategy() -> impl Strategy<Value = (Vec<f32>, Vec<f32>)> {
     (3usize..40).prop_flat_map(|n| {
-        (prop::collection::vec(-8.0f32..8.0, n), prop::collection::vec(-8.0f32..8.0, n))
+        (
+            prop::collection::vec(-8.0f32..8.0, n),
+            prop::collection::vec(-8.0f32..8.0, n),
+        )
     })
 }
 
@@ -186,7 +223,10 @@ fn encoding_is_compact_and_rejects_garbage() {
     assert_eq!(bytes.len(), 9 + 4 + 8 + 2 * 17);
     // metrics recomputed from the stored data agree with the originals to f32 precision
     let back = decode_positions(&bytes).unwrap();
-    let (m0, m1) = (compare_position(&p).unwrap(), compare_position(&back[0]).unwrap());
+    let (m0, m1) = (
+        compare_position(&p).unwrap(),
+        compare_position(&back[0]).unwrap(),
+    );
     assert!((m0.kl - m1.kl).abs() < 1e-6);
     let mut bad = bytes.clone();
     bad[0] = b'X';
@@ -195,8 +235,21 @@ fn encoding_is_compact_and_rejects_garbage() {
     extra.push(0);
     assert!(decode_positions(&extra).is_err());
     assert!(decode_positions_base64("not base64!").is_err());
-    let many = vec![TopEntry { id: 0, logprob: -1.0 }; 256];
-    let big = PositionInput { actual_id: 0, reference: Side { actual_logprob: -1.0, top: many }, endpoint: p.endpoint };
+    let many = vec![
+        TopEntry {
+            id: 0,
+            logprob: -1.0
+        };
+        256
+    ];
+    let big = PositionInput {
+        actual_id: 0,
+        reference: Side {
+            actual_logprob: -1.0,
+            top: many,
+        },
+        endpoint: p.endpoint,
+    };
     assert!(encode_positions(&[big]).is_err());
 }
 
@@ -231,7 +284,9 @@ proptest! {
 #[test]
 fn top_k_selection_on_a_vocabulary_row() {
     // a 49,152-entry row like the test model's, with ties at the top
-    let mut lp: Vec<f64> = (0..49_152).map(|i| -((i * 7919 % 49_152) as f64) / 1000.0).collect();
+    let mut lp: Vec<f64> = (0..49_152)
+        .map(|i| -((i * 7919 % 49_152) as f64) / 1000.0)
+        .collect();
     lp[17] = 0.5;
     lp[40_000] = 0.5;
     lp[3] = 0.25;

@@ -202,31 +202,53 @@ model = "~/.cache/samewise/models/smol.gguf"
     assert_eq!(c.reference_cache_positions, 0);
     assert_eq!(expand_home("~user/x".into()), PathBuf::from("~user/x"));
     assert_eq!(expand_home("rel/~/x".into()), PathBuf::from("rel/~/x"));
-    assert_eq!(parse("[probes.reference]\nbackend = \"in_process\"\nmodel = \"m\"\n").map(|c| c.reference_cache_positions).ok(), Some(100_000));
+    assert_eq!(
+        parse("[probes.reference]\nbackend = \"in_process\"\nmodel = \"m\"\n")
+            .map(|c| c.reference_cache_positions)
+            .ok(),
+        Some(100_000)
+    );
 }
 
 #[test]
 fn a_kind_may_have_its_own_interval_and_every_duration_is_bounded() {
     let base = "[probes.reference]\nbackend = \"in_process\"\nmodel = \"/m.gguf\"\n[models.smol.probes]\n\
                 kinds = [\"prompt_logprobs\", \"long_context\"]\ninterval_ms = 60000\n";
-    let c = parse(&format!("{base}intervals_ms = {{ long_context = 600000 }}\n"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let c = parse(&format!(
+        "{base}intervals_ms = {{ long_context = 600000 }}\n"
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
     let m = &c.models["smol"];
-    assert_eq!(m.interval_of(ProbeKind::LongContext), Duration::from_secs(600));
-    assert_eq!(m.interval_of(ProbeKind::PromptLogprobs), Duration::from_secs(60));
+    assert_eq!(
+        m.interval_of(ProbeKind::LongContext),
+        Duration::from_secs(600)
+    );
+    assert_eq!(
+        m.interval_of(ProbeKind::PromptLogprobs),
+        Duration::from_secs(60)
+    );
     for (extra, key) in [
-        ("intervals_ms = { long_context = 0 }\n", "models.smol.probes.intervals_ms.long_context"),
+        (
+            "intervals_ms = { long_context = 0 }\n",
+            "models.smol.probes.intervals_ms.long_context",
+        ),
         ("intervals_ms = { nope = 1000 }\n", "models.smol.probes"),
         (
             "intervals_ms = { samples = 9223372036854775807 }\n",
             "models.smol.probes.intervals_ms.samples",
         ),
     ] {
-        let e = parse(&format!("{base}{extra}")).err().map(|e| e.to_string()).unwrap_or_default();
+        let e = parse(&format!("{base}{extra}"))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(e.contains(key), "{extra}: {e}");
     }
     // the model's own interval is bounded too: a scheduler adds it to the clock
     let huge = base.replace("interval_ms = 60000", "interval_ms = 9223372036854775807");
-    let e = parse(&huge).err().map(|e| e.to_string()).unwrap_or_default();
+    let e = parse(&huge)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
     assert!(e.contains("interval_ms") && e.contains("7 days"), "{e}");
 }

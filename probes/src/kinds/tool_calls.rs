@@ -91,7 +91,10 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
         let want = c.expect == ToolExpectation::Call;
         ep_expected += usize::from(ep_called == want);
         ref_expected += usize::from(ref_called == want);
-        accuracy.add(&ToolSet::from_request_tools(&Value::Array(tools)), &ep_calls);
+        accuracy.add(
+            &ToolSet::from_request_tools(&Value::Array(tools)),
+            &ep_calls,
+        );
     }
     let n = cases.len().max(1) as f64;
     let mut stats = Map::new();

@@ -58,13 +58,34 @@ fn invalid_ladders_are_refused() {
 fn equivalent_on_the_kl_scale() {
     let l = ladder();
     let m = Metric::KlTopkMean;
-    assert_eq!(l.equivalent(m, 0.0).unwrap(), Equivalent::NoWorseThan { bits: 8 });
-    assert_eq!(l.equivalent(m, 0.001).unwrap(), Equivalent::NoWorseThan { bits: 8 });
-    assert_eq!(l.equivalent(m, 3.5).unwrap(), Equivalent::WorseThan { bits: 2 });
+    assert_eq!(
+        l.equivalent(m, 0.0).unwrap(),
+        Equivalent::NoWorseThan { bits: 8 }
+    );
+    assert_eq!(
+        l.equivalent(m, 0.001).unwrap(),
+        Equivalent::NoWorseThan { bits: 8 }
+    );
+    assert_eq!(
+        l.equivalent(m, 3.5).unwrap(),
+        Equivalent::WorseThan { bits: 2 }
+    );
     // exactly at w4: f = 1 between w5 and w4
-    assert_eq!(l.equivalent(m, 0.16).unwrap(), Equivalent::Approx { bits: 4.0, better: 5, worse: 4 });
+    assert_eq!(
+        l.equivalent(m, 0.16).unwrap(),
+        Equivalent::Approx {
+            bits: 4.0,
+            better: 5,
+            worse: 4
+        }
+    );
     // geometric mean of w5 (0.04) and w4 (0.16) is 0.08: halfway on the log scale → 4.5
-    let Equivalent::Approx { bits, better, worse } = l.equivalent(m, 0.08).unwrap() else {
+    let Equivalent::Approx {
+        bits,
+        better,
+        worse,
+    } = l.equivalent(m, 0.08).unwrap()
+    else {
         panic!("expected Approx");
     };
     assert!((bits - 4.5).abs() < 1e-12 && better == 5 && worse == 4);
@@ -80,27 +101,45 @@ fn equivalent_on_the_kl_scale() {
 fn equivalent_on_rate_metrics() {
     let l = ladder();
     // top1_same 0.7: badness 0.3, between w4 (0.2) and w3 (0.4)
-    let Equivalent::Approx { bits, better, worse } = l.equivalent(Metric::Top1Same, 0.7).unwrap() else {
+    let Equivalent::Approx {
+        bits,
+        better,
+        worse,
+    } = l.equivalent(Metric::Top1Same, 0.7).unwrap()
+    else {
         panic!("expected Approx");
     };
     let f = (0.3f64.ln() - 0.2f64.ln()) / (0.4f64.ln() - 0.2f64.ln());
     assert!((bits - (4.0 - f)).abs() < 1e-12 && (better, worse) == (4, 3));
-    assert_eq!(l.equivalent(Metric::Top1Same, 1.0).unwrap(), Equivalent::NoWorseThan { bits: 8 });
-    assert_eq!(l.equivalent(Metric::Top1Same, 0.1).unwrap(), Equivalent::WorseThan { bits: 2 });
+    assert_eq!(
+        l.equivalent(Metric::Top1Same, 1.0).unwrap(),
+        Equivalent::NoWorseThan { bits: 8 }
+    );
+    assert_eq!(
+        l.equivalent(Metric::Top1Same, 0.1).unwrap(),
+        Equivalent::WorseThan { bits: 2 }
+    );
 }
 
 #[test]
 fn non_monotone_ladder_is_made_monotone() {
     let l = ladder();
     // kl_p99: w8 0.02 > w6 0.01 → w6 is raised to 0.02; a value of 0.015 is no worse than 8-bit
-    assert_eq!(l.equivalent(Metric::KlP99, 0.015).unwrap(), Equivalent::NoWorseThan { bits: 8 });
+    assert_eq!(
+        l.equivalent(Metric::KlP99, 0.015).unwrap(),
+        Equivalent::NoWorseThan { bits: 8 }
+    );
     assert_eq!(l.threshold(Metric::KlP99, "w6").unwrap(), 0.02);
 }
 
 #[test]
 fn thresholds_and_verdicts() {
     let l = ladder();
-    assert_eq!(l.threshold(Metric::KlTopkMean, DEFAULT_UNFAITHFUL_LEVEL).unwrap(), 0.01);
+    assert_eq!(
+        l.threshold(Metric::KlTopkMean, DEFAULT_UNFAITHFUL_LEVEL)
+            .unwrap(),
+        0.01
+    );
     assert!((l.threshold(Metric::Top1Same, "w6").unwrap() - 0.97).abs() < 1e-12);
     assert_eq!(l.threshold(Metric::KlTopkMean, "a8").unwrap(), 0.004);
     assert!(l.threshold(Metric::KlTopkMean, "w7").is_err());
@@ -109,16 +148,32 @@ fn thresholds_and_verdicts() {
     let bad = l.judge(Metric::KlTopkMean, 0.2, "w6").unwrap();
     assert!(bad.unfaithful);
     assert_eq!(bad.threshold, 0.01);
-    assert_eq!(bad.equivalent.to_string(), "≈ 3.8-bit (between 4 and 3 bits)");
+    assert_eq!(
+        bad.equivalent.to_string(),
+        "≈ 3.8-bit (between 4 and 3 bits)"
+    );
     let low_rate = l.judge(Metric::Top1Same, 0.9, "w6").unwrap();
     assert!(low_rate.unfaithful);
-    assert_eq!(Equivalent::NoWorseThan { bits: 8 }.to_string(), "no worse than 8-bit");
-    assert_eq!(Equivalent::WorseThan { bits: 2 }.to_string(), "worse than 2-bit");
+    assert_eq!(
+        Equivalent::NoWorseThan { bits: 8 }.to_string(),
+        "no worse than 8-bit"
+    );
+    assert_eq!(
+        Equivalent::WorseThan { bits: 2 }.to_string(),
+        "worse than 2-bit"
+    );
 }
 
 #[test]
 fn summary_metrics_map_to_probe_statistics() {
-    let s = RunSummary { count: 10, kl_mean: 0.1, kl_p99: 1.0, abs_dlogprob_mean: 0.2, top1_same: 0.9, topk_overlap: 0.8 };
+    let s = RunSummary {
+        count: 10,
+        kl_mean: 0.1,
+        kl_p99: 1.0,
+        abs_dlogprob_mean: 0.2,
+        top1_same: 0.9,
+        topk_overlap: 0.8,
+    };
     assert_eq!(Metric::KlTopkMean.of_summary(&s), Some(0.1));
     assert_eq!(Metric::DlogprobMean.of_summary(&s), Some(0.2));
     assert_eq!(Metric::Top1Same.of_summary(&s), Some(0.9));
@@ -141,7 +196,10 @@ fn level_builder_uses_the_probe_definitions() {
         moved.add(&r, &l, actual).unwrap();
     }
     let s = same.finish("w8", LevelKind::Weights, 8).unwrap();
-    assert_eq!((s.kl_mean, s.kl_topk_mean, s.dlogprob_mean), (0.0, 0.0, 0.0));
+    assert_eq!(
+        (s.kl_mean, s.kl_topk_mean, s.dlogprob_mean),
+        (0.0, 0.0, 0.0)
+    );
     assert_eq!((s.top1_same, s.topk_overlap), (1.0, 1.0));
     let m = moved.finish("w2", LevelKind::Weights, 2).unwrap();
     assert_eq!(moved.len(), 3);

@@ -32,7 +32,10 @@ fn mmd_hand_value_and_p_value_range() {
         endpoint: vec!["aa".into(), "aa".into()],
         reference: vec!["bb".into(), "bb".into()],
     };
-    let cfg = PermutationConfig { permutations: 99, seed: 1 };
+    let cfg = PermutationConfig {
+        permutations: 99,
+        seed: 1,
+    };
     let r = mmd_test(std::slice::from_ref(&p), &cfg).unwrap();
     assert!((r.statistic - 0.004).abs() < 1e-12, "{r:?}");
     assert_eq!(r.prompts, 1);
@@ -41,7 +44,10 @@ fn mmd_hand_value_and_p_value_range() {
     // reproducible
     assert_eq!(mmd_test(std::slice::from_ref(&p), &cfg).unwrap(), r);
     // identical sets: MMD² is negative (unbiased estimator), p-value high
-    let same = PromptSamples { endpoint: vec!["ab".into(), "cd".into()], reference: vec!["ab".into(), "cd".into()] };
+    let same = PromptSamples {
+        endpoint: vec!["ab".into(), "cd".into()],
+        reference: vec!["ab".into(), "cd".into()],
+    };
     let r = mmd_test(&[same], &cfg).unwrap();
     assert!(r.statistic < 0.0 && r.p_value > 0.5, "{r:?}");
 }
@@ -50,14 +56,35 @@ fn mmd_hand_value_and_p_value_range() {
 fn bad_inputs_are_errors() {
     let cfg = PermutationConfig::default();
     assert!(mmd_test(&[], &cfg).is_err());
-    let one = PromptSamples { endpoint: vec!["a".into()], reference: vec!["a".into(), "b".into()] };
+    let one = PromptSamples {
+        endpoint: vec!["a".into()],
+        reference: vec!["a".into(), "b".into()],
+    };
     assert!(mmd_test(&[one], &cfg).is_err());
-    let p = PromptSamples { endpoint: vec!["a".into(), "b".into()], reference: vec!["a".into(), "b".into()] };
-    assert!(mmd_test(&[p], &PermutationConfig { permutations: 0, seed: 0 }).is_err());
+    let p = PromptSamples {
+        endpoint: vec!["a".into(), "b".into()],
+        reference: vec!["a".into(), "b".into()],
+    };
+    assert!(
+        mmd_test(
+            &[p],
+            &PermutationConfig {
+                permutations: 0,
+                seed: 0
+            }
+        )
+        .is_err()
+    );
     assert!(loglik_test(&[], &cfg).is_err());
-    let bad = PromptLoglik { endpoint: vec![f64::NAN], reference: vec![-1.0] };
+    let bad = PromptLoglik {
+        endpoint: vec![f64::NAN],
+        reference: vec![-1.0],
+    };
     assert!(loglik_test(&[bad], &cfg).is_err());
-    let empty = PromptLoglik { endpoint: vec![], reference: vec![-1.0] };
+    let empty = PromptLoglik {
+        endpoint: vec![],
+        reference: vec![-1.0],
+    };
     assert!(loglik_test(&[empty], &cfg).is_err());
 }
 
@@ -65,10 +92,23 @@ fn bad_inputs_are_errors() {
 fn loglik_hand_value() {
     // prompt 1: ep mean −1, ref mean −2 → +1; prompt 2: ep −3, ref −3 → 0; T = 0.5
     let p = vec![
-        PromptLoglik { endpoint: vec![-1.0, -1.0], reference: vec![-2.0, -2.0] },
-        PromptLoglik { endpoint: vec![-3.0], reference: vec![-3.0] },
+        PromptLoglik {
+            endpoint: vec![-1.0, -1.0],
+            reference: vec![-2.0, -2.0],
+        },
+        PromptLoglik {
+            endpoint: vec![-3.0],
+            reference: vec![-3.0],
+        },
     ];
-    let r = loglik_test(&p, &PermutationConfig { permutations: 200, seed: 3 }).unwrap();
+    let r = loglik_test(
+        &p,
+        &PermutationConfig {
+            permutations: 200,
+            seed: 3,
+        },
+    )
+    .unwrap();
     assert_eq!(r.statistic, 0.5);
     assert_eq!(r.prompts, 2);
 }
@@ -144,9 +184,15 @@ fn trial(reference: &ToyModel, endpoint: &ToyModel, seed: u64) -> (f64, f64) {
             endpoint: e.iter().map(|s| reference.mean_loglik(p, s)).collect(),
             reference: r.iter().map(|s| reference.mean_loglik(p, s)).collect(),
         });
-        samples.push(PromptSamples { endpoint: e, reference: r });
+        samples.push(PromptSamples {
+            endpoint: e,
+            reference: r,
+        });
     }
-    let cfg = PermutationConfig { permutations: 200, seed: seed ^ 0xabcdef };
+    let cfg = PermutationConfig {
+        permutations: 200,
+        seed: seed ^ 0xabcdef,
+    };
     let m = mmd_test(&samples, &cfg).unwrap();
     let l = loglik_test(&lls, &cfg).unwrap();
     (m.p_value, l.p_value)
@@ -158,19 +204,30 @@ fn trial(reference: &ToyModel, endpoint: &ToyModel, seed: u64) -> (f64, f64) {
 fn identical_generators_give_uniform_p_values() {
     let model = ToyModel::new(11, 0.0, 0);
     let trials = 200;
-    let ps: Vec<(f64, f64)> = (0..trials).map(|t| trial(&model, &model, 1000 + t as u64)).collect();
+    let ps: Vec<(f64, f64)> = (0..trials)
+        .map(|t| trial(&model, &model, 1000 + t as u64))
+        .collect();
     let (lo5, hi5) = sim::binomial_band(trials, 0.05);
     let (lo50, hi50) = sim::binomial_band(trials, 0.5);
     for (name, pick) in [("MMD", 0usize), ("log-likelihood", 1)] {
-        let p: Vec<f64> = ps.iter().map(|t| if pick == 0 { t.0 } else { t.1 }).collect();
+        let p: Vec<f64> = ps
+            .iter()
+            .map(|t| if pick == 0 { t.0 } else { t.1 })
+            .collect();
         let rej = p.iter().filter(|&&v| v <= 0.05).count() as f64;
         let half = p.iter().filter(|&&v| v <= 0.5).count() as f64;
         eprintln!(
             "{name} under H0: false alarms at α=0.05: {rej}/{trials} ({:.3}); p ≤ 0.5: {half}/{trials}",
             rej / trials as f64
         );
-        assert!((lo5..=hi5).contains(&rej), "{name}: {rej} false alarms outside [{lo5:.1}, {hi5:.1}]");
-        assert!((lo50..=hi50).contains(&half), "{name}: {half} outside [{lo50:.1}, {hi50:.1}]");
+        assert!(
+            (lo5..=hi5).contains(&rej),
+            "{name}: {rej} false alarms outside [{lo5:.1}, {hi5:.1}]"
+        );
+        assert!(
+            (lo50..=hi50).contains(&half),
+            "{name}: {half} outside [{lo50:.1}, {hi50:.1}]"
+        );
     }
 }
 
@@ -181,17 +238,25 @@ fn perturbed_generator_is_detected() {
     let reference = ToyModel::new(11, 0.0, 0);
     let endpoint = ToyModel::new(11, 1.0, 99);
     let trials = 100;
-    let ps: Vec<(f64, f64)> = (0..trials).map(|t| trial(&reference, &endpoint, 5000 + t as u64)).collect();
+    let ps: Vec<(f64, f64)> = (0..trials)
+        .map(|t| trial(&reference, &endpoint, 5000 + t as u64))
+        .collect();
     let power_mmd = ps.iter().filter(|t| t.0 <= 0.05).count() as f64 / trials as f64;
     let power_ll = ps.iter().filter(|t| t.1 <= 0.05).count() as f64 / trials as f64;
-    eprintln!("power at α=0.05 (10 prompts × 10 samples, logit noise sd 1): MMD {power_mmd:.2}, log-likelihood {power_ll:.2}");
+    eprintln!(
+        "power at α=0.05 (10 prompts × 10 samples, logit noise sd 1): MMD {power_mmd:.2}, log-likelihood {power_ll:.2}"
+    );
     assert!(power_mmd >= 0.95, "MMD power {power_mmd}");
     assert!(power_ll >= 0.95, "log-likelihood power {power_ll}");
     // a subtler perturbation (noise sd 0.4): power is lower but still well above α
     let subtle = ToyModel::new(11, 0.4, 99);
-    let ps: Vec<(f64, f64)> = (0..trials).map(|t| trial(&reference, &subtle, 7000 + t as u64)).collect();
+    let ps: Vec<(f64, f64)> = (0..trials)
+        .map(|t| trial(&reference, &subtle, 7000 + t as u64))
+        .collect();
     let weak_mmd = ps.iter().filter(|t| t.0 <= 0.05).count() as f64 / trials as f64;
     let weak_ll = ps.iter().filter(|t| t.1 <= 0.05).count() as f64 / trials as f64;
-    eprintln!("power at α=0.05, logit noise sd 0.4: MMD {weak_mmd:.2}, log-likelihood {weak_ll:.2}");
+    eprintln!(
+        "power at α=0.05, logit noise sd 0.4: MMD {weak_mmd:.2}, log-likelihood {weak_ll:.2}"
+    );
     assert!(weak_mmd > 0.2 && weak_ll > 0.2, "{weak_mmd} {weak_ll}");
 }

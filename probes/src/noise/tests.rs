@@ -22,8 +22,9 @@ struct Toy {
 }
 
 fn toy(g: &mut StdRng) -> Toy {
-    let logits: Vec<Vec<f32>> =
-        (0..P).map(|_| (0..V).map(|_| (2.5 * sim::normal(g)) as f32).collect()).collect();
+    let logits: Vec<Vec<f32>> = (0..P)
+        .map(|_| (0..V).map(|_| (2.5 * sim::normal(g)) as f32).collect())
+        .collect();
     let actual = logits
         .iter()
         .map(|l| {
@@ -42,7 +43,13 @@ fn toy(g: &mut StdRng) -> Toy {
 }
 
 fn perturb(base: &[Vec<f32>], sd: f64, g: &mut StdRng) -> Vec<Vec<f32>> {
-    base.iter().map(|l| l.iter().map(|&x| x + (sd * sim::normal(g)) as f32).collect()).collect()
+    base.iter()
+        .map(|l| {
+            l.iter()
+                .map(|&x| x + (sd * sim::normal(g)) as f32)
+                .collect()
+        })
+        .collect()
 }
 
 /// Positions as a probe would see them: reference full logits vs an endpoint's.
@@ -57,25 +64,34 @@ fn positions(t: &Toy, ep: &[Vec<f32>]) -> Vec<PositionInput> {
 }
 
 fn calibrate(t: &Toy, g: &mut StdRng) -> Ladder {
-    let levels = [(8u32, 0.02), (6, 0.08), (5, 0.16), (4, 0.32), (3, 0.64), (2, 1.28)]
-        .iter()
-        .map(|&(bits, sd)| {
-            let ep = perturb(&t.logits, sd, g);
-            let s = summarize(&compare_run(&positions(t, &ep)).unwrap()).unwrap();
-            let full: Vec<f64> = (0..P).map(|i| kl_full(&t.logits[i], &ep[i]).unwrap()).collect();
-            Level {
-                name: format!("w{bits}"),
-                kind: LevelKind::Weights,
-                bits,
-                kl_mean: full.iter().sum::<f64>() / P as f64,
-                kl_p99: crate::compare::quantile_nearest_rank(&full, 0.99).unwrap(),
-                kl_topk_mean: s.kl_mean,
-                dlogprob_mean: s.abs_dlogprob_mean,
-                top1_same: s.top1_same,
-                topk_overlap: s.topk_overlap,
-            }
-        })
-        .collect();
+    let levels = [
+        (8u32, 0.02),
+        (6, 0.08),
+        (5, 0.16),
+        (4, 0.32),
+        (3, 0.64),
+        (2, 1.28),
+    ]
+    .iter()
+    .map(|&(bits, sd)| {
+        let ep = perturb(&t.logits, sd, g);
+        let s = summarize(&compare_run(&positions(t, &ep)).unwrap()).unwrap();
+        let full: Vec<f64> = (0..P)
+            .map(|i| kl_full(&t.logits[i], &ep[i]).unwrap())
+            .collect();
+        Level {
+            name: format!("w{bits}"),
+            kind: LevelKind::Weights,
+            bits,
+            kl_mean: full.iter().sum::<f64>() / P as f64,
+            kl_p99: crate::compare::quantile_nearest_rank(&full, 0.99).unwrap(),
+            kl_topk_mean: s.kl_mean,
+            dlogprob_mean: s.abs_dlogprob_mean,
+            top1_same: s.top1_same,
+            topk_overlap: s.topk_overlap,
+        }
+    })
+    .collect();
     let l = Ladder {
         model: "toy".into(),
         model_sha256: "0".into(),
@@ -132,9 +148,28 @@ fn rule_arithmetic() {
     assert!(!j.unfaithful && (j.effective_threshold - 3.0 * thr).abs() < 1e-15);
     // rates work on 1 − rate
     let t1 = l.threshold(Metric::Top1Same, "w6").unwrap();
-    let j = judge(&l, Metric::Top1Same, 1.0 - 2.0 * (1.0 - t1), Some(1.0 - (1.0 - t1)), &rule).unwrap();
+    let j = judge(
+        &l,
+        Metric::Top1Same,
+        1.0 - 2.0 * (1.0 - t1),
+        Some(1.0 - (1.0 - t1)),
+        &rule,
+    )
+    .unwrap();
     assert!(!j.unfaithful, "{j:?}");
-    assert!(judge(&l, Metric::KlTopkMean, 0.1, None, &FaithfulRule { floor_factor: 0.5, ..rule.clone() }).is_err());
+    assert!(
+        judge(
+            &l,
+            Metric::KlTopkMean,
+            0.1,
+            None,
+            &FaithfulRule {
+                floor_factor: 0.5,
+                ..rule.clone()
+            }
+        )
+        .is_err()
+    );
     assert!(judge(&l, Metric::KlTopkMean, 0.1, Some(f64::NAN), &rule).is_err());
 }
 
@@ -156,7 +191,9 @@ fn noisy_faithful_passes_and_biased_is_flagged() {
         let mut floor = NoiseFloor::default();
         let r1 = positions(&t, &perturb(&t.logits, 0.15, &mut g));
         let r2 = positions(&t, &perturb(&t.logits, 0.15, &mut g));
-        floor.record(repeat_summary(&r1, &r2).unwrap().kl_mean).unwrap();
+        floor
+            .record(repeat_summary(&r1, &r2).unwrap().kl_mean)
+            .unwrap();
         let stat = summarize(&compare_run(&r1).unwrap()).unwrap().kl_mean;
         let j = judge(&l, Metric::KlTopkMean, stat, floor.floor(), &rule).unwrap();
         ladder_alone_flags += usize::from(j.ladder.unfaithful);
@@ -166,13 +203,16 @@ fn noisy_faithful_passes_and_biased_is_flagged() {
         let b1 = positions(&t, &perturb(&bias, 0.01, &mut g));
         let b2 = positions(&t, &perturb(&bias, 0.01, &mut g));
         let mut bfloor = NoiseFloor::default();
-        bfloor.record(repeat_summary(&b1, &b2).unwrap().kl_mean).unwrap();
+        bfloor
+            .record(repeat_summary(&b1, &b2).unwrap().kl_mean)
+            .unwrap();
         let bstat = summarize(&compare_run(&b1).unwrap()).unwrap().kl_mean;
         let bj = judge(&l, Metric::KlTopkMean, bstat, bfloor.floor(), &rule).unwrap();
         biased_flags += usize::from(bj.unfaithful);
         let bits = match bj.ladder.equivalent {
             crate::ladder::Equivalent::Approx { bits, .. } => bits,
-            crate::ladder::Equivalent::NoWorseThan { bits } | crate::ladder::Equivalent::WorseThan { bits } => f64::from(bits),
+            crate::ladder::Equivalent::NoWorseThan { bits }
+            | crate::ladder::Equivalent::WorseThan { bits } => f64::from(bits),
         };
         biased_bits.push(bits);
     }
@@ -180,7 +220,10 @@ fn noisy_faithful_passes_and_biased_is_flagged() {
     eprintln!(
         "noise rule over {worlds} worlds: noisy-faithful flagged by ladder alone {ladder_alone_flags}, with floor {noisy_flags}; biased flagged {biased_flags}, mean ≈{mean_bits:.2}-bit"
     );
-    assert!(ladder_alone_flags > worlds as usize / 2, "the scenario must need the floor");
+    assert!(
+        ladder_alone_flags > worlds as usize / 2,
+        "the scenario must need the floor"
+    );
     assert_eq!(noisy_flags, 0);
     assert_eq!(biased_flags, worlds as usize);
     assert!((mean_bits - 4.0).abs() < 0.5, "{mean_bits}");

@@ -29,8 +29,9 @@ fn proportions_vs_rest_flags_the_outlier() {
     assert!(r[2].p_value < 1e-6 && r[2].statistic > 0.0);
     // the others differ from a rest that contains the outlier, but only downwards: a
     // detector for harm (a higher error rate) reads the sign and flags only the outlier
-    let harmful: Vec<usize> =
-        (0..4).filter(|&i| r[i].statistic > 0.0 && r[i].p_value < 0.01).collect();
+    let harmful: Vec<usize> = (0..4)
+        .filter(|&i| r[i].statistic > 0.0 && r[i].p_value < 0.01)
+        .collect();
     assert_eq!(harmful, [2]);
     assert!(proportions_vs_rest(&[(1, 2)]).is_err());
 }
@@ -43,7 +44,11 @@ fn mann_whitney_matches_scipy() {
     let r = mann_whitney_u(&x, &y).unwrap();
     assert_eq!(r.statistic, 68.5);
     assert!(close(r.p_value, 0.05926352141664048, 1e-9), "{r:?}");
-    let r = mann_whitney_u(&[1.0, 2.0, 3.0, 4.0, 5.0], &[6.0, 7.0, 8.0, 9.0, 10.0, 11.0]).unwrap();
+    let r = mann_whitney_u(
+        &[1.0, 2.0, 3.0, 4.0, 5.0],
+        &[6.0, 7.0, 8.0, 9.0, 10.0, 11.0],
+    )
+    .unwrap();
     assert_eq!(r.statistic, 0.0);
     assert!(close(r.p_value, 0.00811311726556578, 1e-9), "{r:?}");
     let r = mann_whitney_u(&[3.0, 3.0], &[3.0, 3.0, 3.0]).unwrap();
@@ -70,7 +75,12 @@ fn chi_square_matches_scipy() {
     assert_eq!((r.p_value, dof), (1.0, 0));
     assert!(chi_square_independence(&[vec![1, 2], vec![1]]).is_err());
     // vs-rest on finish reasons: the endpoint that stops on length far more often stands out
-    let counts = vec![vec![900, 90, 10], vec![880, 100, 20], vec![600, 390, 10], vec![910, 80, 10]];
+    let counts = vec![
+        vec![900, 90, 10],
+        vec![880, 100, 20],
+        vec![600, 390, 10],
+        vec![910, 80, 10],
+    ];
     let r = counts_vs_rest(&counts).unwrap();
     assert!(r[2].p_value < 1e-10);
     let others = r[0].p_value.min(r[1].p_value).min(r[3].p_value);
@@ -81,7 +91,11 @@ fn chi_square_matches_scipy() {
 fn samples_vs_rest_flags_shorter_outputs() {
     let mut g = sim::rng(7);
     let mut samples: Vec<Vec<f64>> = (0..4)
-        .map(|_| (0..200).map(|_| (200.0 + 40.0 * sim::normal(&mut g)).round()).collect())
+        .map(|_| {
+            (0..200)
+                .map(|_| (200.0 + 40.0 * sim::normal(&mut g)).round())
+                .collect()
+        })
         .collect();
     for v in &mut samples[1] {
         *v *= 0.7;
@@ -93,14 +107,32 @@ fn samples_vs_rest_flags_shorter_outputs() {
 #[test]
 fn bh_matches_scipy_and_rejects_the_right_set() {
     // scipy.stats.false_discovery_control(ps, method="bh")
-    let ps = [0.001, 0.008, 0.039, 0.041, 0.042, 0.06, 0.074, 0.205, 0.212, 0.216];
-    let want = [0.01, 0.04, 0.084, 0.084, 0.084, 0.1, 0.1057142857142857, 0.216, 0.216, 0.216];
+    let ps = [
+        0.001, 0.008, 0.039, 0.041, 0.042, 0.06, 0.074, 0.205, 0.212, 0.216,
+    ];
+    let want = [
+        0.01,
+        0.04,
+        0.084,
+        0.084,
+        0.084,
+        0.1,
+        0.1057142857142857,
+        0.216,
+        0.216,
+        0.216,
+    ];
     let adj = bh_adjusted(&ps).unwrap();
     for (a, w) in adj.iter().zip(want) {
         assert!(close(*a, w, 1e-12), "{adj:?}");
     }
     let rej = benjamini_hochberg(&ps, 0.05).unwrap();
-    assert_eq!(rej, [true, true, false, false, false, false, false, false, false, false]);
+    assert_eq!(
+        rej,
+        [
+            true, true, false, false, false, false, false, false, false, false
+        ]
+    );
     assert!(benjamini_hochberg(&ps, 0.0).is_err());
     assert!(bh_adjusted(&[1.5]).is_err());
     assert!(benjamini_hochberg(&[], 0.1).unwrap().is_empty());
@@ -132,7 +164,10 @@ fn bh_simulation_holds_fdr() {
     }
     let fdr = fdp_sum / trials as f64;
     let power = power_sum / trials as f64;
-    eprintln!("BH simulation: FDR {fdr:.4} (q = {q}, theory {:.3}), power {power:.3}", q * m0 as f64 / m as f64);
+    eprintln!(
+        "BH simulation: FDR {fdr:.4} (q = {q}, theory {:.3}), power {power:.3}",
+        q * m0 as f64 / m as f64
+    );
     assert!(fdr <= q, "FDR {fdr} above q {q}");
     // BH is not vacuous: most true shifts are found
     assert!(power > 0.5, "power {power}");

@@ -41,8 +41,14 @@ fn completion_prompts_parse() {
 fn tool_prompts_are_consistent_with_definitions() {
     let defs = builtin_tools().unwrap();
     let prompts = builtin_tool_call_prompts().unwrap();
-    let calls = prompts.iter().filter(|p| p.expect == ToolExpectation::Call).count();
-    let none = prompts.iter().filter(|p| p.expect == ToolExpectation::NoCall).count();
+    let calls = prompts
+        .iter()
+        .filter(|p| p.expect == ToolExpectation::Call)
+        .count();
+    let none = prompts
+        .iter()
+        .filter(|p| p.expect == ToolExpectation::NoCall)
+        .count();
     assert!(calls >= 5 && none >= 5, "{calls} call / {none} no-call");
     for p in &prompts {
         let tools = defs.select(&p.tools).unwrap();
@@ -50,13 +56,21 @@ fn tool_prompts_are_consistent_with_definitions() {
         assert!(!p.messages.is_empty());
         if p.expect == ToolExpectation::Call {
             let name = p.expected_name.as_deref().unwrap();
-            assert!(p.tools.iter().any(|t| t == name), "{}: {name} not offered", p.id);
+            assert!(
+                p.tools.iter().any(|t| t == name),
+                "{}: {name} not offered",
+                p.id
+            );
             let args = p.expected_arguments.as_ref().unwrap();
             // the expected arguments carry every required parameter of the schema
             let def = tools.iter().find(|t| t.function.name == name).unwrap();
             let params = def.function.parameters.as_ref().unwrap();
             for req in params["required"].as_array().unwrap() {
-                assert!(args.get(req.as_str().unwrap()).is_some(), "{}: missing {req}", p.id);
+                assert!(
+                    args.get(req.as_str().unwrap()).is_some(),
+                    "{}: missing {req}",
+                    p.id
+                );
             }
         }
     }
@@ -65,7 +79,8 @@ fn tool_prompts_are_consistent_with_definitions() {
 
 #[test]
 fn bad_data_is_an_error_naming_the_line() {
-    let err = parse_jsonl::<LogprobText>("{\"id\":\"a\",\"text\":\"b\"}\n\n{\"id\":1}").unwrap_err();
+    let err =
+        parse_jsonl::<LogprobText>("{\"id\":\"a\",\"text\":\"b\"}\n\n{\"id\":1}").unwrap_err();
     assert!(err.to_string().contains("line 3"), "{err}");
     assert!(parse_jsonl::<LogprobText>("{\"id\":\"a\",\"text\":\"b\",\"x\":1}").is_err());
 }

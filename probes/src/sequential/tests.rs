@@ -40,9 +40,15 @@ fn siegmund_known_values() {
 
 #[test]
 fn bad_inputs_are_errors() {
-    let c = CusumConfig { baseline_rounds: 1, ..CusumConfig::default() };
+    let c = CusumConfig {
+        baseline_rounds: 1,
+        ..CusumConfig::default()
+    };
     assert!(Cusum::new(c).is_err());
-    let c = CusumConfig { min_sd: 0.0, ..CusumConfig::default() };
+    let c = CusumConfig {
+        min_sd: 0.0,
+        ..CusumConfig::default()
+    };
     assert!(Cusum::new(c).is_err());
     let mut chart = Cusum::with_baseline(CusumConfig::default(), 0.0, 1.0).unwrap();
     assert!(chart.observe(f64::NAN).is_err());
@@ -52,7 +58,13 @@ fn bad_inputs_are_errors() {
 
 #[test]
 fn baseline_then_monitoring_by_hand() {
-    let cfg = CusumConfig { k: 0.5, h: 2.0, two_sided: true, baseline_rounds: 3, min_sd: 0.1 };
+    let cfg = CusumConfig {
+        k: 0.5,
+        h: 2.0,
+        two_sided: true,
+        baseline_rounds: 3,
+        min_sd: 0.1,
+    };
     let mut c = Cusum::new(cfg).unwrap();
     for x in [1.0, 2.0, 3.0] {
         assert_eq!(c.observe(x).unwrap().z, None);
@@ -95,7 +107,10 @@ fn in_control_run_length_matches_arl0() {
             .sum();
         let mean = total as f64 / runs as f64;
         let want = cfg.arl0();
-        eprintln!("CUSUM k=0.5 h={:.3} two_sided={two_sided}: simulated ARL0 {mean:.0}, Siegmund {want:.0}", cfg.h);
+        eprintln!(
+            "CUSUM k=0.5 h={:.3} two_sided={two_sided}: simulated ARL0 {mean:.0}, Siegmund {want:.0}",
+            cfg.h
+        );
         assert!((mean / want - 1.0).abs() < 0.15, "ARL0 {mean} vs {want}");
     }
 }
@@ -117,7 +132,9 @@ fn two_sd_shift_is_detected_quickly() {
     let mean = delays.iter().sum::<u64>() as f64 / runs as f64;
     let p95 = delays[(0.95 * runs as f64) as usize - 1];
     let want = cfg.arl_at_shift(2.0);
-    eprintln!("CUSUM default: +2σ shift detected after {mean:.2} rounds on average (Siegmund {want:.2}), 95th percentile {p95}");
+    eprintln!(
+        "CUSUM default: +2σ shift detected after {mean:.2} rounds on average (Siegmund {want:.2}), 95th percentile {p95}"
+    );
     assert!((mean / want - 1.0).abs() < 0.15, "{mean} vs {want}");
     assert!(p95 <= 7, "95th percentile {p95}");
 }
@@ -143,9 +160,15 @@ fn estimated_baseline_keeps_most_of_arl0() {
     lengths.sort_unstable();
     let mean = lengths.iter().sum::<u64>() as f64 / runs as f64;
     let median = lengths[runs / 2];
-    eprintln!("CUSUM default with a 30-round estimated baseline: in-control ARL {mean:.0} (median {median}), nominal {:.0}", cfg.arl0());
+    eprintln!(
+        "CUSUM default with a 30-round estimated baseline: in-control ARL {mean:.0} (median {median}), nominal {:.0}",
+        cfg.arl0()
+    );
     let nominal_median = cfg.arl0() * std::f64::consts::LN_2;
-    assert!(median as f64 > nominal_median / 3.0, "median {median} vs nominal {nominal_median:.0}");
+    assert!(
+        median as f64 > nominal_median / 3.0,
+        "median {median} vs nominal {nominal_median:.0}"
+    );
 }
 
 /// The e-detector threshold: mean in-control run length ≥ the bound for two different
@@ -169,7 +192,11 @@ fn e_detector_bound_holds() {
             let mut t = 0u64;
             loop {
                 t += 1;
-                let z = if coin { if g.random::<bool>() { 1.0 } else { -1.0 } } else { sim::normal(&mut g) };
+                let z = if coin {
+                    if g.random::<bool>() { 1.0 } else { -1.0 }
+                } else {
+                    sim::normal(&mut g)
+                };
                 if c.observe(z).unwrap().alarm.is_some() || t >= 1_000_000 {
                     break;
                 }
@@ -177,7 +204,10 @@ fn e_detector_bound_holds() {
             total += t;
         }
         let mean = total as f64 / runs as f64;
-        eprintln!("e-detector (k=0.5, bound {bound}, h={:.2}) coin={coin}: mean in-control run length {mean:.0}", cfg.h);
+        eprintln!(
+            "e-detector (k=0.5, bound {bound}, h={:.2}) coin={coin}: mean in-control run length {mean:.0}",
+            cfg.h
+        );
         assert!(mean >= bound, "{mean}");
     }
 }
@@ -192,7 +222,12 @@ fn estimated_baseline_rate_and_its_h() {
     assert!((long * 1000.0 - 1.0).abs() < 0.01, "{long}");
     let short = estimated_baseline_alarm_rate(c.k, c.h, true, 30);
     assert!(short > 0.004 && short < 0.005, "{short}");
-    let fixed = CusumConfig { baseline_rounds: 30, ..c }.for_estimated_baseline().unwrap();
+    let fixed = CusumConfig {
+        baseline_rounds: 30,
+        ..c
+    }
+    .for_estimated_baseline()
+    .unwrap();
     assert!(fixed.h > c.h + 3.0, "{}", fixed.h);
     let r = estimated_baseline_alarm_rate(fixed.k, fixed.h, true, 30);
     assert!((r * 1000.0 - 1.0).abs() < 0.01, "{r}");
@@ -212,14 +247,18 @@ fn estimated_baseline_rate_and_its_h() {
 /// known-parameter `h` it is more than three times that.
 #[test]
 fn estimated_baseline_false_alarm_rate_matches_arl0_on_skewed_data() {
-    let known = CusumConfig { min_sd: 1e-9, ..CusumConfig::for_arl0(0.5, 1000.0, true).unwrap() };
+    let known = CusumConfig {
+        min_sd: 1e-9,
+        ..CusumConfig::for_arl0(0.5, 1000.0, true).unwrap()
+    };
     let corrected = known.for_estimated_baseline().unwrap();
     let (charts, monitored) = (4000usize, 250usize);
     let mut g = sim::rng(2026);
     let mut counts = [Vec::with_capacity(charts), Vec::with_capacity(charts)];
     for _ in 0..charts {
-        let xs: Vec<f64> =
-            (0..known.baseline_rounds + monitored).map(|_| (0.1 * sim::normal(&mut g)).exp()).collect();
+        let xs: Vec<f64> = (0..known.baseline_rounds + monitored)
+            .map(|_| (0.1 * sim::normal(&mut g)).exp())
+            .collect();
         for (i, cfg) in [corrected, known].into_iter().enumerate() {
             let (_, obs) = run_chart(cfg, &xs).unwrap();
             counts[i].push(obs.iter().filter(|o| o.alarm.is_some()).count() as f64);
@@ -233,7 +272,10 @@ fn estimated_baseline_false_alarm_rate_matches_arl0_on_skewed_data() {
     };
     let (rate, se) = rate_and_se(&counts[0]);
     let (raw, _) = rate_and_se(&counts[1]);
-    eprintln!("estimated 30-round baseline, skewed data: corrected h {:.3}: rate {rate:.5} ± {se:.5}; known-parameter h {:.3}: rate {raw:.5}", corrected.h, known.h);
+    eprintln!(
+        "estimated 30-round baseline, skewed data: corrected h {:.3}: rate {rate:.5} ± {se:.5}; known-parameter h {:.3}: rate {raw:.5}",
+        corrected.h, known.h
+    );
     assert!((rate - 0.001).abs() < 4.0 * se, "rate {rate} ± {se}");
     assert!(raw > 0.003, "uncorrected rate {raw}");
 }
@@ -246,15 +288,25 @@ fn estimated_baseline_false_alarm_rate_matches_arl0_on_skewed_data() {
 #[test]
 fn detector_default_chart_keeps_its_documented_rate() {
     let det = crate::detect::DetectorConfig::default();
-    let off = crate::detect::DetectorConfig { cusum_baseline_correction: false, ..det.clone() };
+    let off = crate::detect::DetectorConfig {
+        cusum_baseline_correction: false,
+        ..det.clone()
+    };
     assert!((det.cusum.arl0() - 1000.0).abs() < 1e-6);
     let corrected = crate::detect::changed_chart_config(&det, det.cusum.min_sd).unwrap();
-    assert!(corrected.h > det.cusum.h + 1.0, "{} vs {}", corrected.h, det.cusum.h);
+    assert!(
+        corrected.h > det.cusum.h + 1.0,
+        "{} vs {}",
+        corrected.h,
+        det.cusum.h
+    );
     let (charts, monitored) = (6000usize, 250usize);
     let mut g = sim::rng(4242);
     let mut counts = [Vec::with_capacity(charts), Vec::with_capacity(charts)];
     for _ in 0..charts {
-        let xs: Vec<f64> = (0..det.cusum.baseline_rounds + monitored).map(|_| sim::normal(&mut g)).collect();
+        let xs: Vec<f64> = (0..det.cusum.baseline_rounds + monitored)
+            .map(|_| sim::normal(&mut g))
+            .collect();
         for (i, d) in [&det, &off].into_iter().enumerate() {
             let (_, obs) = crate::detect::changed_chart(d, d.cusum.min_sd, &xs).unwrap();
             counts[i].push(obs.iter().filter(|o| o.alarm.is_some()).count() as f64);
@@ -265,7 +317,10 @@ fn detector_default_chart_keeps_its_documented_rate() {
     let se = (counts[0].iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0) / n).sqrt();
     let (rate, se) = (m / monitored as f64, se / monitored as f64);
     let raw = counts[1].iter().sum::<f64>() / n / monitored as f64;
-    eprintln!("detector default chart (k {}, h {:.3} corrected from {:.3}): in-control rate {rate:.5} ± {se:.5}; uncorrected {raw:.5}", det.cusum.k, corrected.h, det.cusum.h);
+    eprintln!(
+        "detector default chart (k {}, h {:.3} corrected from {:.3}): in-control rate {rate:.5} ± {se:.5}; uncorrected {raw:.5}",
+        det.cusum.k, corrected.h, det.cusum.h
+    );
     assert!((rate - 0.001).abs() < 4.0 * se, "rate {rate} ± {se}");
     assert!(raw > 0.003, "uncorrected rate {raw}");
 }

@@ -10,7 +10,9 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use samewise_probes::compare::{PositionInput, compare_run, log_softmax, position_from_full_logprobs, summarize};
+use samewise_probes::compare::{
+    PositionInput, compare_run, log_softmax, position_from_full_logprobs, summarize,
+};
 use samewise_probes::ladder::{Ladder, LevelBuilder, LevelKind, Metric};
 use samewise_probes::noise::{FaithfulRule, NoiseFloor, judge, repeat_summary};
 use samewise_probes::sequential::{Cusum, CusumConfig, Shift};
@@ -26,7 +28,9 @@ fn normal(g: &mut StdRng) -> f64 {
 }
 
 fn perturb(base: &[Vec<f32>], sd: f64, g: &mut StdRng) -> Vec<Vec<f32>> {
-    base.iter().map(|l| l.iter().map(|&x| x + (sd * normal(g)) as f32).collect()).collect()
+    base.iter()
+        .map(|l| l.iter().map(|&x| x + (sd * normal(g)) as f32).collect())
+        .collect()
 }
 
 struct World {
@@ -37,10 +41,19 @@ struct World {
 
 fn world(seed: u64) -> anyhow::Result<World> {
     let mut g = StdRng::seed_from_u64(seed);
-    let reference: Vec<Vec<f32>> = (0..P).map(|_| (0..V).map(|_| (2.5 * normal(&mut g)) as f32).collect()).collect();
+    let reference: Vec<Vec<f32>> = (0..P)
+        .map(|_| (0..V).map(|_| (2.5 * normal(&mut g)) as f32).collect())
+        .collect();
     let actual: Vec<u32> = (0..P).map(|_| g.random_range(0..V as u32)).collect();
     let mut levels = Vec::new();
-    for (bits, sd) in [(8u32, 0.02), (6, 0.08), (5, 0.16), (4, 0.32), (3, 0.64), (2, 1.28)] {
+    for (bits, sd) in [
+        (8u32, 0.02),
+        (6, 0.08),
+        (5, 0.16),
+        (4, 0.32),
+        (3, 0.64),
+        (2, 1.28),
+    ] {
         let level = perturb(&reference, sd, &mut g);
         let mut b = LevelBuilder::new(K)?;
         for i in 0..P {
@@ -57,7 +70,11 @@ fn world(seed: u64) -> anyhow::Result<World> {
         levels,
     };
     ladder.validate()?;
-    Ok(World { reference, actual, ladder })
+    Ok(World {
+        reference,
+        actual,
+        ladder,
+    })
 }
 
 fn probe(w: &World, endpoint: &[Vec<f32>]) -> anyhow::Result<Vec<PositionInput>> {
@@ -90,16 +107,35 @@ fn switch_to_a_biased_model_is_changed_and_unfaithful() -> anyhow::Result<()> {
         let mut floor = NoiseFloor::default();
         floor.record(repeat_summary(&r1, &r2)?.kl_mean)?;
 
-        let cfg = CusumConfig { min_sd: 1e-6, ..CusumConfig::default() };
+        let cfg = CusumConfig {
+            min_sd: 1e-6,
+            ..CusumConfig::default()
+        };
         let mut chart = Cusum::new(cfg)?;
         let mut detected = None;
         for round in 0..rounds {
-            let model = if switches && round >= switch_at { &biased } else { &w.reference };
-            let s = summarize(&compare_run(&probe(&w, &perturb(model, request_noise, &mut g))?)?)?;
-            let verdict = judge(&w.ladder, Metric::KlTopkMean, s.kl_mean, floor.floor(), &rule)?;
+            let model = if switches && round >= switch_at {
+                &biased
+            } else {
+                &w.reference
+            };
+            let s = summarize(&compare_run(&probe(
+                &w,
+                &perturb(model, request_noise, &mut g),
+            )?)?)?;
+            let verdict = judge(
+                &w.ladder,
+                Metric::KlTopkMean,
+                s.kl_mean,
+                floor.floor(),
+                &rule,
+            )?;
             let obs = chart.observe(s.kl_mean)?;
             let switched = switches && round >= switch_at;
-            assert_eq!(verdict.unfaithful, switched, "world {seed} round {round}: {verdict:?}");
+            assert_eq!(
+                verdict.unfaithful, switched,
+                "world {seed} round {round}: {verdict:?}"
+            );
             if obs.alarm == Some(Shift::Up) {
                 if switched {
                     detected.get_or_insert(round - switch_at + 1);
@@ -115,7 +151,9 @@ fn switch_to_a_biased_model_is_changed_and_unfaithful() -> anyhow::Result<()> {
             }
         }
         if switches {
-            delays.push(detected.ok_or_else(|| anyhow::anyhow!("world {seed}: switch not detected"))?);
+            delays.push(
+                detected.ok_or_else(|| anyhow::anyhow!("world {seed}: switch not detected"))?,
+            );
         }
     }
     eprintln!(
@@ -124,6 +162,9 @@ fn switch_to_a_biased_model_is_changed_and_unfaithful() -> anyhow::Result<()> {
     assert!(delays.iter().all(|&d| d <= 3), "{delays:?}");
     // nominal ARL0 is 1,000; allow for the estimated baseline and a skewed statistic: at most
     // one false alarm per 100 in-control rounds
-    assert!(false_alarms * 100 <= monitored_in_control, "{false_alarms} in {monitored_in_control}");
+    assert!(
+        false_alarms * 100 <= monitored_in_control,
+        "{false_alarms} in {monitored_in_control}"
+    );
     Ok(())
 }

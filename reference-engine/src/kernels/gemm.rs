@@ -70,13 +70,20 @@ impl Linear {
     /// Packs `n` rows of length `k`, asking `row(i)` for row `i`. `group` is None to store
     /// f32 (every row must then be [`RowSource::F32`]), or the quantization group size along
     /// k (every row then [`RowSource::Quant`] with a group that is a multiple of it).
-    pub fn pack(n: usize, k: usize, group: Option<usize>, row: &mut dyn FnMut(usize) -> Result<RowSource>) -> Result<Self> {
+    pub fn pack(
+        n: usize,
+        k: usize,
+        group: Option<usize>,
+        row: &mut dyn FnMut(usize) -> Result<RowSource>,
+    ) -> Result<Self> {
         let panels = n.div_ceil(NR);
         let data = match group {
             None => Data::F32(vec![0.0; panels * k * NR]),
             Some(group) => {
                 if group == 0 || !k.is_multiple_of(group) {
-                    return Err(EngineError::corrupt(format!("row length {k} is not a multiple of {group}")));
+                    return Err(EngineError::corrupt(format!(
+                        "row length {k} is not a multiple of {group}"
+                    )));
                 }
                 Data::Quant {
                     group,
@@ -106,8 +113,17 @@ impl Linear {
     /// Sets `exact` when, for every scale, its significant bits plus those of the largest
     /// |q| fit in f32's 24: then `q * scale` never rounds.
     fn mark_exact(&mut self) {
-        let Data::Quant { q, scale, exact, .. } = &mut self.data else { return };
-        let max_q = q.iter().map(|&v| i32::from(v).unsigned_abs()).max().unwrap_or(0);
+        let Data::Quant {
+            q, scale, exact, ..
+        } = &mut self.data
+        else {
+            return;
+        };
+        let max_q = q
+            .iter()
+            .map(|&v| i32::from(v).unsigned_abs())
+            .max()
+            .unwrap_or(0);
         let q_bits = 32 - max_q.leading_zeros();
         let sig_bits = |s: f32| -> u32 {
             let b = s.to_bits();
@@ -124,8 +140,12 @@ impl Linear {
 
     /// Stores the integers as 4-bit values when they all fit in [0, 15] or [-8, 7].
     fn pack_nibbles(&mut self) {
-        let Data::Quant { q, q4, lo, .. } = &mut self.data else { return };
-        let (min, max) = q.iter().fold((i8::MAX, i8::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+        let Data::Quant { q, q4, lo, .. } = &mut self.data else {
+            return;
+        };
+        let (min, max) = q
+            .iter()
+            .fold((i8::MAX, i8::MIN), |(a, b), &v| (a.min(v), b.max(v)));
         let base = if min >= 0 && max <= 15 {
             0
         } else if min >= -8 && max <= 7 {
@@ -152,7 +172,9 @@ impl Linear {
             Data::F32(w) => {
                 for (c, r) in rows.iter().enumerate() {
                     let RowSource::F32(v) = r else {
-                        return Err(EngineError::corrupt("a weight matrix mixes float and quantized rows"));
+                        return Err(EngineError::corrupt(
+                            "a weight matrix mixes float and quantized rows",
+                        ));
                     };
                     if v.len() != k {
                         return Err(EngineError::corrupt("weight row has the wrong length"));
@@ -162,14 +184,24 @@ impl Linear {
                     }
                 }
             }
-            Data::Quant { group, q, scale, offset, .. } => {
+            Data::Quant {
+                group,
+                q,
+                scale,
+                offset,
+                ..
+            } => {
                 let ng = k / *group;
                 for (c, r) in rows.iter().enumerate() {
                     let RowSource::Quant(d) = r else {
-                        return Err(EngineError::corrupt("a weight matrix mixes float and quantized rows"));
+                        return Err(EngineError::corrupt(
+                            "a weight matrix mixes float and quantized rows",
+                        ));
                     };
                     if d.q.len() != k || (d.group != *group && d.group % *group != 0) {
-                        return Err(EngineError::corrupt("quantized weight row does not match its matrix"));
+                        return Err(EngineError::corrupt(
+                            "quantized weight row does not match its matrix",
+                        ));
                     }
                     for (kk, &x) in d.q.iter().enumerate() {
                         q[(p * k + kk) * NR + c] = x;
@@ -191,9 +223,13 @@ impl Linear {
     pub fn bytes(&self) -> usize {
         match &self.data {
             Data::F32(w) => w.len() * 4,
-            Data::Quant { q, q4, scale, offset, .. } => {
-                q.len() + q4.as_ref().map_or(0, Vec::len) + (scale.len() + offset.len()) * 4
-            }
+            Data::Quant {
+                q,
+                q4,
+                scale,
+                offset,
+                ..
+            } => q.len() + q4.as_ref().map_or(0, Vec::len) + (scale.len() + offset.len()) * 4,
         }
     }
 
@@ -207,7 +243,15 @@ impl Linear {
                     *o = w[(p * k + kk) * NR + c];
                 }
             }
-            Data::Quant { group, q, q4, lo, scale, offset, .. } => {
+            Data::Quant {
+                group,
+                q,
+                q4,
+                lo,
+                scale,
+                offset,
+                ..
+            } => {
                 let ng = k / group;
                 for (kk, o) in out.iter_mut().enumerate().take(k) {
                     let g = (p * ng + kk / group) * NR + c;
@@ -223,7 +267,15 @@ impl Linear {
         let k = self.k;
         match &self.data {
             Data::F32(w) => out[..k * NR].copy_from_slice(&w[p * k * NR..(p + 1) * k * NR]),
-            Data::Quant { group, q, q4, lo, scale, offset, .. } => {
+            Data::Quant {
+                group,
+                q,
+                q4,
+                lo,
+                scale,
+                offset,
+                ..
+            } => {
                 let ng = k / group;
                 let mut qq = [0i8; NR];
                 for g in 0..ng {
@@ -254,12 +306,28 @@ impl Linear {
     /// `y[m][n] = Σ_k x[m][k] · w[n][k]` for `m` rows of `x` (`[m][k]`), into `y` (`[m][n]`).
     pub fn matmul(&self, ctx: &Ctx, x: &[f32], m: usize, y: &mut [f32]) {
         let (n, k) = (self.n, self.k);
-        assert!(x.len() >= m * k && y.len() >= m * n, "matmul buffers too small");
+        assert!(
+            x.len() >= m * k && y.len() >= m * n,
+            "matmul buffers too small"
+        );
         let panels = n.div_ceil(NR);
         let yp = SyncPtr(y.as_mut_ptr());
         let isa = ctx.isa;
         #[cfg(target_arch = "x86_64")]
-        if let (Isa::Avx512, Data::Quant { group, q, q4, lo, exact, scale, offset }, true) = (isa, &self.data, m <= FUSED_MAX_ROWS) {
+        if let (
+            Isa::Avx512,
+            Data::Quant {
+                group,
+                q,
+                q4,
+                lo,
+                exact,
+                scale,
+                offset,
+            },
+            true,
+        ) = (isa, &self.data, m <= FUSED_MAX_ROWS)
+        {
             let group = *group;
             ctx.pool.for_chunks(panels, 4, &|panels_t| {
                 // capture the whole Sync wrapper, not its raw-pointer field
@@ -267,7 +335,15 @@ impl Linear {
                 let yp = yp;
                 let mut r = 0;
                 while r < m {
-                    let rows = if m - r >= 8 { 8 } else if m - r >= 4 { 4 } else if m - r >= 2 { 2 } else { 1 };
+                    let rows = if m - r >= 8 {
+                        8
+                    } else if m - r >= 4 {
+                        4
+                    } else if m - r >= 2 {
+                        2
+                    } else {
+                        1
+                    };
                     let args = x86::Fused {
                         q,
                         q4: q4.as_deref().unwrap_or(&[]),
@@ -285,10 +361,18 @@ impl Linear {
                     // SAFETY: AVX-512 was detected; thread t writes only its own panels' columns.
                     unsafe {
                         match (q4.is_some(), *exact) {
-                            (true, true) => x86::fused_rows::<true, true>(&args, rows, panels_t.clone()),
-                            (true, false) => x86::fused_rows::<true, false>(&args, rows, panels_t.clone()),
-                            (false, true) => x86::fused_rows::<false, true>(&args, rows, panels_t.clone()),
-                            (false, false) => x86::fused_rows::<false, false>(&args, rows, panels_t.clone()),
+                            (true, true) => {
+                                x86::fused_rows::<true, true>(&args, rows, panels_t.clone())
+                            }
+                            (true, false) => {
+                                x86::fused_rows::<true, false>(&args, rows, panels_t.clone())
+                            }
+                            (false, true) => {
+                                x86::fused_rows::<false, true>(&args, rows, panels_t.clone())
+                            }
+                            (false, false) => {
+                                x86::fused_rows::<false, false>(&args, rows, panels_t.clone())
+                            }
                         }
                     }
                     r += rows;
@@ -316,12 +400,25 @@ impl Linear {
                             self.dequant_panel(p + 1, w1);
                             let cols1 = NR.min(n - (p + 1) * NR);
                             // SAFETY: AVX-512 detected; thread t writes only its own panels.
-                            unsafe { x86::pair_rows(&w0[..k * NR], &w1[..k * NR], x, m, k, yp.0.add(p * NR), n, cols1) };
+                            unsafe {
+                                x86::pair_rows(
+                                    &w0[..k * NR],
+                                    &w1[..k * NR],
+                                    x,
+                                    m,
+                                    k,
+                                    yp.0.add(p * NR),
+                                    n,
+                                    cols1,
+                                )
+                            };
                             p += 2;
                         } else {
                             let cols = NR.min(n - p * NR);
                             // SAFETY: as above.
-                            unsafe { panel_rows(isa, &w0[..k * NR], x, m, k, yp.0.add(p * NR), n, cols) };
+                            unsafe {
+                                panel_rows(isa, &w0[..k * NR], x, m, k, yp.0.add(p * NR), n, cols)
+                            };
                             p += 1;
                         }
                     }
@@ -359,7 +456,16 @@ fn slice16(s: &[f32]) -> &[f32; NR] {
 /// # Safety
 /// `y` must be valid for writes at `y + r*ldy + c` for r < m, c < cols; `x` holds m*k.
 #[allow(clippy::too_many_arguments)]
-unsafe fn panel_rows(isa: Isa, w: &[f32], x: &[f32], m: usize, k: usize, y: *mut f32, ldy: usize, cols: usize) {
+unsafe fn panel_rows(
+    isa: Isa,
+    w: &[f32],
+    x: &[f32],
+    m: usize,
+    k: usize,
+    y: *mut f32,
+    ldy: usize,
+    cols: usize,
+) {
     let mut r = 0;
     while r < m {
         let left = m - r;
@@ -384,7 +490,15 @@ unsafe fn panel_rows(isa: Isa, w: &[f32], x: &[f32], m: usize, k: usize, y: *mut
 ///
 /// # Safety
 /// As [`panel_rows`].
-unsafe fn tile_scalar(w: &[f32], x: &[f32], m: usize, k: usize, y: *mut f32, ldy: usize, cols: usize) -> usize {
+unsafe fn tile_scalar(
+    w: &[f32],
+    x: &[f32],
+    m: usize,
+    k: usize,
+    y: *mut f32,
+    ldy: usize,
+    cols: usize,
+) -> usize {
     let rows = m.min(4);
     for r in 0..rows {
         let mut acc = [0f32; NR];
@@ -412,7 +526,9 @@ mod tests {
     use crate::kernels::Pool;
 
     fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
     }
 
@@ -420,28 +536,50 @@ mod tests {
     fn quantized_gemm_paths_agree_bitwise() {
         // 8-bit integers, 4-bit unsigned (Q4_1/Q4_K) and 4-bit signed (Q4_0) storage
         // with f16 scales (as Q4_1/Q8_0 have) every q * scale is exact: the fused-FMA path
-        for (scale_q, shift, packed, f16_scales) in
-            [(31.99f32, 15i8, false, false), (15.99, 8, true, false), (15.99, 0, true, true), (31.99, 15, false, true)]
-        {
+        for (scale_q, shift, packed, f16_scales) in [
+            (31.99f32, 15i8, false, false),
+            (15.99, 8, true, false),
+            (15.99, 0, true, true),
+            (31.99, 15, false, true),
+        ] {
             quantized_case(scale_q, shift, packed, f16_scales);
         }
     }
 
     fn quantized_case(scale_q: f32, shift: i8, packed: bool, f16_scales: bool) {
-        let round = |x: f32| if f16_scales { half::f16::from_f32(x).to_f32() } else { x };
+        let round = |x: f32| {
+            if f16_scales {
+                half::f16::from_f32(x).to_f32()
+            } else {
+                x
+            }
+        };
         let (n, k) = (70, 96);
         let mut seed = 11;
         let rows: Vec<Decomposed> = (0..n)
             .map(|_| Decomposed {
                 group: 32,
-                q: (0..k).map(|_| ((lcg(&mut seed) + 0.5) * scale_q) as i8 - shift).collect(),
+                q: (0..k)
+                    .map(|_| ((lcg(&mut seed) + 0.5) * scale_q) as i8 - shift)
+                    .collect(),
                 scale: (0..k / 32).map(|_| round(lcg(&mut seed) * 0.1)).collect(),
                 offset: Some((0..k / 32).map(|_| lcg(&mut seed) * 0.05).collect()),
             })
             .collect();
-        let lin = Linear::pack(n, k, Some(32), &mut |i| Ok(RowSource::Quant(rows[i].clone()))).unwrap();
-        assert_eq!(matches!(&lin.data, Data::Quant { q4: Some(_), .. }), packed, "{scale_q} {shift}");
-        assert_eq!(matches!(&lin.data, Data::Quant { exact: true, .. }), f16_scales, "{scale_q} {shift}");
+        let lin = Linear::pack(n, k, Some(32), &mut |i| {
+            Ok(RowSource::Quant(rows[i].clone()))
+        })
+        .unwrap();
+        assert_eq!(
+            matches!(&lin.data, Data::Quant { q4: Some(_), .. }),
+            packed,
+            "{scale_q} {shift}"
+        );
+        assert_eq!(
+            matches!(&lin.data, Data::Quant { exact: true, .. }),
+            f16_scales,
+            "{scale_q} {shift}"
+        );
         let m = 13;
         let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
         let mut want = vec![0f32; m * n];
@@ -459,12 +597,19 @@ mod tests {
         assert!((0..k).all(|kk| row[kk] == rows[5].value(kk)));
         for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
             for threads in [1, 2] {
-                let ctx = Ctx { pool: Pool::new(threads), isa: Isa::at_most(isa) };
+                let ctx = Ctx {
+                    pool: Pool::new(threads),
+                    isa: Isa::at_most(isa),
+                };
                 for rows in 1..=m {
                     let mut y = vec![0f32; rows * n];
                     lin.matmul(&ctx, &x, rows, &mut y);
                     for i in 0..rows * n {
-                        assert_eq!(y[i].to_bits(), want[i].to_bits(), "{isa:?} t={threads} rows={rows} i={i}");
+                        assert_eq!(
+                            y[i].to_bits(),
+                            want[i].to_bits(),
+                            "{isa:?} t={threads} rows={rows} i={i}"
+                        );
                     }
                 }
             }
@@ -477,7 +622,10 @@ mod tests {
         let mut seed = 7;
         let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed)).collect();
         let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
-        let lin = Linear::pack(n, k, None, &mut |i| Ok(RowSource::F32(w[i * k..i * k + k].to_vec()))).unwrap();
+        let lin = Linear::pack(n, k, None, &mut |i| {
+            Ok(RowSource::F32(w[i * k..i * k + k].to_vec()))
+        })
+        .unwrap();
         let mut want = vec![0f32; m * n];
         for r in 0..m {
             for c in 0..n {
@@ -490,12 +638,19 @@ mod tests {
         }
         for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
             for threads in [1, 2, 3] {
-                let ctx = Ctx { pool: Pool::new(threads), isa: Isa::at_most(isa) };
+                let ctx = Ctx {
+                    pool: Pool::new(threads),
+                    isa: Isa::at_most(isa),
+                };
                 for rows in [1, 3, m] {
                     let mut y = vec![0f32; rows * n];
                     lin.matmul(&ctx, &x, rows, &mut y);
                     for i in 0..rows * n {
-                        assert_eq!(y[i].to_bits(), want[i].to_bits(), "{isa:?} t={threads} rows={rows} i={i}");
+                        assert_eq!(
+                            y[i].to_bits(),
+                            want[i].to_bits(),
+                            "{isa:?} t={threads} rows={rows} i={i}"
+                        );
                     }
                 }
             }

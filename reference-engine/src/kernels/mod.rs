@@ -33,7 +33,9 @@ impl Isa {
             if std::arch::is_x86_feature_detected!("avx512f") {
                 return Self::Avx512;
             }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
                 return Self::Avx2;
             }
         }

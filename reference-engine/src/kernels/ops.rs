@@ -167,11 +167,18 @@ pub fn attend(
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: chosen only when the CPU supports it.
-        Isa::Avx512 if hd.is_multiple_of(16) && hd <= 128 => unsafe { x86::pv_avx512(sc, values, stride, off, out) },
+        Isa::Avx512 if hd.is_multiple_of(16) && hd <= 128 => unsafe {
+            x86::pv_avx512(sc, values, stride, off, out)
+        },
         _ => {
             out.fill(0.0);
             for (j, &p) in sc.iter().enumerate() {
-                axpy(isa, p, &values[j * stride + off..j * stride + off + hd], out);
+                axpy(
+                    isa,
+                    p,
+                    &values[j * stride + off..j * stride + off + hd],
+                    out,
+                );
             }
         }
     }
@@ -183,7 +190,14 @@ mod x86 {
 
     /// 16 scores per block: lane l of block b is the FMA chain over d of q[d]·k[b][d][l].
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn scores_avx512(q: &[f32], keys: &[f32], stride: usize, off: usize, blocks: usize, scores: &mut [f32]) {
+    pub(super) unsafe fn scores_avx512(
+        q: &[f32],
+        keys: &[f32],
+        stride: usize,
+        off: usize,
+        blocks: usize,
+        scores: &mut [f32],
+    ) {
         let hd = q.len();
         assert!(blocks == 0 || (blocks - 1) * stride * 16 + (off + hd) * 16 <= keys.len());
         assert!(scores.len() >= blocks * 16);
@@ -196,7 +210,8 @@ mod x86 {
                 let qv = _mm512_set1_ps(q[d]);
                 for (i, a) in acc.iter_mut().enumerate() {
                     // SAFETY: bounds asserted above.
-                    let kv = unsafe { _mm512_loadu_ps(kp.add((b + i) * stride * 16 + (off + d) * 16)) };
+                    let kv =
+                        unsafe { _mm512_loadu_ps(kp.add((b + i) * stride * 16 + (off + d) * 16)) };
                     *a = _mm512_fmadd_ps(qv, kv, *a);
                 }
             }
@@ -222,7 +237,13 @@ mod x86 {
     /// `out[d] = Σ_j p[j]·v[j][off + d]`, one FMA chain per d over j in order, accumulators in
     /// registers (head_dim a multiple of 16, at most 128).
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn pv_avx512(p: &[f32], values: &[f32], stride: usize, off: usize, out: &mut [f32]) {
+    pub(super) unsafe fn pv_avx512(
+        p: &[f32],
+        values: &[f32],
+        stride: usize,
+        off: usize,
+        out: &mut [f32],
+    ) {
         let hd = out.len();
         let chunks = hd / 16;
         assert!(hd.is_multiple_of(16) && chunks <= 8);
@@ -250,7 +271,13 @@ mod x86 {
         let mut i = 0;
         while i + 16 <= n {
             // SAFETY: i + 16 <= n for both slices.
-            unsafe { acc = _mm512_fmadd_ps(_mm512_loadu_ps(a.as_ptr().add(i)), _mm512_loadu_ps(b.as_ptr().add(i)), acc) };
+            unsafe {
+                acc = _mm512_fmadd_ps(
+                    _mm512_loadu_ps(a.as_ptr().add(i)),
+                    _mm512_loadu_ps(b.as_ptr().add(i)),
+                    acc,
+                )
+            };
             i += 16;
         }
         let mut l = [0f32; 16];
@@ -270,8 +297,16 @@ mod x86 {
         while i + 16 <= n {
             // SAFETY: i + 16 <= n for both slices.
             unsafe {
-                lo = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i)), lo);
-                hi = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i + 8)), _mm256_loadu_ps(b.as_ptr().add(i + 8)), hi);
+                lo = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(a.as_ptr().add(i)),
+                    _mm256_loadu_ps(b.as_ptr().add(i)),
+                    lo,
+                );
+                hi = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(a.as_ptr().add(i + 8)),
+                    _mm256_loadu_ps(b.as_ptr().add(i + 8)),
+                    hi,
+                );
             }
             i += 16;
         }
@@ -296,7 +331,10 @@ mod x86 {
             // SAFETY: i + 16 <= n for both slices.
             unsafe {
                 let a = _mm512_loadu_ps(acc.as_ptr().add(i));
-                _mm512_storeu_ps(acc.as_mut_ptr().add(i), _mm512_fmadd_ps(pv, _mm512_loadu_ps(v.as_ptr().add(i)), a));
+                _mm512_storeu_ps(
+                    acc.as_mut_ptr().add(i),
+                    _mm512_fmadd_ps(pv, _mm512_loadu_ps(v.as_ptr().add(i)), a),
+                );
             }
             i += 16;
         }
@@ -314,7 +352,10 @@ mod x86 {
             // SAFETY: i + 8 <= n for both slices.
             unsafe {
                 let a = _mm256_loadu_ps(acc.as_ptr().add(i));
-                _mm256_storeu_ps(acc.as_mut_ptr().add(i), _mm256_fmadd_ps(pv, _mm256_loadu_ps(v.as_ptr().add(i)), a));
+                _mm256_storeu_ps(
+                    acc.as_mut_ptr().add(i),
+                    _mm256_fmadd_ps(pv, _mm256_loadu_ps(v.as_ptr().add(i)), a),
+                );
             }
             i += 8;
         }
@@ -333,7 +374,11 @@ mod tests {
         let a: Vec<f32> = (0..77).map(|i| (i as f32 * 0.37).sin()).collect();
         let b: Vec<f32> = (0..77).map(|i| (i as f32 * 0.11).cos()).collect();
         let want = dot(Isa::Scalar, &a, &b);
-        let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
+        let exact: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(&x, &y)| f64::from(x) * f64::from(y))
+            .sum();
         assert!((f64::from(want) - exact).abs() < 1e-5);
         for isa in [Isa::Avx2, Isa::Avx512] {
             let isa = Isa::at_most(isa);
@@ -354,7 +399,8 @@ mod tests {
         let mut values = vec![0f32; n * stride];
         for j in 0..n {
             for i in 0..stride {
-                keys[(j / 16) * stride * 16 + i * 16 + j % 16] = ((j * 31 + i * 7) as f32 * 0.013).sin();
+                keys[(j / 16) * stride * 16 + i * 16 + j % 16] =
+                    ((j * 31 + i * 7) as f32 * 0.013).sin();
                 values[j * stride + i] = ((j * 17 + i * 3) as f32 * 0.021).cos();
             }
         }
@@ -362,23 +408,52 @@ mod tests {
         let run = |isa| {
             let mut scores = Vec::new();
             let mut out = vec![0f32; hd];
-            attend(isa, &q, &keys, &values, stride, hd, n, 0.125, &mut scores, &mut out);
+            attend(
+                isa,
+                &q,
+                &keys,
+                &values,
+                stride,
+                hd,
+                n,
+                0.125,
+                &mut scores,
+                &mut out,
+            );
             out
         };
         let want = run(Isa::Scalar);
         // against a plain f64 reference
         let s: Vec<f64> = (0..n)
-            .map(|j| (0..hd).map(|d| f64::from(q[d]) * f64::from(keys[(j / 16) * stride * 16 + (hd + d) * 16 + j % 16])).sum::<f64>() * 0.125)
+            .map(|j| {
+                (0..hd)
+                    .map(|d| {
+                        f64::from(q[d])
+                            * f64::from(keys[(j / 16) * stride * 16 + (hd + d) * 16 + j % 16])
+                    })
+                    .sum::<f64>()
+                    * 0.125
+            })
             .collect();
         let m = s.iter().copied().fold(f64::MIN, f64::max);
         let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
         for d in 0..hd {
-            let r: f64 = (0..n).map(|j| (s[j] - m).exp() / z * f64::from(values[j * stride + hd + d])).sum();
-            assert!((r - f64::from(want[d])).abs() < 1e-5, "d={d}: {r} vs {}", want[d]);
+            let r: f64 = (0..n)
+                .map(|j| (s[j] - m).exp() / z * f64::from(values[j * stride + hd + d]))
+                .sum();
+            assert!(
+                (r - f64::from(want[d])).abs() < 1e-5,
+                "d={d}: {r} vs {}",
+                want[d]
+            );
         }
         for isa in [Isa::Avx2, Isa::Avx512] {
             let got = run(Isa::at_most(isa));
-            assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{isa:?}");
+            assert_eq!(
+                got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "{isa:?}"
+            );
         }
     }
 

@@ -55,7 +55,9 @@ pub struct Pool {
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pool").field("threads", &self.threads).finish()
+        f.debug_struct("Pool")
+            .field("threads", &self.threads)
+            .finish()
     }
 }
 
@@ -90,13 +92,20 @@ impl Pool {
         let workers = (1..threads)
             .map(|id| {
                 let shared = Arc::clone(&shared);
-                std::thread::Builder::new().name(format!("samewise-kernel-{id}")).spawn(move || worker(&shared))
+                std::thread::Builder::new()
+                    .name(format!("samewise-kernel-{id}"))
+                    .spawn(move || worker(&shared))
             })
             .filter_map(std::result::Result::ok)
             .collect::<Vec<_>>();
         // if the OS refused a thread, run with the ones we got
         let threads = workers.len() + 1;
-        Self { threads, shared, workers, running: Mutex::new(()) }
+        Self {
+            threads,
+            shared,
+            workers,
+            running: Mutex::new(()),
+        }
     }
 
     /// Number of threads, the caller included.
@@ -115,13 +124,22 @@ impl Pool {
             f(0..n);
             return;
         }
-        let _guard = self.running.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _guard = self
+            .running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         // SAFETY: the lifetime is erased only while this call blocks: we return only after
         // the job is withdrawn and every worker that took it has left.
-        let ptr: *const Job = unsafe { std::mem::transmute::<*const (dyn Fn(Range<usize>) + Sync + '_), *const Job>(f) };
+        let ptr: *const Job = unsafe {
+            std::mem::transmute::<*const (dyn Fn(Range<usize>) + Sync + '_), *const Job>(f)
+        };
         let job = JobRef { f: ptr, n, chunks };
         {
-            let mut slot = self.shared.job.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut slot = self
+                .shared
+                .job
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             self.shared.next.store(0, Ordering::SeqCst);
             *slot = Some(job);
             self.shared.generation.fetch_add(1, Ordering::SeqCst);
@@ -129,7 +147,11 @@ impl Pool {
         self.shared.wake.notify_all();
         drain(&self.shared, job);
         // withdraw the job: late workers find nothing; registered ones finish their chunk
-        *self.shared.job.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        *self
+            .shared
+            .job
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         let mut spins = 0u32;
         while self.shared.active.load(Ordering::Acquire) != 0 {
             spins += 1;
@@ -160,15 +182,28 @@ fn worker(shared: &Shared) {
                 spins += 1;
                 std::hint::spin_loop();
             } else {
-                let job = shared.job.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                if shared.generation.load(Ordering::Acquire) == seen && !shared.shutdown.load(Ordering::Acquire) {
-                    drop(shared.wake.wait(job).unwrap_or_else(std::sync::PoisonError::into_inner));
+                let job = shared
+                    .job
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if shared.generation.load(Ordering::Acquire) == seen
+                    && !shared.shutdown.load(Ordering::Acquire)
+                {
+                    drop(
+                        shared
+                            .wake
+                            .wait(job)
+                            .unwrap_or_else(std::sync::PoisonError::into_inner),
+                    );
                 }
             }
         }
         // register under the lock, so the caller cannot withdraw the job in between
         let job = {
-            let slot = shared.job.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let slot = shared
+                .job
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             seen = shared.generation.load(Ordering::Acquire);
             if slot.is_some() {
                 shared.active.fetch_add(1, Ordering::AcqRel);
@@ -188,7 +223,11 @@ impl Drop for Pool {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::SeqCst);
         {
-            let _job = self.shared.job.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _job = self
+                .shared
+                .job
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             self.shared.wake.notify_all();
         }
         for w in self.workers.drain(..) {
@@ -219,7 +258,9 @@ mod tests {
                 }
             });
         }
-        let want: Vec<usize> = (0..97).map(|i| (0..500).filter(|round| i < 1 + round % 97).count()).collect();
+        let want: Vec<usize> = (0..97)
+            .map(|i| (0..500).filter(|round| i < 1 + round % 97).count())
+            .collect();
         let got: Vec<usize> = hits.iter().map(|h| h.load(Ordering::SeqCst)).collect();
         assert_eq!(got, want);
     }

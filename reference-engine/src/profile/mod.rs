@@ -178,7 +178,11 @@ pub enum ToolCorruption {
 }
 
 fn all_corruptions() -> Vec<ToolCorruption> {
-    vec![ToolCorruption::InvalidJson, ToolCorruption::UnknownName, ToolCorruption::MissingRequired]
+    vec![
+        ToolCorruption::InvalidJson,
+        ToolCorruption::UnknownName,
+        ToolCorruption::MissingRequired,
+    ]
 }
 
 /// `[repeat_bug]`: with probability `probability` per generation, from a seeded random
@@ -281,8 +285,23 @@ pub enum ProfileError {
 
 /// Names accepted by [`Profile::builtin`].
 pub const BUILTIN_NAMES: &[&str] = &[
-    "reference", "w8", "w6", "w5", "w4", "w3", "w2", "a8", "kv-f16", "kv-q8", "truncate-512",
-    "tool-corrupt", "repeat-bug", "drop-system", "no-logprobs", "shifted-echo", "flaky",
+    "reference",
+    "w8",
+    "w6",
+    "w5",
+    "w4",
+    "w3",
+    "w2",
+    "a8",
+    "kv-f16",
+    "kv-q8",
+    "truncate-512",
+    "tool-corrupt",
+    "repeat-bug",
+    "drop-system",
+    "no-logprobs",
+    "shifted-echo",
+    "flaky",
 ];
 
 impl Profile {
@@ -292,7 +311,10 @@ impl Profile {
             source_name: source_name.to_owned(),
             message: e.to_string(),
         })?;
-        p.validate().map_err(|message| ProfileError::Invalid { source_name: source_name.to_owned(), message })?;
+        p.validate().map_err(|message| ProfileError::Invalid {
+            source_name: source_name.to_owned(),
+            message,
+        })?;
         Ok(p)
     }
 
@@ -311,34 +333,72 @@ impl Profile {
     /// weight re-quantization, group 32, of every tensor set (the calibration ladder's levels);
     /// `a8`; `kv-f16`, `kv-q8`; one per behavioural fault.
     pub fn builtin(name: &str) -> Option<Profile> {
-        let mut p = Profile { name: name.to_owned(), seed: 0, ..Profile::default() };
+        let mut p = Profile {
+            name: name.to_owned(),
+            seed: 0,
+            ..Profile::default()
+        };
         match name {
             "reference" => {}
             "w8" | "w6" | "w5" | "w4" | "w3" | "w2" => {
                 let bits = name[1..].parse().ok()?;
                 p.weights = Some(WeightsSection {
-                    quant: WeightQuant { bits, group_size: 32, symmetric: true },
+                    quant: WeightQuant {
+                        bits,
+                        group_size: 32,
+                        symmetric: true,
+                    },
                     tensors: all_tensor_sets(),
                 });
             }
             "a8" => p.activations = Some(ActivationsSection { bits: 8 }),
-            "kv-f16" => p.kv_cache = Some(KvCacheSection { dtype: KvDtype::F16 }),
+            "kv-f16" => {
+                p.kv_cache = Some(KvCacheSection {
+                    dtype: KvDtype::F16,
+                })
+            }
             "kv-q8" => p.kv_cache = Some(KvCacheSection { dtype: KvDtype::Q8 }),
             "truncate-512" => {
-                p.truncation = Some(TruncationSection { max_prompt_tokens: 512, drop: TruncateDrop::Start })
+                p.truncation = Some(TruncationSection {
+                    max_prompt_tokens: 512,
+                    drop: TruncateDrop::Start,
+                })
             }
             "tool-corrupt" => {
-                p.tool_calls = Some(ToolCallsSection { corrupt_fraction: 1.0, modes: all_corruptions() })
+                p.tool_calls = Some(ToolCallsSection {
+                    corrupt_fraction: 1.0,
+                    modes: all_corruptions(),
+                })
             }
             "repeat-bug" => p.repeat_bug = Some(RepeatBugSection { probability: 1.0 }),
             "drop-system" => {
-                p.chat_template = Some(ChatTemplateSection { variant: TemplateVariant::DropSystem, system_prompt: None })
+                p.chat_template = Some(ChatTemplateSection {
+                    variant: TemplateVariant::DropSystem,
+                    system_prompt: None,
+                })
             }
-            "no-logprobs" => p.api = Some(ApiSection { refuse_logprobs: true, ..ApiSection::default() }),
-            "shifted-echo" => p.api = Some(ApiSection { echo_shift: 1, ..ApiSection::default() }),
+            "no-logprobs" => {
+                p.api = Some(ApiSection {
+                    refuse_logprobs: true,
+                    ..ApiSection::default()
+                })
+            }
+            "shifted-echo" => {
+                p.api = Some(ApiSection {
+                    echo_shift: 1,
+                    ..ApiSection::default()
+                })
+            }
             "flaky" => {
-                p.errors = Some(ErrorsSection { rate_500: 0.1, rate_429: 0.1, disconnect_rate: 0.05 });
-                p.latency = Some(LatencySection { median_ms: 20.0, p99_ms: Some(200.0) });
+                p.errors = Some(ErrorsSection {
+                    rate_500: 0.1,
+                    rate_429: 0.1,
+                    disconnect_rate: 0.05,
+                });
+                p.latency = Some(LatencySection {
+                    median_ms: 20.0,
+                    p99_ms: Some(200.0),
+                });
             }
             _ => return None,
         }
@@ -347,7 +407,11 @@ impl Profile {
 
     /// Whether the profile changes nothing (the plain engine).
     pub fn is_reference(&self) -> bool {
-        Profile { name: self.name.clone(), seed: self.seed, ..Profile::default() } == *self
+        Profile {
+            name: self.name.clone(),
+            seed: self.seed,
+            ..Profile::default()
+        } == *self
     }
 
     /// Whether the engine computes differently under this profile (re-quantized weights,
@@ -363,7 +427,9 @@ impl Profile {
         if let Some(w) = &self.weights {
             w.quant.validate()?;
             if w.tensors.is_empty() {
-                return Err("weights.tensors must name at least one of attention, mlp, embeddings".into());
+                return Err(
+                    "weights.tensors must name at least one of attention, mlp, embeddings".into(),
+                );
             }
         }
         if let Some(a) = &self.activations
@@ -377,7 +443,11 @@ impl Profile {
             return Err("truncation.max_prompt_tokens must be at least 1".into());
         }
         let fraction = |name: &str, v: f64| {
-            if (0.0..=1.0).contains(&v) { Ok(()) } else { Err(format!("{name} must be within 0..=1, not {v}")) }
+            if (0.0..=1.0).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("{name} must be within 0..=1, not {v}"))
+            }
         };
         if let Some(t) = &self.tool_calls {
             fraction("tool_calls.corrupt_fraction", t.corrupt_fraction)?;
@@ -392,16 +462,23 @@ impl Profile {
             && c.variant == TemplateVariant::DefaultSystem
             && c.system_prompt.is_none()
         {
-            return Err("chat_template.system_prompt is required with variant = \"default_system\"".into());
+            return Err(
+                "chat_template.system_prompt is required with variant = \"default_system\"".into(),
+            );
         }
         if let Some(l) = &self.latency {
             if !(l.median_ms >= 0.0 && l.median_ms.is_finite()) {
-                return Err(format!("latency.median_ms must be a non-negative number, not {}", l.median_ms));
+                return Err(format!(
+                    "latency.median_ms must be a non-negative number, not {}",
+                    l.median_ms
+                ));
             }
             if let Some(p99) = l.p99_ms
                 && !(p99 >= l.median_ms && p99.is_finite())
             {
-                return Err(format!("latency.p99_ms ({p99}) must be at least latency.median_ms"));
+                return Err(format!(
+                    "latency.p99_ms ({p99}) must be at least latency.median_ms"
+                ));
             }
         }
         if let Some(e) = &self.errors {
@@ -469,7 +546,14 @@ mod tests {
             "test.toml",
         )
         .unwrap();
-        assert_eq!(p.weights.as_ref().unwrap().quant, WeightQuant { bits: 4, group_size: 64, symmetric: false });
+        assert_eq!(
+            p.weights.as_ref().unwrap().quant,
+            WeightQuant {
+                bits: 4,
+                group_size: 64,
+                symmetric: false
+            }
+        );
         assert_eq!(p.kv_cache.unwrap().dtype, KvDtype::Bf16);
         assert_eq!(p.truncation.unwrap().drop, TruncateDrop::Middle);
         assert_eq!(p.api.unwrap().echo_shift, 1);
@@ -477,12 +561,24 @@ mod tests {
 
     #[test]
     fn errors_name_the_key() {
-        let unknown = Profile::from_toml("[weights]\nbits = 4\nfoo = 1\n", "p.toml").unwrap_err().to_string();
-        assert!(unknown.contains("foo") && unknown.contains("p.toml"), "{unknown}");
-        let range = Profile::from_toml("[errors]\nrate_500 = 1.5\n", "p.toml").unwrap_err().to_string();
+        let unknown = Profile::from_toml("[weights]\nbits = 4\nfoo = 1\n", "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            unknown.contains("foo") && unknown.contains("p.toml"),
+            "{unknown}"
+        );
+        let range = Profile::from_toml("[errors]\nrate_500 = 1.5\n", "p.toml")
+            .unwrap_err()
+            .to_string();
         assert!(range.contains("errors.rate_500"), "{range}");
-        let bits = Profile::from_toml("[weights]\nbits = 7\n", "p.toml").unwrap_err().to_string();
+        let bits = Profile::from_toml("[weights]\nbits = 7\n", "p.toml")
+            .unwrap_err()
+            .to_string();
         assert!(bits.contains("weights.bits"), "{bits}");
-        assert!(matches!(Profile::resolve("/nonexistent/x.toml"), Err(ProfileError::Unknown(_))));
+        assert!(matches!(
+            Profile::resolve("/nonexistent/x.toml"),
+            Err(ProfileError::Unknown(_))
+        ));
     }
 }

@@ -39,10 +39,16 @@ impl WeightQuant {
     /// Whether the parameters are in the supported ranges; the message names the field.
     pub fn validate(&self) -> Result<(), String> {
         if !matches!(self.bits, 2..=6 | 8) {
-            return Err(format!("weights.bits must be 2, 3, 4, 5, 6 or 8, not {}", self.bits));
+            return Err(format!(
+                "weights.bits must be 2, 3, 4, 5, 6 or 8, not {}",
+                self.bits
+            ));
         }
         if !matches!(self.group_size, 32 | 64 | 128) {
-            return Err(format!("weights.group_size must be 32, 64 or 128, not {}", self.group_size));
+            return Err(format!(
+                "weights.group_size must be 32, 64 or 128, not {}",
+                self.group_size
+            ));
         }
         Ok(())
     }
@@ -67,7 +73,11 @@ impl WeightQuant {
         if (!self.symmetric && self.bits >= 8) || !row.len().is_multiple_of(g) {
             return None;
         }
-        let mut codes = Codes { q: Vec::with_capacity(row.len()), scale: Vec::new(), offset: None };
+        let mut codes = Codes {
+            q: Vec::with_capacity(row.len()),
+            scale: Vec::new(),
+            offset: None,
+        };
         let mut offsets = Vec::new();
         for group in row.chunks(g) {
             let mut v = group.to_vec();
@@ -77,7 +87,9 @@ impl WeightQuant {
                 quantize_asymmetric(&mut v, self.bits)
             };
             for &x in group {
-                codes.q.push(code_of(x, d, base, self.bits, self.symmetric) as i8);
+                codes
+                    .q
+                    .push(code_of(x, d, base, self.bits, self.symmetric) as i8);
             }
             codes.scale.push(d);
             offsets.push(base);
@@ -110,7 +122,11 @@ fn code_of(x: f32, d: f32, base: f32, bits: u8, symmetric: bool) -> f32 {
     let id = 1.0 / d;
     if symmetric {
         let half_levels = (1i32 << (bits - 1)) as f32;
-        let (qmin, qmax) = if bits == 8 { (-127.0, 127.0) } else { (-half_levels, half_levels - 1.0) };
+        let (qmin, qmax) = if bits == 8 {
+            (-127.0, 127.0)
+        } else {
+            (-half_levels, half_levels - 1.0)
+        };
         (x * id).round().clamp(qmin, qmax)
     } else {
         let levels = ((1u32 << bits) - 1) as f32;
@@ -128,7 +144,9 @@ fn quantize_symmetric(group: &mut [f32], bits: u8) -> (f32, f32) {
         let amax = group.iter().fold(0f32, |m, &x| m.max(x.abs()));
         (amax / 127.0, -127.0, 127.0)
     } else {
-        let max = group.iter().fold(0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
+        let max = group
+            .iter()
+            .fold(0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
         (max / -half_levels, -half_levels, half_levels - 1.0)
     };
     if d == 0.0 || !d.is_finite() {
@@ -149,7 +167,9 @@ fn quantize_asymmetric(group: &mut [f32], bits: u8) -> (f32, f32) {
     let levels = ((1u32 << bits) - 1) as f32;
     let (min, max) = group
         .iter()
-        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &x| {
+            (lo.min(x), hi.max(x))
+        });
     let d = (max - min) / levels;
     if d == 0.0 || !d.is_finite() {
         group.iter_mut().for_each(|x| *x = min);
@@ -193,7 +213,9 @@ impl KvDtype {
         match self {
             KvDtype::F32 => {}
             KvDtype::F16 => row.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32()),
-            KvDtype::Bf16 => row.iter_mut().for_each(|x| *x = bf16::from_f32(*x).to_f32()),
+            KvDtype::Bf16 => row
+                .iter_mut()
+                .for_each(|x| *x = bf16::from_f32(*x).to_f32()),
             KvDtype::Q8 => quantize_activations_q8(row),
         }
     }
@@ -207,14 +229,21 @@ mod tests {
         let mut s = seed;
         (0..n)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2
             })
             .collect()
     }
 
     fn rmse(a: &[f32], b: &[f32]) -> f64 {
-        (a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>() / a.len() as f64).sqrt()
+        (a.iter()
+            .zip(b)
+            .map(|(x, y)| ((x - y) as f64).powi(2))
+            .sum::<f64>()
+            / a.len() as f64)
+            .sqrt()
     }
 
     #[test]
@@ -225,11 +254,19 @@ mod tests {
                 .iter()
                 .map(|&bits| {
                     let mut r = orig.clone();
-                    WeightQuant { bits, group_size: 32, symmetric }.apply(&mut r);
+                    WeightQuant {
+                        bits,
+                        group_size: 32,
+                        symmetric,
+                    }
+                    .apply(&mut r);
                     rmse(&orig, &r)
                 })
                 .collect();
-            assert!(errs.windows(2).all(|w| w[0] > w[1]), "symmetric={symmetric}: {errs:?}");
+            assert!(
+                errs.windows(2).all(|w| w[0] > w[1]),
+                "symmetric={symmetric}: {errs:?}"
+            );
             assert!(errs[5] > 0.0);
         }
     }
@@ -238,10 +275,16 @@ mod tests {
     fn values_land_on_the_grid_and_error_is_at_most_half_a_step() {
         let orig = lcg_row(256, 3);
         let mut r = orig.clone();
-        let q = WeightQuant { bits: 4, group_size: 64, symmetric: false };
+        let q = WeightQuant {
+            bits: 4,
+            group_size: 64,
+            symmetric: false,
+        };
         q.apply(&mut r);
         for (g, gr) in orig.chunks(64).zip(r.chunks(64)) {
-            let (lo, hi) = g.iter().fold((f32::MAX, f32::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+            let (lo, hi) = g
+                .iter()
+                .fold((f32::MAX, f32::MIN), |(a, b), &x| (a.min(x), b.max(x)));
             let d = (hi - lo) / 15.0;
             let mut levels: Vec<i64> = gr.iter().map(|&x| ((x - lo) / d).round() as i64).collect();
             levels.sort_unstable();
@@ -257,14 +300,21 @@ mod tests {
     fn symmetric_4_bit_matches_q4_0_rounding() {
         // ggml quantize_row_q4_0: d = max / -8, q = min(15, (int)(x/d + 8.5)) - 8.
         let orig = lcg_row(32, 11);
-        let max = orig.iter().fold(0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
+        let max = orig
+            .iter()
+            .fold(0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
         let d = max / -8.0;
         let expected: Vec<f32> = orig
             .iter()
             .map(|&x| (((x / d + 8.5) as i32).min(15) - 8) as f32 * d)
             .collect();
         let mut r = orig.clone();
-        WeightQuant { bits: 4, group_size: 32, symmetric: true }.apply(&mut r);
+        WeightQuant {
+            bits: 4,
+            group_size: 32,
+            symmetric: true,
+        }
+        .apply(&mut r);
         for (a, b) in r.iter().zip(&expected) {
             assert!((a - b).abs() <= d.abs() * 1e-5, "{a} vs {b}");
         }
@@ -274,10 +324,20 @@ mod tests {
     fn degenerate_groups_do_not_produce_nan() {
         for symmetric in [true, false] {
             let mut zeros = vec![0f32; 40];
-            WeightQuant { bits: 3, group_size: 32, symmetric }.apply(&mut zeros);
+            WeightQuant {
+                bits: 3,
+                group_size: 32,
+                symmetric,
+            }
+            .apply(&mut zeros);
             assert!(zeros.iter().all(|x| *x == 0.0));
             let mut flat = vec![0.25f32; 33];
-            WeightQuant { bits: 2, group_size: 32, symmetric }.apply(&mut flat);
+            WeightQuant {
+                bits: 2,
+                group_size: 32,
+                symmetric,
+            }
+            .apply(&mut flat);
             assert!(flat.iter().all(|x| x.is_finite()));
         }
     }
@@ -311,7 +371,11 @@ mod tests {
         for symmetric in [true, false] {
             for bits in [2u8, 3, 4, 5, 6, 8] {
                 for group_size in [32, 64, 128] {
-                    let q = WeightQuant { bits, group_size, symmetric };
+                    let q = WeightQuant {
+                        bits,
+                        group_size,
+                        symmetric,
+                    };
                     let mut applied = orig.clone();
                     q.apply(&mut applied);
                     let Some(c) = q.codes(&orig) else {
@@ -324,17 +388,47 @@ mod tests {
                         if let Some(o) = &c.offset {
                             v += o[g];
                         }
-                        assert_eq!(v.to_bits() & 0x7fff_ffff, a.to_bits() & 0x7fff_ffff, "bits {bits} sym {symmetric} i {i}");
+                        assert_eq!(
+                            v.to_bits() & 0x7fff_ffff,
+                            a.to_bits() & 0x7fff_ffff,
+                            "bits {bits} sym {symmetric} i {i}"
+                        );
                     }
                 }
             }
         }
-        assert!(WeightQuant { bits: 4, group_size: 64, symmetric: true }.codes(&orig[..96]).is_none());
+        assert!(
+            WeightQuant {
+                bits: 4,
+                group_size: 64,
+                symmetric: true
+            }
+            .codes(&orig[..96])
+            .is_none()
+        );
     }
 
     #[test]
     fn validation_names_the_field() {
-        assert!(WeightQuant { bits: 7, group_size: 32, symmetric: true }.validate().unwrap_err().contains("weights.bits"));
-        assert!(WeightQuant { bits: 4, group_size: 48, symmetric: true }.validate().unwrap_err().contains("weights.group_size"));
+        assert!(
+            WeightQuant {
+                bits: 7,
+                group_size: 32,
+                symmetric: true
+            }
+            .validate()
+            .unwrap_err()
+            .contains("weights.bits")
+        );
+        assert!(
+            WeightQuant {
+                bits: 4,
+                group_size: 48,
+                symmetric: true
+            }
+            .validate()
+            .unwrap_err()
+            .contains("weights.group_size")
+        );
     }
 }

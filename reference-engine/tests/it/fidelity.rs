@@ -16,23 +16,44 @@ struct Text {
 
 fn golden() -> anyhow::Result<Vec<Text>> {
     let g = common::fixture_json("golden_smollm2.json")?;
-    let texts = g["texts"].as_array().ok_or_else(|| anyhow::anyhow!("golden has no texts"))?;
+    let texts = g["texts"]
+        .as_array()
+        .ok_or_else(|| anyhow::anyhow!("golden has no texts"))?;
     let mut out = Vec::new();
     for t in texts {
         let ids = t["token_ids"]
             .as_array()
             .ok_or_else(|| anyhow::anyhow!("no token_ids"))?
             .iter()
-            .map(|v| v.as_u64().map(|x| x as u32).ok_or_else(|| anyhow::anyhow!("bad id")))
+            .map(|v| {
+                v.as_u64()
+                    .map(|x| x as u32)
+                    .ok_or_else(|| anyhow::anyhow!("bad id"))
+            })
             .collect::<anyhow::Result<Vec<u32>>>()?;
-        let logprobs = t["logprobs"].as_array().ok_or_else(|| anyhow::anyhow!("no logprobs"))?.iter().map(|v| v.as_f64()).collect();
+        let logprobs = t["logprobs"]
+            .as_array()
+            .ok_or_else(|| anyhow::anyhow!("no logprobs"))?
+            .iter()
+            .map(|v| v.as_f64())
+            .collect();
         let top1 = t["top"]
             .as_array()
             .ok_or_else(|| anyhow::anyhow!("no top"))?
             .iter()
-            .map(|v| v.get(0).and_then(|e| e.get(0)).and_then(|x| x.as_u64()).map(|x| x as u32))
+            .map(|v| {
+                v.get(0)
+                    .and_then(|e| e.get(0))
+                    .and_then(|x| x.as_u64())
+                    .map(|x| x as u32)
+            })
             .collect();
-        out.push(Text { name: t["name"].as_str().unwrap_or("?").to_string(), ids, logprobs, top1 });
+        out.push(Text {
+            name: t["name"].as_str().unwrap_or("?").to_string(),
+            ids,
+            logprobs,
+            top1,
+        });
     }
     Ok(out)
 }
@@ -46,18 +67,35 @@ fn logprobs_match_transformers_f32() -> anyhow::Result<()> {
     let (mut n, mut sum, mut max) = (0usize, 0f64, 0f64);
     let mut top1_mismatch = Vec::new();
     for (t, s) in texts.iter().zip(&scored) {
-        anyhow::ensure!(s.positions.len() == t.ids.len(), "{}: {} positions for {} tokens", t.name, s.positions.len(), t.ids.len());
-        anyhow::ensure!(s.positions[0].logprob.is_none() && t.logprobs[0].is_none(), "position 0 has no logprob");
+        anyhow::ensure!(
+            s.positions.len() == t.ids.len(),
+            "{}: {} positions for {} tokens",
+            t.name,
+            s.positions.len(),
+            t.ids.len()
+        );
+        anyhow::ensure!(
+            s.positions[0].logprob.is_none() && t.logprobs[0].is_none(),
+            "position 0 has no logprob"
+        );
         for i in 1..t.ids.len() {
-            let want = t.logprobs[i].ok_or_else(|| anyhow::anyhow!("{}: golden position {i} is null", t.name))?;
-            let got = f64::from(s.positions[i].logprob.ok_or_else(|| anyhow::anyhow!("engine position {i} is null"))?);
+            let want = t.logprobs[i]
+                .ok_or_else(|| anyhow::anyhow!("{}: golden position {i} is null", t.name))?;
+            let got = f64::from(
+                s.positions[i]
+                    .logprob
+                    .ok_or_else(|| anyhow::anyhow!("engine position {i} is null"))?,
+            );
             let d = (got - want).abs();
             sum += d;
             max = max.max(d);
             n += 1;
             let top = s.positions[i].top.first().map(|x| x.token);
             if top != t.top1[i] {
-                top1_mismatch.push(format!("{} pos {i}: engine {top:?}, golden {:?}", t.name, t.top1[i]));
+                top1_mismatch.push(format!(
+                    "{} pos {i}: engine {top:?}, golden {:?}",
+                    t.name, t.top1[i]
+                ));
             }
         }
     }
@@ -84,18 +122,30 @@ fn tiny_models_of_every_architecture_match_transformers() -> anyhow::Result<()> 
         .iter()
         .filter_map(|v| v.as_u64().map(|x| x as u32))
         .collect();
-    let models = g["models"].as_object().ok_or_else(|| anyhow::anyhow!("no models"))?;
+    let models = g["models"]
+        .as_object()
+        .ok_or_else(|| anyhow::anyhow!("no models"))?;
     anyhow::ensure!(models.len() == 3, "expected 3 tiny models");
     let mut worst = Vec::new();
     for (name, m) in models {
         let engine = Engine::load(&dir.join(name), LoadOptions::default())?;
         let scored = engine.score(std::slice::from_ref(&tokens), 1)?.remove(0);
-        let want = m["logprobs"].as_array().ok_or_else(|| anyhow::anyhow!("no logprobs"))?;
-        let top1 = m["top1"].as_array().ok_or_else(|| anyhow::anyhow!("no top1"))?;
+        let want = m["logprobs"]
+            .as_array()
+            .ok_or_else(|| anyhow::anyhow!("no logprobs"))?;
+        let top1 = m["top1"]
+            .as_array()
+            .ok_or_else(|| anyhow::anyhow!("no top1"))?;
         let mut max = 0f64;
         for i in 1..tokens.len() {
-            let w = want[i].as_f64().ok_or_else(|| anyhow::anyhow!("{name}: null golden at {i}"))?;
-            let got = f64::from(scored.positions[i].logprob.ok_or_else(|| anyhow::anyhow!("null logprob"))?);
+            let w = want[i]
+                .as_f64()
+                .ok_or_else(|| anyhow::anyhow!("{name}: null golden at {i}"))?;
+            let got = f64::from(
+                scored.positions[i]
+                    .logprob
+                    .ok_or_else(|| anyhow::anyhow!("null logprob"))?,
+            );
             max = max.max((got - w).abs());
             assert_eq!(
                 scored.positions[i].top[0].token as u64,

@@ -9,17 +9,27 @@ use std::sync::Arc;
 
 use samewise_engine::batcher::{Batcher, GenEvent};
 use samewise_engine::{
-    Engine, GenerateParams, GeneratedToken, Isa, LoadOptions, SamplingParams, ScoredSequence, TokenLogprob,
+    Engine, GenerateParams, GeneratedToken, Isa, LoadOptions, SamplingParams, ScoredSequence,
+    TokenLogprob,
 };
 
 fn engine(threads: usize, isa: Option<Isa>) -> anyhow::Result<Engine> {
-    Ok(Engine::load(&common::model_path()?, LoadOptions { threads, isa, ..LoadOptions::default() })?)
+    Ok(Engine::load(
+        &common::model_path()?,
+        LoadOptions {
+            threads,
+            isa,
+            ..LoadOptions::default()
+        },
+    )?)
 }
 
 /// Token ids of the golden texts (real text: chat, code, numbers, non-English, long).
 fn texts() -> anyhow::Result<Vec<Vec<u32>>> {
     let g = common::fixture_json("golden_smollm2.json")?;
-    let texts = g["texts"].as_array().ok_or_else(|| anyhow::anyhow!("golden has no texts"))?;
+    let texts = g["texts"]
+        .as_array()
+        .ok_or_else(|| anyhow::anyhow!("golden has no texts"))?;
     texts
         .iter()
         .map(|t| {
@@ -27,7 +37,11 @@ fn texts() -> anyhow::Result<Vec<Vec<u32>>> {
                 .as_array()
                 .ok_or_else(|| anyhow::anyhow!("no token_ids"))?
                 .iter()
-                .map(|v| v.as_u64().map(|x| x as u32).ok_or_else(|| anyhow::anyhow!("bad id")))
+                .map(|v| {
+                    v.as_u64()
+                        .map(|x| x as u32)
+                        .ok_or_else(|| anyhow::anyhow!("bad id"))
+                })
                 .collect()
         })
         .collect()
@@ -54,7 +68,11 @@ fn assert_same(a: &ScoredSequence, b: &ScoredSequence, what: &str) {
     assert_eq!(a.positions.len(), b.positions.len(), "{what}: lengths");
     for (i, (x, y)) in a.positions.iter().zip(&b.positions).enumerate() {
         assert_eq!(x.token, y.token, "{what}: token at {i}");
-        assert_eq!(x.logprob.map(f32::to_bits), y.logprob.map(f32::to_bits), "{what}: logprob bits at {i}");
+        assert_eq!(
+            x.logprob.map(f32::to_bits),
+            y.logprob.map(f32::to_bits),
+            "{what}: logprob bits at {i}"
+        );
         assert_eq!(bits(&x.top), bits(&y.top), "{what}: top-k bits at {i}");
     }
 }
@@ -63,8 +81,10 @@ fn assert_same(a: &ScoredSequence, b: &ScoredSequence, what: &str) {
 fn batch_composition_does_not_change_a_single_bit() -> anyhow::Result<()> {
     let e = engine(2, None)?;
     let seqs = mixed()?;
-    let alone: Vec<ScoredSequence> =
-        seqs.iter().map(|s| e.score(std::slice::from_ref(s), 5).map(|mut v| v.remove(0))).collect::<Result<_, _>>()?;
+    let alone: Vec<ScoredSequence> = seqs
+        .iter()
+        .map(|s| e.score(std::slice::from_ref(s), 5).map(|mut v| v.remove(0)))
+        .collect::<Result<_, _>>()?;
     // batches of 16, 9 (reversed), 4, 2 and 1 with varied members and order
     let batches: Vec<Vec<usize>> = vec![
         (0..16).collect(),
@@ -88,10 +108,17 @@ fn long_sequence_chunking_does_not_change_bits() -> anyhow::Result<()> {
     // 600 tokens are fed in several chunks; next to other sequences the chunk boundaries move
     let e = engine(2, None)?;
     let t = texts()?;
-    let long = t.iter().max_by_key(|s| s.len()).ok_or_else(|| anyhow::anyhow!("no texts"))?;
+    let long = t
+        .iter()
+        .max_by_key(|s| s.len())
+        .ok_or_else(|| anyhow::anyhow!("no texts"))?;
     let long = long[..600.min(long.len())].to_vec();
     let alone = e.score(std::slice::from_ref(&long), 3)?.remove(0);
-    let others = vec![t[0][..80.min(t[0].len())].to_vec(), long.clone(), t[1][..37.min(t[1].len())].to_vec()];
+    let others = vec![
+        t[0][..80.min(t[0].len())].to_vec(),
+        long.clone(),
+        t[1][..37.min(t[1].len())].to_vec(),
+    ];
     let out = e.score(&others, 3)?;
     assert_same(&alone, &out[1], "long sequence inside a batch");
     Ok(())
@@ -116,7 +143,11 @@ fn threads_and_instruction_sets_agree() -> anyhow::Result<()> {
 }
 
 fn greedy(max_tokens: usize, top: usize) -> GenerateParams {
-    GenerateParams { max_tokens, top_logprobs: top, ..GenerateParams::default() }
+    GenerateParams {
+        max_tokens,
+        top_logprobs: top,
+        ..GenerateParams::default()
+    }
 }
 
 #[test]
@@ -132,7 +163,11 @@ fn token_by_token_decode_equals_whole_sequence_scoring() -> anyhow::Result<()> {
         for (j, tok) in g.tokens.iter().enumerate() {
             let p = &scored.positions[prompt.len() + j];
             assert_eq!(p.token, tok.token);
-            assert_eq!(p.logprob.map(f32::to_bits), Some(tok.logprob.to_bits()), "decode step {j} logprob bits");
+            assert_eq!(
+                p.logprob.map(f32::to_bits),
+                Some(tok.logprob.to_bits()),
+                "decode step {j} logprob bits"
+            );
             assert_eq!(bits(&p.top), bits(&tok.top), "decode step {j} top-k bits");
             // greedy picks the top-1
             assert_eq!(p.top[0].token, tok.token);
@@ -149,12 +184,30 @@ fn batcher_under_concurrent_load_equals_direct_calls() -> anyhow::Result<()> {
     let prompts: Vec<Vec<u32>> = vec![t[0][..20].to_vec(), t[3][..9].to_vec(), t[4][..31].to_vec()];
     let params: Vec<GenerateParams> = vec![
         greedy(12, 3),
-        GenerateParams { sampling: SamplingParams { temperature: 0.8, top_p: 0.9, top_k: 40, seed: Some(7) }, ..greedy(12, 3) },
-        GenerateParams { sampling: SamplingParams { temperature: 1.2, top_p: 1.0, top_k: 0, seed: Some(99) }, ..greedy(10, 2) },
+        GenerateParams {
+            sampling: SamplingParams {
+                temperature: 0.8,
+                top_p: 0.9,
+                top_k: 40,
+                seed: Some(7),
+            },
+            ..greedy(12, 3)
+        },
+        GenerateParams {
+            sampling: SamplingParams {
+                temperature: 1.2,
+                top_p: 1.0,
+                top_k: 0,
+                seed: Some(99),
+            },
+            ..greedy(10, 2)
+        },
     ];
     // direct, one at a time
-    let direct_scores: Vec<ScoredSequence> =
-        seqs.iter().map(|s| e.score(std::slice::from_ref(s), 4).map(|mut v| v.remove(0))).collect::<Result<_, _>>()?;
+    let direct_scores: Vec<ScoredSequence> = seqs
+        .iter()
+        .map(|s| e.score(std::slice::from_ref(s), 4).map(|mut v| v.remove(0)))
+        .collect::<Result<_, _>>()?;
     let direct_gens: Vec<Vec<GeneratedToken>> = prompts
         .iter()
         .zip(&params)
@@ -162,7 +215,10 @@ fn batcher_under_concurrent_load_equals_direct_calls() -> anyhow::Result<()> {
         .collect::<Result<_, _>>()?;
     let batcher = Batcher::start(Arc::clone(&e));
     let handle = batcher.handle();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let (scores, gens) = rt.block_on(async {
         let score_futs = seqs.iter().map(|s| {
             let h = handle.clone();
@@ -199,7 +255,11 @@ fn batcher_under_concurrent_load_equals_direct_calls() -> anyhow::Result<()> {
         let b = b?;
         assert_eq!(d.len(), b.len(), "generation {i} length");
         for (x, y) in d.iter().zip(&b) {
-            assert_eq!((x.token, x.logprob.to_bits()), (y.token, y.logprob.to_bits()), "generation {i}");
+            assert_eq!(
+                (x.token, x.logprob.to_bits()),
+                (y.token, y.logprob.to_bits()),
+                "generation {i}"
+            );
             assert_eq!(bits(&x.top), bits(&y.top), "generation {i} top");
         }
     }
@@ -207,9 +267,16 @@ fn batcher_under_concurrent_load_equals_direct_calls() -> anyhow::Result<()> {
     let rx = handle.generate(prompts[0].clone(), greedy(500, 0))?;
     drop(rx);
     let again = rt.block_on(handle.score(vec![seqs[5].clone()], 4))?;
-    assert_same(&direct_scores[5], &again[0], "score after a cancelled generation");
+    assert_same(
+        &direct_scores[5],
+        &again[0],
+        "score after a cancelled generation",
+    );
     batcher.shutdown();
     let after = rt.block_on(handle.score(vec![seqs[5].clone()], 4));
-    assert!(matches!(after, Err(samewise_engine::EngineError::Shutdown)), "after shutdown: {after:?}");
+    assert!(
+        matches!(after, Err(samewise_engine::EngineError::Shutdown)),
+        "after shutdown: {after:?}"
+    );
     Ok(())
 }

@@ -11,7 +11,14 @@ use samewise_engine::gguf::GgufFile;
 use samewise_engine::{Engine, EngineError, LoadOptions};
 
 fn load(path: &Path) -> Result<Engine, EngineError> {
-    Engine::load(path, LoadOptions { threads: 2, isa: None, ..LoadOptions::default() })
+    Engine::load(
+        path,
+        LoadOptions {
+            threads: 2,
+            isa: None,
+            ..LoadOptions::default()
+        },
+    )
 }
 
 /// Byte positions inside a GGUF header, found by walking it.
@@ -25,14 +32,19 @@ struct Layout {
 }
 
 fn layout(b: &[u8]) -> anyhow::Result<Layout> {
-    let u32_at = |p: usize| -> anyhow::Result<u32> { Ok(u32::from_le_bytes(b[p..p + 4].try_into()?)) };
-    let u64_at = |p: usize| -> anyhow::Result<usize> { Ok(u64::from_le_bytes(b[p..p + 8].try_into()?) as usize) };
+    let u32_at =
+        |p: usize| -> anyhow::Result<u32> { Ok(u32::from_le_bytes(b[p..p + 4].try_into()?)) };
+    let u64_at = |p: usize| -> anyhow::Result<usize> {
+        Ok(u64::from_le_bytes(b[p..p + 8].try_into()?) as usize)
+    };
     let n_tensors = u64_at(8)?;
     let n_kv = u64_at(16)?;
     let mut p = 24;
     let mut arch_at = 0;
     fn skip(b: &[u8], p: &mut usize, ty: u32) -> anyhow::Result<()> {
-        let u64_at = |p: usize| -> anyhow::Result<usize> { Ok(u64::from_le_bytes(b[p..p + 8].try_into()?) as usize) };
+        let u64_at = |p: usize| -> anyhow::Result<usize> {
+            Ok(u64::from_le_bytes(b[p..p + 8].try_into()?) as usize)
+        };
         match ty {
             0 | 1 | 7 => *p += 1,
             2 | 3 => *p += 2,
@@ -72,7 +84,11 @@ fn layout(b: &[u8]) -> anyhow::Result<Layout> {
         tensors.push((name, p, p + 4));
         p += 12;
     }
-    Ok(Layout { n_kv_at: 16, arch_at, tensors })
+    Ok(Layout {
+        n_kv_at: 16,
+        arch_at,
+        tensors,
+    })
 }
 
 fn write(dir: &Path, name: &str, bytes: &[u8]) -> anyhow::Result<std::path::PathBuf> {
@@ -93,7 +109,15 @@ fn gguf_and_hf_directory_give_the_same_logprobs() -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("no texts"))?
         .iter()
         .take(3)
-        .map(|t| t["token_ids"].as_array().map(|a| a.iter().take(120).filter_map(|v| v.as_u64()).map(|v| v as u32).collect()))
+        .map(|t| {
+            t["token_ids"].as_array().map(|a| {
+                a.iter()
+                    .take(120)
+                    .filter_map(|v| v.as_u64())
+                    .map(|v| v as u32)
+                    .collect()
+            })
+        })
         .collect::<Option<_>>()
         .ok_or_else(|| anyhow::anyhow!("bad golden"))?;
     let a = gguf.score(&seqs, 5)?;
@@ -104,7 +128,10 @@ fn gguf_and_hf_directory_give_the_same_logprobs() -> anyhow::Result<()> {
             if let (Some(u), Some(v)) = (p.logprob, q.logprob) {
                 max = max.max((u - v).abs());
             }
-            assert_eq!(p.top.first().map(|t| t.token), q.top.first().map(|t| t.token));
+            assert_eq!(
+                p.top.first().map(|t| t.token),
+                q.top.first().map(|t| t.token)
+            );
         }
     }
     eprintln!("GGUF vs HF: max |Δ logprob| {max:e}");
@@ -122,12 +149,28 @@ fn not_a_gguf_and_truncated_files_are_typed_errors() -> anyhow::Result<()> {
     let missing = dir.path().join("nope.gguf");
     assert!(matches!(load(&missing), Err(EngineError::Io { .. })));
     let empty_dir = tempfile::tempdir()?;
-    assert!(matches!(load(empty_dir.path()), Err(EngineError::Io { .. } | EngineError::InvalidHf(_))));
+    assert!(matches!(
+        load(empty_dir.path()),
+        Err(EngineError::Io { .. } | EngineError::InvalidHf(_))
+    ));
 
     let model = std::fs::read(common::model_path()?)?;
     let l = layout(&model)?;
     let header_end = l.tensors.last().map_or(24, |t| t.2 + 8);
-    let mut cuts = vec![4, 8, 12, 20, 24, 30, 1000, 100_000, header_end - 3, header_end + 1, model.len() / 2, model.len() - 1];
+    let mut cuts = vec![
+        4,
+        8,
+        12,
+        20,
+        24,
+        30,
+        1000,
+        100_000,
+        header_end - 3,
+        header_end + 1,
+        model.len() / 2,
+        model.len() - 1,
+    ];
     cuts.sort_unstable();
     for cut in cuts {
         let p = write(dir.path(), "cut.gguf", &model[..cut])?;
@@ -201,7 +244,11 @@ fn unsupported_architecture_and_tensor_type_are_named() -> anyhow::Result<()> {
     // blk.0.ffn_down.weight has rows of 1536 = 6 x 256: re-label it Q2_K (a known type the
     // engine does not dequantize); its data then is smaller, so offsets stay valid
     let mut b = model;
-    let (_, ty_at, _) = l.tensors.iter().find(|t| t.0 == "blk.0.ffn_down.weight").ok_or_else(|| anyhow::anyhow!("no ffn_down"))?;
+    let (_, ty_at, _) = l
+        .tensors
+        .iter()
+        .find(|t| t.0 == "blk.0.ffn_down.weight")
+        .ok_or_else(|| anyhow::anyhow!("no ffn_down"))?;
     b[*ty_at..ty_at + 4].copy_from_slice(&10u32.to_le_bytes());
     let p = write(dir.path(), "q2k.gguf", &b)?;
     match load(&p) {
@@ -218,17 +265,43 @@ fn unsupported_architecture_and_tensor_type_are_named() -> anyhow::Result<()> {
 fn bad_requests_are_typed_errors() -> anyhow::Result<()> {
     let e = load(&common::model_path()?)?;
     let vocab = e.config().vocab_size as u32;
-    assert!(matches!(e.score(&[vec![1, vocab]], 0), Err(EngineError::TokenOutOfVocab { token, .. }) if token == vocab));
+    assert!(
+        matches!(e.score(&[vec![1, vocab]], 0), Err(EngineError::TokenOutOfVocab { token, .. }) if token == vocab)
+    );
     let n_ctx = e.config().n_ctx;
-    assert!(matches!(e.score(&[vec![1; n_ctx + 1]], 0), Err(EngineError::SequenceTooLong { .. })));
-    assert!(matches!(e.score(&[vec![]], 0), Err(EngineError::EmptyInput(_))));
+    assert!(matches!(
+        e.score(&[vec![1; n_ctx + 1]], 0),
+        Err(EngineError::SequenceTooLong { .. })
+    ));
+    assert!(matches!(
+        e.score(&[vec![]], 0),
+        Err(EngineError::EmptyInput(_))
+    ));
     assert!(matches!(e.score(&[], 0), Err(EngineError::EmptyInput(_))));
-    assert!(matches!(e.score(&[vec![1, 2]], 21), Err(EngineError::InvalidRequest(_))));
-    let params = samewise_engine::GenerateParams { max_tokens: 4, ..Default::default() };
-    assert!(matches!(e.generate(&[u32::MAX], &params, &mut |_| true), Err(EngineError::TokenOutOfVocab { .. })));
-    assert!(matches!(e.generate(&vec![1; n_ctx], &params, &mut |_| true), Err(EngineError::SequenceTooLong { .. })));
-    let zero = samewise_engine::GenerateParams { max_tokens: 0, ..Default::default() };
-    assert!(matches!(e.generate(&[1], &zero, &mut |_| true), Err(EngineError::InvalidRequest(_))));
+    assert!(matches!(
+        e.score(&[vec![1, 2]], 21),
+        Err(EngineError::InvalidRequest(_))
+    ));
+    let params = samewise_engine::GenerateParams {
+        max_tokens: 4,
+        ..Default::default()
+    };
+    assert!(matches!(
+        e.generate(&[u32::MAX], &params, &mut |_| true),
+        Err(EngineError::TokenOutOfVocab { .. })
+    ));
+    assert!(matches!(
+        e.generate(&vec![1; n_ctx], &params, &mut |_| true),
+        Err(EngineError::SequenceTooLong { .. })
+    ));
+    let zero = samewise_engine::GenerateParams {
+        max_tokens: 0,
+        ..Default::default()
+    };
+    assert!(matches!(
+        e.generate(&[1], &zero, &mut |_| true),
+        Err(EngineError::InvalidRequest(_))
+    ));
     // the engine still works after rejecting all that
     let ok = e.score(&[vec![1, 2, 3]], 2)?;
     assert_eq!(ok[0].positions.len(), 3);
@@ -240,9 +313,22 @@ fn config_comes_from_the_gguf() -> anyhow::Result<()> {
     let e = load(&common::model_path()?)?;
     let c = e.config();
     assert_eq!(c.arch, samewise_engine::Arch::Llama);
-    assert_eq!((c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff), (30, 576, 9, 3, 64, 1536));
+    assert_eq!(
+        (
+            c.n_layer,
+            c.n_embd,
+            c.n_head,
+            c.n_head_kv,
+            c.head_dim,
+            c.n_ff
+        ),
+        (30, 576, 9, 3, 64, 1536)
+    );
     assert_eq!((c.vocab_size, c.n_ctx), (49152, 8192));
     assert_eq!(c.rope_theta, 100_000.0);
-    assert_eq!((c.bos_token_id, c.eos_token_ids.as_slice()), (Some(1), &[2][..]));
+    assert_eq!(
+        (c.bos_token_id, c.eos_token_ids.as_slice()),
+        (Some(1), &[2][..])
+    );
     Ok(())
 }

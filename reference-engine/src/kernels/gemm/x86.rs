@@ -53,7 +53,11 @@ pub(super) struct Fused<'a> {
 /// # Safety
 /// AVX-512F must be available; `y` valid for those rows and panels' columns.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn fused_rows<const NIB: bool, const EXACT: bool>(a: &Fused<'_>, rows: usize, panels: std::ops::Range<usize>) {
+pub(super) unsafe fn fused_rows<const NIB: bool, const EXACT: bool>(
+    a: &Fused<'_>,
+    rows: usize,
+    panels: std::ops::Range<usize>,
+) {
     let mut p = panels.start;
     // SAFETY: forwarded.
     unsafe {
@@ -102,11 +106,16 @@ pub(super) unsafe fn fused_rows<const NIB: bool, const EXACT: bool>(a: &Fused<'_
 /// one FMA chain per output element over k in order (the same arithmetic as the
 /// scratch path).
 #[target_feature(enable = "avx512f")]
-unsafe fn fused<const R: usize, const P: usize, const NIB: bool, const EXACT: bool>(a: &Fused<'_>, p0: usize) {
+unsafe fn fused<const R: usize, const P: usize, const NIB: bool, const EXACT: bool>(
+    a: &Fused<'_>,
+    p0: usize,
+) {
     let (k, group) = (a.k, a.group);
     let ng = k / group;
     let q_len = if NIB { a.q4.len() * 2 } else { a.q.len() };
-    assert!(a.x.len() >= R * k && (p0 + P) * k * NR <= q_len && (p0 + P) * ng * NR <= a.scale.len());
+    assert!(
+        a.x.len() >= R * k && (p0 + P) * k * NR <= q_len && (p0 + P) * ng * NR <= a.scale.len()
+    );
     let q4p = a.q4.as_ptr();
     let nib_mask = _mm_set1_epi8(0x0F);
     let lo8 = _mm_set1_epi8(a.lo);
@@ -139,7 +148,11 @@ unsafe fn fused<const R: usize, const P: usize, const NIB: bool, const EXACT: bo
                 let wf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qv));
                 // EXACT: every q * scale of this matrix is exact in f32, so the fused
                 // multiply-add rounds once, exactly like the multiply-then-add
-                w[j] = if EXACT { _mm512_fmadd_ps(wf, s[j], o[j]) } else { _mm512_add_ps(_mm512_mul_ps(wf, s[j]), o[j]) };
+                w[j] = if EXACT {
+                    _mm512_fmadd_ps(wf, s[j], o[j])
+                } else {
+                    _mm512_add_ps(_mm512_mul_ps(wf, s[j]), o[j])
+                };
             }
             for r in 0..R {
                 // SAFETY: bounds asserted above.
@@ -153,7 +166,11 @@ unsafe fn fused<const R: usize, const P: usize, const NIB: bool, const EXACT: bo
     for j in 0..P {
         let col = (p0 + j) * NR;
         let cols = NR.min(a.n - col);
-        let mask: u16 = if cols >= 16 { 0xFFFF } else { (1u16 << cols) - 1 };
+        let mask: u16 = if cols >= 16 {
+            0xFFFF
+        } else {
+            (1u16 << cols) - 1
+        };
         for r in 0..R {
             // SAFETY: the caller guarantees y for these rows and columns.
             unsafe { _mm512_mask_storeu_ps(a.y.add((a.row0 + r) * a.ldy + col), mask, acc[r][j]) };
@@ -164,13 +181,26 @@ unsafe fn fused<const R: usize, const P: usize, const NIB: bool, const EXACT: bo
 macro_rules! tile512x2 {
     ($name:ident, $r:expr) => {
         #[target_feature(enable = "avx512f")]
-        unsafe fn $name(w0: &[f32], w1: &[f32], x: &[f32], k: usize, y: *mut f32, ldy: usize, mask1: u16) {
+        unsafe fn $name(
+            w0: &[f32],
+            w1: &[f32],
+            x: &[f32],
+            k: usize,
+            y: *mut f32,
+            ldy: usize,
+            mask1: u16,
+        ) {
             let mut a0 = [_mm512_setzero_ps(); $r];
             let mut a1 = [_mm512_setzero_ps(); $r];
             let (p0, p1, xp) = (w0.as_ptr(), w1.as_ptr(), x.as_ptr());
             for kk in 0..k {
                 // SAFETY: w0/w1 hold k*16, x holds rows*k (checked by the caller).
-                let (v0, v1) = unsafe { (_mm512_loadu_ps(p0.add(kk * NR)), _mm512_loadu_ps(p1.add(kk * NR))) };
+                let (v0, v1) = unsafe {
+                    (
+                        _mm512_loadu_ps(p0.add(kk * NR)),
+                        _mm512_loadu_ps(p1.add(kk * NR)),
+                    )
+                };
                 for r in 0..$r {
                     let xv = unsafe { _mm512_set1_ps(*xp.add(r * k + kk)) };
                     a0[r] = _mm512_fmadd_ps(xv, v0, a0[r]);
@@ -198,9 +228,22 @@ tile512x2!(t512x2_8, 8);
 /// AVX-512F available; `y` valid for m rows of 16 + cols1 columns at stride `ldy`.
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn pair_rows(w0: &[f32], w1: &[f32], x: &[f32], m: usize, k: usize, y: *mut f32, ldy: usize, cols1: usize) {
+pub(super) unsafe fn pair_rows(
+    w0: &[f32],
+    w1: &[f32],
+    x: &[f32],
+    m: usize,
+    k: usize,
+    y: *mut f32,
+    ldy: usize,
+    cols1: usize,
+) {
     assert!(w0.len() >= k * NR && w1.len() >= k * NR && x.len() >= m * k);
-    let mask1: u16 = if cols1 >= 16 { 0xFFFF } else { (1u16 << cols1) - 1 };
+    let mask1: u16 = if cols1 >= 16 {
+        0xFFFF
+    } else {
+        (1u16 << cols1) - 1
+    };
     let mut r = 0;
     while r < m {
         let (xr, yr) = (&x[r * k..], unsafe { y.add(r * ldy) });
@@ -236,9 +279,21 @@ tile512!(t512_8, 8);
 
 /// AVX-512 microkernel; returns rows done.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn tile_avx512(w: &[f32], x: &[f32], m: usize, k: usize, y: *mut f32, ldy: usize, cols: usize) -> usize {
+pub(super) unsafe fn tile_avx512(
+    w: &[f32],
+    x: &[f32],
+    m: usize,
+    k: usize,
+    y: *mut f32,
+    ldy: usize,
+    cols: usize,
+) -> usize {
     assert!(w.len() >= k * NR && x.len() >= m.min(8) * k);
-    let mask: u16 = if cols >= 16 { 0xFFFF } else { (1u16 << cols) - 1 };
+    let mask: u16 = if cols >= 16 {
+        0xFFFF
+    } else {
+        (1u16 << cols) - 1
+    };
     // SAFETY: bounds asserted above and guaranteed for y by the caller.
     unsafe {
         if m >= 8 {
@@ -267,7 +322,12 @@ macro_rules! tile256 {
             let xp = x.as_ptr();
             for kk in 0..k {
                 // SAFETY: bounds checked by the caller.
-                let (w0, w1) = unsafe { (_mm256_loadu_ps(wp.add(kk * NR)), _mm256_loadu_ps(wp.add(kk * NR + 8))) };
+                let (w0, w1) = unsafe {
+                    (
+                        _mm256_loadu_ps(wp.add(kk * NR)),
+                        _mm256_loadu_ps(wp.add(kk * NR + 8)),
+                    )
+                };
                 for r in 0..$r {
                     let xv = unsafe { _mm256_set1_ps(*xp.add(r * k + kk)) };
                     lo[r] = _mm256_fmadd_ps(xv, w0, lo[r]);
@@ -290,10 +350,24 @@ tile256!(t256_4, 4);
 
 /// AVX2+FMA microkernel; returns rows done.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn tile_avx2(w: &[f32], x: &[f32], m: usize, k: usize, y: *mut f32, ldy: usize, cols: usize) -> usize {
+pub(super) unsafe fn tile_avx2(
+    w: &[f32],
+    x: &[f32],
+    m: usize,
+    k: usize,
+    y: *mut f32,
+    ldy: usize,
+    cols: usize,
+) -> usize {
     assert!(w.len() >= k * NR && x.len() >= m.min(4) * k);
     let mut out = [[0f32; NR]; 4];
-    let rows = if m >= 4 { 4 } else if m >= 2 { 2 } else { 1 };
+    let rows = if m >= 4 {
+        4
+    } else if m >= 2 {
+        2
+    } else {
+        1
+    };
     // SAFETY: bounds asserted above.
     unsafe {
         match rows {
