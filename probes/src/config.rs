@@ -13,6 +13,8 @@
 //! sweep_interval_ms = 60000
 //! lock_retry_ms = 30000
 //! reference_cache_positions = 100000    # scored positions memoized (0: off)
+//! concurrency = 4                       # probe runs in flight at once, across endpoints
+//! request_timeout_ms = 300000           # one HTTP request to an endpoint
 //! [probes.reference]
 //! backend = "in_process"                # | "remote" | "external"
 //! model = "/models/smol.gguf"           # in_process: the weights (`~/` is the home directory)
@@ -138,6 +140,11 @@ pub struct ProbesConfig {
     /// Most reference-scored positions the scheduler memoizes ([`crate::reference::Cached`]);
     /// 0 turns the memo off.
     pub reference_cache_positions: usize,
+    /// Probe runs in flight at once across all endpoints (a slow endpoint holds one slot and
+    /// stalls no other).
+    pub concurrency: usize,
+    /// The longest one HTTP request to an endpoint may take (connect to last byte).
+    pub request_timeout: Duration,
     /// Per model (the gateway's model name): what to probe.
     pub models: BTreeMap<String, ModelProbes>,
     /// The `[probes]` keys this parser does not own (detectors, webhooks), left for
@@ -208,6 +215,8 @@ struct RawProbes {
     lock_retry_ms: Option<u64>,
     seed: Option<u64>,
     reference_cache_positions: Option<usize>,
+    concurrency: Option<usize>,
+    request_timeout_ms: Option<u64>,
     /// Owned by the detectors (probes-alerts); passed through.
     detectors: Option<toml::Table>,
     /// Owned by the alerts (probes-alerts); passed through.
@@ -276,6 +285,18 @@ impl ProbesConfig {
         let sweep_interval =
             positive_ms(raw.sweep_interval_ms, 60_000, "probes.sweep_interval_ms")?;
         let lock_retry = positive_ms(raw.lock_retry_ms, 30_000, "probes.lock_retry_ms")?;
+        let request_timeout =
+            positive_ms(raw.request_timeout_ms, 300_000, "probes.request_timeout_ms")?;
+        let concurrency = match raw.concurrency {
+            None => 4,
+            Some(n @ 1..=MAX_CONCURRENCY) => n,
+            Some(_) => {
+                return Err(cfg_err(
+                    "probes.concurrency",
+                    format!("must be between 1 and {MAX_CONCURRENCY}"),
+                ));
+            }
+        };
         let mut parsed = BTreeMap::new();
         for (name, table) in models {
             parsed.insert(name.clone(), parse_model(name, table)?);
@@ -295,6 +316,8 @@ impl ProbesConfig {
             lock_retry,
             seed: raw.seed.unwrap_or(0x5a3e_715e),
             reference_cache_positions: raw.reference_cache_positions.unwrap_or(100_000),
+            concurrency,
+            request_timeout,
             models: parsed,
             detectors,
         })
@@ -322,6 +345,9 @@ impl ProbesConfig {
         Self::parse(&probes, &models)
     }
 }
+
+/// The most probe runs `probes.concurrency` may put in flight at once.
+pub const MAX_CONCURRENCY: usize = 256;
 
 /// The longest duration any `*_ms` key takes (7 days): a scheduler adds it to the clock,
 /// which a value near `u64::MAX` would overflow.

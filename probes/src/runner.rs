@@ -7,6 +7,10 @@
 //! `repeat_of`. The reference's scores are memoized ([`crate::reference::Cached`], `reference_cache_positions`): rounds
 //! re-send the same sequences, and the reference's answer to one never changes.
 //!
+//! Probe runs are concurrent across endpoints, at most `concurrency` in flight (a semaphore
+//! the scheduled loops and [`Scheduler::run_once`] share), and every HTTP request to an
+//! endpoint has `request_timeout`: a slow or hung endpoint holds one slot and stalls no other.
+//!
 //! One scheduler is active per database: it runs only while it holds
 //! `Store::try_scheduler_lock`; a standby retries every `lock_retry` and takes over when the
 //! holder's session dies; an active one checks its lock as often and stands down if it was
@@ -49,6 +53,8 @@ pub struct Scheduler {
     targets: Vec<Target>,
     sets: BTreeMap<String, Arc<PromptSets>>,
     http: reqwest::Client,
+    /// Probe runs in flight across endpoints (`ProbesConfig::concurrency`).
+    slots: tokio::sync::Semaphore,
     /// Times a standby found the lock held by another process; a test waits for it to
     /// advance before asserting that a standby probed nothing.
     standby_checks: std::sync::atomic::AtomicU64,
@@ -100,13 +106,14 @@ impl Scheduler {
             n => Arc::new(Cached::new(reference, n)),
         };
         Ok(Self {
+            http: kinds::endpoint_client(cfg.request_timeout),
+            slots: tokio::sync::Semaphore::new(cfg.concurrency),
             cfg,
             store,
             reference,
             detectors,
             targets,
             sets,
-            http: kinds::endpoint_client(),
             standby_checks: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -176,8 +183,11 @@ impl Scheduler {
         kind: ProbeKind,
         repeat_of: Option<i64>,
     ) -> Result<ProbeRun> {
+        // the semaphore is never closed, so acquiring only waits
+        let slot = self.slots.acquire().await.ok();
         let started_ms = now_ms();
         let o: Outcome = kinds::run(kind, ctx, target).await;
+        drop(slot);
         let mut run = ProbeRun {
             id: 0,
             model: target.model.clone(),
@@ -214,15 +224,22 @@ impl Scheduler {
         Ok(run)
     }
 
-    /// One round of every enabled kind on every endpoint, in order (`samewise probes run
-    /// --once`, tests), then a passive sweep.
+    /// One round of every enabled kind on every endpoint (`samewise probes run`, tests), then
+    /// a passive sweep. Endpoints run concurrently (within `concurrency`), each one's kinds in
+    /// order; the results are in target order, each target's kinds in configured order.
     pub async fn run_once(&self, round: u64) -> Result<Vec<RoundResult>> {
-        let mut out = Vec::new();
-        for t in &self.targets {
+        let per_target = futures_util::future::join_all(self.targets.iter().map(|t| async move {
             let (m, _) = self.model(t)?;
+            let mut out = Vec::with_capacity(m.kinds.len());
             for &kind in &m.kinds {
                 out.push(self.run_round(t, kind, round).await?);
             }
+            Ok::<_, ProbesError>(out)
+        }))
+        .await;
+        let mut out = Vec::new();
+        for r in per_target {
+            out.extend(r?);
         }
         self.sweep().await;
         Ok(out)

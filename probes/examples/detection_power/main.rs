@@ -288,7 +288,7 @@ async fn main() -> Result<()> {
     })
     .await??;
     let reference = InProcess::from_parts(Arc::new(ref_engine), Arc::new(tok), template);
-    let http = kinds::endpoint_client();
+    let http = kinds::endpoint_client(std::time::Duration::from_secs(300));
     let env = Env {
         reference: &reference,
         cfg: &cfg,

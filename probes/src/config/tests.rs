@@ -35,7 +35,36 @@ model = "/m/smol.gguf"
     assert_eq!(m.interval, Duration::from_secs(300));
     assert_eq!(m.top_k, 5);
     assert_eq!(c.noise_pair_every, 10);
+    assert_eq!(c.concurrency, 4);
+    assert_eq!(c.request_timeout, Duration::from_secs(300));
     assert!(c.detectors.is_empty());
+}
+
+#[test]
+fn concurrency_and_request_timeout_are_bounded() {
+    let with = |extra: &str| {
+        parse(&format!(
+            "[probes]\n{extra}\n[probes.reference]\nbackend='in_process'\nmodel='m'\n"
+        ))
+    };
+    let c = with("concurrency = 16\nrequest_timeout_ms = 2500").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (c.concurrency, c.request_timeout),
+        (16, Duration::from_millis(2500))
+    );
+    for (extra, key) in [
+        ("concurrency = 0", "probes.concurrency"),
+        ("concurrency = 257", "probes.concurrency"),
+        ("concurrency = -1", "probes"),
+        ("request_timeout_ms = 0", "probes.request_timeout_ms"),
+        (
+            "request_timeout_ms = 9223372036854775807",
+            "probes.request_timeout_ms",
+        ),
+    ] {
+        let e = with(extra).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains(key), "{extra}: {e}");
+    }
 }
 
 #[test]

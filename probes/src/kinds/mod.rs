@@ -218,9 +218,9 @@ pub async fn run(kind: ProbeKind, ctx: &ProbeCtx<'_>, target: &Target) -> Outcom
     }
 }
 
-/// A client for calling endpoints.
-pub fn endpoint_client() -> reqwest::Client {
-    crate::reference::http::client(Duration::from_secs(300))
+/// A client for calling endpoints, each request bounded by `timeout` (connect to last byte).
+pub fn endpoint_client(timeout: Duration) -> reqwest::Client {
+    crate::reference::http::client(timeout)
 }
 
 /// POSTs to `target`'s `path` (relative to its base URL, e.g. `/completions`).

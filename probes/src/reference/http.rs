@@ -44,14 +44,16 @@ pub(crate) async fn post_json(
     if let Some(k) = key {
         req = req.bearer_auth(k);
     }
+    // reqwest's own text for a timeout ("error sending request") hides the cause
+    let cause = |e: &reqwest::Error| if e.is_timeout() { "timed out: " } else { "" };
     let resp = req.send().await.map_err(|e| HttpFailure {
         status: None,
-        message: format!("POST {url}: {e}"),
+        message: format!("POST {url}: {}{e}", cause(&e)),
     })?;
     let status = resp.status();
     let bytes = resp.bytes().await.map_err(|e| HttpFailure {
         status: Some(status.as_u16()),
-        message: format!("POST {url}: reading body: {e}"),
+        message: format!("POST {url}: reading body: {}{e}", cause(&e)),
     })?;
     if !status.is_success() {
         let detail = serde_json::from_slice::<Value>(&bytes)

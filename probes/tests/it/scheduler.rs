@@ -282,3 +282,87 @@ async fn a_mid_run_switch_raises_a_changed_alert() -> Result<()> {
     tasks.wait().await;
     Ok(())
 }
+
+/// A provider that accepts connections and never answers: every request to it waits out
+/// the probes' request timeout.
+async fn hung_endpoint(stop: &CancellationToken) -> Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                a = listener.accept() => match a {
+                    Ok((sock, _)) => held.push(sock),
+                    Err(_) => return,
+                },
+            }
+        }
+    });
+    Ok(format!("http://{addr}"))
+}
+
+/// `run_once` over a hung endpoint and a healthy one. With two slots the healthy endpoint's
+/// probe runs while the hung one waits (and is stored ok); with one slot (the twin, so the
+/// check can fail) the two runs do not overlap. Either way
+/// the hung probe ends at the request timeout as a failed run that says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_endpoint_stalls_no_other_and_times_out() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let healthy = engine_server(&stop, &tasks).await?;
+    let hung = hung_endpoint(&stop).await?;
+    let reference: Arc<dyn Reference> = Arc::new(in_process()?);
+    for slots in [2, 1] {
+        let db = TestDb::new(Backend::Sqlite).await?;
+        let mut cfg = probes_config("kinds = [\"prompt_logprobs\"]\n")?;
+        cfg.concurrency = slots;
+        cfg.request_timeout = Duration::from_secs(8);
+        let s = Scheduler::new(
+            Arc::new(cfg),
+            db.store.clone(),
+            Arc::clone(&reference),
+            None,
+            vec![target(&hung, "hung/smol"), target(&healthy, "engine/smol")],
+        )?;
+        // round 1: no noise pair, one run per endpoint
+        let results = s.run_once(1).await?;
+        let runs: Vec<_> = results
+            .into_iter()
+            .map(|r| match r {
+                RoundResult::Stored(mut runs) if runs.len() == 1 => Ok(runs.remove(0)),
+                other => Err(anyhow::anyhow!("expected one stored run, got {other:?}")),
+            })
+            .collect::<Result<_>>()?;
+        let (h, e) = (&runs[0], &runs[1]);
+        ensure!(h.endpoint == "hung/smol" && e.endpoint == "engine/smol");
+        let err = h.error.as_deref().unwrap_or_default();
+        ensure!(
+            !h.ok && err.contains("timed out"),
+            "hung run: ok {} error {err:?}",
+            h.ok
+        );
+        ensure!(
+            h.finished_ms - h.started_ms >= 7_900,
+            "the hung probe ended before its timeout: {} ms",
+            h.finished_ms - h.started_ms
+        );
+        ensure!(e.ok, "healthy run failed: {:?}", e.error);
+        // which of the two takes the one slot first is up to the store's answers
+        let overlapped = e.started_ms < h.finished_ms && h.started_ms < e.finished_ms;
+        ensure!(
+            overlapped == (slots > 1),
+            "{slots} slot(s): healthy ran {}..{}, hung {}..{}",
+            e.started_ms,
+            e.finished_ms,
+            h.started_ms,
+            h.finished_ms
+        );
+    }
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}

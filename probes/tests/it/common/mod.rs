@@ -102,9 +102,9 @@ impl Harness {
         let cfg = probes_config(extra)?;
         let sets = PromptSets::load(&cfg.models["smol"].prompt_sets)?;
         Ok(Self {
+            http: kinds::endpoint_client(cfg.request_timeout),
             cfg,
             sets,
-            http: kinds::endpoint_client(),
         })
     }
 
