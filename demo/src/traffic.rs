@@ -147,7 +147,7 @@ impl Traffic {
             let cfg = cfg.clone();
             let (stop, stats, http) = (stop.clone(), stats.clone(), http.clone());
             tasks.spawn(async move {
-                let mut rng = StdRng::seed_from_u64(cfg.seed ^ (i as u64 + 1) * 0x9e37_79b9);
+                let mut rng = StdRng::seed_from_u64(cfg.seed ^ ((i as u64 + 1) * 0x9e37_79b9));
                 while !stop.is_cancelled() {
                     let shape = Shape::pick(&mut rng);
                     let body = request(shape, &cfg.model, &mut rng);

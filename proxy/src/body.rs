@@ -162,7 +162,7 @@ impl ClientRequest {
                 Some(v).filter(|v| !v.is_null())
             }
         };
-        check_schemas(tools.as_ref(), fields.get("response_format"))?;
+        check_schemas(tools.as_ref(), fields.get("response_format").map(|b| &**b))?;
         let tools = tools.map(|t| Arc::new(ToolSet::from_request_tools(&t)));
 
         let prefs = match fields.shift_remove("provider") {
@@ -250,7 +250,7 @@ fn raw_json(s: &str) -> Result<Box<RawValue>, ApiError> {
 /// tools' `parameters` and a `json_schema` response format's `schema`.
 fn check_schemas(
     tools: Option<&serde_json::Value>,
-    response_format: Option<&Box<RawValue>>,
+    response_format: Option<&RawValue>,
 ) -> Result<(), ApiError> {
     let mut budget = MAX_SCHEMA_NODES;
     let mut check = |schema: &serde_json::Value, param: &str| -> Result<(), ApiError> {

@@ -609,7 +609,7 @@ impl Store {
                 .bind(text(&new))
                 .bind(now)
                 .bind(alert_id)
-                .bind(text(&old))
+                .bind(text(old))
                 .execute(p)
                 .await
                 .map_err(StoreError::query(OP))?
