@@ -310,6 +310,8 @@ pub async fn overview(
         .await?;
     let active = store.active_alerts().await?;
     let jobs = store.eval_jobs(None, EVAL_JOBS_READ).await?;
+    // one read of the runs for every model shown, not one per model
+    let runs = runs_since(d, model, None, range).await?;
     let mut out = Vec::new();
     for m in d
         .inner
@@ -322,14 +324,16 @@ pub async fn overview(
             .filter(|r| r.model == m.name)
             .map(|r| r.totals.requests)
             .sum();
-        // one query for the model's runs, not one per endpoint
-        let runs = runs_since(d, Some(&m.name), None, range).await?;
         let mut rows = Vec::new();
         for e in &m.endpoints {
             let r = rollups
                 .iter()
                 .find(|r| r.endpoint == *e && r.model == m.name);
-            let mine: Vec<ProbeRun> = runs.iter().filter(|r| r.endpoint == *e).cloned().collect();
+            let mine: Vec<ProbeRun> = runs
+                .iter()
+                .filter(|r| r.endpoint == *e && r.model == m.name)
+                .cloned()
+                .collect();
             let evals = Evals::of(&jobs, &m.name, e);
             rows.push(row(d, &m.name, e, range, r, total, &active, evals, &mine)?);
         }
@@ -342,25 +346,39 @@ pub async fn overview(
     Ok(out)
 }
 
-/// Probe runs (without raw data) of `model` or `endpoint` since the start of `range` or 24 h
-/// ago, whichever is earlier (the sparkline always covers 24 h), newest first.
+/// Probe runs (without raw data) of `model` or `endpoint`, newest first: every run of the
+/// last 24 h (the sparkline always covers 24 h) and, when `range` starts earlier, the newest
+/// run of each endpoint, kind and outcome since its start — all a row's verdicts read (the
+/// latest run, the latest ok logprob and long-context runs, whether any ran in the range),
+/// without reading every run of a 30-day range.
 async fn runs_since(
     d: &Dashboards,
     model: Option<&str>,
     endpoint: Option<&str>,
     range: Range,
 ) -> Result<Vec<ProbeRun>, DashError> {
-    let now = samewise_store::now_ms();
-    Ok(d.inner
-        .store
+    let day_ago = samewise_store::now_ms() - 24 * 3_600_000;
+    let store = &d.inner.store;
+    let mut runs = store
         .probe_run_stats(&ProbeRunQuery {
             model: model.map(str::to_owned),
             endpoint: endpoint.map(str::to_owned),
             kind: None,
-            since_ms: Some(range.since_ms.min(now - 24 * 3_600_000)),
+            since_ms: Some(day_ago),
             limit: MAX_RUNS * 10,
         })
-        .await?)
+        .await?;
+    if range.since_ms < day_ago {
+        let known: std::collections::HashSet<i64> = runs.iter().map(|r| r.id).collect();
+        let older = store.latest_probe_runs(model, range.since_ms).await?;
+        runs.extend(
+            older
+                .into_iter()
+                .filter(|r| endpoint.is_none_or(|e| r.endpoint == e) && !known.contains(&r.id)),
+        );
+        runs.sort_by(|a, b| (b.started_ms, b.id).cmp(&(a.started_ms, a.id)));
+    }
+    Ok(runs)
 }
 
 /// The row of `endpoint` of `model`, from its rollup and its probe runs (`runs_since`).
@@ -554,7 +572,7 @@ pub async fn endpoint(
     let active = store.active_alerts().await?;
     let jobs = store.eval_jobs(None, EVAL_JOBS_READ).await?;
     let evals = Evals::of(&jobs, &model, endpoint);
-    let runs = runs_since(d, None, Some(endpoint), range).await?;
+    let runs = runs_since(d, Some(&model), Some(endpoint), range).await?;
     let row = row(
         d, &model, endpoint, range, mine, total, &active, evals, &runs,
     )?;

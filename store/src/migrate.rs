@@ -47,6 +47,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "eval jobs and results",
         sql: include_str!("../migrations/postgres/0004_evals.sql"),
     },
+    Migration {
+        version: 5,
+        name: "rollup labels by time",
+        sql: include_str!("../migrations/postgres/0005_rollup_label_time.sql"),
+    },
 ];
 
 /// SQLite migrations, in order (the same versions as [`POSTGRES`]).
@@ -70,6 +75,11 @@ pub const SQLITE: &[Migration] = &[
         version: 4,
         name: "eval jobs and results",
         sql: include_str!("../migrations/sqlite/0004_evals.sql"),
+    },
+    Migration {
+        version: 5,
+        name: "rollup labels by time",
+        sql: include_str!("../migrations/sqlite/0005_rollup_label_time.sql"),
     },
 ];
 

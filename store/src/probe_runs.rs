@@ -213,6 +213,41 @@ impl Store {
         })
     }
 
+    /// The newest run of each (endpoint, kind, outcome) started at or after `since_ms`, of
+    /// `model` if given, without raw data, newest first: what a long range's overview needs
+    /// (the latest verdict-bearing runs) without reading every run of the range.
+    pub async fn latest_probe_runs(
+        &self,
+        model: Option<&str>,
+        since_ms: i64,
+    ) -> Result<Vec<ProbeRun>, StoreError> {
+        const OP: &str = "reading the latest probe runs";
+        let no_raw = match self.backend() {
+            Backend::Postgres => "CAST(NULL AS BYTEA)",
+            Backend::Sqlite => "NULL",
+        };
+        let columns = COLUMNS.replace(" raw,", &format!(" {no_raw},"));
+        on_pool!(&self.pool, |p| {
+            let mut qb = QueryBuilder::new(format!(
+                "SELECT {columns} FROM probe_runs WHERE id IN (SELECT id FROM (SELECT id, \
+                 ROW_NUMBER() OVER (PARTITION BY endpoint, kind, ok \
+                 ORDER BY started_ms DESC, id DESC) AS newest FROM probe_runs \
+                 WHERE started_ms >= "
+            ));
+            qb.push_bind(since_ms);
+            if let Some(m) = model {
+                qb.push(" AND model = ").push_bind(m);
+            }
+            qb.push(") ranked WHERE newest = 1) ORDER BY started_ms DESC, id DESC");
+            let rows = qb
+                .build()
+                .fetch_all(p)
+                .await
+                .map_err(StoreError::query(OP))?;
+            rows.iter().map(run_from_row).collect()
+        })
+    }
+
     /// Probe runs per endpoint, kind and outcome (ok or not), over all time: what
     /// `/metrics` exports as `probe_runs_total`.
     pub async fn probe_run_counts(&self) -> Result<Vec<ProbeRunCount>, StoreError> {

@@ -343,12 +343,55 @@ async fn probe_stats_and_tables(db: TestDb) -> Result<()> {
         "newest first: {:?}",
         got[0].stats
     );
+    // the newest run per (endpoint, kind, outcome) since a time, of one model
+    let more = [
+        ("m", "p/e", "prompt_logprobs", false, 10),
+        ("m", "p/e", "long_context", true, 5),
+        ("m", "p/e", "long_context", true, 7),
+        ("m", "q/e", "long_context", true, -50),
+        ("other", "o/e", "prompt_logprobs", true, 20),
+    ];
+    for (model, endpoint, kind, ok, dt) in more {
+        s.insert_probe_run(&ProbeRun {
+            model: model.to_owned(),
+            endpoint: endpoint.to_owned(),
+            kind: kind.to_owned(),
+            started_ms: T0 + dt,
+            finished_ms: T0 + dt + 1,
+            ok,
+            raw: Some(vec![9]),
+            ..ProbeRun::default()
+        })
+        .await?;
+    }
+    let latest = s.latest_probe_runs(Some("m"), T0).await?;
+    let seen: Vec<(&str, &str, bool, i64)> = latest
+        .iter()
+        .map(|r| {
+            (
+                r.endpoint.as_str(),
+                r.kind.as_str(),
+                r.ok,
+                r.started_ms - T0,
+            )
+        })
+        .collect();
+    ensure!(
+        seen == [
+            ("p/e", "prompt_logprobs", false, 10),
+            ("p/e", "long_context", true, 7),
+            ("p/e", "prompt_logprobs", true, 2),
+        ] && latest.iter().all(|r| r.raw.is_none()),
+        "{seen:?}"
+    );
+    ensure!(s.latest_probe_runs(None, T0).await?.len() == 4);
+    ensure!(s.latest_probe_runs(None, T0 + 100).await?.is_empty());
     let counts = s.probe_run_counts().await?;
     ensure!(
-        counts.len() == 1
-            && counts[0].runs == 3
-            && counts[0].ok
-            && counts[0].kind == "prompt_logprobs",
+        counts.len() == 5
+            && counts
+                .iter()
+                .any(|c| c.endpoint == "p/e" && c.runs == 3 && c.ok && c.kind == "prompt_logprobs"),
         "{counts:?}"
     );
     Ok(())
