@@ -28,7 +28,11 @@ use crate::common::{BIN, spawn_listening};
 
 /// A config with one provider per engine (model id "smol") and `[evals]` with the first
 /// engine as the reference.
-fn config(dir: &Path, engines: &[(&str, &str)], evals: &str) -> Result<std::path::PathBuf> {
+pub(crate) fn config(
+    dir: &Path,
+    engines: &[(&str, &str)],
+    evals: &str,
+) -> Result<std::path::PathBuf> {
     let mut s = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n",
         dir.join("data").display()
@@ -58,11 +62,18 @@ fn evals_run(cfg: &Path, args: &[&str]) -> Result<Value> {
 }
 
 /// `samewise evals run --suite SUITE ... --json` on SQLite; the job.
-fn evals_run_suite(cfg: &Path, suite: &str, args: &[&str]) -> Result<Value> {
+pub(crate) fn evals_run_suite(cfg: &Path, suite: &str, args: &[&str]) -> Result<Value> {
+    let mut all = vec!["--suite", suite];
+    all.extend_from_slice(args);
+    evals_run_args(cfg, &all)
+}
+
+/// `samewise evals run ARGS --json` on SQLite; the job.
+pub(crate) fn evals_run_args(cfg: &Path, args: &[&str]) -> Result<Value> {
     let out = Command::new(BIN)
         .args(["evals", "--config"])
         .arg(cfg)
-        .args(["--json", "run", "--suite", suite])
+        .args(["--json", "run"])
         .args(args)
         .env_remove("DATABASE_URL")
         .env("RUST_LOG", "warn")
