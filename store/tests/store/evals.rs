@@ -245,7 +245,7 @@ async fn eval_verdict_on_alert(db: TestDb) -> Result<()> {
     nj.alert_id = Some(alert.id);
     let j = s.enqueue_eval_job(&nj, 0).await?.context("not opened")?;
     ensure!(s.eval_jobs(Some(alert.id), None, 10).await?.len() == 1);
-    ensure!(s.eval_jobs(Some(alert.id + 1), 10).await?.is_empty());
+    ensure!(s.eval_jobs(Some(alert.id + 1), None, 10).await?.is_empty());
     let v = serde_json::json!({"suite": "tool_calls", "verdict": "degraded"});
     let a = s
         .attach_eval_verdict(alert.id, j.id, &v)
