@@ -546,7 +546,7 @@ fn check(at: &str, v: &Value, tools: &[Value]) -> Result<Check, String> {
                     }
                 };
                 for (k, allowed) in &args {
-                    if !allowed.as_array().is_some_and(|a| !a.is_empty()) {
+                    if allowed.as_array().is_none_or(|a| a.is_empty()) {
                         return Err(err(
                             at,
                             &format!("{f}.arguments.{k}"),

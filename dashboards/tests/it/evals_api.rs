@@ -108,7 +108,16 @@ async fn every_refusal_is_a_clear_openai_error_and_opens_nothing() -> Result<()>
     let s = Server::start().await?;
     let before = jobs(&s).await?;
     let good = r#"{"endpoint": "ref/m", "suite": "tool_calls"}"#;
-    let cases: Vec<(Option<&str>, &str, u16, &str, Option<&str>, &str)> = vec![
+    // (key, body, status, error code, error param, words in the message)
+    type Case<'a> = (
+        Option<&'a str>,
+        &'a str,
+        u16,
+        &'a str,
+        Option<&'a str>,
+        &'a str,
+    );
+    let cases: Vec<Case> = vec![
         (None, good, 401, "invalid_api_key", None, "admin key"),
         (
             Some(&s.client),
