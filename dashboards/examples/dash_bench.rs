@@ -165,6 +165,7 @@ async fn main() -> Result<()> {
         models,
         Arc::new(AllActive),
         DashboardsConfig::default(),
+        None,
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);

@@ -1,8 +1,8 @@
 //! The JSON API under `/api/v1/`, the same data as the pages ([`crate::view`]):
 //! `models`, `overview` (every endpoint's current answers), `endpoint` (one endpoint's page
 //! data), `series` (rollups per step), `probe-series` (probe statistics per run), `alerts`
-//! (list, one, acknowledge, resolve). Errors are OpenAI-shaped. A POST under a session
-//! carries its CSRF token in `X-CSRF-Token`.
+//! (list, one, acknowledge, resolve), `evals` (list, open, one). Errors are OpenAI-shaped. A
+//! POST under a session carries its CSRF token in `X-CSRF-Token`.
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
@@ -157,6 +157,82 @@ pub async fn eval_job(
     Path(id): Path<i64>,
 ) -> ApiResult {
     to_json(view::evals::job(&d, id).await?)
+}
+
+/// `?endpoint=&limit=`.
+#[derive(Debug, Deserialize)]
+pub struct EvalsQuery {
+    endpoint: Option<String>,
+    limit: Option<u32>,
+}
+
+/// `GET /api/v1/evals?endpoint=E&limit=50`: jobs, newest first.
+pub async fn eval_jobs(
+    State(d): State<Dashboards>,
+    _admin: Admin,
+    Query(q): Query<EvalsQuery>,
+) -> ApiResult {
+    if let Some(e) = &q.endpoint
+        && d.model_of(e).is_none()
+    {
+        return Err(DashError::NotFound(format!("no configured endpoint {e:?}")));
+    }
+    let limit = q.limit.unwrap_or(50).clamp(1, 1000);
+    let jobs = d
+        .inner
+        .store
+        .eval_jobs(None, q.endpoint.as_deref(), limit)
+        .await?;
+    let list: Vec<Value> = jobs.iter().map(view::evals::listed).collect();
+    to_json(json!({ "jobs": list }))
+}
+
+/// The body of `POST /api/v1/evals`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OpenBody {
+    endpoint: String,
+    suite: String,
+    #[serde(default)]
+    baseline: Option<String>,
+}
+
+/// `POST /api/v1/evals` with `{"endpoint", "suite", "baseline"?}`: opens a job (checked as
+/// `samewise evals run` checks it, no cooldown); 201 with its id and URLs. A worker of any
+/// gateway on the store runs it.
+pub async fn open_eval(
+    State(d): State<Dashboards>,
+    admin: Admin,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<(axum::http::StatusCode, Json<Value>), DashError> {
+    admin.check_csrf(csrf(&headers))?;
+    let opener = d.inner.evals.as_ref().ok_or_else(|| {
+        DashError::NotFound("evals are not configured on this gateway".to_owned())
+    })?;
+    let body: OpenBody = serde_json::from_slice(&body).map_err(|e| {
+        DashError::BadRequest(format!(
+            "the body must be JSON {{\"endpoint\": ..., \"suite\": ..., \"baseline\"?: ...}}: {e}"
+        ))
+    })?;
+    let mut params = serde_json::Map::new();
+    params.insert("opened_by".to_owned(), json!("api"));
+    let req = samewise_evals::OpenRequest {
+        endpoint: body.endpoint,
+        suite: samewise_evals::SuiteRef::Named(body.suite),
+        baseline: body.baseline,
+        params,
+        alert_id: None,
+    };
+    let job = opener
+        .open(&d.inner.store, &req, 0)
+        .await
+        .map_err(DashError::from)?
+        .ok_or_else(|| DashError::BadRequest("the job was not opened".to_owned()))?;
+    let mut doc = view::evals::listed(&job);
+    doc["url"] = json!(format!("/evals/{}", job.id));
+    doc["api_url"] = json!(format!("/api/v1/evals/{}", job.id));
+    Ok((axum::http::StatusCode::CREATED, Json(doc)))
 }
 
 /// `POST /api/v1/alerts/{id}/ack`.

@@ -34,6 +34,36 @@ pub enum DashError {
     /// A malformed parameter.
     #[error("{0}")]
     BadRequest(String),
+    /// A named parameter with a value the server does not know (e.g. an unknown suite).
+    #[error("{message}")]
+    Invalid {
+        /// The parameter (`endpoint`, `suite`, `baseline`).
+        param: &'static str,
+        /// The error code (`unknown_endpoint`, ...).
+        code: &'static str,
+        /// What is wrong, in the caller's terms.
+        message: String,
+    },
+}
+
+impl From<samewise_evals::OpenError> for DashError {
+    fn from(e: samewise_evals::OpenError) -> Self {
+        use samewise_evals::OpenError as O;
+        let (param, code) = match &e {
+            O::UnknownEndpoint { .. } => ("endpoint", "unknown_endpoint"),
+            O::UnknownSuite { .. } | O::Suite(_) => ("suite", "unknown_suite"),
+            O::UnknownBaseline(_) => ("baseline", "unknown_baseline"),
+            O::Store(_) => ("", ""),
+        };
+        if let O::Store(s) = e {
+            return DashError::Store(s);
+        }
+        DashError::Invalid {
+            param,
+            code,
+            message: e.to_string(),
+        }
+    }
 }
 
 impl DashError {
@@ -61,6 +91,9 @@ impl DashError {
                 "invalid_request_error",
                 "invalid_parameter",
             ),
+            DashError::Invalid { code, .. } => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error", code)
+            }
         }
     }
 }
@@ -76,9 +109,12 @@ impl IntoResponse for DashError {
             DashError::Config { .. } => "internal error".to_owned(),
             other => other.to_string(),
         };
-        let body = serde_json::json!({
+        let mut body = serde_json::json!({
             "error": { "message": message, "type": kind, "code": code }
         });
+        if let DashError::Invalid { param, .. } = &self {
+            body["error"]["param"] = serde_json::json!(param);
+        }
         (status, axum::Json(body)).into_response()
     }
 }

@@ -6,7 +6,9 @@
 //! every response carries a `default-src 'self'` Content-Security-Policy.
 //!
 //! It reads the store's per-minute rollups, probe runs and alerts, never raw request rows,
-//! and writes nothing but alert state. It must not write SQL (queries are
+//! and writes nothing but alert state and the eval jobs an admin opens (`POST
+//! /api/v1/evals`, checked and built by `samewise_evals::Opener`, as `samewise evals run`
+//! does). It must not write SQL (queries are
 //! `samewise-store` methods), call providers or the reference engine, or render a provider
 //! key, a samewise key or a hash. Every route needs an admin key (Bearer) or the session
 //! cookie a login with one set; POSTs under a session carry its CSRF token.
@@ -100,15 +102,18 @@ pub(crate) struct Inner {
     pub(crate) live: Arc<dyn LiveState>,
     pub(crate) sessions: auth::Sessions,
     pub(crate) config: DashboardsConfig,
+    pub(crate) evals: Option<samewise_evals::Opener>,
 }
 
 impl Dashboards {
-    /// The state over `store`, the configured `models` and the gateway's `live` view.
+    /// The state over `store`, the configured `models` and the gateway's `live` view;
+    /// `evals` opens the jobs `POST /api/v1/evals` asks for (None: that route answers 404).
     pub fn new(
         store: Store,
         models: Vec<ModelSpec>,
         live: Arc<dyn LiveState>,
         config: DashboardsConfig,
+        evals: Option<samewise_evals::Opener>,
     ) -> Dashboards {
         Dashboards {
             inner: Arc::new(Inner {
@@ -117,6 +122,7 @@ impl Dashboards {
                 live,
                 sessions: auth::Sessions::new(config.session_ttl_ms),
                 config,
+                evals,
             }),
         }
     }
@@ -161,6 +167,7 @@ pub fn router(state: Dashboards) -> Router {
         .route("/api/v1/alerts/{id}", get(api::alert))
         .route("/api/v1/alerts/{id}/ack", post(api::ack))
         .route("/api/v1/alerts/{id}/resolve", post(api::resolve))
+        .route("/api/v1/evals", get(api::eval_jobs).post(api::open_eval))
         .route("/api/v1/evals/{id}", get(api::eval_job))
         .layer(axum::middleware::map_response(auth::security_headers))
         .with_state(state)

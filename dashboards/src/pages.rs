@@ -579,7 +579,7 @@ pub async fn alert(
     let a = AlertView::of(&a);
     let evidence = serde_json::to_string_pretty(&a.evidence).unwrap_or_default();
     let mut jobs = String::new();
-    for j in d.inner.store.eval_jobs(Some(id), 50).await? {
+    for j in d.inner.store.eval_jobs(Some(id), None, 50).await? {
         let j = view::EvalView::of(&j);
         let _ = write!(
             jobs,

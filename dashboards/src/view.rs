@@ -309,7 +309,7 @@ pub async fn overview(
         })
         .await?;
     let active = store.active_alerts().await?;
-    let jobs = store.eval_jobs(None, EVAL_JOBS_READ).await?;
+    let jobs = store.eval_jobs(None, None, EVAL_JOBS_READ).await?;
     // one read of the runs for every model shown, not one per model
     let runs = runs_since(d, model, None, range).await?;
     let mut out = Vec::new();
@@ -570,7 +570,7 @@ pub async fn endpoint(
     let total = all.iter().map(|r| r.totals.requests).sum();
     let mine = all.iter().find(|r| r.endpoint == endpoint);
     let active = store.active_alerts().await?;
-    let jobs = store.eval_jobs(None, EVAL_JOBS_READ).await?;
+    let jobs = store.eval_jobs(None, None, EVAL_JOBS_READ).await?;
     let evals = Evals::of(&jobs, &model, endpoint);
     let runs = runs_since(d, Some(&model), Some(endpoint), range).await?;
     let row = row(

@@ -23,6 +23,8 @@
 //! tasks = ["single_needle", "multi_key", "multi_value", "multi_query", "variable_tracking"]
 //! distractors = 3              # K distractor answers per item
 //! margin = 2.9957              # nats the true answer must beat every distractor by (ln 20)
+//! [evals.suites.smoke]         # a customer suite (JSONL, see `custom`), by name
+//! path = "suites/smoke.jsonl"  # relative to the working directory; read and checked here
 //! [[evals.rules]]              # alert → suites (default: the rules below)
 //! kind = "unfaithful"
 //! suites = ["tool_calls"]
@@ -44,8 +46,32 @@ use serde::Deserialize;
 use crate::EvalsError;
 use crate::stats::VerdictParams;
 
-/// Suites this build runs.
+/// The built-in suites.
 pub const KNOWN_SUITES: &[&str] = &["tool_calls", "long_context"];
+
+/// A customer suite named in `[evals.suites.NAME]`: its file, checked when the config loads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SuiteFile {
+    /// The file as configured.
+    pub path: std::path::PathBuf,
+    /// Its items as a job stores them (validated, ids filled in).
+    pub items: Vec<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSuite {
+    path: std::path::PathBuf,
+}
+
+/// Whether `name` may name a customer suite: 1–64 of `[a-z0-9_-]`, not a built-in's name.
+fn valid_suite_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+        && !KNOWN_SUITES.contains(&name)
+}
 
 /// `[evals.long_context]`: how the `long_context` suite builds its items.
 #[derive(Debug, Clone, PartialEq)]
@@ -213,6 +239,8 @@ pub struct EvalsConfig {
     pub max_items: Option<u64>,
     /// The `long_context` suite's items.
     pub long_context: LongContextConfig,
+    /// Customer suites by name.
+    pub suites: std::collections::BTreeMap<String, SuiteFile>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -234,6 +262,7 @@ struct Raw {
     rules: Option<Vec<Rule>>,
     max_items: Option<u64>,
     long_context: Option<RawLongContext>,
+    suites: Option<std::collections::BTreeMap<String, RawSuite>>,
 }
 
 fn bad(key: &str, msg: impl Into<String>) -> EvalsError {
@@ -241,6 +270,15 @@ fn bad(key: &str, msg: impl Into<String>) -> EvalsError {
         key: format!("evals.{key}"),
         message: msg.into(),
     }
+}
+
+fn suite_list(suites: &std::collections::BTreeMap<String, SuiteFile>) -> String {
+    KNOWN_SUITES
+        .iter()
+        .copied()
+        .chain(suites.keys().map(String::as_str))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The default alert → suite rules.
@@ -305,13 +343,32 @@ impl EvalsConfig {
         if concurrency == 0 {
             return Err(bad("concurrency", "must be at least 1"));
         }
+        let mut suites = std::collections::BTreeMap::new();
+        for (name, s) in raw.suites.unwrap_or_default() {
+            let key = format!("suites.{name}");
+            if !valid_suite_name(&name) {
+                return Err(bad(
+                    &key,
+                    "a suite name is 1-64 of a-z, 0-9, '_', '-' and not a built-in suite's",
+                ));
+            }
+            let suite = crate::custom::load(&s.path)
+                .map_err(|e| bad(&format!("{key}.path"), e.to_string()))?;
+            suites.insert(
+                name,
+                SuiteFile {
+                    path: s.path,
+                    items: suite.sources(),
+                },
+            );
+        }
         let rules = raw.rules.unwrap_or_else(default_rules);
         for (i, r) in rules.iter().enumerate() {
             for s in &r.suites {
-                if !KNOWN_SUITES.contains(&s.as_str()) {
+                if !KNOWN_SUITES.contains(&s.as_str()) && !suites.contains_key(s) {
                     return Err(bad(
                         &format!("rules[{i}].suites"),
-                        format!("unknown suite {s:?} (known: {})", KNOWN_SUITES.join(", ")),
+                        format!("unknown suite {s:?} (known: {})", suite_list(&suites)),
                     ));
                 }
             }
@@ -347,7 +404,17 @@ impl EvalsConfig {
             webhooks: raw.webhooks.unwrap_or_default(),
             rules,
             max_items: raw.max_items,
+            suites,
         })
+    }
+
+    /// Every suite name a job may name: the built-ins, then the customer suites.
+    pub fn suite_names(&self) -> Vec<&str> {
+        KNOWN_SUITES
+            .iter()
+            .copied()
+            .chain(self.suites.keys().map(String::as_str))
+            .collect()
     }
 
     /// The suites the rules map an alert to, deduplicated in rule order.
@@ -420,6 +487,65 @@ mod tests {
         );
         assert_eq!(c.suites_for("changed", &lc), vec!["long_context"]);
         assert_eq!(c.long_context, LongContextConfig::default());
+    }
+
+    #[test]
+    fn customer_suites_load_at_parse_and_rules_may_name_them() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let good = dir.path().join("good.jsonl");
+        let bad = dir.path().join("bad.jsonl");
+        let line = r#"{"request": {"messages": [{"role": "user", "content": "hi"}]}, "check": {"kind": "contains", "value": "x"}}"#;
+        std::fs::write(&good, format!("{line}\n{line}\n")).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&bad, format!("{line}\n{{\"check\": 1}}\n"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let src = format!(
+            "[suites.mine]\npath = {:?}\n[[rules]]\nkind = \"passive\"\nsuites = [\"mine\"]",
+            good.display().to_string()
+        );
+        let c = EvalsConfig::parse(Some(&table(&src)), None).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.suites["mine"].items.len(), 2);
+        assert_eq!(c.suites["mine"].items[1]["id"], "line-2");
+        assert_eq!(c.suite_names(), ["tool_calls", "long_context", "mine"]);
+        assert_eq!(c.suites_for("passive", &serde_json::json!({})), ["mine"]);
+        for (src, want) in [
+            (
+                format!("[suites.mine]\npath = {:?}", bad.display().to_string()),
+                "evals.suites.mine.path: suite: ".to_owned(),
+            ),
+            (
+                format!("[suites.mine]\npath = {:?}", bad.display().to_string()),
+                "bad.jsonl:2: request: missing".to_owned(),
+            ),
+            (
+                format!(
+                    "[suites.tool_calls]\npath = {:?}",
+                    good.display().to_string()
+                ),
+                "evals.suites.tool_calls: a suite name".to_owned(),
+            ),
+            (
+                format!(
+                    "[suites.\"Big Name\"]\npath = {:?}",
+                    good.display().to_string()
+                ),
+                "evals.suites.Big Name: a suite name".to_owned(),
+            ),
+            (
+                "[suites.x]\npath = \"/nonexistent.jsonl\"".to_owned(),
+                "evals.suites.x.path: suite: /nonexistent.jsonl: cannot open".to_owned(),
+            ),
+            ("[suites.x]\nfile = \"a\"".to_owned(), "file".to_owned()),
+            (
+                "[[rules]]\nkind = \"x\"\nsuites = [\"mine\"]".to_owned(),
+                "unknown suite \"mine\" (known: tool_calls, long_context)".to_owned(),
+            ),
+        ] {
+            let e = EvalsConfig::parse(Some(&table(&src)), None)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains(&want), "{src}: {e}");
+        }
     }
 
     #[test]

@@ -18,6 +18,10 @@
 //!   its sequential looks.
 //! - [`target`]: [`Target`]s (OpenAI-compatible endpoints) and the HTTP client.
 //! - [`tool_calls`]: the `tool_calls` suite (data in `data/tool_calls.json`).
+//! - [`custom`]: customer suites (JSONL: a chat request and an exact / contains / regex /
+//!   json_schema / tool_call check per line), validated on load.
+//! - [`open`]: [`Opener`], the one check and builder of a new job, shared by the CLI, the
+//!   HTTP API and the alert watcher.
 //! - [`long_context`]: the `long_context` suite (tasks from `samewise-longctx`, shared with
 //!   the probes), per-length pass rates and effective context lengths.
 //! - [`report`]: the verdict document from a job's stored results.
@@ -25,7 +29,9 @@
 //!   finish) and the alert watcher that opens jobs.
 
 pub mod config;
+pub mod custom;
 pub mod long_context;
+pub mod open;
 pub mod report;
 pub mod stats;
 pub mod target;
@@ -33,6 +39,7 @@ pub mod tool_calls;
 pub mod worker;
 
 pub use config::EvalsConfig;
+pub use open::{OpenError, OpenRequest, Opener, SuiteRef};
 pub use stats::{Verdict, VerdictParams};
 pub use target::{Target, Targets};
 pub use worker::{AlertWatcher, Worker, WorkerSettings};

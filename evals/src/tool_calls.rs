@@ -107,50 +107,88 @@ pub fn items() -> Result<Vec<Item>, EvalsError> {
     Ok(out)
 }
 
+/// An endpoint's answer to a chat request, taken apart: the message, its finish reason, its
+/// tool calls, the tokens spent, or the request's error (shared by every chat suite).
+#[derive(Debug, Clone)]
+pub(crate) struct Answered {
+    /// `choices[0].message` (null when the request failed).
+    pub message: Value,
+    /// `choices[0].finish_reason`.
+    pub finish: Option<String>,
+    /// prompt + completion tokens.
+    pub tokens: i64,
+    /// Why the request failed, when it did.
+    pub request_error: Option<String>,
+    /// The message's tool calls.
+    pub calls: Vec<ActualCall>,
+}
+
+impl Answered {
+    /// Takes `answer` apart.
+    pub fn of(answer: Result<crate::target::Answer, EvalsError>) -> Answered {
+        let (message, finish, tokens, request_error) = match &answer {
+            Ok(a) => (
+                a.body
+                    .pointer("/choices/0/message")
+                    .cloned()
+                    .unwrap_or(Value::Null),
+                a.body
+                    .pointer("/choices/0/finish_reason")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                a.tokens,
+                None,
+            ),
+            Err(e) => (Value::Null, None, 0, Some(e.to_string())),
+        };
+        let calls: Vec<ActualCall> = message
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .map(|cs| {
+                cs.iter()
+                    .map(|c| ActualCall {
+                        name: c
+                            .pointer("/function/name")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_owned(),
+                        arguments: c
+                            .pointer("/function/arguments")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_owned(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Answered {
+            message,
+            finish,
+            tokens,
+            request_error,
+            calls,
+        }
+    }
+
+    /// The calls as a record stores them.
+    pub fn calls_json(&self) -> Vec<Value> {
+        self.calls
+            .iter()
+            .map(|c| json!({"name": c.name, "arguments": c.arguments}))
+            .collect()
+    }
+}
+
 /// Asks `target` item `item` and scores the answer. A failed request is a failed item
 /// (`request_error`), recorded with the error.
 pub async fn run(targets: &Targets, target: &Target, role: &str, item: &Item) -> EvalResult {
     let answer = targets
         .post(target, "chat/completions", item.request.clone())
         .await;
-    let (message, finish, tokens, request_error) = match &answer {
-        Ok(a) => (
-            a.body
-                .pointer("/choices/0/message")
-                .cloned()
-                .unwrap_or(Value::Null),
-            a.body
-                .pointer("/choices/0/finish_reason")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-            a.tokens,
-            None,
-        ),
-        Err(e) => (Value::Null, None, 0, Some(e.to_string())),
-    };
-    let calls: Vec<ActualCall> = message
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .map(|cs| {
-            cs.iter()
-                .map(|c| ActualCall {
-                    name: c
-                        .pointer("/function/name")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_owned(),
-                    arguments: c
-                        .pointer("/function/arguments")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_owned(),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let checked = match &request_error {
+    let a = Answered::of(answer);
+    let checked = match &a.request_error {
         Some(e) => Err(("request_error".to_owned(), e.clone())),
-        None => bfcl::check(item.category, &item.tools, &item.expected, &calls)
+        None => bfcl::check(item.category, &item.tools, &item.expected, &a.calls)
             .map_err(|f| (f.error.as_str().to_owned(), f.detail)),
     };
     let (passed, error_type, detail) = match checked {
@@ -162,14 +200,14 @@ pub async fn run(targets: &Targets, target: &Target, role: &str, item: &Item) ->
         target: role.to_owned(),
         passed,
         error_type: error_type.clone(),
-        tokens,
+        tokens: a.tokens,
         record: json!({
             "request": item.request,
             "endpoint": target.label,
             "category": item.category.as_str(),
-            "answer": message,
-            "finish_reason": finish,
-            "calls": calls.iter().map(|c| json!({"name": c.name, "arguments": c.arguments})).collect::<Vec<_>>(),
+            "answer": a.message,
+            "finish_reason": a.finish,
+            "calls": a.calls_json(),
             "check": {"passed": passed, "error_type": error_type, "detail": detail},
         }),
     }

@@ -17,16 +17,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use samewise_store::{EvalJob, JobState, Lease, NewEvalJob, Store};
+use samewise_store::{EvalJob, JobState, Lease, Store};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{EvalsConfig, LongContextConfig};
 use crate::long_context::{self, Scoring};
+use crate::open::{OpenError, OpenRequest, Opener, SuiteRef};
 use crate::report::{Stop, document, paired};
 use crate::stats::{Verdict, VerdictParams, decide, look_points};
 use crate::target::Targets;
-use crate::{EvalsError, tool_calls};
+use crate::{EvalsError, custom, tool_calls};
 
 /// How one worker behaves.
 #[derive(Debug, Clone)]
@@ -177,6 +178,7 @@ impl Worker {
         match job.suite.as_str() {
             "tool_calls" => self.work_tool_calls(job, lease).await,
             "long_context" => self.work_long_context(job, lease).await,
+            _ if job.params.get("custom").is_some() => self.work_custom(job, lease).await,
             s => Err(EvalsError::Suite(format!("unknown suite {s:?}"))),
         }
     }
@@ -403,8 +405,60 @@ impl Worker {
 
     /// The `tool_calls` suite.
     async fn work_tool_calls(&self, job: &EvalJob, lease: &Lease) -> Result<Value, EvalsError> {
+        let items = tool_calls::items()?;
+        self.work_items(
+            job,
+            lease,
+            items,
+            |it| it.id.as_str(),
+            |targets, t, role, it| async move { tool_calls::run(&targets, &t, role, &it).await },
+            tool_calls::extras,
+        )
+        .await
+    }
+
+    /// A customer suite: the items the job carries (`params.custom.items`).
+    async fn work_custom(&self, job: &EvalJob, lease: &Lease) -> Result<Value, EvalsError> {
+        let sources = job.params["custom"]["items"]
+            .as_array()
+            .ok_or_else(|| EvalsError::Suite("params.custom.items: not an array".to_owned()))?;
+        let suite = custom::from_sources(sources)?;
+        let source = job.params["custom"]["source"].clone();
+        self.work_items(
+            job,
+            lease,
+            suite.items,
+            |it| it.id.as_str(),
+            |targets, t, role, it| async move { custom::run(&targets, &t, role, &it).await },
+            |items, results| {
+                let mut e = custom::extras(items, results);
+                e["source"] = source;
+                e
+            },
+        )
+        .await
+    }
+
+    /// Runs `items` (the first `params.max_items`) on the suspect and the baseline, each
+    /// result written once, looking at the paired results at the look points and stopping
+    /// once decided or out of budget; finishes the job with the verdict document, `extras`
+    /// computed from the items and the stored results.
+    async fn work_items<I, F, Fut, X>(
+        &self,
+        job: &EvalJob,
+        lease: &Lease,
+        mut items: Vec<I>,
+        id: fn(&I) -> &str,
+        run: F,
+        extras: X,
+    ) -> Result<Value, EvalsError>
+    where
+        I: Clone,
+        F: Fn(Arc<Targets>, crate::target::Target, &'static str, I) -> Fut,
+        Fut: std::future::Future<Output = samewise_store::EvalResult>,
+        X: FnOnce(&[I], &[samewise_store::EvalResult]) -> Value,
+    {
         let started = Instant::now();
-        let mut items = tool_calls::items()?;
         if let Some(n) = job.params["max_items"].as_u64() {
             items.truncate(usize::try_from(n).unwrap_or(usize::MAX));
         }
@@ -412,19 +466,8 @@ impl Worker {
         let baseline = self.targets.get(&job.baseline)?.clone();
         let (params, budget) = self.params(job);
         let total = items.len();
-        let alive = self
-            .store
-            .heartbeat_eval_job(
-                lease,
-                samewise_store::now_ms(),
-                ms(self.settings.lease),
-                u32::try_from(total).ok(),
-            )
-            .await?;
-        if !alive {
-            return Err(EvalsError::LeaseLost(job.id));
-        }
-        let order: Vec<String> = items.iter().map(|i| i.id.clone()).collect();
+        self.renew(job, lease, Some(total)).await?;
+        let order: Vec<String> = items.iter().map(|i| id(i).to_owned()).collect();
         let mut looks_done = 0u32;
         let mut from = 0usize;
         let mut reason = "all_items";
@@ -432,42 +475,24 @@ impl Worker {
             let done = self.store.eval_results(job.id).await?;
             let has = |id: &str, role: &str| done.iter().any(|r| r.item == id && r.target == role);
             // (item, is the suspect): owned, so the stream's futures borrow nothing
-            let todo: Vec<(tool_calls::Item, bool)> = items[from..point]
+            let todo: Vec<(I, bool)> = items[from..point]
                 .iter()
                 .flat_map(|it| [(it.clone(), true), (it.clone(), false)])
-                .filter(|(it, s)| !has(&it.id, role_name(*s)))
+                .filter(|(it, s)| !has(id(it), role_name(*s)))
                 .collect();
             from = point;
             let mut stream = futures_util::stream::iter(todo)
                 .map(|(it, is_suspect)| {
-                    let role = role_name(is_suspect);
                     let t = if is_suspect {
                         suspect.clone()
                     } else {
                         baseline.clone()
                     };
-                    let targets = self.targets.clone();
-                    async move { tool_calls::run(&targets, &t, role, &it).await }
+                    run(self.targets.clone(), t, role_name(is_suspect), it)
                 })
                 .buffered(self.settings.concurrency * 2);
             while let Some(r) = stream.next().await {
-                let written = self
-                    .store
-                    .insert_eval_result(lease, &r, samewise_store::now_ms())
-                    .await?;
-                if !written
-                    && !self
-                        .store
-                        .heartbeat_eval_job(
-                            lease,
-                            samewise_store::now_ms(),
-                            ms(self.settings.lease),
-                            None,
-                        )
-                        .await?
-                {
-                    return Err(EvalsError::LeaseLost(job.id));
-                }
+                self.write(job, lease, std::slice::from_ref(&r)).await?;
             }
             looks_done += 1;
             let results = self.store.eval_results(job.id).await?;
@@ -500,26 +525,9 @@ impl Worker {
             items_total: total,
             wall_ms: i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
         };
-        let extras = tool_calls::extras(&items, &results);
+        let extras = extras(&items, &results);
         let doc = document(&job.suite, &t, &d, &params, &results, &stop, extras);
-        if !self
-            .store
-            .finish_eval_job(
-                lease,
-                JobState::Succeeded,
-                Some(&doc),
-                None,
-                samewise_store::now_ms(),
-            )
-            .await?
-        {
-            return Err(EvalsError::LeaseLost(job.id));
-        }
-        tracing::info!(
-            job = job.id,
-            verdict = d.verdict.as_str(),
-            "eval job finished"
-        );
+        self.finish(job, lease, &doc).await?;
         Ok(doc)
     }
 
@@ -582,42 +590,51 @@ fn role_name(is_suspect: bool) -> &'static str {
 #[derive(Debug, Clone)]
 pub struct AlertWatcher {
     store: Store,
-    config: EvalsConfig,
+    opener: Opener,
 }
 
 impl AlertWatcher {
-    /// A watcher over `store`.
-    pub fn new(store: Store, config: EvalsConfig) -> AlertWatcher {
-        AlertWatcher { store, config }
+    /// A watcher over `store`, opening jobs through `opener` (whose config holds the rules).
+    pub fn new(store: Store, opener: Opener) -> AlertWatcher {
+        AlertWatcher { store, opener }
     }
 
-    /// One pass: the jobs opened.
+    /// One pass: the jobs opened. An alert on an endpoint this config does not know opens
+    /// nothing (logged).
     pub async fn poll_once(&self) -> Result<Vec<EvalJob>, EvalsError> {
+        let config = self.opener.config();
         let mut opened = Vec::new();
         for a in self.store.active_alerts().await? {
-            for suite in self.config.suites_for(&a.kind, &a.evidence) {
-                let job = NewEvalJob {
-                    model: a.model.clone(),
+            for suite in config.suites_for(&a.kind, &a.evidence) {
+                let mut params = serde_json::Map::new();
+                params.insert(
+                    "opened_by".to_owned(),
+                    json!({"alert": a.id, "kind": a.kind}),
+                );
+                if let Some(n) = config.max_items {
+                    params.insert("max_items".to_owned(), n.into());
+                }
+                let req = OpenRequest {
                     endpoint: a.endpoint.clone(),
-                    suite,
-                    baseline: crate::target::REFERENCE.to_owned(),
+                    suite: SuiteRef::Named(suite),
+                    baseline: None,
+                    params,
                     alert_id: Some(a.id),
-                    params: match self.config.max_items {
-                        Some(n) => {
-                            json!({"opened_by": {"alert": a.id, "kind": a.kind}, "max_items": n})
-                        }
-                        None => json!({"opened_by": {"alert": a.id, "kind": a.kind}}),
-                    },
-                    max_attempts: self.config.max_attempts,
-                    now_ms: samewise_store::now_ms(),
                 };
-                if let Some(j) = self
-                    .store
-                    .enqueue_eval_job(&job, ms(self.config.cooldown))
-                    .await?
+                match self
+                    .opener
+                    .open(&self.store, &req, ms(config.cooldown))
+                    .await
                 {
-                    tracing::info!(job = j.id, alert = a.id, suite = %j.suite, endpoint = %j.endpoint, "eval job opened by an alert");
-                    opened.push(j);
+                    Ok(Some(j)) => {
+                        tracing::info!(job = j.id, alert = a.id, suite = %j.suite, endpoint = %j.endpoint, "eval job opened by an alert");
+                        opened.push(j);
+                    }
+                    Ok(None) => {}
+                    Err(OpenError::Store(e)) => return Err(e.into()),
+                    Err(e) => {
+                        tracing::warn!(alert = a.id, error = %e, "no eval job for the alert");
+                    }
                 }
             }
         }
@@ -632,7 +649,7 @@ impl AlertWatcher {
             }
             tokio::select! {
                 () = cancel.cancelled() => return,
-                () = tokio::time::sleep(self.config.poll) => {}
+                () = tokio::time::sleep(self.opener.config().poll) => {}
             }
         }
     }

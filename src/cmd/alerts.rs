@@ -145,7 +145,7 @@ async fn alerts(
                 .alert(id)
                 .await?
                 .with_context(|| format!("no alert with id {id}"))?;
-            let jobs = store.eval_jobs(Some(id), 100).await?;
+            let jobs = store.eval_jobs(Some(id), None, 100).await?;
             let evals: Vec<serde_json::Value> = jobs
                 .iter()
                 .map(|j| {

@@ -1,8 +1,9 @@
 //! Composition of the dashboards for `samewise serve`: the [`ModelSpec`]s from the gateway's
 //! configuration (endpoint labels, each model's `slo` table, the calibration ladder's weight
 //! levels from `[probes] ladder`) and a [`LiveState`] view of the gateway's routing (drift
-//! quality flags and circuit breakers), so that the dashboards crate depends on the store
-//! only.
+//! quality flags and circuit breakers), so that the dashboards crate knows the gateway only
+//! through them; and the evals' job [`samewise_evals::Opener`] (the one `samewise evals run`
+//! uses) for `POST /api/v1/evals`.
 
 use std::sync::Arc;
 
@@ -64,11 +65,13 @@ pub fn build(config: &Config, store: Store, gateway: AppState) -> anyhow::Result
             ladder: ladder.clone(),
         });
     }
+    let evals = samewise_evals::EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref())?;
     Ok(Dashboards::new(
         store,
         models,
         Arc::new(Gateway(gateway)),
         dash,
+        Some(super::evals::opener(config, &evals)),
     ))
 }
 

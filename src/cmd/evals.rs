@@ -5,8 +5,9 @@
 //! `api_key_env`), and "reference" = `[evals] reference_url` (default: the probes' remote
 //! reference URL).
 //!
-//! - `run --endpoint E --suite S [--baseline reference|ENDPOINT]`: opens a job (no
-//!   cooldown), runs it with an in-process worker (other queued jobs may run first), prints
+//! - `run --endpoint E (--suite S | --suite-file FILE.jsonl) [--baseline reference|ENDPOINT]`:
+//!   opens a job (no cooldown; checked by [`samewise_evals::Opener`], as `POST /api/v1/evals`
+//!   is), runs it with an in-process worker (other queued jobs may run first), prints
 //!   progress on stderr and the verdict on stdout.
 //! - `show JOB [--json] [--export FILE]`: the job and its verdict; `--export` writes the
 //!   per-item records as JSONL.
@@ -21,9 +22,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use samewise_evals::{AlertWatcher, EvalsConfig, Target, Targets, Worker, WorkerSettings};
+use samewise_evals::{
+    AlertWatcher, EvalsConfig, OpenRequest, Opener, SuiteRef, Target, Targets, Worker,
+    WorkerSettings,
+};
 use samewise_proxy::Config;
-use samewise_store::{EvalJob, NewEvalJob, Store};
+use samewise_store::{EvalJob, Store};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -48,9 +52,17 @@ pub enum EvalsCommand {
         /// The suspect endpoint (`provider/model-id`).
         #[arg(long)]
         endpoint: String,
-        /// The suite (tool_calls, long_context).
+        /// The suite: tool_calls, long_context, or a customer suite named in
+        /// `[evals.suites]`.
+        #[arg(
+            long,
+            required_unless_present = "suite_file",
+            conflicts_with = "suite_file"
+        )]
+        suite: Option<String>,
+        /// A one-off customer suite (JSONL), checked and stored with the job.
         #[arg(long)]
-        suite: String,
+        suite_file: Option<PathBuf>,
         /// "reference" or a peer endpoint.
         #[arg(long, default_value = "reference")]
         baseline: String,
@@ -109,6 +121,17 @@ pub fn targets(config: &Config, evals: &EvalsConfig) -> anyhow::Result<Targets> 
     Ok(Targets::new(out, Duration::from_secs(300))?)
 }
 
+/// The opener of jobs for `config`: its endpoints (label → model) and `[evals]`. The CLI,
+/// the alert watcher and the dashboards' `POST /api/v1/evals` all open jobs through it.
+pub fn opener(config: &Config, evals: &EvalsConfig) -> Opener {
+    let endpoints = config.models.iter().flat_map(|(name, m)| {
+        m.endpoints
+            .iter()
+            .map(|e| (e.id().into_string(), name.clone()))
+    });
+    Opener::new(evals.clone(), endpoints.collect::<Vec<_>>())
+}
+
 /// Workers and the alert watcher of a running process, drained by [`Running::shutdown`].
 pub struct Running {
     cancel: CancellationToken,
@@ -148,7 +171,7 @@ pub fn start(
         tracker.spawn(async move { w.run(c).await });
     }
     if watch_alerts {
-        let watcher = AlertWatcher::new(store, evals);
+        let watcher = AlertWatcher::new(store, opener(config, &evals));
         let c = cancel.clone();
         tracker.spawn(async move { watcher.run(c).await });
     }
@@ -183,50 +206,38 @@ async fn evals(
         EvalsCommand::Run {
             endpoint,
             suite,
+            suite_file,
             baseline,
             max_items,
             delta,
             window,
         } => {
             let evals = EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref())?;
-            anyhow::ensure!(
-                samewise_evals::config::KNOWN_SUITES.contains(&suite.as_str()),
-                "unknown suite {suite:?} (known: {})",
-                samewise_evals::config::KNOWN_SUITES.join(", ")
-            );
-            let t = targets(config, &evals)?;
-            t.get(&endpoint)?;
-            t.get(&baseline)?;
-            let model = config
-                .models
-                .iter()
-                .find(|(_, m)| m.endpoints.iter().any(|e| e.id().as_str() == endpoint))
-                .map(|(n, _)| n.clone())
-                .unwrap_or_default();
-            let mut params = serde_json::json!({"opened_by": "cli"});
+            let mut params = serde_json::Map::new();
+            params.insert("opened_by".to_owned(), "cli".into());
             if let Some(n) = max_items {
-                params["max_items"] = n.into();
+                params.insert("max_items".to_owned(), n.into());
             }
             if let Some(d) = delta {
-                params["delta"] = d.into();
+                params.insert("delta".to_owned(), d.into());
             }
             if let Some(w) = window {
-                params["window"] = w.into();
+                params.insert("window".to_owned(), w.into());
             }
-            let job = store
-                .enqueue_eval_job(
-                    &NewEvalJob {
-                        model,
-                        endpoint,
-                        suite,
-                        baseline,
-                        alert_id: None,
-                        params,
-                        max_attempts: evals.max_attempts,
-                        now_ms: samewise_store::now_ms(),
-                    },
-                    0,
-                )
+            let suite = match (suite, suite_file) {
+                (_, Some(path)) => SuiteRef::File(path),
+                (Some(name), None) => SuiteRef::Named(name),
+                (None, None) => anyhow::bail!("name --suite NAME or --suite-file FILE"),
+            };
+            let req = OpenRequest {
+                endpoint,
+                suite,
+                baseline: Some(baseline),
+                params,
+                alert_id: None,
+            };
+            let job = opener(config, &evals)
+                .open(store, &req, 0)
                 .await?
                 .context("the job was not opened")?;
             eprintln!("eval job {} opened", job.id);

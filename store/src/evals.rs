@@ -477,10 +477,12 @@ impl Store {
         })
     }
 
-    /// Jobs, newest first; only those opened by `alert_id` when given.
+    /// Jobs, newest first; only those opened by `alert_id`, and only those of `endpoint`,
+    /// when given.
     pub async fn eval_jobs(
         &self,
         alert_id: Option<i64>,
+        endpoint: Option<&str>,
         limit: u32,
     ) -> Result<Vec<EvalJob>, StoreError> {
         const OP: &str = "reading eval jobs";
@@ -489,6 +491,9 @@ impl Store {
                 sqlx::QueryBuilder::new(format!("SELECT {COLUMNS} FROM eval_jobs WHERE 1=1"));
             if let Some(a) = alert_id {
                 qb.push(" AND alert_id = ").push_bind(a);
+            }
+            if let Some(e) = endpoint {
+                qb.push(" AND endpoint = ").push_bind(e.to_owned());
             }
             qb.push(" ORDER BY id DESC LIMIT ")
                 .push_bind(i64::from(limit));
@@ -545,7 +550,7 @@ impl Store {
 impl Store {
     /// Attaches `verdict` to alert `alert_id`'s evidence as `evidence.evals["<job_id>"]`
     /// (other keys untouched). Returns the alert as updated; None when it does not exist.
-    /// A detector refreshing the alert later replaces its evidence; `eval_jobs(Some(id))`
+    /// A detector refreshing the alert later replaces its evidence; `eval_jobs(Some(id), ..)`
     /// keeps the verdicts regardless.
     pub async fn attach_eval_verdict(
         &self,

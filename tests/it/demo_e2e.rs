@@ -49,7 +49,7 @@ async fn read(data: &Path) -> Result<Found> {
             limit: 1000,
         })
         .await?;
-    let jobs = store.eval_jobs(None, 1000).await?;
+    let jobs = store.eval_jobs(None, None, 1000).await?;
     let runs = store
         .probe_runs(&ProbeRunQuery {
             model: None,

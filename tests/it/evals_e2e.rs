@@ -28,7 +28,11 @@ use crate::common::{BIN, spawn_listening};
 
 /// A config with one provider per engine (model id "smol") and `[evals]` with the first
 /// engine as the reference.
-fn config(dir: &Path, engines: &[(&str, &str)], evals: &str) -> Result<std::path::PathBuf> {
+pub(crate) fn config(
+    dir: &Path,
+    engines: &[(&str, &str)],
+    evals: &str,
+) -> Result<std::path::PathBuf> {
     let mut s = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n",
         dir.join("data").display()
@@ -58,11 +62,18 @@ fn evals_run(cfg: &Path, args: &[&str]) -> Result<Value> {
 }
 
 /// `samewise evals run --suite SUITE ... --json` on SQLite; the job.
-fn evals_run_suite(cfg: &Path, suite: &str, args: &[&str]) -> Result<Value> {
+pub(crate) fn evals_run_suite(cfg: &Path, suite: &str, args: &[&str]) -> Result<Value> {
+    let mut all = vec!["--suite", suite];
+    all.extend_from_slice(args);
+    evals_run_args(cfg, &all)
+}
+
+/// `samewise evals run ARGS --json` on SQLite; the job.
+pub(crate) fn evals_run_args(cfg: &Path, args: &[&str]) -> Result<Value> {
     let out = Command::new(BIN)
         .args(["evals", "--config"])
         .arg(cfg)
-        .args(["--json", "run", "--suite", suite])
+        .args(["--json", "run"])
         .args(args)
         .env_remove("DATABASE_URL")
         .env("RUST_LOG", "warn")
@@ -150,6 +161,99 @@ fn tool_calls_corrupt_is_degraded_and_the_reference_equivalent() -> Result<()> {
     ensure!(v["paired"]["suspect_only"] == 0 && v["paired"]["baseline_only"] == 0);
     Ok(())
 }
+
+/// The corruption's own buckets: what a corrupted call fails as (a cut JSON text, an
+/// undeclared name, a required argument dropped).
+const CORRUPTION_BUCKETS: [&str; 3] = ["invalid_json", "wrong_name", "missing_required"];
+
+fn bucket_sum(failures: &Value) -> u64 {
+    CORRUPTION_BUCKETS
+        .iter()
+        .map(|k| failures[*k].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// `tool-corrupt` at `corrupt_fraction = 0.1` (a profile file; the engine draws each call's
+/// corruption from the profile's seed and the request's arrival number, and one item in
+/// flight per side keeps the arrivals in item order, so the same calls break on every run).
+/// Measured on the whole 32-item suite (README): never "degraded" — 1 to 4 of 29 calls break,
+/// 0 to 2 of them on items the reference passes, and "degraded" needs the suspect worse by
+/// more than δ with p < α/looks (≥ 10 discordant items at 4 looks). So this asserts what is
+/// true at this size, on the first 17 items (seed 0 breaks a call of item 16, which the
+/// reference passes, and one of item 10, which it fails otherwise): the broken calls in the
+/// corruption's buckets beyond the reference's own, an item the reference passes lost,
+/// schema accuracy below the reference's, trigger F1 reported, and the verdict not
+/// "equivalent" at δ = 15 points — under which 17 items without a discordant one (the
+/// reference's own endpoint) are "equivalent": the 98.75% interval is then ±13.2 points.
+#[test]
+fn tool_calls_at_a_tenth_corrupted_are_bucketed_and_not_equivalent() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let profile = dir.path().join("tool-corrupt-0.1.toml");
+    std::fs::write(
+        &profile,
+        format!(
+            "name = \"tool-corrupt-0.1\"\nseed = {SEED_0_1}\n[tool_calls]\ncorrupt_fraction = 0.1\n"
+        ),
+    )?;
+    let (_good, good_url) = engine("reference", dir.path())?;
+    let (_bad, bad_url) = engine(profile.to_str().context("path")?, dir.path())?;
+    let cfg = config(
+        dir.path(),
+        &[("good", &good_url), ("bad", &bad_url)],
+        "concurrency = 1",
+    )?;
+    let job = evals_run(
+        &cfg,
+        &[
+            "--endpoint",
+            "bad/smol",
+            "--max-items",
+            "17",
+            "--delta",
+            "0.15",
+        ],
+    )?;
+    let v = &job["verdict"];
+    ensure!(job["state"] == "succeeded", "{job:#}");
+    ensure!(v["items"] == 17, "{v:#}");
+    ensure!(
+        v["verdict"] != "equivalent",
+        "a tenth corrupted judged equivalent: {v:#}"
+    );
+    // it is not "equivalent" because of what broke: the interval reaches past -δ
+    ensure!(
+        v["diff_interval"][0].as_f64().unwrap_or(0.0) < -0.15,
+        "{v:#}"
+    );
+    // the broken calls: in the corruption's buckets, on items the reference passes
+    let extra = bucket_sum(&v["suspect"]["failures"])
+        .saturating_sub(bucket_sum(&v["baseline"]["failures"]));
+    ensure!(
+        extra >= 1,
+        "no corruption-bucket failures beyond the reference's: {v:#}"
+    );
+    let p = &v["paired"];
+    ensure!(
+        p["baseline_only"].as_u64().unwrap_or(0) >= 1 && p["suspect_only"] == 0,
+        "{p}"
+    );
+    let sa = &v["extras"]["schema_accuracy"];
+    let (s, b) = (
+        sa["suspect"].as_f64().context("no schema accuracy")?,
+        sa["baseline"]
+            .as_f64()
+            .context("no baseline schema accuracy")?,
+    );
+    ensure!(s < b, "schema accuracy {s} not below the reference's {b}");
+    let f1 = v["extras"]["trigger_f1"]
+        .as_f64()
+        .context("trigger F1 not a number")?;
+    ensure!((0.0..=1.0).contains(&f1));
+    Ok(())
+}
+
+/// The profile seed of the 0.1 test (see its doc).
+const SEED_0_1: u64 = 0;
 
 /// `long_context` (multi-query needles at 256, 512 and 1024 tokens, two distractors, scored
 /// by likelihood): `truncate-512` keeps only the last 512 prompt tokens, so it loses the

@@ -11,6 +11,7 @@ mod alerts_cli;
 mod cli;
 mod dashboards_browser;
 mod demo_e2e;
+mod evals_custom_e2e;
 mod evals_e2e;
 mod passive_drift_e2e;
 mod probes_e2e;

@@ -52,7 +52,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "samewise-dashboards",
-        &["samewise-wire", "samewise-store", "samewise-toolcheck"],
+        &[
+            "samewise-wire",
+            "samewise-store",
+            "samewise-toolcheck",
+            "samewise-evals",
+        ],
     ),
 ];
 

@@ -97,6 +97,26 @@ impl Evals {
     }
 }
 
+/// A job as `GET /api/v1/evals` lists it (and `POST` answers it): the cell's view with its
+/// endpoint, baseline, model, progress and cost.
+pub fn listed(j: &EvalJob) -> serde_json::Value {
+    let mut v = serde_json::to_value(EvalView::of(j)).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        for (k, x) in [
+            ("model", serde_json::json!(j.model)),
+            ("endpoint", serde_json::json!(j.endpoint)),
+            ("baseline", serde_json::json!(j.baseline)),
+            ("items_total", serde_json::json!(j.items_total)),
+            ("tokens", serde_json::json!(j.tokens)),
+            ("started_ms", serde_json::json!(j.started_ms)),
+            ("finished_ms", serde_json::json!(j.finished_ms)),
+        ] {
+            o.insert(k.to_owned(), x);
+        }
+    }
+    v
+}
+
 /// One side's result of one item.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ItemSide {

@@ -48,6 +48,8 @@ pub struct Server {
     pub attempts: i64,
     /// The dashboards' state the server runs.
     pub dash: Dashboards,
+    /// Holds the customer suite `smoke` (two items) the evals opener knows.
+    pub _suites: tempfile::TempDir,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
 }
@@ -265,11 +267,31 @@ impl Server {
                 },
             ),
         ]));
+        // the evals opener, as `samewise serve` builds it: the endpoints of both models,
+        // a reference URL, and a customer suite `smoke`
+        let suites = tempfile::tempdir()?;
+        let smoke = suites.path().join("smoke.jsonl");
+        std::fs::write(
+            &smoke,
+            "{\"id\": \"capital\", \"request\": {\"messages\": [{\"role\": \"user\", \"content\": \"Capital of France?\"}]}, \"check\": {\"kind\": \"contains\", \"value\": \"Paris\"}}\n\
+             {\"request\": {\"messages\": [{\"role\": \"user\", \"content\": \"Say 4\"}]}, \"check\": {\"kind\": \"regex\", \"pattern\": \"\\\\b4\\\\b\"}}\n",
+        )?;
+        let evals_table: toml::Table = format!(
+            "reference_url = \"http://127.0.0.1:9\"\n[suites.smoke]\npath = {:?}\n",
+            smoke.display().to_string()
+        )
+        .parse()?;
+        let evals = samewise_evals::EvalsConfig::parse(Some(&evals_table), None)?;
+        let endpoints = models
+            .iter()
+            .flat_map(|m| m.endpoints.iter().map(|e| (e.clone(), m.name.clone())))
+            .collect::<Vec<_>>();
         let dash = Dashboards::new(
             db.store.clone(),
             models,
             Arc::new(routing),
             DashboardsConfig::default(),
+            Some(samewise_evals::Opener::new(evals, endpoints)),
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
@@ -291,6 +313,7 @@ impl Server {
             xss_alert: xss.id,
             attempts,
             dash,
+            _suites: suites,
             stop: Some(stop),
             task: Some(task),
         })
@@ -361,6 +384,27 @@ impl Drop for Server {
             t.abort();
         }
     }
+}
+
+/// POSTs `body` (raw) to `path` with `key` as Bearer (None: no credentials) and `headers`.
+pub async fn post(
+    url: &str,
+    path: &str,
+    key: Option<&str>,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Result<reqwest::Response> {
+    let mut req = Server::http()?
+        .post(format!("{url}{path}"))
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
+    }
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    Ok(req.send().await?)
 }
 
 /// The JSON body of `res` (reqwest is built without its `json` feature).

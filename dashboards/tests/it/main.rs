@@ -4,10 +4,11 @@
 //!
 //! Layout: `common` (the server and the data it holds), `auth` (no key, a non-admin key,
 //! sessions, CSRF), `api` (every `/api/v1/` route against what the store holds), `metrics`
-//! (the Prometheus families), `pages` (pages show the API's values; XSS payloads render as text; security headers).
+//! (the Prometheus families), `evals_api` (opening and listing eval jobs over HTTP), `pages` (pages show the API's values; XSS payloads render as text; security headers).
 
 mod api;
 mod auth;
 mod common;
+mod evals_api;
 mod metrics;
 mod pages;

@@ -69,7 +69,10 @@ async fn eval_job_lifecycle(db: TestDb) -> Result<()> {
         .await?
         .context("job after the cooldown not opened")?;
     ensure!(again.id != a.id);
-    ensure!(s.eval_jobs(None, 100).await?.len() == 4);
+    ensure!(s.eval_jobs(None, None, 100).await?.len() == 4);
+    let of_b = s.eval_jobs(None, Some("p/b"), 100).await?;
+    ensure!(of_b.len() == 1 && of_b[0].endpoint == "p/b", "{of_b:?}");
+    ensure!(s.eval_jobs(None, Some("p/none"), 100).await?.is_empty());
 
     // claim: the oldest first
     let (claimed, lease) = s
@@ -131,7 +134,7 @@ async fn eval_job_lifecycle(db: TestDb) -> Result<()> {
     );
 
     // cancel: queued jobs are never claimed afterwards
-    let jobs = s.eval_jobs(None, 100).await?;
+    let jobs = s.eval_jobs(None, None, 100).await?;
     for j in jobs.iter().filter(|j| j.state == JobState::Queued) {
         let c = s.cancel_eval_job(j.id).await?.context("cancel: no job")?;
         ensure!(c.state == JobState::Cancelled);
@@ -241,8 +244,8 @@ async fn eval_verdict_on_alert(db: TestDb) -> Result<()> {
     let mut nj = job("p/a", "tool_calls", 1_000);
     nj.alert_id = Some(alert.id);
     let j = s.enqueue_eval_job(&nj, 0).await?.context("not opened")?;
-    ensure!(s.eval_jobs(Some(alert.id), 10).await?.len() == 1);
-    ensure!(s.eval_jobs(Some(alert.id + 1), 10).await?.is_empty());
+    ensure!(s.eval_jobs(Some(alert.id), None, 10).await?.len() == 1);
+    ensure!(s.eval_jobs(Some(alert.id + 1), None, 10).await?.is_empty());
     let v = serde_json::json!({"suite": "tool_calls", "verdict": "degraded"});
     let a = s
         .attach_eval_verdict(alert.id, j.id, &v)
