@@ -376,7 +376,7 @@ async fn runs_since(
                 .into_iter()
                 .filter(|r| endpoint.is_none_or(|e| r.endpoint == e) && !known.contains(&r.id)),
         );
-        runs.sort_by(|a, b| (b.started_ms, b.id).cmp(&(a.started_ms, a.id)));
+        runs.sort_by_key(|r| std::cmp::Reverse((r.started_ms, r.id)));
     }
     Ok(runs)
 }
