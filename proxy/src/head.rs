@@ -55,37 +55,39 @@ enum Wait<T> {
     Ejected,
 }
 
-/// Sends `req` to `att`'s endpoint and waits for its head (see the module doc).
+/// Sends `req` to `att`'s endpoint and waits for its head (see the module doc). `slot` holds
+/// the breaker's permit: an outcome recorded here takes it, a usable head carries it on; left
+/// in place (the future was dropped: a lost hedge, a client gone), the caller decides.
 pub(crate) async fn send(
     state: &AppState,
     req: &ClientRequest,
     ctx: &RequestCtx,
     att: &AttemptCtx,
-    permit: Permit,
+    slot: &mut Option<Permit>,
 ) -> Result<Head, NoHead> {
     let ep = &att.endpoint;
     let Some(up) = state.inner.upstreams.get(&ep.provider) else {
-        drop(permit); // no outcome: the endpoint was never called
+        drop(slot.take()); // no outcome: the endpoint was never called
         return Err(failed(ctx, att, None, None, ErrorKind::Config));
     };
     let body = match req.body_for(&ep.upstream_model) {
         Ok(b) => b,
         Err(e) => {
-            drop(permit);
+            drop(slot.take());
             return Err(NoHead::Refused(e.into_response()));
         }
     };
     let inflight = ep.health.start_request();
     let deadlines = ep.health.deadlines(req.stream, up.first_byte);
-    let mut permit = Some(permit);
     let sent = wait(
         &ep.health,
         deadlines,
         att.started,
-        &mut permit,
+        slot,
         request(up, req, body).send(),
     )
     .await;
+    let permit = slot.take();
     let resp = match sent {
         Wait::TimedOut | Wait::Ejected => {
             // Given up: the wait is a lower bound of this endpoint's first-byte time.

@@ -2,8 +2,9 @@
 //! delay, a second attempt goes to another endpoint of the plan (the next one that is not
 //! waiting out a `Retry-After` and whose breaker admits it), and the first usable head wins.
 //! The loser's future is dropped, which drops its connection, and it is recorded with
-//! `hedge_lost`; its permit goes back without an outcome (losing a race is not a failure; an
-//! overdue loser already counted as one). A hedge that fails leaves the other attempt to go on
+//! `hedge_lost`. A primary beaten by its hedge counts as a breaker failure (it had no head
+//! within the delay while another endpoint answered), so a hung endpoint is ejected under
+//! hedging too; a beaten hedge's permit goes back without an outcome. A hedge that fails leaves the other attempt to go on
 //! alone. Bounds: at most one hedge per request (the caller asks once), none when no other
 //! endpoint can take it.
 
@@ -43,30 +44,46 @@ pub(crate) async fn first_head(
     skip: Option<usize>,
 ) -> Raced {
     let (i, att, permit) = first;
-    let mut primary = pin!(head::send(state, req, ctx, &att, permit));
+    let mut slot1 = Some(permit);
+    let mut slot2: Option<Permit>;
     let single = |r: Result<Head, NoHead>, att: &AttemptCtx| Raced {
         result: r.map(|h| (h, att.clone(), i)),
         side: Vec::new(),
         hedged: None,
     };
-    let Some(after) = after.filter(|_| plan.len() > 1) else {
-        return single(primary.await, &att);
+    let (result, side, j) = {
+        let mut primary = pin!(head::send(state, req, ctx, &att, &mut slot1));
+        let Some(after) = after.filter(|_| plan.len() > 1) else {
+            return single(primary.await, &att);
+        };
+        tokio::select! {
+            r = &mut primary => return single(r, &att),
+            () = tokio::time::sleep(after) => {}
+        }
+        let skip: Vec<usize> = std::iter::once(i).chain(skip).collect();
+        let Some((j, permit2)) = routing::next_admitted(plan, i + 1, &skip) else {
+            return single(primary.await, &att);
+        };
+        slot2 = Some(permit2);
+        let att2 = AttemptCtx::new(att.attempt + 1, Arc::clone(&plan[j]));
+        let mut hedge = pin!(head::send(state, req, ctx, &att2, &mut slot2));
+        let mut side = Vec::new();
+        let result = tokio::select! {
+            r = &mut primary => settle(ctx, r, (&att, i), hedge.as_mut(), (&att2, j), &mut side).await,
+            r = &mut hedge => settle(ctx, r, (&att2, j), primary.as_mut(), (&att, i), &mut side).await,
+        };
+        (result, side, j)
     };
-    tokio::select! {
-        r = &mut primary => return single(r, &att),
-        () = tokio::time::sleep(after) => {}
+    // Both futures are gone. A primary beaten by its hedge had no head within the delay while
+    // another endpoint answered: that counts against it (else a hung endpoint would never be
+    // ejected under hedging, every hedge winning before it is overdue). A beaten hedge's
+    // permit goes back without an outcome.
+    if matches!(&result, Ok((_, _, w)) if *w == j)
+        && let Some(p) = slot1.take()
+    {
+        p.record(false);
     }
-    let skip: Vec<usize> = std::iter::once(i).chain(skip).collect();
-    let Some((j, permit2)) = routing::next_admitted(plan, i + 1, &skip) else {
-        return single(primary.await, &att);
-    };
-    let att2 = AttemptCtx::new(att.attempt + 1, Arc::clone(&plan[j]));
-    let mut hedge = pin!(head::send(state, req, ctx, &att2, permit2));
-    let mut side = Vec::new();
-    let result = tokio::select! {
-        r = &mut primary => settle(ctx, r, (&att, i), hedge.as_mut(), (&att2, j), &mut side).await,
-        r = &mut hedge => settle(ctx, r, (&att2, j), primary.as_mut(), (&att, i), &mut side).await,
-    };
+    drop(slot2);
     Raced {
         result,
         side,

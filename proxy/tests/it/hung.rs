@@ -245,6 +245,18 @@ async fn a_hedge_wins_on_the_healthy_endpoint_and_the_loser_is_cancelled() -> Re
     // losing a race is not an endpoint error on /metrics
     let m = gw.metrics().await?;
     assert!(!m.contains("hedge_lost"), "{m}");
+
+    // but a primary beaten by its hedge counts against its endpoint: after five in a row
+    // (the default breaker), a is ejected under hedging too and requests go straight to b
+    for _ in 0..3 {
+        assert_eq!(gw.chat(&a_first()).await?.status(), 200);
+    }
+    assert_eq!(breaker(&gw, "a/sa").await?, Some(2.0), "a is ejected");
+    let resp = gw.chat(&a_first()).await?;
+    let recs = gw.records(&request_id(&resp)).await?;
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    assert_eq!(recs[0].endpoint.as_deref(), Some("b/sb"));
+    assert_eq!(a.request_count(), 5);
     gw.stop().await
 }
 
