@@ -99,6 +99,9 @@ async fn a_hung_endpoint_is_ejected_while_its_attempts_are_in_flight() -> Result
         assert_eq!(recs.len(), 2, "{recs:?}");
         assert_eq!(recs[0].endpoint.as_deref(), Some("a/sa"));
         assert_eq!(recs[0].error_kind.as_deref(), Some("timeout"));
+        // given up on at the ejection (about 0.1 s), not at the 10 s timeout
+        let waited = recs[0].latency_ms;
+        assert!(waited < 5_000.0, "a's attempt waited {waited} ms");
         assert_eq!(recs[1].endpoint.as_deref(), Some("b/sb"));
         assert_eq!(recs[1].error_kind, None);
     }
