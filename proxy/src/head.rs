@@ -2,13 +2,17 @@
 //! worth committing to (a 2xx, or a 4xx that is the request's own fault).
 //!
 //! The wait follows the endpoint's [`Deadlines`] (adaptive, see `health`): past `overdue_after`
-//! the attempt counts as a breaker failure at once, while still in flight; if the breaker is or
+//! and past the expected time of the fastest other endpoint of the plan (an outlier; with no
+//! other endpoint measured, never) the attempt counts as a breaker failure at once, while still
+//! in flight; if the breaker is or
 //! becomes open (the endpoint is ejected), the overdue attempt gives up and the request fails
 //! over instead of waiting for a timeout; past `timeout` it times out. Connect errors, resets,
 //! 429 and 5xx heads are failures too. Nothing here touches the request's records: a failure
 //! comes back as its record, so two attempts of one request (a hedge) can wait side by side.
 
 use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -19,6 +23,7 @@ use crate::body::ClientRequest;
 use crate::error::ApiError;
 use crate::health::{Deadlines, EndpointHealth, InflightGuard, Permit};
 use crate::record::{AttemptCtx, RequestCtx};
+use crate::routing::Endpoint;
 use crate::state::{AppState, Upstream};
 
 /// An attempt whose endpoint answered with a head the client will get.
@@ -62,6 +67,7 @@ pub(crate) async fn send(
     state: &AppState,
     req: &ClientRequest,
     ctx: &RequestCtx,
+    plan: &[Arc<Endpoint>],
     att: &AttemptCtx,
     slot: &mut Option<Permit>,
 ) -> Result<Head, NoHead> {
@@ -79,11 +85,19 @@ pub(crate) async fn send(
     };
     let inflight = ep.health.start_request();
     let deadlines = ep.health.deadlines(req.stream, up.first_byte);
+    // What the other endpoints of the plan usually take, read when the attempt is late.
+    let peers = || {
+        plan.iter()
+            .filter(|e| !Arc::ptr_eq(e, ep))
+            .filter_map(|e| e.health.expected(req.stream))
+            .min()
+    };
     let sent = wait(
         &ep.health,
         deadlines,
         att.started,
         slot,
+        peers,
         request(up, req, body).send(),
     )
     .await;
@@ -169,24 +183,35 @@ fn request(up: &Upstream, req: &ClientRequest, body: bytes::Bytes) -> reqwest::R
     rb
 }
 
-/// Waits for `send` within `deadlines` from `started`; once overdue, the permit is recorded as
-/// a failure (taken out of `permit`) and an ejection of the endpoint ends the wait.
+/// Waits for `send` within `deadlines` from `started`; once overdue (past `overdue_after` and
+/// past what the fastest peer usually takes), the permit is recorded as a failure (taken out of
+/// `permit`) and an ejection of the endpoint ends the wait.
 async fn wait<F: Future>(
     health: &EndpointHealth,
     deadlines: Deadlines,
     started: Instant,
     permit: &mut Option<Permit>,
+    peers: impl Fn() -> Option<Duration>,
     send: F,
 ) -> Wait<F::Output> {
     let mut send = pin!(send);
-    let overdue_at = started + deadlines.overdue_after;
     let timeout_at = started + deadlines.timeout;
-    tokio::select! {
-        r = &mut send => return Wait::Done(r),
-        () = sleep_until(overdue_at.min(timeout_at)) => {}
-    }
-    if overdue_at >= timeout_at {
-        return Wait::TimedOut;
+    let mut check_at = started + deadlines.overdue_after;
+    loop {
+        tokio::select! {
+            r = &mut send => return Wait::Done(r),
+            () = sleep_until(check_at.min(timeout_at)) => {}
+        }
+        if check_at >= timeout_at {
+            return Wait::TimedOut;
+        }
+        match peers() {
+            // slower than another endpoint usually is: an outlier
+            Some(p) if started + p <= check_at => break,
+            Some(p) => check_at = started + p,
+            // no other endpoint measured yet: nothing to compare with; look again later
+            None => check_at += deadlines.overdue_after,
+        }
     }
     // Overdue: it counts against the endpoint now, not when (or if) its timeout ends.
     if let Some(p) = permit.take() {
@@ -246,19 +271,18 @@ const MAX_RETRY_AFTER_SECS: f64 = 60.0;
 
 /// `Retry-After` in seconds, capped at [`MAX_RETRY_AFTER_SECS`] (the HTTP-date form is not
 /// used by LLM providers; it is ignored).
-fn retry_after(headers: &HeaderMap) -> Option<std::time::Duration> {
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let v = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
     v.parse::<f64>()
         .ok()
         .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(|s| std::time::Duration::from_secs_f64(s.min(MAX_RETRY_AFTER_SECS)))
+        .map(|s| Duration::from_secs_f64(s.min(MAX_RETRY_AFTER_SECS)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
-    use std::time::Duration;
 
     #[test]
     fn retry_after_seconds() {

@@ -10,8 +10,9 @@
 //! Outlier ejection and the adaptive first-byte timeout: each endpoint keeps a
 //! [`FirstByteEstimate`] of its time to the response head (per streamed and non-streamed
 //! requests, which differ: a non-streamed head comes after the whole generation), from which an
-//! attempt gets its [`Deadlines`]. An attempt still waiting past `overdue_after` counts as a
-//! breaker failure *while in flight* (not when its timeout ends), so a hung endpoint's breaker
+//! attempt gets its [`Deadlines`]. An attempt still waiting past `overdue_after`, and past
+//! what another endpoint of its plan usually takes (an outlier: a slow start everywhere is not
+//! one), counts as a breaker failure *while in flight* (not when its timeout ends), so a hung endpoint's breaker
 //! opens within the first seconds; opening wakes the attempts still overdue on it
 //! ([`EndpointHealth::ejected`]), which give up and fail over. Ejection ends as breaking does:
 //! a half-open trial that answers in time closes the breaker.
@@ -408,6 +409,14 @@ impl EndpointHealth {
         if let Ok(mut e) = self.first_byte.lock() {
             e[usize::from(stream)].observe(sample);
         }
+    }
+
+    /// The time within which the endpoint usually sends a head (None: never measured).
+    pub fn expected(&self, stream: bool) -> Option<Duration> {
+        self.first_byte
+            .lock()
+            .ok()
+            .and_then(|e| e[usize::from(stream)].expected())
     }
 
     /// The deadlines of an attempt starting now.

@@ -52,7 +52,7 @@ pub(crate) async fn first_head(
         hedged: None,
     };
     let (result, side, j) = {
-        let mut primary = pin!(head::send(state, req, ctx, &att, &mut slot1));
+        let mut primary = pin!(head::send(state, req, ctx, plan, &att, &mut slot1));
         let Some(after) = after.filter(|_| plan.len() > 1) else {
             return single(primary.await, &att);
         };
@@ -66,7 +66,7 @@ pub(crate) async fn first_head(
         };
         slot2 = Some(permit2);
         let att2 = AttemptCtx::new(att.attempt + 1, Arc::clone(&plan[j]));
-        let mut hedge = pin!(head::send(state, req, ctx, &att2, &mut slot2));
+        let mut hedge = pin!(head::send(state, req, ctx, plan, &att2, &mut slot2));
         let mut side = Vec::new();
         let result = tokio::select! {
             r = &mut primary => settle(ctx, r, (&att, i), hedge.as_mut(), (&att2, j), &mut side).await,

@@ -57,6 +57,14 @@ async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) -> Resul
     Ok(())
 }
 
+/// One request answered by b alone, so that a's attempts have a peer to be compared with.
+async fn measure_b(gw: &Gateway) -> Result<()> {
+    let mut body = chat_body("smol");
+    body["provider"] = json!({"order": ["b"], "allow_fallbacks": false});
+    assert_eq!(gw.chat(&body).await?.status(), 200);
+    Ok(())
+}
+
 /// Sends `n` requests at once; every answer must be a 200 from b. Returns their request ids.
 async fn wave(gw: &Gateway, n: usize) -> Result<Vec<String>> {
     let body = a_first();
@@ -90,8 +98,10 @@ async fn a_hung_endpoint_is_ejected_while_its_attempts_are_in_flight() -> Result
     ))
     .await?;
 
-    // 20 requests try a first: each is overdue past the floor (a has never answered), the
-    // fifth overdue attempt opens a's breaker, and every overdue attempt then fails over to b
+    // 20 requests try a first: each is overdue past the floor (a has never answered, b answers
+    // in milliseconds), the fifth overdue attempt opens a's breaker, and every overdue attempt
+    // then fails over to b
+    measure_b(&gw).await?;
     let ids = wave(&gw, 20).await?;
     assert_eq!(breaker(&gw, "a/sa").await?, Some(2.0), "a is ejected");
     for id in &ids {
@@ -125,6 +135,43 @@ async fn a_hung_endpoint_is_ejected_while_its_attempts_are_in_flight() -> Result
 }
 
 #[tokio::test]
+async fn a_slow_start_everywhere_is_not_an_outlier() -> Result<()> {
+    let slow = Behavior::DelayHeaders(Duration::from_millis(600));
+    let a = MockUpstream::builder()
+        .name("a")
+        .default_behavior(slow.clone())
+        .start()
+        .await?;
+    let b = MockUpstream::builder()
+        .name("b")
+        .default_behavior(slow)
+        .start()
+        .await?;
+    let gw = Gateway::start(&two(
+        &a.base_url(),
+        &b.base_url(),
+        "first_byte_floor_ms = 100\nfirst_byte_timeout_ms = 10000",
+        "",
+        "",
+    ))
+    .await?;
+    // past a's floor, but no other endpoint has answered faster: no attempt is overdue, none is
+    // given up, and neither endpoint is ejected
+    let body = a_first();
+    let resps = join_all((0..10).map(|_| gw.chat(&body))).await;
+    for r in resps {
+        let r = r?;
+        assert_eq!(r.status(), 200);
+        let recs = gw.records(&request_id(&r)).await?;
+        assert_eq!(recs.len(), 1, "{recs:?}");
+        assert_eq!(recs[0].endpoint.as_deref(), Some("a/sa"));
+    }
+    assert_eq!(breaker(&gw, "a/sa").await?, Some(0.0));
+    assert_eq!(b.request_count(), 0);
+    gw.stop().await
+}
+
+#[tokio::test]
 async fn an_ejected_endpoint_comes_back_once_it_answers() -> Result<()> {
     let a = MockUpstream::builder()
         .name("a")
@@ -140,6 +187,7 @@ async fn an_ejected_endpoint_comes_back_once_it_answers() -> Result<()> {
         "[breaker]\ncooldown_ms = 200\n",
     ))
     .await?;
+    measure_b(&gw).await?;
     wave(&gw, 10).await?;
     assert_eq!(breaker(&gw, "a/sa").await?, Some(2.0));
 
