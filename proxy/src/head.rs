@@ -3,7 +3,7 @@
 //!
 //! The wait follows the endpoint's [`Deadlines`] (adaptive, see `health`): past `overdue_after`
 //! and past the expected time of the fastest other endpoint of the plan (an outlier; with no
-//! other endpoint measured, never) the attempt counts as a breaker failure at once, while still
+//! other endpoint measured, never), with no head from its endpoint meanwhile, the attempt counts as a breaker failure at once, while still
 //! in flight; if the breaker is or
 //! becomes open (the endpoint is ejected), the overdue attempt gives up and the request fails
 //! over instead of waiting for a timeout; past `timeout` it times out. Connect errors, resets,
@@ -205,12 +205,14 @@ async fn wait<F: Future>(
         if check_at >= timeout_at {
             return Wait::TimedOut;
         }
+        // an endpoint that answered other requests since this one was sent is alive
+        let alive = health.answered_since(started);
         match peers() {
-            // slower than another endpoint usually is: an outlier
-            Some(p) if started + p <= check_at => break,
-            Some(p) => check_at = started + p,
-            // no other endpoint measured yet: nothing to compare with; look again later
-            None => check_at += deadlines.overdue_after,
+            // silent, and slower than another endpoint usually is: an outlier
+            Some(p) if !alive && started + p <= check_at => break,
+            Some(p) if started + p > check_at => check_at = started + p,
+            // no other endpoint measured yet, or alive: look again later
+            _ => check_at += deadlines.overdue_after,
         }
     }
     // Overdue: it counts against the endpoint now, not when (or if) its timeout ends.

@@ -10,9 +10,10 @@
 //! Outlier ejection and the adaptive first-byte timeout: each endpoint keeps a
 //! [`FirstByteEstimate`] of its time to the response head (per streamed and non-streamed
 //! requests, which differ: a non-streamed head comes after the whole generation), from which an
-//! attempt gets its [`Deadlines`]. An attempt still waiting past `overdue_after`, and past
-//! what another endpoint of its plan usually takes (an outlier: a slow start everywhere is not
-//! one), counts as a breaker failure *while in flight* (not when its timeout ends), so a hung endpoint's breaker
+//! attempt gets its [`Deadlines`]. An attempt still waiting past `overdue_after`, past what
+//! another endpoint of its plan usually takes (an outlier: a slow start everywhere is not one),
+//! with no head from its endpoint since it was sent (one that answers others is alive, and this
+//! request merely long), counts as a breaker failure *while in flight* (not when its timeout ends), so a hung endpoint's breaker
 //! opens within the first seconds; opening wakes the attempts still overdue on it
 //! ([`EndpointHealth::ejected`]), which give up and fail over. Ejection ends as breaking does:
 //! a half-open trial that answers in time closes the breaker.
@@ -330,6 +331,9 @@ pub struct EndpointHealth {
     first_byte: Mutex<[FirstByteEstimate; 2]>,
     /// Woken when the breaker opens: attempts overdue on the endpoint give up.
     ejected: Notify,
+    /// When the endpoint last sent a response head (any status): a late attempt on an endpoint
+    /// that answered others meanwhile is a long request, not a hung endpoint.
+    last_head: Mutex<Option<Instant>>,
 }
 
 impl EndpointHealth {
@@ -346,6 +350,7 @@ impl EndpointHealth {
             quality: AtomicU8::new(0),
             first_byte: Mutex::new([FirstByteEstimate::default(); 2]),
             ejected: Notify::new(),
+            last_head: Mutex::new(None),
         }
     }
 
@@ -439,11 +444,24 @@ impl EndpointHealth {
         }
     }
 
-    /// Adds a latency sample (time to the response head).
+    /// Adds a latency sample (time to the response head), which also shows the endpoint alive.
     pub fn observe_latency(&self, sample: Duration) {
+        let now = Instant::now();
         if let Ok(mut e) = self.ewma.lock() {
-            e.observe(Instant::now(), sample);
+            e.observe(now, sample);
         }
+        if let Ok(mut t) = self.last_head.lock() {
+            *t = Some(now);
+        }
+    }
+
+    /// Whether the endpoint sent any response head after `since`.
+    pub fn answered_since(&self, since: Instant) -> bool {
+        self.last_head
+            .lock()
+            .ok()
+            .and_then(|t| *t)
+            .is_some_and(|t| t > since)
     }
 
     /// The lowest-latency policy's cost: peak-EWMA estimate times (in-flight + 1).
