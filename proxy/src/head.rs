@@ -195,7 +195,7 @@ async fn wait<F: Future>(
     send: F,
 ) -> Wait<F::Output> {
     let mut send = pin!(send);
-    let timeout_at = started + deadlines.timeout;
+    let mut timeout_at = started + deadlines.timeout;
     let mut check_at = started + deadlines.overdue_after;
     loop {
         tokio::select! {
@@ -203,6 +203,13 @@ async fn wait<F: Future>(
             () = sleep_until(check_at.min(timeout_at)) => {}
         }
         if check_at >= timeout_at {
+            // the adaptive timeout cuts only a silent endpoint's attempt: one that answered
+            // others meanwhile is alive, and this request long (a big prompt, a long answer)
+            let cap_at = started + deadlines.cap;
+            if timeout_at < cap_at && health.answered_since(started) {
+                timeout_at = cap_at;
+                continue;
+            }
             return Wait::TimedOut;
         }
         // an endpoint that answered other requests since this one was sent is alive

@@ -259,8 +259,11 @@ pub struct FirstByteBounds {
 pub struct Deadlines {
     /// Past this without a response head the attempt counts against the endpoint.
     pub overdue_after: Duration,
-    /// Past this the attempt is given up and the request fails over.
+    /// Past this the attempt is given up and the request fails over, if its endpoint sent no
+    /// head since the attempt started; else it may wait up to `cap`.
     pub timeout: Duration,
+    /// The longest any attempt waits (`first_byte_timeout_ms`).
+    pub cap: Duration,
 }
 
 /// An endpoint's time to first byte, estimated as TCP estimates a round trip (RFC 6298): a
@@ -307,10 +310,12 @@ impl FirstByteEstimate {
             None => Deadlines {
                 overdue_after: clamp(bounds.floor),
                 timeout: bounds.cap,
+                cap: bounds.cap,
             },
             Some(e) => Deadlines {
                 overdue_after: clamp(e),
                 timeout: clamp(e.saturating_mul(TIMEOUT_FACTOR)),
+                cap: bounds.cap,
             },
         }
     }
@@ -432,6 +437,7 @@ impl EndpointHealth {
             .unwrap_or(Deadlines {
                 overdue_after: bounds.cap,
                 timeout: bounds.cap,
+                cap: bounds.cap,
             })
     }
 
