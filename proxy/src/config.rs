@@ -126,8 +126,13 @@ pub struct ProviderConfig {
     pub api_key_env: Option<String>,
     /// TCP/TLS connect timeout.
     pub connect_timeout: Duration,
-    /// Time from sending the request to the response head.
+    /// The cap of the adaptive time from sending the request to the response head
+    /// (`first_byte_timeout_ms`, default 60 s): an attempt times out at three times the
+    /// endpoint's expected first-byte time, within `first_byte_floor` and this.
     pub first_byte_timeout: Duration,
+    /// The floor of the adaptive first-byte deadlines (`first_byte_floor_ms`, default 1 s, at
+    /// most the cap): no attempt is overdue or timed out sooner.
+    pub first_byte_floor: Duration,
     /// Longest silence while reading a response body.
     pub idle_timeout: Duration,
     /// US dollars per million prompt tokens.
@@ -166,6 +171,9 @@ pub struct ModelConfig {
     /// `[models.NAME.slo]` (TTFT and TPOT targets), raw: parsed and validated by the
     /// dashboards crate.
     pub slo: Option<toml::Table>,
+    /// Hedging (`hedge_after_ms`; off when unset): an attempt with no response head after
+    /// this long gets one second attempt on another endpoint; the first head wins.
+    pub hedge_after: Option<Duration>,
 }
 
 /// What an active alert (open or acknowledged) on an endpoint does to its routing.
@@ -331,6 +339,7 @@ struct RawProvider {
     api_key_env: Option<Spanned<String>>,
     connect_timeout_ms: Option<Spanned<u64>>,
     first_byte_timeout_ms: Option<Spanned<u64>>,
+    first_byte_floor_ms: Option<Spanned<u64>>,
     idle_timeout_ms: Option<Spanned<u64>>,
     #[serde(default)]
     price_input_per_mtok: Option<Spanned<f64>>,
@@ -350,6 +359,7 @@ struct RawModel {
     on_drift: Option<OnDrift>,
     probes: Option<toml::Table>,
     slo: Option<toml::Table>,
+    hedge_after_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -617,6 +627,26 @@ impl Validator<'_> {
                 );
             }
         }
+        let first_byte_timeout = self.positive_ms(
+            &key("first_byte_timeout_ms"),
+            raw.first_byte_timeout_ms,
+            60_000,
+        )?;
+        let first_byte_floor = match raw.first_byte_floor_ms {
+            // The default floor never exceeds a smaller configured cap.
+            None => Duration::from_millis(1_000).min(first_byte_timeout),
+            Some(s) if Duration::from_millis(*s.get_ref()) > first_byte_timeout => {
+                return self.err(
+                    key("first_byte_floor_ms"),
+                    Some(s.span()),
+                    format!(
+                        "must be at most first_byte_timeout_ms ({} ms)",
+                        first_byte_timeout.as_millis()
+                    ),
+                );
+            }
+            v => self.positive_ms(&key("first_byte_floor_ms"), v, 1_000)?,
+        };
         Ok(ProviderConfig {
             base_url: url.trim_end_matches('/').to_owned(),
             api_key_env: raw.api_key_env.map(Spanned::into_inner),
@@ -625,11 +655,8 @@ impl Validator<'_> {
                 raw.connect_timeout_ms,
                 5_000,
             )?,
-            first_byte_timeout: self.positive_ms(
-                &key("first_byte_timeout_ms"),
-                raw.first_byte_timeout_ms,
-                60_000,
-            )?,
+            first_byte_timeout,
+            first_byte_floor,
             idle_timeout: self.positive_ms(&key("idle_timeout_ms"), raw.idle_timeout_ms, 60_000)?,
             price_input_per_mtok: self
                 .price(key("price_input_per_mtok"), raw.price_input_per_mtok)?,
@@ -695,6 +722,10 @@ impl Validator<'_> {
             on_drift: raw.on_drift.unwrap_or_default(),
             probes: raw.probes,
             slo: raw.slo,
+            hedge_after: match raw.hedge_after_ms {
+                None => None,
+                v => Some(self.positive_ms(&format!("models.{name}.hedge_after_ms"), v, 0)?),
+            },
         })
     }
 }

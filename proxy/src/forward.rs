@@ -1,9 +1,12 @@
 //! The completion request path: authenticate, read and check the body, plan endpoints, then
 //! walk the plan attempt by attempt until one answers.
 //!
-//! Failover happens only before the first byte reaches the client: connect errors, timeouts
-//! (connect, response head), 429 and 5xx move the request to the next endpoint after a
-//! jittered exponential backoff, within `limits.max_attempts`. A 429's `Retry-After` marks
+//! An attempt has two halves: `head` sends it and waits for a usable response head (with the
+//! endpoint's adaptive first-byte deadlines, and `hedge` racing a second endpoint when the model
+//! hedges), then [`commit`] relays or reads the answer. Failover happens only before the first
+//! byte reaches the client: connect errors, timeouts (connect, response head, or overdue on an
+//! ejected endpoint), 429 and 5xx move the request to the next endpoint after a jittered
+//! exponential backoff, within `limits.max_attempts` (a hedge counts as an attempt). A 429's `Retry-After` marks
 //! that endpoint unavailable until then (for every request); when every endpoint of the plan
 //! is waiting, the request waits for the first to come back if that is within
 //! `limits.retry_after_max`. Each endpoint's breaker is asked before each attempt; its
@@ -30,7 +33,8 @@ use tokio::time::Instant;
 use crate::body::{ClientRequest, Route};
 use crate::error::ApiError;
 use crate::frames::EventFramer;
-use crate::health::Permit;
+use crate::head::{self, Head, NoHead};
+use crate::hedge;
 use crate::inspect::Inspector;
 use crate::record::{self, AttemptCtx, RequestCtx};
 use crate::relay::Relay;
@@ -159,7 +163,7 @@ async fn run(
         }
     };
 
-    attempts(state, &req, &plan.endpoints, ctx, rng).await
+    attempts(state, &req, &plan.endpoints, model.hedge_after, ctx, rng).await
 }
 
 /// Reads the request body up to `limit` bytes; more is a 413.
@@ -188,18 +192,12 @@ async fn read_limited(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     }
 }
 
-/// How one attempt ended when it did not answer the client.
-struct Retry {
-    /// The error shown to the client if no attempt is left.
-    err: ApiError,
-}
-
-/// How one attempt ended.
+/// How one committed attempt ended.
 enum Outcome {
     /// The client has its answer.
     Answered(Response),
-    /// Try the next endpoint.
-    Retry(Retry),
+    /// The body broke before anything reached the client: try the next endpoint.
+    Retry(ApiError),
     /// A degenerate non-streamed answer: retry once elsewhere, else send this.
     Degenerate(Response),
 }
@@ -208,6 +206,7 @@ async fn attempts(
     state: &AppState,
     req: &ClientRequest,
     plan: &[Arc<Endpoint>],
+    mut hedge_after: Option<Duration>,
     ctx: &mut RequestCtx,
     rng: &mut impl Rng,
 ) -> Response {
@@ -221,24 +220,10 @@ async fn attempts(
     while attempt < limits.max_attempts {
         // The next endpoint in plan order (cycling) that is not waiting out a Retry-After
         // and whose breaker lets a request through.
-        let mut pick = None;
-        for k in 0..plan.len() {
-            let i = (next + k) % plan.len();
-            if Some(i) == excluded && plan.len() > 1 {
-                continue;
-            }
-            let ep = &plan[i];
-            if ep.health.not_before().is_some() {
-                continue;
-            }
-            if let Some(permit) = ep.health.try_acquire() {
-                pick = Some((i, permit));
-                break;
-            }
-        }
+        let skip: Vec<usize> = excluded.filter(|_| plan.len() > 1).into_iter().collect();
         // The permit is owned from here: should this future be dropped (the client went away
         // during the backoff or the attempt), its drop frees a half-open trial slot.
-        let Some((i, permit)) = pick else {
+        let Some((i, permit)) = routing::next_admitted(plan, next, &skip) else {
             // Everything is waiting or refusing: wait for the earliest Retry-After if it is
             // within the budget, else give up.
             let earliest = plan.iter().filter_map(|e| e.health.not_before()).min();
@@ -261,17 +246,36 @@ async fn attempts(
         }
         attempt += 1;
         next = i + 1;
-        let ep = Arc::clone(&plan[i]);
-        match one_attempt(state, req, ep, permit, attempt, ctx).await {
+        let att = AttemptCtx::new(attempt, Arc::clone(&plan[i]));
+        // At most one hedge per request, and only while another attempt is allowed.
+        let hedge = hedge_after.filter(|_| attempt < limits.max_attempts);
+        let raced =
+            hedge::first_head(state, req, ctx, plan, (i, att, permit), hedge, excluded).await;
+        ctx.earlier.extend(raced.side);
+        if let Some(j) = raced.hedged {
+            attempt += 1;
+            next = next.max(j + 1);
+            hedge_after = None;
+        }
+        let (head, att, winner) = match raced.result {
+            Ok(won) => won,
+            Err(NoHead::Failed { record, err }) => {
+                ctx.earlier.push(*record);
+                last_err = Some(err);
+                continue;
+            }
+            Err(NoHead::Refused(resp)) => return resp,
+        };
+        match commit(state, req, head, att, ctx).await {
             Outcome::Answered(resp) => return resp,
-            Outcome::Retry(r) => last_err = Some(r.err),
+            Outcome::Retry(err) => last_err = Some(err),
             Outcome::Degenerate(resp) => {
                 if degenerate_fallback.is_some() || plan.len() < 2 {
                     // Retried once already (or nowhere else to go): the last answer stands.
                     return finish_degenerate(state, ctx, resp);
                 }
                 degenerate_fallback = Some(resp);
-                excluded = Some(i);
+                excluded = Some(winner);
             }
         }
     }
@@ -315,123 +319,31 @@ fn backoff(base: Duration, max: Duration, retry: u32, rng: &mut impl Rng) -> Dur
     half + half.mul_f64(rng.random::<f64>())
 }
 
-async fn one_attempt(
+/// The second half of an attempt: the endpoint answered with a usable head, which is
+/// committed to: a stream goes through [`Relay`], a non-streamed body is read whole first.
+async fn commit(
     state: &AppState,
     req: &ClientRequest,
-    ep: Arc<Endpoint>,
-    permit: Permit,
-    attempt: u32,
+    head: Head,
+    att: AttemptCtx,
     ctx: &mut RequestCtx,
 ) -> Outcome {
-    let att = AttemptCtx {
-        attempt,
-        ts_ms: samewise_store::now_ms(),
-        started: Instant::now(),
-        endpoint: Arc::clone(&ep),
-    };
-    let Some(up) = state.inner.upstreams.get(&ep.provider) else {
-        drop(permit); // no outcome: the endpoint was never called
-        let rec = ctx.attempt_record(&att, None, Some(ErrorKind::Config), None, Instant::now());
-        ctx.earlier.push(rec);
-        return Outcome::Retry(Retry {
-            err: ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "upstream_error",
-                "server_error",
-                "the upstream provider's answer was unusable",
-            ),
-        });
-    };
-    let body = match req.body_for(&ep.upstream_model) {
-        Ok(b) => b,
-        Err(e) => {
-            drop(permit);
-            return Outcome::Answered(e.into_response());
-        }
-    };
-    let inflight = ep.health.start_request();
-    let mut rb = up
-        .client
-        .post(format!("{}{}", up.base_url, req.route.upstream_path()))
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(body);
-    if let Some(auth) = &up.auth {
-        rb = rb.header(header::AUTHORIZATION, auth.clone());
-    }
-    if req.stream {
-        rb = rb.header(header::ACCEPT, "text/event-stream");
-    }
-
-    let sent = tokio::time::timeout(up.first_byte_timeout, rb.send()).await;
-    let resp = match sent {
-        Err(_) => {
-            return failed(
-                ctx,
-                &att,
-                permit,
-                None,
-                ErrorKind::Timeout,
-                StatusCode::GATEWAY_TIMEOUT,
-            );
-        }
-        Ok(Err(e)) => {
-            let kind = if e.is_connect() {
-                ErrorKind::Connect
-            } else if e.is_timeout() {
-                ErrorKind::Timeout
-            } else {
-                ErrorKind::UpstreamIo
-            };
-            let status = if kind == ErrorKind::Timeout {
-                StatusCode::GATEWAY_TIMEOUT
-            } else {
-                StatusCode::BAD_GATEWAY
-            };
-            return failed(ctx, &att, permit, None, kind, status);
-        }
-        Ok(Ok(r)) => r,
-    };
+    let Head {
+        resp,
+        permit,
+        inflight,
+    } = head;
     let status = resp.status();
-    ep.health.observe_latency(att.started.elapsed());
-
-    if status == StatusCode::TOO_MANY_REQUESTS {
-        let retry_after = retry_after(resp.headers());
-        if let Some(d) = retry_after {
-            ep.health.set_not_before(Instant::now() + d);
-        }
-        // Rate limiting says nothing about the endpoint's health: no breaker outcome.
-        drop(permit);
-        let rec = ctx.attempt_record(
-            &att,
-            Some(429),
-            Some(ErrorKind::RateLimited),
-            None,
-            Instant::now(),
-        );
-        ctx.earlier.push(rec);
-        let mut err = ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "upstream_rate_limited",
-            "rate_limit_error",
-            "every endpoint of this model is rate limited; try again later",
-        );
-        if let Some(d) = retry_after {
-            err = err.with_retry_after(d.as_secs().max(1));
-        }
-        return Outcome::Retry(Retry { err });
-    }
-    if status.is_server_error() {
-        return failed(
-            ctx,
-            &att,
-            permit,
-            Some(status.as_u16()),
-            ErrorKind::Upstream5xx,
-            StatusCode::BAD_GATEWAY,
-        );
-    }
+    let ep = Arc::clone(&att.endpoint);
     // The endpoint answered: it is alive (a 4xx is the request's fault, not the endpoint's).
-    permit.record(true);
+    if let Some(p) = permit {
+        p.record(true);
+    }
+    let idle = state
+        .inner
+        .upstreams
+        .get(&ep.provider)
+        .map_or(Duration::from_secs(60), |u| u.idle_timeout);
 
     let upstream_ct = resp.headers().get(header::CONTENT_TYPE).cloned();
     let is_sse = upstream_ct
@@ -456,7 +368,7 @@ async fn one_attempt(
             att,
             status: status.as_u16(),
             upstream: resp.bytes_stream().boxed(),
-            idle: up.idle_timeout,
+            idle,
             framer: EventFramer::new(samewise_wire::sse::DEFAULT_MAX_EVENT_BYTES),
             decoder: SseDecoder::new(),
             inspector: Some(inspector),
@@ -474,7 +386,7 @@ async fn one_attempt(
     }
 
     // Not a stream (or not SSE): read the whole answer, bounded, with the idle timeout.
-    let body = match read_upstream(resp, up.idle_timeout).await {
+    let body = match read_upstream(resp, idle).await {
         Ok(b) => b,
         Err(kind) => {
             drop(inflight);
@@ -520,24 +432,6 @@ async fn one_attempt(
     Outcome::Answered(out)
 }
 
-/// A failed attempt before the response head.
-fn failed(
-    ctx: &mut RequestCtx,
-    att: &AttemptCtx,
-    permit: Permit,
-    status: Option<u16>,
-    kind: ErrorKind,
-    client_status: StatusCode,
-) -> Outcome {
-    permit.record(false);
-    tracing::debug!(endpoint = %att.endpoint.id, attempt = att.attempt, kind = kind.as_str(), "upstream attempt failed");
-    let rec = ctx.attempt_record(att, status, Some(kind), None, Instant::now());
-    ctx.earlier.push(rec);
-    Outcome::Retry(Retry {
-        err: upstream_error(client_status, kind),
-    })
-}
-
 /// The body of a committed non-streamed answer broke: nothing reached the client yet, so it
 /// can still be retried.
 fn failed_after_head(
@@ -549,19 +443,7 @@ fn failed_after_head(
     tracing::debug!(endpoint = %att.endpoint.id, attempt = att.attempt, kind = kind.as_str(), "upstream body failed");
     let rec = ctx.attempt_record(att, Some(status), Some(kind), None, Instant::now());
     ctx.earlier.push(rec);
-    Outcome::Retry(Retry {
-        err: upstream_error(StatusCode::BAD_GATEWAY, kind),
-    })
-}
-
-fn upstream_error(status: StatusCode, kind: ErrorKind) -> ApiError {
-    let message = match kind {
-        ErrorKind::Timeout => "the upstream provider did not answer in time",
-        ErrorKind::Connect => "the upstream provider could not be reached",
-        ErrorKind::Upstream5xx => "the upstream provider failed",
-        _ => "the upstream provider's answer was unusable",
-    };
-    ApiError::new(status, kind.as_str(), "server_error", message)
+    Outcome::Retry(head::upstream_error(StatusCode::BAD_GATEWAY, kind))
 }
 
 /// Reads a whole upstream body with a per-read idle timeout and a size bound.
@@ -583,21 +465,6 @@ async fn read_upstream(resp: reqwest::Response, idle: Duration) -> Result<Bytes,
     }
 }
 
-/// The longest an upstream `Retry-After` keeps an endpoint out of rotation: one provider
-/// answering `Retry-After: 86400` must not lose it for a day; past this the endpoint is simply
-/// tried again (and a new 429 sets a new wait).
-const MAX_RETRY_AFTER_SECS: f64 = 60.0;
-
-/// `Retry-After` in seconds, capped at [`MAX_RETRY_AFTER_SECS`] (the HTTP-date form is not
-/// used by LLM providers; it is ignored).
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let v = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
-    v.parse::<f64>()
-        .ok()
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(|s| Duration::from_secs_f64(s.min(MAX_RETRY_AFTER_SECS)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -615,23 +482,5 @@ mod tests {
                 assert!(d >= exp / 2 && d <= exp, "{retry}: {d:?}");
             }
         }
-    }
-
-    #[test]
-    fn retry_after_seconds() {
-        let mut h = HeaderMap::new();
-        assert_eq!(retry_after(&h), None);
-        h.insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
-        assert_eq!(retry_after(&h), Some(Duration::from_secs(2)));
-        // a day-long Retry-After does not take the endpoint out for a day
-        h.insert(header::RETRY_AFTER, HeaderValue::from_static("86400"));
-        assert_eq!(retry_after(&h), Some(Duration::from_secs(60)));
-        h.insert(header::RETRY_AFTER, HeaderValue::from_static("1e300"));
-        assert_eq!(retry_after(&h), Some(Duration::from_secs(60)));
-        h.insert(
-            header::RETRY_AFTER,
-            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
-        );
-        assert_eq!(retry_after(&h), None);
     }
 }

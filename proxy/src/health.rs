@@ -7,6 +7,17 @@
 //! outcome consumes it, and dropping it unrecorded (the client went away, the attempt's future
 //! was cancelled) frees its half-open trial slot, so no path can leave a trial counted forever.
 //!
+//! Outlier ejection and the adaptive first-byte timeout: each endpoint keeps a
+//! [`FirstByteEstimate`] of its time to the response head (per streamed and non-streamed
+//! requests, which differ: a non-streamed head comes after the whole generation), from which an
+//! attempt gets its [`Deadlines`]. An attempt still waiting past `overdue_after`, past what
+//! another endpoint of its plan usually takes (an outlier: a slow start everywhere is not one),
+//! with no head from its endpoint since it was sent (one that answers others is alive, and this
+//! request merely long), counts as a breaker failure *while in flight* (not when its timeout ends), so a hung endpoint's breaker
+//! opens within the first seconds; opening wakes the attempts still overdue on it
+//! ([`EndpointHealth::ejected`]), which give up and fail over. Ejection ends as breaking does:
+//! a half-open trial that answers in time closes the breaker.
+//!
 //! All clocks are `tokio::time::Instant`, so tests drive them with `tokio::time::pause()`.
 
 use std::collections::VecDeque;
@@ -14,9 +25,13 @@ use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::config::BreakerConfig;
+
+/// The first-byte timeout is this many times the endpoint's expected first-byte time.
+const TIMEOUT_FACTOR: u32 = 3;
 
 /// Breaker states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,8 +147,8 @@ impl Breaker {
         }
     }
 
-    /// Records a failure.
-    pub fn on_failure(&mut self, now: Instant, admission: Admission) {
+    /// Records a failure; true when it opened the breaker.
+    pub fn on_failure(&mut self, now: Instant, admission: Admission) -> bool {
         match (self.state, admission) {
             (BreakerState::HalfOpen, Admission::Trial) => self.open(now),
             (BreakerState::Closed, _) => {
@@ -141,10 +156,13 @@ impl Breaker {
                 self.push(now, true);
                 if self.consecutive >= self.cfg.consecutive_failures || self.rate_tripped() {
                     self.open(now);
+                } else {
+                    return false;
                 }
             }
-            _ => {}
+            _ => return false,
         }
+        true
     }
 
     fn push(&mut self, now: Instant, failed: bool) {
@@ -226,6 +244,83 @@ impl PeakEwma {
     }
 }
 
+/// Floor and cap of an endpoint's adaptive first-byte timeout (a provider's
+/// `first_byte_floor_ms` and `first_byte_timeout_ms`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FirstByteBounds {
+    /// No deadline is shorter than this.
+    pub floor: Duration,
+    /// No deadline is longer than this.
+    pub cap: Duration,
+}
+
+/// When one attempt counts as overdue and when it times out, measured from its send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// Past this without a response head the attempt counts against the endpoint.
+    pub overdue_after: Duration,
+    /// Past this the attempt is given up and the request fails over, if its endpoint sent no
+    /// head since the attempt started; else it may wait up to `cap`.
+    pub timeout: Duration,
+    /// The longest any attempt waits (`first_byte_timeout_ms`).
+    pub cap: Duration,
+}
+
+/// An endpoint's time to first byte, estimated as TCP estimates a round trip (RFC 6298): a
+/// smoothed mean and a smoothed mean deviation, whose sum `mean + 4 * deviation` is a high
+/// quantile of what the endpoint usually takes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FirstByteEstimate {
+    /// Smoothed time to first byte (ms); meaningless before the first sample.
+    mean_ms: f64,
+    /// Smoothed mean deviation (ms).
+    dev_ms: f64,
+    /// Whether any sample was seen.
+    seen: bool,
+}
+
+impl FirstByteEstimate {
+    /// Adds one time to first byte (or, for an attempt given up, the time it waited: a lower
+    /// bound, which lengthens the deadlines the way TCP backs off its timer).
+    pub fn observe(&mut self, sample: Duration) {
+        let r = sample.as_secs_f64() * 1e3;
+        if self.seen {
+            self.dev_ms = 0.75 * self.dev_ms + 0.25 * (self.mean_ms - r).abs();
+            self.mean_ms = 0.875 * self.mean_ms + 0.125 * r;
+        } else {
+            self.mean_ms = r;
+            self.dev_ms = r / 2.0;
+            self.seen = true;
+        }
+    }
+
+    /// The time within which the endpoint usually answers; None before any sample.
+    pub fn expected(&self) -> Option<Duration> {
+        let ms = self.mean_ms + 4.0 * self.dev_ms;
+        (self.seen && ms.is_finite()).then(|| Duration::from_secs_f64(ms.max(0.0) / 1e3))
+    }
+
+    /// One attempt's deadlines: overdue past the expected time, timed out past
+    /// [`TIMEOUT_FACTOR`] times it, both within `bounds`. Before any sample the endpoint is
+    /// overdue past the floor (a hung endpoint is found at once) but times out only at the cap
+    /// (a slow one is not cut before it was ever measured).
+    pub fn deadlines(&self, bounds: FirstByteBounds) -> Deadlines {
+        let clamp = |d: Duration| d.max(bounds.floor).min(bounds.cap);
+        match self.expected() {
+            None => Deadlines {
+                overdue_after: clamp(bounds.floor),
+                timeout: bounds.cap,
+                cap: bounds.cap,
+            },
+            Some(e) => Deadlines {
+                overdue_after: clamp(e),
+                timeout: clamp(e.saturating_mul(TIMEOUT_FACTOR)),
+                cap: bounds.cap,
+            },
+        }
+    }
+}
+
 /// Everything the router and the attempt loop know about one endpoint's health.
 #[derive(Debug)]
 pub struct EndpointHealth {
@@ -237,6 +332,13 @@ pub struct EndpointHealth {
     not_before: Mutex<Option<Instant>>,
     /// [`Quality`] as a byte: 0 ok, 1 demoted, 2 excluded.
     quality: AtomicU8,
+    /// Time to first byte of non-streamed `[0]` and streamed `[1]` requests.
+    first_byte: Mutex<[FirstByteEstimate; 2]>,
+    /// Woken when the breaker opens: attempts overdue on the endpoint give up.
+    ejected: Notify,
+    /// When the endpoint last sent a response head (any status): a late attempt on an endpoint
+    /// that answered others meanwhile is a long request, not a hung endpoint.
+    last_head: Mutex<Option<Instant>>,
 }
 
 impl EndpointHealth {
@@ -251,6 +353,9 @@ impl EndpointHealth {
             inflight: AtomicU32::new(0),
             not_before: Mutex::new(None),
             quality: AtomicU8::new(0),
+            first_byte: Mutex::new([FirstByteEstimate::default(); 2]),
+            ejected: Notify::new(),
+            last_head: Mutex::new(None),
         }
     }
 
@@ -286,16 +391,54 @@ impl EndpointHealth {
         })
     }
 
-    /// Records the outcome of an attempt that the breaker admitted.
+    /// Records the outcome of an attempt that the breaker admitted; a failure that opens the
+    /// breaker wakes the attempts waiting on [`EndpointHealth::ejected`].
     pub fn record(&self, admission: Admission, ok: bool) {
-        if let Ok(mut b) = self.breaker.lock() {
-            let now = Instant::now();
-            if ok {
-                b.on_success(now, admission)
-            } else {
-                b.on_failure(now, admission)
+        let opened = match self.breaker.lock() {
+            Ok(mut b) if ok => {
+                b.on_success(Instant::now(), admission);
+                false
             }
+            Ok(mut b) => b.on_failure(Instant::now(), admission),
+            Err(_) => false,
+        };
+        if opened {
+            self.ejected.notify_waiters();
         }
+    }
+
+    /// Resolves when the breaker next opens (create it, then check [`EndpointHealth::is_open`],
+    /// then await it, so an opening in between is not missed: `Notified` counts from its
+    /// creation once enabled).
+    pub fn ejected(&self) -> tokio::sync::futures::Notified<'_> {
+        self.ejected.notified()
+    }
+
+    /// Adds a time to first byte (see [`FirstByteEstimate::observe`]).
+    pub fn observe_first_byte(&self, stream: bool, sample: Duration) {
+        if let Ok(mut e) = self.first_byte.lock() {
+            e[usize::from(stream)].observe(sample);
+        }
+    }
+
+    /// The time within which the endpoint usually sends a head (None: never measured).
+    pub fn expected(&self, stream: bool) -> Option<Duration> {
+        self.first_byte
+            .lock()
+            .ok()
+            .and_then(|e| e[usize::from(stream)].expected())
+    }
+
+    /// The deadlines of an attempt starting now.
+    pub fn deadlines(&self, stream: bool, bounds: FirstByteBounds) -> Deadlines {
+        self.first_byte
+            .lock()
+            .map(|e| e[usize::from(stream)].deadlines(bounds))
+            .unwrap_or(Deadlines {
+                overdue_after: bounds.cap,
+                timeout: bounds.cap,
+                cap: bounds.cap,
+            })
     }
 
     /// An admitted attempt that ended without an outcome.
@@ -307,11 +450,24 @@ impl EndpointHealth {
         }
     }
 
-    /// Adds a latency sample (time to the response head).
+    /// Adds a latency sample (time to the response head), which also shows the endpoint alive.
     pub fn observe_latency(&self, sample: Duration) {
+        let now = Instant::now();
         if let Ok(mut e) = self.ewma.lock() {
-            e.observe(Instant::now(), sample);
+            e.observe(now, sample);
         }
+        if let Ok(mut t) = self.last_head.lock() {
+            *t = Some(now);
+        }
+    }
+
+    /// Whether the endpoint sent any response head after `since`.
+    pub fn answered_since(&self, since: Instant) -> bool {
+        self.last_head
+            .lock()
+            .ok()
+            .and_then(|t| *t)
+            .is_some_and(|t| t > since)
     }
 
     /// The lowest-latency policy's cost: peak-EWMA estimate times (in-flight + 1).
@@ -465,7 +621,7 @@ mod tests {
         // alternate: never 3 in a row, but 50% errors once 10 outcomes are in the window
         for i in 0..9 {
             if i % 2 == 0 {
-                b.on_failure(Instant::now(), Admission::Normal)
+                b.on_failure(Instant::now(), Admission::Normal);
             } else {
                 b.on_success(Instant::now(), Admission::Normal)
             }
@@ -484,7 +640,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(11)).await;
         for i in 0..9 {
             if i % 2 == 0 {
-                b.on_failure(Instant::now(), Admission::Normal)
+                b.on_failure(Instant::now(), Admission::Normal);
             } else {
                 b.on_success(Instant::now(), Admission::Normal)
             }
@@ -559,5 +715,69 @@ mod tests {
             "{}",
             e.estimate_ms()
         );
+    }
+
+    fn bounds(floor_ms: u64, cap_ms: u64) -> FirstByteBounds {
+        FirstByteBounds {
+            floor: Duration::from_millis(floor_ms),
+            cap: Duration::from_millis(cap_ms),
+        }
+    }
+
+    #[test]
+    fn an_unmeasured_endpoint_is_overdue_at_the_floor_and_times_out_at_the_cap() {
+        let e = FirstByteEstimate::default();
+        assert_eq!(e.expected(), None);
+        let d = e.deadlines(bounds(1_000, 60_000));
+        assert_eq!(d.overdue_after, Duration::from_secs(1));
+        assert_eq!(d.timeout, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn deadlines_follow_the_estimate_within_floor_and_cap() {
+        let mut e = FirstByteEstimate::default();
+        // first sample: mean 400, deviation 200 -> expected 1200 ms, timeout 3600 ms
+        e.observe(Duration::from_millis(400));
+        assert_eq!(e.expected(), Some(Duration::from_millis(1_200)));
+        let d = e.deadlines(bounds(100, 60_000));
+        assert_eq!(d.overdue_after, Duration::from_millis(1_200));
+        assert_eq!(d.timeout, Duration::from_millis(3_600));
+        // the cap bounds both
+        let d = e.deadlines(bounds(100, 2_000));
+        assert_eq!(
+            (d.overdue_after, d.timeout),
+            (Duration::from_millis(1_200), Duration::from_millis(2_000))
+        );
+        // steady fast answers pull the estimate under the floor, which then holds
+        for _ in 0..100 {
+            e.observe(Duration::from_millis(5));
+        }
+        let expected = e.expected().map(|d| d.as_secs_f64() * 1e3);
+        assert!(
+            expected.is_some_and(|ms| (5.0..10.0).contains(&ms)),
+            "{expected:?}"
+        );
+        let d = e.deadlines(bounds(1_000, 60_000));
+        assert_eq!(
+            (d.overdue_after, d.timeout),
+            (Duration::from_secs(1), Duration::from_secs(1))
+        );
+        // a slower stretch lengthens them again (a mean deviation reacts faster than the mean)
+        e.observe(Duration::from_millis(2_000));
+        let d = e.deadlines(bounds(100, 60_000));
+        assert!(d.overdue_after > Duration::from_millis(700), "{d:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failure_that_opens_the_breaker_wakes_ejection_waiters() {
+        let h = Arc::new(EndpointHealth::new(cfg()));
+        let mut ejected = std::pin::pin!(h.ejected());
+        ejected.as_mut().enable();
+        h.record(Admission::Normal, false);
+        h.record(Admission::Normal, false);
+        assert!(futures_util::poll!(ejected.as_mut()).is_pending());
+        h.record(Admission::Normal, false);
+        assert!(h.is_open());
+        assert!(futures_util::poll!(ejected.as_mut()).is_ready());
     }
 }

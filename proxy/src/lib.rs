@@ -18,9 +18,13 @@
 //! - [`state`]: [`AppState`], built once: routes, provider clients, auth, records, metrics.
 //! - [`server`]: [`router`] and [`serve`]; thin handlers.
 //! - [`forward`]: the completion path — auth, body checks, plan, attempts and failover.
+//! - [`head`]: one attempt up to a usable response head, under adaptive first-byte deadlines
+//!   (overdue attempts count against their endpoint while in flight).
+//! - [`hedge`]: the optional second attempt on another endpoint; the first head wins.
 //! - [`body`]: the client's body as raw JSON values; per-endpoint rewriting.
 //! - [`routing`]: endpoints, policies, the `provider` preferences, plans.
-//! - [`health`]: circuit breaker, peak-EWMA latency, Retry-After and quality flags.
+//! - [`health`]: circuit breaker, peak-EWMA latency, first-byte estimates and deadlines,
+//!   Retry-After and quality flags.
 //! - [`relay`]: the streaming body with side reading and error events.
 //! - [`frames`]: byte-exact SSE event blocks for the relay.
 //! - [`inspect`]: the side reader (usage, timing, finish reason, tool calls, degeneration).
@@ -38,7 +42,9 @@ mod degen;
 mod error;
 mod forward;
 mod frames;
+mod head;
 mod health;
+mod hedge;
 mod inspect;
 mod metrics;
 mod quality;

@@ -39,6 +39,18 @@ pub(crate) struct AttemptCtx {
     pub(crate) endpoint: Arc<Endpoint>,
 }
 
+impl AttemptCtx {
+    /// Attempt number `attempt` (1-based) on `endpoint`, starting now.
+    pub(crate) fn new(attempt: u32, endpoint: Arc<Endpoint>) -> Self {
+        AttemptCtx {
+            attempt,
+            ts_ms: samewise_store::now_ms(),
+            started: Instant::now(),
+            endpoint,
+        }
+    }
+}
+
 impl RequestCtx {
     /// A record of this request with nothing measured yet.
     fn base(&self) -> RequestRecord {
@@ -171,7 +183,10 @@ pub(crate) fn finish(state: &AppState, ctx: &mut RequestCtx, mut last: RequestRe
         if let Some(kind) = r
             .error_kind
             .as_ref()
-            .filter(|k| *k != ErrorKind::ClientDisconnect.as_str())
+            // neither is the endpoint's failure: the client left, or another endpoint was faster
+            .filter(|k| {
+                *k != ErrorKind::ClientDisconnect.as_str() && *k != ErrorKind::HedgeLost.as_str()
+            })
         {
             m.upstream_errors
                 .get_or_create(&ErrorLabels {

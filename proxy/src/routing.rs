@@ -11,12 +11,13 @@
 //! which overrides the model's policy for this request.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use rand::Rng;
 use serde::Deserialize;
 
 use crate::config::{DataCollection, Policy};
-use crate::health::{EndpointHealth, Quality};
+use crate::health::{EndpointHealth, Permit, Quality};
 
 /// One place a logical model is served: a provider and the provider's model id.
 #[derive(Debug)]
@@ -50,6 +51,8 @@ pub struct ModelRoute {
     pub policy: Policy,
     /// Where it is served.
     pub endpoints: Vec<Arc<Endpoint>>,
+    /// Hedge an attempt with no response head after this long (`hedge_after_ms`); None: off.
+    pub hedge_after: Option<Duration>,
 }
 
 /// OpenRouter-style `provider` preferences of one request.
@@ -217,6 +220,21 @@ pub fn plan(
     })
 }
 
+/// The first endpoint of `plan` from index `from` on (cycling) that is not in `skip`, not
+/// waiting out a `Retry-After`, and whose breaker admits an attempt now: its index and the
+/// permit.
+pub(crate) fn next_admitted(
+    plan: &[Arc<Endpoint>],
+    from: usize,
+    skip: &[usize],
+) -> Option<(usize, Permit)> {
+    (0..plan.len())
+        .map(|k| (from + k) % plan.len())
+        .filter(|i| !skip.contains(i))
+        .filter(|i| plan[*i].health.not_before().is_none())
+        .find_map(|i| plan[i].health.try_acquire().map(|p| (i, p)))
+}
+
 fn order_by_policy(eps: &mut [Arc<Endpoint>], policy: Policy, affinity: u64, rng: &mut impl Rng) {
     match policy {
         Policy::Weighted => {
@@ -337,6 +355,7 @@ mod tests {
                 ep("b", 3.0, 1.0, DataCollection::Deny, Some("bf16")),
                 ep("c", 1.0, 2.0, DataCollection::Deny, None),
             ],
+            hedge_after: None,
         }
     }
 

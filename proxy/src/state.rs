@@ -14,7 +14,7 @@ use samewise_store::{RecordSender, Store};
 use crate::ProxyError;
 use crate::auth::{Authenticator, KeyCacheConfig};
 use crate::config::{Config, Limits};
-use crate::health::EndpointHealth;
+use crate::health::{EndpointHealth, FirstByteBounds};
 use crate::metrics::{Metrics, SharedRegistry};
 use crate::routing::{Endpoint, ModelRoute};
 
@@ -48,8 +48,8 @@ pub(crate) struct Upstream {
     pub(crate) auth: Option<HeaderValue>,
     /// Client with this provider's connect timeout.
     pub(crate) client: reqwest::Client,
-    /// Time allowed to the response head.
-    pub(crate) first_byte_timeout: Duration,
+    /// Floor and cap of the adaptive first-byte deadlines.
+    pub(crate) first_byte: FirstByteBounds,
     /// Longest silence while reading a body.
     pub(crate) idle_timeout: Duration,
 }
@@ -133,7 +133,10 @@ impl AppState {
                     base_url: p.base_url.clone(),
                     auth,
                     client,
-                    first_byte_timeout: p.first_byte_timeout,
+                    first_byte: FirstByteBounds {
+                        floor: p.first_byte_floor,
+                        cap: p.first_byte_timeout,
+                    },
                     idle_timeout: p.idle_timeout,
                 },
             );
@@ -171,6 +174,7 @@ impl AppState {
                     name: name.clone(),
                     policy: m.policy,
                     endpoints,
+                    hedge_after: m.hedge_after,
                 }),
             );
         }

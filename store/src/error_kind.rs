@@ -49,11 +49,14 @@ pub enum ErrorKind {
     UpstreamStreamError,
     /// The client went away before the answer ended: not the endpoint's doing.
     ClientDisconnect,
+    /// A hedged attempt that lost the race: another attempt of the same request produced its
+    /// first byte sooner, so this one was cancelled (its connection dropped) before answering.
+    HedgeLost,
 }
 
 impl ErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [ErrorKind; 21] = [
+    pub const ALL: [ErrorKind; 22] = [
         ErrorKind::Config,
         ErrorKind::Connect,
         ErrorKind::Timeout,
@@ -75,6 +78,7 @@ impl ErrorKind {
         ErrorKind::MissingDone,
         ErrorKind::UpstreamStreamError,
         ErrorKind::ClientDisconnect,
+        ErrorKind::HedgeLost,
     ];
 
     /// The stored name (also the `code` of the error a client is sent, and a metric label).
@@ -101,6 +105,7 @@ impl ErrorKind {
             ErrorKind::MissingDone => "missing_done",
             ErrorKind::UpstreamStreamError => "upstream_stream_error",
             ErrorKind::ClientDisconnect => "client_disconnect",
+            ErrorKind::HedgeLost => "hedge_lost",
         }
     }
 

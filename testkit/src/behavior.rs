@@ -4,7 +4,7 @@
 //! Well-formed answers are a [`Reply`] (content pieces, tool calls, finish reason, logprobs,
 //! usage, pacing); the misbehaviours are transport- or format-level faults that a real provider
 //! shows in production: error statuses, rate limits, resets, malformed JSON, broken or split
-//! SSE, and bodies that never end.
+//! SSE, bodies that never end, and requests never answered at all.
 
 use std::time::Duration;
 
@@ -45,6 +45,10 @@ pub enum Behavior {
     /// The response head and the first part of the body, then nothing until the mock shuts
     /// down (the connection is held open; for the open-streams benchmark too).
     NeverEnds,
+    /// A hung provider: accept, read the request, and never answer, not even a response head;
+    /// the connection stays open until the client drops it or the mock shuts down
+    /// ([`crate::MockUpstream::hanging`] counts the connections held so).
+    Hang,
     /// An answer with these tool calls and this finish reason (no text content).
     ToolCalls {
         /// The calls, valid or not: names and raw argument strings are sent as given.
@@ -171,7 +175,8 @@ impl Behavior {
             | Behavior::ResetAfterBytes(_)
             | Behavior::MalformedJson
             | Behavior::BrokenSse
-            | Behavior::NeverEnds => return None,
+            | Behavior::NeverEnds
+            | Behavior::Hang => return None,
         };
         Some(reply)
     }

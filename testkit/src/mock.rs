@@ -18,12 +18,12 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -94,6 +94,24 @@ struct Shared {
     seen: AtomicU64,
     /// Woken on every arriving request, for [`MockUpstream::wait_for_requests`].
     arrived: Notify,
+    /// Requests held unanswered by [`Behavior::Hang`] right now.
+    hanging: AtomicUsize,
+}
+
+/// Counts one hung request while alive.
+struct Held<'a>(&'a AtomicUsize);
+
+impl<'a> Held<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Held(count)
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// What a connection does after answering.
@@ -185,6 +203,7 @@ impl MockUpstreamBuilder {
             record_bodies: self.record_bodies,
             record: self.record,
             requests: Mutex::new(Vec::new()),
+            hanging: AtomicUsize::new(0),
             seen: AtomicU64::new(0),
             arrived: Notify::new(),
         });
@@ -262,6 +281,12 @@ impl MockUpstream {
     /// How many requests arrived so far (of any path).
     pub fn request_count(&self) -> usize {
         usize::try_from(self.shared.seen.load(Ordering::SeqCst)).unwrap_or(usize::MAX)
+    }
+
+    /// Requests held unanswered by [`Behavior::Hang`] right now: one leaves the count when its
+    /// client closes the connection (or the mock shuts down).
+    pub fn hanging(&self) -> usize {
+        self.shared.hanging.load(Ordering::SeqCst)
     }
 
     /// Waits until at least `n` requests have arrived, or fails at the deadline.
@@ -532,6 +557,18 @@ async fn answer(
             }
             conn.stream.flush().await?;
             cancel.cancelled().await;
+            Ok(Flow::Close)
+        }
+        Behavior::Hang => {
+            let _held = Held::new(&shared.hanging);
+            let mut scratch = [0u8; 1024];
+            tokio::select! {
+                () = cancel.cancelled() => {}
+                // until the client closes (EOF or a reset); anything it sends is ignored
+                () = async {
+                    while matches!(conn.stream.read(&mut scratch).await, Ok(n) if n > 0) {}
+                } => {}
+            }
             Ok(Flow::Close)
         }
         // the well-formed behaviors were answered above

@@ -37,6 +37,7 @@ fn durations_past_the_bound_are_config_errors_naming_the_key() {
         ("breaker", "cooldown_ms"),
         ("server", "alert_poll_ms"),
         ("server", "drain_timeout_ms"),
+        ("models.m", "hedge_after_ms"),
     ] {
         let src = GOOD.replacen(
             &format!("[{table}]\n"),
@@ -124,5 +125,56 @@ fn bad_values_are_rejected() {
             .unwrap_or_default();
         assert!(err.contains(key), "{key}: {err}");
         assert!(err.contains("line"), "{key}: {err}");
+    }
+}
+
+#[test]
+fn first_byte_floor_and_hedging_defaults_and_bounds() {
+    let c = Config::from_toml_str(GOOD).unwrap_or_else(|e| panic!("{e}"));
+    let a = &c.providers["a"];
+    assert_eq!(a.first_byte_timeout, Duration::from_secs(60));
+    assert_eq!(a.first_byte_floor, Duration::from_secs(1));
+    assert_eq!(c.models["m"].hedge_after, None, "hedging is off by default");
+
+    // a cap below the default floor lowers the floor with it
+    let small_cap = GOOD.replace(
+        "price_input_per_mtok = 0.5",
+        "price_input_per_mtok = 0.5\nfirst_byte_timeout_ms = 300",
+    );
+    let c = Config::from_toml_str(&small_cap).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        c.providers["a"].first_byte_floor,
+        Duration::from_millis(300)
+    );
+
+    // an explicit floor above the cap is an error naming the key and its line
+    let above = GOOD.replace(
+        "price_input_per_mtok = 0.5",
+        "price_input_per_mtok = 0.5\nfirst_byte_timeout_ms = 300\nfirst_byte_floor_ms = 301",
+    );
+    let err = Config::from_toml_str(&above).err().map(|e| e.to_string());
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.contains("providers.a.first_byte_floor_ms")
+                && e.contains("line 9")
+                && e.contains("at most first_byte_timeout_ms")),
+        "{err:?}"
+    );
+
+    for (value, ok) in [("0", false), ("250", true)] {
+        let src = GOOD.replace(
+            "policy = \"cheapest\"",
+            &format!("policy = \"cheapest\"\nhedge_after_ms = {value}"),
+        );
+        let parsed = Config::from_toml_str(&src);
+        assert_eq!(
+            parsed.is_ok(),
+            ok,
+            "hedge_after_ms = {value}: {:?}",
+            parsed.err()
+        );
+        if let Ok(c) = parsed {
+            assert_eq!(c.models["m"].hedge_after, Some(Duration::from_millis(250)));
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! (samewise-testkit), a real store (PostgreSQL and SQLite) and real HTTP clients.
 //!
 //! Layout: `common` and `checks` are the two rigs; every other module is one area (forwarding,
-//! failover, routing, quality routing, keys and input, lifecycle, tool calls, degeneration, the
+//! failover, the hung provider (ejection, adaptive timeout, hedging), routing, quality routing, keys and input, lifecycle, tool calls, degeneration, the
 //! official openai client).
 
 mod checks;
@@ -12,6 +12,7 @@ mod common;
 mod degeneration;
 mod failover;
 mod forwarding;
+mod hung;
 mod keys_and_input;
 mod lifecycle;
 mod openai_client;

@@ -9,6 +9,12 @@
 //! (through - direct) both as a difference of quantiles and as quantiles of the per-tick
 //! paired difference.
 //!
+//! `loadgen slo ...` sends open-loop, constant-rate load through the proxy only, from the
+//! first tick on (no warm-up: the first seconds are the point), and reports how many requests
+//! sent after `--skip` seconds were answered (2xx, body read to its end) within `--within-ms`,
+//! with latency quantiles; a request the client gave up on (30 s) counts as not answered. It
+//! is the hung-provider harness (`bench/proxy/hung.sh`).
+//!
 //! `loadgen hold ...` opens N streams through the proxy (to a mock that never ends them),
 //! waits until each has its first bytes, prints `ready N`, holds them for a while (the script
 //! samples the proxy's memory then) and closes them.
@@ -25,6 +31,8 @@ use tokio_util::task::TaskTracker;
 const USAGE: &str = "usage:
   loadgen rate --direct URL --proxy URL --key KEY --model LOGICAL --direct-model ID
                --rate RPS --duration SECS [--warmup SECS] [--stream]
+  loadgen slo --proxy URL --key KEY --model LOGICAL --rate RPS --duration SECS
+              [--skip SECS] [--within-ms MS] [--stream]
   loadgen hold --proxy URL --key KEY --model LOGICAL --streams N --hold SECS";
 
 /// Parsed command line.
@@ -42,6 +50,8 @@ struct Args {
     stream: bool,
     streams: usize,
     hold: f64,
+    skip: f64,
+    within_ms: f64,
 }
 
 /// A tick fired later than this counts as late (the timer's resolution is 1 ms).
@@ -71,6 +81,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match args.mode.as_str() {
             "rate" => rate(&args).await,
+            "slo" => slo(&args).await,
             "hold" => hold(&args).await,
             other => Err(format!("unknown mode {other}")),
         }
@@ -89,6 +100,8 @@ fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         mode: it.next().ok_or("no mode")?,
         warmup: 2.0,
+        skip: 5.0,
+        within_ms: 2000.0,
         ..Args::default()
     };
     while let Some(flag) = it.next() {
@@ -116,6 +129,8 @@ fn parse_args() -> Result<Args, String> {
                     .map_err(|_| format!("--streams: not a count: {v}"))?
             }
             "--hold" => a.hold = num(&v)?,
+            "--skip" => a.skip = num(&v)?,
+            "--within-ms" => a.within_ms = num(&v)?,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -262,6 +277,88 @@ async fn rate(a: &Args) -> Result<(), String> {
         "proxy_ms": {"p50": q(&through, 0.5), "p90": q(&through, 0.9), "p99": q(&through, 0.99), "max": q(&through, 1.0), "n": through.len()},
         "added_ms": {"p50": diff(0.5), "p99": diff(0.99)},
         "added_paired_ms": {"p50": qp(0.5), "p99": qp(0.99)},
+    });
+    println!("{report}");
+    Ok(())
+}
+
+async fn slo(a: &Args) -> Result<(), String> {
+    if a.rate <= 0.0 || a.duration <= 0.0 {
+        return Err("--rate and --duration must be positive".into());
+    }
+    let client = client()?;
+    let url = format!("{}/chat/completions", a.proxy.trim_end_matches('/'));
+    let ticks = (a.duration * a.rate).round() as usize;
+    // (seconds after the start the request was sent, its outcome)
+    let results: Arc<std::sync::Mutex<Vec<(f64, Outcome)>>> =
+        Arc::new(std::sync::Mutex::new(Vec::with_capacity(ticks)));
+    let tracker = TaskTracker::new();
+    let mut interval = tokio::time::interval(Duration::from_secs_f64(1.0 / a.rate));
+    interval.set_missed_tick_behavior(MissedTickBehavior::Burst);
+    let started = Instant::now();
+    for _ in 0..ticks {
+        interval.tick().await;
+        let sent_at = started.elapsed().as_secs_f64();
+        let (client, url, key, body, results) = (
+            client.clone(),
+            url.clone(),
+            a.key.clone(),
+            body(&a.model, a.stream),
+            results.clone(),
+        );
+        tracker.spawn(async move {
+            let r = one(&client, &url, &key, body).await;
+            results
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push((sent_at, r));
+        });
+    }
+    tracker.close();
+    tracker.wait().await;
+    let results = std::mem::take(
+        &mut *results
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    let within_us = (a.within_ms * 1e3) as u64;
+    let mut all = Vec::new();
+    let mut after = Vec::new();
+    let (mut after_n, mut after_within) = (0usize, 0usize);
+    let mut errors: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for (sent_at, r) in &results {
+        let late = *sent_at >= a.skip;
+        after_n += usize::from(late);
+        match r {
+            Ok(us) => {
+                all.push(*us);
+                if late {
+                    after.push(*us);
+                    after_within += usize::from(*us <= within_us);
+                }
+            }
+            Err(e) => *errors.entry(e.clone()).or_default() += 1,
+        }
+    }
+    all.sort_unstable();
+    after.sort_unstable();
+    let q = |v: &[u64], f: f64| quantile(v, f).map(|x| x as f64 / 1000.0);
+    let report = json!({
+        "mode": if a.stream { "stream" } else { "json" },
+        "rate_rps": a.rate,
+        "duration_s": a.duration,
+        "sent": results.len(),
+        "answered": all.len(),
+        "errors": errors,
+        "skip_s": a.skip,
+        "within_ms": a.within_ms,
+        "after_skip": {
+            "sent": after_n,
+            "answered_within": after_within,
+            "share_within": if after_n == 0 { 0.0 } else { after_within as f64 / after_n as f64 },
+            "p50_ms": q(&after, 0.5), "p99_ms": q(&after, 0.99), "max_ms": q(&after, 1.0),
+        },
+        "all_ms": {"p50": q(&all, 0.5), "p99": q(&all, 0.99), "max": q(&all, 1.0)},
     });
     println!("{report}");
     Ok(())

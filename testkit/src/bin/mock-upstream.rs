@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use samewise_testkit::{Behavior, MockUpstream};
 
 const USAGE: &str =
-    "usage: mock-upstream [--listen ADDR] [--name NAME] [--model ID]... [--never-ends]";
+    "usage: mock-upstream [--listen ADDR] [--name NAME] [--model ID]... [--never-ends | --hang]";
 
 fn main() -> ExitCode {
     let mut builder = MockUpstream::builder().record(false);
@@ -21,6 +21,7 @@ fn main() -> ExitCode {
             "--name" => value("--name").map(|v| builder.clone().name(&v)),
             "--model" => value("--model").map(|v| builder.clone().model(&v)),
             "--never-ends" => Ok(builder.clone().default_behavior(Behavior::NeverEnds)),
+            "--hang" => Ok(builder.clone().default_behavior(Behavior::Hang)),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return ExitCode::SUCCESS;

@@ -1,0 +1,313 @@
+//! The first half of an attempt: send the request to one endpoint and wait for a response head
+//! worth committing to (a 2xx, or a 4xx that is the request's own fault).
+//!
+//! The wait follows the endpoint's [`Deadlines`] (adaptive, see `health`): past `overdue_after`
+//! and past the expected time of the fastest other endpoint of the plan (an outlier; with no
+//! other endpoint measured, never), with no head from its endpoint meanwhile, the attempt counts as a breaker failure at once, while still
+//! in flight; if the breaker is or
+//! becomes open (the endpoint is ejected), the overdue attempt gives up and the request fails
+//! over instead of waiting for a timeout; past `timeout` it times out. Connect errors, resets,
+//! 429 and 5xx heads are failures too. Nothing here touches the request's records: a failure
+//! comes back as its record, so two attempts of one request (a hedge) can wait side by side.
+
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use samewise_store::{ErrorKind, RequestRecord};
+use tokio::time::{Instant, sleep_until};
+
+use crate::body::ClientRequest;
+use crate::error::ApiError;
+use crate::health::{Deadlines, EndpointHealth, InflightGuard, Permit};
+use crate::record::{AttemptCtx, RequestCtx};
+use crate::routing::Endpoint;
+use crate::state::{AppState, Upstream};
+
+/// An attempt whose endpoint answered with a head the client will get.
+pub(crate) struct Head {
+    /// The upstream response, body unread.
+    pub(crate) resp: reqwest::Response,
+    /// The breaker's admission, None when the attempt already counted as overdue.
+    pub(crate) permit: Option<Permit>,
+    /// Counts the attempt in flight until its body is done.
+    pub(crate) inflight: InflightGuard,
+}
+
+/// How an attempt ended without a head worth committing to.
+pub(crate) enum NoHead {
+    /// The attempt failed (`record` says how); `err` is what the client sees if no attempt
+    /// is left.
+    Failed {
+        /// The attempt's record, not yet sent (boxed: records are large).
+        record: Box<RequestRecord>,
+        /// The client's error should this be the last attempt.
+        err: ApiError,
+    },
+    /// The request cannot be sent at all: this is the client's answer.
+    Refused(Response),
+}
+
+/// How waiting for the head ended.
+enum Wait<T> {
+    /// The request future finished.
+    Done(T),
+    /// Past the attempt's timeout.
+    TimedOut,
+    /// Overdue on an endpoint that is ejected now.
+    Ejected,
+}
+
+/// Sends `req` to `att`'s endpoint and waits for its head (see the module doc). `slot` holds
+/// the breaker's permit: an outcome recorded here takes it, a usable head carries it on; left
+/// in place (the future was dropped: a lost hedge, a client gone), the caller decides.
+pub(crate) async fn send(
+    state: &AppState,
+    req: &ClientRequest,
+    ctx: &RequestCtx,
+    plan: &[Arc<Endpoint>],
+    att: &AttemptCtx,
+    slot: &mut Option<Permit>,
+) -> Result<Head, NoHead> {
+    let ep = &att.endpoint;
+    let Some(up) = state.inner.upstreams.get(&ep.provider) else {
+        drop(slot.take()); // no outcome: the endpoint was never called
+        return Err(failed(ctx, att, None, None, ErrorKind::Config));
+    };
+    let body = match req.body_for(&ep.upstream_model) {
+        Ok(b) => b,
+        Err(e) => {
+            drop(slot.take());
+            return Err(NoHead::Refused(e.into_response()));
+        }
+    };
+    let inflight = ep.health.start_request();
+    let deadlines = ep.health.deadlines(req.stream, up.first_byte);
+    // What the other endpoints of the plan usually take, read when the attempt is late.
+    let peers = || {
+        plan.iter()
+            .filter(|e| !Arc::ptr_eq(e, ep))
+            .filter_map(|e| e.health.expected(req.stream))
+            .min()
+    };
+    let sent = wait(
+        &ep.health,
+        deadlines,
+        att.started,
+        slot,
+        peers,
+        request(up, req, body).send(),
+    )
+    .await;
+    let permit = slot.take();
+    let resp = match sent {
+        Wait::TimedOut | Wait::Ejected => {
+            // Given up: the wait is a lower bound of this endpoint's first-byte time.
+            ep.health
+                .observe_first_byte(req.stream, att.started.elapsed());
+            return Err(failed(ctx, att, permit, None, ErrorKind::Timeout));
+        }
+        Wait::Done(Err(e)) => {
+            let kind = if e.is_connect() {
+                ErrorKind::Connect
+            } else if e.is_timeout() {
+                ErrorKind::Timeout
+            } else {
+                ErrorKind::UpstreamIo
+            };
+            return Err(failed(ctx, att, permit, None, kind));
+        }
+        Wait::Done(Ok(r)) => r,
+    };
+    let status = resp.status();
+    ep.health.observe_latency(att.started.elapsed());
+
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        let retry_after = retry_after(resp.headers());
+        if let Some(d) = retry_after {
+            ep.health.set_not_before(Instant::now() + d);
+        }
+        // Rate limiting says nothing about the endpoint's health: no breaker outcome.
+        drop(permit);
+        let record = ctx.attempt_record(
+            att,
+            Some(429),
+            Some(ErrorKind::RateLimited),
+            None,
+            Instant::now(),
+        );
+        let mut err = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "upstream_rate_limited",
+            "rate_limit_error",
+            "every endpoint of this model is rate limited; try again later",
+        );
+        if let Some(d) = retry_after {
+            err = err.with_retry_after(d.as_secs().max(1));
+        }
+        return Err(NoHead::Failed {
+            record: Box::new(record),
+            err,
+        });
+    }
+    if status.is_server_error() {
+        let code = Some(status.as_u16());
+        return Err(failed(ctx, att, permit, code, ErrorKind::Upstream5xx));
+    }
+    if status.is_success() {
+        ep.health
+            .observe_first_byte(req.stream, att.started.elapsed());
+    }
+    Ok(Head {
+        resp,
+        permit,
+        inflight,
+    })
+}
+
+/// The upstream request: the rewritten body, the provider's auth, SSE accepted for streams.
+fn request(up: &Upstream, req: &ClientRequest, body: bytes::Bytes) -> reqwest::RequestBuilder {
+    let mut rb = up
+        .client
+        .post(format!("{}{}", up.base_url, req.route.upstream_path()))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body);
+    if let Some(auth) = &up.auth {
+        rb = rb.header(header::AUTHORIZATION, auth.clone());
+    }
+    if req.stream {
+        rb = rb.header(header::ACCEPT, "text/event-stream");
+    }
+    rb
+}
+
+/// Waits for `send` within `deadlines` from `started`; once overdue (past `overdue_after` and
+/// past what the fastest peer usually takes), the permit is recorded as a failure (taken out of
+/// `permit`) and an ejection of the endpoint ends the wait.
+async fn wait<F: Future>(
+    health: &EndpointHealth,
+    deadlines: Deadlines,
+    started: Instant,
+    permit: &mut Option<Permit>,
+    peers: impl Fn() -> Option<Duration>,
+    send: F,
+) -> Wait<F::Output> {
+    let mut send = pin!(send);
+    let mut timeout_at = started + deadlines.timeout;
+    let mut check_at = started + deadlines.overdue_after;
+    loop {
+        tokio::select! {
+            r = &mut send => return Wait::Done(r),
+            () = sleep_until(check_at.min(timeout_at)) => {}
+        }
+        if check_at >= timeout_at {
+            // the adaptive timeout cuts only a silent endpoint's attempt: one that answered
+            // others meanwhile is alive, and this request long (a big prompt, a long answer)
+            let cap_at = started + deadlines.cap;
+            if timeout_at < cap_at && health.answered_since(started) {
+                timeout_at = cap_at;
+                continue;
+            }
+            return Wait::TimedOut;
+        }
+        // an endpoint that answered other requests since this one was sent is alive
+        let alive = health.answered_since(started);
+        match peers() {
+            // silent, and slower than another endpoint usually is: an outlier
+            Some(p) if !alive && started + p <= check_at => break,
+            Some(p) if started + p > check_at => check_at = started + p,
+            // no other endpoint measured yet, or alive: look again later
+            _ => check_at += deadlines.overdue_after,
+        }
+    }
+    // Overdue: it counts against the endpoint now, not when (or if) its timeout ends.
+    if let Some(p) = permit.take() {
+        p.record(false);
+    }
+    let mut ejected = pin!(health.ejected());
+    ejected.as_mut().enable();
+    if health.is_open() {
+        return Wait::Ejected;
+    }
+    tokio::select! {
+        r = &mut send => Wait::Done(r),
+        () = sleep_until(timeout_at) => Wait::TimedOut,
+        () = ejected => Wait::Ejected,
+    }
+}
+
+/// A failed attempt before a usable head: its breaker outcome (unless already counted as
+/// overdue) and its record.
+fn failed(
+    ctx: &RequestCtx,
+    att: &AttemptCtx,
+    permit: Option<Permit>,
+    status: Option<u16>,
+    kind: ErrorKind,
+) -> NoHead {
+    if let Some(p) = permit {
+        p.record(false);
+    }
+    tracing::debug!(endpoint = %att.endpoint.id, attempt = att.attempt, kind = kind.as_str(), "upstream attempt failed");
+    let record = ctx.attempt_record(att, status, Some(kind), None, Instant::now());
+    let client_status = match kind {
+        ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::BAD_GATEWAY,
+    };
+    NoHead::Failed {
+        record: Box::new(record),
+        err: upstream_error(client_status, kind),
+    }
+}
+
+/// The client's error for an upstream failure of this kind.
+pub(crate) fn upstream_error(status: StatusCode, kind: ErrorKind) -> ApiError {
+    let message = match kind {
+        ErrorKind::Timeout => "the upstream provider did not answer in time",
+        ErrorKind::Connect => "the upstream provider could not be reached",
+        ErrorKind::Upstream5xx => "the upstream provider failed",
+        _ => "the upstream provider's answer was unusable",
+    };
+    ApiError::new(status, kind.as_str(), "server_error", message)
+}
+
+/// The longest an upstream `Retry-After` keeps an endpoint out of rotation: one provider
+/// answering `Retry-After: 86400` must not lose it for a day; past this the endpoint is simply
+/// tried again (and a new 429 sets a new wait).
+const MAX_RETRY_AFTER_SECS: f64 = 60.0;
+
+/// `Retry-After` in seconds, capped at [`MAX_RETRY_AFTER_SECS`] (the HTTP-date form is not
+/// used by LLM providers; it is ignored).
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let v = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
+    v.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(|s| Duration::from_secs_f64(s.min(MAX_RETRY_AFTER_SECS)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn retry_after_seconds() {
+        let mut h = HeaderMap::new();
+        assert_eq!(retry_after(&h), None);
+        h.insert(header::RETRY_AFTER, HeaderValue::from_static("2"));
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(2)));
+        // a day-long Retry-After does not take the endpoint out for a day
+        h.insert(header::RETRY_AFTER, HeaderValue::from_static("86400"));
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(60)));
+        h.insert(header::RETRY_AFTER, HeaderValue::from_static("1e300"));
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(60)));
+        h.insert(
+            header::RETRY_AFTER,
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
+        assert_eq!(retry_after(&h), None);
+    }
+}
