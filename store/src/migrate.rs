@@ -52,6 +52,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "rollup labels by time",
         sql: include_str!("../migrations/postgres/0005_rollup_label_time.sql"),
     },
+    Migration {
+        version: 6,
+        name: "day rollups and the probe-run summary",
+        sql: include_str!("../migrations/postgres/0006_days_latest_runs.sql"),
+    },
 ];
 
 /// SQLite migrations, in order (the same versions as [`POSTGRES`]).
@@ -80,6 +85,11 @@ pub const SQLITE: &[Migration] = &[
         version: 5,
         name: "rollup labels by time",
         sql: include_str!("../migrations/sqlite/0005_rollup_label_time.sql"),
+    },
+    Migration {
+        version: 6,
+        name: "day rollups and the probe-run summary",
+        sql: include_str!("../migrations/sqlite/0006_days_latest_runs.sql"),
     },
 ];
 

@@ -131,8 +131,23 @@ impl Store {
              tokens, stats, raw, repeat_of) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
              RETURNING id",
         );
+        // the summary row of the run's (model, endpoint, kind, outcome): one more run, and
+        // this one is the newest unless a run that started later is already there
+        let latest = sql(
+            self.backend(),
+            "INSERT INTO probe_run_latest (model, endpoint, kind, ok, runs, run_id, started_ms) \
+             VALUES ($1, $2, $3, $4, 1, $5, $6) \
+             ON CONFLICT (model, endpoint, kind, ok) DO UPDATE SET \
+             runs = probe_run_latest.runs + 1, \
+             run_id = CASE WHEN (excluded.started_ms, excluded.run_id) > \
+             (probe_run_latest.started_ms, probe_run_latest.run_id) \
+             THEN excluded.run_id ELSE probe_run_latest.run_id END, \
+             started_ms = CASE WHEN excluded.started_ms > probe_run_latest.started_ms \
+             THEN excluded.started_ms ELSE probe_run_latest.started_ms END",
+        );
         let id: i64 = on_pool!(&self.pool, |p| {
-            sqlx::query_scalar(&stmt)
+            let mut tx = p.begin().await.map_err(StoreError::query(OP))?;
+            let id: i64 = sqlx::query_scalar(&stmt)
                 .bind(text(&run.model))
                 .bind(text(&run.endpoint))
                 .bind(text(&run.kind))
@@ -144,10 +159,22 @@ impl Store {
                 .bind(text(&stats))
                 .bind(run.raw.as_deref())
                 .bind(run.repeat_of)
-                .fetch_one(p)
+                .fetch_one(&mut *tx)
                 .await
-        })
-        .map_err(StoreError::query(OP))?;
+                .map_err(StoreError::query(OP))?;
+            sqlx::query(&latest)
+                .bind(text(&run.model))
+                .bind(text(&run.endpoint))
+                .bind(text(&run.kind))
+                .bind(run.ok)
+                .bind(id)
+                .bind(run.started_ms)
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::query(OP))?;
+            tx.commit().await.map_err(StoreError::query(OP))?;
+            id
+        });
         Ok(id)
     }
 
@@ -215,7 +242,8 @@ impl Store {
 
     /// The newest run of each (endpoint, kind, outcome) started at or after `since_ms`, of
     /// `model` if given, without raw data, newest first: what a long range's overview needs
-    /// (the latest verdict-bearing runs) without reading every run of the range.
+    /// (the latest verdict-bearing runs) without reading every run of the range. Read through
+    /// `probe_run_latest`, one row per (model, endpoint, kind, outcome) kept at insert.
     pub async fn latest_probe_runs(
         &self,
         model: Option<&str>,
@@ -229,16 +257,14 @@ impl Store {
         let columns = COLUMNS.replace(" raw,", &format!(" {no_raw},"));
         on_pool!(&self.pool, |p| {
             let mut qb = QueryBuilder::new(format!(
-                "SELECT {columns} FROM probe_runs WHERE id IN (SELECT id FROM (SELECT id, \
-                 ROW_NUMBER() OVER (PARTITION BY endpoint, kind, ok \
-                 ORDER BY started_ms DESC, id DESC) AS newest FROM probe_runs \
-                 WHERE started_ms >= "
+                "SELECT {columns} FROM probe_runs WHERE id IN (SELECT run_id FROM \
+                 probe_run_latest WHERE started_ms >= "
             ));
             qb.push_bind(since_ms);
             if let Some(m) = model {
                 qb.push(" AND model = ").push_bind(m);
             }
-            qb.push(") ranked WHERE newest = 1) ORDER BY started_ms DESC, id DESC");
+            qb.push(") ORDER BY started_ms DESC, id DESC");
             let rows = qb
                 .build()
                 .fetch_all(p)
@@ -249,11 +275,11 @@ impl Store {
     }
 
     /// Probe runs per endpoint, kind and outcome (ok or not), over all time: what
-    /// `/metrics` exports as `probe_runs_total`.
+    /// `/metrics` exports as `probe_runs_total` (counted at insert in `probe_run_latest`).
     pub async fn probe_run_counts(&self) -> Result<Vec<ProbeRunCount>, StoreError> {
         const OP: &str = "counting probe runs";
-        let stmt = "SELECT model, endpoint, kind, ok, COUNT(*) FROM probe_runs \
-                    GROUP BY model, endpoint, kind, ok ORDER BY model, endpoint, kind, ok";
+        let stmt = "SELECT model, endpoint, kind, ok, runs FROM probe_run_latest \
+                    ORDER BY model, endpoint, kind, ok";
         on_pool!(&self.pool, |p| {
             let rows = sqlx::query(stmt)
                 .fetch_all(p)

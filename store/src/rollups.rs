@@ -1,8 +1,9 @@
 //! Per-endpoint per-minute rollups of request records (`endpoint_minutes`, and
 //! `endpoint_minute_labels` for error kinds and finish reasons), and the same per hour
-//! (`endpoint_hours`, `endpoint_hour_labels`: long ranges read their whole hours there and
-//! only the partial hours at their edges from the minutes), what dashboards, the passive
-//! sweep and eval triggers read instead of raw rows.
+//! (`endpoint_hours`, `endpoint_hour_labels`) and per UTC day (`endpoint_days`,
+//! `endpoint_day_labels`): a range reads its whole days from the days, the whole hours left at
+//! its edges from the hours and only the partial hours from the minutes. They are what
+//! dashboards, the passive sweep and eval triggers read instead of raw rows.
 //!
 //! The record writer keeps them up to date: [`Store::insert_request_records`] adds the
 //! records it actually inserted (not the ones skipped as already stored) to their minute's
@@ -35,6 +36,8 @@ pub const TPOT_BOUNDS_MS: [f64; BUCKETS - 1] = [
 pub const MINUTE_MS: i64 = 60_000;
 /// One hour, the coarse grain long ranges read, in milliseconds.
 pub const HOUR_MS: i64 = 3_600_000;
+/// One UTC day, the coarsest grain (a 30-day range reads its whole days), in milliseconds.
+pub const DAY_MS: i64 = 86_400_000;
 
 /// One rollup grain: its tables and time column.
 #[derive(Debug, Clone, Copy)]
@@ -58,6 +61,41 @@ const HOURS: Grain = Grain {
     col: "hour_ms",
     ms: HOUR_MS,
 };
+
+const DAYS: Grain = Grain {
+    table: "endpoint_days",
+    labels: "endpoint_day_labels",
+    col: "day_ms",
+    ms: DAY_MS,
+};
+
+/// Every grain, coarsest first; each divides the one before it.
+const GRAINS: [Grain; 3] = [DAYS, HOURS, MINUTES];
+
+/// `[since, until)` as the fewest rollup rows cover it: the whole units of the coarsest grain
+/// inside it, then the same recursively for the pieces left at either edge, down to minutes
+/// (which take whatever is left, so a range not on a minute boundary reads the minutes that
+/// start inside it). Pieces are `(grain, since, until)`, each aligned to its grain.
+fn cover(since: i64, until: i64, grains: &[Grain]) -> Vec<(Grain, i64, i64)> {
+    let Some((&g, finer)) = grains.split_first() else {
+        return Vec::new();
+    };
+    if since >= until {
+        return Vec::new();
+    }
+    if finer.is_empty() {
+        return vec![(g, since, until)];
+    }
+    let first = since.div_euclid(g.ms) * g.ms + if since.rem_euclid(g.ms) == 0 { 0 } else { g.ms };
+    let last = until.div_euclid(g.ms) * g.ms;
+    if first >= last {
+        return cover(since, until, finer);
+    }
+    let mut out = cover(since, first, finer);
+    out.push((g, first, last));
+    out.extend(cover(last, until, finer));
+    out
+}
 /// Longest label (error kind, finish reason) kept; longer ones are cut (they come from
 /// providers, so they are bounded here).
 pub const MAX_LABEL_CHARS: usize = 64;
@@ -303,7 +341,7 @@ fn label(s: &str) -> String {
     text(s).chars().take(MAX_LABEL_CHARS).collect()
 }
 
-/// The minute and hour rows and labelled counts that `rows` add.
+/// The minute, hour and day rows and labelled counts that `rows` add.
 pub(crate) struct Deltas {
     grains: Vec<GrainDeltas>,
 }
@@ -316,10 +354,10 @@ struct GrainDeltas {
 }
 
 impl Deltas {
-    /// Sums `rows` (only those with an endpoint) per endpoint and minute, and per hour.
+    /// Sums `rows` (only those with an endpoint) per endpoint and minute, hour and day.
     pub(crate) fn of<'a>(rows: impl IntoIterator<Item = &'a RequestRecord> + Clone) -> Deltas {
         Deltas {
-            grains: [MINUTES, HOURS]
+            grains: [MINUTES, HOURS, DAYS]
                 .into_iter()
                 .map(|g| GrainDeltas::of(g, rows.clone()))
                 .collect(),
@@ -482,33 +520,14 @@ where
 
 impl Store {
     /// Each endpoint's rollups summed over `q`'s range, ordered by model then endpoint.
-    /// Whole hours inside the range are read from the hourly tables, the partial hours at
-    /// its edges from the minute tables.
+    /// Whole days inside the range are read from the daily tables, whole hours left at its
+    /// edges from the hourly ones and only the partial hours from the minute tables.
     pub async fn endpoint_rollups(
         &self,
         q: &RollupQuery,
     ) -> Result<Vec<EndpointRollup>, StoreError> {
-        let first_hour = q.since_ms.div_euclid(HOUR_MS) * HOUR_MS
-            + if q.since_ms.rem_euclid(HOUR_MS) == 0 {
-                0
-            } else {
-                HOUR_MS
-            };
-        let last_hour = q.until_ms.div_euclid(HOUR_MS) * HOUR_MS;
-        let parts: Vec<(Grain, i64, i64)> = if first_hour < last_hour {
-            vec![
-                (MINUTES, q.since_ms, first_hour),
-                (HOURS, first_hour, last_hour),
-                (MINUTES, last_hour, q.until_ms),
-            ]
-        } else {
-            vec![(MINUTES, q.since_ms, q.until_ms)]
-        };
         let mut out: Vec<EndpointRollup> = Vec::new();
-        for (grain, since, until) in parts {
-            if since >= until {
-                continue;
-            }
+        for (grain, since, until) in cover(q.since_ms, q.until_ms, &GRAINS) {
             let sub = RollupQuery {
                 since_ms: since,
                 until_ms: until,
@@ -632,8 +651,11 @@ impl Store {
         Ok(out)
     }
 
-    /// `endpoint`'s rollups per step of `step_ms` (a multiple of a minute; smaller is one
-    /// minute) over `[since_ms, until_ms)`, oldest first; steps without traffic are absent.
+    /// `endpoint`'s rollups per step of `step_ms` (smaller than a minute is one minute)
+    /// over `[since_ms, until_ms)`, oldest first; steps without traffic are absent. Steps are
+    /// read from the coarsest grain that divides them (a 12-hour step from the hours, a day
+    /// from the days), and start on that grain's boundary: the first step starts at
+    /// `since_ms` rounded down to it.
     pub async fn endpoint_rollup_series(
         &self,
         endpoint: &str,
@@ -643,20 +665,24 @@ impl Store {
     ) -> Result<Vec<RollupPoint>, StoreError> {
         const OP: &str = "reading an endpoint's rollup series";
         let step = step_ms.max(MINUTE_MS);
-        let since = minute_of(since_ms);
+        let Grain { table, col, ms, .. } = GRAINS
+            .into_iter()
+            .find(|g| step % g.ms == 0)
+            .unwrap_or(MINUTES);
+        let since = since_ms.div_euclid(ms) * ms;
         on_pool!(&self.pool, |p| {
-            let mut qb = QueryBuilder::new("SELECT CAST((minute_ms - ");
+            let mut qb = QueryBuilder::new(format!("SELECT CAST(({col} - "));
             qb.push_bind(since)
                 .push(") / ")
                 .push_bind(step)
                 .push(format!(
-                    " AS BIGINT) AS step_no, {} FROM endpoint_minutes WHERE endpoint = ",
+                    " AS BIGINT) AS step_no, {} FROM {table} WHERE endpoint = ",
                     sum_columns()
                 ))
                 .push_bind(text(endpoint))
-                .push(" AND minute_ms >= ")
+                .push(format!(" AND {col} >= "))
                 .push_bind(since)
-                .push(" AND minute_ms < ")
+                .push(format!(" AND {col} < "))
                 .push_bind(until_ms)
                 .push(" GROUP BY step_no ORDER BY step_no");
             qb.build()
@@ -675,47 +701,39 @@ impl Store {
         })
     }
 
-    /// Deletes rollup minutes before `ts_ms` (their own retention, longer than raw rows');
-    /// returns how many minute rows were deleted.
+    /// Deletes the rollups of the whole UTC days before `ts_ms` (their own retention, longer
+    /// than raw rows'), in every grain: the cut is rounded down to a day so that the days,
+    /// hours and minutes kept always agree (a range over the cut sums the same whichever grain
+    /// covers it). Returns how many minute rows were deleted.
     pub async fn delete_rollups_before(&self, ts_ms: i64) -> Result<u64, StoreError> {
         const OP: &str = "deleting old rollups";
-        let minutes = sql(
-            self.backend(),
-            "DELETE FROM endpoint_minutes WHERE minute_ms < $1",
-        );
-        let hours = sql(
-            self.backend(),
-            "DELETE FROM endpoint_hours WHERE hour_ms < $1",
-        );
-        let hour_labels = sql(
-            self.backend(),
-            "DELETE FROM endpoint_hour_labels WHERE hour_ms < $1",
-        );
-        // an hour is kept whole until every minute of it is past the cut
-        let hour_cut = ts_ms.div_euclid(HOUR_MS) * HOUR_MS;
-        let labels = sql(
-            self.backend(),
-            "DELETE FROM endpoint_minute_labels WHERE minute_ms < $1",
-        );
-        on_pool!(&self.pool, |p| {
-            for stmt in [&hour_labels, &hours] {
-                sqlx::query(stmt)
-                    .bind(hour_cut)
+        let cut = ts_ms.div_euclid(DAY_MS) * DAY_MS;
+        let mut minutes = 0;
+        // coarsest first: a reader never sees a day without its minutes
+        for g in GRAINS {
+            let Grain {
+                table, labels, col, ..
+            } = g;
+            let (labels, rows) = (
+                format!("DELETE FROM {labels} WHERE {col} < $1"),
+                format!("DELETE FROM {table} WHERE {col} < $1"),
+            );
+            let (labels, rows) = (sql(self.backend(), &labels), sql(self.backend(), &rows));
+            let n = on_pool!(&self.pool, |p| {
+                sqlx::query(&labels)
+                    .bind(cut)
                     .execute(p)
                     .await
                     .map_err(StoreError::query(OP))?;
-            }
-            sqlx::query(&labels)
-                .bind(ts_ms)
-                .execute(p)
-                .await
-                .map_err(StoreError::query(OP))?;
-            Ok(sqlx::query(&minutes)
-                .bind(ts_ms)
-                .execute(p)
-                .await
-                .map_err(StoreError::query(OP))?
-                .rows_affected())
-        })
+                sqlx::query(&rows)
+                    .bind(cut)
+                    .execute(p)
+                    .await
+                    .map_err(StoreError::query(OP))?
+                    .rows_affected()
+            });
+            minutes = n;
+        }
+        Ok(minutes)
     }
 }

@@ -3,12 +3,14 @@
 //! counts, retention; admin keys; probe statistics without raw data; table lookup.
 
 use super::*;
-use samewise_store::rollups::{HOUR_MS, MINUTE_MS, hist_quantile, minute_of};
+use samewise_store::rollups::{DAY_MS, HOUR_MS, MINUTE_MS, hist_quantile, minute_of};
 use samewise_store::{KeyOptions, ProbeRun, ProbeRunQuery, RollupQuery};
 
 both!(
     rollups_follow_inserts,
     long_ranges_read_hours_and_minute_edges,
+    day_hour_and_minute_covers_sum_like_the_minutes,
+    series_steps_of_hours_and_days,
     rollup_series_steps,
     rollups_through_the_writer,
     rollup_retention,
@@ -194,6 +196,102 @@ async fn long_ranges_read_hours_and_minute_edges(db: TestDb) -> Result<()> {
     Ok(())
 }
 
+/// Attempts at pseudo-random minutes over three days and a bit (a seeded LCG); every range,
+/// aligned or not to hours and days, sums to the attempts whose minute starts inside it — the
+/// days, hours and minutes that cover it agree with a count over the raw attempts.
+async fn day_hour_and_minute_covers_sum_like_the_minutes(db: TestDb) -> Result<()> {
+    let s = &db.store;
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |n: i64| {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        ((x >> 33) % n as u64) as i64
+    };
+    let span = 3 * DAY_MS + 5 * HOUR_MS;
+    let rows: Vec<RequestRecord> = (0..400)
+        .map(|i| {
+            let ts = T0 + next(span / MINUTE_MS) * MINUTE_MS + next(MINUTE_MS);
+            let error = (i % 7 == 0).then_some("timeout");
+            attempt(&format!("d{i}"), "p/e", ts, 80.0, error)
+        })
+        .collect();
+    s.insert_request_records(&rows).await?;
+    let mut ranges = vec![
+        (T0, T0 + span),                                        // everything
+        (T0, T0 + DAY_MS),                                      // exactly one day
+        (T0 + 90 * MINUTE_MS, T0 + 2 * DAY_MS + 7 * MINUTE_MS), // days, hours, minutes each side
+        (T0 + DAY_MS - MINUTE_MS, T0 + DAY_MS + MINUTE_MS),     // two minutes across midnight
+    ];
+    for _ in 0..20 {
+        let a = T0 + next(span / MINUTE_MS) * MINUTE_MS;
+        let b = T0 + next(span / MINUTE_MS) * MINUTE_MS;
+        ranges.push((a.min(b), a.max(b) + MINUTE_MS));
+    }
+    for (since, until) in ranges {
+        let inside: Vec<&RequestRecord> = rows
+            .iter()
+            .filter(|r| (since..until).contains(&minute_of(r.ts_ms)))
+            .collect();
+        let got = s
+            .endpoint_rollups(&RollupQuery {
+                since_ms: since,
+                until_ms: until,
+                ..RollupQuery::default()
+            })
+            .await?;
+        let n = got.first().map_or(0, |e| e.totals.requests);
+        let timeouts = got
+            .first()
+            .and_then(|e| e.error_kinds.get("timeout"))
+            .copied()
+            .unwrap_or(0);
+        let want_timeouts = inside.iter().filter(|r| r.error_kind.is_some()).count() as i64;
+        ensure!(
+            n == inside.len() as i64 && timeouts == want_timeouts,
+            "[{}, {}) min from T0: {n} attempts ({timeouts} timeouts), want {} ({want_timeouts})",
+            (since - T0) / MINUTE_MS,
+            (until - T0) / MINUTE_MS,
+            inside.len()
+        );
+    }
+    Ok(())
+}
+
+/// Steps of whole hours and days read the hour and day rollups; the first step starts at the
+/// range's start rounded down to the grain, and the steps count what the minutes count.
+async fn series_steps_of_hours_and_days(db: TestDb) -> Result<()> {
+    let s = &db.store;
+    // one attempt at 0:10, 1:10, ..., 49:10 after T0
+    let rows: Vec<RequestRecord> = (0..50)
+        .map(|h| {
+            let ts = T0 + h * HOUR_MS + 10 * MINUTE_MS;
+            attempt(&format!("s{h}"), "p/e", ts, 80.0, None)
+        })
+        .collect();
+    s.insert_request_records(&rows).await?;
+    let until = T0 + 50 * HOUR_MS;
+    let by_hours = s
+        .endpoint_rollup_series("p/e", T0 + 30 * MINUTE_MS, until, 6 * HOUR_MS)
+        .await?;
+    let starts: Vec<i64> = by_hours
+        .iter()
+        .map(|p| (p.start_ms - T0) / HOUR_MS)
+        .collect();
+    let counts: Vec<i64> = by_hours.iter().map(|p| p.totals.requests).collect();
+    ensure!(
+        starts == [0, 6, 12, 18, 24, 30, 36, 42, 48] && counts == [6, 6, 6, 6, 6, 6, 6, 6, 2],
+        "{starts:?} {counts:?}"
+    );
+    let by_days = s
+        .endpoint_rollup_series("p/e", T0 + HOUR_MS, until, DAY_MS)
+        .await?;
+    let days: Vec<(i64, i64)> = by_days
+        .iter()
+        .map(|p| ((p.start_ms - T0) / DAY_MS, p.totals.requests))
+        .collect();
+    ensure!(days == [(0, 24), (1, 24), (2, 2)], "{days:?}");
+    Ok(())
+}
+
 async fn rollup_series_steps(db: TestDb) -> Result<()> {
     let s = &db.store;
     let rows: Vec<RequestRecord> = (0..10)
@@ -260,10 +358,11 @@ async fn rollup_retention(db: TestDb) -> Result<()> {
     let s = &db.store;
     let rows = [
         attempt("old", "p/e", T0, 80.0, Some("timeout")),
-        attempt("new", "p/e", T0 + 2 * HOUR_MS, 80.0, None),
+        attempt("new", "p/e", T0 + DAY_MS + 2 * HOUR_MS, 80.0, None),
     ];
     s.insert_request_records(&rows).await?;
-    ensure!(s.delete_rollups_before(T0 + HOUR_MS).await? == 1);
+    // whole days only: a cut inside the second day keeps all of it
+    ensure!(s.delete_rollups_before(T0 + DAY_MS + 3 * HOUR_MS).await? == 1);
     let got = s
         .endpoint_rollups(&RollupQuery {
             since_ms: 0,
@@ -385,13 +484,34 @@ async fn probe_stats_and_tables(db: TestDb) -> Result<()> {
         "{seen:?}"
     );
     ensure!(s.latest_probe_runs(None, T0).await?.len() == 4);
+    // a run stored late but started earlier is counted, not taken for the newest
+    s.insert_probe_run(&ProbeRun {
+        model: "m".to_owned(),
+        endpoint: "p/e".to_owned(),
+        kind: "long_context".to_owned(),
+        started_ms: T0 + 6,
+        finished_ms: T0 + 9,
+        ok: true,
+        ..ProbeRun::default()
+    })
+    .await?;
+    let newest = s.latest_probe_runs(Some("m"), T0 + 3).await?;
+    ensure!(
+        newest
+            .iter()
+            .any(|r| r.kind == "long_context" && r.started_ms == T0 + 7),
+        "{newest:?}"
+    );
     ensure!(s.latest_probe_runs(None, T0 + 100).await?.is_empty());
     let counts = s.probe_run_counts().await?;
     ensure!(
         counts.len() == 5
             && counts
                 .iter()
-                .any(|c| c.endpoint == "p/e" && c.runs == 3 && c.ok && c.kind == "prompt_logprobs"),
+                .any(|c| c.endpoint == "p/e" && c.runs == 3 && c.ok && c.kind == "prompt_logprobs")
+            && counts
+                .iter()
+                .any(|c| c.endpoint == "p/e" && c.runs == 3 && c.ok && c.kind == "long_context"),
         "{counts:?}"
     );
     Ok(())
