@@ -141,6 +141,45 @@ pub fn stat(stats: &serde_json::Value, key: &str) -> Option<f64> {
 }
 
 /// The value of run-stats key `key` in a repeat summary, if it has one.
+/// A faithful finding whose run carries a fault signature (`stats.diagnosis`, see
+/// [`crate::kinds::diagnose`]) names the signature instead of a bit width: the statistic is
+/// still over the threshold, but "≈ N-bit weights" would misdiagnose an API or template
+/// fault. The ladder's reading stays in the evidence as `ladder_reading`, out of
+/// `equivalent` (what pages show as "≈ N-bit").
+fn diagnosed(
+    run: &ProbeRun,
+    label: &str,
+    summary: String,
+    mut evidence: serde_json::Value,
+) -> (String, serde_json::Value) {
+    let Some(d) = run.stats.get("diagnosis").filter(|d| d.is_object()) else {
+        return (summary, evidence);
+    };
+    let text = d
+        .get("text")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("a known fault signature");
+    let value = evidence.get("value").cloned();
+    let threshold = evidence.get("threshold").cloned();
+    if let Some(e) = evidence.as_object_mut() {
+        if let Some(eq) = e.remove("equivalent_text") {
+            e.insert("ladder_reading".into(), eq);
+        }
+        e.remove("equivalent");
+        e.insert("diagnosis".into(), d.clone());
+    }
+    let num = |v: Option<serde_json::Value>| v.and_then(|v| v.as_f64()).map_or("?".into(), fmt_num);
+    (
+        format!(
+            "endpoint {}: {text} ({label} {} over {}; not read as a weight width)",
+            run.endpoint,
+            num(value),
+            num(threshold)
+        ),
+        evidence,
+    )
+}
+
 fn summary_stat(s: &RunSummary, key: &str) -> Option<f64> {
     match key {
         "kl_mean" => Some(s.kl_mean),
@@ -406,6 +445,7 @@ impl Detectors {
         } else {
             return Ok(None);
         };
+        let (summary, evidence) = diagnosed(run, label, summary, evidence);
         Ok(Some(NewAlert {
             model: run.model.clone(),
             endpoint: run.endpoint.clone(),

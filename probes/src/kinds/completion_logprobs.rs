@@ -6,6 +6,7 @@
 
 use serde_json::{Map, json};
 
+use super::diagnose;
 use super::{
     Outcome, ProbeCtx, Target, call, chat_positions, insert_alignment_stats, logprob_outcome,
     positions, usage_tokens, window,
@@ -28,6 +29,8 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     let mut dropped = 0usize;
     let mut lengths = Vec::new();
     let mut method = AlignMethod::Direct;
+    // (endpoint usage.prompt_tokens, reference rendered count) per prompt
+    let mut prompt_counts = Vec::new();
     for p in &prompts {
         let messages = vec![json!({"role": "user", "content": p.prompt})];
         let max_tokens = p.max_tokens.min(ctx.cfg.max_tokens);
@@ -55,6 +58,12 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             Ok(ids) => ids,
             Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
         };
+        if let Some(n) = answer
+            .pointer("/usage/prompt_tokens")
+            .and_then(|v| v.as_i64())
+        {
+            prompt_counts.push((n, prompt_ids.len() as i64));
+        }
         let toks: Vec<EndpointToken> = ep.iter().map(|p| p.token.clone()).collect();
         let alignment = align(&toks, vocab.as_ref());
         generated += toks.len();
@@ -96,5 +105,8 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
         }),
     );
     extra.insert("top_k".into(), json!(k));
+    if let Some(d) = diagnose::prompt_tokens_differ(&prompt_counts) {
+        extra.insert("diagnosis".into(), d);
+    }
     logprob_outcome(&inputs, tokens, extra)
 }

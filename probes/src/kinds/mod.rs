@@ -12,6 +12,8 @@
 //! - [`tool_calls`]: trigger F1 and schema accuracy against the reference's own answers.
 //! - [`long_context`]: multi-query needle retrieval at doubling lengths, scored by answer
 //!   likelihood on the endpoint and the reference; the effective context.
+//! - [`diagnose`]: fault signatures (shifted logprobs, prompt token counts) the logprob kinds
+//!   write into their statistics as `diagnosis`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -27,6 +29,7 @@ use crate::reference::{RefPosition, Reference, norm};
 use crate::{ProbesError, Result};
 
 pub mod completion_logprobs;
+pub mod diagnose;
 pub mod long_context;
 pub mod prompt_logprobs;
 pub mod samples;

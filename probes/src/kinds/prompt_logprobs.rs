@@ -6,6 +6,7 @@
 
 use serde_json::{Map, Value, json};
 
+use super::diagnose::ShiftSearch;
 use super::{
     EpPosition, Outcome, ProbeCtx, Target, call, insert_alignment_stats, logprob_outcome,
     positions, usage_tokens, window,
@@ -25,6 +26,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     let mut dropped_alternatives = 0usize;
     let mut method = AlignMethod::Direct;
     let mut ids = Vec::new();
+    let mut shifts = ShiftSearch::default();
     for t in &texts {
         let mut body = json!({"model": target.provider_model, "prompt": t.text, "echo": true, "logprobs": k, "max_tokens": 0, "temperature": 0.0});
         let answer = match call(ctx, target, "/completions", &body).await {
@@ -76,13 +78,9 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
                 }
             })
             .collect();
-        let (mut pos, d) = positions(
-            &eps,
-            &scored,
-            0,
-            |i| alignment.ref_index.get(i).copied().flatten(),
-            vocab.as_ref(),
-        );
+        let map = |i: usize| alignment.ref_index.get(i).copied().flatten();
+        let (mut pos, d) = positions(&eps, &scored, 0, map, vocab.as_ref());
+        shifts.add(&eps, &scored, map, vocab.as_ref());
         dropped_alternatives += d;
         inputs.append(&mut pos);
         ids.push(t.id.clone());
@@ -93,6 +91,9 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     extra.insert("unmapped_alternatives".into(), json!(dropped_alternatives));
     extra.insert("align".into(), json!(method));
     extra.insert("top_k".into(), json!(k));
+    if let Some(d) = shifts.diagnose(&inputs) {
+        extra.insert("diagnosis".into(), d);
+    }
     logprob_outcome(&inputs, tokens, extra)
 }
 

@@ -96,6 +96,50 @@ async fn faithful_flags_past_six_bit_in_bits() -> Result<()> {
     Ok(())
 }
 
+/// A run carrying a fault signature (`stats.diagnosis`) is flagged naming the signature, not
+/// a bit width: the ladder's reading is kept aside as `ladder_reading`, out of `equivalent`.
+#[tokio::test]
+async fn a_diagnosed_run_names_its_signature_instead_of_a_bit_width() -> Result<()> {
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let d = detectors(DetectorConfig::default(), Some(test_only_ladder()?))?;
+    let mut run = logprob_run("p/shifted", 1_000, 3.1, 0.2);
+    run.stats["diagnosis"] = serde_json::json!({
+        "signature": "shifted_logprobs",
+        "text": "prompt logprobs are reported 1 position off",
+        "shift": 1,
+        "kl_mean": 3.1,
+        "kl_mean_realigned": 0.0,
+    });
+    let run = store_run(&db.store, &run).await?;
+    let alerts = d.after_run(&db.store, &run).await?;
+    ensure!(alerts.len() == 1, "{alerts:?}");
+    let a = &alerts[0];
+    ensure!(
+        a.kind == "unfaithful"
+            && a.summary
+                .starts_with("endpoint p/shifted: prompt logprobs are reported 1 position off")
+            && a.summary.contains("mean KL 3.100 over 0.012")
+            && !a.summary.contains("-bit"),
+        "summary: {}",
+        a.summary
+    );
+    let e = &a.evidence;
+    ensure!(
+        e["diagnosis"]["signature"] == "shifted_logprobs"
+            && e.get("equivalent").is_none()
+            && e["ladder_reading"]
+                .as_str()
+                .is_some_and(|t| t.contains("2-bit")),
+        "{e}"
+    );
+    // under the threshold a signature alone raises nothing
+    let mut calm = logprob_run("p/calm", 1_000, 0.005, 0.99);
+    calm.stats["diagnosis"] = run.stats["diagnosis"].clone();
+    let calm = store_run(&db.store, &calm).await?;
+    ensure!(d.after_run(&db.store, &calm).await?.is_empty());
+    Ok(())
+}
+
 /// Positions where the endpoint's logprobs are the reference's plus `noise` (alternating
 /// sign by position and `phase`), for noise-floor pairs.
 fn positions(n: usize, noise: f64, phase: usize) -> Vec<PositionInput> {

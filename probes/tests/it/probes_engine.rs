@@ -336,6 +336,7 @@ async fn probes_of_the_unmodified_engine_are_exact_and_shifted_logprobs_are_caug
         o.stats,
         o.tokens
     );
+    ensure!(o.stats.get("diagnosis").is_none(), "{}", o.stats);
     ensure!(
         samewise_probes::compare::decode_positions(raw)?.len() as f64 == stat(&o, "positions")?
     );
@@ -352,6 +353,7 @@ async fn probes_of_the_unmodified_engine_are_exact_and_shifted_logprobs_are_caug
         "completion logprobs not exact: {}",
         o.stats
     );
+    ensure!(o.stats.get("diagnosis").is_none(), "{}", o.stats);
     ensure!(stat(&o, "positions")? >= 1.0 && o.tokens > 0);
 
     let o = h.probe(&reference, ProbeKind::ToolCalls, &same).await;
@@ -390,6 +392,8 @@ async fn probes_of_the_unmodified_engine_are_exact_and_shifted_logprobs_are_caug
         "shifted logprobs not caught: {}",
         o.stats
     );
+    // a sharper distribution is a real difference: moving it does not explain it away
+    ensure!(o.stats.get("diagnosis").is_none(), "{}", o.stats);
 
     let o = h
         .probe(
@@ -413,6 +417,103 @@ async fn probes_of_the_unmodified_engine_are_exact_and_shifted_logprobs_are_caug
         !o.ok && o.error.as_deref().is_some_and(|e| e.contains("logprobs")),
         "refusal must be a finding: {o:?}"
     );
+
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+/// An engine whose echo reports each logprob one position off (the `shifted-echo` profile,
+/// llama-cpp-python's behaviour) is diagnosed as such, with the KL it has and the KL it has
+/// realigned (exactly 0: the weights are the reference's); one that renders chats with
+/// another system prompt (a `default_system` template profile) is diagnosed by its prompt
+/// token counts. The same loaded engine serves both, under each profile's API faults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shifted_echo_and_a_different_template_are_diagnosed() -> Result<()> {
+    use samewise_engine::profile::Profile;
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let profiled = |profile: Profile| -> Result<axum::Router> {
+        let (tok, template) = tokenizer_and_template()?;
+        let state = samewise_engine::server::ServerState::with_profile(
+            engine()?,
+            tok,
+            template,
+            "smol".into(),
+            profile,
+        );
+        Ok(samewise_engine::server::router(state))
+    };
+    let shifted = serve(
+        profiled(Profile::builtin("shifted-echo").context("shifted-echo")?)?,
+        &stop,
+        &tasks,
+    )
+    .await?;
+    let pirate = Profile::from_toml(
+        "[chat_template]\nvariant = \"default_system\"\nsystem_prompt = \"You are a pirate.\"",
+        "pirate",
+    )?;
+    let pirate = serve(profiled(pirate)?, &stop, &tasks).await?;
+    let reference = in_process()?;
+    let h = Harness::new("")?;
+
+    let o = h
+        .probe(
+            &reference,
+            ProbeKind::PromptLogprobs,
+            &target(&shifted, "shifted/smol"),
+        )
+        .await;
+    ensure!(o.ok, "{:?}", o.error);
+    let d = o.stats.get("diagnosis").context("no diagnosis")?;
+    eprintln!("shifted-echo diagnosis: {d}");
+    ensure!(
+        d["signature"] == "shifted_logprobs"
+            && d["shift"] == 1
+            && d["kl_mean_realigned"] == 0.0
+            && d["kl_mean"] == o.stats["kl_mean"]
+            && stat(&o, "kl_mean")? > 0.5,
+        "{}",
+        o.stats
+    );
+    ensure!(
+        d["text"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("prompt logprobs are reported 1 position off")),
+        "{d}"
+    );
+
+    let o = h
+        .probe(
+            &reference,
+            ProbeKind::CompletionLogprobs,
+            &target(&pirate, "pirate/smol"),
+        )
+        .await;
+    ensure!(o.ok, "{:?}", o.error);
+    let d = o.stats.get("diagnosis").context("no diagnosis")?;
+    eprintln!("default_system diagnosis: {d}");
+    let ep = d["endpoint_prompt_tokens"].as_array().context("counts")?;
+    let rf = d["reference_prompt_tokens"].as_array().context("counts")?;
+    ensure!(
+        d["signature"] == "prompt_tokens_differ"
+            && !ep.is_empty()
+            && ep.len() == rf.len()
+            && ep.iter().zip(rf).all(|(e, r)| e.as_i64() < r.as_i64()),
+        "{}",
+        o.stats
+    );
+    // the same server's echo is not shifted
+    let o = h
+        .probe(
+            &reference,
+            ProbeKind::PromptLogprobs,
+            &target(&pirate, "pirate/smol"),
+        )
+        .await;
+    ensure!(o.ok && o.stats.get("diagnosis").is_none(), "{}", o.stats);
 
     stop.cancel();
     tasks.close();
