@@ -300,18 +300,19 @@ pub async fn overview(
     range: Range,
 ) -> Result<Vec<ModelOverview>, DashError> {
     let store = &d.inner.store;
-    let rollups = store
-        .endpoint_rollups(&RollupQuery {
-            model: model.map(str::to_owned),
-            endpoint: None,
-            since_ms: range.since_ms,
-            until_ms: range.until_ms,
-        })
-        .await?;
-    let active = store.active_alerts().await?;
-    let jobs = store.eval_jobs(None, None, EVAL_JOBS_READ).await?;
-    // one read of the runs for every model shown, not one per model
-    let runs = runs_since(d, model, None, range).await?;
+    let q = RollupQuery {
+        model: model.map(str::to_owned),
+        endpoint: None,
+        since_ms: range.since_ms,
+        until_ms: range.until_ms,
+    };
+    // independent reads, in flight at once; one read of the runs for every model shown
+    let (rollups, active, jobs, runs) = tokio::try_join!(
+        async { Ok::<_, DashError>(store.endpoint_rollups(&q).await?) },
+        async { Ok(store.active_alerts().await?) },
+        async { Ok(store.eval_jobs(None, None, EVAL_JOBS_READ).await?) },
+        runs_since(d, model, None, range),
+    )?;
     let mut out = Vec::new();
     for m in d
         .inner
@@ -559,28 +560,30 @@ pub async fn endpoint(
         .ok_or_else(|| DashError::NotFound(format!("no configured endpoint {endpoint:?}")))?;
     let model = spec.name.clone();
     let store = &d.inner.store;
-    let all = store
-        .endpoint_rollups(&RollupQuery {
-            model: Some(model.clone()),
-            endpoint: None,
-            since_ms: range.since_ms,
-            until_ms: range.until_ms,
-        })
-        .await?;
-    let total = all.iter().map(|r| r.totals.requests).sum();
-    let mine = all.iter().find(|r| r.endpoint == endpoint);
-    let active = store.active_alerts().await?;
-    let jobs = store.eval_jobs(None, None, EVAL_JOBS_READ).await?;
-    let evals = Evals::of(&jobs, &model, endpoint);
-    let runs = runs_since(d, Some(&model), Some(endpoint), range).await?;
-    let row = row(
-        d, &model, endpoint, range, mine, total, &active, evals, &runs,
-    )?;
+    let q = RollupQuery {
+        model: Some(model.clone()),
+        endpoint: None,
+        since_ms: range.since_ms,
+        until_ms: range.until_ms,
+    };
     let step_ms = step_ms
         .unwrap_or_else(|| range.default_step_ms())
         .max(60_000);
-    let series = series(d, endpoint, range, step_ms).await?;
-    let probes = probe_series(d, endpoint, None, range).await?;
+    // independent reads, in flight at once
+    let (all, active, jobs, runs, series, probes) = tokio::try_join!(
+        async { Ok::<_, DashError>(store.endpoint_rollups(&q).await?) },
+        async { Ok(store.active_alerts().await?) },
+        async { Ok(store.eval_jobs(None, None, EVAL_JOBS_READ).await?) },
+        runs_since(d, Some(&model), Some(endpoint), range),
+        series(d, endpoint, range, step_ms),
+        probe_series(d, endpoint, None, range),
+    )?;
+    let total = all.iter().map(|r| r.totals.requests).sum();
+    let mine = all.iter().find(|r| r.endpoint == endpoint);
+    let evals = Evals::of(&jobs, &model, endpoint);
+    let row = row(
+        d, &model, endpoint, range, mine, total, &active, evals, &runs,
+    )?;
     let empty = Rollup::default();
     let t = mine.map_or(&empty, |r| &r.totals);
     let tool_errors_by_kind = BTreeMap::from([

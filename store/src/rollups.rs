@@ -526,14 +526,27 @@ impl Store {
         &self,
         q: &RollupQuery,
     ) -> Result<Vec<EndpointRollup>, StoreError> {
+        let pieces: Vec<(Grain, RollupQuery)> = cover(q.since_ms, q.until_ms, &GRAINS)
+            .into_iter()
+            .map(|(grain, since, until)| {
+                let sub = RollupQuery {
+                    since_ms: since,
+                    until_ms: until,
+                    ..q.clone()
+                };
+                (grain, sub)
+            })
+            .collect();
+        // the pieces are independent reads: all in flight at once, on the pool's connections
+        let sums = futures_util::future::try_join_all(
+            pieces
+                .iter()
+                .map(|(grain, sub)| self.sum_rollups(*grain, sub)),
+        )
+        .await?;
         let mut out: Vec<EndpointRollup> = Vec::new();
-        for (grain, since, until) in cover(q.since_ms, q.until_ms, &GRAINS) {
-            let sub = RollupQuery {
-                since_ms: since,
-                until_ms: until,
-                ..q.clone()
-            };
-            for part in self.sum_rollups(grain, &sub).await? {
+        for piece in sums {
+            for part in piece {
                 match out.iter_mut().find(|e| e.endpoint == part.endpoint) {
                     Some(e) => {
                         e.totals.merge(&part.totals);
@@ -562,75 +575,83 @@ impl Store {
             table, labels, col, ..
         } = g;
         const OP: &str = "summing endpoint rollups";
-        let mut out: Vec<EndpointRollup> = on_pool!(&self.pool, |p| {
-            let mut qb = QueryBuilder::new(format!(
-                "SELECT endpoint, MIN(model), {} FROM {table} WHERE {col} >= ",
-                sum_columns()
-            ));
-            qb.push_bind(q.since_ms)
-                .push(format!(" AND {col} < "))
-                .push_bind(q.until_ms);
-            if let Some(m) = &q.model {
-                qb.push(" AND model = ").push_bind(m.as_str());
-            }
-            if let Some(e) = &q.endpoint {
-                qb.push(" AND endpoint = ").push_bind(e.as_str());
-            }
-            qb.push(" GROUP BY endpoint");
-            let rows = qb
-                .build()
-                .fetch_all(p)
-                .await
-                .map_err(StoreError::query(OP))?;
-            rows.iter()
-                .map(|row| {
-                    Ok(EndpointRollup {
-                        endpoint: row.try_get(0).map_err(StoreError::query(OP))?,
-                        model: row.try_get(1).map_err(StoreError::query(OP))?,
-                        totals: rollup_from_row(row, 2)?,
-                        ..EndpointRollup::default()
+        let sums = async {
+            let out: Vec<EndpointRollup> = on_pool!(&self.pool, |p| {
+                let mut qb = QueryBuilder::new(format!(
+                    "SELECT endpoint, MIN(model), {} FROM {table} WHERE {col} >= ",
+                    sum_columns()
+                ));
+                qb.push_bind(q.since_ms)
+                    .push(format!(" AND {col} < "))
+                    .push_bind(q.until_ms);
+                if let Some(m) = &q.model {
+                    qb.push(" AND model = ").push_bind(m.as_str());
+                }
+                if let Some(e) = &q.endpoint {
+                    qb.push(" AND endpoint = ").push_bind(e.as_str());
+                }
+                qb.push(" GROUP BY endpoint");
+                let rows = qb
+                    .build()
+                    .fetch_all(p)
+                    .await
+                    .map_err(StoreError::query(OP))?;
+                rows.iter()
+                    .map(|row| {
+                        Ok(EndpointRollup {
+                            endpoint: row.try_get(0).map_err(StoreError::query(OP))?,
+                            model: row.try_get(1).map_err(StoreError::query(OP))?,
+                            totals: rollup_from_row(row, 2)?,
+                            ..EndpointRollup::default()
+                        })
                     })
-                })
-                .collect::<Result<Vec<_>, StoreError>>()?
-        });
-        let labels: Vec<(String, String, String, i64)> = on_pool!(&self.pool, |p| {
-            let mut qb = QueryBuilder::new(format!(
-                "SELECT l.endpoint, l.dim, l.label, CAST(SUM(l.n) AS BIGINT) \
+                    .collect::<Result<Vec<_>, StoreError>>()?
+            });
+            Ok::<_, StoreError>(out)
+        };
+        let labels = async {
+            let labels: Vec<(String, String, String, i64)> = on_pool!(&self.pool, |p| {
+                let mut qb = QueryBuilder::new(format!(
+                    "SELECT l.endpoint, l.dim, l.label, CAST(SUM(l.n) AS BIGINT) \
                  FROM {labels} l WHERE l.{col} >= "
-            ));
-            qb.push_bind(q.since_ms)
-                .push(format!(" AND l.{col} < "))
-                .push_bind(q.until_ms);
-            if let Some(e) = &q.endpoint {
-                qb.push(" AND l.endpoint = ").push_bind(e.as_str());
-            }
-            if let Some(m) = &q.model {
-                qb.push(format!(
-                    " AND l.endpoint IN (SELECT DISTINCT endpoint FROM {table} WHERE model = "
-                ))
-                .push_bind(m.as_str())
-                .push(format!(" AND {col} >= "))
-                .push_bind(q.since_ms)
-                .push(format!(" AND {col} < "))
-                .push_bind(q.until_ms)
-                .push(")");
-            }
-            qb.push(" GROUP BY l.endpoint, l.dim, l.label");
-            qb.build()
-                .fetch_all(p)
-                .await
-                .map_err(StoreError::query(OP))?
-                .iter()
-                .map(|row| {
-                    Ok((
-                        row.try_get(0).map_err(StoreError::query(OP))?,
-                        row.try_get(1).map_err(StoreError::query(OP))?,
-                        row.try_get(2).map_err(StoreError::query(OP))?,
-                        row.try_get(3).map_err(StoreError::query(OP))?,
+                ));
+                qb.push_bind(q.since_ms)
+                    .push(format!(" AND l.{col} < "))
+                    .push_bind(q.until_ms);
+                if let Some(e) = &q.endpoint {
+                    qb.push(" AND l.endpoint = ").push_bind(e.as_str());
+                }
+                if let Some(m) = &q.model {
+                    qb.push(format!(
+                        " AND l.endpoint IN (SELECT DISTINCT endpoint FROM {table} WHERE model = "
                     ))
-                })
-                .collect::<Result<Vec<_>, StoreError>>()?
-        });
+                    .push_bind(m.as_str())
+                    .push(format!(" AND {col} >= "))
+                    .push_bind(q.since_ms)
+                    .push(format!(" AND {col} < "))
+                    .push_bind(q.until_ms)
+                    .push(")");
+                }
+                qb.push(" GROUP BY l.endpoint, l.dim, l.label");
+                qb.build()
+                    .fetch_all(p)
+                    .await
+                    .map_err(StoreError::query(OP))?
+                    .iter()
+                    .map(|row| {
+                        Ok((
+                            row.try_get(0).map_err(StoreError::query(OP))?,
+                            row.try_get(1).map_err(StoreError::query(OP))?,
+                            row.try_get(2).map_err(StoreError::query(OP))?,
+                            row.try_get(3).map_err(StoreError::query(OP))?,
+                        ))
+                    })
+                    .collect::<Result<Vec<_>, StoreError>>()?
+            });
+            Ok::<_, StoreError>(labels)
+        };
+        // the sums and their labels in flight at once
+        let (mut out, labels) = tokio::try_join!(sums, labels)?;
         let index: HashMap<String, usize> = out
             .iter()
             .enumerate()
