@@ -453,19 +453,27 @@ impl Engine {
         // choose each sequence's slice of new tokens
         let mut budget = ROW_BUDGET;
         let mut take = vec![0usize; seqs.len()];
-        // decode rows first (one each), then prefill chunks in order
+        // decode rows first (one each), then prefill chunks, the shortest remaining prefill
+        // first: a short interactive prompt is not queued behind long scoring jobs (which
+        // still get the rest of the budget every step). Which rows share a pass never
+        // changes a result (batch invariance), only when each sequence is done.
         for (i, s) in seqs.iter().enumerate() {
             if !s.is_done() && s.tokens.len() - s.fed == 1 && budget > 0 {
                 take[i] = 1;
                 budget -= 1;
             }
         }
-        for (i, s) in seqs.iter().enumerate() {
-            if !s.is_done() && take[i] == 0 && budget > 0 {
-                let n = (s.tokens.len() - s.fed).min(CHUNK).min(budget);
-                take[i] = n;
-                budget -= n;
+        let mut prefills: Vec<usize> = (0..seqs.len())
+            .filter(|&i| !seqs[i].is_done() && take[i] == 0)
+            .collect();
+        prefills.sort_by_key(|&i| seqs[i].tokens.len() - seqs[i].fed); // stable: ties in order
+        for i in prefills {
+            if budget == 0 {
+                break;
             }
+            let n = (seqs[i].tokens.len() - seqs[i].fed).min(CHUNK).min(budget);
+            take[i] = n;
+            budget -= n;
         }
         // logits wanted: (row in batch, seq index, position of the row)
         let mut want = Vec::new();

@@ -280,3 +280,46 @@ fn batcher_under_concurrent_load_equals_direct_calls() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// A short generation submitted behind long scoring jobs is not queued behind their prefill:
+/// prefill goes shortest-remaining first, so the generation ends while the scoring (16 passes'
+/// worth of rows) is still running; the scoring is then cancelled. Its results are the same
+/// either way (batch invariance, above); only the order of completion changes.
+#[test]
+fn a_short_generation_is_not_queued_behind_long_scoring_jobs() -> anyhow::Result<()> {
+    let e = Arc::new(engine(2, None)?);
+    let t = texts()?;
+    // 4 × 2,048 tokens of real text: 16 passes of the 512-row budget
+    let long: Vec<u32> = t.iter().flatten().copied().cycle().take(2048).collect();
+    let batcher = Batcher::start(Arc::clone(&e));
+    let handle = batcher.handle();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let scoring_still_running = rt.block_on(async {
+        let h = handle.clone();
+        let scoring = tokio::spawn(async move { h.score(vec![long; 4], 1).await });
+        // the scoring job is in the batcher before the generation is submitted
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let mut rx = handle.generate(t[0][..16].to_vec(), greedy(3, 0))?;
+        let mut tokens = 0;
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                GenEvent::Token(_) => tokens += 1,
+                GenEvent::Done(_) => break,
+                GenEvent::Error(e) => return Err(anyhow::anyhow!("generation failed: {e}")),
+            }
+        }
+        anyhow::ensure!(tokens == 3, "{tokens} tokens");
+        let running = !scoring.is_finished();
+        scoring.abort(); // drops the reply: the batcher cancels the job
+        Ok(running)
+    })?;
+    anyhow::ensure!(
+        scoring_still_running,
+        "the generation waited for the whole scoring prefill"
+    );
+    batcher.shutdown();
+    Ok(())
+}
