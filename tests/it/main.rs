@@ -9,6 +9,7 @@ mod common;
 
 mod alerts_cli;
 mod cli;
+mod crash;
 mod dashboards_browser;
 mod demo_e2e;
 mod evals_custom_e2e;
