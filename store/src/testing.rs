@@ -172,6 +172,71 @@ pub async fn sqlite_limit_pages(
     Ok(limit)
 }
 
+/// Every row of every table of `store`'s database, each as a JSON object of its columns
+/// (binary values as hex), for tests that search everything stored (for secrets, say). On
+/// PostgreSQL the tables of the `public` schema (a partitioned table's rows are read through
+/// its partitions, each listed); on SQLite every table but SQLite's own.
+pub async fn dump_tables(store: &Store) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
+    const OP: &str = "dumping the tables";
+    let mut out = Vec::new();
+    match &store.pool {
+        crate::connect::Pool::Postgres(pool) => {
+            let tables: Vec<(String,)> = sqlx::query_as(
+                "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = 'public' AND c.relkind = 'r' ORDER BY 1",
+            )
+            .fetch_all(pool)
+            .await
+            .map_err(StoreError::query(OP))?;
+            for (t,) in tables {
+                let rows: Vec<(String,)> =
+                    sqlx::query_as(&format!("SELECT row_to_json(t)::text FROM \"{t}\" t"))
+                        .fetch_all(pool)
+                        .await
+                        .map_err(StoreError::query(OP))?;
+                for (row,) in rows {
+                    let v = serde_json::from_str(&row).unwrap_or(serde_json::Value::String(row));
+                    out.push((t.clone(), v));
+                }
+            }
+        }
+        crate::connect::Pool::Sqlite(pool) => {
+            let tables: Vec<(String,)> = sqlx::query_as(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY 1",
+            )
+            .fetch_all(pool)
+            .await
+            .map_err(StoreError::query(OP))?;
+            for (t,) in tables {
+                let cols: Vec<(String,)> =
+                    sqlx::query_as("SELECT name FROM pragma_table_info(?) ORDER BY cid")
+                        .bind(&t)
+                        .fetch_all(pool)
+                        .await
+                        .map_err(StoreError::query(OP))?;
+                let fields: Vec<String> = cols
+                    .iter()
+                    .map(|(c,)| {
+                        format!(
+                            "'{c}', CASE WHEN typeof(\"{c}\") = 'blob' THEN hex(\"{c}\") ELSE \"{c}\" END"
+                        )
+                    })
+                    .collect();
+                let sql = format!("SELECT json_object({}) FROM \"{t}\"", fields.join(", "));
+                let rows: Vec<(String,)> = sqlx::query_as(&sql)
+                    .fetch_all(pool)
+                    .await
+                    .map_err(StoreError::query(OP))?;
+                for (row,) in rows {
+                    let v = serde_json::from_str(&row).unwrap_or(serde_json::Value::String(row));
+                    out.push((t.clone(), v));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 async fn pg_connect(url: &str) -> Result<sqlx::PgConnection, StoreError> {
     sqlx::PgConnection::connect(url)
         .await

@@ -17,5 +17,6 @@ mod evals_e2e;
 mod passive_drift_e2e;
 mod probes_e2e;
 mod probes_rounds;
+mod secrets;
 mod tidy;
 mod tool_corrupt_gateway;
