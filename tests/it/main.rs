@@ -14,6 +14,7 @@ mod dashboards_browser;
 mod demo_e2e;
 mod evals_custom_e2e;
 mod evals_e2e;
+mod fuzz_corpus;
 mod passive_drift_e2e;
 mod probes_e2e;
 mod probes_rounds;
