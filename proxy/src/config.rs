@@ -83,6 +83,9 @@ pub struct Limits {
     pub key_stale_grace: Duration,
     /// Capacity of the request-record queue; a full queue drops (and counts) records.
     pub record_queue_capacity: usize,
+    /// Streamed requests one key may have open at once in this gateway; one more gets a 429
+    /// `too_many_streams` (`max_streams_per_key`, default 256).
+    pub max_streams_per_key: u32,
     /// The same token or text delta this many times in a row ends a generation.
     pub degenerate_repeat: usize,
 }
@@ -318,6 +321,7 @@ struct RawLimits {
     key_cache_ttl_ms: Option<Spanned<u64>>,
     key_stale_grace_ms: Option<u64>,
     record_queue_capacity: Option<Spanned<u64>>,
+    max_streams_per_key: Option<Spanned<u32>>,
     degenerate_repeat: Option<Spanned<u64>>,
 }
 
@@ -523,6 +527,17 @@ impl Validator<'_> {
             }
             Some(s) => usize::try_from(*s.get_ref()).unwrap_or(usize::MAX),
         };
+        let max_streams_per_key = match raw.max_streams_per_key {
+            None => 256,
+            Some(s) if *s.get_ref() == 0 => {
+                return self.err(
+                    "limits.max_streams_per_key",
+                    Some(s.span()),
+                    "must be at least 1",
+                );
+            }
+            Some(s) => *s.get_ref(),
+        };
         let degenerate_repeat = match raw.degenerate_repeat {
             None => 4,
             Some(s) if *s.get_ref() < 2 => {
@@ -556,6 +571,7 @@ impl Validator<'_> {
                 900_000,
             )?,
             record_queue_capacity,
+            max_streams_per_key,
             degenerate_repeat,
         })
     }

@@ -163,7 +163,24 @@ async fn run(
         }
     };
 
-    attempts(state, &req, &plan.endpoints, model.hedge_after, ctx, rng).await
+    // a stream holds one of its key's slots until its body ends or is dropped
+    let permit = if req.stream {
+        match state
+            .inner
+            .streams
+            .acquire(key.id, state.inner.limits.max_streams_per_key)
+        {
+            Ok(p) => Some(p),
+            Err(e) => return reject(state, ctx, e),
+        }
+    } else {
+        None
+    };
+    let resp = attempts(state, &req, &plan.endpoints, model.hedge_after, ctx, rng).await;
+    match permit {
+        Some(p) => crate::streams::hold(resp, p),
+        None => resp,
+    }
 }
 
 /// Reads the request body up to `limit` bytes; more is a 413.

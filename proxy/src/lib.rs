@@ -53,6 +53,7 @@ mod relay;
 mod routing;
 mod server;
 mod state;
+mod streams;
 
 pub use config::{Config, EndpointTarget, OnDrift};
 pub use error::{ApiError, ProxyError};

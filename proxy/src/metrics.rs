@@ -207,6 +207,14 @@ impl Collector for ScrapeTime {
             queued.metric_type(),
         )?;
         queued.encode(me)?;
+        let stalled = ConstGauge::new(i64::from(self.records.stalled()));
+        let me = encoder.encode_descriptor(
+            "record_writer_stalled",
+            "1 while the record writer waits for the database (records queue, then are dropped)",
+            None,
+            stalled.metric_type(),
+        )?;
+        stalled.encode(me)?;
 
         let mut family = encoder.encode_descriptor(
             "breaker_state",

@@ -17,6 +17,7 @@ use crate::config::{Config, Limits};
 use crate::health::{EndpointHealth, FirstByteBounds};
 use crate::metrics::{Metrics, SharedRegistry};
 use crate::routing::{Endpoint, ModelRoute};
+use crate::streams::OpenStreams;
 
 /// Shared state of the gateway; cheap to clone.
 #[derive(Debug, Clone)]
@@ -35,6 +36,8 @@ pub(crate) struct Inner {
     pub(crate) upstreams: HashMap<String, Upstream>,
     pub(crate) auth: Authenticator,
     pub(crate) records: RecordSender,
+    /// Streams open per key (`limits.max_streams_per_key`).
+    pub(crate) streams: Arc<OpenStreams>,
     pub(crate) metrics: Metrics,
     pub(crate) rng: Mutex<SmallRng>,
 }
@@ -192,6 +195,7 @@ impl AppState {
                     KeyCacheConfig::new(config.limits.key_cache_ttl, config.limits.key_stale_grace),
                 ),
                 records,
+                streams: Arc::new(OpenStreams::default()),
                 metrics,
                 rng: Mutex::new(SmallRng::from_os_rng()),
             }),

@@ -58,7 +58,7 @@ pub const DEFAULT_SQLITE_FILE: &str = "samewise.db";
 /// Connections in a PostgreSQL pool: the writer holds one for each batch, readers the rest.
 const PG_MAX_CONNECTIONS: u32 = 10;
 /// Connections in a SQLite pool: writes serialise on the file lock anyway.
-const SQLITE_MAX_CONNECTIONS: u32 = 4;
+pub(crate) const SQLITE_MAX_CONNECTIONS: u32 = 4;
 /// How long a SQLite statement waits for another writer (another process) before failing.
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long acquiring a pooled connection may take before the call fails.

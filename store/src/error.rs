@@ -73,6 +73,36 @@ impl StoreError {
     pub(crate) fn query(op: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
         move |source| StoreError::Query { op, source }
     }
+
+    /// True when the database is away rather than refusing this statement: it cannot be
+    /// reached (connection refused, reset or timed out, no pooled connection in time), is
+    /// shutting down or starting up (SQLSTATE class 08, 57P01-57P03, 53300 too many
+    /// connections), or has no room (PostgreSQL 53100 disk full; SQLite FULL, IOERR, BUSY,
+    /// LOCKED, CANTOPEN). The same statement may succeed later, unchanged: the record writer
+    /// waits these out. A closed pool is not one (it was closed on purpose).
+    pub fn is_unavailable(&self) -> bool {
+        let source = match self {
+            StoreError::Connect { .. } => return true,
+            StoreError::Query { source, .. } => source,
+            _ => return false,
+        };
+        match source {
+            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) => true,
+            sqlx::Error::Database(db) => {
+                let code = db.code().unwrap_or_default();
+                if code.len() == 5 {
+                    // a PostgreSQL SQLSTATE (SQLite's codes have at most 4 digits)
+                    code.starts_with("08")
+                        || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300" | "53100")
+                } else {
+                    // a SQLite result code (extended codes keep the primary one in the low byte)
+                    code.parse::<i32>()
+                        .is_ok_and(|c| matches!(c & 0xff, 5 | 6 | 10 | 13 | 14))
+                }
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Returns `url` with any password (in the userinfo or as a `password=` query parameter)

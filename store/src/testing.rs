@@ -5,6 +5,14 @@
 //! the `TestDb` is dropped, even after a failed assertion. SQLite tests get a file in a
 //! fresh temporary directory. An unreachable PostgreSQL is an error that says so; it is
 //! never a reason to skip.
+//!
+//! [`cluster`] starts a private PostgreSQL cluster (its own port, stopped and started at will,
+//! optionally over TLS) for tests that take the database away; [`TestDb::postgres_on`] makes a
+//! test database on it.
+
+pub mod cluster;
+
+pub use cluster::{PgCluster, TlsFiles};
 
 use std::path::Path;
 
@@ -53,7 +61,12 @@ pub struct PgTestDatabase {
 impl PgTestDatabase {
     /// Creates the database; fails with a message that names the server when it is down.
     pub async fn create() -> Result<PgTestDatabase, StoreError> {
-        let admin_url = pg_admin_url();
+        PgTestDatabase::create_on(&pg_admin_url()).await
+    }
+
+    /// Creates the database through `admin_url` (a maintenance database of any server).
+    pub async fn create_on(admin_url: &str) -> Result<PgTestDatabase, StoreError> {
+        let admin_url = admin_url.to_owned();
         let mut random = [0u8; 8];
         rand::rngs::OsRng
             .try_fill_bytes(&mut random)
@@ -119,6 +132,111 @@ pub async fn pg_terminate_backend(url: &str, pid: i32) -> Result<(), StoreError>
     Ok(())
 }
 
+/// Fault injection for SQLite: a full disk, as the database sees it. Sets `PRAGMA
+/// max_page_count` on every connection of `store`'s pool (all are held at once while it is
+/// set), so the file cannot grow past its current size plus `extra_pages` and a write that
+/// needs room fails with SQLITE_FULL; `None` lifts the limit again. Returns the limit now in
+/// force, in pages. A SQLite store only.
+pub async fn sqlite_limit_pages(
+    store: &Store,
+    extra_pages: Option<u64>,
+) -> Result<u64, StoreError> {
+    const OP: &str = "setting max_page_count";
+    let crate::connect::Pool::Sqlite(pool) = &store.pool else {
+        return Err(StoreError::InvalidInput(
+            "sqlite_limit_pages needs a SQLite store".to_owned(),
+        ));
+    };
+    let mut held = Vec::new();
+    for _ in 0..crate::connect::SQLITE_MAX_CONNECTIONS {
+        held.push(pool.acquire().await.map_err(StoreError::query(OP))?);
+    }
+    let mut limit = 0;
+    for conn in &mut held {
+        let pages = match extra_pages {
+            Some(extra) => {
+                let count: i64 = sqlx::query_scalar("PRAGMA page_count")
+                    .fetch_one(&mut **conn)
+                    .await
+                    .map_err(StoreError::query(OP))?;
+                u64::try_from(count).unwrap_or(0).saturating_add(extra)
+            }
+            None => 4_294_967_294,
+        };
+        let set: i64 = sqlx::query_scalar(&format!("PRAGMA max_page_count = {pages}"))
+            .fetch_one(&mut **conn)
+            .await
+            .map_err(StoreError::query(OP))?;
+        limit = u64::try_from(set).unwrap_or(0);
+    }
+    Ok(limit)
+}
+
+/// Every row of every table of `store`'s database, each as a JSON object of its columns
+/// (binary values as hex), for tests that search everything stored (for secrets, say). On
+/// PostgreSQL the tables of the `public` schema (a partitioned table's rows are read through
+/// its partitions, each listed); on SQLite every table but SQLite's own.
+pub async fn dump_tables(store: &Store) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
+    const OP: &str = "dumping the tables";
+    let mut out = Vec::new();
+    match &store.pool {
+        crate::connect::Pool::Postgres(pool) => {
+            let tables: Vec<(String,)> = sqlx::query_as(
+                "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = 'public' AND c.relkind = 'r' ORDER BY 1",
+            )
+            .fetch_all(pool)
+            .await
+            .map_err(StoreError::query(OP))?;
+            for (t,) in tables {
+                let rows: Vec<(String,)> =
+                    sqlx::query_as(&format!("SELECT row_to_json(t)::text FROM \"{t}\" t"))
+                        .fetch_all(pool)
+                        .await
+                        .map_err(StoreError::query(OP))?;
+                for (row,) in rows {
+                    let v = serde_json::from_str(&row).unwrap_or(serde_json::Value::String(row));
+                    out.push((t.clone(), v));
+                }
+            }
+        }
+        crate::connect::Pool::Sqlite(pool) => {
+            let tables: Vec<(String,)> = sqlx::query_as(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY 1",
+            )
+            .fetch_all(pool)
+            .await
+            .map_err(StoreError::query(OP))?;
+            for (t,) in tables {
+                let cols: Vec<(String,)> =
+                    sqlx::query_as("SELECT name FROM pragma_table_info(?) ORDER BY cid")
+                        .bind(&t)
+                        .fetch_all(pool)
+                        .await
+                        .map_err(StoreError::query(OP))?;
+                let fields: Vec<String> = cols
+                    .iter()
+                    .map(|(c,)| {
+                        format!(
+                            "'{c}', CASE WHEN typeof(\"{c}\") = 'blob' THEN hex(\"{c}\") ELSE \"{c}\" END"
+                        )
+                    })
+                    .collect();
+                let sql = format!("SELECT json_object({}) FROM \"{t}\"", fields.join(", "));
+                let rows: Vec<(String,)> = sqlx::query_as(&sql)
+                    .fetch_all(pool)
+                    .await
+                    .map_err(StoreError::query(OP))?;
+                for (row,) in rows {
+                    let v = serde_json::from_str(&row).unwrap_or(serde_json::Value::String(row));
+                    out.push((t.clone(), v));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 async fn pg_connect(url: &str) -> Result<sqlx::PgConnection, StoreError> {
     sqlx::PgConnection::connect(url)
         .await
@@ -179,7 +297,13 @@ impl TestDb {
 
     /// A fresh, migrated database `samewise_test_<random>` on the test PostgreSQL server.
     pub async fn postgres() -> Result<TestDb, StoreError> {
-        let pg = PgTestDatabase::create().await?;
+        TestDb::postgres_on(&pg_admin_url()).await
+    }
+
+    /// A fresh, migrated database `samewise_test_<random>` on the server `admin_url` names
+    /// (a [`cluster::PgCluster`]; TLS parameters in its query are kept).
+    pub async fn postgres_on(admin_url: &str) -> Result<TestDb, StoreError> {
+        let pg = PgTestDatabase::create_on(admin_url).await?;
         let dir = temp_dir()?;
         let store = Store::connect(Some(pg.url()), dir.path()).await?;
         Ok(TestDb {

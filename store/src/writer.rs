@@ -2,15 +2,26 @@
 //! [`RequestRecord`] to [`RecordSender::try_send`], which never blocks or awaits: the
 //! record goes into a bounded queue, or, when the queue is full, is dropped and counted in
 //! [`RecordSender::dropped`]. One task drains the queue and writes batches of up to
-//! `max_batch` rows, at most `flush_interval` after the first row of a batch arrived. A
-//! failed batch is retried with doubling backoff `max_retries` times; if it still fails,
-//! its rows are counted in [`RecordSender::write_errors`] and logged at ERROR. A batch the
-//! database refuses because of one row's data is written in halves until that row is
-//! isolated, so a bad row costs only itself. Nothing is lost without a count. [`RecordWriter::shutdown`] closes the queue, writes everything
-//! still in it, and waits for the task.
+//! `max_batch` rows, at most `flush_interval` after the first row of a batch arrived.
+//!
+//! A database that is away (PostgreSQL stopped or unreachable, a SQLite disk full: see
+//! [`StoreError::is_unavailable`]) loses nothing by itself: the batch in hand is tried again,
+//! with doubling backoff up to [`OUTAGE_BACKOFF_CAP`], for as long as the outage lasts, while
+//! new records wait in the queue up to its capacity and the rest are dropped (counted); the
+//! writes resume when the database returns. [`RecordSender::stalled`] says meanwhile that the
+//! writer is waiting (a write in flight for over [`STALL_AFTER`] — a stopped PostgreSQL makes
+//! each try wait out the pool's acquire timeout — or a batch being tried again). Any other failure is retried `max_retries` times; if it
+//! still fails, its rows are counted in [`RecordSender::write_errors`] and logged at ERROR. A
+//! batch the database refuses because of one row's data is written in halves until that row is
+//! isolated, so a bad row costs only itself. Nothing is lost without a count.
+//!
+//! [`RecordWriter::shutdown`] closes the queue, writes everything still in it, and waits for
+//! the task. At shutdown an outage is waited out only `max_retries` times: if the database is
+//! still away then, that batch and everything still queued are counted as write errors at
+//! once, so a stopped database cannot hold a gateway's exit.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -21,6 +32,14 @@ use crate::{RequestRecord, Store, StoreError};
 /// How often the writer makes sure the next days' partitions exist (they are created
 /// [`crate::partitions::DAYS_AHEAD`] days ahead, so an hour is ample).
 const PARTITION_CHECK_EVERY: Duration = Duration::from_secs(3600);
+
+/// Longest pause between two tries of a batch while the database is away: writes resume at
+/// most this long (plus one connection attempt) after it returns.
+pub const OUTAGE_BACKOFF_CAP: Duration = Duration::from_secs(1);
+
+/// A write still in flight after this long counts as stalled ([`RecordSender::stalled`]); a
+/// batch of `max_batch` rows takes milliseconds on a healthy database.
+pub const STALL_AFTER: Duration = Duration::from_secs(1);
 
 /// Tuning of the writer.
 #[derive(Debug, Clone)]
@@ -73,6 +92,9 @@ struct Counters {
     written: AtomicU64,
     /// Records given up on after every retry failed.
     write_errors: AtomicU64,
+    /// True while the batch in hand waits for the database: a write in flight for over
+    /// [`STALL_AFTER`], or a failed one being tried again.
+    stalled: AtomicBool,
 }
 
 impl RecordSender {
@@ -101,6 +123,13 @@ impl RecordSender {
     /// Records lost because their batch failed every retry.
     pub fn write_errors(&self) -> u64 {
         self.counters.write_errors.load(Ordering::Relaxed)
+    }
+
+    /// True while the writer's batch waits for the database: a write in flight for over
+    /// [`STALL_AFTER`], or a failed one being tried again (a database that is away is tried
+    /// until it returns; meanwhile new records fill the queue, then are dropped).
+    pub fn stalled(&self) -> bool {
+        self.counters.stalled.load(Ordering::Relaxed)
     }
 
     /// Records waiting in the queue now (not counting a batch being written).
@@ -166,7 +195,15 @@ async fn run(
     let mut handle_alive = true;
     // When to next make sure the coming days have their partitions (PostgreSQL).
     let mut next_partition_check = tokio::time::Instant::now() + PARTITION_CHECK_EVERY;
+    // Set when, at shutdown, the database stayed away through every retry: what is still
+    // queued is counted as lost without trying.
+    let mut give_up = false;
     loop {
+        if !stopping && *stop.borrow() {
+            // (the stop arrived while a batch waited out an outage, which saw it first)
+            stopping = true;
+            rx.close();
+        }
         if stopping {
             if rx.recv_many(&mut batch, max_batch).await == 0 {
                 break; // closed and empty
@@ -222,48 +259,99 @@ async fn run(
                 tracing::warn!(error = %e, "could not create request-record day partitions");
             }
         }
-        write_batch(&store, &cfg, &batch, &counters).await;
+        if give_up {
+            lost(&counters, &batch, None, 0);
+        } else {
+            let away = write_batch(&store, &cfg, &batch, &counters, &mut stop).await;
+            give_up = away && *stop.borrow();
+        }
         batch.clear();
     }
 }
 
-/// Writes one batch, retrying with doubling backoff; counts the outcome. When the batch
-/// still fails because of a row's data (a constraint or data error, not a connection or
-/// server problem), it is written again in halves until the refused rows are isolated, so
-/// that one bad row costs only itself.
+/// Writes one batch, retrying with doubling backoff; counts the outcome. While the database is
+/// away the batch is tried again without a bound until `stop` is raised (then `max_retries`
+/// more times). When the batch still fails because of a row's data (a constraint or data
+/// error, not a connection or server problem), it is written again in halves until the
+/// refused rows are isolated, so that one bad row costs only itself. Returns true when the
+/// batch was lost because the database stayed away.
 async fn write_batch(
     store: &Store,
     cfg: &RecordWriterConfig,
     batch: &[RequestRecord],
     counters: &Counters,
-) {
+    stop: &mut watch::Receiver<bool>,
+) -> bool {
     if batch.is_empty() {
-        return;
+        return false;
     }
     let mut backoff = cfg.retry_backoff;
+    // retries counted against max_retries (an outage's tries count only once stopping)
     let mut attempt = 0u32;
-    loop {
-        match store.insert_request_records(batch).await {
+    // tries while the database was away, for the log
+    let mut outage_tries = 0u64;
+    let outcome = loop {
+        let write = store.insert_request_records(batch);
+        tokio::pin!(write);
+        let result = tokio::select! {
+            r = &mut write => r,
+            () = tokio::time::sleep(STALL_AFTER) => {
+                counters.stalled.store(true, Ordering::Relaxed);
+                write.await
+            }
+        };
+        match result {
             Ok(()) => {
                 counters
                     .written
                     .fetch_add(batch.len() as u64, Ordering::Relaxed);
-                return;
+                break false;
             }
             Err(e) if is_row_error(&e) && batch.len() > 1 => {
                 tracing::warn!(error = %e, rows = batch.len(), "a row of the batch was refused; writing the batch in parts to isolate it");
                 isolate(store, batch, counters).await;
-                return;
+                break false;
+            }
+            Err(e) if e.is_unavailable() && !*stop.borrow() => {
+                outage_tries += 1;
+                counters.stalled.store(true, Ordering::Relaxed);
+                if outage_tries == 1 {
+                    tracing::warn!(error = %e, rows = batch.len(), queued = cfg.capacity, "the database is away; request records wait in the queue (up to its capacity, then they are dropped and counted) until it returns");
+                }
+                pause(backoff, stop).await;
+                backoff = backoff.saturating_mul(2).min(OUTAGE_BACKOFF_CAP);
             }
             Err(e) if attempt < cfg.max_retries && !is_row_error(&e) => {
                 attempt += 1;
+                counters.stalled.store(true, Ordering::Relaxed);
                 tracing::warn!(error = %e, rows = batch.len(), attempt, "writing request records failed; retrying");
-                tokio::time::sleep(backoff).await;
+                pause(backoff, stop).await;
                 backoff = backoff.saturating_mul(2);
             }
             Err(e) => {
-                lost(counters, batch, &e, attempt);
-                return;
+                lost(counters, batch, Some(&e), attempt);
+                break e.is_unavailable();
+            }
+        }
+    };
+    counters.stalled.store(false, Ordering::Relaxed);
+    if outage_tries > 0 && !outcome {
+        tracing::warn!(
+            tries = outage_tries,
+            "the database is back; request records are written again"
+        );
+    }
+    outcome
+}
+
+/// Sleeps `backoff`, or less when shutdown is asked for meanwhile.
+async fn pause(backoff: Duration, stop: &mut watch::Receiver<bool>) {
+    tokio::select! {
+        () = tokio::time::sleep(backoff) => {}
+        changed = stop.changed() => {
+            if changed.is_err() {
+                // the handle is gone without a shutdown: nobody will raise stop
+                tokio::time::sleep(backoff).await;
             }
         }
     }
@@ -285,16 +373,21 @@ async fn isolate(store: &Store, batch: &[RequestRecord], counters: &Counters) {
                 parts.push(b);
                 parts.push(a);
             }
-            Err(e) => lost(counters, part, &e, 0),
+            Err(e) => lost(counters, part, Some(&e), 0),
         }
     }
 }
 
 /// Counts `rows` as lost and says so at ERROR (a person must look: records are missing).
-fn lost(counters: &Counters, rows: &[RequestRecord], e: &StoreError, retries: u32) {
+/// `e` is `None` for rows not tried: queued at a shutdown that found the database away.
+fn lost(counters: &Counters, rows: &[RequestRecord], e: Option<&StoreError>, retries: u32) {
     counters
         .write_errors
         .fetch_add(rows.len() as u64, Ordering::Relaxed);
+    let e = e.map_or_else(
+        || "shutting down with the database away".to_owned(),
+        ToString::to_string,
+    );
     tracing::error!(
         error = %e,
         rows = rows.len(),

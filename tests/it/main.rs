@@ -9,12 +9,15 @@ mod common;
 
 mod alerts_cli;
 mod cli;
+mod crash;
 mod dashboards_browser;
 mod demo_e2e;
 mod evals_custom_e2e;
 mod evals_e2e;
+mod fuzz_corpus;
 mod passive_drift_e2e;
 mod probes_e2e;
 mod probes_rounds;
+mod secrets;
 mod tidy;
 mod tool_corrupt_gateway;

@@ -16,6 +16,9 @@ pub const DONE: &str = "[DONE]";
 /// The bytes of `data: [DONE]` followed by the blank line.
 pub const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
 
+/// The UTF-8 byte order mark, skipped at the start of a stream.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
 /// Default bound on one event's size (data plus the line being read): 4 MiB.
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
 
@@ -70,6 +73,9 @@ pub struct SseDecoder {
     max: usize,
     /// Nothing has been read yet (a UTF-8 BOM is skipped there).
     at_start: bool,
+    /// The first bytes while they are a proper prefix of the BOM (it may arrive split across
+    /// reads, like anything else).
+    start: Vec<u8>,
 }
 
 impl Default for SseDecoder {
@@ -95,17 +101,26 @@ impl SseDecoder {
             id: None,
             max,
             at_start: true,
+            start: Vec::new(),
         }
     }
 
     /// Feeds the next bytes; returns the events they complete, in order.
-    pub fn feed(&mut self, mut bytes: &[u8]) -> Result<Vec<SseEvent>, SseError> {
+    pub fn feed(&mut self, input: &[u8]) -> Result<Vec<SseEvent>, SseError> {
         let mut out = Vec::new();
+        // the stream's first bytes joined with those held back while they could be a BOM
+        let first: Vec<u8>;
+        let mut bytes = input;
         if self.at_start && !bytes.is_empty() {
-            self.at_start = false;
-            if let Some(rest) = bytes.strip_prefix(b"\xEF\xBB\xBF") {
-                bytes = rest;
+            let mut start = std::mem::take(&mut self.start);
+            start.extend_from_slice(bytes);
+            if start.len() < BOM.len() && BOM.starts_with(&start) {
+                self.start = start;
+                return Ok(out);
             }
+            self.at_start = false;
+            first = start;
+            bytes = first.strip_prefix(BOM).unwrap_or(&first);
         }
         if self.pending_cr && !bytes.is_empty() {
             self.pending_cr = false;
@@ -145,6 +160,9 @@ impl SseDecoder {
     /// At the end of the stream: the event still being assembled, if it has data (a stream
     /// whose last event lacks its blank line). A partial last line is processed first.
     pub fn finish(&mut self) -> Result<Option<SseEvent>, SseError> {
+        // a stream of only a BOM's first bytes: they are a (partial) line like any other
+        let held = std::mem::take(&mut self.start);
+        self.line.extend_from_slice(&held);
         if !self.line.is_empty() {
             let line = std::mem::take(&mut self.line);
             if let Some(ev) = self.take_line(&line)? {
@@ -156,7 +174,7 @@ impl SseDecoder {
 
     /// Whether bytes of an unfinished event are held (a stream cut here was cut mid-event).
     pub fn has_partial(&self) -> bool {
-        !self.line.is_empty() || self.has_data || self.event.is_some()
+        !self.line.is_empty() || !self.start.is_empty() || self.has_data || self.event.is_some()
     }
 
     fn check_size(&self) -> Result<(), SseError> {
@@ -340,5 +358,35 @@ mod tests {
             }
         );
         assert!(evs[1].is_done());
+    }
+
+    #[test]
+    fn a_bom_split_across_reads_is_skipped_too() {
+        // found by the sse_decoder fuzz target: cut after its first byte, the BOM was kept and
+        // the first line's field name was "\u{feff}data", so the event was lost
+        let bytes = b"\xEF\xBB\xBFdata:!\nevent\n";
+        let all = |pieces: &[&[u8]]| {
+            let mut d = SseDecoder::new();
+            let mut evs = Vec::new();
+            for p in pieces {
+                evs.extend(d.feed(p).unwrap());
+            }
+            evs.extend(d.finish().unwrap());
+            evs
+        };
+        let expect = all(&[bytes]);
+        assert_eq!(expect.len(), 1);
+        assert_eq!(expect[0].data, "!");
+        for a in 0..=bytes.len() {
+            for b in a..=bytes.len() {
+                let evs = all(&[&bytes[..a], &bytes[a..b], &bytes[b..]]);
+                assert_eq!(evs, expect, "split at {a},{b}");
+            }
+        }
+        // a stream that is only the start of a BOM is a partial line, as it was read whole
+        let mut d = SseDecoder::new();
+        assert!(d.feed(b"\xEF").unwrap().is_empty());
+        assert!(d.has_partial());
+        assert_eq!(d.finish(), Err(SseError::InvalidUtf8));
     }
 }

@@ -14,6 +14,7 @@ const GETS: &[&str] = &[
     "/compare?a=ref/m&b=w4/m",
     "/alerts",
     "/alerts/1",
+    "/evals/1",
     "/api/v1/models",
     "/api/v1/overview",
     "/api/v1/endpoint?endpoint=ref/m",
@@ -21,6 +22,8 @@ const GETS: &[&str] = &[
     "/api/v1/probe-series?endpoint=ref/m",
     "/api/v1/alerts",
     "/api/v1/alerts/1",
+    "/api/v1/evals",
+    "/api/v1/evals/1",
 ];
 
 /// Every POST route.

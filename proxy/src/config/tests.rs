@@ -70,7 +70,14 @@ fn good_config_parses_with_defaults() {
     assert_eq!(c.models["m"].policy, Policy::Cheapest);
     assert_eq!(c.models["m"].endpoints[0].weight, 1.0);
     assert_eq!(c.limits.max_attempts, 3);
+    assert_eq!(c.limits.max_streams_per_key, 256);
     assert!(c.summary().contains("model m"));
+    let none = format!("{GOOD}\n[limits]\nmax_streams_per_key = 0\n");
+    let err = Config::from_toml_str(&none)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("limits.max_streams_per_key"), "{err}");
 }
 
 #[test]

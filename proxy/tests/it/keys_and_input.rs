@@ -1,6 +1,7 @@
 //! Issue 2 items 8, 9 (client side) and 11: samewise keys (401, per-key rpm -> 429 with
 //! Retry-After, revocation within the cache TTL), bad input answered with OpenAI-shaped 4xx
-//! and recorded, `/metrics` and `/healthz`.
+//! and recorded, `/metrics` and `/healthz`. Issue 14 item 6: a key's concurrent streams are
+//! bounded (429 `too_many_streams`), and so are request heads (431).
 
 use crate::common;
 
@@ -8,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use common::*;
-use samewise_testkit::MockUpstream;
+use samewise_testkit::{Behavior, MockUpstream, Reply};
 use serde_json::json;
 
 fn cfg(mock: &MockUpstream, server: &str) -> String {
@@ -309,5 +310,80 @@ async fn client_schemas_too_deep_or_too_large_are_a_clear_400() -> Result<()> {
     let mut body = chat_body("smol");
     body["tools"] = tool(&json!({"type": "object", "properties": {"city": {"type": "string"}}}));
     assert_eq!(gw.chat(&body).await?.status(), 200);
+    gw.stop().await
+}
+
+#[tokio::test]
+async fn a_keys_streams_are_bounded_and_a_finished_one_frees_its_slot() -> Result<()> {
+    let pieces: Vec<String> = (0..40).map(|i| format!("w{i} ")).collect();
+    let mock = MockUpstream::builder()
+        .default_behavior(Behavior::Ok(Reply {
+            chunk_delay: Duration::from_millis(50),
+            ..Reply::text(pieces)
+        }))
+        .start()
+        .await?;
+    let toml = cfg(&mock, "").replace("[limits]\n", "[limits]\nmax_streams_per_key = 2\n");
+    let gw = Gateway::start(&toml).await?;
+    let mut body = chat_body("smol");
+    body["stream"] = json!(true);
+    let mut a = gw.chat(&body).await?;
+    let b = gw.chat(&body).await?;
+    assert_eq!((a.status().as_u16(), b.status().as_u16()), (200, 200));
+    // a third stream of the same key is refused before reaching a provider
+    let third = gw.chat(&body).await?;
+    assert_eq!(third.status(), 429);
+    assert!(third.headers().contains_key("retry-after"));
+    let id = request_id(&third);
+    let v = error_json(third).await?;
+    assert_eq!(v["error"]["code"], "too_many_streams");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    assert_eq!(gw.records(&id).await?[0].status, Some(429));
+    // the key's other requests are not bounded by it
+    let plain = gw.chat(&chat_body("smol")).await?;
+    assert_eq!(plain.status(), 200);
+    plain.bytes().await?;
+    // a stream its client leaves frees its slot (b, dropped), as does one read to its end (a)
+    drop(b);
+    let mut c = None;
+    for _ in 0..100 {
+        let r = gw.chat(&body).await?;
+        if r.status() == 200 {
+            c = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let c = c.expect("a slot was not freed by the dropped stream");
+    while a.chunk().await?.is_some() {}
+    let d = gw.chat(&body).await?;
+    assert_eq!(d.status(), 200, "a finished stream did not free its slot");
+    drop((c, d));
+    gw.stop().await
+}
+
+#[tokio::test]
+async fn an_oversized_request_head_is_refused() -> Result<()> {
+    let mock = MockUpstream::builder().start().await?;
+    let gw = Gateway::start(&cfg(&mock, "")).await?;
+    // 1 MiB of headers: the HTTP server refuses the head (hyper's bound, about 400 KiB) with a
+    // 431 before any handler runs; nothing reaches a provider
+    let resp = gw
+        .http
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(&gw.key)
+        .header("content-type", "application/json")
+        .header("x-padding", "p".repeat(1 << 20))
+        .body(serde_json::to_vec(&chat_body("smol"))?)
+        .send()
+        .await;
+    match resp {
+        Ok(r) => assert_eq!(r.status(), 431),
+        // the server may close the connection while the client still sends its head
+        Err(e) => assert!(e.is_request() || e.is_connect() || e.is_body(), "{e}"),
+    }
+    assert_eq!(mock.request_count(), 0);
+    // the gateway goes on serving
+    assert_eq!(gw.chat(&chat_body("smol")).await?.status(), 200);
     gw.stop().await
 }

@@ -3,8 +3,9 @@
 //! (samewise-testkit), a real store (PostgreSQL and SQLite) and real HTTP clients.
 //!
 //! Layout: `common` and `checks` are the two rigs; every other module is one area (forwarding,
-//! failover, the hung provider (ejection, adaptive timeout, hedging), routing, quality routing, keys and input, lifecycle, tool calls, degeneration, the
-//! official openai client).
+//! failover, the hung provider (ejection, adaptive timeout, hedging), routing, quality routing,
+//! keys and input, lifecycle, the store going away under load (outage), tool calls,
+//! degeneration, the official openai client).
 
 mod checks;
 mod common;
@@ -16,6 +17,7 @@ mod hung;
 mod keys_and_input;
 mod lifecycle;
 mod openai_client;
+mod outage;
 mod quality_routing;
 mod routing;
 mod tool_calls;

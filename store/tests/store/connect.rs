@@ -191,3 +191,46 @@ async fn integrity_check_finds_what_is_broken(db: TestDb) -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn postgres_over_tls_with_verify_full() -> Result<()> {
+    use samewise_store::testing::{PgCluster, TlsFiles};
+    // a private cluster with ssl = on, a certificate for 127.0.0.1 signed by a CA made here,
+    // and TCP connections over TLS only (hostssl)
+    let tls = TlsFiles::generate()?;
+    let cluster = PgCluster::start_tls(&tls).await?;
+    let verified = |ca: &std::path::Path| {
+        format!(
+            "{}?sslmode=verify-full&sslrootcert={}",
+            cluster.admin_url(),
+            ca.display()
+        )
+    };
+    // Store::connect (TestDb connects and migrates through it) over verified TLS
+    let db = TestDb::postgres_on(&verified(&tls.ca_cert())).await?;
+    db.store
+        .insert_request_records(&[full_record("tls", 1, 1)])
+        .await?;
+    ensure!(db.store.request_records(&by_id("tls")).await?.len() == 1);
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(db.url()).await?;
+    let (ssl, version): (bool, Option<String>) =
+        sqlx::query_as("SELECT ssl, version FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+            .fetch_one(&mut conn)
+            .await?;
+    ensure!(ssl, "the session is not encrypted");
+    eprintln!("connected over {version:?}");
+    // without TLS the server refuses; with another CA the client refuses the server
+    let plain = format!("{}?sslmode=disable", cluster.admin_url());
+    let refused = Store::connect(Some(&plain), db.data_dir()).await;
+    ensure!(refused.is_err(), "a plain connection was accepted");
+    let other = TlsFiles::generate()?;
+    let untrusted = Store::connect(Some(&verified(&other.ca_cert())), db.data_dir()).await;
+    let Err(e) = untrusted else {
+        anyhow::bail!("a server whose CA is not trusted was accepted");
+    };
+    ensure!(
+        e.to_string().to_lowercase().contains("certificate"),
+        "not a certificate error: {e}"
+    );
+    Ok(())
+}

@@ -146,3 +146,66 @@ async fn writer_isolates_a_refused_row(db: TestDb) -> Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn writer_waits_out_a_full_disk_and_shutdown_does_not_wait_forever() -> Result<()> {
+    use samewise_store::testing::sqlite_limit_pages;
+    let db = TestDb::sqlite().await?;
+    let cfg = RecordWriterConfig {
+        max_batch: 10,
+        flush_interval: Duration::from_millis(5),
+        max_retries: 2,
+        retry_backoff: Duration::from_millis(1),
+        ..RecordWriterConfig::default()
+    };
+    // a record of about 2 kB, so that 50 of them need pages the file does not have
+    let big = |i: i64| full_record(&format!("{i:05}-{}", "x".repeat(2000)), 1, i);
+    sqlite_limit_pages(&db.store, Some(0)).await?;
+    let (tx, writer) = RecordWriter::spawn(db.store.clone(), cfg);
+    for i in 0..50 {
+        ensure!(tx.try_send(big(i)));
+    }
+    // the disk is full: the writer holds its batch and says it waits; nothing is lost
+    eventually(Duration::from_secs(10), "the writer stalled", || {
+        let tx = tx.clone();
+        async move { Ok(tx.stalled()) }
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ensure!(
+        tx.write_errors() == 0 && tx.written() == 0 && tx.stalled(),
+        "written {} errors {}",
+        tx.written(),
+        tx.write_errors()
+    );
+    // room again: every record is written, none twice
+    sqlite_limit_pages(&db.store, None).await?;
+    eventually(Duration::from_secs(10), "50 records written", || {
+        let tx = tx.clone();
+        async move { Ok(tx.written() == 50 && !tx.stalled()) }
+    })
+    .await?;
+    ensure!(db.store.request_records(&all(1000)).await?.len() == 50);
+    // full again, then a shutdown: the outage is waited out max_retries times, then the batch
+    // and what is still queued are counted as lost at once
+    sqlite_limit_pages(&db.store, Some(0)).await?;
+    for i in 50..80 {
+        ensure!(tx.try_send(big(i)));
+    }
+    let started = tokio::time::Instant::now();
+    writer.shutdown().await;
+    ensure!(
+        started.elapsed() < Duration::from_secs(5),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
+    ensure!(
+        tx.written() == 50 && tx.write_errors() == 30 && tx.dropped() == 0,
+        "written {} errors {} dropped {}",
+        tx.written(),
+        tx.write_errors(),
+        tx.dropped()
+    );
+    ensure!(db.store.integrity_check().await?.is_empty());
+    Ok(())
+}

@@ -7,7 +7,7 @@
 pub mod probes;
 
 use std::ffi::OsStr;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
@@ -47,6 +47,15 @@ impl Proc {
     }
 }
 
+impl Proc {
+    /// Sends SIGKILL (no drain, no flush: a crash) and waits for the exit status.
+    pub fn kill(mut self) -> Result<ExitStatus> {
+        let mut child = self.0.take().context("already stopped")?;
+        child.kill()?;
+        Ok(child.wait()?)
+    }
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         if let Some(c) = self.0.as_mut() {
@@ -63,23 +72,66 @@ pub fn spawn_listening<S: AsRef<OsStr> + std::fmt::Debug>(
     args: &[S],
     cwd: &Path,
 ) -> Result<(Proc, String)> {
-    let mut child = Command::new(BIN)
-        .args(args)
+    spawn_listening_with(args, cwd, &Spawn::default())
+}
+
+/// What [`spawn_listening_with`] adds to a plain spawn.
+#[derive(Debug, Default)]
+pub struct Spawn<'a> {
+    /// Environment variables set for the child (`DATABASE_URL` among them, else it is unset).
+    pub env: Vec<(&'a str, String)>,
+    /// `RUST_LOG` (default `warn`).
+    pub log_level: Option<&'a str>,
+    /// Where stdout (after the first line) and stderr are appended; discarded when `None`.
+    pub log: Option<PathBuf>,
+}
+
+/// As [`spawn_listening`], with environment variables and the output kept in a file.
+pub fn spawn_listening_with<S: AsRef<OsStr> + std::fmt::Debug>(
+    args: &[S],
+    cwd: &Path,
+    opts: &Spawn<'_>,
+) -> Result<(Proc, String)> {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
         .current_dir(cwd)
         .env_remove("DATABASE_URL")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
+        .env("RUST_LOG", opts.log_level.unwrap_or("warn"))
+        .stdout(Stdio::piped());
+    for (k, v) in &opts.env {
+        cmd.env(k, v);
+    }
+    let mut log = match &opts.log {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("opening {}", path.display()))?,
+        ),
+        None => None,
+    };
+    match &log {
+        Some(f) => cmd.stderr(f.try_clone()?),
+        None => cmd.stderr(Stdio::null()),
+    };
+    let mut child = cmd.spawn()?;
     let stdout = child.stdout.take().context("stdout")?;
     let proc = Proc(Some(child));
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut lines = BufReader::new(stdout).lines();
         if let Some(Ok(line)) = lines.next() {
+            if let Some(f) = log.as_mut() {
+                let _ = writeln!(f, "{line}");
+            }
             let _ = tx.send(line);
         }
-        for _ in lines {}
+        for line in lines.map_while(Result::ok) {
+            if let Some(f) = log.as_mut() {
+                let _ = writeln!(f, "{line}");
+            }
+        }
     });
     let line = rx
         .recv_timeout(Duration::from_secs(120))

@@ -102,8 +102,14 @@ impl Gateway {
 
     /// A gateway with options.
     pub async fn start_with(toml: &str, opts: Options) -> Result<Gateway> {
-        let config = Config::from_toml_str(toml).map_err(|e| anyhow::anyhow!("{e}"))?;
         let db = TestDb::new(opts.backend).await?;
+        Gateway::start_on(toml, opts, db).await
+    }
+
+    /// A gateway over `db` (a database the test made itself, e.g. on a private cluster it
+    /// takes away); `opts.backend` is ignored.
+    pub async fn start_on(toml: &str, opts: Options, db: TestDb) -> Result<Gateway> {
+        let config = Config::from_toml_str(toml).map_err(|e| anyhow::anyhow!("{e}"))?;
         let (key_row, key) = db.store.create_api_key("test", opts.rpm).await?;
         let _ = key_row;
         let (records, writer) = RecordWriter::spawn(
