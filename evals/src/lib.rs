@@ -13,35 +13,38 @@
 //! from the store).
 //!
 //! # Layout
-//! - [`config`]: the `[evals]` section ([`EvalsConfig`]).
-//! - [`stats`]: Wilson, McNemar exact, the paired-difference interval, the verdict rule and
+//! - `config`: the `[evals]` section ([`EvalsConfig`]).
+//! - `stats`: Wilson, McNemar exact, the paired-difference interval, the verdict rule and
 //!   its sequential looks.
-//! - [`target`]: [`Target`]s (OpenAI-compatible endpoints) and the HTTP client.
-//! - [`tool_calls`]: the `tool_calls` suite (data in `data/tool_calls.json`).
-//! - [`custom`]: customer suites (JSONL: a chat request and an exact / contains / regex /
+//! - `target`: [`Target`]s (OpenAI-compatible endpoints) and the HTTP client.
+//! - `tool_calls`: the `tool_calls` suite (data in `data/tool_calls.json`).
+//! - `custom`: customer suites (JSONL: a chat request and an exact / contains / regex /
 //!   json_schema / tool_call check per line), validated on load.
-//! - [`open`]: [`Opener`], the one check and builder of a new job, shared by the CLI, the
+//! - `open`: [`Opener`], the one check and builder of a new job, shared by the CLI, the
 //!   HTTP API and the alert watcher.
-//! - [`long_context`]: the `long_context` suite (tasks from `samewise-longctx`, shared with
+//! - `long_context`: the `long_context` suite (tasks from `samewise-longctx`, shared with
 //!   the probes), per-length pass rates and effective context lengths.
-//! - [`report`]: the verdict document from a job's stored results.
-//! - [`worker`]: [`Worker`] (claim, run items on both targets, heartbeat, stop early,
+//! - `report`: the verdict document from a job's stored results.
+//! - `worker`: [`Worker`] (claim, run items on both targets, heartbeat, stop early,
 //!   finish) and the alert watcher that opens jobs.
 
-pub mod config;
-pub mod custom;
-pub mod long_context;
-pub mod open;
-pub mod report;
-pub mod stats;
-pub mod target;
-pub mod tool_calls;
-pub mod worker;
+//!
+//! The API is what this root re-exports; the modules are private.
+
+mod config;
+mod custom;
+mod long_context;
+mod open;
+mod report;
+mod stats;
+mod target;
+mod tool_calls;
+mod worker;
 
 pub use config::EvalsConfig;
 pub use open::{OpenError, OpenRequest, Opener, SuiteRef};
 pub use stats::{Verdict, VerdictParams};
-pub use target::{Target, Targets};
+pub use target::{REFERENCE, Target, Targets};
 pub use worker::{AlertWatcher, Worker, WorkerSettings};
 
 /// Everything that can go wrong in an eval.

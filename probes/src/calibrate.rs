@@ -15,8 +15,8 @@
 
 use std::path::Path;
 
-use samewise_engine::profile::Profile;
-use samewise_engine::tokenizer::Tokenizer;
+use samewise_engine::Profile;
+use samewise_engine::Tokenizer;
 use samewise_engine::{Engine, LoadOptions};
 
 use crate::compare::{self, PositionMetrics};
@@ -175,7 +175,7 @@ pub fn tokenize_corpus(model: &Path, corpus: &[CorpusText]) -> Result<Vec<Vec<u3
     let tok = if model.is_dir() {
         Tokenizer::from_hf_dir(model)
     } else {
-        samewise_engine::gguf::GgufFile::open(model).and_then(|g| Tokenizer::from_gguf(&g))
+        samewise_engine::GgufFile::open(model).and_then(|g| Tokenizer::from_gguf(&g))
     }
     .map_err(|e| ProbesError::Reference(format!("tokenizer of {}: {e}", model.display())))?;
     corpus
@@ -271,10 +271,10 @@ pub fn calibrate(
     opts: &CalibrateOptions,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Ladder> {
-    if opts.top_k == 0 || opts.top_k > samewise_engine::engine::MAX_TOP_K {
+    if opts.top_k == 0 || opts.top_k > samewise_engine::MAX_TOP_K {
         return Err(crate::invalid(format!(
             "top_k must be within 1..={}",
-            samewise_engine::engine::MAX_TOP_K
+            samewise_engine::MAX_TOP_K
         )));
     }
     if opts.levels.is_empty() {

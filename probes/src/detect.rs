@@ -593,7 +593,7 @@ impl Detectors {
         let records = store
             .request_records(&samewise_store::RecordQuery {
                 since_ms: Some(now_ms.saturating_sub(window_ms)),
-                limit: samewise_store::records::MAX_QUERY_LIMIT,
+                limit: samewise_store::MAX_QUERY_LIMIT,
                 ..samewise_store::RecordQuery::default()
             })
             .await

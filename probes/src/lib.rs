@@ -18,8 +18,8 @@
 //! # Layout
 //! - [`compare`]: per-position endpoint-vs-reference metrics, run aggregates, full-vocabulary
 //!   KL, and the compact binary encoding of raw per-position data.
-//! - [`align`]: mapping an endpoint's token strings/bytes onto reference ids
-//!   ([`align::ReferenceVocab`]), with re-tokenization by byte offsets as the fallback.
+//! - `align`: mapping an endpoint's token strings/bytes onto reference ids
+//!   (`align::ReferenceVocab`), with re-tokenization by byte offsets as the fallback.
 //! - [`mmd`]: the samples probe's tests: MMD² with a Hamming kernel over the first 1,000
 //!   characters with a within-prompt permutation p-value, and the reference-log-likelihood
 //!   rank test.
@@ -34,14 +34,14 @@
 //! - [`noise`]: the repeat-noise floor and the faithful/unfaithful decision rule.
 //! - [`detect`]: the detectors over stored probe runs and request records (faithful? against
 //!   the ladder with the noise floor, changed? by CUSUM, passive with Benjamini–Hochberg).
-//! - [`alerting`]: the alert lifecycle (open, acknowledged, resolved, auto-resolve) with
-//!   webhook notification; [`webhook`]: generic JSON / Slack delivery with bounded retries.
-//! - [`prompts`]: the built-in prompt sets of `probes/data/` and parsers for users' own.
-//! - [`config`]: the typed probes configuration (reference backend, per-model kinds,
+//! - `alerting`: the alert lifecycle (open, acknowledged, resolved, auto-resolve) with
+//!   webhook notification; `webhook`: generic JSON / Slack delivery with bounded retries.
+//! - `prompts`: the built-in prompt sets of `probes/data/` and parsers for users' own.
+//! - `config`: the typed probes configuration (reference backend, per-model kinds,
 //!   schedule, budgets, prompt sets) parsed from the gateway config's raw tables.
 //! - [`reference`]: the reference client — one trait, three backends (in-process engine,
-//!   remote `samewise engine serve`, external vLLM/SGLang); [`vocab`]: the engine tokenizer
-//!   as [`align::ReferenceVocab`].
+//!   remote `samewise engine serve`, external vLLM/SGLang); `vocab`: the engine tokenizer
+//!   as `align::ReferenceVocab`.
 //! - [`kinds`]: the probe kinds (prompt_logprobs, completion_logprobs, samples, tool_calls,
 //!   long_context), each calling an endpoint over HTTP as the proxy does.
 //! - [`runner`]: the scheduler (interval with seeded jitter, hourly token budget, noise-floor
@@ -49,23 +49,48 @@
 //!
 //! Prompt-set data files for the probes live in `probes/data/` (see its README).
 
-pub mod alerting;
-pub mod align;
+//!
+//! The API is the namespaces below (each says why it is one) and what this root re-exports;
+//! every other module is private.
+
+mod alerting;
+mod align;
+/// A namespace of the API (ARCHITECTURE.md): the ladder, `samewise calibrate`'s steps.
 pub mod calibrate;
+/// A namespace of the API (a statistic): per-position metrics, run summaries, encodings.
 pub mod compare;
-pub mod config;
+mod config;
+/// A namespace of the API: the detectors, and the chart functions the detection-power
+/// benchmark replays (`detect::changed_chart`, `detect::stat`).
 pub mod detect;
+/// A namespace of the API: one probe of a kind (`kinds::run`, its `Target`, context and
+/// `Outcome`), which the benchmark and the tests run without the scheduler.
 pub mod kinds;
+/// A namespace of the API (a statistic): the calibration ladder and "≈ N-bit".
 pub mod ladder;
+/// A namespace of the API (a statistic): the samples probe's MMD and rank tests.
 pub mod mmd;
+/// A namespace of the API (a statistic): the noise floor and the faithful rule.
 pub mod noise;
+/// A namespace of the API (a statistic): the passive cross-endpoint tests.
 pub mod passive;
-pub mod prompts;
+mod prompts;
+/// A namespace of the API: the `Reference` trait and its backends (`reference::InProcess`,
+/// `reference::Remote`, `reference::External`, `reference::Cached`, `reference::connect`).
 pub mod reference;
+/// A namespace of the API (ARCHITECTURE.md): the scheduler `samewise serve` and `samewise
+/// probes run` start.
 pub mod runner;
+/// A namespace of the API (a statistic): CUSUM and its thresholds.
 pub mod sequential;
-pub mod vocab;
-pub mod webhook;
+mod vocab;
+mod webhook;
+
+pub use alerting::{Alerting, AlertsConfig, alerts_table};
+pub use config::{ExternalFlavour, ModelProbes, ProbeKind, ProbesConfig, ReferenceConfig};
+pub use detect::{DetectorConfig, Detectors};
+pub use prompts::{CompletionPrompt, LogprobText};
+pub use webhook::{WebhookConfig, WebhookFormat};
 
 /// Everything that can go wrong in this crate: all of it is bad input.
 #[derive(Debug, thiserror::Error, PartialEq)]

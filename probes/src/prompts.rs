@@ -10,8 +10,9 @@
 //! - The long-context probe's haystack is `samewise_longctx::Haystack` (shared with the
 //!   evals' `long_context` suite; built in: `longctx/data/haystack.json`).
 //!
-//! [`pretoken_lower_bound`] bounds a text's token count from below for byte-level BPE
-//! tokenizers of the GPT-2/Llama-3 family, without the tokenizer (used to check a set is big enough).
+//! `pretoken_lower_bound` (test builds) bounds a text's token count from below for byte-level
+//! BPE tokenizers of the GPT-2/Llama-3 family, without the tokenizer (the tests check with it
+//! that a set is big enough).
 
 use samewise_wire::{ChatMessage, Tool};
 use serde::de::DeserializeOwned;
@@ -136,6 +137,7 @@ pub fn builtin_tools() -> Result<ToolDefinitions> {
 /// digit runs, or letters and digits together (a piece may add one leading space or
 /// punctuation mark, or be a contraction like `'s`), and BPE never merges across pieces, so
 /// every run holds at least one token.
+#[cfg(test)]
 pub fn pretoken_lower_bound(text: &str) -> usize {
     #[derive(PartialEq, Clone, Copy)]
     enum Class {

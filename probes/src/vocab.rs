@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use samewise_engine::gguf::GgufFile;
-use samewise_engine::tokenizer::Tokenizer;
+use samewise_engine::GgufFile;
+use samewise_engine::Tokenizer;
 
 use crate::align::ReferenceVocab;
 use crate::{ProbesError, Result};

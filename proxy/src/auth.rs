@@ -229,7 +229,7 @@ impl Authenticator {
     }
 
     async fn lookup(&self, presented: &str) -> Result<Option<ApiKey>, ApiError> {
-        let hash = samewise_store::keys::hash_key(presented);
+        let hash = samewise_store::hash_key(presented);
         let stale = match self.cached(&hash, Instant::now()) {
             Cached::Answer(found) => return Ok(found),
             Cached::Ask(stale) => stale,

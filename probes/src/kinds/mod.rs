@@ -26,11 +26,11 @@ use crate::reference::http::{HttpFailure, post_json};
 use crate::reference::{RefPosition, Reference, norm};
 use crate::{ProbesError, Result};
 
-pub mod completion_logprobs;
-pub mod long_context;
-pub mod prompt_logprobs;
-pub mod samples;
-pub mod tool_calls;
+mod completion_logprobs;
+mod long_context;
+mod prompt_logprobs;
+mod samples;
+mod tool_calls;
 
 /// One endpoint to probe.
 #[derive(Clone, PartialEq)]

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
-use samewise_engine::batcher::{Batcher, BatcherHandle, GenEvent};
+use samewise_engine::Tokenizer;
 use samewise_engine::chat::{self, ChatTemplate};
-use samewise_engine::tokenizer::Tokenizer;
+use samewise_engine::{Batcher, BatcherHandle, GenEvent};
 use samewise_engine::{Engine, GenerateParams, LoadOptions, SamplingParams};
 use serde_json::Value;
 

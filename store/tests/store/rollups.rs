@@ -3,7 +3,7 @@
 //! counts, retention; admin keys; probe statistics without raw data; table lookup.
 
 use super::*;
-use samewise_store::rollups::{HOUR_MS, MINUTE_MS, hist_quantile, minute_of};
+use samewise_store::{HOUR_MS, MINUTE_MS, hist_quantile, minute_of};
 use samewise_store::{KeyOptions, ProbeRun, ProbeRunQuery, RollupQuery};
 
 both!(
