@@ -87,13 +87,18 @@ mod vocab;
 mod webhook;
 
 pub use alerting::{Alerting, AlertsConfig, alerts_table};
-pub use config::{ExternalFlavour, ModelProbes, ProbeKind, ProbesConfig, ReferenceConfig};
+pub use align::ReferenceVocab;
+pub use config::{
+    ExternalFlavour, ModelProbes, ProbeKind, ProbesConfig, PromptSetPaths, ReferenceConfig,
+};
 pub use detect::{DetectorConfig, Detectors};
-pub use prompts::{CompletionPrompt, LogprobText};
-pub use webhook::{WebhookConfig, WebhookFormat};
+pub use prompts::{
+    CompletionPrompt, LogprobText, ToolCallPrompt, ToolDefinitions, ToolExpectation,
+};
+pub use webhook::{WebhookConfig, WebhookFormat, WebhookStats};
 
 /// Everything that can go wrong in this crate: all of it is bad input.
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Debug, thiserror::Error)]
 pub enum ProbesError {
     /// An argument is outside what the function accepts (empty sample, NaN, bad level...).
     #[error("invalid input: {0}")]
@@ -114,24 +119,69 @@ pub enum ProbesError {
     /// A prompt-set data file is malformed.
     #[error("prompt data: {0}")]
     Data(String),
+    /// A prompt set (a file or a built-in one) is not the JSON it should be.
+    #[error("prompt data: {context}: {source}")]
+    DataJson {
+        /// Which set, line or value.
+        context: String,
+        /// serde_json's reason.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A long-context haystack is malformed.
+    #[error("prompt data: {0}")]
+    Haystack(#[from] samewise_longctx::LongctxError),
+    /// A prompt-set file is malformed: the file, then what is wrong in it.
+    #[error("prompt data: {}: {source}", path.display())]
+    InFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong in it.
+        #[source]
+        source: Box<ProbesError>,
+    },
     /// A calibration ladder is malformed or lacks what was asked of it.
     #[error("calibration ladder: {0}")]
     Ladder(String),
     /// The probes configuration is invalid (the message names the key).
     #[error("probes config: {0}")]
     Config(String),
-    /// The reference backend failed (engine error, HTTP error, bad answer).
+    /// The reference backend answered something unusable or cannot do what was asked.
     #[error("reference: {0}")]
     Reference(String),
-    /// A probed endpoint could not be called or answered something unusable.
-    #[error("endpoint: {0}")]
-    Endpoint(String),
+    /// The reference engine (in process, or a tokenizer loaded from the model) failed.
+    #[error("reference: {context}: {source}")]
+    Engine {
+        /// What was being done (loading which file, tokenizing what).
+        context: String,
+        /// The engine's error.
+        #[source]
+        source: samewise_engine::EngineError,
+    },
+    /// An HTTP reference could not be called, or answered an error status or no JSON.
+    #[error("reference: {message}")]
+    ReferenceHttp {
+        /// The URL and what happened (timeouts say "timed out").
+        message: String,
+        /// reqwest's error, when the exchange itself failed.
+        #[source]
+        source: Option<reqwest::Error>,
+    },
     /// The database refused a read or write.
     #[error("store: {0}")]
-    Store(String),
+    Store(#[from] samewise_store::StoreError),
     /// A file could not be read.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being read (names the file).
+        context: String,
+        /// The operating system's reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An input directory has none of the files it must hold.
     #[error("{0}")]
-    Io(String),
+    NoFiles(String),
 }
 
 /// Shorthand for results of this crate.
@@ -143,3 +193,43 @@ pub(crate) fn invalid(msg: impl Into<String>) -> ProbesError {
 
 #[cfg(test)]
 mod sim;
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    /// A failure keeps what caused it as its `source()`, and its message still says it all
+    /// (the scheduler stores and logs `to_string()`).
+    #[test]
+    fn errors_keep_their_sources_and_their_messages() {
+        let dir = std::path::Path::new("/nonexistent/samewise-corpus");
+        let Err(e) = calibrate::read_corpus(dir) else {
+            panic!("a missing corpus was read")
+        };
+        assert!(
+            e.to_string()
+                .starts_with("calibration corpus /nonexistent/samewise-corpus: ")
+        );
+        let io = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            io.map(std::io::Error::kind),
+            Some(std::io::ErrorKind::NotFound)
+        );
+
+        let Err(e) = prompts::parse_jsonl::<serde_json::Value>("{}\n{") else {
+            panic!("bad JSON lines parsed")
+        };
+        assert!(e.to_string().starts_with("prompt data: line 2: "), "{e}");
+        assert!(e.source().is_some_and(|s| s.is::<serde_json::Error>()));
+
+        let Err(e) = samewise_longctx::Haystack::from_json("[]").map_err(ProbesError::from) else {
+            panic!("a bad haystack parsed")
+        };
+        assert!(
+            e.source()
+                .is_some_and(|s| s.is::<samewise_longctx::LongctxError>())
+        );
+    }
+}

@@ -101,13 +101,19 @@ pub fn parse_jsonl<T: DeserializeOwned>(text: &str) -> Result<Vec<T>> {
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            serde_json::from_str(l).map_err(|e| ProbesError::Data(format!("line {}: {e}", i + 1)))
+            serde_json::from_str(l).map_err(|source| ProbesError::DataJson {
+                context: format!("line {}", i + 1),
+                source,
+            })
         })
         .collect()
 }
 
 fn parse_json<T: DeserializeOwned>(text: &str, what: &str) -> Result<T> {
-    serde_json::from_str(text).map_err(|e| ProbesError::Data(format!("{what}: {e}")))
+    serde_json::from_str(text).map_err(|source| ProbesError::DataJson {
+        context: what.to_owned(),
+        source,
+    })
 }
 
 /// The built-in prompt-logprobs texts.

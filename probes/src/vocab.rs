@@ -73,8 +73,9 @@ impl EngineVocab {
 
     /// Loads a tokenizer from a GGUF file, a Hugging Face directory, or a `tokenizer.json`.
     pub fn load(path: &Path) -> Result<Self> {
-        let err = |e: samewise_engine::EngineError| {
-            ProbesError::Reference(format!("tokenizer {}: {e}", path.display()))
+        let err = |source: samewise_engine::EngineError| ProbesError::Engine {
+            context: format!("tokenizer {}", path.display()),
+            source,
         };
         let tok = if path.is_dir() {
             Tokenizer::from_hf_dir(path).map_err(err)?
