@@ -31,8 +31,8 @@
 //! - `tokenizer`: text <-> ids (tokenizer.json or GGUF metadata), token bytes, streaming
 //!   detokenisation.
 //!
-//! The API is what this root re-exports and four namespaces (`chat`, `constrain`, `sample`,
-//! `server`); every other module is private.
+//! The API is what this root re-exports and five namespaces (`chat`, `constrain`, `profile`,
+//! `sample`, `server`); every other module is private.
 
 mod batcher;
 /// A namespace of the API: chat templates, the tools convention and tool-call parsing
@@ -51,7 +51,9 @@ mod kernels;
 mod kv;
 mod logits;
 mod model;
-mod profile;
+/// A namespace of the API: serving profiles, `Profile` and the sections and knobs its fields
+/// hold (the demo and the probes build engines under them).
+pub mod profile;
 mod quant;
 /// A namespace of the API: the log-softmax, top-k and sampling primitives whose bits the
 /// numerics tests compare.
@@ -61,14 +63,14 @@ pub mod server;
 mod tokenizer;
 
 pub use batcher::{Batcher, BatcherHandle, GenEvent};
-pub use config::{Arch, ModelConfig};
+pub use config::{Arch, ModelConfig, RopeScaling};
 pub use engine::{
     Engine, Finish, FinishReason, GenerateParams, GeneratedToken, Generation, LoadOptions,
-    MAX_TOP_K, ScoredPosition, ScoredSequence,
+    MAX_TOP_K, ScoredPosition, ScoredSequence, Seq,
 };
 pub use error::{EngineError, Result};
-pub use gguf::GgufFile;
+pub use gguf::{GgmlType, GgufFile, GgufValue, TensorInfo};
 pub use kernels::Isa;
 pub use profile::Profile;
 pub use sample::{SamplingParams, TokenLogprob};
-pub use tokenizer::Tokenizer;
+pub use tokenizer::{Detokenizer, Tokenizer};

@@ -135,6 +135,11 @@ const PUBLIC_MODULES: &[(&str, &str, &str)] = &[
         "the numeric primitives whose bits the tests compare",
     ),
     (
+        "reference-engine",
+        "profile",
+        "`Profile` and the sections its public fields hold",
+    ),
+    (
         "probes",
         "calibrate",
         "ARCHITECTURE.md: the ladder's steps (`samewise calibrate`)",
