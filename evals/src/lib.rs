@@ -41,10 +41,10 @@ mod target;
 mod tool_calls;
 mod worker;
 
-pub use config::EvalsConfig;
+pub use config::{EvalsConfig, LongContextConfig, Rule, SuiteFile};
 pub use open::{OpenError, OpenRequest, Opener, SuiteRef};
 pub use stats::{Verdict, VerdictParams};
-pub use target::{REFERENCE, Target, Targets};
+pub use target::{Answer, REFERENCE, Target, Targets};
 pub use worker::{AlertWatcher, Worker, WorkerSettings};
 
 /// Everything that can go wrong in an eval.
@@ -67,8 +67,35 @@ pub enum EvalsError {
     )]
     UnknownTarget(String),
     /// An HTTP exchange with a target failed.
+    #[error("HTTP: {context}: {source}")]
+    Http {
+        /// The target's label and what was being done.
+        context: String,
+        /// reqwest's error.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// A request to a target could not be encoded, or its answer is not JSON.
+    #[error("HTTP: {context}: {source}")]
+    Json {
+        /// The target's label and what was being done.
+        context: String,
+        /// serde_json's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A target's answer lacks what the suite reads from it.
     #[error("HTTP: {0}")]
-    Http(String),
+    BadAnswer(String),
+    /// A long-context answer could not be read (its echo logprobs do not fit the prompts).
+    #[error("HTTP: {label}: {source}")]
+    LongContext {
+        /// The target's label.
+        label: String,
+        /// Why.
+        #[source]
+        source: samewise_longctx::LongctxError,
+    },
     /// A target answered with an error status (a 4xx is a refusal, e.g. of logprobs).
     #[error("HTTP: {message}")]
     Status {
