@@ -19,22 +19,24 @@
 //! `[dashboards]` section and each model's `slo` table.
 //!
 //! # Layout
-//! - [`config`]: `[dashboards]` and `[models.NAME.slo]`.
-//! - [`error`]: [`DashError`] and the OpenAI-shaped error responses.
-//! - [`auth`]: admin keys, sessions, CSRF tokens, security headers.
-//! - [`view`]: what a page shows, computed from the store (shared by pages and the API).
-//! - [`metrics`]: the dashboards' Prometheus families (probe statistics, probe runs,
+//! - `config`: `[dashboards]` and `[models.NAME.slo]`.
+//! - `error`: [`DashError`] and the OpenAI-shaped error responses.
+//! - `auth`: admin keys, sessions, CSRF tokens, security headers.
+//! - `view`: what a page shows, computed from the store (shared by pages and the API).
+//! - `metrics`: the dashboards' Prometheus families (probe statistics, probe runs,
 //!   active alerts, routing state, goodput) and the task that refreshes them.
-//! - [`stats`]: Wilson intervals, N-step compounding, histogram read-outs.
+//! - `stats`: Wilson intervals, N-step compounding, histogram read-outs.
 //! - `html`: escaping and the page shell; `svg`: charts; `pages`: the HTML routes; `api`:
 //!   the JSON routes.
+//!
+//! The API is what this root defines and re-exports; the modules are private.
 
-pub mod auth;
-pub mod config;
-pub mod error;
-pub mod metrics;
-pub mod stats;
-pub mod view;
+mod auth;
+mod config;
+mod error;
+mod metrics;
+mod stats;
+mod view;
 
 mod api;
 mod html;
@@ -49,6 +51,7 @@ use samewise_store::Store;
 
 pub use config::{DashboardsConfig, Slo};
 pub use error::DashError;
+pub use metrics::{DashMetrics, Refresher};
 
 /// The routing state of one endpoint as the gateway sees it now.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

@@ -9,7 +9,13 @@
 //! (`src/cmd/demo.rs`). `samewise-testkit` uses [`model`] so that tests, benchmarks and the
 //! demo look for the model in one place.
 
+// Each module is a namespace of the API (ARCHITECTURE.md: "the four modules"): the binary and
+// testkit call them by module (`model::ensure`, `scenario::Setup`, `traffic::Traffic`, ...).
+/// A namespace of the API: where the test model is, and its fetch.
 pub mod model;
+/// A namespace of the API: the five endpoints, sizes and the generated gateway TOML.
 pub mod scenario;
+/// A namespace of the API: the terminal table and event lines.
 pub mod summary;
+/// A namespace of the API: the closed-loop traffic generator.
 pub mod traffic;

@@ -13,35 +13,38 @@
 //! from the store).
 //!
 //! # Layout
-//! - [`config`]: the `[evals]` section ([`EvalsConfig`]).
-//! - [`stats`]: Wilson, McNemar exact, the paired-difference interval, the verdict rule and
+//! - `config`: the `[evals]` section ([`EvalsConfig`]).
+//! - `stats`: Wilson, McNemar exact, the paired-difference interval, the verdict rule and
 //!   its sequential looks.
-//! - [`target`]: [`Target`]s (OpenAI-compatible endpoints) and the HTTP client.
-//! - [`tool_calls`]: the `tool_calls` suite (data in `data/tool_calls.json`).
-//! - [`custom`]: customer suites (JSONL: a chat request and an exact / contains / regex /
+//! - `target`: [`Target`]s (OpenAI-compatible endpoints) and the HTTP client.
+//! - `tool_calls`: the `tool_calls` suite (data in `data/tool_calls.json`).
+//! - `custom`: customer suites (JSONL: a chat request and an exact / contains / regex /
 //!   json_schema / tool_call check per line), validated on load.
-//! - [`open`]: [`Opener`], the one check and builder of a new job, shared by the CLI, the
+//! - `open`: [`Opener`], the one check and builder of a new job, shared by the CLI, the
 //!   HTTP API and the alert watcher.
-//! - [`long_context`]: the `long_context` suite (tasks from `samewise-longctx`, shared with
+//! - `long_context`: the `long_context` suite (tasks from `samewise-longctx`, shared with
 //!   the probes), per-length pass rates and effective context lengths.
-//! - [`report`]: the verdict document from a job's stored results.
-//! - [`worker`]: [`Worker`] (claim, run items on both targets, heartbeat, stop early,
+//! - `report`: the verdict document from a job's stored results.
+//! - `worker`: [`Worker`] (claim, run items on both targets, heartbeat, stop early,
 //!   finish) and the alert watcher that opens jobs.
 
-pub mod config;
-pub mod custom;
-pub mod long_context;
-pub mod open;
-pub mod report;
-pub mod stats;
-pub mod target;
-pub mod tool_calls;
-pub mod worker;
+//!
+//! The API is what this root re-exports; the modules are private.
 
-pub use config::EvalsConfig;
+mod config;
+mod custom;
+mod long_context;
+mod open;
+mod report;
+mod stats;
+mod target;
+mod tool_calls;
+mod worker;
+
+pub use config::{EvalsConfig, LongContextConfig, Rule, SuiteFile};
 pub use open::{OpenError, OpenRequest, Opener, SuiteRef};
 pub use stats::{Verdict, VerdictParams};
-pub use target::{Target, Targets};
+pub use target::{Answer, REFERENCE, Target, Targets};
 pub use worker::{AlertWatcher, Worker, WorkerSettings};
 
 /// Everything that can go wrong in an eval.
@@ -64,8 +67,35 @@ pub enum EvalsError {
     )]
     UnknownTarget(String),
     /// An HTTP exchange with a target failed.
+    #[error("HTTP: {context}: {source}")]
+    Http {
+        /// The target's label and what was being done.
+        context: String,
+        /// reqwest's error.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// A request to a target could not be encoded, or its answer is not JSON.
+    #[error("HTTP: {context}: {source}")]
+    Json {
+        /// The target's label and what was being done.
+        context: String,
+        /// serde_json's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A target's answer lacks what the suite reads from it.
     #[error("HTTP: {0}")]
-    Http(String),
+    BadAnswer(String),
+    /// A long-context answer could not be read (its echo logprobs do not fit the prompts).
+    #[error("HTTP: {label}: {source}")]
+    LongContext {
+        /// The target's label.
+        label: String,
+        /// Why.
+        #[source]
+        source: samewise_longctx::LongctxError,
+    },
     /// A target answered with an error status (a 4xx is a refusal, e.g. of logprobs).
     #[error("HTTP: {message}")]
     Status {

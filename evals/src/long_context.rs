@@ -117,7 +117,7 @@ async fn count(
         .as_u64()
         .or_else(|| a.body["tokens"].as_array().map(|v| v.len() as u64))
         .ok_or_else(|| {
-            EvalsError::Http(format!("{}: /tokenize answered without a count", t.label))
+            EvalsError::BadAnswer(format!("{}: /tokenize answered without a count", t.label))
         })?;
     let window = a.body["max_model_len"]
         .as_u64()
@@ -253,7 +253,10 @@ pub async fn run_group(
     };
     let a = targets.post(t, "completions", body).await?;
     let tokens = shares(a.tokens, g.queries.len());
-    let bad = |e: samewise_longctx::LongctxError| EvalsError::Http(format!("{}: {e}", t.label));
+    let bad = |source: samewise_longctx::LongctxError| EvalsError::LongContext {
+        label: t.label.clone(),
+        source,
+    };
     let mut out = Vec::with_capacity(g.queries.len());
     // what every item's record holds, whichever the scoring, in this key order
     let base = |q: &Query| -> Map<String, Value> {
@@ -492,6 +495,6 @@ mod tests {
             status: 429,
             message: String::new()
         }));
-        assert!(!is_refusal(&EvalsError::Http(String::new())));
+        assert!(!is_refusal(&EvalsError::BadAnswer(String::new())));
     }
 }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use samewise_store::EvalResult;
 use serde_json::{Value, json};
 
-use crate::stats::{Decision, Paired, VerdictParams, decide, wilson};
+use crate::stats::{Decision, Paired, VerdictParams, wilson};
 
 /// The paired table over items answered by both sides, in `order` (item ids).
 pub fn paired(order: &[String], results: &[EvalResult]) -> Paired {
@@ -98,9 +98,4 @@ pub fn document(
         "wall_ms": stop.wall_ms,
         "extras": extras,
     })
-}
-
-/// Decides `t` under `params` (re-exported for callers that only hold a table).
-pub fn decide_table(t: &Paired, params: &VerdictParams) -> Decision {
-    decide(t, params)
 }

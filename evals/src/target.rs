@@ -49,7 +49,10 @@ impl Targets {
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .build()
-            .map_err(|e| EvalsError::Http(format!("building the HTTP client: {e}")))?;
+            .map_err(|source| EvalsError::Http {
+                context: "building the HTTP client".into(),
+                source,
+            })?;
         Ok(Targets {
             by_label: targets.into_iter().map(|t| (t.label.clone(), t)).collect(),
             client,
@@ -96,8 +99,10 @@ impl Targets {
         if let Some(o) = body.as_object_mut() {
             o.insert("model".into(), Value::String(t.model.clone()));
         }
-        let payload = serde_json::to_vec(&body)
-            .map_err(|e| EvalsError::Http(format!("{}: encoding the request: {e}", t.label)))?;
+        let payload = serde_json::to_vec(&body).map_err(|source| EvalsError::Json {
+            context: format!("{}: encoding the request", t.label),
+            source,
+        })?;
         let mut req = self
             .client
             .post(&url)
@@ -106,15 +111,15 @@ impl Targets {
         if let Some(k) = &t.api_key {
             req = req.bearer_auth(k);
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| EvalsError::Http(format!("{}: {e}", t.label)))?;
+        let resp = req.send().await.map_err(|source| EvalsError::Http {
+            context: t.label.clone(),
+            source,
+        })?;
         let status = resp.status();
-        let text = resp
-            .text()
-            .await
-            .map_err(|e| EvalsError::Http(format!("{}: reading the body: {e}", t.label)))?;
+        let text = resp.text().await.map_err(|source| EvalsError::Http {
+            context: format!("{}: reading the body", t.label),
+            source,
+        })?;
         if !status.is_success() {
             let snippet: String = text.chars().take(300).collect();
             return Err(EvalsError::Status {
@@ -122,8 +127,10 @@ impl Targets {
                 message: format!("{}: HTTP {status}: {snippet}", t.label),
             });
         }
-        let body: Value = serde_json::from_str(&text)
-            .map_err(|e| EvalsError::Http(format!("{}: the body is not JSON: {e}", t.label)))?;
+        let body: Value = serde_json::from_str(&text).map_err(|source| EvalsError::Json {
+            context: format!("{}: the body is not JSON", t.label),
+            source,
+        })?;
         let tokens = body
             .pointer("/usage/total_tokens")
             .and_then(Value::as_i64)

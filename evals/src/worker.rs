@@ -29,6 +29,18 @@ use crate::stats::{Verdict, VerdictParams, decide, look_points};
 use crate::target::Targets;
 use crate::{EvalsError, custom, tool_calls};
 
+/// What every group of one `long_context` job shares.
+struct LongContextJob<'a> {
+    job: &'a EvalJob,
+    lease: &'a Lease,
+    suspect: &'a crate::target::Target,
+    baseline: &'a crate::target::Target,
+    /// The likelihood margin an answer must win by.
+    margin: f64,
+    /// The job's seed (its items and sampling).
+    seed: u64,
+}
+
 /// How one worker behaves.
 #[derive(Debug, Clone)]
 pub struct WorkerSettings {
@@ -282,83 +294,16 @@ impl Worker {
         let mut from = 0usize;
         let mut reason = "all_items";
         for point in looks {
+            let lc = LongContextJob {
+                job,
+                lease,
+                suspect: &suspect,
+                baseline: &baseline,
+                margin,
+                seed,
+            };
             for g in &suite.groups[from..point] {
-                let done = self.store.eval_results(job.id).await?;
-                let has = |role: &str| {
-                    g.queries
-                        .iter()
-                        .all(|q| done.iter().any(|r| r.item == q.id && r.target == role))
-                };
-                let todo: Vec<(&crate::target::Target, &str)> =
-                    [(&suspect, "suspect"), (&baseline, "baseline")]
-                        .into_iter()
-                        .filter(|(_, role)| !has(role))
-                        .collect();
-                if todo.is_empty() {
-                    continue;
-                }
-                let mode = scoring.unwrap_or(Scoring::Likelihood);
-                let mut futs = Vec::with_capacity(todo.len());
-                for (t, role) in &todo {
-                    futs.push(long_context::run_group(
-                        &self.targets,
-                        t,
-                        role,
-                        g,
-                        mode,
-                        margin,
-                        seed,
-                    ));
-                }
-                let runs = futures_util::future::join_all(futs).await;
-                if scoring.is_none() {
-                    // the first group decides: a side refusing echo logprobs makes both
-                    // sides answer by generation, so they are judged alike
-                    if runs
-                        .iter()
-                        .any(|r| r.as_ref().err().is_some_and(long_context::is_refusal))
-                    {
-                        tracing::info!(
-                            job = job.id,
-                            "long_context: logprobs refused; scoring by generation"
-                        );
-                        scoring = Some(Scoring::Generation);
-                        let mut futs = Vec::with_capacity(todo.len());
-                        for (t, role) in &todo {
-                            futs.push(long_context::run_group(
-                                &self.targets,
-                                t,
-                                role,
-                                g,
-                                Scoring::Generation,
-                                margin,
-                                seed,
-                            ));
-                        }
-                        let again = futures_util::future::join_all(futs).await;
-                        for (r, (t, role)) in again.into_iter().zip(&todo) {
-                            let rs = r.unwrap_or_else(|e| {
-                                long_context::failed_group(
-                                    g,
-                                    t,
-                                    role,
-                                    Scoring::Generation,
-                                    seed,
-                                    &e.to_string(),
-                                )
-                            });
-                            self.write(job, lease, &rs).await?;
-                        }
-                        continue;
-                    }
-                    scoring = Some(Scoring::Likelihood);
-                }
-                for (r, (t, role)) in runs.into_iter().zip(&todo) {
-                    let rs = r.unwrap_or_else(|e| {
-                        long_context::failed_group(g, t, role, mode, seed, &e.to_string())
-                    });
-                    self.write(job, lease, &rs).await?;
-                }
+                self.long_context_group(&lc, g, &mut scoring).await?;
             }
             from = point;
             looks_done += 1;
@@ -401,6 +346,92 @@ impl Worker {
         let doc = document(&job.suite, &t, &d, &params, &results, &stop, extras);
         self.finish(job, lease, &doc).await?;
         Ok(doc)
+    }
+
+    /// One group of a `long_context` job on the sides that have not answered it yet (a
+    /// resumed job skips what is stored). The first group decides the scoring: a side refusing
+    /// echo logprobs makes both sides answer by generation, so they are judged alike.
+    async fn long_context_group(
+        &self,
+        lc: &LongContextJob<'_>,
+        g: &samewise_longctx::Group,
+        scoring: &mut Option<Scoring>,
+    ) -> Result<(), EvalsError> {
+        let done = self.store.eval_results(lc.job.id).await?;
+        let has = |role: &str| {
+            g.queries
+                .iter()
+                .all(|q| done.iter().any(|r| r.item == q.id && r.target == role))
+        };
+        let todo: Vec<(&crate::target::Target, &str)> =
+            [(lc.suspect, "suspect"), (lc.baseline, "baseline")]
+                .into_iter()
+                .filter(|(_, role)| !has(role))
+                .collect();
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let mode = scoring.unwrap_or(Scoring::Likelihood);
+        let mut futs = Vec::with_capacity(todo.len());
+        for (t, role) in &todo {
+            futs.push(long_context::run_group(
+                &self.targets,
+                t,
+                role,
+                g,
+                mode,
+                lc.margin,
+                lc.seed,
+            ));
+        }
+        let runs = futures_util::future::join_all(futs).await;
+        if scoring.is_none() {
+            if runs
+                .iter()
+                .any(|r| r.as_ref().err().is_some_and(long_context::is_refusal))
+            {
+                tracing::info!(
+                    job = lc.job.id,
+                    "long_context: logprobs refused; scoring by generation"
+                );
+                *scoring = Some(Scoring::Generation);
+                let mut futs = Vec::with_capacity(todo.len());
+                for (t, role) in &todo {
+                    futs.push(long_context::run_group(
+                        &self.targets,
+                        t,
+                        role,
+                        g,
+                        Scoring::Generation,
+                        lc.margin,
+                        lc.seed,
+                    ));
+                }
+                let again = futures_util::future::join_all(futs).await;
+                for (r, (t, role)) in again.into_iter().zip(&todo) {
+                    let rs = r.unwrap_or_else(|e| {
+                        long_context::failed_group(
+                            g,
+                            t,
+                            role,
+                            Scoring::Generation,
+                            lc.seed,
+                            &e.to_string(),
+                        )
+                    });
+                    self.write(lc.job, lc.lease, &rs).await?;
+                }
+                return Ok(());
+            }
+            *scoring = Some(Scoring::Likelihood);
+        }
+        for (r, (t, role)) in runs.into_iter().zip(&todo) {
+            let rs = r.unwrap_or_else(|e| {
+                long_context::failed_group(g, t, role, mode, lc.seed, &e.to_string())
+            });
+            self.write(lc.job, lc.lease, &rs).await?;
+        }
+        Ok(())
     }
 
     /// The `tool_calls` suite.

@@ -21,9 +21,14 @@
 //!   85.6% rule).
 //! - `rng`: the seeded generator (SplitMix64), so items never change with a dependency.
 
+// The three modules are namespaces of the API (ARCHITECTURE.md): the probe and the eval suite
+// call `task::lengths`, `score::…` and `context::…` by module.
+/// A namespace of the API: effective context lengths.
 pub mod context;
 mod rng;
+/// A namespace of the API: request bodies, answer sums, ranking.
 pub mod score;
+/// A namespace of the API: haystacks, settings, drafts and groups.
 pub mod task;
 
 pub use score::{Ranked, rank};

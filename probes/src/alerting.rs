@@ -68,7 +68,7 @@ pub struct Alerting {
 }
 
 fn store_err(e: samewise_store::StoreError) -> ProbesError {
-    ProbesError::Store(e.to_string())
+    ProbesError::Store(e)
 }
 
 impl Alerting {

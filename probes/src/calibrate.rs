@@ -15,8 +15,8 @@
 
 use std::path::Path;
 
-use samewise_engine::profile::Profile;
-use samewise_engine::tokenizer::Tokenizer;
+use samewise_engine::Profile;
+use samewise_engine::Tokenizer;
 use samewise_engine::{Engine, LoadOptions};
 
 use crate::compare::{self, PositionMetrics};
@@ -104,7 +104,10 @@ pub fn builtin_corpus() -> Vec<CorpusText> {
 pub fn model_identity(path: &Path, name: Option<String>) -> Result<(String, String)> {
     use sha2::{Digest, Sha256};
     use std::io::Read;
-    let io = |p: &Path, e: std::io::Error| ProbesError::Data(format!("{}: {e}", p.display()));
+    let io = |p: &Path, source: std::io::Error| ProbesError::Io {
+        context: p.display().to_string(),
+        source,
+    };
     let mut files = Vec::new();
     if path.is_dir() {
         for e in std::fs::read_dir(path).map_err(|e| io(path, e))? {
@@ -140,8 +143,10 @@ pub fn model_identity(path: &Path, name: Option<String>) -> Result<(String, Stri
 /// A corpus from a directory: every `*.txt` file, in file-name order. Errors when there is none
 /// or one cannot be read.
 pub fn read_corpus(dir: &Path) -> Result<Vec<CorpusText>> {
-    let io =
-        |e: std::io::Error| ProbesError::Io(format!("calibration corpus {}: {e}", dir.display()));
+    let io = |source: std::io::Error| ProbesError::Io {
+        context: format!("calibration corpus {}", dir.display()),
+        source,
+    };
     let mut names = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io)? {
         let path = entry.map_err(io)?.path();
@@ -151,7 +156,7 @@ pub fn read_corpus(dir: &Path) -> Result<Vec<CorpusText>> {
     }
     names.sort();
     if names.is_empty() {
-        return Err(ProbesError::Io(format!(
+        return Err(ProbesError::NoFiles(format!(
             "calibration corpus {}: no .txt files",
             dir.display()
         )));
@@ -175,14 +180,20 @@ pub fn tokenize_corpus(model: &Path, corpus: &[CorpusText]) -> Result<Vec<Vec<u3
     let tok = if model.is_dir() {
         Tokenizer::from_hf_dir(model)
     } else {
-        samewise_engine::gguf::GgufFile::open(model).and_then(|g| Tokenizer::from_gguf(&g))
+        samewise_engine::GgufFile::open(model).and_then(|g| Tokenizer::from_gguf(&g))
     }
-    .map_err(|e| ProbesError::Reference(format!("tokenizer of {}: {e}", model.display())))?;
+    .map_err(|source| ProbesError::Engine {
+        context: format!("tokenizer of {}", model.display()),
+        source,
+    })?;
     corpus
         .iter()
         .map(|t| {
             tok.encode(&t.text, false)
-                .map_err(|e| ProbesError::Reference(format!("tokenizing {}: {e}", t.name)))
+                .map_err(|source| ProbesError::Engine {
+                    context: format!("tokenizing {}", t.name),
+                    source,
+                })
         })
         .collect()
 }
@@ -205,7 +216,10 @@ fn level_kind(name: &str) -> Result<(Profile, LevelKind, u32)> {
 }
 
 fn engine_err(what: &str) -> impl Fn(samewise_engine::EngineError) -> ProbesError + '_ {
-    move |e| ProbesError::Reference(format!("{what}: {e}"))
+    move |source| ProbesError::Engine {
+        context: what.to_owned(),
+        source,
+    }
 }
 
 /// One sequence's logit rows (`[positions][vocab]`).
@@ -271,10 +285,10 @@ pub fn calibrate(
     opts: &CalibrateOptions,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Ladder> {
-    if opts.top_k == 0 || opts.top_k > samewise_engine::engine::MAX_TOP_K {
+    if opts.top_k == 0 || opts.top_k > samewise_engine::MAX_TOP_K {
         return Err(crate::invalid(format!(
             "top_k must be within 1..={}",
-            samewise_engine::engine::MAX_TOP_K
+            samewise_engine::MAX_TOP_K
         )));
     }
     if opts.levels.is_empty() {

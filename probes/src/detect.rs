@@ -98,7 +98,7 @@ pub struct Detectors {
 }
 
 fn store_err(e: samewise_store::StoreError) -> ProbesError {
-    ProbesError::Store(e.to_string())
+    ProbesError::Store(e)
 }
 
 /// The run-stats key of a ladder metric.
@@ -252,8 +252,9 @@ impl Detectors {
         let ladder = match &config.ladder {
             None => None,
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    ProbesError::Io(format!("reading the ladder {}: {e}", path.display()))
+                let text = std::fs::read_to_string(path).map_err(|source| ProbesError::Io {
+                    context: format!("reading the ladder {}", path.display()),
+                    source,
                 })?;
                 Some(Ladder::from_json(&text)?)
             }
@@ -269,8 +270,9 @@ impl Detectors {
         check_samples_alpha(&cfg, config)?;
         AlertsConfig::parse(&config.detectors)?;
         if let Some(path) = &config.ladder {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                ProbesError::Io(format!("reading the ladder {}: {e}", path.display()))
+            let text = std::fs::read_to_string(path).map_err(|source| ProbesError::Io {
+                context: format!("reading the ladder {}", path.display()),
+                source,
             })?;
             Ladder::from_json(&text)?.threshold(cfg.metric, &cfg.rule.level)?;
         }
@@ -633,7 +635,7 @@ impl Detectors {
         let records = store
             .request_records(&samewise_store::RecordQuery {
                 since_ms: Some(now_ms.saturating_sub(window_ms)),
-                limit: samewise_store::records::MAX_QUERY_LIMIT,
+                limit: samewise_store::MAX_QUERY_LIMIT,
                 ..samewise_store::RecordQuery::default()
             })
             .await

@@ -10,8 +10,9 @@
 //! - The long-context probe's haystack is `samewise_longctx::Haystack` (shared with the
 //!   evals' `long_context` suite; built in: `longctx/data/haystack.json`).
 //!
-//! [`pretoken_lower_bound`] bounds a text's token count from below for byte-level BPE
-//! tokenizers of the GPT-2/Llama-3 family, without the tokenizer (used to check a set is big enough).
+//! `pretoken_lower_bound` (test builds) bounds a text's token count from below for byte-level
+//! BPE tokenizers of the GPT-2/Llama-3 family, without the tokenizer (the tests check with it
+//! that a set is big enough).
 
 use samewise_wire::{ChatMessage, Tool};
 use serde::de::DeserializeOwned;
@@ -100,13 +101,19 @@ pub fn parse_jsonl<T: DeserializeOwned>(text: &str) -> Result<Vec<T>> {
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            serde_json::from_str(l).map_err(|e| ProbesError::Data(format!("line {}: {e}", i + 1)))
+            serde_json::from_str(l).map_err(|source| ProbesError::DataJson {
+                context: format!("line {}", i + 1),
+                source,
+            })
         })
         .collect()
 }
 
 fn parse_json<T: DeserializeOwned>(text: &str, what: &str) -> Result<T> {
-    serde_json::from_str(text).map_err(|e| ProbesError::Data(format!("{what}: {e}")))
+    serde_json::from_str(text).map_err(|source| ProbesError::DataJson {
+        context: what.to_owned(),
+        source,
+    })
 }
 
 /// The built-in prompt-logprobs texts.
@@ -136,6 +143,7 @@ pub fn builtin_tools() -> Result<ToolDefinitions> {
 /// digit runs, or letters and digits together (a piece may add one leading space or
 /// punctuation mark, or be a contraction like `'s`), and BPE never merges across pieces, so
 /// every run holds at least one token.
+#[cfg(test)]
 pub fn pretoken_lower_bound(text: &str) -> usize {
     #[derive(PartialEq, Clone, Copy)]
     enum Class {

@@ -148,8 +148,7 @@ impl Scheduler {
         let spent = self
             .store
             .probe_tokens_since(&target.endpoint, now_ms() - HOUR_MS)
-            .await
-            .map_err(|e| ProbesError::Store(e.to_string()))?;
+            .await?;
         if spent >= mcfg.token_budget_per_hour {
             tracing::info!(endpoint = %target.endpoint, kind = kind.name(), spent, "probe skipped: hourly token budget spent");
             return Ok(RoundResult::OverBudget { spent });
@@ -205,11 +204,7 @@ impl Scheduler {
         if let Some(e) = &run.error {
             tracing::warn!(endpoint = %target.endpoint, kind = kind.name(), error = %e, "probe could not run");
         }
-        run.id = self
-            .store
-            .insert_probe_run(&run)
-            .await
-            .map_err(|e| ProbesError::Store(e.to_string()))?;
+        run.id = self.store.insert_probe_run(&run).await?;
         if let Some(d) = &self.detectors {
             match d.after_run(&self.store, &run).await {
                 Ok(alerts) if !alerts.is_empty() => {

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use samewise_engine::gguf::GgufFile;
-use samewise_engine::tokenizer::Tokenizer;
+use samewise_engine::GgufFile;
+use samewise_engine::Tokenizer;
 
 use crate::align::ReferenceVocab;
 use crate::{ProbesError, Result};
@@ -73,8 +73,9 @@ impl EngineVocab {
 
     /// Loads a tokenizer from a GGUF file, a Hugging Face directory, or a `tokenizer.json`.
     pub fn load(path: &Path) -> Result<Self> {
-        let err = |e: samewise_engine::EngineError| {
-            ProbesError::Reference(format!("tokenizer {}: {e}", path.display()))
+        let err = |source: samewise_engine::EngineError| ProbesError::Engine {
+            context: format!("tokenizer {}", path.display()),
+            source,
         };
         let tok = if path.is_dir() {
             Tokenizer::from_hf_dir(path).map_err(err)?

@@ -238,11 +238,6 @@ impl Notifier {
         })
     }
 
-    /// How many hooks are configured.
-    pub fn hooks(&self) -> usize {
-        self.hooks
-    }
-
     /// Queues `event` on `alert` for every hook; never waits. Dropped (and counted) when the
     /// queue is full or the notifier is shut down.
     pub fn notify(&self, event: AlertEvent, alert: &Alert) {

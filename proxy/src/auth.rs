@@ -19,7 +19,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, header};
 use hashlink::LruCache;
 use samewise_store::{ApiKey, Store};
 use tokio::time::Instant;
@@ -159,22 +159,8 @@ impl Authenticator {
 
     /// The valid key a request presents (401 otherwise; 503 when it cannot be checked).
     pub async fn identify(&self, headers: &HeaderMap) -> Result<ApiKey, ApiError> {
-        let presented = bearer(headers).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "invalid_api_key",
-                "authentication_error",
-                "missing API key: send `Authorization: Bearer <samewise key>`",
-            )
-        })?;
-        self.lookup(presented).await?.ok_or_else(|| {
-            ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "invalid_api_key",
-                "authentication_error",
-                "invalid API key",
-            )
-        })
+        let presented = bearer(headers).ok_or(ApiError::MissingApiKey)?;
+        self.lookup(presented).await?.ok_or(ApiError::InvalidApiKey)
     }
 
     /// Charges one request to `key`'s per-minute limit (429 with Retry-After when spent).
@@ -190,14 +176,9 @@ impl Authenticator {
                 .take(rpm, now),
             Err(_) => Ok(()),
         };
-        verdict.map_err(|wait| {
-            ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_exceeded",
-                "rate_limit_error",
-                format!("rate limit of {rpm} requests per minute reached for this key"),
-            )
-            .with_retry_after(wait)
+        verdict.map_err(|wait| ApiError::KeyRateLimited {
+            rpm,
+            retry_after: wait,
         })
     }
 
@@ -229,7 +210,7 @@ impl Authenticator {
     }
 
     async fn lookup(&self, presented: &str) -> Result<Option<ApiKey>, ApiError> {
-        let hash = samewise_store::keys::hash_key(presented);
+        let hash = samewise_store::hash_key(presented);
         let stale = match self.cached(&hash, Instant::now()) {
             Cached::Answer(found) => return Ok(found),
             Cached::Ask(stale) => stale,
@@ -252,13 +233,7 @@ impl Authenticator {
                     }
                     return Ok(Some(key));
                 }
-                return Err(ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store_unavailable",
-                    "server_error",
-                    "the key store is unavailable and this key is not cached; try again",
-                )
-                .with_retry_after(1));
+                return Err(ApiError::KeyStoreUnavailable);
             }
         };
         if let Ok(mut cache) = self.cache.lock() {
@@ -295,6 +270,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
 
     #[tokio::test(start_paused = true)]
     async fn bucket_allows_rpm_then_refills() {
@@ -331,7 +307,10 @@ mod tests {
         // 60k distinct invalid keys (an attacker's random keys)
         for i in 0..60_000 {
             let e = auth.identify(&presenting(&format!("junk-{i}"))).await;
-            assert_eq!(e.map_err(|e| e.status), Err(StatusCode::UNAUTHORIZED));
+            assert_eq!(
+                e.map_err(|e| e.status_code()),
+                Err(StatusCode::UNAUTHORIZED)
+            );
         }
         // the database goes away: the valid key, still within its TTL, is served from the cache
         db.store.close().await;
@@ -368,15 +347,15 @@ mod tests {
             .await
             .err()
             .unwrap();
-        assert_eq!(unknown.status, StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(unknown.kind, "store_unavailable");
+        assert_eq!(unknown.status_code(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(unknown, ApiError::KeyStoreUnavailable);
         let body = axum::response::IntoResponse::into_response(unknown);
         assert_eq!(body.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.headers().contains_key(header::RETRY_AFTER));
         // the grace is bounded: an hour later, the stale key is refused too
         tokio::time::advance(Duration::from_secs(3600)).await;
         let late = auth.identify(&presenting(&key)).await.err().unwrap();
-        assert_eq!(late.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(late.status_code(), StatusCode::SERVICE_UNAVAILABLE);
     }
 
     #[tokio::test]
@@ -421,7 +400,7 @@ mod tests {
         assert!(auth.identify(&presenting(&keys[0])).await.is_ok());
         assert!(auth.identify(&presenting(&keys[2])).await.is_ok());
         let evicted = auth.identify(&presenting(&keys[1])).await.err().unwrap();
-        assert_eq!(evicted.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(evicted.status_code(), StatusCode::SERVICE_UNAVAILABLE);
     }
 
     #[test]

@@ -234,12 +234,9 @@ impl ClientRequest {
 }
 
 fn internal() -> ApiError {
-    ApiError::new(
-        http::StatusCode::INTERNAL_SERVER_ERROR,
-        "internal",
-        "server_error",
-        "the request could not be re-encoded",
-    )
+    ApiError::Internal {
+        what: "the request could not be re-encoded",
+    }
 }
 
 fn raw_json(s: &str) -> Result<Box<RawValue>, ApiError> {
@@ -448,8 +445,8 @@ mod tests {
             let err = ClientRequest::parse(Route::Chat, body)
                 .err()
                 .unwrap_or_else(|| panic!("accepted {what}"));
-            assert_eq!(err.status, http::StatusCode::BAD_REQUEST);
-            let j = err.body.to_json();
+            assert_eq!(err.status_code(), http::StatusCode::BAD_REQUEST);
+            let j = err.body().to_json();
             assert!(j.contains(what), "{what}: {j}");
         }
     }

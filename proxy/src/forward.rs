@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -33,7 +33,7 @@ use tokio::time::Instant;
 use crate::body::{ClientRequest, Route};
 use crate::error::ApiError;
 use crate::frames::EventFramer;
-use crate::head::{self, Head, NoHead};
+use crate::head::{Head, NoHead};
 use crate::hedge;
 use crate::inspect::Inspector;
 use crate::record::{self, AttemptCtx, RequestCtx};
@@ -84,7 +84,7 @@ pub async fn handle(state: AppState, route: Route, headers: HeaderMap, body: Bod
 
 /// Rejects a request before any upstream attempt, recording it.
 fn reject(state: &AppState, ctx: &mut RequestCtx, err: ApiError) -> Response {
-    let rec = ctx.rejected_record(err.status.as_u16(), err.kind);
+    let rec = ctx.rejected_record(err.status_code().as_u16(), err.code());
     record::finish(state, ctx, rec);
     err.into_response()
 }
@@ -127,12 +127,9 @@ async fn run(
     ctx.prompt_chars = req.prompt_chars;
 
     let Some(model) = state.inner.models.get(&req.model).cloned() else {
-        let e = ApiError::new(
-            StatusCode::NOT_FOUND,
-            "model_not_found",
-            "invalid_request_error",
-            format!("The model `{}` does not exist", req.model),
-        );
+        let e = ApiError::ModelNotFound {
+            model: req.model.clone(),
+        };
         return reject(state, ctx, e);
     };
     ctx.model_label.clone_from(&model.name);
@@ -144,21 +141,11 @@ async fn run(
     let plan = match routing::plan(&model, &req.prefs, affinity, rng) {
         Ok(p) => p,
         Err(NoPlan::NoneMatch) => {
-            let e = ApiError::new(
-                StatusCode::NOT_FOUND,
-                "no_endpoints_match",
-                "invalid_request_error",
-                "no endpoint of this model matches the request's `provider` preferences",
-            );
+            let e = ApiError::NoEndpointsMatch;
             return reject(state, ctx, e);
         }
         Err(NoPlan::AllExcluded) => {
-            let e = ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "no_endpoints_available",
-                "server_error",
-                "every endpoint of this model is currently excluded",
-            );
+            let e = ApiError::AllEndpointsExcluded;
             return reject(state, ctx, e);
         }
     };
@@ -185,14 +172,7 @@ async fn run(
 
 /// Reads the request body up to `limit` bytes; more is a 413.
 async fn read_limited(body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "request_too_large",
-            "invalid_request_error",
-            format!("the request body is larger than {limit} bytes"),
-        )
-    };
+    let too_large = || ApiError::RequestTooLarge { limit };
     match http_body_util::Limited::new(body, limit).collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e)
@@ -299,20 +279,12 @@ async fn attempts(
     if let Some(resp) = degenerate_fallback {
         return finish_degenerate(state, ctx, resp);
     }
-    let err = last_err.unwrap_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no_endpoints_available",
-            "server_error",
-            "every endpoint of this model is unavailable (circuit open or rate limited); try again later",
-        )
-        .with_retry_after(1)
-    });
+    let err = last_err.unwrap_or(ApiError::AllEndpointsUnavailable);
     // The last failed attempt becomes the final one; with none, record a rejection.
     match ctx.earlier.pop() {
         Some(last) => record::finish(state, ctx, last),
         None => {
-            let rec = ctx.rejected_record(err.status.as_u16(), err.kind);
+            let rec = ctx.rejected_record(err.status_code().as_u16(), err.code());
             record::finish(state, ctx, rec);
         }
     }
@@ -460,7 +432,7 @@ fn failed_after_head(
     tracing::debug!(endpoint = %att.endpoint.id, attempt = att.attempt, kind = kind.as_str(), "upstream body failed");
     let rec = ctx.attempt_record(att, Some(status), Some(kind), None, Instant::now());
     ctx.earlier.push(rec);
-    Outcome::Retry(head::upstream_error(StatusCode::BAD_GATEWAY, kind))
+    Outcome::Retry(ApiError::Upstream { kind })
 }
 
 /// Reads a whole upstream body with a per-read idle timeout and a size bound.

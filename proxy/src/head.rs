@@ -138,15 +138,9 @@ pub(crate) async fn send(
             None,
             Instant::now(),
         );
-        let mut err = ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "upstream_rate_limited",
-            "rate_limit_error",
-            "every endpoint of this model is rate limited; try again later",
-        );
-        if let Some(d) = retry_after {
-            err = err.with_retry_after(d.as_secs().max(1));
-        }
+        let err = ApiError::UpstreamRateLimited {
+            retry_after: retry_after.map(|d| d.as_secs().max(1)),
+        };
         return Err(NoHead::Failed {
             record: Box::new(record),
             err,
@@ -252,25 +246,10 @@ fn failed(
     }
     tracing::debug!(endpoint = %att.endpoint.id, attempt = att.attempt, kind = kind.as_str(), "upstream attempt failed");
     let record = ctx.attempt_record(att, status, Some(kind), None, Instant::now());
-    let client_status = match kind {
-        ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
-        _ => StatusCode::BAD_GATEWAY,
-    };
     NoHead::Failed {
         record: Box::new(record),
-        err: upstream_error(client_status, kind),
+        err: ApiError::Upstream { kind },
     }
-}
-
-/// The client's error for an upstream failure of this kind.
-pub(crate) fn upstream_error(status: StatusCode, kind: ErrorKind) -> ApiError {
-    let message = match kind {
-        ErrorKind::Timeout => "the upstream provider did not answer in time",
-        ErrorKind::Connect => "the upstream provider could not be reached",
-        ErrorKind::Upstream5xx => "the upstream provider failed",
-        _ => "the upstream provider's answer was unusable",
-    };
-    ApiError::new(status, kind.as_str(), "server_error", message)
 }
 
 /// The longest an upstream `Retry-After` keeps an endpoint out of rotation: one provider

@@ -37,6 +37,7 @@
 
 mod auth;
 mod body;
+/// A namespace of the API (ARCHITECTURE.md): the configuration other crates read.
 pub mod config;
 mod degen;
 mod error;

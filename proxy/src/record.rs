@@ -185,7 +185,10 @@ pub(crate) fn finish(state: &AppState, ctx: &mut RequestCtx, mut last: RequestRe
             .as_ref()
             // neither is the endpoint's failure: the client left, or another endpoint was faster
             .filter(|k| {
-                *k != ErrorKind::ClientDisconnect.as_str() && *k != ErrorKind::HedgeLost.as_str()
+                !matches!(
+                    ErrorKind::parse(k),
+                    Some(ErrorKind::ClientDisconnect | ErrorKind::HedgeLost)
+                )
             })
         {
             m.upstream_errors

@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -129,12 +129,7 @@ async fn cut_at_deadline(
     let resp = tokio::select! {
         resp = next.run(req) => resp,
         () = cut.cancelled() => {
-            return ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "shutting_down",
-                "server_error",
-                "the gateway is shutting down; try again",
-            )
+            return ApiError::ShuttingDown
             .into_response();
         }
     };
@@ -202,7 +197,7 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
             prompt_chars: 0,
             earlier: Vec::new(),
         };
-        let rec = ctx.rejected_record(e.status.as_u16(), e.kind);
+        let rec = ctx.rejected_record(e.status_code().as_u16(), e.code());
         crate::record::finish(&state, &mut ctx, rec);
         return e.into_response();
     }
@@ -218,13 +213,7 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
             json,
         )
             .into_response(),
-        Err(_) => ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "server_error",
-            "model list",
-        )
-        .into_response(),
+        Err(_) => ApiError::Internal { what: "model list" }.into_response(),
     }
 }
 
@@ -251,21 +240,9 @@ async fn healthz() -> Response {
 }
 
 async fn method_not_allowed() -> Response {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        "invalid_request_error",
-        "this route does not accept that method",
-    )
-    .into_response()
+    ApiError::MethodNotAllowed.into_response()
 }
 
 async fn not_found() -> Response {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "not_found",
-        "invalid_request_error",
-        "no such route",
-    )
-    .into_response()
+    ApiError::RouteNotFound.into_response()
 }

@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use axum::body::Body;
-use axum::http::StatusCode;
 use axum::response::Response;
 use bytes::Bytes;
 use http_body::Frame;
@@ -41,16 +40,7 @@ impl OpenStreams {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let n = open.entry(key_id).or_insert(0);
         if *n >= limit {
-            return Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too_many_streams",
-                "rate_limit_error",
-                format!(
-                    "this key has {limit} streams open, its limit (limits.max_streams_per_key); \
-                     wait for one to finish"
-                ),
-            )
-            .with_retry_after(1));
+            return Err(ApiError::TooManyStreams { limit });
         }
         *n += 1;
         Ok(StreamPermit {
@@ -126,8 +116,8 @@ mod tests {
         let a = streams.acquire(1, 2).unwrap();
         let b = streams.acquire(1, 2).unwrap();
         let refused = streams.acquire(1, 2).err().unwrap();
-        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(refused.kind, "too_many_streams");
+        assert_eq!(refused, ApiError::TooManyStreams { limit: 2 });
+        assert_eq!(refused.code(), "too_many_streams");
         // another key is not affected
         assert!(streams.acquire(2, 2).is_ok());
         drop(a);

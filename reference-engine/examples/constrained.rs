@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use samewise_engine::GgufFile;
+use samewise_engine::Tokenizer;
 use samewise_engine::constrain::{self, Constraint, Grammar, Matcher, Spec, TokenTrie};
-use samewise_engine::engine::{Engine, GenerateParams, LoadOptions};
-use samewise_engine::gguf::GgufFile;
-use samewise_engine::tokenizer::Tokenizer;
+use samewise_engine::{Engine, GenerateParams, LoadOptions};
 use serde_json::{Value, json};
 
 fn median(mut v: Vec<f64>) -> f64 {

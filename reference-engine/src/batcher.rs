@@ -9,7 +9,7 @@
 //!
 //! ```no_run
 //! # async fn demo(engine: samewise_engine::Engine) -> samewise_engine::Result<()> {
-//! use samewise_engine::batcher::{Batcher, GenEvent};
+//! use samewise_engine::{Batcher, GenEvent};
 //! let batcher = Batcher::start(std::sync::Arc::new(engine));
 //! let handle = batcher.handle();
 //! let scored = handle.score(vec![vec![1, 2, 3]], 5).await?;

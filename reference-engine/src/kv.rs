@@ -20,22 +20,4 @@ impl KvCache {
             len: 0,
         }
     }
-
-    /// Positions processed so far.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True before anything was processed.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|(k, v)| (k.capacity() + v.capacity()) * 4)
-            .sum()
-    }
 }

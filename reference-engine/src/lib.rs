@@ -9,52 +9,68 @@
 //! shape), must not panic on any input, and must not reach the network.
 //!
 //! # Layout
-//! - [`error`]: the crate's [`EngineError`].
-//! - [`gguf`]: bounds-checked GGUF reader (metadata API used by the tokenizer).
-//! - [`quant`]: ggml block dequantization (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K).
-//! - [`hf`]: Hugging Face `config.json` + safetensors (single file or sharded).
-//! - [`config`]: the model hyper-parameters, from either source.
-//! - [`kernels`]: thread pool, packed-panel GEMM, attention and norm kernels.
-//! - [`model`]: weights in kernel layout, loaded from either source.
-//! - [`forward`]: the batched forward pass.
-//! - [`kv`]: the per-sequence KV cache.
-//! - [`logits`]: full next-token logits of a sequence, streamed (the calibration ladder).
+//! - `error`: the crate's [`EngineError`].
+//! - `gguf`: bounds-checked GGUF reader (metadata API used by the tokenizer).
+//! - `quant`: ggml block dequantization (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K).
+//! - `hf`: Hugging Face `config.json` + safetensors (single file or sharded).
+//! - `config`: the model hyper-parameters, from either source.
+//! - `kernels`: thread pool, packed-panel GEMM, attention and norm kernels.
+//! - `model`: weights in kernel layout, loaded from either source.
+//! - `forward`: the batched forward pass.
+//! - `kv`: the per-sequence KV cache.
+//! - `logits`: full next-token logits of a sequence, streamed (the calibration ladder).
 //! - [`sample`]: log-softmax, top-k, greedy and seeded sampling.
 //! - [`constrain`]: constrained decoding (JSON Schema / tool calls → grammar → token masks).
-//! - [`engine`]: the library API ([`Engine`]): load, score, generate.
-//! - [`batcher`]: a worker thread that batches concurrent jobs (continuous batching).
+//! - `engine`: the library API ([`Engine`]): load, score, generate.
+//! - `batcher`: a worker thread that batches concurrent jobs (continuous batching).
 //! - [`chat`]: chat templates rendered as Hugging Face does, the tools convention, tool-call
 //!   parsing.
-//! - [`profile`]: serving profiles that emulate provider faults (re-quantized weights,
+//! - `profile`: serving profiles that emulate provider faults (re-quantized weights,
 //!   8-bit activations, KV-cache formats, truncation, tool-call corruption, ...).
 //! - [`server`]: the OpenAI-compatible HTTP API (axum): `router`, `serve`.
-//! - [`tokenizer`]: text <-> ids (tokenizer.json or GGUF metadata), token bytes, streaming
+//! - `tokenizer`: text <-> ids (tokenizer.json or GGUF metadata), token bytes, streaming
 //!   detokenisation.
+//!
+//! The API is what this root re-exports and five namespaces (`chat`, `constrain`, `profile`,
+//! `sample`, `server`); every other module is private.
 
-pub mod batcher;
+mod batcher;
+/// A namespace of the API: chat templates, the tools convention and tool-call parsing
+/// (`chat::load_tokenizer_and_template`, `chat::parse_tool_calls`).
 pub mod chat;
-pub mod config;
+mod config;
+/// A namespace of the API: constrained decoding (schema → grammar → matcher over a token
+/// trie), driven directly by its example and tests.
 pub mod constrain;
-pub mod engine;
-pub mod error;
-pub mod forward;
-pub mod gguf;
-pub mod hf;
-pub mod kernels;
-pub mod kv;
-pub mod logits;
-pub mod model;
+mod engine;
+mod error;
+mod forward;
+mod gguf;
+mod hf;
+mod kernels;
+mod kv;
+mod logits;
+mod model;
+/// A namespace of the API: serving profiles, `Profile` and the sections and knobs its fields
+/// hold (the demo and the probes build engines under them).
 pub mod profile;
-pub mod quant;
+mod quant;
+/// A namespace of the API: the log-softmax, top-k and sampling primitives whose bits the
+/// numerics tests compare.
 pub mod sample;
+/// A namespace of the API (ARCHITECTURE.md): the OpenAI-compatible HTTP server.
 pub mod server;
-pub mod tokenizer;
+mod tokenizer;
 
-pub use config::{Arch, ModelConfig};
+pub use batcher::{Batcher, BatcherHandle, GenEvent};
+pub use config::{Arch, ModelConfig, RopeScaling};
 pub use engine::{
     Engine, Finish, FinishReason, GenerateParams, GeneratedToken, Generation, LoadOptions,
-    ScoredPosition, ScoredSequence,
+    MAX_TOP_K, ScoredPosition, ScoredSequence, Seq,
 };
 pub use error::{EngineError, Result};
+pub use gguf::{GgmlType, GgufFile, GgufValue, TensorInfo};
 pub use kernels::Isa;
+pub use profile::Profile;
 pub use sample::{SamplingParams, TokenLogprob};
+pub use tokenizer::{Detokenizer, Tokenizer};

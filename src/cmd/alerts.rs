@@ -9,8 +9,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
-use samewise_probes::alerting::{Alerting, AlertsConfig, alerts_table, utc};
+use samewise_probes::{Alerting, AlertsConfig, alerts_table};
 use samewise_proxy::Config;
+use samewise_store::utc_text as utc;
 use samewise_store::{Alert, AlertQuery, AlertState, Store};
 
 /// Arguments of `samewise alerts`.

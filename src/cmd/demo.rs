@@ -23,9 +23,9 @@ use clap::Args;
 use samewise_demo::scenario::{self, ENDPOINTS, Setup, Sizes};
 use samewise_demo::summary::{self, Overview};
 use samewise_demo::traffic::{Traffic, TrafficConfig};
-use samewise_engine::engine::{Engine, LoadOptions};
-use samewise_engine::profile::Profile;
+use samewise_engine::Profile;
 use samewise_engine::server::{self, ServerState};
+use samewise_engine::{Engine, LoadOptions};
 use samewise_proxy::Config;
 use samewise_store::{KeyOptions, Store};
 use tokio_util::sync::CancellationToken;
@@ -155,7 +155,7 @@ fn init_log(data_dir: &Path) -> anyhow::Result<PathBuf> {
 
 /// Deletes the demo's SQLite database (and its WAL files) from the data directory.
 fn clean_sqlite(data_dir: &Path) -> anyhow::Result<()> {
-    let db = samewise_store::connect::DEFAULT_SQLITE_FILE;
+    let db = samewise_store::DEFAULT_SQLITE_FILE;
     for suffix in ["", "-wal", "-shm"] {
         let p = data_dir.join(format!("{db}{suffix}"));
         match std::fs::remove_file(&p) {

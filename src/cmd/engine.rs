@@ -11,8 +11,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use samewise_engine::engine::LoadOptions;
-use samewise_engine::profile::Profile;
+use samewise_engine::LoadOptions;
+use samewise_engine::Profile;
 use samewise_engine::server::{self, ServerState};
 
 /// Arguments of `samewise engine`.

@@ -112,7 +112,7 @@ pub fn targets(config: &Config, evals: &EvalsConfig) -> anyhow::Result<Targets> 
             .or_else(|| config.models.keys().next().cloned())
             .unwrap_or_default();
         out.push(Target {
-            label: samewise_evals::target::REFERENCE.to_owned(),
+            label: samewise_evals::REFERENCE.to_owned(),
             base_url: url.clone(),
             api_key: None,
             model,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use samewise_probes::config::ProbesConfig;
+use samewise_probes::ProbesConfig;
 use samewise_probes::detect::Detectors;
 use samewise_probes::kinds::Target;
 use samewise_probes::runner::{RoundResult, Scheduler};
@@ -68,7 +68,7 @@ pub fn probes_config(config: &Config) -> anyhow::Result<Option<ProbesConfig>> {
 
 /// How the reference backend reads in a summary line.
 pub fn reference_label(p: &ProbesConfig) -> String {
-    use samewise_probes::config::ReferenceConfig;
+    use samewise_probes::ReferenceConfig;
     match &p.reference {
         ReferenceConfig::InProcess { model, .. } => format!("in-process ({})", model.display()),
         ReferenceConfig::Remote { url, .. } => format!("remote ({url})"),

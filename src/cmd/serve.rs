@@ -113,9 +113,9 @@ pub async fn serve_on(
     };
     let dash_metrics = {
         let mut r = registry.write().unwrap_or_else(|p| p.into_inner());
-        samewise_dashboards::metrics::DashMetrics::register(&mut r)
+        samewise_dashboards::DashMetrics::register(&mut r)
     };
-    let refresher = samewise_dashboards::metrics::Refresher::spawn(
+    let refresher = samewise_dashboards::Refresher::spawn(
         dashboards.clone(),
         dash_metrics,
         std::time::Duration::from_secs(15),

@@ -9,52 +9,62 @@
 //! `QueryBuilder` (no compile-time macros, so no database is needed to build).
 //!
 //! # Layout
-//! - [`error`]: [`StoreError`], what failed in the caller's terms; database URLs in it are
+//! - `error`: [`StoreError`], what failed in the caller's terms; database URLs in it are
 //!   redacted.
-//! - [`connect`]: [`Store`], [`Backend`], URL resolution and pool set-up.
-//! - [`migrate`]: the migration runner over the SQL files embedded from `migrations/`.
-//! - [`error_kind`]: [`ErrorKind`], the closed set of `error_kind` names a record carries.
-//! - [`records`]: [`RequestRecord`] (one row per upstream attempt) and its queries.
-//! - [`rollups`]: [`Rollup`] per endpoint per minute, upserted with the records; the
+//! - `connect`: [`Store`], [`Backend`], URL resolution and pool set-up.
+//! - `migrate`: the migration runner over the SQL files embedded from `migrations/`.
+//! - `error_kind`: [`ErrorKind`], the closed set of `error_kind` names a record carries.
+//! - `records`: [`RequestRecord`] (one row per upstream attempt) and its queries.
+//! - `rollups`: [`Rollup`] per endpoint per minute, upserted with the records; the
 //!   summaries and time series dashboards read.
-//! - [`partitions`]: daily partitions of `request_records` on PostgreSQL, and retention.
-//! - [`keys`]: [`ApiKey`]; keys are stored as SHA-256 hashes only.
-//! - [`writer`]: [`RecordWriter`] / [`RecordSender`], the bounded queue and batched writes.
-//! - [`probe_runs`]: [`ProbeRun`], one probe of one endpoint, and its queries.
-//! - [`alerts`]: [`Alert`] and its lifecycle (open, acknowledged, resolved), deduplicated
+//! - `partitions`: daily partitions of `request_records` on PostgreSQL, and retention.
+//! - `keys`: [`ApiKey`]; keys are stored as SHA-256 hashes only.
+//! - `writer`: [`RecordWriter`] / [`RecordSender`], the bounded queue and batched writes.
+//! - `probe_runs`: [`ProbeRun`], one probe of one endpoint, and its queries.
+//! - `alerts`: [`Alert`] and its lifecycle (open, acknowledged, resolved), deduplicated
 //!   per model, endpoint and kind.
-//! - [`evals`]: [`EvalJob`] queue (claim with a lease, heartbeat, take-over, bounded
+//! - `evals`: [`EvalJob`] queue (claim with a lease, heartbeat, take-over, bounded
 //!   attempts), per-item [`EvalResult`]s written once, per-endpoint cooldowns.
-//! - [`scheduler_lock`]: [`SchedulerLock`], one active probe scheduler per database.
+//! - `scheduler_lock`: [`SchedulerLock`], one active probe scheduler per database.
 //! - `testing` (feature `testing`): fresh PostgreSQL and SQLite databases for tests.
 
-pub mod alerts;
-pub mod connect;
-pub mod error;
-pub mod error_kind;
-pub mod evals;
-pub mod keys;
-pub mod migrate;
-pub mod partitions;
-pub mod probe_runs;
-pub mod records;
-pub mod rollups;
-pub mod scheduler_lock;
+//!
+//! The API is what this root re-exports (the `Store` handle, its row and query types) and
+//! `testing`; the modules are private.
+
+mod alerts;
+mod connect;
+mod error;
+mod error_kind;
+mod evals;
+mod keys;
+mod migrate;
+mod partitions;
+mod probe_runs;
+mod records;
+mod rollups;
+mod scheduler_lock;
+/// A namespace of the API (feature `testing`): fresh databases and fault injection for tests.
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod writer;
+mod writer;
 
 pub use alerts::{Alert, AlertQuery, AlertState, NewAlert};
-pub use connect::{Backend, Store};
+pub use connect::{Backend, DEFAULT_SQLITE_FILE, Store};
 pub use error::StoreError;
 pub use error_kind::ErrorKind;
 pub use evals::{EvalJob, EvalResult, JobProgress, JobState, Lease, NewEvalJob};
-pub use keys::{ApiKey, KeyOptions};
+pub use keys::{ApiKey, KeyOptions, hash_key};
 pub use probe_runs::{ProbeRun, ProbeRunCount, ProbeRunQuery};
-pub use records::{RecordQuery, RequestRecord};
+pub use records::{MAX_QUERY_LIMIT, RecordQuery, RequestRecord};
 pub use rollups::{EndpointRollup, Rollup, RollupPoint, RollupQuery};
 pub use scheduler_lock::SchedulerLock;
 pub use writer::{RecordSender, RecordWriter, RecordWriterConfig};
+// What the store's own tests check against: the migration list, partition days and names,
+// rollup buckets and the histogram quantile.
+pub use migrate::{Migration, POSTGRES as POSTGRES_MIGRATIONS};
+pub use partitions::{DAY_MS, partition_name};
+pub use rollups::{HOUR_MS, MINUTE_MS, hist_quantile, minute_of};
 
 /// An endpoint's label, `provider/model-id` (the provider's key in the config and the id the
 /// provider knows the model by): the one format request records, probe runs, alerts, metrics

@@ -19,6 +19,8 @@ use std::collections::{BTreeMap, HashMap};
 use sqlx::{Database, QueryBuilder, Row};
 
 use crate::RequestRecord;
+// one UTC day, the coarsest grain (a 30-day range reads its whole days): the partitions' day
+use crate::partitions::DAY_MS;
 use crate::probe_runs::{on_pool, sql, text};
 use crate::{Store, StoreError};
 
@@ -36,8 +38,6 @@ pub const TPOT_BOUNDS_MS: [f64; BUCKETS - 1] = [
 pub const MINUTE_MS: i64 = 60_000;
 /// One hour, the coarse grain long ranges read, in milliseconds.
 pub const HOUR_MS: i64 = 3_600_000;
-/// One UTC day, the coarsest grain (a 30-day range reads its whole days), in milliseconds.
-pub const DAY_MS: i64 = 86_400_000;
 
 /// One rollup grain: its tables and time column.
 #[derive(Debug, Clone, Copy)]

@@ -19,10 +19,12 @@
 //!   a real headless Chromium ([`webdriver::ChromeDriver`], [`webdriver::Browser`]).
 
 mod behavior;
+/// A namespace of the API: `fixtures::test_model`, `fixtures::hf_fixture_dir`.
 pub mod fixtures;
 mod http1;
 mod mock;
 mod render;
+/// A namespace of the API: the WebDriver client (`webdriver::ChromeDriver`, `webdriver::Browser`).
 pub mod webdriver;
 
 pub use behavior::{Behavior, LogprobsMode, Reply, ToolCall};

@@ -143,7 +143,7 @@ async fn share(store: &Store, endpoint: &str, from: i64, to: i64) -> Result<(f64
         .request_records(&RecordQuery {
             model: Some("smollm2".into()),
             since_ms: Some(from),
-            limit: samewise_store::records::MAX_QUERY_LIMIT,
+            limit: samewise_store::MAX_QUERY_LIMIT,
             ..RecordQuery::default()
         })
         .await?;

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use samewise_probes::alerting::AlertsConfig;
+use samewise_probes::AlertsConfig;
 use samewise_probes::detect::{DetectorConfig, Detectors};
 use samewise_proxy::QualityWatcher;
 use samewise_proxy::{AppState, Config};

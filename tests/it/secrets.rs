@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use samewise_store::keys::hash_key;
+use samewise_store::hash_key;
 use samewise_store::{KeyOptions, ProbeRunQuery, Store};
 use samewise_testkit::MockUpstream;
 use serde_json::json;

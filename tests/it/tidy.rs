@@ -7,7 +7,10 @@
 //! - no SQL outside `store/` (no `sqlx` in any other crate, code or manifest);
 //! - no `#[path]` attribute: a file's path is its module path;
 //! - every `.rs` file opens with a `//!` paragraph;
-//! - no file over 800 lines unless it says why in a `tidy: long-file` comment.
+//! - no file over 800 lines unless it says why in a `tidy: long-file` comment;
+//! - a library crate's API is what its `lib.rs` re-exports: a `pub mod` there must be in
+//!   [`PUBLIC_MODULES`] with the reason it is a namespace of the API, and no `pub use` of a
+//!   glob re-exports a module wholesale.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -58,6 +61,168 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "samewise-toolcheck",
             "samewise-evals",
         ],
+    ),
+];
+
+/// The modules a library crate's `lib.rs` may declare `pub mod` (crate directory, module,
+/// why it is a namespace of the API rather than re-exported items). Every other module is
+/// private, and the crate's API is what its root re-exports; a new public module is a new
+/// API boundary and is argued here first (and in ARCHITECTURE.md's "API Boundary" line).
+const PUBLIC_MODULES: &[(&str, &str, &str)] = &[
+    (
+        "wire",
+        "sse",
+        "the SSE codec, called by module (`sse::SseDecoder`)",
+    ),
+    (
+        "toolcheck",
+        "bfcl",
+        "BFCL's checker, called by module by the evals' suites",
+    ),
+    (
+        "toolcheck",
+        "schema",
+        "client schema bounds and compile, by module (proxy, evals)",
+    ),
+    (
+        "toolcheck",
+        "vendor",
+        "the vendor-verifier metrics (ARCHITECTURE.md)",
+    ),
+    (
+        "longctx",
+        "task",
+        "ARCHITECTURE.md: items are built by module (`task::lengths`)",
+    ),
+    (
+        "longctx",
+        "score",
+        "ARCHITECTURE.md: request bodies and answer sums by module",
+    ),
+    (
+        "longctx",
+        "context",
+        "ARCHITECTURE.md: effective-context rules by module",
+    ),
+    (
+        "store",
+        "testing",
+        "feature `testing`: fresh databases for every crate's tests",
+    ),
+    (
+        "proxy",
+        "config",
+        "ARCHITECTURE.md: the configuration other crates read",
+    ),
+    (
+        "reference-engine",
+        "server",
+        "ARCHITECTURE.md: the engine's HTTP server",
+    ),
+    (
+        "reference-engine",
+        "chat",
+        "templates and tool-call parsing, called by module",
+    ),
+    (
+        "reference-engine",
+        "constrain",
+        "constrained decoding, driven by its example and tests",
+    ),
+    (
+        "reference-engine",
+        "sample",
+        "the numeric primitives whose bits the tests compare",
+    ),
+    (
+        "reference-engine",
+        "profile",
+        "`Profile` and the sections its public fields hold",
+    ),
+    (
+        "probes",
+        "calibrate",
+        "ARCHITECTURE.md: the ladder's steps (`samewise calibrate`)",
+    ),
+    (
+        "probes",
+        "runner",
+        "ARCHITECTURE.md: the scheduler the binary starts",
+    ),
+    (
+        "probes",
+        "detect",
+        "the detectors and the charts the detection benchmark replays",
+    ),
+    (
+        "probes",
+        "kinds",
+        "one probe of a kind, run without the scheduler by the benchmark",
+    ),
+    (
+        "probes",
+        "reference",
+        "the `Reference` trait and its backends, by module",
+    ),
+    (
+        "probes",
+        "compare",
+        "a statistic (ARCHITECTURE.md: the statistic functions)",
+    ),
+    (
+        "probes",
+        "ladder",
+        "a statistic (ARCHITECTURE.md: the statistic functions)",
+    ),
+    (
+        "probes",
+        "mmd",
+        "a statistic (ARCHITECTURE.md: the statistic functions)",
+    ),
+    (
+        "probes",
+        "noise",
+        "a statistic (ARCHITECTURE.md: the statistic functions)",
+    ),
+    (
+        "probes",
+        "passive",
+        "a statistic (ARCHITECTURE.md: the statistic functions)",
+    ),
+    (
+        "probes",
+        "sequential",
+        "a statistic (ARCHITECTURE.md: the statistic functions)",
+    ),
+    (
+        "demo",
+        "model",
+        "ARCHITECTURE.md: the demo's API is its four modules",
+    ),
+    (
+        "demo",
+        "scenario",
+        "ARCHITECTURE.md: the demo's API is its four modules",
+    ),
+    (
+        "demo",
+        "summary",
+        "ARCHITECTURE.md: the demo's API is its four modules",
+    ),
+    (
+        "demo",
+        "traffic",
+        "ARCHITECTURE.md: the demo's API is its four modules",
+    ),
+    (
+        "testkit",
+        "fixtures",
+        "where the test model is, by module (`fixtures::test_model`)",
+    ),
+    (
+        "testkit",
+        "webdriver",
+        "the WebDriver client, by module (`webdriver::Browser`)",
     ),
 ];
 
@@ -250,6 +415,65 @@ fn no_file_is_too_long_without_a_reason() -> Result<()> {
             "files over {MAX_LINES} lines (split them, or say why in a `tidy: long-file` comment):\n{}",
             wrong.join("\n")
         );
+    }
+    Ok(())
+}
+
+#[test]
+fn public_modules_are_only_the_listed_namespaces() -> Result<()> {
+    let mut libs = Vec::new();
+    for entry in std::fs::read_dir(root())? {
+        let dir = entry?.path();
+        let lib = dir.join("src/lib.rs");
+        if lib.is_file() {
+            let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            libs.push((name.to_owned(), lib));
+        }
+    }
+    ensure!(
+        libs.len() >= 10,
+        "found only {} library crates under {}",
+        libs.len(),
+        root().display()
+    );
+    let mut wrong = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (krate, lib) in &libs {
+        let text = std::fs::read_to_string(lib)?;
+        for (i, line) in text.lines().enumerate() {
+            let code = line.trim();
+            if let Some(rest) = code.strip_prefix("pub mod ") {
+                let module = rest.trim_end_matches(';').trim_end_matches('{').trim();
+                if PUBLIC_MODULES
+                    .iter()
+                    .any(|(c, m, _)| c == krate && *m == module)
+                {
+                    seen.insert((krate.clone(), module.to_owned()));
+                } else {
+                    wrong.push(format!(
+                        "{krate}/src/lib.rs:{}: `pub mod {module}` (make it private and \
+                         re-export what callers use, or add it to PUBLIC_MODULES with the reason)",
+                        i + 1
+                    ));
+                }
+            }
+            if code.starts_with("pub use") && code.contains("::*") {
+                wrong.push(format!(
+                    "{krate}/src/lib.rs:{}: a glob re-export (name what callers use)",
+                    i + 1
+                ));
+            }
+        }
+    }
+    for (krate, module, _) in PUBLIC_MODULES {
+        if !seen.contains(&((*krate).to_owned(), (*module).to_owned())) {
+            wrong.push(format!(
+                "PUBLIC_MODULES lists {krate}::{module}, which is no `pub mod` in its lib.rs"
+            ));
+        }
+    }
+    if !wrong.is_empty() {
+        bail!("API boundaries against tidy's list:\n{}", wrong.join("\n"));
     }
     Ok(())
 }

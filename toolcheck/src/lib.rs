@@ -9,7 +9,7 @@
 //! # Layout
 //! - [`bfcl`]: BFCL's AST checker rules for the evals' `tool_calls` suite (one answer's
 //!   calls against an item's ground truth, failures bucketed by [`bfcl::ErrorType`]).
-//! - [`classify`]: [`ToolSet`] (a request's tools compiled once), [`ToolCallAssembler`]
+//! - `classify`: [`ToolSet`] (a request's tools compiled once), [`ToolCallAssembler`]
 //!   (streamed deltas → whole calls by `index`), [`check_calls`] → [`ToolReport`]
 //!   (ok / invalid_json / unknown_name / schema_mismatch, finish-reason consistency).
 //! - [`schema`]: client-supplied JSON Schemas bounded (depth, size) and compiled with
@@ -18,9 +18,15 @@
 //!   (call/no-call decisions against a baseline's; `None` when neither side has a positive)
 //!   and [`vendor::SchemaAccuracy`].
 
+//!
+//! The API is the crate root's re-exports (from the private `classify`) and three namespaces.
+
+/// A namespace of the API: the evals' tool-call suite scores with `bfcl::check`.
 pub mod bfcl;
-pub mod classify;
+mod classify;
+/// A namespace of the API: the proxy and the evals bound and compile client schemas with it.
 pub mod schema;
+/// A namespace of the API (ARCHITECTURE.md): the vendor-verifier metrics over many answers.
 pub mod vendor;
 
 pub use classify::{

@@ -10,14 +10,18 @@
 //! so a value read and written again loses nothing a provider or client added.
 //!
 //! # Layout
-//! - [`chat`]: chat-completion requests, responses, chunks, messages, tools and tool calls.
-//! - [`completions`]: legacy completions with `echo` and numeric `logprobs`.
-//! - [`common`]: `Usage`, `ErrorBody`, the model list.
+//! - `chat`: chat-completion requests, responses, chunks, messages, tools and tool calls.
+//! - `completions`: legacy completions with `echo` and numeric `logprobs`.
+//! - `common`: `Usage`, `ErrorBody`, the model list.
 //! - [`sse`]: `SseDecoder` (incremental, split-safe, bounded) and the event encoder.
+//!
+//! The API is the types re-exported below and the `sse` codec; the modules holding the types
+//! are private.
 
-pub mod chat;
-pub mod common;
-pub mod completions;
+mod chat;
+mod common;
+mod completions;
+/// A namespace of the API: the SSE codec (`sse::SseDecoder`, `sse::encode_data`, ...).
 pub mod sse;
 
 pub use chat::{

@@ -147,7 +147,7 @@ async fn login_sets_a_strict_http_only_session_and_csrf_guards_posts() -> Result
         !html.contains(&s.admin) && !html.contains(&s.client),
         "a key was rendered"
     );
-    let hash = samewise_store::keys::hash_key(&s.admin);
+    let hash = samewise_store::hash_key(&s.admin);
     ensure!(!html.contains(&hash), "a key hash was rendered");
     let csrf = html
         .split("name=\"csrf\" value=\"")

@@ -4,7 +4,7 @@
 
 use anyhow::{Result, ensure};
 use prometheus_client::registry::Registry;
-use samewise_dashboards::metrics::DashMetrics;
+use samewise_dashboards::DashMetrics;
 
 use crate::common::{RUNS, Server};
 

@@ -33,19 +33,19 @@ use futures_util::StreamExt;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use samewise_engine::profile::Profile;
+use samewise_engine::Profile;
 use samewise_engine::server::{self, ServerState};
 use samewise_engine::{Engine, LoadOptions};
 use samewise_probes::compare::{self, PositionMetrics, RunSummary};
-use samewise_probes::config::{ModelProbes, ProbeKind, ProbesConfig};
 use samewise_probes::detect::{self, DetectorConfig};
 use samewise_probes::kinds::{self, ProbeCtx, PromptSets, Target};
 use samewise_probes::ladder::Ladder;
 use samewise_probes::mmd::{PermutationConfig, PromptSamples, mmd_test};
 use samewise_probes::noise;
-use samewise_probes::prompts::{CompletionPrompt, LogprobText};
 use samewise_probes::reference::{InProcess, Reference, SampleRequest};
 use samewise_probes::sequential::CusumConfig;
+use samewise_probes::{CompletionPrompt, LogprobText};
+use samewise_probes::{ModelProbes, ProbeKind, ProbesConfig};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -153,10 +153,15 @@ impl Settings {
     }
 }
 
+mod analysis;
 mod cache;
 mod report;
 mod samples;
 
+use analysis::{
+    Bench, changed_rows, check_fast_stats, cusum_keys, faithful_rows, in_control_rows,
+    samples_rows, text_tokens, text_variants,
+};
 use cache::{
     Env, ProfileData, draw_round, fast_stats, part_a_profile, round_summary, start_endpoint,
 };
@@ -252,18 +257,7 @@ async fn main() -> Result<()> {
     let ladder_path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("data/ladders/smollm2-135m-instruct-q4_1.json");
     let ladder = Ladder::from_json(&std::fs::read_to_string(&ladder_path)?)?;
-    // part B's chart: DetectorConfig::default(), or another k [CUSUM_K] / the
-    // estimated-baseline correction off [CUSUM_CORRECTION=0] to compare remedies
-    let mut det = DetectorConfig::default();
-    if let Ok(k) = std::env::var("CUSUM_K") {
-        let k: f64 = k.trim().parse().context("CUSUM_K")?;
-        det.cusum = CusumConfig {
-            baseline_rounds: det.cusum.baseline_rounds,
-            min_sd: det.cusum.min_sd,
-            ..CusumConfig::for_arl0(k, det.cusum.arl0(), true)?
-        };
-    }
-    det.cusum_baseline_correction = env_or("CUSUM_CORRECTION", 1u8)? != 0;
+    let det = detector_from_env()?;
     let threshold = ladder.threshold(det.metric, &det.rule.level)?;
     eprintln!(
         "settings: {s:?}\nfaithful? threshold: {:?} > {threshold} (level {}); CUSUM h {:.3} (charts {:.3}) k {} two-sided {} ARL0 {:.0}",
@@ -275,19 +269,7 @@ async fn main() -> Result<()> {
         det.cusum.two_sided,
         det.cusum.arl0()
     );
-    let (tok, template) = samewise_engine::chat::load_tokenizer_and_template(&model)?;
-    let m = model.clone();
-    let ref_engine = tokio::task::spawn_blocking(move || {
-        Engine::load(
-            &m,
-            LoadOptions {
-                threads: 2,
-                ..LoadOptions::default()
-            },
-        )
-    })
-    .await??;
-    let reference = InProcess::from_parts(Arc::new(ref_engine), Arc::new(tok), template);
+    let reference = load_reference(&model).await?;
     let http = kinds::endpoint_client(std::time::Duration::from_secs(300));
     let env = Env {
         reference: &reference,
@@ -298,322 +280,30 @@ async fn main() -> Result<()> {
     let mut log = Vec::new();
 
     // ---- collection: part A caches and part C pools, one endpoint at a time
-    let mut profiles: Vec<ProfileData> = Vec::new();
-    let mut pools: Vec<Pool> = Vec::new();
-    let mut all_names = s.profiles.clone();
-    for p in &s.sample_profiles {
-        if !all_names.contains(p) {
-            all_names.push(p.clone());
-        }
-    }
-    // the reference pool is drawn while the endpoints are probed (the engine is
-    // batch-invariant: the re-run check below would show any interference)
-    let collect = async {
-        for name in &all_names {
-            let stop = CancellationToken::new();
-            let (target, task) = start_endpoint(&model, name, &stop).await?;
-            if s.profiles.contains(name) {
-                profiles.push(part_a_profile(&env, &target, &s, &mut log).await?);
-            }
-            if s.pool > 0 && s.sample_profiles.contains(name) {
-                pools.push(
-                    endpoint_pool(&http, &target, &sets.completion_prompts, &cfg, s.pool).await?,
-                );
-            }
-            stop.cancel();
-            task.await?;
-        }
-        Ok::<_, anyhow::Error>(())
-    };
-    let ref_pool_fut = async {
-        if s.pool > 0 {
-            Ok::<_, anyhow::Error>(Some(
-                reference_pool(
-                    &reference,
-                    &sets.completion_prompts,
-                    &cfg,
-                    s.pool,
-                    mix(s.seed, 0x5EED),
-                )
-                .await?,
-            ))
-        } else {
-            Ok(None)
-        }
-    };
-    let (collected, ref_pool) = tokio::join!(collect, ref_pool_fut);
-    collected?;
-    let ref_pool = ref_pool?;
+    let (profiles, pools, ref_pool) = collect(&s, &model, &env, &mut log).await?;
     let collect_s = started.elapsed().as_secs_f64();
     eprintln!("collection done in {collect_s:.1} s");
 
     // ---- A: faithful? per profile and budget
     let t_a = Instant::now();
-    let tokens: Vec<i64> = profiles
-        .first()
-        .context("no profiles")?
-        .texts
-        .iter()
-        .map(|t| t.tokens)
-        .collect();
-    for p in &profiles {
-        let t: Vec<i64> = p.texts.iter().map(|t| t.tokens).collect();
-        ensure!(
-            t == tokens,
-            "{}: text token counts differ from {}",
-            p.name,
-            profiles[0].name
-        );
-    }
-    // the shipped texts, and those on which the exact (reference-profile) endpoint compares
-    // exactly (KL 0, same top-1 everywhere): texts it does not are a probe artefact
-    let all_texts: Vec<usize> = (0..tokens.len()).collect();
-    let exact_texts: Vec<usize> = match profiles.iter().find(|p| p.name == "reference") {
-        Some(rp) => (0..tokens.len())
-            .filter(|&i| {
-                round_summary(rp, &[i]).is_ok_and(|x| x.kl_mean == 0.0 && x.top1_same == 1.0)
-            })
-            .collect(),
-        None => Vec::new(),
+    let tokens = text_tokens(&profiles)?;
+    let bench = Bench {
+        s: &s,
+        cfg: &cfg,
+        det: &det,
+        tokens: &tokens,
     };
-    let inexact_ids: Vec<String> = all_texts
-        .iter()
-        .filter(|i| !exact_texts.contains(i))
-        .map(|&i| sets.logprob_texts[i].id.clone())
-        .collect();
-    let mut variants = vec![("shipped", all_texts.clone())];
-    if !exact_texts.is_empty() && exact_texts.len() < all_texts.len() {
-        variants.push(("exact", exact_texts.clone()));
-    }
-    let mut a_rows = Vec::new();
+    let (variants, inexact_ids) = text_variants(&profiles, &sets, tokens.len());
     let a_variants: &[(&str, Vec<usize>)] = if s.only_b { &[] } else { &variants };
-    for (variant, subset) in a_variants {
-        let sub_tokens: Vec<i64> = subset.iter().map(|&i| tokens[i]).collect();
-        for p in &profiles {
-            for &b in &s.budgets {
-                let (mut flags, mut tok_sum, mut texts_sum) = (0usize, 0i64, 0usize);
-                let (mut since_r, mut since_t) = (0usize, 0i64);
-                let (mut ep_r, mut ep_t) = (Vec::new(), Vec::new());
-                let mut kl = Vec::with_capacity(s.rounds);
-                for r in 0..s.rounds {
-                    let idx: Vec<usize> = draw_round(
-                        &mut rng_for(s.seed, &[0xA, b as u64, r as u64]),
-                        &sub_tokens,
-                        b,
-                    )
-                    .into_iter()
-                    .map(|i| subset[i])
-                    .collect();
-                    let rt: i64 = idx.iter().map(|&i| tokens[i]).sum();
-                    let sum = round_summary(p, &idx)?;
-                    let j = noise::judge(&ladder, det.metric, sum.kl_mean, None, &det.rule)?;
-                    tok_sum += rt;
-                    texts_sum += idx.len();
-                    since_r += 1;
-                    since_t += rt;
-                    kl.push(sum.kl_mean);
-                    if j.unfaithful {
-                        flags += 1;
-                        ep_r.push(since_r as f64);
-                        ep_t.push(since_t as f64);
-                        since_r = 0;
-                        since_t = 0;
-                    }
-                }
-                let mean = |v: &[f64]| {
-                    if v.is_empty() {
-                        f64::NAN
-                    } else {
-                        v.iter().sum::<f64>() / v.len() as f64
-                    }
-                };
-                a_rows.push(json!({
-                "texts": variant, "text_count": subset.len(),
-                "profile": p.name, "role": role(&p.name), "budget": b, "rounds": s.rounds,
-                "flags": flags, "flag_rate": flags as f64 / s.rounds as f64,
-                "wilson95": wilson(flags, s.rounds),
-                "mean_tokens_per_round": tok_sum as f64 / s.rounds as f64,
-                "mean_texts_per_round": texts_sum as f64 / s.rounds as f64,
-                "kl_mean_of_rounds": {"mean": mean(&kl), "min": kl.iter().copied().fold(f64::INFINITY, f64::min),
-                                      "max": kl.iter().copied().fold(f64::NEG_INFINITY, f64::max)},
-                "detection_episodes": ep_r.len(),
-                "mean_rounds_to_flag": mean(&ep_r),
-                "mean_tokens_to_flag": mean(&ep_t),
-            }));
-            }
-        }
-    }
+    let a_rows = faithful_rows(&bench, &profiles, a_variants, &ladder)?;
     eprintln!("A analysed in {:.1} s", t_a.elapsed().as_secs_f64());
 
     // ---- B: changed? after a switch, and in control
     let t_b = Instant::now();
-    let keys: Vec<String> = det
-        .cusum_statistics
-        .iter()
-        .filter(|k| ["kl_mean", "top1_same", "dlogprob_mean"].contains(&k.as_str()))
-        .cloned()
-        .collect();
-    ensure!(keys.len() == 3, "unexpected CUSUM statistics {keys:?}");
-    let key_pos: Vec<usize> = keys
-        .iter()
-        .map(|k| match k.as_str() {
-            "kl_mean" => 0,
-            "top1_same" => 1,
-            _ => 2,
-        })
-        .collect();
-    let by_name = |n: &str| profiles.iter().find(|p| p.name == n);
-    let stats_of = |p: &ProfileData, idx: &[usize]| -> [f64; 3] {
-        let f = fast_stats(p, idx);
-        [f[key_pos[0]], f[key_pos[1]], f[key_pos[2]]]
-    };
-    // the fast sums are the summarize sums: check on some rounds of every profile
-    let mut fast_checked = 0;
-    for p in &profiles {
-        for r in 0..50u64 {
-            let idx = draw_round(&mut rng_for(s.seed, &[0xB0, r]), &tokens, s.switch_budget);
-            let f = fast_stats(p, &idx);
-            let sm = round_summary(p, &idx)?;
-            ensure!(
-                f[0].to_bits() == sm.kl_mean.to_bits()
-                    && f[1].to_bits() == sm.top1_same.to_bits()
-                    && f[2].to_bits() == sm.abs_dlogprob_mean.to_bits(),
-                "fast stats differ from summarize for {}",
-                p.name
-            );
-            fast_checked += 1;
-        }
-    }
-    let window_rounds = |r: usize, offset: usize| -> Vec<usize> {
-        // the scheduler's rotating window: items_per_round texts starting at round · count
-        let n = tokens.len();
-        let c = cfg.items_per_round.min(n);
-        (0..c).map(|i| ((r + offset) * c + i) % n).collect()
-    };
-    // distinct start offsets of the rotating window
-    let window_worlds = tokens
-        .len()
-        .div_ceil(cfg.items_per_round.clamp(1, tokens.len()));
-    let mut b_rows = Vec::new();
-    for (mode, worlds) in [("random", s.worlds), ("window", window_worlds)] {
-        for p0n in ["reference", "a8"] {
-            for p1n in ["w6", "w5", "w4"] {
-                let (Some(p0), Some(p1)) = (by_name(p0n), by_name(p1n)) else {
-                    continue;
-                };
-                let mut pre_alarms = 0usize;
-                let mut pre_rounds = 0usize;
-                let (mut delays, mut delay_tokens) = (Vec::new(), Vec::new());
-                let mut undetected = 0;
-                let mut round_tokens = 0i64;
-                let mut round_count = 0usize;
-                for w in 0..worlds {
-                    let mut rng = rng_for(s.seed, &[0xB, w as u64]);
-                    let (mut series, mut round_tok) = (Vec::new(), Vec::new());
-                    for r in 0..s.switch_at + s.max_after {
-                        let idx = if mode == "random" {
-                            draw_round(&mut rng, &tokens, s.switch_budget)
-                        } else {
-                            window_rounds(r, w)
-                        };
-                        round_tok.push(idx.iter().map(|&i| tokens[i]).sum::<i64>());
-                        let p = if r < s.switch_at { p0 } else { p1 };
-                        series.push(stats_of(p, &idx));
-                    }
-                    let alarms = alarms_with_window(&det, &series, det.history_runs as usize)?;
-                    let mut after_tokens = 0i64;
-                    let mut found = false;
-                    for (r, a) in alarms.iter().enumerate() {
-                        let rt = round_tok[r];
-                        round_tokens += rt;
-                        round_count += 1;
-                        let alarm = a.iter().any(|&x| x);
-                        if r < s.switch_at {
-                            if r >= det.cusum.baseline_rounds {
-                                pre_rounds += 1;
-                                pre_alarms += usize::from(alarm);
-                            }
-                            continue;
-                        }
-                        after_tokens += rt;
-                        if alarm {
-                            delays.push((r - s.switch_at + 1) as f64);
-                            delay_tokens.push(after_tokens as f64);
-                            found = true;
-                            break;
-                        }
-                    }
-                    if !found {
-                        undetected += 1;
-                    }
-                }
-                let within3 = delays.iter().filter(|&&d| d <= 3.0).count();
-                b_rows.push(json!({
-                    "rounds": mode, "p0": p0n, "p1": p1n, "worlds": worlds,
-                    "mean_tokens_per_round": round_tokens as f64 / round_count.max(1) as f64,
-                    "pre_switch_monitored_rounds": pre_rounds, "pre_switch_alarms": pre_alarms,
-                    "pre_switch_alarm_rate": pre_alarms as f64 / pre_rounds.max(1) as f64,
-                    "detected": delays.len(), "undetected_within": [undetected, s.max_after],
-                    "delay_rounds_median": quantile(&delays, 0.5), "delay_rounds_p95": quantile(&delays, 0.95),
-                    "delay_tokens_median": quantile(&delay_tokens, 0.5), "delay_tokens_p95": quantile(&delay_tokens, 0.95),
-                    "detected_within_3_rounds": within3, "detected_within_3_share": within3 as f64 / worlds as f64,
-                }));
-            }
-        }
-    }
-    // in control: a8 for ic_rounds rounds per world, charts as the detector rebuilds them
-    let mut ic_rows = Vec::new();
-    if let Some(a8) = by_name("a8") {
-        for (mode, worlds) in [("random", s.worlds), ("window", window_worlds)] {
-            let mut any = 0usize;
-            let mut per_chart = [0usize; 3];
-            let mut monitored = 0usize;
-            let mut first_alarm = Vec::new();
-            let mut no_alarm = 0usize;
-            for w in 0..worlds {
-                let mut rng = rng_for(s.seed, &[0x1C, w as u64]);
-                let series: Vec<[f64; 3]> = (0..s.ic_rounds)
-                    .map(|r| {
-                        let idx = if mode == "random" {
-                            draw_round(&mut rng, &tokens, s.switch_budget)
-                        } else {
-                            window_rounds(r, w)
-                        };
-                        stats_of(a8, &idx)
-                    })
-                    .collect();
-                let alarms = alarms_with_window(&det, &series, det.history_runs as usize)?;
-                let mut first = None;
-                for (t, a) in alarms.iter().enumerate() {
-                    if t < det.cusum.baseline_rounds {
-                        continue;
-                    }
-                    monitored += 1;
-                    for (c, &x) in a.iter().enumerate() {
-                        per_chart[c] += usize::from(x);
-                    }
-                    if a.iter().any(|&x| x) {
-                        any += 1;
-                        first.get_or_insert(t + 1 - det.cusum.baseline_rounds);
-                    }
-                }
-                match first {
-                    Some(f) => first_alarm.push(f as f64),
-                    None => no_alarm += 1,
-                }
-            }
-            ic_rows.push(json!({
-                "rounds": mode, "p0": "a8", "worlds": worlds, "rounds_per_world": s.ic_rounds,
-                "history_runs": det.history_runs, "monitored_rounds": monitored,
-                "alarm_rounds_any_chart": any, "alarm_rate_any_chart": any as f64 / monitored.max(1) as f64,
-                "wilson95": wilson(any, monitored),
-                "alarms_per_chart": keys.iter().zip(per_chart).map(|(k, n)| json!({"statistic": k, "alarms": n})).collect::<Vec<_>>(),
-                "documented_arl0_per_chart": det.cusum.arl0(),
-                "first_alarm_monitored_round_median": quantile(&first_alarm, 0.5),
-                "worlds_without_alarm": no_alarm,
-            }));
-        }
-    }
+    let (keys, key_pos) = cusum_keys(&det)?;
+    let fast_checked = check_fast_stats(&bench, &profiles)?;
+    let b_rows = changed_rows(&bench, &profiles, &key_pos)?;
+    let ic_rows = in_control_rows(&bench, &profiles, &keys, &key_pos)?;
     eprintln!(
         "B analysed in {:.1} s ({fast_checked} fast rounds checked)",
         t_b.elapsed().as_secs_f64()
@@ -621,81 +311,10 @@ async fn main() -> Result<()> {
 
     // ---- C: samples
     let t_c = Instant::now();
-    let mut c_rows = Vec::new();
-    if let Some(rf) = &ref_pool {
-        let n_prompts = sets.completion_prompts.len();
-        for (ti, ep) in pools.iter().enumerate() {
-            let all = |_r: usize| (0..n_prompts).collect::<Vec<_>>();
-            let two = |r: usize| {
-                let c = cfg.items_per_round.min(n_prompts);
-                (0..c).map(|i| (r * c + i) % n_prompts).collect::<Vec<_>>()
-            };
-            let tokens_round = |prompts: &[usize]| -> f64 {
-                prompts
-                    .iter()
-                    .map(|&i| {
-                        ep.prompt_tokens[i] + s.per_prompt as f64 * ep.completion_per_sample[i]
-                    })
-                    .sum()
-            };
-            let mut runs: Vec<(&str, usize, usize, Vec<f64>, f64)> = Vec::new();
-            let t_all = tokens_round(&all(0));
-            let p_all = samples_rounds(
-                ep,
-                rf,
-                &s,
-                s.sample_rounds,
-                cfg.permutations,
-                all,
-                ti as u64,
-            )?;
-            runs.push(("all prompts", n_prompts, cfg.permutations, p_all, t_all));
-            let t_two =
-                (0..n_prompts).map(|r| tokens_round(&two(r))).sum::<f64>() / n_prompts as f64;
-            let p_two = samples_rounds(
-                ep,
-                rf,
-                &s,
-                s.sample_rounds,
-                cfg.permutations,
-                two,
-                100 + ti as u64,
-            )?;
-            runs.push((
-                "default round",
-                cfg.items_per_round,
-                cfg.permutations,
-                p_two,
-                t_two,
-            ));
-            if s.hi_permutations > 0 {
-                let p_hi = samples_rounds(
-                    ep,
-                    rf,
-                    &s,
-                    s.hi_rounds,
-                    s.hi_permutations,
-                    all,
-                    200 + ti as u64,
-                )?;
-                runs.push(("all prompts", n_prompts, s.hi_permutations, p_hi, t_all));
-            }
-            for (label, np, perms, ps, t) in runs {
-                let n = ps.len();
-                let f05 = ps.iter().filter(|&&p| p < 0.05).count();
-                let f001 = ps.iter().filter(|&&p| p < det.samples_alpha).count();
-                c_rows.push(json!({
-                    "endpoint": ep.name, "role": if ep.name == "reference" { "null (flag = false alarm)" } else { "power" },
-                    "round": label, "prompts": np, "samples_per_prompt": s.per_prompt, "pool": s.pool,
-                    "permutations": perms, "min_p": 1.0 / (perms + 1) as f64, "rounds": n,
-                    "flag_rate_alpha_0.05": f05 as f64 / n as f64, "wilson95_0.05": wilson(f05, n), "flags_0.05": f05,
-                    "samples_alpha": det.samples_alpha,
-                    "flag_rate_samples_alpha": f001 as f64 / n as f64, "wilson95_samples_alpha": wilson(f001, n), "flags_samples_alpha": f001,
-                    "median_p": quantile(&ps, 0.5), "mean_tokens_per_round": t,
-                }));
-            }
-        }
-    }
+    let c_rows = match &ref_pool {
+        Some(rf) => samples_rows(&bench, &pools, rf, sets.completion_prompts.len())?,
+        None => Vec::new(),
+    };
     eprintln!("C analysed in {:.1} s", t_c.elapsed().as_secs_f64());
 
     // ---- write
@@ -708,19 +327,7 @@ async fn main() -> Result<()> {
     eprintln!("{line}");
     log.push(line);
     let results = json!({
-        "settings": {
-            "seed": s.seed, "only_b": s.only_b, "profiles": s.profiles, "budgets": s.budgets, "rounds": s.rounds,
-            "verify": s.verify, "worlds": s.worlds, "switch_budget": s.switch_budget, "switch_at": s.switch_at,
-            "max_after": s.max_after, "ic_rounds": s.ic_rounds, "pool": s.pool, "sample_profiles": s.sample_profiles,
-            "sample_rounds": s.sample_rounds, "samples_per_prompt": s.per_prompt,
-            "hi_permutations": s.hi_permutations, "hi_rounds": s.hi_rounds,
-            "items_per_round_default": cfg.items_per_round, "permutations_default": cfg.permutations,
-            "top_k": cfg.top_k, "level": det.rule.level, "metric": det.metric, "threshold": threshold,
-            "cusum": det.cusum, "cusum_arl0": det.cusum.arl0(), "cusum_statistics": keys,
-            "cusum_baseline_correction": det.cusum_baseline_correction,
-            "cusum_chart_h": detect::changed_chart_config(&det, det.cusum.min_sd)?.h,
-            "history_runs": det.history_runs,
-        },
+        "settings": settings_json(&s, &cfg, &det, threshold, &keys)?,
         "texts": {"count": tokens.len(), "tokens": tokens, "total_tokens": tokens.iter().sum::<i64>(),
                   "ids": sets.logprob_texts.iter().map(|t| t.id.clone()).collect::<Vec<_>>(),
                   "not_exact_on_the_exact_endpoint": inexact_ids},
@@ -742,4 +349,127 @@ async fn main() -> Result<()> {
     std::fs::write(s.out.join("table.md"), &table)?;
     println!("{table}");
     Ok(())
+}
+
+/// Part B's chart: `DetectorConfig::default()`, or another k [CUSUM_K] / the
+/// estimated-baseline correction off [CUSUM_CORRECTION=0] to compare remedies.
+fn detector_from_env() -> Result<DetectorConfig> {
+    let mut det = DetectorConfig::default();
+    if let Ok(k) = std::env::var("CUSUM_K") {
+        let k: f64 = k.trim().parse().context("CUSUM_K")?;
+        det.cusum = CusumConfig {
+            baseline_rounds: det.cusum.baseline_rounds,
+            min_sd: det.cusum.min_sd,
+            ..CusumConfig::for_arl0(k, det.cusum.arl0(), true)?
+        };
+    }
+    det.cusum_baseline_correction = env_or("CUSUM_CORRECTION", 1u8)? != 0;
+    Ok(det)
+}
+
+/// The in-process unmodified engine, the probes' reference.
+async fn load_reference(model: &Path) -> Result<InProcess> {
+    let (tok, template) = samewise_engine::chat::load_tokenizer_and_template(model)?;
+    let m = model.to_owned();
+    let ref_engine = tokio::task::spawn_blocking(move || {
+        Engine::load(
+            &m,
+            LoadOptions {
+                threads: 2,
+                ..LoadOptions::default()
+            },
+        )
+    })
+    .await??;
+    Ok(InProcess::from_parts(
+        Arc::new(ref_engine),
+        Arc::new(tok),
+        template,
+    ))
+}
+
+/// Collection, one endpoint at a time: part A's per-text caches of the profiles and part C's
+/// sample pools, with the reference pool (when part C runs).
+async fn collect(
+    s: &Settings,
+    model: &Path,
+    env: &Env<'_>,
+    log: &mut Vec<String>,
+) -> Result<(Vec<ProfileData>, Vec<Pool>, Option<Pool>)> {
+    let mut profiles: Vec<ProfileData> = Vec::new();
+    let mut pools: Vec<Pool> = Vec::new();
+    let mut all_names = s.profiles.clone();
+    for p in &s.sample_profiles {
+        if !all_names.contains(p) {
+            all_names.push(p.clone());
+        }
+    }
+    // the reference pool is drawn while the endpoints are probed (the engine is
+    // batch-invariant: the re-run check below would show any interference)
+    let collect = async {
+        for name in &all_names {
+            let stop = CancellationToken::new();
+            let (target, task) = start_endpoint(model, name, &stop).await?;
+            if s.profiles.contains(name) {
+                profiles.push(part_a_profile(env, &target, s, log).await?);
+            }
+            if s.pool > 0 && s.sample_profiles.contains(name) {
+                pools.push(
+                    endpoint_pool(
+                        env.http,
+                        &target,
+                        &env.sets.completion_prompts,
+                        env.cfg,
+                        s.pool,
+                    )
+                    .await?,
+                );
+            }
+            stop.cancel();
+            task.await?;
+        }
+        Ok::<_, anyhow::Error>(())
+    };
+    let ref_pool_fut = async {
+        if s.pool > 0 {
+            Ok::<_, anyhow::Error>(Some(
+                reference_pool(
+                    env.reference,
+                    &env.sets.completion_prompts,
+                    env.cfg,
+                    s.pool,
+                    mix(s.seed, 0x5EED),
+                )
+                .await?,
+            ))
+        } else {
+            Ok(None)
+        }
+    };
+    let (collected, ref_pool) = tokio::join!(collect, ref_pool_fut);
+    collected?;
+    Ok((profiles, pools, ref_pool?))
+}
+
+/// The settings as `results.json` records them.
+fn settings_json(
+    s: &Settings,
+    cfg: &ModelProbes,
+    det: &DetectorConfig,
+    threshold: f64,
+    keys: &[String],
+) -> Result<Value> {
+    Ok(json!({
+        "seed": s.seed, "only_b": s.only_b, "profiles": s.profiles, "budgets": s.budgets, "rounds": s.rounds,
+        "verify": s.verify, "worlds": s.worlds, "switch_budget": s.switch_budget, "switch_at": s.switch_at,
+        "max_after": s.max_after, "ic_rounds": s.ic_rounds, "pool": s.pool, "sample_profiles": s.sample_profiles,
+        "sample_rounds": s.sample_rounds, "samples_per_prompt": s.per_prompt,
+        "hi_permutations": s.hi_permutations, "hi_rounds": s.hi_rounds,
+        "items_per_round_default": cfg.items_per_round, "permutations_default": cfg.permutations,
+        "top_k": cfg.top_k, "level": det.rule.level, "metric": det.metric, "threshold": threshold,
+        "cusum": det.cusum, "cusum_arl0": det.cusum.arl0(), "cusum_statistics": keys,
+        "cusum_baseline_correction": det.cusum_baseline_correction,
+        "cusum_chart_h": detect::changed_chart_config(det, det.cusum.min_sd)?.h,
+        "history_runs": det.history_runs,
+    }))
 }

@@ -142,6 +142,27 @@ pub(super) fn findings(
     cfg: &DetectorConfig,
     now_ms: i64,
 ) -> Result<Vec<NewAlert>> {
+    let mut out = Vec::new();
+    for (model, endpoints) in by_model(records) {
+        let per_endpoint: Vec<(&str, Vec<&RequestRecord>)> = endpoints
+            .into_iter()
+            .filter(|(_, rs)| rs.len() as u64 >= cfg.passive_min_requests)
+            .collect();
+        if per_endpoint.len() < 2 {
+            continue;
+        }
+        let tests = model_tests(&per_endpoint)?;
+        if tests.is_empty() {
+            continue;
+        }
+        out.extend(alerts(model, &per_endpoint, &tests, cfg, now_ms)?);
+    }
+    Ok(out)
+}
+
+/// The records that speak about their endpoint (attempts, not blamed on the client), per
+/// model and endpoint.
+fn by_model(records: &[RequestRecord]) -> BTreeMap<&str, BTreeMap<&str, Vec<&RequestRecord>>> {
     let mut by_model: BTreeMap<&str, BTreeMap<&str, Vec<&RequestRecord>>> = BTreeMap::new();
     for r in records {
         if r.attempt == 0 || blames_client(r) {
@@ -157,189 +178,206 @@ pub(super) fn findings(
             .or_default()
             .push(r);
     }
-    let mut out = Vec::new();
-    for (model, endpoints) in by_model {
-        let per_endpoint: Vec<(&str, Vec<&RequestRecord>)> = endpoints
-            .into_iter()
-            .filter(|(_, rs)| rs.len() as u64 >= cfg.passive_min_requests)
-            .collect();
-        if per_endpoint.len() < 2 {
-            continue;
-        }
-        let mut tests = Vec::new();
-        rate_tests(
-            &per_endpoint,
-            "error_rate",
-            "error rate",
-            |rs| {
-                (
-                    rs.iter().filter(|r| is_error(r)).count() as u64,
-                    rs.len() as u64,
-                )
-            },
-            &mut tests,
-        )?;
-        rate_tests(
-            &per_endpoint,
-            "tool_error_rate",
-            "tool-call error rate",
-            |rs| {
-                let with_tools: Vec<_> = rs
-                    .iter()
-                    .filter(|r| r.tool_calls > 0 || r.tool_errored)
-                    .collect();
-                (
-                    with_tools.iter().filter(|r| r.tool_errored).count() as u64,
-                    with_tools.len() as u64,
-                )
-            },
-            &mut tests,
-        )?;
-        rate_tests(
-            &per_endpoint,
-            "repetition_cut_rate",
-            "repetition-cut rate",
-            |rs| {
-                (
-                    rs.iter().filter(|r| r.degenerate).count() as u64,
-                    rs.len() as u64,
-                )
-            },
-            &mut tests,
-        )?;
-        if per_endpoint.len() >= 3 {
-            let lengths: Vec<Vec<f64>> = per_endpoint
+    by_model
+}
+
+/// Every test of one model's endpoints against each other: the rates, and with three or more
+/// endpoints the output lengths and finish reasons.
+fn model_tests(per_endpoint: &[(&str, Vec<&RequestRecord>)]) -> Result<Vec<Test>> {
+    let mut tests = Vec::new();
+    rate_tests(
+        per_endpoint,
+        "error_rate",
+        "error rate",
+        |rs| {
+            (
+                rs.iter().filter(|r| is_error(r)).count() as u64,
+                rs.len() as u64,
+            )
+        },
+        &mut tests,
+    )?;
+    rate_tests(
+        per_endpoint,
+        "tool_error_rate",
+        "tool-call error rate",
+        |rs| {
+            let with_tools: Vec<_> = rs
                 .iter()
-                .map(|(_, rs)| {
-                    rs.iter()
-                        .filter(|r| !is_error(r))
-                        .map(|r| r.output_chars as f64)
-                        .collect()
-                })
+                .filter(|r| r.tool_calls > 0 || r.tool_errored)
                 .collect();
-            if lengths.iter().all(|l| !l.is_empty()) {
-                let medians: Vec<f64> = lengths.iter().map(|l| median(l)).collect();
-                for (i, result) in majority_tests(lengths.len(), |i, j| {
-                    mann_whitney_u(&lengths[i], &lengths[j])
-                })?
-                .into_iter()
+            (
+                with_tools.iter().filter(|r| r.tool_errored).count() as u64,
+                with_tools.len() as u64,
+            )
+        },
+        &mut tests,
+    )?;
+    rate_tests(
+        per_endpoint,
+        "repetition_cut_rate",
+        "repetition-cut rate",
+        |rs| {
+            (
+                rs.iter().filter(|r| r.degenerate).count() as u64,
+                rs.len() as u64,
+            )
+        },
+        &mut tests,
+    )?;
+    if per_endpoint.len() >= 3 {
+        length_tests(per_endpoint, &mut tests)?;
+        finish_tests(per_endpoint, &mut tests)?;
+    }
+    Ok(tests)
+}
+
+/// Output length (Mann–Whitney U on successful answers), each endpoint against the majority.
+fn length_tests(per_endpoint: &[(&str, Vec<&RequestRecord>)], tests: &mut Vec<Test>) -> Result<()> {
+    let lengths: Vec<Vec<f64>> = per_endpoint
+        .iter()
+        .map(|(_, rs)| {
+            rs.iter()
+                .filter(|r| !is_error(r))
+                .map(|r| r.output_chars as f64)
+                .collect()
+        })
+        .collect();
+    if lengths.iter().all(|l| !l.is_empty()) {
+        let medians: Vec<f64> = lengths.iter().map(|l| median(l)).collect();
+        for (i, result) in majority_tests(lengths.len(), |i, j| {
+            mann_whitney_u(&lengths[i], &lengths[j])
+        })?
+        .into_iter()
+        .enumerate()
+        {
+            let others: Vec<f64> = medians
+                .iter()
                 .enumerate()
-                {
-                    let others: Vec<f64> = medians
-                        .iter()
-                        .enumerate()
-                        .filter(|(j, _)| *j != i)
-                        .map(|(_, m)| *m)
-                        .collect();
-                    let mr = median(&others);
-                    let m = medians[i];
-                    tests.push(Test {
-                        endpoint: i,
-                        signal: "output_length",
-                        result,
-                        bad: true,
-                        detail: serde_json::json!({"median_chars": m, "others_median_chars": mr, "n": lengths[i].len()}),
-                        text: format!("median output {m:.0} chars vs {mr:.0} on the other endpoints"),
-                    });
-                }
-            }
-            let finish: Vec<Vec<u64>> = per_endpoint
-                .iter()
-                .map(|(_, rs)| {
-                    let mut c = vec![0u64; FINISH_REASONS.len() + 1];
-                    for r in rs.iter().filter(|r| !is_error(r)) {
-                        let idx = r
-                            .finish_reason
-                            .as_deref()
-                            .and_then(|f| FINISH_REASONS.iter().position(|k| *k == f))
-                            .unwrap_or(FINISH_REASONS.len());
-                        c[idx] += 1;
-                    }
-                    c
-                })
+                .filter(|(j, _)| *j != i)
+                .map(|(_, m)| *m)
                 .collect();
-            let pair = |i: usize, j: usize| {
-                chi_square_independence(&[finish[i].clone(), finish[j].clone()]).map(|(r, _)| r)
-            };
-            for (i, result) in majority_tests(finish.len(), pair)?.into_iter().enumerate() {
-                let names: Vec<&str> = FINISH_REASONS.iter().copied().chain(["other"]).collect();
-                let counts: serde_json::Map<String, serde_json::Value> = names
-                    .iter()
-                    .zip(&finish[i])
-                    .map(|(k, v)| ((*k).to_owned(), (*v).into()))
-                    .collect();
-                tests.push(Test {
-                    endpoint: i,
-                    signal: "finish_reasons",
-                    result,
-                    bad: true,
-                    detail: serde_json::json!({"counts": counts}),
-                    text: "finish reasons differ from the other endpoints'".to_owned(),
-                });
-            }
-        }
-        if tests.is_empty() {
-            continue;
-        }
-        let adjusted = bh_adjusted(&tests.iter().map(|t| t.result.p_value).collect::<Vec<_>>())?;
-        let mut flagged: BTreeMap<usize, Vec<(&Test, f64)>> = BTreeMap::new();
-        for (t, adj) in tests.iter().zip(adjusted) {
-            if t.bad && adj <= cfg.passive_q {
-                flagged.entry(t.endpoint).or_default().push((t, adj));
-            }
-        }
-        for (i, hits) in flagged {
-            let endpoint = per_endpoint[i].0;
-            let parts: Vec<String> = hits
-                .iter()
-                .map(|(t, adj)| {
-                    format!(
-                        "{} (p = {}, BH-adjusted {})",
-                        t.text,
-                        fmt_num(t.result.p_value),
-                        fmt_num(*adj)
-                    )
-                })
-                .collect();
-            let listed: Vec<serde_json::Value> = hits
-                .iter()
-                .map(|(t, adj)| {
-                    serde_json::json!({
-                        "signal": t.signal,
-                        "statistic": t.result.statistic,
-                        "p_value": t.result.p_value,
-                        "p_adjusted": adj,
-                        "detail": t.detail,
-                    })
-                })
-                .collect();
-            let Some((first, first_adj)) = hits.first() else {
-                continue;
-            };
-            out.push(NewAlert {
-                model: model.to_owned(),
-                endpoint: endpoint.to_owned(),
-                kind: KIND_PASSIVE.to_owned(),
-                summary: format!(
-                    "endpoint {endpoint} differs from the other endpoints of {model} in live traffic: {} (FDR q = {})",
-                    parts.join("; "),
-                    cfg.passive_q
-                ),
-                evidence: serde_json::json!({
-                    "detector": "passive",
-                    "statistic": first.signal,
-                    "value": first.result.statistic,
-                    "threshold": cfg.passive_q,
-                    "p_value": first_adj,
-                    "tests": listed,
-                    "endpoints_compared": per_endpoint.len(),
-                    "requests": per_endpoint[i].1.len(),
-                    "window_ms": i64::try_from(cfg.passive_window.as_millis()).unwrap_or(i64::MAX),
-                    "probe_runs": [],
-                }),
-                now_ms,
+            let mr = median(&others);
+            let m = medians[i];
+            tests.push(Test {
+                endpoint: i,
+                signal: "output_length",
+                result,
+                bad: true,
+                detail: serde_json::json!({"median_chars": m, "others_median_chars": mr, "n": lengths[i].len()}),
+                text: format!("median output {m:.0} chars vs {mr:.0} on the other endpoints"),
             });
         }
+    }
+    Ok(())
+}
+
+/// Finish-reason mix (chi-square on counts), each endpoint against the majority.
+fn finish_tests(per_endpoint: &[(&str, Vec<&RequestRecord>)], tests: &mut Vec<Test>) -> Result<()> {
+    let finish: Vec<Vec<u64>> = per_endpoint
+        .iter()
+        .map(|(_, rs)| {
+            let mut c = vec![0u64; FINISH_REASONS.len() + 1];
+            for r in rs.iter().filter(|r| !is_error(r)) {
+                let idx = r
+                    .finish_reason
+                    .as_deref()
+                    .and_then(|f| FINISH_REASONS.iter().position(|k| *k == f))
+                    .unwrap_or(FINISH_REASONS.len());
+                c[idx] += 1;
+            }
+            c
+        })
+        .collect();
+    let pair = |i: usize, j: usize| {
+        chi_square_independence(&[finish[i].clone(), finish[j].clone()]).map(|(r, _)| r)
+    };
+    for (i, result) in majority_tests(finish.len(), pair)?.into_iter().enumerate() {
+        let names: Vec<&str> = FINISH_REASONS.iter().copied().chain(["other"]).collect();
+        let counts: serde_json::Map<String, serde_json::Value> = names
+            .iter()
+            .zip(&finish[i])
+            .map(|(k, v)| ((*k).to_owned(), (*v).into()))
+            .collect();
+        tests.push(Test {
+            endpoint: i,
+            signal: "finish_reasons",
+            result,
+            bad: true,
+            detail: serde_json::json!({"counts": counts}),
+            text: "finish reasons differ from the other endpoints'".to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// One alert per endpoint with a test left after Benjamini–Hochberg at `passive_q`.
+fn alerts(
+    model: &str,
+    per_endpoint: &[(&str, Vec<&RequestRecord>)],
+    tests: &[Test],
+    cfg: &DetectorConfig,
+    now_ms: i64,
+) -> Result<Vec<NewAlert>> {
+    let mut out = Vec::new();
+    let adjusted = bh_adjusted(&tests.iter().map(|t| t.result.p_value).collect::<Vec<_>>())?;
+    let mut flagged: BTreeMap<usize, Vec<(&Test, f64)>> = BTreeMap::new();
+    for (t, adj) in tests.iter().zip(adjusted) {
+        if t.bad && adj <= cfg.passive_q {
+            flagged.entry(t.endpoint).or_default().push((t, adj));
+        }
+    }
+    for (i, hits) in flagged {
+        let endpoint = per_endpoint[i].0;
+        let parts: Vec<String> = hits
+            .iter()
+            .map(|(t, adj)| {
+                format!(
+                    "{} (p = {}, BH-adjusted {})",
+                    t.text,
+                    fmt_num(t.result.p_value),
+                    fmt_num(*adj)
+                )
+            })
+            .collect();
+        let listed: Vec<serde_json::Value> = hits
+            .iter()
+            .map(|(t, adj)| {
+                serde_json::json!({
+                    "signal": t.signal,
+                    "statistic": t.result.statistic,
+                    "p_value": t.result.p_value,
+                    "p_adjusted": adj,
+                    "detail": t.detail,
+                })
+            })
+            .collect();
+        let Some((first, first_adj)) = hits.first() else {
+            continue;
+        };
+        out.push(NewAlert {
+            model: model.to_owned(),
+            endpoint: endpoint.to_owned(),
+            kind: KIND_PASSIVE.to_owned(),
+            summary: format!(
+                "endpoint {endpoint} differs from the other endpoints of {model} in live traffic: {} (FDR q = {})",
+                parts.join("; "),
+                cfg.passive_q
+            ),
+            evidence: serde_json::json!({
+                "detector": "passive",
+                "statistic": first.signal,
+                "value": first.result.statistic,
+                "threshold": cfg.passive_q,
+                "p_value": first_adj,
+                "tests": listed,
+                "endpoints_compared": per_endpoint.len(),
+                "requests": per_endpoint[i].1.len(),
+                "window_ms": i64::try_from(cfg.passive_window.as_millis()).unwrap_or(i64::MAX),
+                "probe_runs": [],
+            }),
+            now_ms,
+        });
     }
     Ok(out)
 }

@@ -29,7 +29,7 @@ pub(crate) const SHIFTS: [isize; 4] = [-2, -1, 1, 2];
 /// A realigned run must come this close to the reference to name a shift (mean KL, nats):
 /// faithful weights behind a shifted API come within float noise; a real weight or kernel
 /// difference does not get better when moved.
-pub const SHIFTED_MAX_KL: f64 = 0.05;
+pub(crate) const SHIFTED_MAX_KL: f64 = 0.05;
 /// ... and below this fraction of the unshifted KL.
 const SHIFTED_MAX_RATIO: f64 = 0.1;
 /// Below this unshifted mean KL there is nothing to explain.

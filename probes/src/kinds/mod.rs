@@ -28,12 +28,12 @@ use crate::reference::http::{HttpFailure, post_json};
 use crate::reference::{RefPosition, Reference, norm};
 use crate::{ProbesError, Result};
 
-pub mod completion_logprobs;
-pub mod diagnose;
-pub mod long_context;
-pub mod prompt_logprobs;
-pub mod samples;
-pub mod tool_calls;
+mod completion_logprobs;
+mod diagnose;
+mod long_context;
+mod prompt_logprobs;
+mod samples;
+mod tool_calls;
 
 /// One endpoint to probe.
 #[derive(Clone, PartialEq)]
@@ -78,12 +78,17 @@ pub struct PromptSets {
 }
 
 fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path)
-        .map_err(|e| ProbesError::Io(format!("cannot read {}: {e}", path.display())))
+    std::fs::read_to_string(path).map_err(|source| ProbesError::Io {
+        context: format!("cannot read {}", path.display()),
+        source,
+    })
 }
 
 fn in_file<T>(path: &Path, r: Result<T>) -> Result<T> {
-    r.map_err(|e| ProbesError::Data(format!("{}: {e}", path.display())))
+    r.map_err(|e| ProbesError::InFile {
+        path: path.to_owned(),
+        source: Box::new(e),
+    })
 }
 
 impl PromptSets {
@@ -104,18 +109,19 @@ impl PromptSets {
         let tools = match &paths.tools {
             Some(p) => in_file(
                 p,
-                serde_json::from_str(&read(p)?).map_err(|e| ProbesError::Data(e.to_string())),
+                serde_json::from_str(&read(p)?).map_err(|source| ProbesError::DataJson {
+                    context: "tool definitions".into(),
+                    source,
+                }),
             )?,
             None => prompts::builtin_tools()?,
         };
         let haystack = match &paths.needle {
             Some(p) => in_file(
                 p,
-                samewise_longctx::Haystack::from_json(&read(p)?)
-                    .map_err(|e| ProbesError::Data(e.to_string())),
+                samewise_longctx::Haystack::from_json(&read(p)?).map_err(ProbesError::from),
             )?,
-            None => samewise_longctx::Haystack::builtin()
-                .map_err(|e| ProbesError::Data(e.to_string()))?,
+            None => samewise_longctx::Haystack::builtin()?,
         };
         if logprob_texts.is_empty() || completion_prompts.is_empty() || tool_call_prompts.is_empty()
         {

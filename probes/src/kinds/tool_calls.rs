@@ -29,7 +29,10 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     let mut ref_expected = 0usize;
     for c in &cases {
         let tools = match ctx.sets.tools.select(&c.tools).and_then(|t| {
-            serde_json::to_value(t).map_err(|e| crate::ProbesError::Data(e.to_string()))
+            serde_json::to_value(t).map_err(|source| crate::ProbesError::DataJson {
+                context: "tool definitions".into(),
+                source,
+            })
         }) {
             Ok(Value::Array(t)) => t,
             Ok(_) => return Outcome::failed("tool definitions are not a list", tokens),

@@ -83,7 +83,10 @@ impl External {
             body,
         )
         .await
-        .map_err(|e| ProbesError::Reference(e.message))
+        .map_err(|e| ProbesError::ReferenceHttp {
+            message: e.message,
+            source: e.source,
+        })
     }
 
     async fn score_vllm(&self, ids: &[u32], top_k: usize) -> Result<Vec<RefPosition>> {
@@ -212,7 +215,10 @@ impl Reference for External {
                     .vocab
                     .tokenizer()
                     .encode(text, add_special_tokens)
-                    .map_err(|e| ProbesError::Reference(e.to_string())),
+                    .map_err(|source| ProbesError::Engine {
+                        context: "the SGLang reference's tokenizer".into(),
+                        source,
+                    }),
             }
         })
     }

@@ -7,12 +7,14 @@ use std::time::Duration;
 use serde_json::Value;
 
 /// A POST that failed, with a message fit for a probe run's `error`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub(crate) struct HttpFailure {
     /// HTTP status, if one came back.
     pub status: Option<u16>,
     /// What went wrong.
     pub message: String,
+    /// reqwest's error, when sending or reading failed (kept as the error's source).
+    pub source: Option<reqwest::Error>,
 }
 
 impl std::fmt::Display for HttpFailure {
@@ -49,11 +51,13 @@ pub(crate) async fn post_json(
     let resp = req.send().await.map_err(|e| HttpFailure {
         status: None,
         message: format!("POST {url}: {}{e}", cause(&e)),
+        source: Some(e),
     })?;
     let status = resp.status();
     let bytes = resp.bytes().await.map_err(|e| HttpFailure {
         status: Some(status.as_u16()),
         message: format!("POST {url}: reading body: {}{e}", cause(&e)),
+        source: Some(e),
     })?;
     if !status.is_success() {
         let detail = serde_json::from_slice::<Value>(&bytes)
@@ -69,10 +73,12 @@ pub(crate) async fn post_json(
         return Err(HttpFailure {
             status: Some(status.as_u16()),
             message: format!("POST {url}: HTTP {}: {detail}", status.as_u16()),
+            source: None,
         });
     }
     serde_json::from_slice(&bytes).map_err(|e| HttpFailure {
         status: Some(status.as_u16()),
         message: format!("POST {url}: answer is not JSON: {e}"),
+        source: None,
     })
 }

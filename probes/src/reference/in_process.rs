@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
-use samewise_engine::batcher::{Batcher, BatcherHandle, GenEvent};
+use samewise_engine::Tokenizer;
 use samewise_engine::chat::{self, ChatTemplate};
-use samewise_engine::tokenizer::Tokenizer;
+use samewise_engine::{Batcher, BatcherHandle, GenEvent};
 use samewise_engine::{Engine, GenerateParams, LoadOptions, SamplingParams};
 use serde_json::Value;
 
@@ -35,8 +35,11 @@ impl std::fmt::Debug for InProcess {
     }
 }
 
-fn rerr(e: impl std::fmt::Display) -> ProbesError {
-    ProbesError::Reference(e.to_string())
+fn rerr(source: samewise_engine::EngineError) -> ProbesError {
+    ProbesError::Engine {
+        context: "the in-process engine".into(),
+        source,
+    }
 }
 
 impl InProcess {
@@ -49,8 +52,9 @@ impl InProcess {
     }
 
     fn load_blocking(path: &std::path::Path, threads: usize) -> Result<Self> {
-        let ctx = |e: samewise_engine::EngineError| {
-            ProbesError::Reference(format!("{}: {e}", path.display()))
+        let ctx = |source: samewise_engine::EngineError| ProbesError::Engine {
+            context: path.display().to_string(),
+            source,
         };
         let engine = Engine::load(
             path,

@@ -54,7 +54,10 @@ impl Remote {
     async fn post(&self, path: &str, body: &Value) -> Result<Value> {
         post_json(&self.http, &format!("{}{path}", self.url), None, body)
             .await
-            .map_err(|e| ProbesError::Reference(e.message))
+            .map_err(|e| ProbesError::ReferenceHttp {
+                message: e.message,
+                source: e.source,
+            })
     }
 }
 

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use samewise_probes::alerting::AlertsConfig;
+use samewise_probes::AlertsConfig;
 use samewise_probes::compare::{PositionInput, Side, TopEntry, encode_positions};
 use samewise_probes::detect::{DetectorConfig, Detectors};
 use samewise_probes::ladder::Ladder;
@@ -607,19 +607,16 @@ fn check_config_reads_the_ladder_and_the_detector_tables() -> Result<()> {
              [probes.detectors]\n{extra}\n[probes.alerts]\nquiet_period_ms = 60000\n"
         )
     };
-    let ok =
-        samewise_probes::config::ProbesConfig::from_gateway_toml(&doc("level = \"w4\"", ladder))?;
+    let ok = samewise_probes::ProbesConfig::from_gateway_toml(&doc("level = \"w4\"", ladder))?;
     Detectors::check_config(&ok)?;
     let no_level =
-        samewise_probes::config::ProbesConfig::from_gateway_toml(&doc("level = \"w5\"", ladder))?;
+        samewise_probes::ProbesConfig::from_gateway_toml(&doc("level = \"w5\"", ladder))?;
     let err = Detectors::check_config(&no_level)
         .err()
         .context("a level the ladder lacks was accepted")?;
     ensure!(err.to_string().contains("w5"), "{err}");
-    let missing = samewise_probes::config::ProbesConfig::from_gateway_toml(&doc(
-        "",
-        "/nonexistent/ladder.json",
-    ))?;
+    let missing =
+        samewise_probes::ProbesConfig::from_gateway_toml(&doc("", "/nonexistent/ladder.json"))?;
     let err = Detectors::check_config(&missing)
         .err()
         .context("a missing ladder was accepted")?;
@@ -627,8 +624,7 @@ fn check_config_reads_the_ladder_and_the_detector_tables() -> Result<()> {
         err.to_string().contains("/nonexistent/ladder.json"),
         "{err}"
     );
-    let typo =
-        samewise_probes::config::ProbesConfig::from_gateway_toml(&doc("pasive_q = 0.1", ladder))?;
+    let typo = samewise_probes::ProbesConfig::from_gateway_toml(&doc("pasive_q = 0.1", ladder))?;
     let err = Detectors::check_config(&typo)
         .err()
         .context("an unknown key was accepted")?;
@@ -640,7 +636,7 @@ fn check_config_reads_the_ladder_and_the_detector_tables() -> Result<()> {
 /// never be flagged: the configuration is refused, naming both keys; the defaults can.
 #[test]
 fn samples_alpha_out_of_reach_of_the_permutations_is_a_config_error() -> Result<()> {
-    use samewise_probes::config::ProbesConfig;
+    use samewise_probes::ProbesConfig;
     let cfg = |perms: &str, alpha: &str| {
         ProbesConfig::from_gateway_toml(&format!(
             "[probes]\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"unused\"\n[probes.detectors]\n{alpha}\n[models.smol.probes]\nkinds = [\"samples\"]\n{perms}\n"

@@ -9,10 +9,10 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
-use samewise_engine::profile::Profile;
+use samewise_engine::Profile;
 use samewise_engine::server::{self, ServerState};
 use samewise_engine::{Engine, LoadOptions};
-use samewise_probes::alerting::AlertsConfig;
+use samewise_probes::AlertsConfig;
 use samewise_probes::detect::{DetectorConfig, Detectors};
 use samewise_probes::reference::Reference;
 use samewise_probes::runner::Scheduler;
@@ -179,7 +179,7 @@ async fn an_endpoint_refusing_logprobs_is_judged_by_generation_on_both_sides() -
     let o = h
         .probe(
             &reference,
-            samewise_probes::config::ProbeKind::LongContext,
+            samewise_probes::ProbeKind::LongContext,
             &target(&url, "nolp/smol"),
         )
         .await;

@@ -14,8 +14,8 @@ use anyhow::{Context, Result, ensure};
 use axum::body::Bytes;
 use axum::routing::post;
 use samewise_engine::Engine;
-use samewise_probes::config::{ExternalFlavour, ProbeKind};
 use samewise_probes::reference::{External, Reference, Remote, SampleRequest};
+use samewise_probes::{ExternalFlavour, ProbeKind};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use axum::body::Bytes;
 use axum::routing::post;
-use samewise_probes::config::ProbeKind;
+use samewise_probes::ProbeKind;
 use samewise_probes::reference::Reference;
 use samewise_probes::runner::{RoundResult, Scheduler};
 use samewise_store::testing::TestDb;
@@ -229,7 +229,7 @@ async fn a_mid_run_switch_raises_a_changed_alert() -> Result<()> {
     let detectors = samewise_probes::detect::Detectors::new(
         samewise_probes::detect::DetectorConfig::parse(&det)?,
         None,
-        &samewise_probes::alerting::AlertsConfig::default(),
+        &samewise_probes::AlertsConfig::default(),
     )?;
     let detectors = Arc::new(detectors);
     let reference: Arc<dyn Reference> = Arc::new(in_process()?);

@@ -13,13 +13,13 @@
 //! - [`numerics`]: [`Numerics`], the numeric knobs as the forward pass applies them.
 //! - this module: [`Profile`] and its sections, parsing, validation, the built-in set.
 
-pub mod numerics;
-pub mod requant;
+pub(crate) mod numerics;
+pub(crate) mod requant;
 
 use serde::{Deserialize, Serialize};
 
 pub use numerics::Numerics;
-pub use requant::{KvDtype, WeightQuant};
+pub use requant::{Codes, KvDtype, WeightQuant};
 
 /// One serving profile. The default is the unmodified `reference` profile.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

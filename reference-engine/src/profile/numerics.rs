@@ -5,7 +5,7 @@
 //! Every knob acts per row and per value (a weight row along its input dimension, an
 //! activation row in 32-value blocks, one key/value head vector), never across rows of a
 //! batch, so a profiled engine stays deterministic and batch-invariant. The default
-//! ([`Numerics::is_exact`]) changes nothing and costs nothing: the forward pass checks one
+//! (`Numerics::is_exact`) changes nothing and costs nothing: the forward pass checks one
 //! flag and runs the plain kernels.
 
 use super::requant::{KvDtype, WeightQuant, quantize_activations_q8};
@@ -32,7 +32,9 @@ impl Numerics {
         }
     }
 
-    /// True when nothing is changed: the plain engine.
+    /// True when nothing is changed: the plain engine (what the tests below hold the
+    /// default to).
+    #[cfg(test)]
     pub fn is_exact(&self) -> bool {
         self.weights.is_none() && !self.activations_q8 && self.kv == KvDtype::F32
     }

@@ -109,31 +109,7 @@ async fn run(
     state.inner.faults.truncate(&mut prompt);
 
     let want_logprobs = req.logprobs.unwrap_or(false);
-    let top = req.top_logprobs.unwrap_or(0) as usize;
-    if top > 0 && !want_logprobs {
-        return Err(ApiError::bad_request(
-            "top_logprobs needs logprobs: true",
-            Some("top_logprobs"),
-        ));
-    }
-    let top = faults.cap_top(top);
-    let stops = req
-        .stop
-        .as_ref()
-        .map(samewise_wire::Stop::to_vec)
-        .unwrap_or_default();
-    let gen_req = GenRequest::new(req.temperature, req.top_p, req.seed, req.n, stops, top)
-        .map_err(|e| rename_param(e, "logprobs", "top_logprobs"))?;
-    let max_tokens = match req.max_completion_tokens.or(req.max_tokens) {
-        Some(0) => {
-            return Err(ApiError::bad_request(
-                "max_tokens must be at least 1",
-                Some("max_tokens"),
-            ));
-        }
-        Some(m) => m as usize,
-        None => state.inner.n_ctx.saturating_sub(prompt.len()).max(1),
-    };
+    let (gen_req, max_tokens) = sampling(state, &faults, &req, prompt.len())?;
     check_prompt(state, &prompt, max_tokens)?;
 
     let mut streams = Vec::new();
@@ -173,6 +149,51 @@ async fn run(
         return Ok(stream(ctx, streams, prompt_tokens, include_usage));
     }
 
+    Ok(json_response(&whole(&ctx, streams, prompt_tokens).await?))
+}
+
+/// The request's sampling (`n`, temperature, stops, top logprobs within the faults' cap) and
+/// its `max_tokens` (the context left after a `prompt_len`-token prompt when not given).
+fn sampling(
+    state: &ServerState,
+    faults: &RequestFaults,
+    req: &ChatCompletionRequest,
+    prompt_len: usize,
+) -> Result<(GenRequest, usize), ApiError> {
+    let top = req.top_logprobs.unwrap_or(0) as usize;
+    if top > 0 && !req.logprobs.unwrap_or(false) {
+        return Err(ApiError::bad_request(
+            "top_logprobs needs logprobs: true",
+            Some("top_logprobs"),
+        ));
+    }
+    let top = faults.cap_top(top);
+    let stops = req
+        .stop
+        .as_ref()
+        .map(samewise_wire::Stop::to_vec)
+        .unwrap_or_default();
+    let gen_req = GenRequest::new(req.temperature, req.top_p, req.seed, req.n, stops, top)
+        .map_err(|e| rename_param(e, "logprobs", "top_logprobs"))?;
+    let max_tokens = match req.max_completion_tokens.or(req.max_tokens) {
+        Some(0) => {
+            return Err(ApiError::bad_request(
+                "max_tokens must be at least 1",
+                Some("max_tokens"),
+            ));
+        }
+        Some(m) => m as usize,
+        None => state.inner.n_ctx.saturating_sub(prompt_len).max(1),
+    };
+    Ok((gen_req, max_tokens))
+}
+
+/// The non-streamed answer: every choice, once all are generated, and the usage.
+async fn whole(
+    ctx: &Ctx,
+    streams: Vec<(u32, TextStream)>,
+    prompt_tokens: u64,
+) -> Result<ChatCompletionResponse, ApiError> {
     let results = futures_util::future::join_all(
         streams
             .into_iter()
@@ -193,11 +214,11 @@ async fn run(
             extra: Extra::new(),
         });
     }
-    let resp = ChatCompletionResponse {
+    Ok(ChatCompletionResponse {
         id: ctx.id.clone(),
         object: "chat.completion".into(),
-        created,
-        model: state.model_name().to_owned(),
+        created: ctx.created,
+        model: ctx.state.model_name().to_owned(),
         choices,
         usage: Some(Usage {
             prompt_tokens,
@@ -206,8 +227,7 @@ async fn run(
             extra: Extra::new(),
         }),
         extra: Extra::new(),
-    };
-    Ok(json_response(&resp))
+    })
 }
 
 fn rename_param(mut e: ApiError, from: &str, to: &str) -> ApiError {

@@ -19,7 +19,7 @@ use crate::sample::TokenLogprob as EngineLogprob;
 
 use super::faults::RequestFaults;
 use super::stream::{GenRequest, check_prompt, sse_response};
-use super::text::{ChoiceEvent, TextStream};
+use super::text::{ChoiceEvent, Collected, TextStream};
 use super::{ApiError, ServerState, json_response, now_secs, parse_body};
 
 /// OpenAI's default `max_tokens` for completions.
@@ -42,6 +42,23 @@ struct PromptIn {
     text: String,
 }
 
+/// A request's prompts and what every choice of it shares, ready to answer (whole or
+/// streamed).
+struct Prepared {
+    id: String,
+    created: u64,
+    prompts: Vec<PromptIn>,
+    /// Per prompt, its scored tokens when `echo` asks for prompt logprobs.
+    scored: Vec<Option<ScoredSequence>>,
+    /// Choices per prompt.
+    n: u32,
+    echo: bool,
+    /// `logprobs`: how many top tokens per position (capped by the faults), if asked.
+    k: Option<usize>,
+    /// Prompt tokens counted once per choice, as OpenAI counts them.
+    prompt_tokens: u64,
+}
+
 async fn run(
     state: &ServerState,
     faults: &RequestFaults,
@@ -49,9 +66,71 @@ async fn run(
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_body(body)?;
     faults.check_logprobs(req.logprobs.is_some())?;
+    let mut prompts = read_prompts(state, &req.prompt)?;
+    let max_tokens = req.max_tokens.map_or(DEFAULT_MAX_TOKENS, |m| m as usize);
+    let echo = req.echo.unwrap_or(false);
+    let k = req.logprobs.map(|k| faults.cap_top(k as usize));
+    let stops = req
+        .stop
+        .as_ref()
+        .map(samewise_wire::Stop::to_vec)
+        .unwrap_or_default();
+    let gen_req = GenRequest::new(
+        req.temperature,
+        req.top_p,
+        req.seed,
+        req.n,
+        stops,
+        k.unwrap_or(0),
+    )?;
+    let tok = state.tokenizer();
+    for p in &mut prompts {
+        if state.inner.faults.truncate(&mut p.ids) {
+            p.text.clear(); // echo shows what was kept
+        }
+        check_prompt(state, &p.ids, max_tokens)?;
+        if p.text.is_empty() {
+            // token-id prompts echo their decoded text
+            p.text = tok.decode(&p.ids, false)?;
+        }
+    }
+    let id = state.next_id("cmpl");
+    let created = now_secs();
+    let prompt_tokens: u64 =
+        prompts.iter().map(|p| p.ids.len() as u64).sum::<u64>() * u64::from(gen_req.n);
+    let scored = score_prompts(state, faults, &prompts, echo, k).await?;
+    let prepared = Prepared {
+        id,
+        created,
+        prompts,
+        scored,
+        n: gen_req.n,
+        echo,
+        k,
+        prompt_tokens,
+    };
+    let streams = start_generations(state, faults, &prepared.prompts, &gen_req, max_tokens)?;
+    if req.stream.unwrap_or(false) {
+        return Ok(stream(state, &req, prepared, streams));
+    }
+    let mut collected = Vec::new();
+    for r in futures_util::future::join_all(
+        streams
+            .into_iter()
+            .map(|(i, s)| async move { (i, s.collect().await) }),
+    )
+    .await
+    {
+        collected.push((r.0, r.1?));
+    }
+    Ok(json_response(&whole_response(state, prepared, collected)))
+}
+
+/// The request's prompts as ids, within the server's limits on their number and tokens.
+fn read_prompts(state: &ServerState, prompt: &Prompt) -> Result<Vec<PromptIn>, ApiError> {
     let tok = state.tokenizer();
     let limits = state.limits();
-    let count = match &req.prompt {
+    let count = match prompt {
         Prompt::Texts(ts) => ts.len(),
         Prompt::TokenBatches(b) => b.len(),
         Prompt::Text(_) | Prompt::Tokens(_) => 1,
@@ -66,7 +145,7 @@ async fn run(
             "too_many_prompts",
         ));
     }
-    let prompts: Vec<PromptIn> = match &req.prompt {
+    let prompts: Vec<PromptIn> = match prompt {
         Prompt::Text(t) => vec![PromptIn {
             ids: tok.encode(t, true)?,
             text: t.clone(),
@@ -106,39 +185,18 @@ async fn run(
             "too_many_tokens",
         ));
     }
-    let max_tokens = req.max_tokens.map_or(DEFAULT_MAX_TOKENS, |m| m as usize);
-    let echo = req.echo.unwrap_or(false);
-    let k = req.logprobs.map(|k| faults.cap_top(k as usize));
-    let stops = req
-        .stop
-        .as_ref()
-        .map(samewise_wire::Stop::to_vec)
-        .unwrap_or_default();
-    let gen_req = GenRequest::new(
-        req.temperature,
-        req.top_p,
-        req.seed,
-        req.n,
-        stops,
-        k.unwrap_or(0),
-    )?;
-    let mut prompts = prompts;
-    for p in &mut prompts {
-        if state.inner.faults.truncate(&mut p.ids) {
-            p.text.clear(); // echo shows what was kept
-        }
-        check_prompt(state, &p.ids, max_tokens)?;
-        if p.text.is_empty() {
-            // token-id prompts echo their decoded text
-            p.text = tok.decode(&p.ids, false)?;
-        }
-    }
-    let id = state.next_id("cmpl");
-    let created = now_secs();
-    let prompt_tokens: u64 =
-        prompts.iter().map(|p| p.ids.len() as u64).sum::<u64>() * u64::from(gen_req.n);
+    Ok(prompts)
+}
 
-    // prompt logprobs (echo + logprobs), one scoring per prompt
+/// Prompt logprobs (`echo` with `logprobs`): one scoring per prompt, run concurrently; `None`
+/// per prompt otherwise.
+async fn score_prompts(
+    state: &ServerState,
+    faults: &RequestFaults,
+    prompts: &[PromptIn],
+    echo: bool,
+    k: Option<usize>,
+) -> Result<Vec<Option<ScoredSequence>>, ApiError> {
     let mut scored: Vec<Option<ScoredSequence>> = Vec::with_capacity(prompts.len());
     if echo && k.is_some() {
         let futs = prompts
@@ -152,8 +210,18 @@ async fn run(
     } else {
         scored.resize_with(prompts.len(), || None);
     }
+    Ok(scored)
+}
 
-    // start every generation before waiting on any (they run concurrently)
+/// Starts every choice's generation before any is waited on (they run concurrently); none
+/// for `max_tokens: 0`. Each stream carries its choice index.
+fn start_generations(
+    state: &ServerState,
+    faults: &RequestFaults,
+    prompts: &[PromptIn],
+    gen_req: &GenRequest,
+    max_tokens: usize,
+) -> Result<Vec<(u32, TextStream)>, ApiError> {
     let mut streams = Vec::new();
     if max_tokens > 0 {
         for (pi, p) in prompts.iter().enumerate() {
@@ -172,44 +240,33 @@ async fn run(
             }
         }
     }
+    Ok(streams)
+}
 
-    if req.stream.unwrap_or(false) {
-        return Ok(stream(
-            state,
-            &req,
-            id,
-            created,
-            prompts,
-            scored,
-            streams,
-            gen_req.n,
-            k,
-            prompt_tokens,
-        ));
-    }
-
-    let mut collected = Vec::new();
-    for r in futures_util::future::join_all(
-        streams
-            .into_iter()
-            .map(|(i, s)| async move { (i, s.collect().await) }),
-    )
-    .await
-    {
-        collected.push((r.0, r.1?));
-    }
+/// The non-streamed answer: every choice (echo, then the generated text) with its logprobs,
+/// and the usage.
+fn whole_response(
+    state: &ServerState,
+    p: Prepared,
+    mut collected: Vec<(u32, Collected)>,
+) -> CompletionResponse {
+    let (n, k, echo) = (p.n, p.k, p.echo);
     let mut choices = Vec::new();
     let mut completion_tokens = 0u64;
-    for (pi, p) in prompts.iter().enumerate() {
-        for j in 0..gen_req.n {
-            let index = pi as u32 * gen_req.n + j;
+    for (pi, prompt) in p.prompts.iter().enumerate() {
+        for j in 0..n {
+            let index = pi as u32 * n + j;
             let generated = collected
                 .iter_mut()
                 .find(|(i, _)| *i == index)
                 .map(|(_, c)| std::mem::take(c));
-            let mut text = if echo { p.text.clone() } else { String::new() };
+            let mut text = if echo {
+                prompt.text.clone()
+            } else {
+                String::new()
+            };
             let mut lp = k.map(|_| Lp::default());
-            if let (Some(lp), Some(s)) = (lp.as_mut(), scored[pi].as_ref().filter(|_| echo)) {
+            if let (Some(lp), Some(s)) = (lp.as_mut(), p.scored[pi].as_ref().filter(|_| echo)) {
                 lp.push_scored(state, s, k.unwrap_or(0));
             }
             let reason = match generated {
@@ -232,21 +289,20 @@ async fn run(
             });
         }
     }
-    let resp = CompletionResponse {
-        id,
+    CompletionResponse {
+        id: p.id,
         object: "text_completion".into(),
-        created,
+        created: p.created,
         model: state.model_name().to_owned(),
         choices,
         usage: Some(Usage {
-            prompt_tokens,
+            prompt_tokens: p.prompt_tokens,
             completion_tokens,
-            total_tokens: prompt_tokens + completion_tokens,
+            total_tokens: p.prompt_tokens + completion_tokens,
             extra: Extra::new(),
         }),
         extra: Extra::new(),
-    };
-    Ok(json_response(&resp))
+    }
 }
 
 /// The legacy parallel-array logprobs, built position by position.
@@ -314,19 +370,24 @@ impl Lp {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The streamed answer: the echo chunks first (or every choice's end, for `max_tokens: 0`),
+/// then each choice's pieces as they are generated, then the usage when asked.
 fn stream(
     state: &ServerState,
     req: &CompletionRequest,
-    id: String,
-    created: u64,
-    prompts: Vec<PromptIn>,
-    scored: Vec<Option<ScoredSequence>>,
+    p: Prepared,
     streams: Vec<(u32, TextStream)>,
-    n: u32,
-    k: Option<usize>,
-    prompt_tokens: u64,
 ) -> Response {
+    let Prepared {
+        id,
+        created,
+        prompts,
+        scored,
+        n,
+        k,
+        prompt_tokens,
+        ..
+    } = p;
     let model = state.model_name().to_owned();
     let chunk = {
         let (id, model) = (id.clone(), model.clone());

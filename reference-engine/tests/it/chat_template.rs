@@ -4,8 +4,8 @@
 
 use crate::common;
 
+use samewise_engine::GgufFile;
 use samewise_engine::chat::{self, ChatTemplate, TOOLS_PREAMBLE, parse_tool_calls};
-use samewise_engine::gguf::GgufFile;
 use serde_json::{Value, json};
 
 struct Cases {

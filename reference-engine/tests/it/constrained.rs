@@ -12,11 +12,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use common::server::TestServer;
+use samewise_engine::GgufFile;
+use samewise_engine::Tokenizer;
 use samewise_engine::constrain::{self, Constraint, Spec, TokenTrie};
-use samewise_engine::engine::{Engine, GenerateParams, LoadOptions};
-use samewise_engine::gguf::GgufFile;
 use samewise_engine::sample::SamplingParams;
-use samewise_engine::tokenizer::Tokenizer;
+use samewise_engine::{Engine, GenerateParams, LoadOptions};
 use serde_json::{Value, json};
 
 /// Tools like the tool-call suite's and BFCL's: flat, enums, nested objects, arrays of

@@ -7,7 +7,7 @@ use crate::common;
 
 use std::sync::Arc;
 
-use samewise_engine::batcher::{Batcher, GenEvent};
+use samewise_engine::{Batcher, GenEvent};
 use samewise_engine::{
     Engine, GenerateParams, GeneratedToken, Isa, LoadOptions, SamplingParams, ScoredSequence,
     TokenLogprob,

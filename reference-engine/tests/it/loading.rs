@@ -7,7 +7,7 @@ use crate::common;
 
 use std::path::Path;
 
-use samewise_engine::gguf::GgufFile;
+use samewise_engine::GgufFile;
 use samewise_engine::{Engine, EngineError, LoadOptions};
 
 fn load(path: &Path) -> Result<Engine, EngineError> {

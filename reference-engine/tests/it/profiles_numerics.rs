@@ -10,7 +10,7 @@
 
 use crate::common;
 
-use samewise_engine::profile::Profile;
+use samewise_engine::Profile;
 use samewise_engine::sample;
 use samewise_engine::{
     Engine, GenerateParams, LoadOptions, SamplingParams, ScoredSequence, TokenLogprob,

@@ -8,8 +8,8 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use samewise_engine::engine::LoadOptions;
-use samewise_engine::profile::Profile;
+use samewise_engine::LoadOptions;
+use samewise_engine::Profile;
 use samewise_engine::server::{self, ServerState};
 use samewise_wire::sse::SseDecoder;
 use serde_json::{Value, json};

@@ -4,9 +4,9 @@
 
 use crate::common;
 
-use samewise_engine::engine::{GenerateParams, LoadOptions};
 use samewise_engine::sample::SamplingParams;
 use samewise_engine::server::{self, ServerState};
+use samewise_engine::{GenerateParams, LoadOptions};
 use samewise_wire::sse::SseDecoder;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -234,7 +234,7 @@ fn library_greedy(
         .generate(prompt, &params, &mut |_| true)?;
     let ids: Vec<u32> = g.tokens.iter().map(|t| t.token).collect();
     let reason = match g.finish.reason {
-        samewise_engine::engine::FinishReason::Length => "length",
+        samewise_engine::FinishReason::Length => "length",
         _ => "stop",
     };
     Ok((

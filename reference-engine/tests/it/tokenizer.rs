@@ -4,8 +4,8 @@
 
 use crate::common;
 
-use samewise_engine::gguf::GgufFile;
-use samewise_engine::tokenizer::Tokenizer;
+use samewise_engine::GgufFile;
+use samewise_engine::Tokenizer;
 
 fn texts() -> Vec<String> {
     let mut v: Vec<String> = [

@@ -58,7 +58,7 @@ async fn concurrent_connects_migrate_once(db: TestDb) -> Result<()> {
         .insert_request_records(&[full_record("race", 1, 5)])
         .await?;
     // versions may have gaps (numbers are reserved per branch): the latest is the highest
-    let migrations = samewise_store::migrate::POSTGRES;
+    let migrations = samewise_store::POSTGRES_MIGRATIONS;
     let latest = migrations.iter().map(|m| m.version).max().unwrap_or(0);
     for s in &stores {
         ensure!(s.request_records(&by_id("race")).await?.len() == 1);
@@ -149,9 +149,7 @@ async fn integrity_check_finds_what_is_broken(db: TestDb) -> Result<()> {
     match db.backend() {
         Backend::Sqlite => {
             use sqlx::Connection;
-            let path = db
-                .data_dir()
-                .join(samewise_store::connect::DEFAULT_SQLITE_FILE);
+            let path = db.data_dir().join(samewise_store::DEFAULT_SQLITE_FILE);
             let mut conn =
                 sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display())).await?;
             sqlx::query("PRAGMA foreign_keys = OFF")

@@ -66,7 +66,7 @@ async fn api_key_lifecycle(db: TestDb) -> Result<()> {
     );
     // only the hash is stored: no column of the row holds the plaintext
     let stored = stored_key_columns(&db, "team-b").await?;
-    ensure!(stored.contains(&samewise_store::keys::hash_key(&other)));
+    ensure!(stored.contains(&samewise_store::hash_key(&other)));
     ensure!(
         stored.iter().all(|c| !c.contains(&other)),
         "plaintext stored: {stored:?}"

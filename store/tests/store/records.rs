@@ -161,7 +161,7 @@ async fn retention_deletes_old_records(db: TestDb) -> Result<()> {
 }
 
 async fn retention_drops_day_partitions(db: TestDb) -> Result<()> {
-    use samewise_store::partitions::{DAY_MS, partition_name};
+    use samewise_store::{DAY_MS, partition_name};
     let d = 20_000i64; // 2024-10-04, long before "today"
     let created = db.store.ensure_record_partitions(d * DAY_MS + 5, 2).await?;
     let expected: Vec<String> = (d..=d + 2).map(partition_name).collect();

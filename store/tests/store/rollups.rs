@@ -3,7 +3,7 @@
 //! counts, retention; admin keys; probe statistics without raw data; table lookup.
 
 use super::*;
-use samewise_store::rollups::{DAY_MS, HOUR_MS, MINUTE_MS, hist_quantile, minute_of};
+use samewise_store::{DAY_MS, HOUR_MS, MINUTE_MS, hist_quantile, minute_of};
 use samewise_store::{KeyOptions, ProbeRun, ProbeRunQuery, RollupQuery};
 
 both!(

@@ -8,13 +8,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context, Result};
+use samewise_engine::Tokenizer;
 use samewise_engine::chat::{self, ChatTemplate};
 use samewise_engine::server::{self, ServerState};
-use samewise_engine::tokenizer::Tokenizer;
 use samewise_engine::{Engine, LoadOptions};
-use samewise_probes::config::{ProbeKind, ProbesConfig};
 use samewise_probes::kinds::{self, ProbeCtx, PromptSets, Target};
 use samewise_probes::reference::{InProcess, Reference};
+use samewise_probes::{ProbeKind, ProbesConfig};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 

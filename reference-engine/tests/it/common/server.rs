@@ -1,8 +1,8 @@
 //! A reference-engine server on 127.0.0.1:0 over the test model, for integration tests:
 //! JSON posts, SSE streams read whole, stopped when dropped.
 
-use samewise_engine::engine::LoadOptions;
-use samewise_engine::profile::Profile;
+use samewise_engine::LoadOptions;
+use samewise_engine::Profile;
 use samewise_engine::server::{self, ServerState};
 use samewise_wire::sse::SseDecoder;
 use serde_json::{Value, json};
