@@ -46,22 +46,23 @@ pub enum DashError {
     },
 }
 
-impl From<samewise_evals::OpenError> for DashError {
-    fn from(e: samewise_evals::OpenError) -> Self {
-        use samewise_evals::OpenError as O;
-        let (param, code) = match &e {
-            O::UnknownEndpoint { .. } => ("endpoint", "unknown_endpoint"),
-            O::UnknownSuite { .. } | O::Suite(_) => ("suite", "unknown_suite"),
-            O::UnknownBaseline(_) => ("baseline", "unknown_baseline"),
-            O::Store(_) => ("", ""),
+impl From<samewise_evals::EvalsError> for DashError {
+    /// Opening a job: a bad endpoint, suite or baseline is the caller's 400 naming the
+    /// parameter; the store failing is ours.
+    fn from(e: samewise_evals::EvalsError) -> Self {
+        use samewise_evals::EvalsError as E;
+        let message = e.to_string();
+        let (param, code) = match e {
+            E::Store(s) => return DashError::Store(s),
+            E::UnknownEndpoint { .. } | E::UnknownTarget(_) => ("endpoint", "unknown_endpoint"),
+            E::UnknownSuite { .. } | E::Suite(_) => ("suite", "unknown_suite"),
+            E::UnknownBaseline(_) => ("baseline", "unknown_baseline"),
+            _ => return DashError::BadRequest(message),
         };
-        if let O::Store(s) = e {
-            return DashError::Store(s);
-        }
         DashError::Invalid {
             param,
             code,
-            message: e.to_string(),
+            message,
         }
     }
 }

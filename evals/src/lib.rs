@@ -42,7 +42,7 @@ mod tool_calls;
 mod worker;
 
 pub use config::{EvalsConfig, LongContextConfig, Rule, SuiteFile};
-pub use open::{OpenError, OpenRequest, Opener, SuiteRef};
+pub use open::{OpenRequest, Opener, SuiteRef};
 pub use stats::{Verdict, VerdictParams};
 pub use target::{Answer, REFERENCE, Target, Targets};
 pub use worker::{AlertWatcher, Worker, WorkerSettings};
@@ -61,6 +61,26 @@ pub enum EvalsError {
     /// A suite's data or name.
     #[error("suite: {0}")]
     Suite(String),
+    /// A job to open names an endpoint that is not configured.
+    #[error("unknown endpoint {name:?} (configured: {known})")]
+    UnknownEndpoint {
+        /// As given.
+        name: String,
+        /// The configured labels.
+        known: String,
+    },
+    /// A job to open names no known suite.
+    #[error("unknown suite {name:?} (known: {known})")]
+    UnknownSuite {
+        /// As given.
+        name: String,
+        /// The suites known.
+        known: String,
+    },
+    /// A job's baseline is neither "reference" (with a reference URL) nor a configured
+    /// endpoint, or is the suspect itself.
+    #[error("{0}")]
+    UnknownBaseline(String),
     /// A job names an endpoint the worker does not know.
     #[error(
         "unknown endpoint {0:?} (not in the config, and not \"reference\" with a reference URL)"

@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use samewise_store::{EvalJob, NewEvalJob, Store};
 use serde_json::{Value, json};
 
-use crate::EvalsConfig;
 use crate::target::REFERENCE;
+use crate::{EvalsConfig, EvalsError};
 
 /// Which suite a job runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,37 +37,6 @@ pub struct OpenRequest {
     pub params: serde_json::Map<String, Value>,
     /// The alert that opened it.
     pub alert_id: Option<i64>,
-}
-
-/// Why a job was not opened. The messages are for the caller (CLI or HTTP client).
-#[derive(Debug, thiserror::Error)]
-pub enum OpenError {
-    /// The endpoint is not configured.
-    #[error("unknown endpoint {name:?} (configured: {known})")]
-    UnknownEndpoint {
-        /// As given.
-        name: String,
-        /// The configured labels.
-        known: String,
-    },
-    /// No such suite.
-    #[error("unknown suite {name:?} (known: {known})")]
-    UnknownSuite {
-        /// As given.
-        name: String,
-        /// The suites known.
-        known: String,
-    },
-    /// The baseline is neither "reference" (with a reference URL) nor a configured endpoint,
-    /// or is the suspect itself.
-    #[error("{0}")]
-    UnknownBaseline(String),
-    /// A suite file failed its checks.
-    #[error("{0}")]
-    Suite(String),
-    /// The store failed.
-    #[error(transparent)]
-    Store(#[from] samewise_store::StoreError),
 }
 
 /// Opens jobs against the configured endpoints.
@@ -106,11 +75,11 @@ impl Opener {
     }
 
     /// Checks `req` and builds the job's row (`now_ms` its creation time).
-    pub fn prepare(&self, req: &OpenRequest, now_ms: i64) -> Result<NewEvalJob, OpenError> {
+    pub fn prepare(&self, req: &OpenRequest, now_ms: i64) -> Result<NewEvalJob, EvalsError> {
         let model = self
             .endpoints
             .get(&req.endpoint)
-            .ok_or_else(|| OpenError::UnknownEndpoint {
+            .ok_or_else(|| EvalsError::UnknownEndpoint {
                 name: req.endpoint.clone(),
                 known: self
                     .endpoints
@@ -123,13 +92,13 @@ impl Opener {
         let baseline = req.baseline.clone().unwrap_or_else(|| REFERENCE.to_owned());
         if baseline == REFERENCE {
             if self.config.reference_url.is_none() {
-                return Err(OpenError::UnknownBaseline(
+                return Err(EvalsError::UnknownBaseline(
                     "baseline \"reference\" needs [evals] reference_url (or [probes.reference] url)"
                         .to_owned(),
                 ));
             }
         } else if !self.endpoints.contains_key(&baseline) {
-            return Err(OpenError::UnknownBaseline(format!(
+            return Err(EvalsError::UnknownBaseline(format!(
                 "unknown baseline {baseline:?} (\"reference\" or a configured endpoint: {})",
                 self.endpoints
                     .keys()
@@ -138,7 +107,7 @@ impl Opener {
                     .join(", ")
             )));
         } else if baseline == req.endpoint {
-            return Err(OpenError::UnknownBaseline(format!(
+            return Err(EvalsError::UnknownBaseline(format!(
                 "the baseline {baseline:?} is the endpoint itself"
             )));
         }
@@ -152,7 +121,7 @@ impl Opener {
                     .config
                     .suites
                     .get(name)
-                    .ok_or_else(|| OpenError::UnknownSuite {
+                    .ok_or_else(|| EvalsError::UnknownSuite {
                         name: name.clone(),
                         known: self.config.suite_names().join(", "),
                     })?;
@@ -163,7 +132,7 @@ impl Opener {
                 name.clone()
             }
             SuiteRef::File(path) => {
-                let s = crate::custom::load(path).map_err(|e| OpenError::Suite(e.to_string()))?;
+                let s = crate::custom::load(path)?;
                 let file = path
                     .file_name()
                     .map(|f| f.to_string_lossy().into_owned())
@@ -195,7 +164,7 @@ impl Opener {
         store: &Store,
         req: &OpenRequest,
         cooldown_ms: i64,
-    ) -> Result<Option<EvalJob>, OpenError> {
+    ) -> Result<Option<EvalJob>, EvalsError> {
         let job = self.prepare(req, samewise_store::now_ms())?;
         Ok(store.enqueue_eval_job(&job, cooldown_ms).await?)
     }

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{EvalsConfig, LongContextConfig};
 use crate::long_context::{self, Scoring};
-use crate::open::{OpenError, OpenRequest, Opener, SuiteRef};
+use crate::open::{OpenRequest, Opener, SuiteRef};
 use crate::report::{Stop, document, paired};
 use crate::stats::{Verdict, VerdictParams, decide, look_points};
 use crate::target::Targets;
@@ -662,7 +662,7 @@ impl AlertWatcher {
                         opened.push(j);
                     }
                     Ok(None) => {}
-                    Err(OpenError::Store(e)) => return Err(e.into()),
+                    Err(EvalsError::Store(e)) => return Err(EvalsError::Store(e)),
                     Err(e) => {
                         tracing::warn!(alert = a.id, error = %e, "no eval job for the alert");
                     }

@@ -93,6 +93,25 @@ pub enum EngineError {
     /// The batcher's worker has stopped.
     #[error("the engine worker has shut down")]
     Shutdown,
+    /// A serving profile is not TOML of the profile's shape.
+    #[error("profile {source_name}: {message}")]
+    ProfileParse {
+        /// The file or built-in name.
+        source_name: String,
+        /// What the parser said (it names the key and line).
+        message: String,
+    },
+    /// A serving profile's value is out of range.
+    #[error("profile {source_name}: {message}")]
+    ProfileInvalid {
+        /// The file or built-in name.
+        source_name: String,
+        /// Which field and why.
+        message: String,
+    },
+    /// Neither a built-in profile name nor a readable file.
+    #[error("unknown profile {0:?}: not a built-in ({list}) and not a readable file", list = crate::profile::BUILTIN_NAMES.join(", "))]
+    UnknownProfile(String),
 }
 
 /// The crate's result type.

@@ -18,6 +18,8 @@ pub(crate) mod requant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::EngineError;
+
 pub use numerics::Numerics;
 pub use requant::{Codes, KvDtype, WeightQuant};
 
@@ -259,30 +261,6 @@ pub struct ErrorsSection {
     pub disconnect_rate: f64,
 }
 
-/// Why a profile could not be used; the message names the field or the file.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ProfileError {
-    /// Not TOML of this shape.
-    #[error("profile {source_name}: {message}")]
-    Parse {
-        /// The file or built-in name.
-        source_name: String,
-        /// What the parser said (it names the key and line).
-        message: String,
-    },
-    /// A value out of range.
-    #[error("profile {source_name}: {message}")]
-    Invalid {
-        /// The file or built-in name.
-        source_name: String,
-        /// Which field and why.
-        message: String,
-    },
-    /// Neither a built-in name nor a readable file.
-    #[error("unknown profile {0:?}: not a built-in ({list}) and not a readable file", list = BUILTIN_NAMES.join(", "))]
-    Unknown(String),
-}
-
 /// Names accepted by [`Profile::builtin`].
 pub const BUILTIN_NAMES: &[&str] = &[
     "reference",
@@ -306,26 +284,27 @@ pub const BUILTIN_NAMES: &[&str] = &[
 
 impl Profile {
     /// Parses and validates a profile from TOML text; `source_name` appears in errors.
-    pub fn from_toml(text: &str, source_name: &str) -> Result<Profile, ProfileError> {
-        let p: Profile = toml::from_str(text).map_err(|e| ProfileError::Parse {
+    pub fn from_toml(text: &str, source_name: &str) -> Result<Profile, EngineError> {
+        let p: Profile = toml::from_str(text).map_err(|e| EngineError::ProfileParse {
             source_name: source_name.to_owned(),
             message: e.to_string(),
         })?;
-        p.validate().map_err(|message| ProfileError::Invalid {
-            source_name: source_name.to_owned(),
-            message,
-        })?;
+        p.validate()
+            .map_err(|message| EngineError::ProfileInvalid {
+                source_name: source_name.to_owned(),
+                message,
+            })?;
         Ok(p)
     }
 
     /// A built-in profile by name, or a TOML file by path.
-    pub fn resolve(name_or_path: &str) -> Result<Profile, ProfileError> {
+    pub fn resolve(name_or_path: &str) -> Result<Profile, EngineError> {
         if let Some(p) = Profile::builtin(name_or_path) {
             return Ok(p);
         }
         match std::fs::read_to_string(name_or_path) {
             Ok(text) => Profile::from_toml(&text, name_or_path),
-            Err(_) => Err(ProfileError::Unknown(name_or_path.to_owned())),
+            Err(_) => Err(EngineError::UnknownProfile(name_or_path.to_owned())),
         }
     }
 
@@ -578,7 +557,7 @@ mod tests {
         assert!(bits.contains("weights.bits"), "{bits}");
         assert!(matches!(
             Profile::resolve("/nonexistent/x.toml"),
-            Err(ProfileError::Unknown(_))
+            Err(EngineError::UnknownProfile(_))
         ));
     }
 }
