@@ -140,7 +140,6 @@ pub fn stat(stats: &serde_json::Value, key: &str) -> Option<f64> {
     v.is_finite().then_some(v)
 }
 
-/// The value of run-stats key `key` in a repeat summary, if it has one.
 /// A faithful finding whose run carries a fault signature (`stats.diagnosis`, see
 /// [`crate::kinds::diagnose`]) names the signature instead of a bit width: the statistic is
 /// still over the threshold, but "≈ N-bit weights" would misdiagnose an API or template
@@ -180,6 +179,7 @@ fn diagnosed(
     )
 }
 
+/// The value of run-stats key `key` in a repeat summary, if it has one.
 fn summary_stat(s: &RunSummary, key: &str) -> Option<f64> {
     match key {
         "kl_mean" => Some(s.kl_mean),

@@ -25,11 +25,11 @@ use crate::compare::{self, PositionInput};
 use crate::reference::RefPosition;
 
 /// Shifts tried: the endpoint's data at position i compared with the reference at i + s.
-pub(crate) const SHIFTS: [isize; 4] = [-2, -1, 1, 2];
+const SHIFTS: [isize; 4] = [-2, -1, 1, 2];
 /// A realigned run must come this close to the reference to name a shift (mean KL, nats):
 /// faithful weights behind a shifted API come within float noise; a real weight or kernel
 /// difference does not get better when moved.
-pub(crate) const SHIFTED_MAX_KL: f64 = 0.05;
+const SHIFTED_MAX_KL: f64 = 0.05;
 /// ... and below this fraction of the unshifted KL.
 const SHIFTED_MAX_RATIO: f64 = 0.1;
 /// Below this unshifted mean KL there is nothing to explain.
@@ -125,6 +125,15 @@ pub(crate) fn prompt_tokens_differ(counts: &[(i64, i64)]) -> Option<Value> {
         return None;
     }
     let (e, r) = counts[0];
+    let by = if deltas.iter().all(|&d| d == deltas[0]) {
+        format!("{:+} on each of {} prompts", deltas[0], counts.len())
+    } else {
+        format!(
+            "{:+} on the first; the same sign on all {} prompts",
+            deltas[0],
+            counts.len()
+        )
+    };
     let what = if all_more {
         "an injected system prompt or a different chat template"
     } else {
@@ -134,9 +143,7 @@ pub(crate) fn prompt_tokens_differ(counts: &[(i64, i64)]) -> Option<Value> {
         "signature": "prompt_tokens_differ",
         "text": format!(
             "the endpoint counts {e} prompt tokens where the reference's chat template renders {r} \
-             ({:+} on each of {} prompts): {what}",
-            deltas[0],
-            counts.len()
+             ({by}): {what}"
         ),
         "endpoint_prompt_tokens": counts.iter().map(|c| c.0).collect::<Vec<_>>(),
         "reference_prompt_tokens": counts.iter().map(|c| c.1).collect::<Vec<_>>(),
@@ -172,7 +179,13 @@ mod tests {
         let more = prompt_tokens_differ(&[(40, 20), (45, 25)]).expect("a signature");
         assert_eq!(more["signature"], "prompt_tokens_differ");
         let text = more["text"].as_str().unwrap_or_default();
-        assert!(text.contains("+20") && text.contains("injected"), "{text}");
+        assert!(
+            text.contains("+20 on each of 2") && text.contains("injected"),
+            "{text}"
+        );
+        let unequal = prompt_tokens_differ(&[(40, 20), (46, 25)]).expect("a signature");
+        let text = unequal["text"].as_str().unwrap_or_default();
+        assert!(text.contains("+20 on the first"), "{text}");
         let fewer = prompt_tokens_differ(&[(5, 25)]).expect("a signature");
         assert!(
             fewer["text"]
