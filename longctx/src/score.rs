@@ -52,6 +52,10 @@ pub struct Echoed {
     pub sent_chars: usize,
     /// Tokens the endpoint echoed for the prompt.
     pub kept_tokens: usize,
+    /// Where the part the endpoint dropped began in the prompt sent (characters): 0 when
+    /// its beginning went, more when a middle part went. None when nothing was dropped, or
+    /// when the echo is not the prompt less one contiguous part.
+    pub dropped_at: Option<usize>,
 }
 
 impl Echoed {
@@ -165,12 +169,35 @@ pub fn read_echo(choice: &Value, prompt: &str, spans: &[Range<usize>]) -> Result
     let char_spans: Vec<Range<usize>> = spans.iter().map(|s| char_range(prompt, s)).collect();
     let answers = span_sums(&offsets, &logprobs, end, sent_chars, &char_spans);
     let kept_tokens = offsets.iter().filter(|&&o| o < end).count();
+    let kept: String = text.chars().take(end).collect();
     Ok(Echoed {
         answers,
         kept_chars: end.min(sent_chars),
         sent_chars,
         kept_tokens,
+        dropped_at: dropped_at(prompt, &kept),
     })
+}
+
+/// Where `kept` (the prompt as an endpoint echoed it) lost one contiguous part of `prompt`,
+/// in characters: 0 when it is the prompt's tail; the kept head's length when it is a head
+/// and a tail. None when nothing was lost or no single cut explains it.
+fn dropped_at(prompt: &str, kept: &str) -> Option<usize> {
+    if kept.len() >= prompt.len() {
+        return None;
+    }
+    if prompt.ends_with(kept) {
+        return Some(0);
+    }
+    let head = prompt
+        .char_indices()
+        .zip(kept.chars())
+        .take_while(|((_, a), b)| a == b)
+        .map(|((i, a), _)| i + a.len_utf8())
+        .last()?;
+    prompt
+        .ends_with(&kept[head..])
+        .then(|| prompt[..head].chars().count())
 }
 
 /// Reads a likelihood response of `group`: per candidate (true answers first), its

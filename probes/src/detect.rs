@@ -373,6 +373,9 @@ impl Detectors {
         if let Some(finding) = self.mismatch_finding(run) {
             return Ok(Some(finding));
         }
+        if let Some(finding) = signature_finding(run) {
+            return Ok(Some(finding));
+        }
         let metric = self.cfg.metric;
         let key = stat_key(metric);
         let Some(value) = stat(&run.stats, key) else {
@@ -652,6 +655,35 @@ impl Detectors {
 /// The faithful? finding of a long_context run: its effective context one doubling or more
 /// below the reference's (`samewise_longctx::context::one_doubling_below`), with the
 /// per-length passes of both sides as evidence.
+/// Fault signatures that are findings by themselves, whatever the statistic says: the
+/// weights may be served exactly, yet the endpoint does not do what requests ask.
+const STANDALONE_SIGNATURES: [&str; 1] = ["sampling_ignored"];
+
+/// The finding of a run whose diagnosis is one of [`STANDALONE_SIGNATURES`].
+fn signature_finding(run: &ProbeRun) -> Option<NewAlert> {
+    let d = run.stats.get("diagnosis")?;
+    let signature = d.get("signature")?.as_str()?;
+    if !STANDALONE_SIGNATURES.contains(&signature) {
+        return None;
+    }
+    let text = d.get("text")?.as_str()?;
+    Some(NewAlert {
+        model: run.model.clone(),
+        endpoint: run.endpoint.clone(),
+        kind: KIND_UNFAITHFUL.to_owned(),
+        summary: format!("endpoint {}: {text}", run.endpoint),
+        evidence: serde_json::json!({
+            "detector": "faithful",
+            "probe_kind": run.kind,
+            "statistic": signature,
+            "diagnosis": d,
+            "p_value": serde_json::Value::Null,
+            "probe_runs": [run.id],
+        }),
+        now_ms: run.finished_ms,
+    })
+}
+
 fn long_context_finding(run: &ProbeRun) -> Option<NewAlert> {
     let value = stat(&run.stats, "effective_context")?;
     let reference = stat(&run.stats, "reference_effective_context")?;
@@ -682,8 +714,13 @@ fn long_context_finding(run: &ProbeRun) -> Option<NewAlert> {
             )
         })
         .collect();
+    let diagnosis = run.stats.get("diagnosis").filter(|d| d.is_object());
+    let why = diagnosis
+        .and_then(|d| d.get("text"))
+        .and_then(serde_json::Value::as_str)
+        .map_or(String::new(), |t| format!(": {t}"));
     let summary = format!(
-        "endpoint {}: effective context {v} tokens, reference {r} (long_context passes per length, endpoint vs reference: {})",
+        "endpoint {}: effective context {v} tokens, reference {r}{why} (long_context passes per length, endpoint vs reference: {})",
         run.endpoint,
         detail.join(", ")
     );
@@ -702,6 +739,7 @@ fn long_context_finding(run: &ProbeRun) -> Option<NewAlert> {
             "window": run.stats.get("window").cloned().unwrap_or(serde_json::Value::Null),
             "scoring": run.stats.get("scoring").cloned().unwrap_or(serde_json::Value::Null),
             "lengths": lengths,
+            "diagnosis": diagnosis.cloned().unwrap_or(serde_json::Value::Null),
             "p_value": serde_json::Value::Null,
             "probe_runs": [run.id],
         }),

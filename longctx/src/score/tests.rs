@@ -75,6 +75,7 @@ fn echo_reading_finds_every_answer_whole_cut_or_followed_by_a_completion() {
         );
         let cut = read_echo(&echo(&p, n / 2, "", lp), &p, &spans).unwrap_or_else(|e| panic!("{e}"));
         assert!(cut.truncated() && cut.kept_chars == n / 2 && cut.kept_tokens < whole.kept_tokens);
+        assert_eq!((whole.dropped_at, cut.dropped_at), (None, Some(0)));
         let appended =
             read_echo(&echo(&p, n, " 42", lp), &p, &spans).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(appended.answers, whole.answers, "{}", g.id);
@@ -89,6 +90,19 @@ fn echo_reading_finds_every_answer_whole_cut_or_followed_by_a_completion() {
             }
         }
     }
+}
+
+#[test]
+fn the_dropped_part_is_placed_at_the_beginning_the_middle_or_nowhere() {
+    let p = "héllo wörld, the key is 12345.";
+    assert_eq!(dropped_at(p, p), None);
+    assert_eq!(dropped_at(p, "the key is 12345."), Some(0));
+    // "héllo " kept, "wörld, " dropped: the cut starts at character 6
+    assert_eq!(dropped_at(p, "héllo the key is 12345."), Some(6));
+    // the end dropped: the cut starts where the kept head ends
+    assert_eq!(dropped_at(p, "héllo wörld"), Some(11));
+    // not one contiguous cut
+    assert_eq!(dropped_at(p, "héllo key 12345."), None);
 }
 
 #[test]

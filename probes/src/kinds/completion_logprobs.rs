@@ -31,6 +31,8 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     let mut method = AlignMethod::Direct;
     // (endpoint usage.prompt_tokens, reference rendered count) per prompt
     let mut prompt_counts = Vec::new();
+    // every generated position, for the signatures read from the endpoint's own logprobs
+    let mut all_generated = Vec::new();
     for p in &prompts {
         let messages = vec![json!({"role": "user", "content": p.prompt})];
         let max_tokens = p.max_tokens.min(ctx.cfg.max_tokens);
@@ -65,6 +67,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             prompt_counts.push((n, prompt_ids.len() as i64));
         }
         let toks: Vec<EndpointToken> = ep.iter().map(|p| p.token.clone()).collect();
+        all_generated.extend(ep.iter().cloned());
         let alignment = align(&toks, vocab.as_ref());
         generated += toks.len();
         unmappable += alignment.unmappable;
@@ -105,7 +108,16 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
         }),
     );
     extra.insert("top_k".into(), json!(k));
-    if let Some(d) = diagnose::prompt_tokens_differ(&prompt_counts) {
+    let with_top = all_generated.iter().filter(|p| !p.top.is_empty());
+    let most_top = with_top
+        .clone()
+        .map(diagnose::top_returned)
+        .max()
+        .unwrap_or(0);
+    if let Some(d) = diagnose::sampling_ignored(&all_generated)
+        .or_else(|| diagnose::prompt_tokens_differ(&prompt_counts))
+        .or_else(|| diagnose::top_logprobs_capped(most_top, k, with_top.count()))
+    {
         extra.insert("diagnosis".into(), d);
     }
     logprob_outcome(&inputs, tokens, extra)

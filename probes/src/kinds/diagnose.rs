@@ -14,6 +14,16 @@
 //!   chat than the reference's template renders (`usage.prompt_tokens`), on every prompt of
 //!   the round: a different chat template, an injected or dropped system prompt, or a
 //!   truncated prompt — the answers are then conditioned on another context.
+//! - `prompt_truncated` (long_context): the echo of a long prompt lacks part of it — the
+//!   endpoint kept K of the N tokens sent, and where the cut was (its beginning, or a middle
+//!   part from a given character). Needles in the dropped part cannot be found, whatever the
+//!   weights.
+//! - `top_logprobs_capped`: no position carries more than c alternatives where k were
+//!   asked; the statistic then compares a shorter head of the distribution.
+//! - `sampling_ignored` (completion_logprobs, sent at temperature 0): generated tokens that
+//!   are not the endpoint's own most likely token at their position — by the endpoint's own
+//!   logprobs, so neither weights nor kernels explain it: the endpoint samples whatever the
+//!   request says. A fault by itself: the detector raises it even under the threshold.
 //!
 //! Pure functions over what the probe already holds: no extra request to either side.
 
@@ -125,7 +135,9 @@ pub(crate) fn prompt_tokens_differ(counts: &[(i64, i64)]) -> Option<Value> {
         return None;
     }
     let (e, r) = counts[0];
-    let by = if deltas.iter().all(|&d| d == deltas[0]) {
+    let by = if counts.len() == 1 {
+        format!("{:+}", deltas[0])
+    } else if deltas.iter().all(|&d| d == deltas[0]) {
         format!("{:+} on each of {} prompts", deltas[0], counts.len())
     } else {
         format!(
@@ -150,6 +162,122 @@ pub(crate) fn prompt_tokens_differ(counts: &[(i64, i64)]) -> Option<Value> {
     }))
 }
 
+/// One length of a long_context round where the endpoint's echo lacked part of the prompt.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Cut {
+    /// The length tried (tokens).
+    pub length: u32,
+    /// The prompt's tokens by the reference's count.
+    pub prompt_tokens: usize,
+    /// The tokens the endpoint echoed for it.
+    pub kept_tokens: usize,
+    /// Where the dropped part began (characters of the prompt), when one part was dropped.
+    pub dropped_at: Option<usize>,
+}
+
+/// The `prompt_truncated` diagnosis from the lengths whose echo lacked part of the prompt.
+pub(crate) fn prompt_truncated(cuts: &[Cut]) -> Option<Value> {
+    let first = cuts.first()?;
+    // the most any cut prompt kept: the endpoint's limit, near enough
+    let limit = cuts.iter().map(|c| c.kept_tokens).max()?;
+    let place = match first.dropped_at {
+        Some(0) => "its beginning dropped".to_owned(),
+        Some(at) => format!("a part dropped from character {at} on"),
+        None => "part of it dropped".to_owned(),
+    };
+    Some(json!({
+        "signature": "prompt_truncated",
+        "text": format!(
+            "prompts are silently truncated: at length {} the endpoint kept {} of the {} prompt \
+             tokens sent ({place}); no cut prompt kept more than {limit} tokens",
+            first.length, first.kept_tokens, first.prompt_tokens
+        ),
+        "first_cut_length": first.length,
+        "kept_tokens": cuts.iter().map(|c| c.kept_tokens).collect::<Vec<_>>(),
+        "prompt_tokens": cuts.iter().map(|c| c.prompt_tokens).collect::<Vec<_>>(),
+        "lengths": cuts.iter().map(|c| c.length).collect::<Vec<_>>(),
+        "dropped_at": first.dropped_at,
+        "kept_tokens_max": limit,
+    }))
+}
+
+/// How many of the most likely tokens `p` carries as alternatives. A legacy completions
+/// answer adds the actual token when it is not among them (OpenAI, vLLM, this engine): an
+/// actual token that is the least likely entry may be that addition, so it is not counted;
+/// one above another entry is within the top.
+pub(crate) fn top_returned(p: &EpPosition) -> usize {
+    let actual = p.top.iter().find(|(t, _)| t.text == p.token.text);
+    match actual {
+        Some((_, lp)) if p.top.iter().all(|(_, o)| o >= lp) => p.top.len() - 1,
+        _ => p.top.len(),
+    }
+}
+
+/// The `top_logprobs_capped` diagnosis: `most` is the largest number of alternatives any
+/// position carried ([`top_returned`]), `asked` the number asked for, `positions` how many
+/// carried any.
+pub(crate) fn top_logprobs_capped(most: usize, asked: usize, positions: usize) -> Option<Value> {
+    if positions == 0 || most >= asked {
+        return None;
+    }
+    Some(json!({
+        "signature": "top_logprobs_capped",
+        "text": format!(
+            "top_logprobs are capped: no position of {positions} carried more than {most} \
+             alternatives where {asked} were asked"
+        ),
+        "asked": asked,
+        "most_returned": most,
+        "positions": positions,
+    }))
+}
+
+/// Generated tokens whose own logprob trails the endpoint's best alternative by more than
+/// this (nats) are not greedy choices (float ties stay well under it).
+const NOT_GREEDY_MARGIN: f64 = 1e-3;
+/// `sampling_ignored` needs at least this many non-greedy tokens ...
+const NOT_GREEDY_MIN: usize = 3;
+/// ... and this fraction of the generated positions that carry alternatives.
+const NOT_GREEDY_MIN_FRACTION: f64 = 0.05;
+
+/// The `sampling_ignored` diagnosis for tokens generated at temperature 0: `generated` are
+/// the endpoint's positions (its token's logprob and its alternatives).
+pub(crate) fn sampling_ignored(generated: &[EpPosition]) -> Option<Value> {
+    let with_top: Vec<&EpPosition> = generated.iter().filter(|p| !p.top.is_empty()).collect();
+    // per non-greedy token, how far it trails the endpoint's best alternative
+    let not_greedy: Vec<f64> = with_top
+        .iter()
+        .filter_map(|p| {
+            let best = p
+                .top
+                .iter()
+                .map(|(_, lp)| *lp)
+                .fold(f64::NEG_INFINITY, f64::max);
+            (best - p.logprob > NOT_GREEDY_MARGIN).then_some(best - p.logprob)
+        })
+        .collect();
+    let n = with_top.len();
+    if not_greedy.len() < NOT_GREEDY_MIN
+        || (not_greedy.len() as f64) < NOT_GREEDY_MIN_FRACTION * n as f64
+    {
+        return None;
+    }
+    let worst = not_greedy.iter().copied().fold(0.0, f64::max);
+    Some(json!({
+        "signature": "sampling_ignored",
+        "text": format!(
+            "temperature 0 is not honoured: {} of {n} generated tokens were not the endpoint's own \
+             most likely token (by its own logprobs, up to {} nats less likely): it samples \
+             whatever the request asks",
+            not_greedy.len(),
+            fmt(worst)
+        ),
+        "not_greedy": not_greedy.len(),
+        "positions": n,
+        "largest_gap": worst,
+    }))
+}
+
 fn mean_kl(inputs: &[PositionInput]) -> Option<f64> {
     if inputs.is_empty() {
         return None;
@@ -169,6 +297,83 @@ fn fmt(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::align::EndpointToken;
+
+    fn at(token: &str, logprob: f64, top: &[(&str, f64)]) -> EpPosition {
+        EpPosition {
+            token: EndpointToken::text(token.to_owned()),
+            logprob,
+            top: top
+                .iter()
+                .map(|(t, lp)| (EndpointToken::text((*t).to_owned()), *lp))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_top_counted_leaves_out_an_appended_actual_token() {
+        // the actual token above another entry: within the top
+        assert_eq!(top_returned(&at("a", -0.1, &[("a", -0.1), ("b", -2.0)])), 2);
+        // the least likely entry may be the one appended: not counted
+        assert_eq!(
+            top_returned(&at("c", -5.0, &[("a", -0.1), ("b", -2.0), ("c", -5.0)])),
+            2
+        );
+        assert_eq!(top_returned(&at("z", -5.0, &[("a", -0.1), ("b", -2.0)])), 2);
+        assert!(top_logprobs_capped(5, 5, 10).is_none());
+        assert!(top_logprobs_capped(2, 5, 0).is_none());
+        let d = top_logprobs_capped(2, 5, 10).expect("a signature");
+        assert_eq!(
+            (d["asked"].clone(), d["most_returned"].clone()),
+            (5.into(), 2.into())
+        );
+    }
+
+    #[test]
+    fn sampling_ignored_needs_several_tokens_off_the_endpoints_own_argmax() {
+        let greedy = at("a", -0.1, &[("a", -0.1), ("b", -2.0)]);
+        // a float tie is greedy
+        let tie = at("b", -0.7, &[("a", -0.6999), ("b", -0.7)]);
+        let off = at("b", -2.0, &[("a", -0.1), ("b", -2.0)]);
+        let mut run = vec![greedy.clone(); 40];
+        run.push(tie);
+        run.extend(vec![off.clone(); 2]);
+        assert!(sampling_ignored(&run).is_none(), "two are too few");
+        run.push(off);
+        let d = sampling_ignored(&run).expect("a signature");
+        assert_eq!(d["not_greedy"], 3);
+        assert_eq!(d["positions"], 44);
+        // three of a hundred is under 5%
+        run.extend(vec![greedy; 60]);
+        assert!(sampling_ignored(&run).is_none());
+    }
+
+    #[test]
+    fn a_truncation_names_the_first_cut_and_where() {
+        assert!(prompt_truncated(&[]).is_none());
+        let cut = |length, kept, dropped_at| Cut {
+            length,
+            prompt_tokens: length as usize,
+            kept_tokens: kept,
+            dropped_at,
+        };
+        let d = prompt_truncated(&[cut(1024, 512, Some(0)), cut(2048, 511, Some(0))])
+            .expect("a signature");
+        let text = d["text"].as_str().unwrap_or_default();
+        assert!(
+            text.contains("at length 1024 the endpoint kept 512 of the 1024")
+                && text.contains("its beginning dropped")
+                && text.contains("more than 512 tokens"),
+            "{text}"
+        );
+        let middle = prompt_truncated(&[cut(1024, 512, Some(700))]).expect("a signature");
+        assert!(
+            middle["text"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("from character 700 on")
+        );
+    }
 
     #[test]
     fn prompt_token_counts_name_a_signature_only_when_every_prompt_agrees() {
@@ -187,6 +392,7 @@ mod tests {
         let text = unequal["text"].as_str().unwrap_or_default();
         assert!(text.contains("+20 on the first"), "{text}");
         let fewer = prompt_tokens_differ(&[(5, 25)]).expect("a signature");
+        assert!(fewer["text"].as_str().unwrap_or_default().contains("(-20)"));
         assert!(
             fewer["text"]
                 .as_str()

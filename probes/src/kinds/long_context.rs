@@ -25,7 +25,7 @@ use samewise_longctx::task::{Draft, Group, Settings, lengths};
 use samewise_longctx::{TaskKind, context, score};
 use serde_json::{Map, Value, json};
 
-use super::{Outcome, ProbeCtx, Target, call, usage_tokens};
+use super::{Outcome, ProbeCtx, Target, call, diagnose, usage_tokens};
 use crate::reference::SampleRequest;
 
 /// The shortest length tried (tokens).
@@ -38,6 +38,8 @@ struct Side {
     passed: usize,
     kept_tokens: Option<usize>,
     truncated: bool,
+    /// Where the dropped part began (characters of the prompt), when one part was dropped.
+    dropped_at: Option<usize>,
 }
 
 /// Runs one long_context probe.
@@ -65,6 +67,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     let mut tokens = 0i64;
     let mut generation = false;
     let mut per_length = Vec::new();
+    let mut cuts = Vec::new();
     let (mut good, mut ref_good) = (Vec::new(), Vec::new());
     for g in &groups {
         let n = g.queries.len();
@@ -90,6 +93,14 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
         let below = context::below_reference(endpoint.passed, reference.passed, n);
         good.push(!below);
         ref_good.push(n > 0 && reference.passed as f64 / n as f64 >= context::RULER_THRESHOLD);
+        if let (true, Some(kept)) = (endpoint.truncated, endpoint.kept_tokens) {
+            cuts.push(diagnose::Cut {
+                length: g.length,
+                prompt_tokens: g.tokens,
+                kept_tokens: kept,
+                dropped_at: endpoint.dropped_at,
+            });
+        }
         per_length.push(json!({
             "length": g.length,
             "prompt_tokens": g.tokens,
@@ -99,6 +110,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             "below": below,
             "kept_tokens": endpoint.kept_tokens,
             "truncated": endpoint.truncated,
+            "dropped_at": endpoint.dropped_at,
         }));
     }
     let lens = lengths(settings.start_tokens, window);
@@ -128,6 +140,9 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             .map_or(Value::Null, |l| l["length"].clone()),
     );
     stats.insert("lengths".into(), Value::Array(per_length));
+    if let Some(d) = diagnose::prompt_truncated(&cuts) {
+        stats.insert("diagnosis".into(), d);
+    }
     Outcome::done(tokens, stats)
 }
 
@@ -192,6 +207,7 @@ async fn endpoint_side(
                 .count(),
             kept_tokens: None,
             truncated: false,
+            dropped_at: None,
         }
     } else {
         let echoed =
@@ -205,6 +221,7 @@ async fn endpoint_side(
                 .count(),
             kept_tokens: first.map(|e| e.kept_tokens),
             truncated: first.is_some_and(score::Echoed::truncated),
+            dropped_at: first.and_then(|e| e.dropped_at),
         }
     };
     Ok((side, spent))
@@ -243,6 +260,7 @@ async fn reference_side(
             passed,
             kept_tokens: None,
             truncated: false,
+            dropped_at: None,
         });
     }
     let mut scores = Vec::with_capacity(g.candidates());
@@ -279,5 +297,6 @@ async fn reference_side(
             .count(),
         kept_tokens: None,
         truncated: false,
+        dropped_at: None,
     })
 }

@@ -271,6 +271,7 @@ pub(crate) fn window<T: Clone>(items: &[T], round: u64, count: usize) -> Vec<T> 
 }
 
 /// One endpoint position: its token, logprob and alternatives.
+#[derive(Clone)]
 pub(crate) struct EpPosition {
     pub token: EndpointToken,
     pub logprob: f64,

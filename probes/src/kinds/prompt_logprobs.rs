@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::diagnose::ShiftSearch;
+use super::diagnose::{self, ShiftSearch};
 use super::{
     EpPosition, Outcome, ProbeCtx, Target, call, insert_alignment_stats, logprob_outcome,
     positions, usage_tokens, window,
@@ -27,6 +27,8 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     let mut method = AlignMethod::Direct;
     let mut ids = Vec::new();
     let mut shifts = ShiftSearch::default();
+    // the most alternatives any position carried, and how many positions carried any
+    let (mut most_top, mut with_top) = (0usize, 0usize);
     for t in &texts {
         let mut body = json!({"model": target.provider_model, "prompt": t.text, "echo": true, "logprobs": k, "max_tokens": 0, "temperature": 0.0});
         let answer = match call(ctx, target, "/completions", &body).await {
@@ -78,6 +80,10 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
                 }
             })
             .collect();
+        for p in eps.iter().filter(|p| !p.top.is_empty()) {
+            most_top = most_top.max(diagnose::top_returned(p));
+            with_top += 1;
+        }
         let map = |i: usize| alignment.ref_index.get(i).copied().flatten();
         let (mut pos, d) = positions(&eps, &scored, 0, map, vocab.as_ref());
         shifts.add(&eps, &scored, map, vocab.as_ref());
@@ -91,7 +97,10 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     extra.insert("unmapped_alternatives".into(), json!(dropped_alternatives));
     extra.insert("align".into(), json!(method));
     extra.insert("top_k".into(), json!(k));
-    if let Some(d) = shifts.diagnose(&inputs) {
+    if let Some(d) = shifts
+        .diagnose(&inputs)
+        .or_else(|| diagnose::top_logprobs_capped(most_top, k, with_top))
+    {
         extra.insert("diagnosis".into(), d);
     }
     logprob_outcome(&inputs, tokens, extra)

@@ -137,6 +137,26 @@ async fn a_diagnosed_run_names_its_signature_instead_of_a_bit_width() -> Result<
     calm.stats["diagnosis"] = run.stats["diagnosis"].clone();
     let calm = store_run(&db.store, &calm).await?;
     ensure!(d.after_run(&db.store, &calm).await?.is_empty());
+    // ... except a signature that is a fault by itself: sampling ignored at temperature 0
+    let mut hot = logprob_run("p/hot", 1_000, 0.005, 0.99);
+    hot.kind = "completion_logprobs".into();
+    hot.stats["diagnosis"] = serde_json::json!({
+        "signature": "sampling_ignored",
+        "text": "temperature 0 is not honoured: 9 of 40 generated tokens were not the endpoint's own most likely token",
+        "not_greedy": 9,
+        "positions": 40,
+    });
+    let hot = store_run(&db.store, &hot).await?;
+    let alerts = d.after_run(&db.store, &hot).await?;
+    ensure!(alerts.len() == 1, "{alerts:?}");
+    ensure!(
+        alerts[0].summary
+            == "endpoint p/hot: temperature 0 is not honoured: 9 of 40 generated tokens were not the endpoint's own most likely token"
+            && alerts[0].evidence["statistic"] == "sampling_ignored"
+            && alerts[0].evidence["diagnosis"]["not_greedy"] == 9
+            && alerts[0].evidence.get("equivalent").is_none(),
+        "{alerts:?}"
+    );
     Ok(())
 }
 

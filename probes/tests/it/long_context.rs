@@ -118,9 +118,26 @@ async fn truncation_is_flagged_and_faithful_endpoints_are_not() -> Result<()> {
     let last = lengths.last().context("no lengths")?;
     // the echo shows what the endpoint kept: 512 tokens of the longest prompt
     ensure!(
-        last["truncated"] == true && last["kept_tokens"] == 512 && last["below"] == true,
+        last["truncated"] == true
+            && last["kept_tokens"] == 512
+            && last["below"] == true
+            && last["dropped_at"] == 0,
         "{last}"
     );
+    // diagnosed: the beginning of every prompt over 512 tokens goes
+    let d = &t.stats["diagnosis"];
+    ensure!(
+        d["signature"] == "prompt_truncated"
+            && d["kept_tokens_max"] == 512
+            && d["dropped_at"] == 0
+            && d["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("its beginning dropped")),
+        "{d}"
+    );
+    for ep in ["exact/smol", "a8/smol"] {
+        ensure!(run(ep)?.stats.get("diagnosis").is_none(), "{ep}");
+    }
 
     let alerts = db
         .store
@@ -145,8 +162,9 @@ async fn truncation_is_flagged_and_faithful_endpoints_are_not() -> Result<()> {
         a.evidence
     );
     ensure!(
-        a.summary
-            .contains(&format!("effective context {eff} tokens, reference 1024")),
+        a.summary.contains(&format!(
+            "effective context {eff} tokens, reference 1024: prompts are silently truncated"
+        )) && a.evidence["diagnosis"]["signature"] == "prompt_truncated",
         "{}",
         a.summary
     );

@@ -428,9 +428,12 @@ async fn probes_of_the_unmodified_engine_are_exact_and_shifted_logprobs_are_caug
 /// llama-cpp-python's behaviour) is diagnosed as such, with the KL it has and the KL it has
 /// realigned (exactly 0: the weights are the reference's); one that renders chats with
 /// another system prompt (a `default_system` template profile) is diagnosed by its prompt
-/// token counts. The same loaded engine serves both, under each profile's API faults.
+/// token counts; one that samples at temperature 1 whatever the request asks
+/// (`api.fixed_temperature`) by its own logprobs; one that caps `top_logprobs` at 2 by the
+/// alternatives it returns. The same loaded engine serves all, under each profile's API faults.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shifted_echo_and_a_different_template_are_diagnosed() -> Result<()> {
+async fn shifted_echo_a_different_template_ignored_sampling_and_capped_top_logprobs_are_diagnosed()
+-> Result<()> {
     use samewise_engine::profile::Profile;
     let stop = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
@@ -456,6 +459,10 @@ async fn shifted_echo_and_a_different_template_are_diagnosed() -> Result<()> {
         "pirate",
     )?;
     let pirate = serve(profiled(pirate)?, &stop, &tasks).await?;
+    let hot = Profile::from_toml("[api]\nfixed_temperature = 1.0", "hot")?;
+    let hot = serve(profiled(hot)?, &stop, &tasks).await?;
+    let capped = Profile::from_toml("[api]\nmax_top_logprobs = 2", "capped")?;
+    let capped = serve(profiled(capped)?, &stop, &tasks).await?;
     let reference = in_process()?;
     let h = Harness::new("")?;
 
@@ -514,6 +521,50 @@ async fn shifted_echo_and_a_different_template_are_diagnosed() -> Result<()> {
         )
         .await;
     ensure!(o.ok && o.stats.get("diagnosis").is_none(), "{}", o.stats);
+
+    // temperature 0 asked, 1 served: tokens that are not the endpoint's own argmax
+    let o = h
+        .probe(
+            &reference,
+            ProbeKind::CompletionLogprobs,
+            &target(&hot, "hot/smol"),
+        )
+        .await;
+    ensure!(o.ok, "{:?}", o.error);
+    let d = o.stats.get("diagnosis").context("no diagnosis")?;
+    eprintln!("fixed_temperature diagnosis: {d}");
+    ensure!(
+        d["signature"] == "sampling_ignored"
+            && d["not_greedy"].as_u64().is_some_and(|n| n >= 3)
+            && d["largest_gap"].as_f64().is_some_and(|g| g > 1e-3),
+        "{}",
+        o.stats
+    );
+    // top_logprobs capped at 2 where the probe asks 5 (both probes see it)
+    for kind in [ProbeKind::PromptLogprobs, ProbeKind::CompletionLogprobs] {
+        let o = h
+            .probe(&reference, kind, &target(&capped, "capped/smol"))
+            .await;
+        ensure!(o.ok, "{:?}", o.error);
+        let d = o.stats.get("diagnosis").context("no diagnosis")?;
+        ensure!(
+            d["signature"] == "top_logprobs_capped" && d["asked"] == 5 && d["most_returned"] == 2,
+            "{kind:?}: {}",
+            o.stats
+        );
+    }
+    // the faithful engine, under no fault, is diagnosed with nothing by either probe
+    let exact = serve(profiled(Profile::default())?, &stop, &tasks).await?;
+    for kind in [ProbeKind::PromptLogprobs, ProbeKind::CompletionLogprobs] {
+        let o = h
+            .probe(&reference, kind, &target(&exact, "exact/smol"))
+            .await;
+        ensure!(
+            o.ok && o.stats.get("diagnosis").is_none(),
+            "{kind:?}: {}",
+            o.stats
+        );
+    }
 
     stop.cancel();
     tasks.close();

@@ -233,6 +233,10 @@ pub struct ApiSection {
     /// entry i holds the logprob of token i+1).
     #[serde(default)]
     pub echo_shift: u32,
+    /// Sample at this temperature whatever the request asks (0..=2), as a provider that
+    /// ignores sampling parameters does; a request's seed is still used.
+    #[serde(default)]
+    pub fixed_temperature: Option<f64>,
 }
 
 /// `[latency]`: added before the first byte of each response.
@@ -460,6 +464,13 @@ impl Profile {
                 ));
             }
         }
+        if let Some(t) = self.api.as_ref().and_then(|a| a.fixed_temperature)
+            && !(0.0..=2.0).contains(&t)
+        {
+            return Err(format!(
+                "api.fixed_temperature must be within 0..=2, not {t}"
+            ));
+        }
         if let Some(e) = &self.errors {
             fraction("errors.rate_500", e.rate_500)?;
             fraction("errors.rate_429", e.rate_429)?;
@@ -514,6 +525,7 @@ mod tests {
             [api]
             max_top_logprobs = 5
             echo_shift = 1
+            fixed_temperature = 1.0
             [latency]
             median_ms = 30
             p99_ms = 300
@@ -535,7 +547,12 @@ mod tests {
         );
         assert_eq!(p.kv_cache.unwrap().dtype, KvDtype::Bf16);
         assert_eq!(p.truncation.unwrap().drop, TruncateDrop::Middle);
-        assert_eq!(p.api.unwrap().echo_shift, 1);
+        let api = p.api.unwrap();
+        assert_eq!((api.echo_shift, api.fixed_temperature), (1, Some(1.0)));
+        let hot = Profile::from_toml("[api]\nfixed_temperature = 2.5\n", "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(hot.contains("api.fixed_temperature"), "{hot}");
     }
 
     #[test]

@@ -175,6 +175,7 @@ fn sampling(
         .unwrap_or_default();
     let gen_req = GenRequest::new(req.temperature, req.top_p, req.seed, req.n, stops, top)
         .map_err(|e| rename_param(e, "logprobs", "top_logprobs"))?;
+    let gen_req = faults.sampling(gen_req);
     let max_tokens = match req.max_completion_tokens.or(req.max_tokens) {
         Some(0) => {
             return Err(ApiError::bad_request(

@@ -83,6 +83,7 @@ async fn run(
         stops,
         k.unwrap_or(0),
     )?;
+    let gen_req = faults.sampling(gen_req);
     let tok = state.tokenizer();
     for p in &mut prompts {
         if state.inner.faults.truncate(&mut p.ids) {

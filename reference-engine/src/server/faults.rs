@@ -36,6 +36,7 @@ use crate::batcher::GenEvent;
 use crate::engine::{Finish, FinishReason, GeneratedToken, ScoredSequence};
 use crate::profile::{Profile, TemplateVariant, ToolCorruption, TruncateDrop};
 
+use super::stream::GenRequest;
 use super::{ApiError, ServerState};
 
 /// Knob tags: each knob draws from its own stream.
@@ -283,6 +284,15 @@ impl RequestFaults {
             Some(cap) => k.min(cap as usize),
             None => k,
         }
+    }
+
+    /// The request's sampling as this profile serves it: with `api.fixed_temperature`, the
+    /// temperature the request asked for is ignored.
+    pub(crate) fn sampling(&self, mut g: GenRequest) -> GenRequest {
+        if let Some(t) = self.profile.api.as_ref().and_then(|a| a.fixed_temperature) {
+            g.temperature = t as f32;
+        }
+        g
     }
 
     /// Shifts prompt (echo) logprobs: entry i takes entry i + shift's logprob and
