@@ -21,8 +21,10 @@ use serde_json::{Value, json};
 use crate::common::probes::engine;
 use crate::common::{BIN, spawn_listening};
 
-const CITIES: [&str; 10] = [
-    "Paris", "Oslo", "Lima", "Kyoto", "Cairo", "Quito", "Rome", "Bern", "Doha", "Riga",
+/// One forced tool call per city; 8 cases all lost by the corrupting endpoint give McNemar's
+/// exact p = 2/2^8 = 0.0078 < α = 0.01 (one look).
+const CITIES: [&str; 8] = [
+    "Paris", "Oslo", "Lima", "Kyoto", "Cairo", "Quito", "Rome", "Bern",
 ];
 
 fn tools() -> Value {
@@ -89,7 +91,7 @@ fn tool_request(model: &str, city: &str, stream: bool, only: Option<&str>) -> Va
         "tool_choice": "required",
         "parallel_tool_calls": false,
         "temperature": 0.0,
-        "max_tokens": 64,
+        "max_tokens": 48,
         "stream": stream,
         "api_key": "sk-body-SECRET-1",
         "metadata": {"authorization": "Bearer sk-body-SECRET-2"},
