@@ -382,3 +382,39 @@ fn logprob_tokens(lp: Option<&serde_json::Value>) -> Vec<&str> {
     }
     Vec::new()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A capturing inspector assembles a stream's answer (text within its bound, tool calls by
+    /// index, the finish reason), and a non-capturing one keeps none.
+    #[test]
+    fn the_answer_is_assembled_only_when_capturing() {
+        let events = [
+            r#"{"choices":[{"index":0,"delta":{"content":"Héllo "}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"wörld, and more"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","function":{"name":"f","arguments":"{\"a\":"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"1}"}}]},"finish_reason":"tool_calls"}]}"#,
+        ];
+        let run = |inspector: Inspector| {
+            let mut i = inspector;
+            for e in events {
+                i.on_event(e, Instant::now());
+            }
+            i.finish().answer
+        };
+        let plain = Inspector::new(Route::Chat, false, None, 4);
+        assert_eq!(run(plain), None);
+        // 12 bytes: "Héllo wörld" is 13, so the cut lands before the 'd' (on a char boundary)
+        let capturing = Inspector::new(Route::Chat, false, None, 4).keep_answer(12);
+        let answer = run(capturing).unwrap_or_default();
+        assert_eq!(answer["text"], "Héllo wörl");
+        assert_eq!(answer["text_truncated"], true);
+        assert_eq!(
+            answer["tool_calls"],
+            serde_json::json!([{"name": "f", "arguments": "{\"a\":1}"}])
+        );
+        assert_eq!(answer["finish_reason"], "tool_calls");
+    }
+}
