@@ -128,7 +128,27 @@ impl Capturer {
             }
         };
         let mut report = CaptureReport::default();
+        // requests already made into cases of this suite are not replayed again
+        let mut known: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+            Default::default();
         for b in &bodies {
+            if !known.contains_key(&b.model) {
+                let ids = self.store.regression_cases(&b.model, suite).await?;
+                known.insert(
+                    b.model.clone(),
+                    ids.into_iter().map(|c| c.source_request_id).collect(),
+                );
+            }
+            if known
+                .get(&b.model)
+                .is_some_and(|ids| ids.contains(&b.request_id))
+            {
+                report.skipped.push((
+                    b.request_id.clone(),
+                    "already a case of this suite".to_owned(),
+                ));
+                continue;
+            }
             match self.case(b, suite, baseline, alert_id).await {
                 Ok(Some((id, kind))) => report.made.push((id, b.request_id.clone(), kind)),
                 Ok(None) => report.skipped.push((

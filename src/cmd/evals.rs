@@ -345,6 +345,12 @@ async fn evals(
                 for (req, why) in &report.skipped {
                     println!("skipped {req}: {why}");
                 }
+                if report.made.is_empty() && report.skipped.is_empty() {
+                    println!(
+                        "no captured requests there: is [models.NAME.capture] enabled for the \
+                         model, and was its traffic flagged (or sampled) in that window?"
+                    );
+                }
                 println!(
                     "{} cases made for suite {suite}, {} requests skipped",
                     report.made.len(),
