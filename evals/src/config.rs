@@ -47,7 +47,21 @@ use crate::EvalsError;
 use crate::stats::VerdictParams;
 
 /// The built-in suites.
-pub const KNOWN_SUITES: &[&str] = &["tool_calls", "long_context"];
+pub const KNOWN_SUITES: &[&str] = &["tool_calls", "long_context", "regression"];
+
+/// Whether `name` is a regression suite: `regression`, or `regression-NAME` (a named set of
+/// cases, `samewise evals capture --suite regression-NAME`). Its items are the model's stored
+/// cases.
+pub fn is_regression(name: &str) -> bool {
+    name == "regression"
+        || name.strip_prefix("regression-").is_some_and(|rest| {
+            !rest.is_empty()
+                && rest.len() <= 53
+                && rest
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+        })
+}
 
 /// A customer suite named in `[evals.suites.NAME]`: its file, checked when the config loads.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,6 +85,7 @@ fn valid_suite_name(name: &str) -> bool {
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
         && !KNOWN_SUITES.contains(&name)
+        && !name.starts_with("regression")
 }
 
 /// `[evals.long_context]`: how the `long_context` suite builds its items.
@@ -365,7 +380,10 @@ impl EvalsConfig {
         let rules = raw.rules.unwrap_or_else(default_rules);
         for (i, r) in rules.iter().enumerate() {
             for s in &r.suites {
-                if !KNOWN_SUITES.contains(&s.as_str()) && !suites.contains_key(s) {
+                if !KNOWN_SUITES.contains(&s.as_str())
+                    && !is_regression(s)
+                    && !suites.contains_key(s)
+                {
                     return Err(bad(
                         &format!("rules[{i}].suites"),
                         format!("unknown suite {s:?} (known: {})", suite_list(&suites)),
@@ -505,7 +523,10 @@ mod tests {
         let c = EvalsConfig::parse(Some(&table(&src)), None).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.suites["mine"].items.len(), 2);
         assert_eq!(c.suites["mine"].items[1]["id"], "line-2");
-        assert_eq!(c.suite_names(), ["tool_calls", "long_context", "mine"]);
+        assert_eq!(
+            c.suite_names(),
+            ["tool_calls", "long_context", "regression", "mine"]
+        );
         assert_eq!(c.suites_for("passive", &serde_json::json!({})), ["mine"]);
         for (src, want) in [
             (
@@ -537,7 +558,7 @@ mod tests {
             ("[suites.x]\nfile = \"a\"".to_owned(), "file".to_owned()),
             (
                 "[[rules]]\nkind = \"x\"\nsuites = [\"mine\"]".to_owned(),
-                "unknown suite \"mine\" (known: tool_calls, long_context)".to_owned(),
+                "unknown suite \"mine\" (known: tool_calls, long_context, regression)".to_owned(),
             ),
         ] {
             let e = EvalsConfig::parse(Some(&table(&src)), None)

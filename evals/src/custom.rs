@@ -8,7 +8,7 @@
 //! ```
 //!
 //! A line holds `id` (optional; `line-N` by default, unique), `request` (`messages`, and
-//! optionally `tools`, `tool_choice`, `response_format`, `max_tokens`; sent with
+//! optionally `tools`, `tool_choice`, `parallel_tool_calls`, `response_format`, `max_tokens`; sent with
 //! `temperature` 0 so both sides answer greedily) and `check`, one of:
 //! - `{"kind": "exact", "value": S}`: the answer's text equals S (surrounding whitespace
 //!   ignored);
@@ -263,16 +263,18 @@ fn item(at: &str, v: &Value, default_id: &str) -> Result<Item, String> {
     })
 }
 
-const REQUEST_FIELDS: &[&str] = &[
+/// The fields an item's request may hold.
+pub const REQUEST_FIELDS: &[&str] = &[
     "messages",
     "tools",
     "tool_choice",
+    "parallel_tool_calls",
     "response_format",
     "max_tokens",
 ];
 
 /// The request to send (temperature 0, `max_tokens` filled in) and its tools.
-fn request(at: &str, v: &Value) -> Result<(Value, Vec<Value>), String> {
+pub(crate) fn request(at: &str, v: &Value) -> Result<(Value, Vec<Value>), String> {
     let obj = v
         .as_object()
         .ok_or_else(|| err(at, "request", "must be an object"))?;
@@ -398,6 +400,16 @@ fn request(at: &str, v: &Value) -> Result<(Value, Vec<Value>), String> {
                 ));
             }
         }
+    }
+    if obj
+        .get("parallel_tool_calls")
+        .is_some_and(|p| !p.is_boolean())
+    {
+        return Err(err(
+            at,
+            "request.parallel_tool_calls",
+            "must be true or false",
+        ));
     }
     let max_tokens = match obj.get("max_tokens") {
         None => DEFAULT_MAX_TOKENS,

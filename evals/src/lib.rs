@@ -22,6 +22,8 @@
 //!   json_schema / tool_call check per line), validated on load.
 //! - `open`: [`Opener`], the one check and builder of a new job, shared by the CLI, the
 //!   HTTP API and the alert watcher.
+//! - `capture`: [`Capturer`], captured bodies of flagged traffic → regression cases (the
+//!   baseline's answer as the expectation, a check chosen per case).
 //! - `long_context`: the `long_context` suite (tasks from `samewise-longctx`, shared with
 //!   the probes), per-length pass rates and effective context lengths.
 //! - `report`: the verdict document from a job's stored results.
@@ -31,6 +33,7 @@
 //!
 //! The API is what this root re-exports; the modules are private.
 
+mod capture;
 mod config;
 mod custom;
 mod long_context;
@@ -41,7 +44,8 @@ mod target;
 mod tool_calls;
 mod worker;
 
-pub use config::{EvalsConfig, LongContextConfig, Rule, SuiteFile};
+pub use capture::{CaptureReport, CaptureSource, Capturer, DEFAULT_WINDOW_MS};
+pub use config::{EvalsConfig, LongContextConfig, Rule, SuiteFile, is_regression};
 pub use open::{OpenRequest, Opener, SuiteRef};
 pub use stats::{Verdict, VerdictParams};
 pub use target::{Answer, REFERENCE, Target, Targets};

@@ -113,7 +113,10 @@ impl Opener {
         }
         let mut params = req.params.clone();
         let suite = match &req.suite {
-            SuiteRef::Named(name) if crate::config::KNOWN_SUITES.contains(&name.as_str()) => {
+            SuiteRef::Named(name)
+                if crate::config::KNOWN_SUITES.contains(&name.as_str())
+                    || crate::config::is_regression(name) =>
+            {
                 name.clone()
             }
             SuiteRef::Named(name) => {
@@ -158,14 +161,28 @@ impl Opener {
     }
 
     /// Checks `req` and enqueues the job, unless one of the same endpoint and suite was
-    /// opened less than `cooldown_ms` ago (then None).
+    /// opened less than `cooldown_ms` ago (then None). A regression suite's job carries the
+    /// model's cases as they are now (`params.custom`), like a customer suite's.
     pub async fn open(
         &self,
         store: &Store,
         req: &OpenRequest,
         cooldown_ms: i64,
     ) -> Result<Option<EvalJob>, EvalsError> {
-        let job = self.prepare(req, samewise_store::now_ms())?;
+        let mut job = self.prepare(req, samewise_store::now_ms())?;
+        if crate::config::is_regression(&job.suite) {
+            let items = crate::capture::items(store, &job.model, &job.suite).await?;
+            if let Some(p) = job.params.as_object_mut() {
+                p.insert(
+                    "custom".to_owned(),
+                    json!({
+                        "name": job.suite,
+                        "source": format!("regression cases of model {}", job.model),
+                        "items": items,
+                    }),
+                );
+            }
+        }
         Ok(store.enqueue_eval_job(&job, cooldown_ms).await?)
     }
 }
@@ -214,7 +231,7 @@ mod tests {
         );
         assert_eq!(
             e(req("a/m", "nope", None), &o).as_deref(),
-            Some("unknown suite \"nope\" (known: tool_calls, long_context)")
+            Some("unknown suite \"nope\" (known: tool_calls, long_context, regression)")
         );
         assert!(
             e(req("a/m", "tool_calls", Some("z/m")), &o)

@@ -191,6 +191,14 @@ impl Worker {
             "tool_calls" => self.work_tool_calls(job, lease).await,
             "long_context" => self.work_long_context(job, lease).await,
             _ if job.params.get("custom").is_some() => self.work_custom(job, lease).await,
+            // a regression job opened without its snapshot runs the model's cases as they are
+            s if crate::config::is_regression(s) => {
+                let items = crate::capture::items(&self.store, &job.model, s).await?;
+                let mut job = job.clone();
+                job.params["custom"] =
+                    json!({"name": s, "source": "regression cases", "items": items});
+                self.work_custom(&job, lease).await
+            }
             s => Err(EvalsError::Suite(format!("unknown suite {s:?}"))),
         }
     }
@@ -464,6 +472,9 @@ impl Worker {
             |items, results| {
                 let mut e = custom::extras(items, results);
                 e["source"] = source;
+                if items.is_empty() {
+                    e["verdict_note"] = json!("the suite has no items: nothing to compare");
+                }
                 e
             },
         )

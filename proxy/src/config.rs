@@ -17,12 +17,18 @@ use toml::Spanned;
 
 use crate::ProxyError;
 
+mod capture;
 mod targets;
 
 /// The longest duration any `*_ms` key may set (7 days): beyond it a timeout means "never", and
 /// a value near `u64::MAX` would overflow `Instant + Duration`.
 pub const MAX_DURATION_MS: u64 = 7 * 24 * 3600 * 1000;
 
+use capture::RawCapture;
+pub use capture::{
+    CAPTURE_AGE_LIMIT_HOURS, CAPTURE_MAX_AGE_HOURS, CAPTURE_MAX_BODY_BYTES, CAPTURE_MAX_BYTES,
+    CaptureConfig,
+};
 pub use targets::EndpointTarget;
 
 /// Everything `samewise serve` needs to run the gateway.
@@ -177,6 +183,9 @@ pub struct ModelConfig {
     /// Hedging (`hedge_after_ms`; off when unset): an attempt with no response head after
     /// this long gets one second attempt on another endpoint; the first head wins.
     pub hedge_after: Option<Duration>,
+    /// `[models.NAME.capture]` when `enabled`: flagged requests' bodies are kept for
+    /// regression cases. None (the default): no body is ever kept.
+    pub capture: Option<CaptureConfig>,
 }
 
 /// What an active alert (open or acknowledged) on an endpoint does to its routing.
@@ -364,6 +373,7 @@ struct RawModel {
     probes: Option<toml::Table>,
     slo: Option<toml::Table>,
     hedge_after_ms: Option<Spanned<u64>>,
+    capture: Option<Spanned<RawCapture>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -741,6 +751,10 @@ impl Validator<'_> {
             hedge_after: match raw.hedge_after_ms {
                 None => None,
                 v => Some(self.positive_ms(&format!("models.{name}.hedge_after_ms"), v, 0)?),
+            },
+            capture: match raw.capture {
+                None => None,
+                Some(c) => self.capture(name, c)?,
             },
         })
     }

@@ -74,6 +74,8 @@ pub async fn handle(state: AppState, route: Route, headers: HeaderMap, body: Bod
         stream: false,
         prompt_chars: 0,
         earlier: Vec::new(),
+        capture: None,
+        answer: None,
     };
     let mut resp = run(&state, route, &headers, body, &mut ctx, &mut rng).await;
     if let Ok(v) = HeaderValue::from_str(&request_id) {
@@ -133,6 +135,13 @@ async fn run(
         return reject(state, ctx, e);
     };
     ctx.model_label.clone_from(&model.name);
+    if let Some(config) = model.capture {
+        ctx.capture = Some(crate::capture::Capturing {
+            config,
+            request: bytes.clone(),
+            sampled: config.sample > 0.0 && rng.random::<f64>() < config.sample,
+        });
+    }
 
     let affinity = headers
         .get(SESSION_HEADER)
@@ -339,12 +348,15 @@ async fn commit(
         .as_ref()
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    let inspector = Inspector::new(
+    let mut inspector = Inspector::new(
         req.route,
         req.strip_usage_chunk,
         req.tools.clone(),
         state.inner.limits.degenerate_repeat,
     );
+    if let Some(cap) = &ctx.capture {
+        inspector = inspector.keep_answer(cap.config.max_body_bytes);
+    }
 
     if req.stream && status.is_success() && is_sse {
         let relay = Relay {
@@ -387,6 +399,7 @@ async fn commit(
     let mut inspector = inspector;
     let parsed = inspector.on_body(&body, Instant::now());
     let obs = inspector.finish();
+    ctx.answer.clone_from(&obs.answer);
     let kind = if !status.is_success() {
         Some(ErrorKind::Upstream4xx)
     } else if req.stream {

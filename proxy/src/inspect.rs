@@ -42,6 +42,9 @@ pub struct Observation {
     pub degenerate: bool,
     /// Tool-call check results.
     pub tools: ToolCounts,
+    /// The assembled answer of the first choice (`text`, `text_truncated`, `tool_calls`,
+    /// `finish_reason`), kept only for a model that captures bodies.
+    pub answer: Option<serde_json::Value>,
 }
 
 /// Tool-call classification counts of one answer.
@@ -87,6 +90,10 @@ pub struct Inspector {
     degen: crate::degen::RepeatGuard,
     tools: Option<std::sync::Arc<samewise_toolcheck::ToolSet>>,
     assembler: samewise_toolcheck::ToolCallAssembler,
+    /// When capturing: the first choice's text so far, and the most bytes kept of it.
+    kept: Option<(String, usize)>,
+    /// Text beyond the bound was left out.
+    kept_truncated: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -175,6 +182,31 @@ impl Inspector {
             degen: crate::degen::RepeatGuard::new(degenerate_repeat),
             tools,
             assembler: samewise_toolcheck::ToolCallAssembler::new(),
+            kept: None,
+            kept_truncated: false,
+        }
+    }
+
+    /// Keeps the first choice's assembled answer (its text up to `max_bytes`) for a captured
+    /// body.
+    pub fn keep_answer(mut self, max_bytes: usize) -> Self {
+        self.kept = Some((String::new(), max_bytes));
+        self
+    }
+
+    fn keep_text(&mut self, t: &str) {
+        if let Some((text, max)) = self.kept.as_mut() {
+            let room = max.saturating_sub(text.len());
+            if t.len() <= room {
+                text.push_str(t);
+            } else {
+                let mut cut = room;
+                while !t.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                text.push_str(&t[..cut]);
+                self.kept_truncated = true;
+            }
         }
     }
 
@@ -210,6 +242,9 @@ impl Inspector {
             if let Some(t) = text.filter(|t| !t.is_empty()) {
                 produced = true;
                 self.obs.output_chars += t.chars().count();
+                if choice.index == 0 {
+                    self.keep_text(t);
+                }
                 if choice.index == 0 && self.degen.push(t) {
                     self.obs.degenerate = true;
                     action = EventAction::Cut;
@@ -270,6 +305,9 @@ impl Inspector {
             if choice.index != 0 {
                 continue;
             }
+            if let Some(t) = text {
+                self.keep_text(t);
+            }
             self.obs.finish_reason.clone_from(&choice.finish_reason);
             // Units: the logprob tokens when present, else the words of the text.
             let tokens = logprob_tokens(choice.logprobs.as_ref());
@@ -300,6 +338,18 @@ impl Inspector {
     /// Ends the reading: runs the tool-call checks and returns the observation.
     pub fn finish(mut self) -> Observation {
         let calls = self.assembler.finish();
+        if let Some((text, _)) = self.kept.take() {
+            let kept: Vec<serde_json::Value> = calls
+                .iter()
+                .map(|c| serde_json::json!({"name": c.name, "arguments": c.arguments}))
+                .collect();
+            self.obs.answer = Some(serde_json::json!({
+                "text": text,
+                "text_truncated": self.kept_truncated,
+                "tool_calls": kept,
+                "finish_reason": self.obs.finish_reason,
+            }));
+        }
         if self.tools.is_some() || !calls.is_empty() {
             let empty = samewise_toolcheck::ToolSet::default();
             let set = self.tools.as_deref().unwrap_or(&empty);
@@ -331,4 +381,40 @@ fn logprob_tokens(lp: Option<&serde_json::Value>) -> Vec<&str> {
         return tokens.iter().filter_map(|s| s.as_str()).collect();
     }
     Vec::new()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A capturing inspector assembles a stream's answer (text within its bound, tool calls by
+    /// index, the finish reason), and a non-capturing one keeps none.
+    #[test]
+    fn the_answer_is_assembled_only_when_capturing() {
+        let events = [
+            r#"{"choices":[{"index":0,"delta":{"content":"Héllo "}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"wörld, and more"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","function":{"name":"f","arguments":"{\"a\":"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"1}"}}]},"finish_reason":"tool_calls"}]}"#,
+        ];
+        let run = |inspector: Inspector| {
+            let mut i = inspector;
+            for e in events {
+                i.on_event(e, Instant::now());
+            }
+            i.finish().answer
+        };
+        let plain = Inspector::new(Route::Chat, false, None, 4);
+        assert_eq!(run(plain), None);
+        // 12 bytes: "Héllo wörld" is 13, so the cut lands before the 'd' (on a char boundary)
+        let capturing = Inspector::new(Route::Chat, false, None, 4).keep_answer(12);
+        let answer = run(capturing).unwrap_or_default();
+        assert_eq!(answer["text"], "Héllo wörl");
+        assert_eq!(answer["text_truncated"], true);
+        assert_eq!(
+            answer["tool_calls"],
+            serde_json::json!([{"name": "f", "arguments": "{\"a\":1}"}])
+        );
+        assert_eq!(answer["finish_reason"], "tool_calls");
+    }
 }

@@ -34,9 +34,12 @@
 //! - [`metrics`]: the gateway's metric families, registered in the process's one
 //!   [`SharedRegistry`] (created at composition; `/metrics` renders it).
 //! - [`degen`]: the repeated-output guard.
+//! - [`capture`]: captured bodies of flagged requests (opt-in per model), redacted, riding
+//!   the record queue.
 
 mod auth;
 mod body;
+mod capture;
 /// A namespace of the API (ARCHITECTURE.md): the configuration other crates read.
 pub mod config;
 mod degen;

@@ -62,6 +62,15 @@ pub struct ToolLabels {
     pub kind: String,
 }
 
+/// `model`, `outcome`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CaptureLabels {
+    /// Logical model.
+    pub model: String,
+    /// `queued` (sent to the store with its record) or `too_large` (over `max_body_bytes`).
+    pub outcome: String,
+}
+
 /// Builds latency histograms: 1 ms .. ~65 s.
 #[derive(Debug, Clone, Copy)]
 pub struct SecondsBuckets;
@@ -97,6 +106,8 @@ pub struct Metrics {
     pub tool_call_errors: Family<ToolLabels, Counter>,
     /// Generations cut by the degeneration guard.
     pub degenerate_cuts: Family<EndpointLabels, Counter>,
+    /// Captured bodies of flagged requests, by outcome.
+    pub body_captures: Family<CaptureLabels, Counter>,
 }
 
 impl Metrics {
@@ -145,6 +156,12 @@ impl Metrics {
             "Generations cut by the degeneration guard",
             degenerate_cuts.clone(),
         );
+        let body_captures = Family::<CaptureLabels, Counter>::default();
+        registry.register(
+            "body_captures",
+            "Request bodies captured for regression cases (models with capture on), by outcome",
+            body_captures.clone(),
+        );
         registry.register_collector(Box::new(ScrapeTime { records, endpoints }));
         drop(guard);
         Metrics {
@@ -155,6 +172,7 @@ impl Metrics {
             ttft,
             tool_call_errors,
             degenerate_cuts,
+            body_captures,
         }
     }
 
@@ -193,6 +211,16 @@ impl Collector for ScrapeTime {
                 "record_write_errors",
                 "Request records lost after every write retry failed",
                 self.records.write_errors(),
+            ),
+            (
+                "captured_bodies_dropped",
+                "Captured bodies dropped: over the queue's byte bound, queue full, or write failed",
+                self.records.bodies_dropped(),
+            ),
+            (
+                "captured_bodies_written",
+                "Captured bodies handed to the store",
+                self.records.bodies_written(),
             ),
         ] {
             let c = ConstCounter::new(v);

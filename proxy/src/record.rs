@@ -28,6 +28,10 @@ pub(crate) struct RequestCtx {
     pub(crate) prompt_chars: usize,
     /// Records of failed attempts so far, sent with the final one.
     pub(crate) earlier: Vec<RequestRecord>,
+    /// The request's body and its model's capture settings, when the model captures.
+    pub(crate) capture: Option<crate::capture::Capturing>,
+    /// The assembled answer of the last attempt read (kept only when capturing).
+    pub(crate) answer: Option<serde_json::Value>,
 }
 
 /// One attempt on one endpoint.
@@ -219,11 +223,40 @@ pub(crate) fn finish(state: &AppState, ctx: &mut RequestCtx, mut last: RequestRe
             }
         }
     }
+    let body = ctx.capture.as_ref().and_then(|cap| {
+        match crate::capture::body(cap, &ctx.earlier, &last, ctx.answer.as_ref()) {
+            Ok(b) => b,
+            Err(outcome) => {
+                count_capture(state, &ctx.model_label, outcome);
+                None
+            }
+        }
+    });
     for mut r in ctx.earlier.drain(..) {
         r.attempts = attempts;
         send(state, r);
     }
-    send(state, last);
+    match body {
+        None => send(state, last),
+        Some(b) => {
+            count_capture(state, &ctx.model_label, "queued");
+            if !state.inner.records.try_send_with_body(last, b) {
+                tracing::debug!("request-record queue full; record and body dropped (counted)");
+            }
+        }
+    }
+}
+
+fn count_capture(state: &AppState, model: &str, outcome: &str) {
+    state
+        .inner
+        .metrics
+        .body_captures
+        .get_or_create(&crate::metrics::CaptureLabels {
+            model: model.to_owned(),
+            outcome: outcome.to_owned(),
+        })
+        .inc();
 }
 
 fn send(state: &AppState, r: RequestRecord) {

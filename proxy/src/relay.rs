@@ -172,6 +172,7 @@ impl Relay {
             return;
         };
         let obs = inspector.finish();
+        self.ctx.answer.clone_from(&obs.answer);
         let kind = match error_kind {
             Some(k) => Some(k),
             None if obs.upstream_error => Some(ErrorKind::UpstreamStreamError),

@@ -53,6 +53,8 @@ pub struct ModelRoute {
     pub endpoints: Vec<Arc<Endpoint>>,
     /// Hedge an attempt with no response head after this long (`hedge_after_ms`); None: off.
     pub hedge_after: Option<Duration>,
+    /// `[models.NAME.capture]`: keep flagged requests' bodies; None: off.
+    pub capture: Option<crate::config::CaptureConfig>,
 }
 
 /// OpenRouter-style `provider` preferences of one request.
@@ -356,6 +358,7 @@ mod tests {
                 ep("c", 1.0, 2.0, DataCollection::Deny, None),
             ],
             hedge_after: None,
+            capture: None,
         }
     }
 

@@ -196,6 +196,8 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
             stream: false,
             prompt_chars: 0,
             earlier: Vec::new(),
+            capture: None,
+            answer: None,
         };
         let rec = ctx.rejected_record(e.status_code().as_u16(), e.code());
         crate::record::finish(&state, &mut ctx, rec);

@@ -178,6 +178,7 @@ impl AppState {
                     policy: m.policy,
                     endpoints,
                     hedge_after: m.hedge_after,
+                    capture: m.capture,
                 }),
             );
         }

@@ -12,6 +12,8 @@
 //! - `show JOB [--json] [--export FILE]`: the job and its verdict; `--export` writes the
 //!   per-item records as JSONL.
 //! - `worker [--workers N]`: job workers and the alert watcher until SIGINT/SIGTERM.
+//! - `capture (--request ID | --alert ID) [--suite regression[-NAME]] [--baseline B]`:
+//!   captured bodies of flagged traffic → regression cases ([`samewise_evals::Capturer`]).
 //!
 //! [`start`] runs the same workers and watcher inside `samewise serve`.
 
@@ -23,8 +25,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use samewise_evals::{
-    AlertWatcher, EvalsConfig, OpenRequest, Opener, SuiteRef, Target, Targets, Worker,
-    WorkerSettings,
+    AlertWatcher, CaptureSource, Capturer, EvalsConfig, OpenRequest, Opener, SuiteRef, Target,
+    Targets, Worker, WorkerSettings,
 };
 use samewise_proxy::Config;
 use samewise_store::{EvalJob, Store};
@@ -52,8 +54,8 @@ pub enum EvalsCommand {
         /// The suspect endpoint (`provider/model-id`).
         #[arg(long)]
         endpoint: String,
-        /// The suite: tool_calls, long_context, or a customer suite named in
-        /// `[evals.suites]`.
+        /// The suite: tool_calls, long_context, regression (or regression-NAME: the model's
+        /// captured cases), or a customer suite named in `[evals.suites]`.
         #[arg(
             long,
             required_unless_present = "suite_file",
@@ -84,6 +86,25 @@ pub enum EvalsCommand {
         /// Write the per-item records to this JSONL file.
         #[arg(long)]
         export: Option<PathBuf>,
+    },
+    /// Turn captured requests (flagged traffic) into regression cases: replayed on the
+    /// baseline, whose answer is the expectation.
+    Capture {
+        /// One captured request, by its id (the `x-request-id` header of its answer).
+        #[arg(long, required_unless_present = "alert", conflicts_with = "alert")]
+        request: Option<String>,
+        /// The captured requests of an alert's endpoint around the alert.
+        #[arg(long)]
+        alert: Option<i64>,
+        /// Minutes before the alert opened and after it was last seen.
+        #[arg(long, default_value_t = 30)]
+        window_minutes: i64,
+        /// The suite the cases join: regression, or regression-NAME.
+        #[arg(long, default_value = "regression")]
+        suite: String,
+        /// "reference" or a healthy endpoint: its answer is each case's expectation.
+        #[arg(long, default_value = "reference")]
+        baseline: String,
     },
     /// Run job workers (and the alert watcher) until SIGINT or SIGTERM.
     Worker {
@@ -291,6 +312,52 @@ async fn evals(
                 }
             }
             print_job(&j, json)
+        }
+        EvalsCommand::Capture {
+            request,
+            alert,
+            window_minutes,
+            suite,
+            baseline,
+        } => {
+            let evals = EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref())?;
+            let source = match (request, alert) {
+                (Some(id), _) => CaptureSource::Request(id),
+                (None, Some(id)) => CaptureSource::Alert {
+                    id,
+                    window_ms: window_minutes.max(0).saturating_mul(60_000),
+                },
+                (None, None) => anyhow::bail!("name --request ID or --alert ID"),
+            };
+            let capturer = Capturer::new(store.clone(), Arc::new(targets(config, &evals)?));
+            let report = capturer.capture(&source, &suite, Some(&baseline)).await?;
+            if json {
+                let doc = serde_json::json!({
+                    "suite": suite,
+                    "made": report.made.iter().map(|(id, req, kind)| serde_json::json!({"case": id, "request_id": req, "check": kind})).collect::<Vec<_>>(),
+                    "skipped": report.skipped.iter().map(|(req, why)| serde_json::json!({"request_id": req, "why": why})).collect::<Vec<_>>(),
+                });
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+            } else {
+                for (id, req, kind) in &report.made {
+                    println!("case {id}: request {req}, check {kind}");
+                }
+                for (req, why) in &report.skipped {
+                    println!("skipped {req}: {why}");
+                }
+                if report.made.is_empty() && report.skipped.is_empty() {
+                    println!(
+                        "no captured requests there: is [models.NAME.capture] enabled for the \
+                         model, and was its traffic flagged (or sampled) in that window?"
+                    );
+                }
+                println!(
+                    "{} cases made for suite {suite}, {} requests skipped",
+                    report.made.len(),
+                    report.skipped.len()
+                );
+            }
+            Ok(())
         }
         EvalsCommand::Worker { workers } => {
             let evals = EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref())?;

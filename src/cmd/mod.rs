@@ -6,6 +6,7 @@
 use clap::Subcommand;
 
 pub mod alerts;
+pub mod bodies;
 pub mod calibrate;
 pub mod config;
 pub mod dashboards;
@@ -33,8 +34,10 @@ pub enum Command {
     Probes(probes::ProbesArgs),
     /// Measure a model's calibration ladder (`samewise calibrate --model PATH [--out FILE]`).
     Calibrate(calibrate::CalibrateArgs),
-    /// Eval jobs (`samewise evals run|show|worker --config FILE`).
+    /// Eval jobs (`samewise evals run|show|worker|capture --config FILE`).
     Evals(evals::EvalsArgs),
+    /// Captured request bodies (`[models.NAME.capture]`): list, purge.
+    Bodies(bodies::BodiesArgs),
     /// The whole loop on this machine: five endpoints of the test model (one faithful, one
     /// faithful with other kernels, three faulty), the gateway, probes, evals, dashboards and
     /// traffic, with a live summary.
@@ -52,6 +55,7 @@ pub fn run(command: Command) -> anyhow::Result<()> {
         Command::Probes(args) => probes::run(args),
         Command::Calibrate(args) => calibrate::run(args),
         Command::Evals(args) => evals::run(args),
+        Command::Bodies(args) => bodies::run(args),
         Command::Demo(args) => demo::run(args),
     }
 }

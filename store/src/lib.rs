@@ -25,6 +25,8 @@
 //!   per model, endpoint and kind.
 //! - `evals`: [`EvalJob`] queue (claim with a lease, heartbeat, take-over, bounded
 //!   attempts), per-item [`EvalResult`]s written once, per-endpoint cooldowns.
+//! - `bodies`: [`CapturedBody`] (opt-in, redacted, bounded in bytes and age in SQL) and
+//!   [`RegressionCase`], the items of a model's `regression` suite.
 //! - `scheduler_lock`: [`SchedulerLock`], one active probe scheduler per database.
 //! - `testing` (feature `testing`): fresh PostgreSQL and SQLite databases for tests.
 
@@ -33,6 +35,7 @@
 //! `testing`; the modules are private.
 
 mod alerts;
+mod bodies;
 mod connect;
 mod error;
 mod error_kind;
@@ -50,6 +53,7 @@ pub mod testing;
 mod writer;
 
 pub use alerts::{Alert, AlertQuery, AlertState, NewAlert};
+pub use bodies::{BodyQuery, BodyWrite, CapturedBody, NewCapturedBody, RegressionCase};
 pub use connect::{Backend, DEFAULT_SQLITE_FILE, Store};
 pub use error::StoreError;
 pub use error_kind::ErrorKind;

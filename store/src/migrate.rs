@@ -57,6 +57,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "day rollups and the probe-run summary",
         sql: include_str!("../migrations/postgres/0006_days_latest_runs.sql"),
     },
+    Migration {
+        version: 7,
+        name: "captured bodies and regression cases",
+        sql: include_str!("../migrations/postgres/0007_captured_bodies.sql"),
+    },
 ];
 
 /// SQLite migrations, in order (the same versions as [`POSTGRES`]).
@@ -90,6 +95,11 @@ pub const SQLITE: &[Migration] = &[
         version: 6,
         name: "day rollups and the probe-run summary",
         sql: include_str!("../migrations/sqlite/0006_days_latest_runs.sql"),
+    },
+    Migration {
+        version: 7,
+        name: "captured bodies and regression cases",
+        sql: include_str!("../migrations/sqlite/0007_captured_bodies.sql"),
     },
 ];
 

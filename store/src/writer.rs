@@ -15,19 +15,27 @@
 //! batch the database refuses because of one row's data is written in halves until that row is
 //! isolated, so a bad row costs only itself. Nothing is lost without a count.
 //!
+//! Captured bodies ([`crate::CapturedBody`], opt-in per model) ride the same queue beside
+//! their record ([`RecordSender::try_send_with_body`]): the queue's bound in records still
+//! holds, and the bodies waiting in it are bounded too, in bytes
+//! ([`RecordWriterConfig::max_queued_body_bytes`]); a body over that bound is dropped (its
+//! record still goes) and counted in [`RecordSender::bodies_dropped`]. Bodies are written
+//! after their batch's records, in their own transaction that also enforces the store's
+//! bounds; a failed body write is retried like records, then counted as dropped.
+//!
 //! [`RecordWriter::shutdown`] closes the queue, writes everything still in it, and waits for
 //! the task. At shutdown an outage is waited out only `max_retries` times: if the database is
 //! still away then, that batch and everything still queued are counted as write errors at
 //! once, so a stopped database cannot hold a gateway's exit.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::{RequestRecord, Store, StoreError};
+use crate::{NewCapturedBody, RequestRecord, Store, StoreError};
 
 /// How often the writer makes sure the next days' partitions exist (they are created
 /// [`crate::partitions::DAYS_AHEAD`] days ahead, so an hour is ample).
@@ -54,6 +62,9 @@ pub struct RecordWriterConfig {
     pub max_retries: u32,
     /// Wait before the first retry; doubles on each further one.
     pub retry_backoff: Duration,
+    /// Bytes of captured bodies the queue holds at most (beyond: the body is dropped, its
+    /// record still queued).
+    pub max_queued_body_bytes: usize,
 }
 
 impl Default for RecordWriterConfig {
@@ -64,6 +75,7 @@ impl Default for RecordWriterConfig {
             flush_interval: Duration::from_millis(200),
             max_retries: 4,
             retry_backoff: Duration::from_millis(100),
+            max_queued_body_bytes: 64 << 20,
         }
     }
 }
@@ -71,7 +83,9 @@ impl Default for RecordWriterConfig {
 /// The request path's end of the queue. Cheap to clone; all clones share the counters.
 #[derive(Debug, Clone)]
 pub struct RecordSender {
-    tx: mpsc::Sender<RequestRecord>,
+    tx: mpsc::Sender<Queued>,
+    /// The bound on queued body bytes.
+    max_body_bytes: usize,
     counters: Arc<Counters>,
 }
 
@@ -81,6 +95,13 @@ pub struct RecordWriter {
     task: JoinHandle<()>,
     stop: watch::Sender<bool>,
     counters: Arc<Counters>,
+}
+
+/// One queue entry: a record and, when its request was captured, the body.
+#[derive(Debug)]
+struct Queued {
+    record: RequestRecord,
+    body: Option<Box<NewCapturedBody>>,
 }
 
 /// Counters shared by the senders and the task.
@@ -95,19 +116,70 @@ struct Counters {
     /// True while the batch in hand waits for the database: a write in flight for over
     /// [`STALL_AFTER`], or a failed one being tried again.
     stalled: AtomicBool,
+    /// Bytes of the captured bodies in the queue now.
+    body_bytes_queued: AtomicUsize,
+    /// Bodies dropped: over the byte bound, queue full, or their write failed.
+    bodies_dropped: AtomicU64,
+    /// Bodies handed to the store (inserted, or skipped as already stored).
+    bodies_written: AtomicU64,
 }
 
 impl RecordSender {
     /// Queues `r` for writing without waiting. Returns false, and counts the record as
     /// dropped, when the queue is full or the writer has shut down.
     pub fn try_send(&self, r: RequestRecord) -> bool {
-        match self.tx.try_send(r) {
+        self.queue(Queued {
+            record: r,
+            body: None,
+        })
+    }
+
+    /// As [`RecordSender::try_send`], with the request's captured body (its `bytes`: the
+    /// caller's estimate, which the queue's byte bound counts). A body that would take the
+    /// queued bodies over `max_queued_body_bytes` is dropped and counted; the record still goes.
+    pub fn try_send_with_body(&self, r: RequestRecord, body: NewCapturedBody) -> bool {
+        let size = usize::try_from(body.body.bytes.max(0)).unwrap_or(usize::MAX);
+        let c = &self.counters;
+        let fits = c
+            .body_bytes_queued
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
+                q.checked_add(size).filter(|t| *t <= self.max_body_bytes)
+            })
+            .is_ok();
+        if !fits {
+            c.bodies_dropped.fetch_add(1, Ordering::Relaxed);
+            return self.try_send(r);
+        }
+        self.queue(Queued {
+            record: r,
+            body: Some(Box::new(body)),
+        })
+    }
+
+    fn queue(&self, q: Queued) -> bool {
+        match self.tx.try_send(q) {
             Ok(()) => true,
-            Err(_) => {
+            Err(e) => {
                 self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                let q = e.into_inner();
+                if let Some(b) = q.body {
+                    self.counters.bodies_dropped.fetch_add(1, Ordering::Relaxed);
+                    release(&self.counters, &b);
+                }
                 false
             }
         }
+    }
+
+    /// Captured bodies dropped so far (over the queue's byte bound, queue full, or their
+    /// write failed).
+    pub fn bodies_dropped(&self) -> u64 {
+        self.counters.bodies_dropped.load(Ordering::Relaxed)
+    }
+
+    /// Captured bodies handed to the store so far.
+    pub fn bodies_written(&self) -> u64 {
+        self.counters.bodies_written.load(Ordering::Relaxed)
     }
 
     /// Records dropped so far because the queue was full (or closed).
@@ -146,9 +218,11 @@ impl RecordWriter {
         let (tx, rx) = mpsc::channel(cfg.capacity.max(1));
         let (stop, stop_rx) = watch::channel(false);
         let counters = Arc::new(Counters::default());
+        let max_body_bytes = cfg.max_queued_body_bytes;
         let task = tokio::spawn(run(store, cfg, rx, stop_rx, Arc::clone(&counters)));
         let sender = RecordSender {
             tx,
+            max_body_bytes,
             counters: Arc::clone(&counters),
         };
         (
@@ -182,12 +256,12 @@ impl RecordWriter {
 async fn run(
     store: Store,
     cfg: RecordWriterConfig,
-    mut rx: mpsc::Receiver<RequestRecord>,
+    mut rx: mpsc::Receiver<Queued>,
     mut stop: watch::Receiver<bool>,
     counters: Arc<Counters>,
 ) {
     let max_batch = cfg.max_batch.max(1);
-    let mut batch: Vec<RequestRecord> = Vec::with_capacity(max_batch);
+    let mut batch: Vec<Queued> = Vec::with_capacity(max_batch);
     // Set once shutdown was asked for: the queue is closed and only drained from then on.
     let mut stopping = false;
     // False once the RecordWriter was dropped without shutdown: then the task runs until
@@ -259,14 +333,104 @@ async fn run(
                 tracing::warn!(error = %e, "could not create request-record day partitions");
             }
         }
+        let (records, bodies) = split(&mut batch, &counters);
         if give_up {
-            lost(&counters, &batch, None, 0);
+            lost(&counters, &records, None, 0);
+            lost_bodies(&counters, bodies.len(), None);
         } else {
-            let away = write_batch(&store, &cfg, &batch, &counters, &mut stop).await;
+            let away = write_batch(&store, &cfg, &records, &counters, &mut stop).await;
             give_up = away && *stop.borrow();
+            if give_up {
+                lost_bodies(&counters, bodies.len(), None);
+            } else {
+                write_bodies(&store, &cfg, &bodies, &counters).await;
+            }
         }
-        batch.clear();
     }
+}
+
+/// Empties `batch` into its records and its bodies (no longer counted as queued).
+fn split(
+    batch: &mut Vec<Queued>,
+    counters: &Counters,
+) -> (Vec<RequestRecord>, Vec<NewCapturedBody>) {
+    let mut records = Vec::with_capacity(batch.len());
+    let mut bodies = Vec::new();
+    for q in batch.drain(..) {
+        records.push(q.record);
+        if let Some(b) = q.body {
+            release(counters, &b);
+            bodies.push(*b);
+        }
+    }
+    (records, bodies)
+}
+
+/// A body leaves the queue: its bytes no longer count against the bound.
+fn release(counters: &Counters, b: &NewCapturedBody) {
+    let size = usize::try_from(b.body.bytes.max(0)).unwrap_or(usize::MAX);
+    let _ = counters
+        .body_bytes_queued
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
+            Some(q.saturating_sub(size))
+        });
+}
+
+/// Writes a batch's captured bodies (after its records), retrying `max_retries` times; a
+/// write that still fails counts them as dropped (logged at WARN: bodies are opt-in samples
+/// of traffic, bounded and evictable, unlike the records).
+async fn write_bodies(
+    store: &Store,
+    cfg: &RecordWriterConfig,
+    bodies: &[NewCapturedBody],
+    counters: &Counters,
+) {
+    if bodies.is_empty() {
+        return;
+    }
+    let mut backoff = cfg.retry_backoff;
+    let mut attempt = 0u32;
+    loop {
+        match store.insert_captured_bodies(bodies, crate::now_ms()).await {
+            Ok(w) => {
+                counters
+                    .bodies_written
+                    .fetch_add(bodies.len() as u64, Ordering::Relaxed);
+                if w.evicted + w.expired > 0 {
+                    tracing::debug!(
+                        evicted = w.evicted,
+                        expired = w.expired,
+                        "captured bodies trimmed to their bounds"
+                    );
+                }
+                return;
+            }
+            Err(e) if attempt < cfg.max_retries && !is_row_error(&e) => {
+                attempt += 1;
+                tokio::time::sleep(backoff).await;
+                backoff = backoff.saturating_mul(2).min(OUTAGE_BACKOFF_CAP);
+            }
+            Err(e) => {
+                lost_bodies(counters, bodies.len(), Some(&e));
+                return;
+            }
+        }
+    }
+}
+
+/// Counts `n` bodies as dropped and says so at WARN.
+fn lost_bodies(counters: &Counters, n: usize, e: Option<&StoreError>) {
+    if n == 0 {
+        return;
+    }
+    counters
+        .bodies_dropped
+        .fetch_add(n as u64, Ordering::Relaxed);
+    let e = e.map_or_else(
+        || "shutting down with the database away".to_owned(),
+        ToString::to_string,
+    );
+    tracing::warn!(error = %e, bodies = n, "writing captured bodies failed; they are dropped");
 }
 
 /// Writes one batch, retrying with doubling backoff; counts the outcome. While the database is

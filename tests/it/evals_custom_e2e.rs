@@ -225,7 +225,7 @@ fn malformed_suites_are_refused_with_their_line_and_field() -> Result<()> {
     );
     let stderr = evals_fails(&cfg, &["run", "--suite", "nope", "--endpoint", "p/smol"])?;
     ensure!(
-        stderr.contains("unknown suite \"nope\" (known: tool_calls, long_context)"),
+        stderr.contains("unknown suite \"nope\" (known: tool_calls, long_context, regression)"),
         "{stderr}"
     );
     let stderr = evals_fails(

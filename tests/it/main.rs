@@ -18,6 +18,7 @@ mod fuzz_corpus;
 mod passive_drift_e2e;
 mod probes_e2e;
 mod probes_rounds;
+mod regression_e2e;
 mod secrets;
 mod tidy;
 mod tool_corrupt_gateway;

@@ -6,7 +6,9 @@
 //! at `RUST_LOG=debug`), every row of every table, `/metrics`, every dashboard page and API
 //! answer, and the gateway's answers to the client. None may appear — except each samewise key's
 //! hash in its own `api_keys.key_hash`, where it is kept by design. Both providers are checked to
-//! have received their keys, so the secrets were really in play.
+//! have received their keys, so the secrets were really in play. Body capture is on (every
+//! request sampled), and two requests carry the client and admin keys in their bodies'
+//! auth-looking fields: the stored bodies must hold neither.
 
 use std::time::Duration;
 
@@ -28,7 +30,8 @@ fn config(data: &std::path::Path, eng: &MockUpstream, mock: &MockUpstream) -> Re
          [[models.smol.endpoints]]\nprovider = \"eng\"\nmodel = \"smol\"\n\
          [[models.smol.endpoints]]\nprovider = \"mock\"\nmodel = \"smol\"\n\
          [models.smol.probes]\nkinds = [\"prompt_logprobs\"]\nitems_per_round = 1\ntop_k = 5\n\
-         interval_ms = 1000\njitter = 0.0\n\n\
+         interval_ms = 1000\njitter = 0.0\n\
+         [models.smol.capture]\nenabled = true\nsample = 1.0\n\n\
          [probes]\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"{}\"\n\n\
          [evals]\nreference_url = \"{eng_root}\"\nreference_model = \"smol\"\nworkers = 1\n\
          poll_ms = 200\nmax_items = 2\nlooks = 1\n",
@@ -81,9 +84,15 @@ async fn no_secret_appears_in_logs_records_metrics_pages_or_answers() -> Result<
     let mut seen: Vec<(String, String)> = Vec::new();
 
     // client traffic: JSON and streamed, to both endpoints (weighted), a wrong key, the models
+    // (capture is on, every request sampled: the bodies are stored, and the keys some of them
+    // carry in auth-looking fields must be redacted)
     for i in 0..8 {
-        let body = json!({"model": "smol", "max_tokens": 8, "stream": i % 2 == 1,
+        let mut body = json!({"model": "smol", "max_tokens": 8, "stream": i % 2 == 1,
             "messages": [{"role": "user", "content": "Say hi"}]});
+        if i < 2 {
+            body["api_key"] = json!(client_key);
+            body["metadata"] = json!({"Authorization": format!("Bearer {admin_key}")});
+        }
         let r = http
             .post(format!("{url}/v1/chat/completions"))
             .bearer_auth(&client_key)
@@ -205,7 +214,8 @@ async fn no_secret_appears_in_logs_records_metrics_pages_or_answers() -> Result<
     ensure!(
         rows.iter().any(|(t, _)| t == "request_records")
             && rows.iter().any(|(t, _)| t == "probe_runs")
-            && rows.iter().any(|(t, _)| t == "eval_results"),
+            && rows.iter().any(|(t, _)| t == "eval_results")
+            && rows.iter().any(|(t, _)| t == "captured_bodies"),
         "the run stored too little to search: {:?}",
         rows.iter()
             .map(|(t, _)| t)

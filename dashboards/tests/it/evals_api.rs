@@ -149,7 +149,7 @@ async fn every_refusal_is_a_clear_openai_error_and_opens_nothing() -> Result<()>
             400,
             "unknown_suite",
             Some("suite"),
-            "unknown suite \"mmlu\" (known: tool_calls, long_context, smoke)",
+            "unknown suite \"mmlu\" (known: tool_calls, long_context, regression, smoke)",
         ),
         (
             Some(&s.admin),

@@ -185,3 +185,47 @@ fn first_byte_floor_and_hedging_defaults_and_bounds() {
         }
     }
 }
+
+#[test]
+fn capture_is_off_by_default_and_its_bounds_are_checked() {
+    let c = Config::from_toml_str(GOOD).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.models["m"].capture, None);
+    let on = format!("{GOOD}[models.m.capture]\nenabled = true\n");
+    let c = Config::from_toml_str(&on).unwrap_or_else(|e| panic!("{e}"));
+    let cap = c.models["m"]
+        .capture
+        .unwrap_or_else(|| panic!("capture on"));
+    assert_eq!(
+        (cap.max_bytes, cap.max_age, cap.max_body_bytes, cap.sample),
+        (
+            CAPTURE_MAX_BYTES,
+            Duration::from_secs(CAPTURE_MAX_AGE_HOURS * 3600),
+            CAPTURE_MAX_BODY_BYTES as usize,
+            0.0
+        )
+    );
+    let off = format!(
+        "{GOOD}[models.m.capture]\nenabled = false\nmax_bytes = 4096\nmax_body_bytes = 1024\n"
+    );
+    let c = Config::from_toml_str(&off).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.models["m"].capture, None);
+    for (extra, key) in [
+        (
+            "max_bytes = 10\nmax_body_bytes = 100",
+            "models.m.capture.max_bytes",
+        ),
+        ("max_body_bytes = 0", "models.m.capture.max_body_bytes"),
+        ("max_age_hours = 0", "models.m.capture.max_age_hours"),
+        ("max_age_hours = 100000", "models.m.capture.max_age_hours"),
+        ("sample = 1.5", "models.m.capture.sample"),
+        ("keep_headers = true", "keep_headers"),
+    ] {
+        let src = format!("{GOOD}[models.m.capture]\nenabled = true\n{extra}\n");
+        let err = Config::from_toml_str(&src)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains(key), "{extra}: {err}");
+        assert!(err.contains("line"), "{extra}: {err}");
+    }
+}

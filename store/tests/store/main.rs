@@ -6,7 +6,7 @@
 //! Layout: `connect` (URLs, migrations, concurrent start-up), `records` (request records,
 //! queries, retention and partitions), `keys` (API keys), `writer` (the batch writer),
 //! `probe_runs` (probe runs and the scheduler lock), `alerts` (alert lifecycle), `evals`
-//! (the eval job queue), `rollups` (per-minute rollups, admin keys, probe statistics).
+//! (the eval job queue), `bodies` (captured bodies and regression cases), `rollups` (per-minute rollups, admin keys, probe statistics).
 
 use std::time::Duration;
 
@@ -39,6 +39,7 @@ macro_rules! both {
 
 // after the macro, so that the modules can use it
 mod alerts;
+mod bodies;
 mod connect;
 mod evals;
 mod keys;

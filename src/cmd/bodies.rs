@@ -1,0 +1,167 @@
+//! `samewise bodies list|purge`: the captured request bodies (opt-in per model,
+//! `[models.NAME.capture]`) in the store — PostgreSQL when `DATABASE_URL` is set, else SQLite
+//! in the data directory of `--config` (or `--data-dir`). `list` shows who was kept and why,
+//! never the bodies' text (`--json` adds it, redacted as stored); `purge` deletes them.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use samewise_proxy::Config;
+use samewise_store::utc_text as utc;
+use samewise_store::{BodyQuery, Store};
+
+/// Arguments of `samewise bodies`.
+#[derive(Debug, Args)]
+pub struct BodiesArgs {
+    /// Take the data directory from this configuration file.
+    #[arg(long, short, global = true)]
+    pub config: Option<PathBuf>,
+    /// The data directory (default: the config's `server.data_dir`, else `samewise-data`).
+    #[arg(long, global = true)]
+    pub data_dir: Option<PathBuf>,
+    /// Print JSON (with the redacted bodies) instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: BodiesCommand,
+}
+
+/// `samewise bodies` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum BodiesCommand {
+    /// List captured bodies, newest first.
+    List {
+        /// Only this model's.
+        #[arg(long)]
+        model: Option<String>,
+        /// Only this endpoint's (`provider/model-id`).
+        #[arg(long)]
+        endpoint: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Delete captured bodies (all of them unless filtered).
+    Purge {
+        /// Only this model's.
+        #[arg(long)]
+        model: Option<String>,
+        /// Only those captured before this time: unix milliseconds, or an age such as `30m`,
+        /// `12h`, `7d` (older than that).
+        #[arg(long)]
+        before: Option<String>,
+    },
+}
+
+/// `--before`: unix milliseconds, or `N` followed by `m`, `h` or `d` (that long ago).
+fn before_ms(s: &str, now_ms: i64) -> anyhow::Result<i64> {
+    if let Ok(ms) = s.parse::<i64>() {
+        return Ok(ms);
+    }
+    let unit: i64 = match s.chars().last() {
+        Some('m') => 60_000,
+        Some('h') => 3_600_000,
+        Some('d') => 86_400_000,
+        _ => anyhow::bail!("--before {s:?}: unix milliseconds, or an age such as 30m, 12h, 7d"),
+    };
+    let n: i64 = s[..s.len() - 1]
+        .parse()
+        .ok()
+        .filter(|n| *n >= 0)
+        .with_context(|| format!("--before {s:?}: the age is not a whole number"))?;
+    Ok(now_ms.saturating_sub(n.saturating_mul(unit)))
+}
+
+/// Runs `samewise bodies ...`.
+pub fn run(args: BodiesArgs) -> anyhow::Result<()> {
+    let config = args.config.as_deref().map(Config::load).transpose()?;
+    let data_dir = match (&args.data_dir, &config) {
+        (Some(d), _) => d.clone(),
+        (None, Some(c)) => c.server.data_dir.clone(),
+        (None, None) => PathBuf::from("samewise-data"),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let store = Store::connect_from_env(&data_dir).await?;
+        let result = bodies(&store, args.command, args.json).await;
+        store.close().await;
+        result
+    })
+}
+
+async fn bodies(store: &Store, command: BodiesCommand, json: bool) -> anyhow::Result<()> {
+    let now = samewise_store::now_ms();
+    match command {
+        BodiesCommand::List {
+            model,
+            endpoint,
+            limit,
+        } => {
+            let q = BodyQuery {
+                model,
+                endpoint,
+                since_ms: None,
+                until_ms: None,
+                limit,
+            };
+            let rows = store.captured_bodies(&q, now).await?;
+            if json {
+                let docs: Vec<serde_json::Value> = rows
+                    .iter()
+                    .map(|b| {
+                        serde_json::json!({
+                            "request_id": b.request_id, "ts_ms": b.ts_ms, "expires_ms": b.expires_ms,
+                            "model": b.model, "endpoint": b.endpoint, "route": b.route,
+                            "flags": b.flags, "bytes": b.bytes,
+                            "request": b.request, "response": b.response,
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&docs)?);
+                return Ok(());
+            }
+            println!(
+                "{:<30} {:<19} {:<12} {:<28} {:>8}  flags",
+                "request", "captured (UTC)", "model", "endpoint", "bytes"
+            );
+            for b in rows {
+                println!(
+                    "{:<30} {:<19} {:<12} {:<28} {:>8}  {}",
+                    b.request_id,
+                    utc(b.ts_ms),
+                    b.model,
+                    b.endpoint.as_deref().unwrap_or("-"),
+                    b.bytes,
+                    b.flags.join(",")
+                );
+            }
+            Ok(())
+        }
+        BodiesCommand::Purge { model, before } => {
+            let before = before.as_deref().map(|b| before_ms(b, now)).transpose()?;
+            let n = store
+                .purge_captured_bodies(model.as_deref(), before)
+                .await?;
+            println!("{n} captured bodies deleted");
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn before_takes_milliseconds_or_an_age() {
+        let now = 10 * 86_400_000;
+        assert_eq!(before_ms("1234", now).ok(), Some(1234));
+        assert_eq!(before_ms("2d", now).ok(), Some(8 * 86_400_000));
+        assert_eq!(before_ms("30m", now).ok(), Some(now - 1_800_000));
+        assert!(before_ms("yesterday", now).is_err());
+        assert!(before_ms("-3h", now).is_err());
+    }
+}
