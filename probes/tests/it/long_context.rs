@@ -1,10 +1,11 @@
 //! The long_context probe and its detector end to end over real engine servers on
-//! 127.0.0.1 under serving profiles — the unmodified engine, `truncate-512` (keeps the last
-//! 512 prompt tokens, silently) and `a8` (8-bit activations: faithful, not identical) — run
-//! by the scheduler against the in-process reference, with the detectors writing alerts to
-//! a real SQLite store: only the truncating endpoint is flagged, with its effective context
-//! within one doubling of 512. An endpoint refusing logprobs is judged by generation on both
-//! sides.
+//! 127.0.0.1 under serving profiles — the unmodified engine, a truncation at 300 tokens
+//! (keeps the last 300 prompt tokens, silently; `truncate-512` at a smaller size, to keep the
+//! test short) and `a8` (8-bit activations: faithful, not identical) — run by the scheduler
+//! against the in-process reference over a 512-token window, with the detectors writing
+//! alerts to a real SQLite store: only the truncating endpoint is flagged, its effective
+//! context one doubling below the window and the cut diagnosed. An endpoint refusing
+//! logprobs is judged by generation on both sides.
 
 use std::sync::Arc;
 
@@ -28,7 +29,10 @@ async fn truncation_is_flagged_and_faithful_endpoints_are_not() -> Result<()> {
     let tasks = tokio_util::task::TaskTracker::new();
     let exact = engine_server(&stop, &tasks).await?;
     let (tok, template) = tokenizer_and_template()?;
-    let truncate = Profile::builtin("truncate-512").context("no truncate-512 profile")?;
+    let truncate = Profile::from_toml(
+        "[truncation]\nmax_prompt_tokens = 300\ndrop = \"start\"\n",
+        "truncate-300",
+    )?;
     let trunc = serve(
         server::router(ServerState::with_profile(
             engine()?,
@@ -59,7 +63,7 @@ async fn truncation_is_flagged_and_faithful_endpoints_are_not() -> Result<()> {
 
     let db = TestDb::new(Backend::Sqlite).await?;
     let cfg = Arc::new(probes_config(
-        "kinds = [\"long_context\"]\ncontext_window = 1024\n",
+        "kinds = [\"long_context\"]\ncontext_window = 512\n",
     )?);
     let detectors = Arc::new(Detectors::new(
         DetectorConfig::default(),
@@ -103,7 +107,7 @@ async fn truncation_is_flagged_and_faithful_endpoints_are_not() -> Result<()> {
         let r = run(ep)?;
         ensure!(r.ok, "{ep}: {:?}", r.error);
         ensure!(
-            r.stats["effective_context"] == 1024 && r.stats["reference_effective_context"] == 1024,
+            r.stats["effective_context"] == 512 && r.stats["reference_effective_context"] == 512,
             "{ep}: {}",
             r.stats
         );
@@ -113,22 +117,22 @@ async fn truncation_is_flagged_and_faithful_endpoints_are_not() -> Result<()> {
     let eff = t.stats["effective_context"]
         .as_u64()
         .context("effective_context")?;
-    ensure!((256..=512).contains(&eff), "truncate-512: {}", t.stats);
+    ensure!(eff == 256, "truncate-300: {}", t.stats);
     let lengths = t.stats["lengths"].as_array().context("lengths")?;
     let last = lengths.last().context("no lengths")?;
-    // the echo shows what the endpoint kept: 512 tokens of the longest prompt
+    // the echo shows what the endpoint kept: 300 tokens of the longest prompt
     ensure!(
         last["truncated"] == true
-            && last["kept_tokens"] == 512
+            && last["kept_tokens"] == 300
             && last["below"] == true
             && last["dropped_at"] == 0,
         "{last}"
     );
-    // diagnosed: the beginning of every prompt over 512 tokens goes
+    // diagnosed: the beginning of every prompt over 300 tokens goes
     let d = &t.stats["diagnosis"];
     ensure!(
         d["signature"] == "prompt_truncated"
-            && d["kept_tokens_max"] == 512
+            && d["kept_tokens_max"] == 300
             && d["dropped_at"] == 0
             && d["text"]
                 .as_str()
@@ -157,13 +161,13 @@ async fn truncation_is_flagged_and_faithful_endpoints_are_not() -> Result<()> {
     ensure!(
         a.evidence["statistic"] == "effective_context"
             && a.evidence["value"] == eff
-            && a.evidence["reference_value"] == 1024,
+            && a.evidence["reference_value"] == 512,
         "{}",
         a.evidence
     );
     ensure!(
         a.summary.contains(&format!(
-            "effective context {eff} tokens, reference 1024: prompts are silently truncated"
+            "effective context {eff} tokens, reference 512: prompts are silently truncated"
         )) && a.evidence["diagnosis"]["signature"] == "prompt_truncated",
         "{}",
         a.summary
