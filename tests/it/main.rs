@@ -15,6 +15,7 @@ mod demo_e2e;
 mod evals_custom_e2e;
 mod evals_e2e;
 mod fuzz_corpus;
+mod fuzz_props;
 mod passive_drift_e2e;
 mod probes_e2e;
 mod probes_rounds;
