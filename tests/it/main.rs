@@ -8,6 +8,7 @@
 mod common;
 
 mod alerts_cli;
+mod chaos;
 mod cli;
 mod crash;
 mod dashboards_browser;
