@@ -12,6 +12,9 @@ item 4). Writes into fuzz/corpus/{gguf,safetensors}/ (committed; rerun only to r
   safetensors/seed-small       that header's first three tensors, rows cut, real bytes
 
   python3 fuzz/seeds/make.py [GGUF] [HF_DIR]   # defaults: ~/.cache/samewise/models/...
+
+(`scripts/fuzz.sh` minimises the corpora afterwards, which renames every kept input to its
+SHA-1: the seeds live on under those names.)
 """
 import json
 import os
