@@ -9,8 +9,10 @@
 //! upstream and never shows a provider key.
 //!
 //! Entry points: [`Config`] (TOML, validated), [`AppState::new`], [`router`] and [`serve`];
-//! [`QualityWatcher`] (drift alerts → [`Quality`] per endpoint). Only `config` is a public
-//! module (its types are the configuration other crates read); everything else is private.
+//! [`QualityWatcher`] (drift alerts → [`Quality`] per endpoint); [`ClientRequest`], the body
+//! check and per-endpoint rewrite (public for the `request_body` fuzz target and its replay).
+//! Only `config` is a public module (its types are the configuration other crates read);
+//! everything else is private.
 //!
 //! # Layout
 //! - [`config`]: the TOML configuration and its validation.
@@ -59,6 +61,7 @@ mod server;
 mod state;
 mod streams;
 
+pub use body::{ClientRequest, Route};
 pub use config::{Config, EndpointTarget, OnDrift};
 pub use error::{ApiError, ProxyError};
 pub use health::Quality;

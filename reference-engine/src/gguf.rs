@@ -1,6 +1,6 @@
 //! A bounds-checked GGUF (v2/v3, little-endian) reader over a memory map.
 //!
-//! [`GgufFile::open`] parses the header, the metadata key/value pairs and the tensor
+//! [`GgufFile::open`] (or [`GgufFile::from_bytes`]) parses the header, the metadata key/value pairs and the tensor
 //! infos; tensor data stays in the map and is borrowed with [`GgufFile::tensor_bytes`].
 //! Every count, length and offset is checked against the bytes that remain, so a
 //! truncated, corrupt or hostile file yields an [`EngineError`], never a panic or a huge
@@ -246,6 +246,22 @@ impl GgufFile {
         // every mmap-based model loader).
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
         Self::from_map(map)
+    }
+
+    /// Parses a GGUF file held in memory (a copy is made into an anonymous map; the fuzz
+    /// target `gguf` and its corpus replay read files this way).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let io = |source| EngineError::Io {
+            path: "<memory>".into(),
+            source,
+        };
+        // (an empty anonymous map is refused by the OS)
+        if bytes.is_empty() {
+            return Err(EngineError::NotGguf("file is only 0 bytes".into()));
+        }
+        let mut map = memmap2::MmapMut::map_anon(bytes.len()).map_err(io)?;
+        map.copy_from_slice(bytes);
+        Self::from_map(map.make_read_only().map_err(io)?)
     }
 
     fn from_map(map: memmap2::Mmap) -> Result<Self> {

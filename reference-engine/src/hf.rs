@@ -84,8 +84,7 @@ impl HfDir {
             )));
         };
         let mut maps = Vec::new();
-        let mut tensors = BTreeMap::new();
-        for (i, path) in files.iter().enumerate() {
+        for path in &files {
             let f = File::open(path).map_err(|source| EngineError::Io {
                 path: path.clone(),
                 source,
@@ -95,20 +94,52 @@ impl HfDir {
                 path: path.clone(),
                 source,
             })?;
+            maps.push((path.display().to_string(), map));
+        }
+        Self::from_maps(config, maps)
+    }
+
+    /// A directory held in memory: `config.json`'s bytes and one `model.safetensors` file's
+    /// (copied into an anonymous map; the fuzz target `safetensors` and its corpus replay read
+    /// files this way).
+    pub fn from_bytes(config_json: &[u8], safetensors: &[u8]) -> Result<Self> {
+        let config: serde_json::Value = serde_json::from_slice(config_json)
+            .map_err(|e| EngineError::InvalidHf(format!("config.json: {e}")))?;
+        let io = |source| EngineError::Io {
+            path: "<memory>".into(),
+            source,
+        };
+        if safetensors.len() < 8 {
+            return Err(EngineError::InvalidHf(format!(
+                "model.safetensors: {} bytes, shorter than its header length",
+                safetensors.len()
+            )));
+        }
+        let mut map = memmap2::MmapMut::map_anon(safetensors.len()).map_err(io)?;
+        map.copy_from_slice(safetensors);
+        let map = map.make_read_only().map_err(io)?;
+        Self::from_maps(config, vec![("model.safetensors".to_owned(), map)])
+    }
+
+    /// Indexes the tensors of mapped safetensors files (`name` is for errors), checking every
+    /// tensor's byte range against its file.
+    fn from_maps(config: serde_json::Value, files: Vec<(String, memmap2::Mmap)>) -> Result<Self> {
+        let mut maps = Vec::new();
+        let mut tensors = BTreeMap::new();
+        for (i, (name, map)) in files.into_iter().enumerate() {
             let (header_len, meta) = SafeTensors::read_metadata(&map)
-                .map_err(|e| EngineError::InvalidHf(format!("{}: {e}", path.display())))?;
+                .map_err(|e| EngineError::InvalidHf(format!("{name}: {e}")))?;
             let base = 8 + header_len;
-            for (name, info) in meta.tensors() {
+            for (tensor, info) in meta.tensors() {
                 let (s, e) = info.data_offsets;
                 let (start, end) = (base + s, base + e);
                 if end > map.len() || start > end {
                     return Err(EngineError::InvalidHf(format!(
-                        "{name}: data runs past the end of {}",
-                        path.display()
+                        "{tensor}: data runs past the end of {name}"
                     )));
                 }
                 tensors.insert(
-                    name,
+                    tensor,
                     Entry {
                         file: i,
                         dtype: info.dtype,
@@ -125,6 +156,11 @@ impl HfDir {
             maps,
             tensors,
         })
+    }
+
+    /// The tensors' names, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
     }
 
     /// Whether a tensor exists.

@@ -70,6 +70,7 @@ pub use engine::{
 };
 pub use error::{EngineError, Result};
 pub use gguf::{GgmlType, GgufFile, GgufValue, TensorInfo};
+pub use hf::HfDir;
 pub use kernels::Isa;
 pub use profile::Profile;
 pub use sample::{SamplingParams, TokenLogprob};

@@ -10,6 +10,8 @@
 //! # Layout
 //! - `mock`: [`MockUpstream`], its builder, the accept loop and request recording.
 //! - `behavior`: [`Behavior`], [`Reply`], [`ToolCall`]: what the mock answers.
+//! - `chaos`: [`Chaos`], a seeded stream of faults (resets, stalls, slow-loris bodies, 5xx and
+//!   429 storms, garbage) a mock answers from in chaos runs.
 //! - `render`: the OpenAI JSON and SSE bodies for a parsed request and a reply.
 //! - [`fixtures`]: where the test model and the HF fixture are ([`fixtures::test_model`]),
 //!   one rule for every crate's tests and benchmarks.
@@ -19,6 +21,7 @@
 //!   a real headless Chromium ([`webdriver::ChromeDriver`], [`webdriver::Browser`]).
 
 mod behavior;
+mod chaos;
 /// A namespace of the API: `fixtures::test_model`, `fixtures::hf_fixture_dir`.
 pub mod fixtures;
 mod http1;
@@ -28,6 +31,7 @@ mod render;
 pub mod webdriver;
 
 pub use behavior::{Behavior, LogprobsMode, Reply, ToolCall};
+pub use chaos::{Chaos, ChaosTimes};
 pub use mock::{MockUpstream, MockUpstreamBuilder, RecordedRequest};
 
 /// Everything that can go wrong while starting or driving a test double.

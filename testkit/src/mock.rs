@@ -31,6 +31,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::TestkitError;
 use crate::behavior::{Behavior, Reply};
+use crate::chaos::Chaos;
 use crate::http1::{self, Conn, LAST_CHUNK};
 use crate::render::{self, Answer, Endpoint, Parsed};
 
@@ -67,6 +68,8 @@ pub struct MockUpstreamBuilder {
     record: bool,
     /// Where to listen; `127.0.0.1:0` unless set.
     bind: String,
+    /// Draws unscripted answers from a seeded fault stream instead of the default.
+    chaos: Option<Chaos>,
 }
 
 /// One request as the mock received it.
@@ -96,6 +99,10 @@ struct Shared {
     arrived: Notify,
     /// Requests held unanswered by [`Behavior::Hang`] right now.
     hanging: AtomicUsize,
+    /// The seeded fault stream unscripted completions are answered from, when set.
+    chaos: Option<Mutex<Chaos>>,
+    /// Completion requests (`POST /v1/chat/completions`, `/v1/completions`) seen so far.
+    completions: AtomicU64,
 }
 
 /// Counts one hung request while alive.
@@ -177,6 +184,14 @@ impl MockUpstreamBuilder {
         self
     }
 
+    /// Answers every completion the queue does not script from this seeded fault stream
+    /// (chaos runs; the default behavior is then never used).
+    #[must_use]
+    pub fn chaos(mut self, chaos: Chaos) -> Self {
+        self.chaos = Some(chaos);
+        self
+    }
+
     /// Binds the listener and starts serving.
     pub async fn start(self) -> Result<MockUpstream, TestkitError> {
         let listener =
@@ -204,6 +219,8 @@ impl MockUpstreamBuilder {
             record: self.record,
             requests: Mutex::new(Vec::new()),
             hanging: AtomicUsize::new(0),
+            chaos: self.chaos.map(Mutex::new),
+            completions: AtomicU64::new(0),
             seen: AtomicU64::new(0),
             arrived: Notify::new(),
         });
@@ -235,6 +252,7 @@ impl MockUpstream {
             record_bodies: true,
             record: true,
             bind: "127.0.0.1:0".to_owned(),
+            chaos: None,
         }
     }
 
@@ -281,6 +299,12 @@ impl MockUpstream {
     /// How many requests arrived so far (of any path).
     pub fn request_count(&self) -> usize {
         usize::try_from(self.shared.seen.load(Ordering::SeqCst)).unwrap_or(usize::MAX)
+    }
+
+    /// Completion requests (`POST /v1/chat/completions` and `/v1/completions`) received so
+    /// far: the attempts a gateway made here.
+    pub fn completion_count(&self) -> u64 {
+        self.shared.completions.load(Ordering::SeqCst)
     }
 
     /// Requests held unanswered by [`Behavior::Hang`] right now: one leaves the count when its
@@ -444,6 +468,7 @@ async fn answer(
             return write_full(conn, shared, req, 404, &[], body.as_bytes()).await;
         }
     };
+    shared.completions.fetch_add(1, Ordering::SeqCst);
     let parsed = match Parsed::from_body(endpoint, &req.body) {
         Ok(p) => p,
         Err(message) => {
@@ -451,8 +476,9 @@ async fn answer(
             return write_full(conn, shared, req, 400, &[], body.as_bytes()).await;
         }
     };
-    let behavior = lock(&shared.queue)
-        .pop_front()
+    let scripted = lock(&shared.queue).pop_front();
+    let behavior = scripted
+        .or_else(|| shared.chaos.as_ref().map(|c| lock(c).next_behavior()))
         .unwrap_or_else(|| lock(&shared.default).clone());
     if let Some(reply) = behavior.reply() {
         return write_reply(conn, shared, req, &parsed, &reply, cancel, seq).await;

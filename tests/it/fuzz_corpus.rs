@@ -2,13 +2,17 @@
 //! (the seeds taken from real engine streams, and what `scripts/fuzz.sh` runs found and
 //! minimised) and under `fuzz/artifacts/TARGET/` (crashes, once fixed) goes through the same
 //! property its cargo-fuzz target checks (`fuzz/fuzz_targets/`), in an ordinary test, so CI
-//! keeps every input that ever mattered without libFuzzer.
+//! keeps every input that ever mattered without libFuzzer. The six targets added last
+//! (`request_body`, `gguf`, `safetensors`, `chat_template`, `config`, `profile`) keep their
+//! properties in `fuzz_props.rs`, a module here and the fuzz crate's library there.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
 use samewise_toolcheck::{ToolCallAssembler, ToolSet, check_calls};
 use samewise_wire::sse::{SseDecoder, SseEvent};
+
+use crate::fuzz_props as props;
 
 /// Every file of `fuzz/corpus/TARGET` and `fuzz/artifacts/TARGET`.
 fn inputs(target: &str) -> Result<Vec<PathBuf>> {
@@ -94,5 +98,97 @@ fn tool_calls_corpus() -> Result<()> {
             calls.len()
         );
     }
+    Ok(())
+}
+
+/// Replays `target`'s corpus and crash files through `property`; every failing input is named.
+fn replay(target: &str, property: fn(&[u8]) -> Result<(), String>) -> Result<()> {
+    let files = inputs(target)?;
+    ensure!(files.len() >= 3, "the {target} corpus is missing");
+    let mut failed = Vec::new();
+    for f in &files {
+        if let Err(e) = property(&std::fs::read(f)?) {
+            failed.push(format!("{}: {e}", f.display()));
+        }
+    }
+    ensure!(
+        failed.is_empty(),
+        "{} of {} {target} inputs fail:\n{}",
+        failed.len(),
+        files.len(),
+        failed.join("\n")
+    );
+    Ok(())
+}
+
+/// How many of `target`'s inputs `accepts` takes (a corpus whose inputs are all refused
+/// exercises only the refusals).
+fn accepted(target: &str, accepts: impl Fn(&[u8]) -> bool) -> Result<usize> {
+    let mut n = 0;
+    for f in inputs(target)? {
+        n += usize::from(accepts(&std::fs::read(f)?));
+    }
+    Ok(n)
+}
+
+#[test]
+fn request_body_corpus() -> Result<()> {
+    replay("request_body", props::request_body)?;
+    let n = accepted("request_body", |d| {
+        samewise_proxy::ClientRequest::parse(samewise_proxy::Route::Chat, d).is_ok()
+    })?;
+    ensure!(
+        n >= 3,
+        "only {n} request_body inputs are accepted chat bodies"
+    );
+    Ok(())
+}
+
+#[test]
+fn gguf_corpus() -> Result<()> {
+    replay("gguf", props::gguf)?;
+    let n = accepted("gguf", |d| {
+        samewise_engine::GgufFile::from_bytes(d).is_ok_and(|g| {
+            !g.tensors.is_empty() && samewise_engine::Tokenizer::from_gguf(&g).is_ok()
+        })
+    })?;
+    ensure!(n >= 1, "no gguf input has tensors and a tokenizer");
+    Ok(())
+}
+
+#[test]
+fn safetensors_corpus() -> Result<()> {
+    replay("safetensors", props::safetensors)?;
+    let config = include_bytes!("../../reference-engine/tests/fixtures/tiny/llama3/config.json");
+    let n = accepted("safetensors", |d| {
+        samewise_engine::HfDir::from_bytes(config, d).is_ok_and(|h| h.names().count() > 0)
+    })?;
+    ensure!(n >= 1, "no safetensors input is read");
+    Ok(())
+}
+
+#[test]
+fn chat_template_corpus() -> Result<()> {
+    replay("chat_template", props::chat_template)
+}
+
+#[test]
+fn config_corpus() -> Result<()> {
+    replay("config", props::config)?;
+    let n = accepted("config", |d| {
+        std::str::from_utf8(d).is_ok_and(|t| samewise_proxy::Config::from_toml_str(t).is_ok())
+    })?;
+    ensure!(n >= 1, "no config input is accepted");
+    Ok(())
+}
+
+#[test]
+fn profile_corpus() -> Result<()> {
+    replay("profile", props::profile)?;
+    let n = accepted("profile", |d| {
+        std::str::from_utf8(d)
+            .is_ok_and(|t| samewise_engine::Profile::from_toml(t, "corpus").is_ok())
+    })?;
+    ensure!(n >= 1, "no profile input is accepted");
     Ok(())
 }

@@ -8,6 +8,7 @@
 mod common;
 
 mod alerts_cli;
+mod chaos;
 mod cli;
 mod crash;
 mod dashboards_browser;
@@ -15,6 +16,7 @@ mod demo_e2e;
 mod evals_custom_e2e;
 mod evals_e2e;
 mod fuzz_corpus;
+mod fuzz_props;
 mod passive_drift_e2e;
 mod probes_e2e;
 mod probes_rounds;

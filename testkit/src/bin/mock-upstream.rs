@@ -2,18 +2,25 @@
 //! (`bench/proxy/run.sh`) and for trying a proxy config by hand.
 //!
 //! It prints `listening on http://ADDR` on stdout once bound and serves until SIGINT/SIGTERM.
-//! Requests are counted but not recorded (a load test would pile them up).
+//! Requests are counted but not recorded (a load test would pile them up). With `--chaos SEED`
+//! every completion is answered from a seeded fault stream (`samewise_testkit::Chaos`; its
+//! slow-loris gap and slow head set by `--loris-gap-ms` and `--slow-head-ms`, default 300 and
+//! 200), for the chaos harness (`bench/proxy/chaos.sh`).
 
 use std::process::ExitCode;
 
-use samewise_testkit::{Behavior, MockUpstream};
+use std::time::Duration;
+
+use samewise_testkit::{Behavior, Chaos, ChaosTimes, MockUpstream};
 
 const USAGE: &str =
-    "usage: mock-upstream [--listen ADDR] [--name NAME] [--model ID]... [--never-ends | --hang]";
+    "usage: mock-upstream [--listen ADDR] [--name NAME] [--model ID]... [--never-ends | --hang]
+                     [--chaos SEED [--loris-gap-ms MS] [--slow-head-ms MS]]";
 
 fn main() -> ExitCode {
     let mut builder = MockUpstream::builder().record(false);
     let mut args = std::env::args().skip(1);
+    let (mut chaos_seed, mut loris_ms, mut head_ms) = (None::<u64>, 300u64, 200u64);
     while let Some(arg) = args.next() {
         let mut value = |flag: &str| args.next().ok_or_else(|| format!("{flag} needs a value"));
         let step = match arg.as_str() {
@@ -22,6 +29,20 @@ fn main() -> ExitCode {
             "--model" => value("--model").map(|v| builder.clone().model(&v)),
             "--never-ends" => Ok(builder.clone().default_behavior(Behavior::NeverEnds)),
             "--hang" => Ok(builder.clone().default_behavior(Behavior::Hang)),
+            "--chaos" | "--loris-gap-ms" | "--slow-head-ms" => {
+                let flag = arg.clone();
+                value(&flag).and_then(|v| {
+                    let n = v
+                        .parse::<u64>()
+                        .map_err(|_| format!("{flag}: not a number: {v}"))?;
+                    match flag.as_str() {
+                        "--chaos" => chaos_seed = Some(n),
+                        "--loris-gap-ms" => loris_ms = n,
+                        _ => head_ms = n,
+                    }
+                    Ok(builder.clone())
+                })
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return ExitCode::SUCCESS;
@@ -35,6 +56,15 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         }
+    }
+    if let Some(seed) = chaos_seed {
+        builder = builder.chaos(Chaos::new(
+            seed,
+            ChaosTimes {
+                loris_gap: Duration::from_millis(loris_ms),
+                slow_head: Duration::from_millis(head_ms),
+            },
+        ));
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -67,7 +97,11 @@ fn main() -> ExitCode {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }
-        eprintln!("mock-upstream: served {} requests", mock.request_count());
+        eprintln!(
+            "mock-upstream: served {} requests ({} completions)",
+            mock.request_count(),
+            mock.completion_count()
+        );
         mock.shutdown().await;
         ExitCode::SUCCESS
     })

@@ -48,6 +48,11 @@ impl Proc {
 }
 
 impl Proc {
+    /// The process id (None once stopped).
+    pub fn pid(&self) -> Option<u32> {
+        self.0.as_ref().map(Child::id)
+    }
+
     /// Sends SIGKILL (no drain, no flush: a crash) and waits for the exit status.
     pub fn kill(mut self) -> Result<ExitStatus> {
         let mut child = self.0.take().context("already stopped")?;
