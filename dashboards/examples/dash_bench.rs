@@ -2,12 +2,16 @@
 //! traffic (RPM attempts per endpoint per minute) loaded through the real record writer and
 //! its rollup upserts, one logprob probe run per endpoint per hour, a few alerts; then the
 //! real router on 127.0.0.1 answers the overview (`/?range=24h`, `/?range=30d`, and the same
-//! data as JSON under `/api/v1/overview`) and an endpoint page (`/endpoint?e=…&range=24h`). "cold" is the first request after the server
-//! (and its connection pool) started; "warm" is the p50/p95 of REPEAT requests after it.
-//! Not a test: it prints numbers.
+//! data as JSON under `/api/v1/overview`) and an endpoint page (`/endpoint?e=…&range=24h`).
+//! "warm" is the p50/p95 of REPEAT requests on one running server. "cold" is a first request,
+//! COLD times per page, each from a new HTTP client to a new server with a new connection pool
+//! (as after a gateway restart); on PostgreSQL — a private cluster started for the run, so
+//! the shared server is never touched — also each after the database server itself was
+//! restarted (its buffer cache empty; with DROP_CACHES=1, run as root, the kernel's page cache
+//! is dropped too). Not a test: it prints numbers.
 //!
 //! Run: `cargo run --release -p samewise-dashboards --example dash_bench -- [sqlite|postgres]`
-//! with ENDPOINTS (50), DAYS (2), RPM (1), REPEAT (40) in the environment.
+//! with ENDPOINTS (50), DAYS (2), RPM (1), REPEAT (40), COLD (10) in the environment.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,9 +20,20 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use samewise_dashboards::{Dashboards, DashboardsConfig, LiveState, ModelSpec, Routing, Slo};
 use samewise_store::testing::TestDb;
+use samewise_store::testing::cluster::PgCluster;
 use samewise_store::{
-    Backend, NewAlert, ProbeRun, RecordWriter, RecordWriterConfig, RequestRecord,
+    Backend, NewAlert, ProbeRun, RecordWriter, RecordWriterConfig, RequestRecord, Store,
 };
+
+/// The pages timed, in order.
+const PAGES: [&str; 6] = [
+    "/?range=24h",
+    "/?range=30d",
+    "/api/v1/overview?range=24h",
+    "/api/v1/overview?range=30d",
+    "/endpoint?e=p7%2Fmodel-0&range=24h",
+    "/endpoint?e=p7%2Fmodel-0&range=30d",
+];
 
 #[derive(Debug)]
 struct AllActive;
@@ -46,13 +61,21 @@ async fn main() -> Result<()> {
         Some("sqlite") => Backend::Sqlite,
         Some(o) => anyhow::bail!("unknown backend {o:?}"),
     };
-    let (endpoints, days, rpm, repeat) = (
+    let (endpoints, days, rpm, repeat, cold_n) = (
         env("ENDPOINTS", 50),
         env("DAYS", 2),
         env("RPM", 1),
         env("REPEAT", 40),
+        env("COLD", 10),
     );
-    let db = TestDb::new(backend).await?;
+    let cluster = match backend {
+        Backend::Postgres => Some(PgCluster::start().await.context("private PostgreSQL")?),
+        Backend::Sqlite => None,
+    };
+    let db = match &cluster {
+        Some(c) => c.test_db(&c.admin_url()).await?,
+        None => TestDb::new(backend).await?,
+    };
     let now = samewise_store::now_ms();
     let start = now - days * 86_400_000;
     let mut specs: HashMap<String, Vec<String>> = HashMap::new();
@@ -160,23 +183,6 @@ async fn main() -> Result<()> {
         })
         .collect();
     models.sort_by(|a, b| a.name.cmp(&b.name));
-    let dash = Dashboards::new(
-        db.store.clone(),
-        models,
-        Arc::new(AllActive),
-        DashboardsConfig::default(),
-        None,
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, samewise_dashboards::router(dash))
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await
-    });
     let (_, key) = db
         .store
         .create_api_key_with(
@@ -187,44 +193,68 @@ async fn main() -> Result<()> {
             },
         )
         .await?;
-    let http = reqwest::Client::new();
     println!(
         "backend {}: {endpoints} endpoints, {days} days, {n} request records loaded through the writer in {load_s:.1} s ({:.0}/s)",
         backend.name(),
         n as f64 / load_s
     );
-    println!("| page | cold (ms) | warm p50 (ms) | warm p95 (ms) | bytes |");
-    println!("|---|---|---|---|---|");
-    for path in [
-        "/?range=24h",
-        "/?range=30d",
-        "/api/v1/overview?range=24h",
-        "/api/v1/overview?range=30d",
-        "/endpoint?e=p7%2Fmodel-0&range=24h",
-        "/endpoint?e=p7%2Fmodel-0&range=30d",
-    ] {
+    let server = Server::start(db.store.clone(), &models).await?;
+    let http = reqwest::Client::new();
+    let mut warm = Vec::new();
+    for path in PAGES {
         let mut times = Vec::new();
         let mut bytes = 0;
         for _ in 0..=repeat {
-            let t = Instant::now();
-            let res = http
-                .get(format!("{url}{path}"))
-                .bearer_auth(&key)
-                .send()
-                .await?;
-            anyhow::ensure!(res.status() == 200, "{path}: {}", res.status());
-            bytes = res.bytes().await?.len();
-            times.push(t.elapsed().as_secs_f64() * 1000.0);
+            let (ms, b) = get(&http, &server.url, path, &key).await?;
+            times.push(ms);
+            bytes = b;
         }
-        let cold = times.remove(0);
-        times.sort_by(f64::total_cmp);
-        let q = |p: f64| times[((times.len() as f64 - 1.0) * p).round() as usize];
+        times.remove(0); // the first is neither cold (see below) nor warm
+        warm.push((times, bytes));
+    }
+    // cold: first requests to a new server and pool; on PostgreSQL also after its restart
+    let mut cold = Vec::new();
+    for path in PAGES {
+        let mut fresh = Vec::new();
+        let mut restarted = Vec::new();
+        for _ in 0..cold_n {
+            fresh.push(cold_request(&db, &models, path, &key).await?);
+        }
+        if let Some(c) = &cluster {
+            for _ in 0..cold_n {
+                c.stop().await?;
+                if std::env::var("DROP_CACHES").as_deref() == Ok("1") {
+                    drop_page_cache()?;
+                }
+                c.restart().await?;
+                restarted.push(cold_request(&db, &models, path, &key).await?);
+            }
+        }
+        cold.push((fresh, restarted));
+    }
+    println!(
+        "| page | warm p50 (ms) | warm p95 (ms) | cold, new server: median / max (ms) | cold, PostgreSQL restarted: median / max (ms) | bytes |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for ((path, (warm, bytes)), (fresh, restarted)) in PAGES.iter().zip(warm).zip(cold) {
+        let restarted = if restarted.is_empty() {
+            "n/a".to_owned()
+        } else {
+            format!(
+                "{:.1} / {:.1}",
+                quantile(&restarted, 0.5),
+                quantile(&restarted, 1.0)
+            )
+        };
         println!(
-            "| `{path}` | {cold:.1} | {:.1} | {:.1} | {bytes} |",
-            q(0.5),
-            q(0.95)
+            "| `{path}` | {:.1} | {:.1} | {:.1} / {:.1} | {restarted} | {bytes} |",
+            quantile(&warm, 0.5),
+            quantile(&warm, 0.95),
+            quantile(&fresh, 0.5),
+            quantile(&fresh, 1.0),
         );
     }
+    println!("(cold: {cold_n} samples per page and kind)");
     // where the overview's time goes: the store queries alone (warm, median of REPEAT)
     for (name, range_ms) in [("24h", 86_400_000i64), ("30d", 30 * 86_400_000)] {
         let mut t_roll = Vec::new();
@@ -269,8 +299,82 @@ async fn main() -> Result<()> {
             t_runs[t_runs.len() / 2]
         );
     }
-    let _ = stop.send(());
-    server.await.context("server task")??;
+    server.stop().await?;
+    Ok(())
+}
+
+/// The dashboards on 127.0.0.1 over one store, until [`Server::stop`].
+struct Server {
+    url: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Server {
+    async fn start(store: Store, models: &[ModelSpec]) -> Result<Server> {
+        let dash = Dashboards::new(
+            store,
+            models.to_vec(),
+            Arc::new(AllActive),
+            DashboardsConfig::default(),
+            None,
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, samewise_dashboards::router(dash))
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Ok(Server { url, stop, task })
+    }
+
+    async fn stop(self) -> Result<()> {
+        let _ = self.stop.send(());
+        self.task.await.context("server task")??;
+        Ok(())
+    }
+}
+
+/// One GET: its time in ms and the body's size.
+async fn get(http: &reqwest::Client, url: &str, path: &str, key: &str) -> Result<(f64, usize)> {
+    let t = Instant::now();
+    let res = http
+        .get(format!("{url}{path}"))
+        .bearer_auth(key)
+        .send()
+        .await?;
+    anyhow::ensure!(res.status() == 200, "{path}: {}", res.status());
+    let bytes = res.bytes().await?.len();
+    Ok((t.elapsed().as_secs_f64() * 1000.0, bytes))
+}
+
+/// The time of `path`'s first request from a new client to a new server over a new pool, as
+/// after a gateway restart (the pool connects and migrates before the clock starts, as `serve`
+/// does before it listens).
+async fn cold_request(db: &TestDb, models: &[ModelSpec], path: &str, key: &str) -> Result<f64> {
+    let store = Store::connect(Some(db.url()), db.data_dir()).await?;
+    let server = Server::start(store.clone(), models).await?;
+    let (ms, _) = get(&reqwest::Client::new(), &server.url, path, key).await?;
+    server.stop().await?;
+    store.close().await;
+    Ok(ms)
+}
+
+/// The `q` quantile (nearest rank) of `xs`.
+fn quantile(xs: &[f64], q: f64) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 - 1.0) * q).round() as usize]
+}
+
+/// Drops the kernel's page cache (root only), so a restarted PostgreSQL reads from disk.
+fn drop_page_cache() -> Result<()> {
+    std::process::Command::new("sync").status()?;
+    std::fs::write("/proc/sys/vm/drop_caches", "3").context("dropping the page cache (root?)")?;
     Ok(())
 }
 
