@@ -5,13 +5,15 @@
 //! data as JSON under `/api/v1/overview`) and an endpoint page (`/endpoint?e=…&range=24h`).
 //! "warm" is the p50/p95 of REPEAT requests on one running server. "cold" is a first request,
 //! COLD times per page, each from a new HTTP client to a new server with a new connection pool
-//! (as after a gateway restart); on PostgreSQL — a private cluster started for the run, so
+//! (as after a gateway restart), without and with the server's warm-up
+//! (`Dashboards::warm_up`, which `samewise serve` runs as it starts); on PostgreSQL — a private cluster started for the run, so
 //! the shared server is never touched — also each after the database server itself was
 //! restarted (its buffer cache empty; with DROP_CACHES=1, run as root, the kernel's page cache
 //! is dropped too). Not a test: it prints numbers.
 //!
 //! Run: `cargo run --release -p samewise-dashboards --example dash_bench -- [sqlite|postgres]`
-//! with ENDPOINTS (50), DAYS (2), RPM (1), REPEAT (40), COLD (10) in the environment.
+//! with ENDPOINTS (50), DAYS (2), RPM (1), REPEAT (40), COLD (10) in the environment; with
+//! WAIT_FOR=FILE it loads, then waits for FILE to exist before it measures.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -198,7 +200,14 @@ async fn main() -> Result<()> {
         backend.name(),
         n as f64 / load_s
     );
-    let server = Server::start(db.store.clone(), &models).await?;
+    // WAIT_FOR=FILE: measure only once FILE exists (load beside other work, time alone)
+    if let Ok(file) = std::env::var("WAIT_FOR") {
+        eprintln!("loaded; waiting for {file} to measure");
+        while !std::path::Path::new(&file).exists() {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+    let (server, _) = Server::start(db.store.clone(), &models, false).await?;
     let http = reqwest::Client::new();
     let mut warm = Vec::new();
     for path in PAGES {
@@ -212,49 +221,62 @@ async fn main() -> Result<()> {
         times.remove(0); // the first is neither cold (see below) nor warm
         warm.push((times, bytes));
     }
-    // cold: first requests to a new server and pool; on PostgreSQL also after its restart
+    // cold: first requests to a new server and pool, with and without the warm-up `serve`
+    // runs as it starts; on PostgreSQL also after the database restarted
     let mut cold = Vec::new();
+    let mut warm_ups = Vec::new();
     for path in PAGES {
-        let mut fresh = Vec::new();
-        let mut restarted = Vec::new();
+        let mut kinds: [Vec<f64>; 4] = Default::default();
         for _ in 0..cold_n {
-            fresh.push(cold_request(&db, &models, path, &key).await?);
+            for (k, warmed) in [(0, false), (1, true)] {
+                let (ms, w) = cold_request(&db, &models, path, &key, warmed).await?;
+                kinds[k].push(ms);
+                warm_ups.extend(w);
+            }
         }
         if let Some(c) = &cluster {
             for _ in 0..cold_n {
-                c.stop().await?;
-                if std::env::var("DROP_CACHES").as_deref() == Ok("1") {
-                    drop_page_cache()?;
+                for (k, warmed) in [(2, false), (3, true)] {
+                    c.stop().await?;
+                    if std::env::var("DROP_CACHES").as_deref() == Ok("1") {
+                        drop_page_cache()?;
+                    }
+                    c.restart().await?;
+                    let (ms, w) = cold_request(&db, &models, path, &key, warmed).await?;
+                    kinds[k].push(ms);
+                    warm_ups.extend(w);
                 }
-                c.restart().await?;
-                restarted.push(cold_request(&db, &models, path, &key).await?);
             }
         }
-        cold.push((fresh, restarted));
+        cold.push(kinds);
     }
     println!(
-        "| page | warm p50 (ms) | warm p95 (ms) | cold, new server: median / max (ms) | cold, PostgreSQL restarted: median / max (ms) | bytes |"
+        "| page | warm p50 (ms) | warm p95 (ms) | cold, new server: no warm-up | cold, new server: warmed up | cold, PostgreSQL restarted: no warm-up | cold, PostgreSQL restarted: warmed up | bytes |"
     );
-    println!("|---|---|---|---|---|---|");
-    for ((path, (warm, bytes)), (fresh, restarted)) in PAGES.iter().zip(warm).zip(cold) {
-        let restarted = if restarted.is_empty() {
+    println!("|---|---|---|---|---|---|---|---|");
+    let cell = |xs: &[f64]| {
+        if xs.is_empty() {
             "n/a".to_owned()
         } else {
-            format!(
-                "{:.1} / {:.1}",
-                quantile(&restarted, 0.5),
-                quantile(&restarted, 1.0)
-            )
-        };
+            format!("{:.1} / {:.1}", quantile(xs, 0.5), quantile(xs, 1.0))
+        }
+    };
+    for ((path, (warm, bytes)), kinds) in PAGES.iter().zip(warm).zip(cold) {
         println!(
-            "| `{path}` | {:.1} | {:.1} | {:.1} / {:.1} | {restarted} | {bytes} |",
+            "| `{path}` | {:.1} | {:.1} | {} | {} | {} | {} | {bytes} |",
             quantile(&warm, 0.5),
             quantile(&warm, 0.95),
-            quantile(&fresh, 0.5),
-            quantile(&fresh, 1.0),
+            cell(&kinds[0]),
+            cell(&kinds[1]),
+            cell(&kinds[2]),
+            cell(&kinds[3]),
         );
     }
-    println!("(cold: {cold_n} samples per page and kind)");
+    println!(
+        "(cold: median / max of {cold_n} samples per page and kind; the warm-up itself took median {:.0} ms, max {:.0} ms)",
+        quantile(&warm_ups, 0.5),
+        quantile(&warm_ups, 1.0)
+    );
     // where the overview's time goes: the store queries alone (warm, median of REPEAT)
     for (name, range_ms) in [("24h", 86_400_000i64), ("30d", 30 * 86_400_000)] {
         let mut t_roll = Vec::new();
@@ -311,7 +333,13 @@ struct Server {
 }
 
 impl Server {
-    async fn start(store: Store, models: &[ModelSpec]) -> Result<Server> {
+    /// Serves the pages over `store`; with `warm`, after [`Dashboards::warm_up`] (as `samewise
+    /// serve` runs it as it starts), returning how long that took.
+    async fn start(
+        store: Store,
+        models: &[ModelSpec],
+        warm: bool,
+    ) -> Result<(Server, Option<f64>)> {
         let dash = Dashboards::new(
             store,
             models.to_vec(),
@@ -319,6 +347,11 @@ impl Server {
             DashboardsConfig::default(),
             None,
         );
+        let warmed = if warm {
+            Some(dash.warm_up().await?.as_secs_f64() * 1000.0)
+        } else {
+            None
+        };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -329,7 +362,7 @@ impl Server {
                 })
                 .await
         });
-        Ok(Server { url, stop, task })
+        Ok((Server { url, stop, task }, warmed))
     }
 
     async fn stop(self) -> Result<()> {
@@ -354,14 +387,20 @@ async fn get(http: &reqwest::Client, url: &str, path: &str, key: &str) -> Result
 
 /// The time of `path`'s first request from a new client to a new server over a new pool, as
 /// after a gateway restart (the pool connects and migrates before the clock starts, as `serve`
-/// does before it listens).
-async fn cold_request(db: &TestDb, models: &[ModelSpec], path: &str, key: &str) -> Result<f64> {
+/// does before it listens), with or without the server's warm-up first; and the warm-up's.
+async fn cold_request(
+    db: &TestDb,
+    models: &[ModelSpec],
+    path: &str,
+    key: &str,
+    warm: bool,
+) -> Result<(f64, Option<f64>)> {
     let store = Store::connect(Some(db.url()), db.data_dir()).await?;
-    let server = Server::start(store.clone(), models).await?;
+    let (server, warmed) = Server::start(store.clone(), models, warm).await?;
     let (ms, _) = get(&reqwest::Client::new(), &server.url, path, key).await?;
     server.stop().await?;
     store.close().await;
-    Ok(ms)
+    Ok((ms, warmed))
 }
 
 /// The `q` quantile (nearest rank) of `xs`.

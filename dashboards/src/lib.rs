@@ -141,6 +141,26 @@ impl Dashboards {
             .iter()
             .find(|m| m.endpoints.iter().any(|e| e == endpoint))
     }
+
+    /// Reads, once, what the overview and each model's first endpoint page read over 24 hours
+    /// and over 30 days, and returns how long that took. After a restart of the gateway (a
+    /// new connection pool) or of the database (empty buffers), the first pages read
+    /// connect the pool, have PostgreSQL plan every statement on its new connections and
+    /// bring the rollups' pages into its buffers; `samewise serve` runs this in the
+    /// background as it starts, so the first person to open a page is served like the next.
+    pub async fn warm_up(&self) -> Result<std::time::Duration, DashError> {
+        let started = std::time::Instant::now();
+        for range in ["24h", "30d"] {
+            let range = view::Range::parse(Some(range))?;
+            view::overview(self, None, range).await?;
+            for m in &self.inner.models {
+                if let Some(e) = m.endpoints.first() {
+                    view::endpoint(self, e, range, None).await?;
+                }
+            }
+        }
+        Ok(started.elapsed())
+    }
 }
 
 /// The dashboards' routes, without a fallback (so that it merges with the gateway's router,

@@ -120,6 +120,15 @@ pub async fn serve_on(
         dash_metrics,
         std::time::Duration::from_secs(15),
     );
+    // the dashboards' first reads after a restart, done before anyone asks (in the background:
+    // the gateway serves meanwhile)
+    let warming = dashboards.clone();
+    tokio::spawn(async move {
+        match warming.warm_up().await {
+            Ok(took) => tracing::info!(ms = took.as_millis(), "dashboards warmed up"),
+            Err(e) => tracing::warn!(error = %e, "dashboards warm-up failed"),
+        }
+    });
     let app = samewise_proxy::router(state.clone()).merge(samewise_dashboards::router(dashboards));
     if let Ok(local) = listener.local_addr() {
         tracing::info!(addr = %local, models = config.models.len(), "samewise gateway listening");

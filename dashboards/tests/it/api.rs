@@ -1,6 +1,7 @@
 //! The JSON API against what the store holds: models, the overview's answers (counts, rates,
 //! verdicts, "≈ 4-bit", routing, evals), series with a step, probe series with one point per
 //! run, alerts (list, one, acknowledge, resolve), and parameter errors. Also on PostgreSQL.
+//! The start-up warm-up runs on both stores and writes nothing.
 
 use anyhow::{Context, Result, ensure};
 use samewise_store::Backend;
@@ -20,6 +21,13 @@ fn row<'a>(overview: &'a Value, endpoint: &str) -> Result<&'a Value> {
 
 async fn overview_matches_the_store(backend: Backend) -> Result<()> {
     let s = Server::start_on(backend).await?;
+    // the start-up warm-up reads every page's queries and writes nothing
+    let before = samewise_store::testing::dump_tables(&s.db.store).await?;
+    s.dash.warm_up().await?;
+    ensure!(
+        samewise_store::testing::dump_tables(&s.db.store).await? == before,
+        "the warm-up changed the store"
+    );
     let models = s.json("/api/v1/models").await?;
     ensure!(
         models["models"].as_array().map(Vec::len) == Some(2),
