@@ -78,7 +78,7 @@ use crate::sequential::{Cusum, CusumConfig, Observation, Shift, run_chart};
 use crate::{ProbesError, Result};
 
 mod findings;
-use findings::{long_context_finding, signature_finding};
+use findings::{long_context_finding, signature_finding, unfaithful};
 
 mod detector_config;
 mod passive_sweep;
@@ -454,14 +454,7 @@ impl Detectors {
             return Ok(None);
         };
         let (summary, evidence) = diagnosed(run, label, summary, evidence);
-        Ok(Some(NewAlert {
-            model: run.model.clone(),
-            endpoint: run.endpoint.clone(),
-            kind: KIND_UNFAITHFUL.to_owned(),
-            summary,
-            evidence,
-            now_ms: run.finished_ms,
-        }))
+        Ok(Some(unfaithful(run, summary, evidence)))
     }
 
     /// Tokens that do not map onto the reference vocabulary: a different tokenizer.
@@ -477,12 +470,10 @@ impl Detectors {
             100.0 * rate,
             100.0 * self.cfg.max_mismatch_rate
         );
-        Some(NewAlert {
-            model: run.model.clone(),
-            endpoint: run.endpoint.clone(),
-            kind: KIND_UNFAITHFUL.to_owned(),
+        Some(unfaithful(
+            run,
             summary,
-            evidence: serde_json::json!({
+            serde_json::json!({
                 "detector": "faithful",
                 "probe_kind": run.kind,
                 "statistic": "mismatch_rate",
@@ -492,8 +483,7 @@ impl Detectors {
                 "p_value": serde_json::Value::Null,
                 "probe_runs": [run.id],
             }),
-            now_ms: run.finished_ms,
-        })
+        ))
     }
 
     fn samples_finding(&self, run: &ProbeRun) -> Option<NewAlert> {
@@ -507,12 +497,10 @@ impl Detectors {
             fmt_num(p),
             fmt_num(self.cfg.samples_alpha)
         );
-        Some(NewAlert {
-            model: run.model.clone(),
-            endpoint: run.endpoint.clone(),
-            kind: KIND_UNFAITHFUL.to_owned(),
+        Some(unfaithful(
+            run,
             summary,
-            evidence: serde_json::json!({
+            serde_json::json!({
                 "detector": "faithful",
                 "probe_kind": run.kind,
                 "statistic": "mmd",
@@ -521,8 +509,7 @@ impl Detectors {
                 "p_value": p,
                 "probe_runs": [run.id],
             }),
-            now_ms: run.finished_ms,
-        })
+        ))
     }
 
     /// The changed? finding: a CUSUM per watched statistic over the endpoint's runs of this

@@ -6,6 +6,18 @@ use samewise_store::{NewAlert, ProbeRun};
 
 use super::{KIND_UNFAITHFUL, stat};
 
+/// The `unfaithful` alert `run` raises, with its `summary` and `evidence`.
+pub(super) fn unfaithful(run: &ProbeRun, summary: String, evidence: serde_json::Value) -> NewAlert {
+    NewAlert {
+        model: run.model.clone(),
+        endpoint: run.endpoint.clone(),
+        kind: KIND_UNFAITHFUL.to_owned(),
+        summary,
+        evidence,
+        now_ms: run.finished_ms,
+    }
+}
+
 /// Fault signatures that are findings by themselves, whatever the statistic says: the
 /// weights may be served exactly, yet the endpoint does not do what requests ask.
 const STANDALONE_SIGNATURES: [&str; 1] = ["sampling_ignored"];
@@ -18,12 +30,10 @@ pub(super) fn signature_finding(run: &ProbeRun) -> Option<NewAlert> {
         return None;
     }
     let text = d.get("text")?.as_str()?;
-    Some(NewAlert {
-        model: run.model.clone(),
-        endpoint: run.endpoint.clone(),
-        kind: KIND_UNFAITHFUL.to_owned(),
-        summary: format!("endpoint {}: {text}", run.endpoint),
-        evidence: serde_json::json!({
+    Some(unfaithful(
+        run,
+        format!("endpoint {}: {text}", run.endpoint),
+        serde_json::json!({
             "detector": "faithful",
             "probe_kind": run.kind,
             "statistic": signature,
@@ -31,8 +41,7 @@ pub(super) fn signature_finding(run: &ProbeRun) -> Option<NewAlert> {
             "p_value": serde_json::Value::Null,
             "probe_runs": [run.id],
         }),
-        now_ms: run.finished_ms,
-    })
+    ))
 }
 
 pub(super) fn long_context_finding(run: &ProbeRun) -> Option<NewAlert> {
@@ -75,12 +84,10 @@ pub(super) fn long_context_finding(run: &ProbeRun) -> Option<NewAlert> {
         run.endpoint,
         detail.join(", ")
     );
-    Some(NewAlert {
-        model: run.model.clone(),
-        endpoint: run.endpoint.clone(),
-        kind: KIND_UNFAITHFUL.to_owned(),
+    Some(unfaithful(
+        run,
         summary,
-        evidence: serde_json::json!({
+        serde_json::json!({
             "detector": "faithful",
             "probe_kind": run.kind,
             "statistic": "effective_context",
@@ -94,6 +101,5 @@ pub(super) fn long_context_finding(run: &ProbeRun) -> Option<NewAlert> {
             "p_value": serde_json::Value::Null,
             "probe_runs": [run.id],
         }),
-        now_ms: run.finished_ms,
-    })
+    ))
 }
