@@ -29,33 +29,7 @@ OUT=${OUT:-bench/out/proxy-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT/data"
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
-# PROFILE=dev checks the script itself on debug builds (numbers from those mean nothing)
-if [ "${PROFILE:-release}" = dev ]; then
-    cargo build -p samewise -p samewise-testkit --bins
-    BIN=target/debug
-else
-    cargo build --release -p samewise -p samewise-testkit --bins
-    BIN=target/release
-fi
-
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-# waits for "listening on URL" in a log and prints URL
-wait_url() {
-    for _ in $(seq 1 100); do
-        url=$(sed -n 's/^listening on //p' "$1" | head -1)
-        if [ -n "$url" ]; then echo "$url"; return 0; fi
-        sleep 0.1
-    done
-    echo "no 'listening on' line in $1" >&2; return 1
-}
+. bench/proxy/common.sh
 
 $BIN/mock-upstream --name bench --model bench-model >"$OUT/mock.log" 2>&1 &
 PIDS+=($!)

@@ -21,30 +21,7 @@ RATE=${RATE:-1000}
 OUT=${OUT:-bench/out/soak-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT/data"
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-TARGET=${CARGO_TARGET_DIR:-target}
-if [ "${PROFILE:-release}" = dev ]; then
-    cargo build -p samewise -p samewise-testkit --bins
-    BIN=$TARGET/debug
-else
-    cargo build --release -p samewise -p samewise-testkit --bins
-    BIN=$TARGET/release
-fi
-
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_url() {
-    for _ in $(seq 1 100); do
-        url=$(sed -n 's/^listening on //p' "$1" | head -1)
-        if [ -n "$url" ]; then echo "$url"; return 0; fi
-        sleep 0.1
-    done
-    echo "no 'listening on' line in $1" >&2; return 1
-}
+. bench/proxy/common.sh
 sample() { # pid -> {"rss_kb":..,"threads":..,"fds":..}
     local rss thr fds
     rss=$(awk '$1 == "VmRSS:" {print $2}' "/proc/$1/status")
