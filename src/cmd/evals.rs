@@ -14,6 +14,8 @@
 //! - `worker [--workers N]`: job workers and the alert watcher until SIGINT/SIGTERM.
 //! - `capture (--request ID | --alert ID) [--suite regression[-NAME]] [--baseline B]`:
 //!   captured bodies of flagged traffic → regression cases ([`samewise_evals::Capturer`]).
+//! - `cases list [--model M] [--suite S]` and `cases delete (ID… | --model M | --suite S |
+//!   --all)`: the regression suites' cases.
 //!
 //! [`start`] runs the same workers and watcher inside `samewise serve`.
 
@@ -29,7 +31,7 @@ use samewise_evals::{
     Targets, Worker, WorkerSettings,
 };
 use samewise_proxy::Config;
-use samewise_store::{EvalJob, Store};
+use samewise_store::{CaseQuery, EvalJob, Store};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -106,11 +108,45 @@ pub enum EvalsCommand {
         #[arg(long, default_value = "reference")]
         baseline: String,
     },
+    /// The regression suites' cases (made by `capture`): list or delete them.
+    Cases {
+        #[command(subcommand)]
+        command: CasesCommand,
+    },
     /// Run job workers (and the alert watcher) until SIGINT or SIGTERM.
     Worker {
         /// Workers (default: `[evals] workers`, at least 1).
         #[arg(long)]
         workers: Option<u32>,
+    },
+}
+
+/// `samewise evals cases` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum CasesCommand {
+    /// List cases, oldest first: id, model, suite, check, source request, endpoint, alert.
+    List {
+        /// Only this model's.
+        #[arg(long)]
+        model: Option<String>,
+        /// Only this suite's (regression, regression-NAME).
+        #[arg(long)]
+        suite: Option<String>,
+    },
+    /// Delete cases: the ones named by id, or every case of a model and/or suite.
+    Delete {
+        /// The cases' ids.
+        #[arg(conflicts_with_all = ["model", "suite", "all"])]
+        ids: Vec<i64>,
+        /// Every case of this model (of `--suite` too, when given).
+        #[arg(long)]
+        model: Option<String>,
+        /// Every case of this suite (of `--model` too, when given).
+        #[arg(long)]
+        suite: Option<String>,
+        /// Every case of every suite.
+        #[arg(long, conflicts_with_all = ["model", "suite"])]
+        all: bool,
     },
 }
 
@@ -359,6 +395,7 @@ async fn evals(
             }
             Ok(())
         }
+        EvalsCommand::Cases { command } => cases(store, command, json).await,
         EvalsCommand::Worker { workers } => {
             let evals = EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref())?;
             let n = workers.unwrap_or(evals.workers).max(1);
@@ -366,6 +403,86 @@ async fn evals(
             println!("eval workers running: {n}");
             super::shutdown_signal().await;
             running.shutdown().await;
+            Ok(())
+        }
+    }
+}
+
+async fn cases(store: &Store, command: CasesCommand, json: bool) -> anyhow::Result<()> {
+    match command {
+        CasesCommand::List { model, suite } => {
+            let q = CaseQuery {
+                model,
+                suite,
+                id: None,
+            };
+            let cases = store.regression_cases_matching(&q).await?;
+            if json {
+                let doc: Vec<_> = cases
+                    .iter()
+                    .map(|c| {
+                        serde_json::json!({
+                            "id": c.id,
+                            "model": c.model,
+                            "suite": c.suite,
+                            "source_request_id": c.source_request_id,
+                            "endpoint": c.endpoint,
+                            "alert_id": c.alert_id,
+                            "created_ms": c.created_ms,
+                            "item": c.item,
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+                return Ok(());
+            }
+            for c in &cases {
+                println!(
+                    "{}  {}  {}  check {}  request {}  endpoint {}  alert {}  {}",
+                    c.id,
+                    c.model,
+                    c.suite,
+                    c.item["check"]["kind"].as_str().unwrap_or("?"),
+                    c.source_request_id,
+                    c.endpoint.as_deref().unwrap_or("-"),
+                    c.alert_id.map_or("-".to_owned(), |a| a.to_string()),
+                    samewise_store::utc_text(c.created_ms),
+                );
+            }
+            println!("{} cases", cases.len());
+            Ok(())
+        }
+        CasesCommand::Delete {
+            ids,
+            model,
+            suite,
+            all,
+        } => {
+            let queries: Vec<CaseQuery> = if !ids.is_empty() {
+                ids.iter()
+                    .map(|&id| CaseQuery {
+                        id: Some(id),
+                        ..CaseQuery::default()
+                    })
+                    .collect()
+            } else if model.is_some() || suite.is_some() || all {
+                vec![CaseQuery {
+                    model,
+                    suite,
+                    id: None,
+                }]
+            } else {
+                anyhow::bail!("name the cases to delete: IDs, --model M, --suite S, or --all")
+            };
+            let mut deleted = 0;
+            for q in &queries {
+                deleted += store.delete_regression_cases(q).await?;
+            }
+            if json {
+                println!("{}", serde_json::json!({ "deleted": deleted }));
+            } else {
+                println!("{deleted} cases deleted");
+            }
             Ok(())
         }
     }

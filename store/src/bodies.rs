@@ -113,6 +113,62 @@ pub struct RegressionCase {
     pub created_ms: i64,
 }
 
+/// Filters of [`Store::regression_cases_matching`] and [`Store::delete_regression_cases`];
+/// unset ones match everything.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CaseQuery {
+    /// Only this model's.
+    pub model: Option<String>,
+    /// Only this suite's.
+    pub suite: Option<String>,
+    /// Only the case with this id.
+    pub id: Option<i64>,
+}
+
+impl CaseQuery {
+    /// ` WHERE …` over the set filters with placeholders `$1…` in field order, or "".
+    fn where_clause(&self) -> String {
+        let conds: Vec<&str> = [
+            self.model.as_ref().map(|_| "model ="),
+            self.suite.as_ref().map(|_| "suite ="),
+            self.id.map(|_| "id ="),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if conds.is_empty() {
+            return String::new();
+        }
+        let conds: Vec<String> = conds
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c} ${}", i + 1))
+            .collect();
+        format!(" WHERE {}", conds.join(" AND "))
+    }
+
+    /// Binds the set filters in [`CaseQuery::where_clause`]'s order.
+    fn bind<'q, DB: sqlx::Database>(
+        &'q self,
+        mut query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>,
+    ) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments<'q>>
+    where
+        std::borrow::Cow<'q, str>: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    {
+        if let Some(m) = &self.model {
+            query = query.bind(text(m));
+        }
+        if let Some(s) = &self.suite {
+            query = query.bind(text(s));
+        }
+        if let Some(id) = self.id {
+            query = query.bind(id);
+        }
+        query
+    }
+}
+
 const BODY_COLUMNS: &str =
     "request_id, ts_ms, expires_ms, model, endpoint, route, flags, request, response, bytes";
 const CASE_COLUMNS: &str =
@@ -421,22 +477,53 @@ impl Store {
         model: &str,
         suite: &str,
     ) -> Result<Vec<RegressionCase>, StoreError> {
+        self.regression_cases_matching(&CaseQuery {
+            model: Some(model.to_owned()),
+            suite: Some(suite.to_owned()),
+            id: None,
+        })
+        .await
+    }
+
+    /// The cases matching `q`, oldest first.
+    pub async fn regression_cases_matching(
+        &self,
+        q: &CaseQuery,
+    ) -> Result<Vec<RegressionCase>, StoreError> {
         const OP: &str = "reading regression cases";
         let stmt = sql(
             self.backend(),
             &format!(
-                "SELECT {CASE_COLUMNS} FROM regression_cases WHERE model = $1 AND suite = $2 ORDER BY id"
+                "SELECT {CASE_COLUMNS} FROM regression_cases{} ORDER BY id",
+                q.where_clause()
             ),
         )
         .into_owned();
         on_pool!(&self.pool, |p| {
-            let rows = sqlx::query(&stmt)
-                .bind(text(model))
-                .bind(text(suite))
+            let rows = q
+                .bind(sqlx::query(&stmt))
                 .fetch_all(p)
                 .await
                 .map_err(StoreError::query(OP))?;
             rows.iter().map(case_from_row).collect()
+        })
+    }
+
+    /// Deletes the cases matching `q` (every case when `q` has no filter). Returns how many
+    /// were deleted.
+    pub async fn delete_regression_cases(&self, q: &CaseQuery) -> Result<u64, StoreError> {
+        const OP: &str = "deleting regression cases";
+        let stmt = sql(
+            self.backend(),
+            &format!("DELETE FROM regression_cases{}", q.where_clause()),
+        )
+        .into_owned();
+        on_pool!(&self.pool, |p| {
+            Ok(q.bind(sqlx::query(&stmt))
+                .execute(p)
+                .await
+                .map_err(StoreError::query(OP))?
+                .rows_affected())
         })
     }
 }

@@ -53,7 +53,7 @@ pub mod testing;
 mod writer;
 
 pub use alerts::{Alert, AlertQuery, AlertState, NewAlert};
-pub use bodies::{BodyQuery, BodyWrite, CapturedBody, NewCapturedBody, RegressionCase};
+pub use bodies::{BodyQuery, BodyWrite, CapturedBody, CaseQuery, NewCapturedBody, RegressionCase};
 pub use connect::{Backend, DEFAULT_SQLITE_FILE, Store};
 pub use error::StoreError;
 pub use error_kind::ErrorKind;

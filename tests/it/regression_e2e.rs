@@ -9,7 +9,9 @@
 //! - Captured tool-call requests become cases by request and by alert (replayed on the
 //!   reference engine, a `tool_call` check each); a regression job with no cases ends "n/a";
 //!   the job on the `tool-corrupt` endpoint ends "degraded", its twin on a faithful endpoint
-//!   (the `reference` profile) does not.
+//!   (the `reference` profile) does not. `samewise evals cases` lists the cases and deletes
+//!   them by id and by suite (a delete naming nothing is refused); the emptied suite's job
+//!   ends "n/a" again.
 
 use std::path::Path;
 use std::process::Command;
@@ -312,5 +314,52 @@ async fn captured_tool_calls_become_cases_and_find_the_corrupting_endpoint() -> 
         "faithful: {v}"
     );
     ensure!(v["suspect"]["passed"] == CITIES.len(), "faithful: {v}");
+
+    let listed: Value =
+        serde_json::from_str(&samewise(&["evals", "cases", "list", "--json"], &cfg)?)?;
+    let cases = listed.as_array().context("a JSON list of cases")?;
+    ensure!(
+        cases.len() == CITIES.len()
+            && cases.iter().all(|c| c["model"] == "smol"
+                && c["suite"] == "regression"
+                && c["item"]["check"]["kind"] == "tool_call"),
+        "{listed}"
+    );
+    ensure!(
+        cases[0]["source_request_id"] == ids[0].as_str(),
+        "oldest first: {listed}"
+    );
+    let first = cases[0]["id"].as_i64().context("a case id")?.to_string();
+    let out = samewise(&["evals", "cases", "delete", &first], &cfg)?;
+    ensure!(out.contains("1 cases deleted"), "{out}");
+    let out = samewise(&["evals", "cases", "list", "--suite", "regression"], &cfg)?;
+    ensure!(
+        out.contains(&format!("\n{} cases", CITIES.len() - 1)) && !out.contains(&ids[0]),
+        "{out}"
+    );
+    let none = samewise(&["evals", "cases", "delete"], &cfg);
+    ensure!(
+        none.as_ref()
+            .is_err_and(|e| e.to_string().contains("name the cases to delete")),
+        "a delete naming nothing: {none:?}"
+    );
+    let out = samewise(
+        &[
+            "evals",
+            "cases",
+            "delete",
+            "--model",
+            "smol",
+            "--suite",
+            "regression",
+        ],
+        &cfg,
+    )?;
+    ensure!(
+        out.contains(&format!("{} cases deleted", CITIES.len() - 1)),
+        "{out}"
+    );
+    let emptied = run("bad/smol")?;
+    ensure!(emptied["verdict"]["verdict"] == "n/a", "{emptied}");
     Ok(())
 }

@@ -1,17 +1,19 @@
 //! Captured bodies and regression cases: the byte bound evicts the oldest first and the age
 //! bound expires rows, both in the insert's own SQL; reads skip expired rows; purge deletes by
 //! model and time; bodies ride the record queue with their own byte bound (drops counted);
-//! regression cases are one per (model, suite, source request).
+//! regression cases are one per (model, suite, source request), listed and deleted by
+//! model, suite or id.
 
 use super::*;
-use samewise_store::{BodyQuery, CapturedBody, NewCapturedBody, RegressionCase};
+use samewise_store::{BodyQuery, CapturedBody, CaseQuery, NewCapturedBody, RegressionCase};
 use serde_json::json;
 
 both!(
     bodies_are_bounded_in_bytes_and_age,
     bodies_purge_by_model_and_time,
     bodies_ride_the_record_queue,
-    regression_cases_once_per_request
+    regression_cases_once_per_request,
+    regression_cases_listed_and_deleted_by_filter
 );
 
 fn body(id: &str, model: &str, ts_ms: i64, expires_ms: i64, pad: usize) -> CapturedBody {
@@ -191,6 +193,95 @@ async fn regression_cases_once_per_request(db: TestDb) -> Result<()> {
         s.insert_regression_case(&case("", "regression"))
             .await
             .is_err()
+    );
+    Ok(())
+}
+
+async fn regression_cases_listed_and_deleted_by_filter(db: TestDb) -> Result<()> {
+    let s = &db.store;
+    let mut ids = Vec::new();
+    for (model, suite, src) in [
+        ("m", "regression", "r1"),
+        ("m", "regression-tools", "r2"),
+        ("n", "regression", "r3"),
+        ("n", "regression", "r4"),
+    ] {
+        let case = RegressionCase {
+            id: 0,
+            model: model.to_owned(),
+            suite: suite.to_owned(),
+            source_request_id: src.to_owned(),
+            endpoint: None,
+            alert_id: None,
+            item: json!({"id": src, "request": {"messages": []}, "check": {"kind": "exact", "value": "x"}}),
+            created_ms: 1,
+        };
+        ids.push(anyhow::Context::context(
+            s.insert_regression_case(&case).await?,
+            "inserted",
+        )?);
+    }
+    let q = |model: Option<&str>, suite: Option<&str>, id: Option<i64>| CaseQuery {
+        model: model.map(str::to_owned),
+        suite: suite.map(str::to_owned),
+        id,
+    };
+    let srcs = |cases: Vec<RegressionCase>| -> Vec<String> {
+        cases.into_iter().map(|c| c.source_request_id).collect()
+    };
+    ensure!(
+        srcs(s.regression_cases_matching(&q(None, None, None)).await?) == ["r1", "r2", "r3", "r4"]
+    );
+    ensure!(
+        srcs(
+            s.regression_cases_matching(&q(Some("m"), None, None))
+                .await?
+        ) == ["r1", "r2"]
+    );
+    ensure!(
+        srcs(
+            s.regression_cases_matching(&q(None, Some("regression"), None))
+                .await?
+        ) == ["r1", "r3", "r4"]
+    );
+    ensure!(
+        srcs(
+            s.regression_cases_matching(&q(Some("n"), Some("regression"), Some(ids[3])))
+                .await?
+        ) == ["r4"]
+    );
+    ensure!(
+        s.regression_cases_matching(&q(Some("m"), None, Some(ids[3])))
+            .await?
+            .is_empty()
+    );
+    // a quote in a filter is a value, not SQL
+    ensure!(
+        s.delete_regression_cases(&q(Some("m' OR '1'='1"), None, None))
+            .await?
+            == 0
+    );
+    ensure!(
+        s.delete_regression_cases(&q(None, None, Some(ids[0])))
+            .await?
+            == 1
+    );
+    ensure!(
+        s.delete_regression_cases(&q(None, None, Some(ids[0])))
+            .await?
+            == 0
+    );
+    ensure!(
+        s.delete_regression_cases(&q(Some("n"), Some("regression"), None))
+            .await?
+            == 2
+    );
+    ensure!(srcs(s.regression_cases_matching(&q(None, None, None)).await?) == ["r2"]);
+    ensure!(s.delete_regression_cases(&CaseQuery::default()).await? == 1);
+    ensure!(
+        s.regression_cases_matching(&CaseQuery::default())
+            .await?
+            .is_empty()
     );
     Ok(())
 }
