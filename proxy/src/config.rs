@@ -24,6 +24,9 @@ mod targets;
 /// a value near `u64::MAX` would overflow `Instant + Duration`.
 pub const MAX_DURATION_MS: u64 = 7 * 24 * 3600 * 1000;
 
+/// The smallest `limits.record_queue_bytes`: room for a few records.
+const MIN_RECORD_QUEUE_BYTES: u64 = 4096;
+
 use capture::RawCapture;
 pub use capture::{
     CAPTURE_AGE_LIMIT_HOURS, CAPTURE_MAX_AGE_HOURS, CAPTURE_MAX_BODY_BYTES, CAPTURE_MAX_BYTES,
@@ -89,6 +92,9 @@ pub struct Limits {
     pub key_stale_grace: Duration,
     /// Capacity of the request-record queue; a full queue drops (and counts) records.
     pub record_queue_capacity: usize,
+    /// The request-record queue's bound in bytes (`record_queue_bytes`, default 32 MiB): a
+    /// record past it is dropped and counted as when the queue is full.
+    pub record_queue_bytes: usize,
     /// Streamed requests one key may have open at once in this gateway; one more gets a 429
     /// `too_many_streams` (`max_streams_per_key`, default 256).
     pub max_streams_per_key: u32,
@@ -330,6 +336,7 @@ struct RawLimits {
     key_cache_ttl_ms: Option<Spanned<u64>>,
     key_stale_grace_ms: Option<u64>,
     record_queue_capacity: Option<Spanned<u64>>,
+    record_queue_bytes: Option<Spanned<u64>>,
     max_streams_per_key: Option<Spanned<u32>>,
     degenerate_repeat: Option<Spanned<u64>>,
 }
@@ -537,6 +544,17 @@ impl Validator<'_> {
             }
             Some(s) => usize::try_from(*s.get_ref()).unwrap_or(usize::MAX),
         };
+        let record_queue_bytes = match raw.record_queue_bytes {
+            None => samewise_store::DEFAULT_MAX_QUEUED_RECORD_BYTES,
+            Some(s) if *s.get_ref() < MIN_RECORD_QUEUE_BYTES => {
+                return self.err(
+                    "limits.record_queue_bytes",
+                    Some(s.span()),
+                    format!("must be at least {MIN_RECORD_QUEUE_BYTES} (a few records)"),
+                );
+            }
+            Some(s) => usize::try_from(*s.get_ref()).unwrap_or(usize::MAX),
+        };
         let max_streams_per_key = match raw.max_streams_per_key {
             None => 256,
             Some(s) if *s.get_ref() == 0 => {
@@ -581,6 +599,7 @@ impl Validator<'_> {
                 900_000,
             )?,
             record_queue_capacity,
+            record_queue_bytes,
             max_streams_per_key,
             degenerate_repeat,
         })

@@ -235,6 +235,14 @@ impl Collector for ScrapeTime {
             queued.metric_type(),
         )?;
         queued.encode(me)?;
+        let bytes = ConstGauge::new(i64::try_from(self.records.queued_bytes()).unwrap_or(i64::MAX));
+        let me = encoder.encode_descriptor(
+            "record_queue_bytes",
+            "Bytes of the request records waiting in the queue (their estimates)",
+            None,
+            bytes.metric_type(),
+        )?;
+        bytes.encode(me)?;
         let stalled = ConstGauge::new(i64::from(self.records.stalled()));
         let me = encoder.encode_descriptor(
             "record_writer_stalled",

@@ -56,6 +56,7 @@ pub async fn serve_on(
 ) -> anyhow::Result<()> {
     let writer_cfg = RecordWriterConfig {
         capacity: config.limits.record_queue_capacity,
+        max_queued_record_bytes: config.limits.record_queue_bytes,
         ..RecordWriterConfig::default()
     };
     let (records, writer) = RecordWriter::spawn(store.clone(), writer_cfg);

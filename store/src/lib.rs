@@ -63,7 +63,7 @@ pub use probe_runs::{ProbeRun, ProbeRunCount, ProbeRunQuery};
 pub use records::{MAX_QUERY_LIMIT, RecordQuery, RequestRecord};
 pub use rollups::{EndpointRollup, Rollup, RollupPoint, RollupQuery};
 pub use scheduler_lock::SchedulerLock;
-pub use writer::{RecordSender, RecordWriter, RecordWriterConfig};
+pub use writer::{DEFAULT_MAX_QUEUED_RECORD_BYTES, RecordSender, RecordWriter, RecordWriterConfig};
 // What the store's own tests check against: the migration list, partition days and names,
 // rollup buckets and the histogram quantile.
 pub use migrate::{Migration, POSTGRES as POSTGRES_MIGRATIONS};

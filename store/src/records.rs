@@ -84,6 +84,23 @@ pub struct RequestRecord {
     pub degenerate: bool,
 }
 
+impl RequestRecord {
+    /// Bytes the record holds in memory: its own size and its strings' heap buffers (their
+    /// capacities). What the record queue's byte bound counts.
+    pub fn approx_bytes(&self) -> usize {
+        let opt = |s: &Option<String>| s.as_ref().map_or(0, String::capacity);
+        std::mem::size_of::<RequestRecord>()
+            + self.request_id.capacity()
+            + self.model.capacity()
+            + self.route.capacity()
+            + opt(&self.provider)
+            + opt(&self.endpoint)
+            + opt(&self.error_kind)
+            + opt(&self.finish_reason)
+            + opt(&self.tool_finish_mismatch)
+    }
+}
+
 /// Filters for [`Store::request_records`]; unset filters match everything.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordQuery {

@@ -15,6 +15,11 @@
 //! batch the database refuses because of one row's data is written in halves until that row is
 //! isolated, so a bad row costs only itself. Nothing is lost without a count.
 //!
+//! The queue is bounded twice: in records (`capacity`) and in bytes
+//! ([`RecordWriterConfig::max_queued_record_bytes`], each record's estimate from
+//! [`RequestRecord::approx_bytes`]), so a queue sized for small records cannot hold gigabytes of
+//! large ones; a record over either bound is dropped and counted alike.
+//!
 //! Captured bodies ([`crate::CapturedBody`], opt-in per model) ride the same queue beside
 //! their record ([`RecordSender::try_send_with_body`]): the queue's bound in records still
 //! holds, and the bodies waiting in it are bounded too, in bytes
@@ -49,6 +54,10 @@ pub const OUTAGE_BACKOFF_CAP: Duration = Duration::from_secs(1);
 /// batch of `max_batch` rows takes milliseconds on a healthy database.
 pub const STALL_AFTER: Duration = Duration::from_secs(1);
 
+/// The queue's default bound on record bytes: 32 MiB, about 73,000 records of the usual size
+/// (a gateway record with its usual short strings is about 460 bytes).
+pub const DEFAULT_MAX_QUEUED_RECORD_BYTES: usize = 32 << 20;
+
 /// Tuning of the writer.
 #[derive(Debug, Clone)]
 pub struct RecordWriterConfig {
@@ -65,6 +74,9 @@ pub struct RecordWriterConfig {
     /// Bytes of captured bodies the queue holds at most (beyond: the body is dropped, its
     /// record still queued).
     pub max_queued_body_bytes: usize,
+    /// Bytes of records (their [`RequestRecord::approx_bytes`]) the queue holds at most
+    /// (beyond: the record is dropped and counted, as when the queue is full).
+    pub max_queued_record_bytes: usize,
 }
 
 impl Default for RecordWriterConfig {
@@ -76,6 +88,7 @@ impl Default for RecordWriterConfig {
             max_retries: 4,
             retry_backoff: Duration::from_millis(100),
             max_queued_body_bytes: 64 << 20,
+            max_queued_record_bytes: DEFAULT_MAX_QUEUED_RECORD_BYTES,
         }
     }
 }
@@ -86,6 +99,8 @@ pub struct RecordSender {
     tx: mpsc::Sender<Queued>,
     /// The bound on queued body bytes.
     max_body_bytes: usize,
+    /// The bound on queued record bytes.
+    max_record_bytes: usize,
     counters: Arc<Counters>,
 }
 
@@ -101,6 +116,8 @@ pub struct RecordWriter {
 #[derive(Debug)]
 struct Queued {
     record: RequestRecord,
+    /// The record's [`RequestRecord::approx_bytes`], counted while it is queued.
+    bytes: usize,
     body: Option<Box<NewCapturedBody>>,
 }
 
@@ -118,6 +135,8 @@ struct Counters {
     stalled: AtomicBool,
     /// Bytes of the captured bodies in the queue now.
     body_bytes_queued: AtomicUsize,
+    /// Bytes of the records in the queue now (their estimates).
+    record_bytes_queued: AtomicUsize,
     /// Bodies dropped: over the byte bound, queue full, or their write failed.
     bodies_dropped: AtomicU64,
     /// Bodies handed to the store (inserted, or skipped as already stored).
@@ -128,47 +147,48 @@ impl RecordSender {
     /// Queues `r` for writing without waiting. Returns false, and counts the record as
     /// dropped, when the queue is full or the writer has shut down.
     pub fn try_send(&self, r: RequestRecord) -> bool {
-        self.queue(Queued {
-            record: r,
-            body: None,
-        })
+        self.queue(r, None)
     }
 
     /// As [`RecordSender::try_send`], with the request's captured body (its `bytes`: the
     /// caller's estimate, which the queue's byte bound counts). A body that would take the
     /// queued bodies over `max_queued_body_bytes` is dropped and counted; the record still goes.
     pub fn try_send_with_body(&self, r: RequestRecord, body: NewCapturedBody) -> bool {
-        let size = usize::try_from(body.body.bytes.max(0)).unwrap_or(usize::MAX);
         let c = &self.counters;
-        let fits = c
-            .body_bytes_queued
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
-                q.checked_add(size).filter(|t| *t <= self.max_body_bytes)
-            })
-            .is_ok();
-        if !fits {
+        if !reserve(&c.body_bytes_queued, body_bytes(&body), self.max_body_bytes) {
             c.bodies_dropped.fetch_add(1, Ordering::Relaxed);
             return self.try_send(r);
         }
-        self.queue(Queued {
-            record: r,
-            body: Some(Box::new(body)),
-        })
+        self.queue(r, Some(Box::new(body)))
     }
 
-    fn queue(&self, q: Queued) -> bool {
-        match self.tx.try_send(q) {
-            Ok(()) => true,
-            Err(e) => {
-                self.counters.dropped.fetch_add(1, Ordering::Relaxed);
-                let q = e.into_inner();
-                if let Some(b) = q.body {
-                    self.counters.bodies_dropped.fetch_add(1, Ordering::Relaxed);
-                    release(&self.counters, &b);
+    /// Queues a record (and its body, whose bytes are already reserved) within both bounds,
+    /// or drops and counts it.
+    fn queue(&self, record: RequestRecord, body: Option<Box<NewCapturedBody>>) -> bool {
+        let c = &self.counters;
+        let bytes = record.approx_bytes();
+        let body = if reserve(&c.record_bytes_queued, bytes, self.max_record_bytes) {
+            match self.tx.try_send(Queued {
+                record,
+                bytes,
+                body,
+            }) {
+                Ok(()) => return true,
+                Err(e) => {
+                    let q = e.into_inner();
+                    unreserve(&c.record_bytes_queued, q.bytes);
+                    q.body
                 }
-                false
             }
+        } else {
+            body
+        };
+        c.dropped.fetch_add(1, Ordering::Relaxed);
+        if let Some(b) = body {
+            c.bodies_dropped.fetch_add(1, Ordering::Relaxed);
+            unreserve(&c.body_bytes_queued, body_bytes(&b));
         }
+        false
     }
 
     /// Captured bodies dropped so far (over the queue's byte bound, queue full, or their
@@ -208,6 +228,12 @@ impl RecordSender {
     pub fn queued(&self) -> usize {
         self.tx.max_capacity() - self.tx.capacity()
     }
+
+    /// Bytes of the records waiting in the queue now (their estimates; not counting a batch
+    /// being written).
+    pub fn queued_bytes(&self) -> usize {
+        self.counters.record_bytes_queued.load(Ordering::Relaxed)
+    }
 }
 
 impl RecordWriter {
@@ -219,10 +245,12 @@ impl RecordWriter {
         let (stop, stop_rx) = watch::channel(false);
         let counters = Arc::new(Counters::default());
         let max_body_bytes = cfg.max_queued_body_bytes;
+        let max_record_bytes = cfg.max_queued_record_bytes;
         let task = tokio::spawn(run(store, cfg, rx, stop_rx, Arc::clone(&counters)));
         let sender = RecordSender {
             tx,
             max_body_bytes,
+            max_record_bytes,
             counters: Arc::clone(&counters),
         };
         (
@@ -357,23 +385,36 @@ fn split(
     let mut records = Vec::with_capacity(batch.len());
     let mut bodies = Vec::new();
     for q in batch.drain(..) {
+        unreserve(&counters.record_bytes_queued, q.bytes);
         records.push(q.record);
         if let Some(b) = q.body {
-            release(counters, &b);
+            unreserve(&counters.body_bytes_queued, body_bytes(&b));
             bodies.push(*b);
         }
     }
     (records, bodies)
 }
 
-/// A body leaves the queue: its bytes no longer count against the bound.
-fn release(counters: &Counters, b: &NewCapturedBody) {
-    let size = usize::try_from(b.body.bytes.max(0)).unwrap_or(usize::MAX);
-    let _ = counters
-        .body_bytes_queued
+/// A body's size as its byte bound counts it (the caller's estimate, `bytes`).
+fn body_bytes(b: &NewCapturedBody) -> usize {
+    usize::try_from(b.body.bytes.max(0)).unwrap_or(usize::MAX)
+}
+
+/// Adds `size` to the bytes `queued` if the sum stays within `max`; false (nothing added)
+/// otherwise.
+fn reserve(queued: &AtomicUsize, size: usize, max: usize) -> bool {
+    queued
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
-            Some(q.saturating_sub(size))
-        });
+            q.checked_add(size).filter(|t| *t <= max)
+        })
+        .is_ok()
+}
+
+/// Something left the queue: its `size` bytes no longer count against the bound.
+fn unreserve(queued: &AtomicUsize, size: usize) {
+    let _ = queued.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
+        Some(q.saturating_sub(size))
+    });
 }
 
 /// Writes a batch's captured bodies (after its records), retrying `max_retries` times; a

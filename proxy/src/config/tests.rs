@@ -78,6 +78,22 @@ fn good_config_parses_with_defaults() {
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(err.contains("limits.max_streams_per_key"), "{err}");
+    assert_eq!(
+        c.limits.record_queue_bytes,
+        samewise_store::DEFAULT_MAX_QUEUED_RECORD_BYTES
+    );
+    let tiny = format!("{GOOD}\n[limits]\nrecord_queue_bytes = 100\n");
+    let err = Config::from_toml_str(&tiny)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("limits.record_queue_bytes") && err.contains("at least 4096"),
+        "{err}"
+    );
+    let set = format!("{GOOD}\n[limits]\nrecord_queue_bytes = 1048576\n");
+    let c = Config::from_toml_str(&set).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.limits.record_queue_bytes, 1 << 20);
 }
 
 #[test]

@@ -1,11 +1,12 @@
-//! The batch writer: records arrive, a full queue counts drops, shutdown flushes, failed
-//! writes are counted, a refused row is isolated.
+//! The batch writer: records arrive, a full queue counts drops (full in records or in bytes),
+//! shutdown flushes, failed writes are counted, a refused row is isolated.
 
 use super::*;
 
 both!(
     writer_delivers_records,
     writer_counts_drops_when_full,
+    writer_bounds_the_queue_in_bytes,
     writer_shutdown_flushes,
     writer_counts_write_errors,
     writer_isolates_a_refused_row,
@@ -63,6 +64,30 @@ async fn writer_counts_drops_when_full(db: TestDb) -> Result<()> {
     // after shutdown nothing is accepted, and the refusal is counted
     ensure!(!tx.try_send(full_record("late", 1, 0)));
     ensure!(tx.dropped() == 6);
+    Ok(())
+}
+
+async fn writer_bounds_the_queue_in_bytes(db: TestDb) -> Result<()> {
+    let one = full_record("b0", 1, 0).approx_bytes();
+    let cfg = RecordWriterConfig {
+        capacity: 100,
+        max_queued_record_bytes: 3 * one + one / 2,
+        ..RecordWriterConfig::default()
+    };
+    let (tx, writer) = RecordWriter::spawn(db.store.clone(), cfg);
+    // single-threaded and never yielding, as above: room for 3 records of this size, in bytes
+    let accepted = (0..10)
+        .filter(|i| tx.try_send(full_record(&format!("b{i}"), 1, *i)))
+        .count();
+    ensure!(accepted == 3, "accepted {accepted}");
+    ensure!(tx.dropped() == 7 && tx.queued() == 3 && tx.queued_bytes() == 3 * one);
+    // a record as large as the whole bound is refused, however empty the queue in records
+    let mut big = full_record("big", 1, 0);
+    big.model = "m".repeat(4 * one);
+    ensure!(!tx.try_send(big) && tx.dropped() == 8);
+    writer.shutdown().await;
+    ensure!(tx.written() == 3 && tx.write_errors() == 0 && tx.queued_bytes() == 0);
+    ensure!(db.store.request_records(&all(100)).await?.len() == 3);
     Ok(())
 }
 
