@@ -238,7 +238,7 @@ impl Collector for ScrapeTime {
         let bytes = ConstGauge::new(i64::try_from(self.records.queued_bytes()).unwrap_or(i64::MAX));
         let me = encoder.encode_descriptor(
             "record_queue_bytes",
-            "Bytes of the request records waiting in the queue (their estimates)",
+            "Bytes of the request records waiting to be written: queued or in the batch being gathered (their estimates)",
             None,
             bytes.metric_type(),
         )?;

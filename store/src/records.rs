@@ -131,9 +131,30 @@ impl Default for RecordQuery {
 /// The most rows one [`Store::request_records`] call returns.
 pub const MAX_QUERY_LIMIT: u32 = 100_000;
 
-/// Rows per SQLite INSERT statement: 29 bound values each, well under SQLite's 32,766
-/// parameter limit.
-const ROWS_PER_STATEMENT: usize = 500;
+/// Most rows per SQLite INSERT statement (a power of two, see [`pow2_chunks`]): 29 bound
+/// values each, well under SQLite's 32,766 parameter limit.
+const ROWS_PER_STATEMENT: usize = 256;
+
+/// Splits `rows` into chunks whose lengths are powers of two, largest first, none over `max`
+/// (itself a power of two). A multi-row statement has one text per chunk length, and sqlx keeps
+/// every statement it ran prepared on its connection (up to 100 per connection): chunks of
+/// every length from 1 to `max` would keep up to 100 large statements in each connection's
+/// memory — in SQLite's case inside the gateway's own process, where a soak at 1,000 requests
+/// per second grew the gateway by about 5 MB a minute — while power-of-two lengths make at
+/// most log2(`max`) + 1 texts, each prepared once and reused.
+pub(crate) fn pow2_chunks<T>(rows: &[T], max: usize) -> impl Iterator<Item = &[T]> {
+    debug_assert!(max.is_power_of_two());
+    let mut rest = rows;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let n = max.min(1 << rest.len().ilog2());
+        let (head, tail) = rest.split_at(n);
+        rest = tail;
+        Some(head)
+    })
+}
 
 /// Rows per PostgreSQL INSERT: the rows travel as 29 arrays, so the statement text (and its
 /// prepared plan) is the same whatever the batch size; this only bounds one message.
@@ -196,7 +217,7 @@ impl Store {
                     .await
                     .map_err(StoreError::query(OP))?;
                 let mut keys = Vec::new();
-                for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+                for chunk in pow2_chunks(rows, ROWS_PER_STATEMENT) {
                     let mut qb = insert_statement::<sqlx::Sqlite>(chunk);
                     for row in qb
                         .build()
@@ -485,4 +506,35 @@ where
         tool_errored: row.try_get(27).map_err(StoreError::query(OP))?,
         degenerate: row.try_get(28).map_err(StoreError::query(OP))?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pow2_chunks;
+
+    #[test]
+    fn pow2_chunks_cover_the_rows_in_order_with_few_lengths() {
+        let rows: Vec<usize> = (0..1100).collect();
+        let mut lengths = std::collections::BTreeSet::new();
+        for n in 0..rows.len() {
+            let chunks: Vec<&[usize]> = pow2_chunks(&rows[..n], 256).collect();
+            assert_eq!(chunks.concat(), &rows[..n], "n = {n}");
+            for w in chunks.windows(2) {
+                assert!(w[0].len() >= w[1].len(), "largest first: n = {n}");
+            }
+            for c in &chunks {
+                assert!(
+                    c.len().is_power_of_two() && c.len() <= 256,
+                    "n = {n}: {}",
+                    c.len()
+                );
+                lengths.insert(c.len());
+            }
+            // below the cap, one chunk per set bit of n
+            if n < 256 {
+                assert_eq!(chunks.len(), n.count_ones() as usize, "n = {n}");
+            }
+        }
+        assert_eq!(lengths.len(), 9, "1, 2, 4, ..., 256: {lengths:?}");
+    }
 }

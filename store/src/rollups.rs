@@ -22,6 +22,7 @@ use crate::RequestRecord;
 // one UTC day, the coarsest grain (a 30-day range reads its whole days): the partitions' day
 use crate::partitions::DAY_MS;
 use crate::probe_runs::{on_pool, sql, text};
+use crate::records::pow2_chunks;
 use crate::{Store, StoreError};
 
 /// Buckets per latency histogram (the bounds plus one open bucket).
@@ -190,8 +191,9 @@ const SCALARS: [&str; 13] = [
     "completion_tokens",
 ];
 
-/// Rows per upsert statement: 42 bound values each, under SQLite's 32,766 limit.
-const ROWS_PER_UPSERT: usize = 400;
+/// Most rows per upsert statement (a power of two: [`crate::records::pow2_chunks`]): 42
+/// bound values each, under SQLite's 32,766 limit.
+const ROWS_PER_UPSERT: usize = 256;
 
 impl Rollup {
     /// Adds one attempt.
@@ -431,7 +433,7 @@ impl GrainDeltas {
             table, labels, col, ..
         } = self.grain;
         let mut out = Vec::new();
-        for chunk in self.rows.chunks(ROWS_PER_UPSERT) {
+        for chunk in pow2_chunks(&self.rows, ROWS_PER_UPSERT) {
             let mut qb =
                 QueryBuilder::<DB>::new(format!("INSERT INTO {table} (endpoint, {col}, model, "));
             qb.push(value_columns().join(", "));
@@ -457,7 +459,7 @@ impl GrainDeltas {
             qb.push(sets.join(", "));
             out.push(qb);
         }
-        for chunk in self.labels.chunks(ROWS_PER_UPSERT) {
+        for chunk in pow2_chunks(&self.labels, ROWS_PER_UPSERT) {
             let mut qb = QueryBuilder::<DB>::new(format!(
                 "INSERT INTO {labels} (endpoint, {col}, dim, label, n) "
             ));

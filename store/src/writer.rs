@@ -135,7 +135,7 @@ struct Counters {
     stalled: AtomicBool,
     /// Bytes of the captured bodies in the queue now.
     body_bytes_queued: AtomicUsize,
-    /// Bytes of the records in the queue now (their estimates).
+    /// Bytes of the records in the queue or the batch being gathered (their estimates).
     record_bytes_queued: AtomicUsize,
     /// Bodies dropped: over the byte bound, queue full, or their write failed.
     bodies_dropped: AtomicU64,
@@ -229,8 +229,9 @@ impl RecordSender {
         self.tx.max_capacity() - self.tx.capacity()
     }
 
-    /// Bytes of the records waiting in the queue now (their estimates; not counting a batch
-    /// being written).
+    /// Bytes of the records waiting to be written now (their estimates): those in the queue
+    /// and those of the batch being gathered (up to `flush_interval`), not a batch whose
+    /// write has begun.
     pub fn queued_bytes(&self) -> usize {
         self.counters.record_bytes_queued.load(Ordering::Relaxed)
     }
