@@ -262,7 +262,7 @@ fn count_capture(state: &AppState, model: &str, outcome: &str) {
 fn send(state: &AppState, r: RequestRecord) {
     if !state.inner.records.try_send(r) {
         tracing::debug!(
-            "request-record queue full; record dropped (counted in samewise_record_queue_dropped_total)"
+            "request-record queue full (in records or in bytes); record dropped (counted in samewise_record_queue_dropped_total)"
         );
     }
 }

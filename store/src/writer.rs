@@ -145,7 +145,7 @@ struct Counters {
 
 impl RecordSender {
     /// Queues `r` for writing without waiting. Returns false, and counts the record as
-    /// dropped, when the queue is full or the writer has shut down.
+    /// dropped, when the queue is full (in records or in bytes) or the writer has shut down.
     pub fn try_send(&self, r: RequestRecord) -> bool {
         self.queue(r, None)
     }
