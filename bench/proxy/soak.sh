@@ -106,9 +106,8 @@ kill -TERM "$GW"; wait "$GW" 2>/dev/null || true
 STORED=$(python3 -c "import sqlite3; print(sqlite3.connect('$OUT/data/samewise.db').execute('select count(*) from request_records').fetchone()[0])")
 DROPPED=$(awk '$1 == "samewise_record_queue_dropped_total" {print $2}' "$OUT/metrics.txt")
 python3 - "$OUT" "$STORED" "${DROPPED:-0}" "$LOAD_BEFORE" "$(nproc)" <<'PY' | tee "$OUT/summary.json"
-import json, sys
+import json, os, sys
 out, stored, dropped, load_before, cpus = sys.argv[1:]
-import os
 lines = [json.loads(l) for l in open(f"{out}/minutes.jsonl")]
 rows = [r for r in lines if "minute" in r]
 over = [r for r in lines if "overload" in r]

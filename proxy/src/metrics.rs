@@ -227,30 +227,28 @@ impl Collector for ScrapeTime {
             let me = encoder.encode_descriptor(name, help, None, c.metric_type())?;
             c.encode(me)?;
         }
-        let queued = ConstGauge::new(i64::try_from(self.records.queued()).unwrap_or(i64::MAX));
-        let me = encoder.encode_descriptor(
-            "record_queue_depth",
-            "Request records waiting in the queue",
-            None,
-            queued.metric_type(),
-        )?;
-        queued.encode(me)?;
-        let bytes = ConstGauge::new(i64::try_from(self.records.queued_bytes()).unwrap_or(i64::MAX));
-        let me = encoder.encode_descriptor(
-            "record_queue_bytes",
-            "Bytes of the request records waiting to be written: queued or in the batch being gathered (their estimates)",
-            None,
-            bytes.metric_type(),
-        )?;
-        bytes.encode(me)?;
-        let stalled = ConstGauge::new(i64::from(self.records.stalled()));
-        let me = encoder.encode_descriptor(
-            "record_writer_stalled",
-            "1 while the record writer waits for the database (records queue, then are dropped)",
-            None,
-            stalled.metric_type(),
-        )?;
-        stalled.encode(me)?;
+        let size = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        for (name, help, v) in [
+            (
+                "record_queue_depth",
+                "Request records waiting in the queue",
+                size(self.records.queued()),
+            ),
+            (
+                "record_queue_bytes",
+                "Bytes of the request records waiting to be written: queued or in the batch being gathered (their estimates)",
+                size(self.records.queued_bytes()),
+            ),
+            (
+                "record_writer_stalled",
+                "1 while the record writer waits for the database (records queue, then are dropped)",
+                i64::from(self.records.stalled()),
+            ),
+        ] {
+            let g = ConstGauge::new(v);
+            let me = encoder.encode_descriptor(name, help, None, g.metric_type())?;
+            g.encode(me)?;
+        }
 
         let mut family = encoder.encode_descriptor(
             "breaker_state",

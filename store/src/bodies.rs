@@ -128,23 +128,21 @@ pub struct CaseQuery {
 impl CaseQuery {
     /// ` WHERE …` over the set filters with placeholders `$1…` in field order, or "".
     fn where_clause(&self) -> String {
-        let conds: Vec<&str> = [
-            self.model.as_ref().map(|_| "model ="),
-            self.suite.as_ref().map(|_| "suite ="),
-            self.id.map(|_| "id ="),
+        let conds: Vec<String> = [
+            self.model.as_ref().map(|_| "model"),
+            self.suite.as_ref().map(|_| "suite"),
+            self.id.map(|_| "id"),
         ]
         .into_iter()
         .flatten()
+        .enumerate()
+        .map(|(i, column)| format!("{column} = ${}", i + 1))
         .collect();
         if conds.is_empty() {
-            return String::new();
+            String::new()
+        } else {
+            format!(" WHERE {}", conds.join(" AND "))
         }
-        let conds: Vec<String> = conds
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{c} ${}", i + 1))
-            .collect();
-        format!(" WHERE {}", conds.join(" AND "))
     }
 
     /// Binds the set filters in [`CaseQuery::where_clause`]'s order.
