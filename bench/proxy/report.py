@@ -1,9 +1,12 @@
-"""Formats the proxy benchmark's results (bench/proxy/run.sh) as a Markdown table.
+"""Formats the proxy benchmarks' results as Markdown tables.
 
-Usage: python3 report.py RESULTS.jsonl [HOLD.json]
+Usage: python3 report.py RESULTS.jsonl [HOLD.json]      (bench/proxy/run.sh)
+       python3 report.py compare OUT_DIR P99_LIMIT_MS   (bench/proxy/compare.sh)
 """
 
 import json
+import os
+import statistics
 import sys
 
 
@@ -11,7 +14,87 @@ def fmt(x, digits=3):
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
+def load(path):
+    return [json.loads(line) for line in open(path) if line.strip()] if os.path.exists(path) else []
+
+
+def spread(values, digits=1):
+    """median [min-max] of the values, or n/a"""
+    v = [x for x in values if x is not None]
+    if not v:
+        return "n/a"
+    if len(v) == 1:
+        return f"{v[0]:.{digits}f}"
+    return f"{statistics.median(v):.{digits}f} [{min(v):.{digits}f}–{max(v):.{digits}f}]"
+
+
+def med(values):
+    v = [x for x in values if x is not None]
+    return statistics.median(v) if v else None
+
+
+def compare(out, limit_ms) -> int:
+    rows = load(f"{out}/cpu.jsonl")
+    points = {}
+    for r in rows:
+        points.setdefault((r["target"], r.get("mode", "?"), r["rate_rps"]), []).append(r)
+    paired = lambda rs, q: [(r.get("added_paired_ms") or {}).get(q) for r in rs]
+    print("CPU per proxied request and paired added latency (median [min–max] over repeats):")
+    print()
+    print("| proxy | mode | rps | CPU µs / request | paired added p50 (ms) | paired added p99 (ms) "
+          "| errors | late ticks | RSS after (MB) | load (1 min) |")
+    print("|---|---|---:|---|---|---|---:|---:|---:|---|")
+    for (target, mode, rate), rs in sorted(points.items(), key=lambda kv: (kv[0][0] != "samewise", kv[0][1], kv[0][2])):
+        errors = sum(sum((r.get("errors") or {}).values()) for r in rs)
+        print(f"| {target} | {mode} | {rate:.0f} | {spread([r['cpu_us_per_req'] for r in rs])} "
+              f"| {spread(paired(rs, 'p50'), 2)} | {spread(paired(rs, 'p99'), 2)} | {errors} "
+              f"| {sum(r.get('late_ticks', 0) for r in rs)} | {max(r['rss_kb'] for r in rs) / 1000:.1f} "
+              f"| {min(r['load1'] for r in rs):.1f}–{max(r['load1'] for r in rs):.1f} |")
+    ratios = []
+    for (target, mode, rate), rs in sorted(points.items()):
+        if target != "litellm":
+            continue
+        for srate in sorted({k[2] for k in points if k[0] == "samewise" and k[1] == mode}):
+            ss = points[("samewise", mode, srate)]
+            cpu = med([r["cpu_us_per_req"] for r in rs]) / med([r["cpu_us_per_req"] for r in ss])
+            lat = [med(paired(rs, q)) / med(paired(ss, q)) if srate == rate and med(paired(ss, q)) else None
+                   for q in ("p50", "p99")]
+            ratios.append(f"| {mode} | LiteLLM at {rate:.0f} rps / samewise at {srate:.0f} rps | {cpu:.0f}× "
+                          f"| {'n/a' if lat[0] is None else f'{lat[0]:.0f}×'} / {'n/a' if lat[1] is None else f'{lat[1]:.0f}×'} |")
+    if ratios:
+        print()
+        print("| mode | ratio of medians | CPU per request | paired added p50 / p99 (same rate only) |")
+        print("|---|---|---:|---|")
+        print("\n".join(ratios))
+    caps = load(f"{out}/capacity.jsonl")
+    if caps:
+        print()
+        print(f"Capacity: the highest rate with paired added p99 ≤ {limit_ms} ms, 0 errors, 0 dropped records "
+              "(each repeat steps the rate up until a step fails):")
+        print()
+        print("| mode | repeat | capacity (rps) | first failing step | why | CPU µs / request at capacity |")
+        print("|---|---:|---:|---|---|---:|")
+        for mode in ("json", "stream"):
+            for rep in sorted({r["repeat"] for r in caps}):
+                steps = [r for r in caps if r.get("mode") == mode and r["repeat"] == rep]
+                ok = [r for r in steps if ((r.get("added_paired_ms") or {}).get("p99") or 1e9) <= float(limit_ms)
+                      and not r.get("errors") and not r.get("dropped")]
+                bad = [r for r in steps if r not in ok]
+                best = max(ok, key=lambda r: r["rate_rps"]) if ok else None
+                why = "none failed"
+                if bad:
+                    b = bad[0]
+                    why = (f"p99 {fmt((b.get('added_paired_ms') or {}).get('p99'), 2)} ms, "
+                           f"{sum((b.get('errors') or {}).values())} errors, dropped {b.get('dropped')}")
+                print(f"| {mode} | {rep} | {best['rate_rps'] if best else 0:.0f} "
+                      f"| {bad[0]['rate_rps'] if bad else 'none':} | {why} "
+                      f"| {fmt(best['cpu_us_per_req'], 1) if best else 'n/a'} |")
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1] == "compare":
+        return compare(sys.argv[2], sys.argv[3])
     rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
     print("| mode | rate (rps) | sent rps | direct p50 / p99 (ms) | proxy p50 / p99 (ms) "
           "| added p50 / p99 (ms) | paired added p50 / p99 (ms) | errors | late ticks |")

@@ -40,29 +40,13 @@ HOLD=$(wait_url "$OUT/mock-hold.log")
 
 PORT=$(free_port)
 CONFIG="$OUT/samewise.toml"
-cat >"$CONFIG" <<TOML
-[server]
-listen = "127.0.0.1:$PORT"
-data_dir = "$OUT/data"
-
-[limits]
-record_queue_capacity = 100000
-
-[providers.bench]
-base_url = "$MOCK/v1"
-first_byte_timeout_ms = 10000
-idle_timeout_ms = 600000
+bench_config "$CONFIG" "$PORT" "$OUT/data" "$MOCK"
+cat >>"$CONFIG" <<TOML
 
 [providers.hold]
 base_url = "$HOLD/v1"
 first_byte_timeout_ms = 10000
 idle_timeout_ms = 600000
-
-[models.bench]
-policy = "weighted"
-[[models.bench.endpoints]]
-provider = "bench"
-model = "bench-model"
 
 [models.hold]
 policy = "weighted"
@@ -70,23 +54,8 @@ policy = "weighted"
 provider = "hold"
 model = "hold-model"
 TOML
-
-unset DATABASE_URL
-KEY=$($BIN/samewise keys create bench --config "$CONFIG" 2>>"$OUT/keys.log" | grep -Eo 'sw-[0-9a-f]+' | head -1)
-if [ -z "$KEY" ]; then echo "could not create a key (see $OUT/keys.log)" >&2; exit 1; fi
-
-PROXY_PID=
-start_proxy() {
-    RUST_LOG=${RUST_LOG:-warn} $BIN/samewise serve --config "$CONFIG" >>"$OUT/proxy.log" 2>&1 &
-    PROXY_PID=$!
-    PIDS+=("$PROXY_PID")
-    for _ in $(seq 1 100); do
-        if curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1; then return 0; fi
-        sleep 0.1
-    done
-    echo "the proxy did not come up (see $OUT/proxy.log)" >&2; return 1
-}
-rss_kb() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
+KEY=$(create_key "$CONFIG" "$OUT/keys.log")
+start_proxy() { start_gateway "$CONFIG" "$PORT" "$OUT/proxy.log"; PROXY_PID=$GW_PID; }
 
 start_proxy
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)

@@ -5,17 +5,19 @@
 //! Requests are counted but not recorded (a load test would pile them up). With `--chaos SEED`
 //! every completion is answered from a seeded fault stream (`samewise_testkit::Chaos`; its
 //! slow-loris gap and slow head set by `--loris-gap-ms` and `--slow-head-ms`, default 300 and
-//! 200), for the chaos harness (`bench/proxy/chaos.sh`).
+//! 200), for the chaos harness (`bench/proxy/chaos.sh`). With `--pieces N` the answer's text is N
+//! pieces (one streamed delta each: a chat stream is then N + 4 events with the role, finish,
+//! usage and `[DONE]` events) instead of the default six.
 
 use std::process::ExitCode;
 
 use std::time::Duration;
 
-use samewise_testkit::{Behavior, Chaos, ChaosTimes, MockUpstream};
+use samewise_testkit::{Behavior, Chaos, ChaosTimes, MockUpstream, Reply};
 
 const USAGE: &str =
     "usage: mock-upstream [--listen ADDR] [--name NAME] [--model ID]... [--never-ends | --hang]
-                     [--chaos SEED [--loris-gap-ms MS] [--slow-head-ms MS]]";
+                     [--pieces N] [--chaos SEED [--loris-gap-ms MS] [--slow-head-ms MS]]";
 
 fn main() -> ExitCode {
     let mut builder = MockUpstream::builder().record(false);
@@ -29,6 +31,16 @@ fn main() -> ExitCode {
             "--model" => value("--model").map(|v| builder.clone().model(&v)),
             "--never-ends" => Ok(builder.clone().default_behavior(Behavior::NeverEnds)),
             "--hang" => Ok(builder.clone().default_behavior(Behavior::Hang)),
+            "--pieces" => value("--pieces").and_then(|v| {
+                let n = v
+                    .parse::<usize>()
+                    .map_err(|_| format!("--pieces: not a count: {v}"))?;
+                let content = (0..n).map(|i| format!(" piece{i}")).collect();
+                Ok(builder.clone().default_behavior(Behavior::Ok(Reply {
+                    content: Some(content),
+                    ..Reply::default()
+                })))
+            }),
             "--chaos" | "--loris-gap-ms" | "--slow-head-ms" => {
                 let flag = arg.clone();
                 value(&flag).and_then(|v| {
