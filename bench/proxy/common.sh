@@ -68,10 +68,11 @@ create_key() {
     echo "$key"
 }
 
-# start_gateway CONFIG PORT LOG: starts `samewise serve`, sets GW_PID, waits for /healthz
+# start_gateway CONFIG PORT LOG: starts `samewise serve` (with GW_ENV, e.g.
+# TOKIO_WORKER_THREADS=1, in its environment), sets GW_PID, waits for /healthz
 GW_PID=
 start_gateway() {
-    RUST_LOG=${RUST_LOG:-warn} env -u DATABASE_URL $BIN/samewise serve --config "$1" >>"$3" 2>&1 &
+    RUST_LOG=${RUST_LOG:-warn} env -u DATABASE_URL ${GW_ENV:-} $BIN/samewise serve --config "$1" >>"$3" 2>&1 &
     GW_PID=$!
     PIDS+=("$GW_PID")
     for _ in $(seq 1 100); do

@@ -6,11 +6,14 @@
 # the paired added latency. Not a test: it prints numbers.
 #
 #  1. CPU points (POINTS, each "target:mode:rate", REPEATS times in turn): `samewise serve`
-#     (release, SQLite records, inspection and metrics on, a fresh gateway per point) and
-#     LiteLLM's proxy (bench/proxy/litellm.sh; one process for the whole run, its RSS after
-#     each point). The mock streams 16 text pieces: 20 SSE events per stream.
-#  2. Capacity (CAP_RATES, per mode, REPEATS times): the rate steps up on a fresh gateway per
-#     step until a step fails: paired added p99 > CAP_P99_MS (default 2), an error, or a
+#     (release, SQLite records, inspection and metrics on, a fresh gateway per point; target
+#     `samewise-1w`: the same with TOKIO_WORKER_THREADS=1, one runtime worker) and LiteLLM's
+#     proxy (bench/proxy/litellm.sh; one process for the whole run, its RSS after each point).
+#     The mock streams 16 text pieces: 20 SSE events per stream. The mock's own CPU per
+#     request it served (direct and proxied alike) is kept too: a floor for any proxy, which
+#     does the mock's socket work twice.
+#  2. Capacity (CAP_RATES, per target of CAP_TARGETS and mode, CAP_REPEATS times): the rate
+#     steps up on a fresh gateway per step until a step fails: paired added p99 > CAP_P99_MS (default 2), an error, or a
 #     dropped record (/metrics `samewise_record_queue_dropped_total`). The highest passing
 #     step is the capacity.
 #
@@ -25,10 +28,13 @@ WARMUP=${WARMUP:-3}
 REPEATS=${REPEATS:-3}
 PHASES=${PHASES:-"cpu capacity"}
 POINTS=${POINTS:-"samewise:json:25 samewise:stream:25 samewise:json:1000 samewise:stream:1000 \
-samewise:json:4000 samewise:stream:4000 litellm:json:25 litellm:stream:25 litellm:json:50 \
+samewise:json:4000 samewise:stream:4000 samewise-1w:json:1000 samewise-1w:stream:1000 \
+samewise-1w:json:4000 samewise-1w:stream:4000 litellm:json:25 litellm:stream:25 litellm:json:50 \
 litellm:stream:50"}
 CAP_RATES=${CAP_RATES:-"2000 4000 6000 8000 10000 12000 14000 16000"}
 CAP_P99_MS=${CAP_P99_MS:-2}
+CAP_TARGETS=${CAP_TARGETS:-"samewise samewise-1w"}
+CAP_REPEATS=${CAP_REPEATS:-$REPEATS}
 LITELLM=${LITELLM:-1}
 OUT=${OUT:-bench/out/compare-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT/data"
@@ -37,7 +43,8 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 . bench/proxy/litellm.sh
 
 $BIN/mock-upstream --name bench --model bench-model --pieces 16 >"$OUT/mock.log" 2>&1 &
-PIDS+=($!)
+MOCK_PID=$!
+PIDS+=("$MOCK_PID")
 MOCK=$(wait_url "$OUT/mock.log")
 PORT=$(free_port)
 bench_config "$OUT/samewise.toml" "$PORT" "$OUT/data" "$MOCK"
@@ -51,9 +58,10 @@ CLK_TCK=$(getconf CLK_TCK)
 
 # point TARGET MODE RATE REPEAT: one loadgen run; prints one JSON line
 point() {
-    local pid url key flag t0 t1 dropped=null written=null rss
+    local pid url key flag t0 t1 m0 m1 dropped=null written=null rss
     flag=""; [ "$2" = stream ] && flag="--stream"
-    if [ "$1" = samewise ]; then
+    if [ "$1" != litellm ]; then
+        GW_ENV=; [ "$1" = samewise-1w ] && GW_ENV=TOKIO_WORKER_THREADS=1
         start_gateway "$OUT/samewise.toml" "$PORT" "$OUT/proxy.log"
         sleep 1
         pid=$GW_PID url="http://127.0.0.1:$PORT/v1" key=$KEY
@@ -63,29 +71,30 @@ point() {
     echo "== $1 $2 at $3 rps, repeat $4 (load $(cut -d' ' -f1 /proc/loadavg))" >&2
     local load
     load=$(cut -d' ' -f1 /proc/loadavg)
-    t0=$(cpu_ticks "$pid")
+    t0=$(cpu_ticks "$pid") m0=$(cpu_ticks "$MOCK_PID")
     $BIN/loadgen rate --direct "$MOCK/v1" --proxy "$url" --key "$key" --model bench \
         --direct-model bench-model --rate "$3" --duration "$DURATION" --warmup "$WARMUP" $flag \
         >"$OUT/point.json" 2>>"$OUT/loadgen.log" || echo '{}' >"$OUT/point.json"
     sleep 1 # the record writer's last batch
-    t1=$(cpu_ticks "$pid")
+    t1=$(cpu_ticks "$pid") m1=$(cpu_ticks "$MOCK_PID")
     rss=$(rss_kb "$pid")
-    if [ "$1" = samewise ]; then
+    if [ "$1" != litellm ]; then
         curl -fsS "http://127.0.0.1:$PORT/metrics" >"$OUT/metrics.txt" || : >"$OUT/metrics.txt"
         dropped=$(awk '$1 == "samewise_record_queue_dropped_total" {print $2}' "$OUT/metrics.txt")
         written=$(awk '$1 == "samewise_records_written_total" {print $2}' "$OUT/metrics.txt")
         stop_gateway
     fi
     python3 - "$OUT/point.json" "$1" "$3" "$4" "$((t1 - t0))" "$CLK_TCK" "$WARMUP" "$DURATION" \
-        "$rss" "${dropped:-null}" "${written:-null}" "$load" <<'PY'
+        "$rss" "${dropped:-null}" "${written:-null}" "$load" "$((m1 - m0))" <<'PY'
 import json, sys
-f, target, rate, rep, ticks, hz, warm, dur, rss, dropped, written, load = sys.argv[1:]
+f, target, rate, rep, ticks, hz, warm, dur, rss, dropped, written, load, mock = sys.argv[1:]
 r = json.load(open(f))
 sent = round(float(warm) * float(rate)) + round(float(dur) * float(rate))
 cpu_us = int(ticks) * 1e6 / int(hz)
 print(json.dumps({"target": target, "repeat": int(rep), **r, "rate_rps": float(rate),
     "proxied": sent, "cpu_s": cpu_us / 1e6, "cpu_us_per_req": cpu_us / sent, "rss_kb": int(rss),
-    "dropped": json.loads(dropped), "written": json.loads(written), "load1": float(load)}))
+    "dropped": json.loads(dropped), "written": json.loads(written), "load1": float(load),
+    "mock_cpu_us_per_req": int(mock) * 1e6 / int(hz) / (2 * sent)}))
 PY
 }
 
@@ -100,15 +109,15 @@ if [[ "$PHASES" == *cpu* ]]; then
     done
 fi
 if [[ "$PHASES" == *capacity* ]]; then
-    for rep in $(seq 1 "$REPEATS"); do
-        for mode in json stream; do
+    for rep in $(seq 1 "$CAP_REPEATS"); do
+        for target in $CAP_TARGETS; do for mode in json stream; do
             for rate in $CAP_RATES; do
-                line=$(point samewise "$mode" "$rate" "$rep")
+                line=$(point "$target" "$mode" "$rate" "$rep")
                 echo "$line" | tee -a "$OUT/capacity.jsonl"
                 python3 -c "import json,sys; r=json.loads(sys.argv[1]); p=(r.get('added_paired_ms') or {}).get('p99'); \
 sys.exit(0 if p is not None and p <= $CAP_P99_MS and not r['errors'] and not r['dropped'] else 1)" "$line" || break
             done
-        done
+        done; done
     done
 fi
 {

@@ -42,14 +42,16 @@ def compare(out, limit_ms) -> int:
     print("CPU per proxied request and paired added latency (median [min–max] over repeats):")
     print()
     print("| proxy | mode | rps | CPU µs / request | paired added p50 (ms) | paired added p99 (ms) "
-          "| errors | late ticks | RSS after (MB) | load (1 min) |")
-    print("|---|---|---:|---|---|---|---:|---:|---:|---|")
-    for (target, mode, rate), rs in sorted(points.items(), key=lambda kv: (kv[0][0] != "samewise", kv[0][1], kv[0][2])):
+          "| errors | late ticks | RSS after (MB) | load (1 min) | mock CPU µs / request |")
+    print("|---|---|---:|---|---|---|---:|---:|---:|---|---:|")
+    order = {"samewise": 0, "samewise-1w": 1, "litellm": 2}
+    for (target, mode, rate), rs in sorted(points.items(), key=lambda kv: (order.get(kv[0][0], 3), kv[0][1], kv[0][2])):
         errors = sum(sum((r.get("errors") or {}).values()) for r in rs)
         print(f"| {target} | {mode} | {rate:.0f} | {spread([r['cpu_us_per_req'] for r in rs])} "
               f"| {spread(paired(rs, 'p50'), 2)} | {spread(paired(rs, 'p99'), 2)} | {errors} "
               f"| {sum(r.get('late_ticks', 0) for r in rs)} | {max(r['rss_kb'] for r in rs) / 1000:.1f} "
-              f"| {min(r['load1'] for r in rs):.1f}–{max(r['load1'] for r in rs):.1f} |")
+              f"| {min(r['load1'] for r in rs):.1f}–{max(r['load1'] for r in rs):.1f} "
+              f"| {fmt(med([r.get('mock_cpu_us_per_req') for r in rs]), 1)} |")
     ratios = []
     for (target, mode, rate), rs in sorted(points.items()):
         if target != "litellm":
@@ -72,23 +74,23 @@ def compare(out, limit_ms) -> int:
         print(f"Capacity: the highest rate with paired added p99 ≤ {limit_ms} ms, 0 errors, 0 dropped records "
               "(each repeat steps the rate up until a step fails):")
         print()
-        print("| mode | repeat | capacity (rps) | first failing step | why | CPU µs / request at capacity |")
-        print("|---|---:|---:|---|---|---:|")
-        for mode in ("json", "stream"):
-            for rep in sorted({r["repeat"] for r in caps}):
-                steps = [r for r in caps if r.get("mode") == mode and r["repeat"] == rep]
-                ok = [r for r in steps if ((r.get("added_paired_ms") or {}).get("p99") or 1e9) <= float(limit_ms)
-                      and not r.get("errors") and not r.get("dropped")]
-                bad = [r for r in steps if r not in ok]
-                best = max(ok, key=lambda r: r["rate_rps"]) if ok else None
-                why = "none failed"
-                if bad:
-                    b = bad[0]
-                    why = (f"p99 {fmt((b.get('added_paired_ms') or {}).get('p99'), 2)} ms, "
-                           f"{sum((b.get('errors') or {}).values())} errors, dropped {b.get('dropped')}")
-                print(f"| {mode} | {rep} | {best['rate_rps'] if best else 0:.0f} "
-                      f"| {bad[0]['rate_rps'] if bad else 'none':} | {why} "
-                      f"| {fmt(best['cpu_us_per_req'], 1) if best else 'n/a'} |")
+        print("| proxy | mode | repeat | capacity (rps) | first failing step | why | CPU µs / request at capacity |")
+        print("|---|---|---:|---:|---|---|---:|")
+        for target, mode, rep in sorted({(r["target"], r.get("mode", "?"), r["repeat"]) for r in caps},
+                                        key=lambda k: (order.get(k[0], 3), k[1], k[2])):
+            steps = [r for r in caps if r["target"] == target and r.get("mode") == mode and r["repeat"] == rep]
+            ok = [r for r in steps if ((r.get("added_paired_ms") or {}).get("p99") or 1e9) <= float(limit_ms)
+                  and not r.get("errors") and not r.get("dropped")]
+            bad = [r for r in steps if r not in ok]
+            best = max(ok, key=lambda r: r["rate_rps"]) if ok else None
+            why = "none failed"
+            if bad:
+                b = bad[0]
+                why = (f"p99 {fmt((b.get('added_paired_ms') or {}).get('p99'), 2)} ms, "
+                       f"{sum((b.get('errors') or {}).values())} errors, dropped {b.get('dropped')}")
+            print(f"| {target} | {mode} | {rep} | {best['rate_rps'] if best else 0:.0f} "
+                  f"| {bad[0]['rate_rps'] if bad else 'none':} | {why} "
+                  f"| {fmt(best['cpu_us_per_req'], 1) if best else 'n/a'} |")
     return 0
 
 
