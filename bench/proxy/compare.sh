@@ -17,7 +17,8 @@
 #     dropped record (/metrics `samewise_record_queue_dropped_total`). The highest passing
 #     step is the capacity.
 #
-#   bench/proxy/compare.sh                                  # both phases (about 30 minutes)
+#   bench/proxy/compare.sh              # both phases (30 minutes on a busy machine, more when
+#                                       # the capacity search climbs further)
 #   PHASES=cpu POINTS="samewise:json:1000" REPEATS=1 bench/proxy/compare.sh
 #   LITELLM=0 bench/proxy/compare.sh                        # samewise only
 # Results: bench/out/compare-TIMESTAMP/ (cpu.jsonl, capacity.jsonl, table.md, logs).
