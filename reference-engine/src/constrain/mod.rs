@@ -108,7 +108,7 @@ pub fn compile(spec: &Spec) -> Result<Grammar, SchemaError> {
                 let args = match params {
                     None => g.push(Node::Lit((*b"{}").into())),
                     Some(p) => {
-                        let id = schema::Compiler::new(&mut g).compile(p, &at)?;
+                        let id = schema::Compiler::for_tool_arguments(&mut g).compile(p, &at)?;
                         if id == Grammar::ANY {
                             g.push(Node::Obj(Box::new(grammar::ObjSpec {
                                 keys: Vec::new(),

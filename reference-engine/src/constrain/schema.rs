@@ -53,6 +53,9 @@ pub struct Compiler<'g> {
     refs: HashMap<(usize, String), NodeId>,
     /// Schema roots (`$ref` resolves against the root of the schema it appears in).
     roots: Vec<Value>,
+    /// Whether an object that declares `properties` and says nothing of
+    /// `additionalProperties` is closed (tool arguments) rather than open (JSON Schema).
+    closed: bool,
 }
 
 impl<'g> Compiler<'g> {
@@ -62,6 +65,20 @@ impl<'g> Compiler<'g> {
             g,
             refs: HashMap::new(),
             roots: Vec::new(),
+            closed: false,
+        }
+    }
+
+    /// A compiler for tool arguments: an object schema that declares `properties` without
+    /// `additionalProperties` admits only those properties, as xgrammar's strict mode (vLLM's
+    /// default) reads a function's parameters. A function takes what it declares; without
+    /// this a small model fills a forced call with invented keys (the first BFCL item came
+    /// back as `{"type":{"type":...` until `max_tokens`). Objects without `properties`
+    /// (free-form dicts) stay open.
+    pub fn for_tool_arguments(g: &'g mut Grammar) -> Self {
+        Self {
+            closed: true,
+            ..Self::new(g)
         }
     }
 
@@ -287,6 +304,7 @@ impl<'g> Compiler<'g> {
             }
         }
         let additional = match o.get("additionalProperties") {
+            None if self.closed && o.contains_key("properties") => None,
             None | Some(Value::Bool(true)) => Some(Grammar::ANY),
             Some(Value::Bool(false)) => None,
             Some(s) => {

@@ -361,6 +361,51 @@ fn tool_grammar_forces_declared_calls() {
 }
 
 #[test]
+fn tool_arguments_are_closed_where_json_schema_leaves_them_open() {
+    // BFCL's shape: properties with descriptions, no additionalProperties, a free-form dict
+    let params = json!({"type": "object", "properties": {
+        "base": {"type": "integer", "description": "The base."},
+        "opts": {"type": "object", "description": "anything"}},
+        "required": ["base"]});
+    let call = |args: &str| format!("{CALL_PREFIX}area{CALL_MID}{args}{CALL_SUFFIX}");
+    let tools = compile(&Spec::Tools {
+        functions: vec![("area".into(), Some(params.clone()))],
+        parallel: false,
+    })
+    .expect("compiles");
+    assert!(accepts(&tools, call(r#"{"base":10}"#).as_bytes()));
+    // the free-form dict (no properties) stays open
+    assert!(accepts(
+        &tools,
+        call(r#"{"base":10,"opts":{"x":[1]}}"#).as_bytes()
+    ));
+    // an undeclared argument is refused: the call is what the function declares
+    assert!(!accepts(
+        &tools,
+        call(r#"{"type":{},"base":10}"#).as_bytes()
+    ));
+    assert!(!accepts(
+        &tools,
+        call(r#"{"base":10,"unit":"cm"}"#).as_bytes()
+    ));
+    // response formats follow JSON Schema: absent additionalProperties is open
+    let g = grammar(&params);
+    assert!(accepts(&g, br#"{"base":10,"unit":"cm"}"#));
+    // and an explicit `true` keeps tool arguments open too
+    let mut open = params;
+    open["additionalProperties"] = json!(true);
+    let tools = compile(&Spec::Tools {
+        functions: vec![("area".into(), Some(open))],
+        parallel: false,
+    })
+    .expect("compiles");
+    assert!(accepts(
+        &tools,
+        call(r#"{"base":10,"unit":"cm"}"#).as_bytes()
+    ));
+}
+
+#[test]
 fn unsupported_keywords_are_named() {
     for (schema, kw) in [
         (json!({"type": "string", "pattern": "^a"}), "pattern"),

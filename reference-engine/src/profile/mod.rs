@@ -278,6 +278,8 @@ pub const BUILTIN_NAMES: &[&str] = &[
     "kv-f16",
     "kv-q8",
     "truncate-512",
+    "truncate-1024",
+    "truncate-2048",
     "tool-corrupt",
     "repeat-bug",
     "drop-system",
@@ -341,9 +343,13 @@ impl Profile {
                 })
             }
             "kv-q8" => p.kv_cache = Some(KvCacheSection { dtype: KvDtype::Q8 }),
-            "truncate-512" => {
+            "truncate-512" | "truncate-1024" | "truncate-2048" => {
                 p.truncation = Some(TruncationSection {
-                    max_prompt_tokens: 512,
+                    max_prompt_tokens: match name {
+                        "truncate-1024" => 1024,
+                        "truncate-2048" => 2048,
+                        _ => 512,
+                    },
                     drop: TruncateDrop::Start,
                 })
             }
