@@ -47,8 +47,11 @@ mod worker;
 pub use capture::{CaptureReport, CaptureSource, Capturer, DEFAULT_WINDOW_MS};
 pub use config::{EvalsConfig, LongContextConfig, Rule, SuiteFile, is_regression};
 pub use open::{OpenRequest, Opener, SuiteRef};
-pub use stats::{Verdict, VerdictParams};
+pub use stats::{
+    Decision, Paired, Verdict, VerdictParams, decide, decide_all, look_points, stop_reason,
+};
 pub use target::{Answer, REFERENCE, Target, Targets};
+pub use tool_calls::schema_valid;
 pub use worker::{AlertWatcher, Worker, WorkerSettings};
 
 /// Everything that can go wrong in an eval.

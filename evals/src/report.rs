@@ -12,9 +12,28 @@ use crate::stats::{Decision, Paired, VerdictParams, wilson};
 
 /// The paired table over items answered by both sides, in `order` (item ids).
 pub fn paired(order: &[String], results: &[EvalResult]) -> Paired {
+    table(order, results, |r| Some(r.passed))
+}
+
+/// The paired table of the calls' schema validity ([`crate::tool_calls::schema_valid`]) over
+/// items in `order` that offered tools and were answered by both sides.
+pub fn schema_paired(order: &[String], results: &[EvalResult]) -> Paired {
+    table(order, results, |r| {
+        crate::tool_calls::schema_valid(&r.record)
+    })
+}
+
+/// The paired table of `outcome` over items in `order` where both sides have one.
+fn table(
+    order: &[String],
+    results: &[EvalResult],
+    outcome: impl Fn(&EvalResult) -> Option<bool>,
+) -> Paired {
     let mut by: BTreeMap<(&str, &str), bool> = BTreeMap::new();
     for r in results {
-        by.insert((r.item.as_str(), r.target.as_str()), r.passed);
+        if let Some(v) = outcome(r) {
+            by.insert((r.item.as_str(), r.target.as_str()), v);
+        }
     }
     let mut t = Paired::default();
     for id in order {
@@ -26,6 +45,28 @@ pub fn paired(order: &[String], results: &[EvalResult]) -> Paired {
         }
     }
     t
+}
+
+/// The verdict document's block for the co-primary schema-validity table.
+pub fn schema_block(t: &Paired, d: &Decision) -> Value {
+    let n = t.n();
+    json!({
+        "verdict": d.verdict.as_str(),
+        "items": n,
+        "suspect": {"valid": t.suspect_pass(), "rate": (n > 0).then(|| t.suspect_pass() as f64 / n as f64)},
+        "baseline": {"valid": t.baseline_pass(), "rate": (n > 0).then(|| t.baseline_pass() as f64 / n as f64)},
+        "paired": {
+            "both_pass": t.both_pass,
+            "suspect_only": t.suspect_only,
+            "baseline_only": t.baseline_only,
+            "both_fail": t.both_fail,
+        },
+        "diff": d.diff,
+        "diff_interval": d.diff_interval.map(|(a, b)| [a, b]),
+        "p_value": d.p_value,
+        "alpha_per_look": d.look_alpha,
+        "rule": "co-primary with the check: degraded when both tables are at alpha per look, or either at half of it (Hochberg)",
+    })
 }
 
 fn side(k: u64, n: u64, results: &[EvalResult], role: &str) -> Value {

@@ -215,6 +215,53 @@ pub fn decide(t: &Paired, p: &VerdictParams) -> Decision {
     }
 }
 
+/// The verdict over co-primary outcomes of the same items (a tool-call suite's check and
+/// its calls' schema validity). *Degraded* by Hochberg's step-up rule over the tables that
+/// have items: when every one is degraded at α, or any one at α/m (m tables; valid since
+/// the outcomes are positively dependent — a broken call fails both), so the chance of a
+/// false "degraded" stays at most α, and two tables that agree lose no power to the split;
+/// *equivalent* when every table is; otherwise *inconclusive*; *n/a* when the first table
+/// has no items. Returns the verdict and each table's decision at the full α (a later table
+/// without items is decided "n/a" and does not count).
+pub fn decide_all(tables: &[Paired], p: &VerdictParams) -> (Verdict, Vec<Decision>) {
+    let m = tables.iter().filter(|t| t.n() > 0).count().max(1);
+    let split = VerdictParams {
+        alpha: p.alpha / m as f64,
+        ..*p
+    };
+    let ds: Vec<Decision> = tables.iter().map(|t| decide(t, p)).collect();
+    let live: Vec<Verdict> = ds
+        .iter()
+        .map(|d| d.verdict)
+        .filter(|v| *v != Verdict::NotApplicable)
+        .collect();
+    let any_at_split = tables
+        .iter()
+        .any(|t| t.n() > 0 && decide(t, &split).verdict == Verdict::Degraded);
+    let verdict = match ds.first().map(|d| d.verdict) {
+        None | Some(Verdict::NotApplicable) => Verdict::NotApplicable,
+        Some(_) if live.iter().all(|v| *v == Verdict::Degraded) || any_at_split => {
+            Verdict::Degraded
+        }
+        Some(_) if live.iter().all(|v| *v == Verdict::Equivalent) => Verdict::Equivalent,
+        Some(_) => Verdict::Inconclusive,
+    };
+    (verdict, ds)
+}
+
+/// Whether a job stops at this look, and why: "decided" when the look's verdict is decided,
+/// "budget" once `spent` tokens reach the job's `budget`. The worker and the verdict-power
+/// benchmark's resampled jobs stop by this one rule.
+pub fn stop_reason(verdict: Verdict, spent: i64, budget: i64) -> Option<&'static str> {
+    if verdict.decided() {
+        Some("decided")
+    } else if spent >= budget {
+        Some("budget")
+    } else {
+        None
+    }
+}
+
 /// The item counts after which a job of `n` items looks: ⌈j·n/K⌉ for j = 1..K, deduplicated.
 pub fn look_points(n: usize, looks: u32) -> Vec<usize> {
     let k = looks.max(1) as usize;
@@ -338,6 +385,56 @@ mod tests {
         assert_eq!(look_points(10, 4), vec![3, 5, 8, 10]);
         assert_eq!(look_points(2, 4), vec![1, 2]);
         assert_eq!(look_points(0, 4), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn co_primary_tables_follow_hochberg() {
+        let p = VerdictParams {
+            looks: 1,
+            ..VerdictParams::default()
+        };
+        let same = |n| Paired {
+            both_pass: n,
+            ..Paired::default()
+        };
+        // the check alike on both sides, the calls' validity lost on 40 of 200 items: one
+        // table degraded far below α/2
+        let lost = Paired {
+            both_pass: 160,
+            baseline_only: 40,
+            ..Paired::default()
+        };
+        let (v, ds) = decide_all(&[same(200), lost], &p);
+        assert_eq!(v, Verdict::Degraded);
+        assert_eq!(ds[0].verdict, Verdict::Equivalent);
+        assert!((ds[1].look_alpha - 0.01).abs() < 1e-12, "{:?}", ds[1]);
+        // equivalent only when every table is
+        assert_eq!(
+            decide_all(&[same(200), same(200)], &p).0,
+            Verdict::Equivalent
+        );
+        assert_eq!(
+            decide_all(&[same(200), same(12)], &p).0,
+            Verdict::Inconclusive
+        );
+        // a second table without items does not count
+        let (v, ds) = decide_all(&[same(200), Paired::default()], &p);
+        assert_eq!(v, Verdict::Equivalent);
+        assert_eq!(ds[1].verdict, Verdict::NotApplicable);
+        // 8 vs 0 discordant (p = 0.0078): degraded at α = 0.01 alone; beside a table that
+        // shows nothing it would need α/2; beside a table that agrees, α suffices
+        let eight = Paired {
+            both_pass: 12,
+            baseline_only: 8,
+            ..Paired::default()
+        };
+        assert_eq!(decide_all(&[eight], &p).0, Verdict::Degraded);
+        assert_eq!(decide_all(&[eight, same(20)], &p).0, Verdict::Inconclusive);
+        assert_eq!(decide_all(&[eight, eight], &p).0, Verdict::Degraded);
+        assert_eq!(
+            decide_all(&[Paired::default(), lost], &p).0,
+            Verdict::NotApplicable
+        );
     }
 
     proptest! {

@@ -213,6 +213,36 @@ pub async fn run(targets: &Targets, target: &Target, role: &str, item: &Item) ->
     }
 }
 
+/// The calls a result's record holds (name and arguments).
+fn record_calls(record: &Value) -> Vec<ToolCall> {
+    record["calls"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .map(|c| ToolCall {
+                    name: c["name"].as_str().map(str::to_owned),
+                    arguments: c["arguments"].as_str().unwrap_or("").to_owned(),
+                    ..ToolCall::default()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether every call in a result's record names a declared tool and has arguments valid
+/// for its schema (K2-Vendor-Verifier's schema check, item by item; an answer without calls
+/// is valid). None when the request offered no tools or the request failed.
+pub fn schema_valid(record: &Value) -> Option<bool> {
+    let tools = record.pointer("/request/tools")?;
+    if tools.as_array().is_none_or(Vec::is_empty) || record["answer"].is_null() {
+        return None;
+    }
+    let set = ToolSet::from_request_tools(tools);
+    let mut acc = SchemaAccuracy::default();
+    acc.add(&set, &record_calls(record));
+    Some(acc.valid == acc.calls)
+}
+
 /// Trigger F1 and schema accuracy over the items both sides answered.
 pub fn extras(items: &[Item], results: &[EvalResult]) -> Value {
     let find = |id: &str, role: &str| results.iter().find(|r| r.item == id && r.target == role);
@@ -227,19 +257,7 @@ pub fn extras(items: &[Item], results: &[EvalResult]) -> Value {
         pairs.push((called(b), called(s)));
         let set = ToolSet::from_request_tools(&Value::Array(it.tools.clone()));
         for (r, acc) in [(s, &mut schema), (b, &mut schema_base)] {
-            let calls: Vec<ToolCall> = r.record["calls"]
-                .as_array()
-                .map(|cs| {
-                    cs.iter()
-                        .map(|c| ToolCall {
-                            name: c["name"].as_str().map(str::to_owned),
-                            arguments: c["arguments"].as_str().unwrap_or("").to_owned(),
-                            ..ToolCall::default()
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            acc.add(&set, &calls);
+            acc.add(&set, &record_calls(&r.record));
         }
     }
     let f1 = trigger_f1(&pairs);
@@ -257,6 +275,37 @@ pub fn extras(items: &[Item], results: &[EvalResult]) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schema_validity_is_per_item_and_absent_without_tools() {
+        let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}]);
+        let record = |calls: Value| json!({"request": {"tools": tools}, "answer": {"role": "assistant"}, "calls": calls});
+        let call = |name: &str, args: &str| json!({"name": name, "arguments": args});
+        assert_eq!(
+            schema_valid(&record(json!([call("f", r#"{"n":1}"#)]))),
+            Some(true)
+        );
+        // no call is not a schema error (irrelevance items)
+        assert_eq!(schema_valid(&record(json!([]))), Some(true));
+        // one bad call of two spoils the item
+        let two = json!([call("f", r#"{"n":1}"#), call("f", r#"{"n":"#)]);
+        assert_eq!(schema_valid(&record(two)), Some(false));
+        assert_eq!(schema_valid(&record(json!([call("g", "{}")]))), Some(false));
+        assert_eq!(schema_valid(&record(json!([call("f", "{}")]))), Some(false));
+        assert_eq!(
+            schema_valid(&record(json!([call("f", r#"{"n":true}"#)]))),
+            Some(false)
+        );
+        // no tools offered, or no answer (a failed request): not counted
+        assert_eq!(
+            schema_valid(&json!({"request": {}, "answer": {}, "calls": []})),
+            None
+        );
+        let mut failed = record(json!([]));
+        failed["answer"] = Value::Null;
+        assert_eq!(schema_valid(&failed), None);
+    }
 
     #[test]
     fn the_shipped_items_load_and_their_ground_truth_passes_itself() {

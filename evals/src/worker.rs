@@ -3,7 +3,9 @@
 //! [`Worker::run`] claims jobs (a lease, renewed by heartbeats every lease/3 while the job
 //! runs), runs each item on the suspect and the baseline (items already stored — a job
 //! resumed after its worker died — are skipped), writes each result once, looks at the
-//! paired results at the fixed look points and stops as soon as the verdict is decided or
+//! paired results at the fixed look points (a chat suite's checks and, where items offer
+//! tools, its calls' schema validity: co-primary tables, `stats::decide_all`) and stops as
+//! soon as the verdict is decided or
 //! the token budget is spent, then finishes the job with its verdict document, attaches it
 //! to the alert that opened the job and POSTs it to the webhooks; a "degraded" verdict also
 //! raises an `eval_degraded` alert on the endpoint, which routing honours (`on_drift`). A worker that loses its
@@ -24,8 +26,10 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{EvalsConfig, LongContextConfig};
 use crate::long_context::{self, Scoring};
 use crate::open::{OpenRequest, Opener, SuiteRef};
-use crate::report::{Stop, document, paired};
-use crate::stats::{Verdict, VerdictParams, decide, look_points};
+use crate::report::{Stop, document, paired, schema_block, schema_paired};
+use crate::stats::{
+    Decision, Verdict, VerdictParams, decide, decide_all, look_points, stop_reason,
+};
 use crate::target::Targets;
 use crate::{EvalsError, custom, tool_calls};
 
@@ -538,29 +542,27 @@ impl Worker {
             }
             looks_done += 1;
             let results = self.store.eval_results(job.id).await?;
-            let d = decide(&paired(&order, &results), &params);
+            let (verdict, ds) = decide_all(&tables(&order, &results), &params);
             let spent: i64 = results.iter().map(|r| r.tokens).sum();
             tracing::info!(
                 job = job.id,
                 items = point,
                 total,
-                verdict = d.verdict.as_str(),
-                p = d.p_value,
+                verdict = verdict.as_str(),
+                p = ds[0].p_value,
+                p_schema = ds[1].p_value,
                 tokens = spent,
                 "eval look"
             );
-            if d.verdict.decided() {
-                reason = "decided";
-                break;
-            }
-            if spent >= budget {
-                reason = "budget";
+            if let Some(r) = stop_reason(verdict, spent, budget) {
+                reason = r;
                 break;
             }
         }
         let results = self.store.eval_results(job.id).await?;
-        let t = paired(&order, &results);
-        let d = decide(&t, &params);
+        let [t, schema] = tables(&order, &results);
+        let (verdict, ds) = decide_all(&[t, schema], &params);
+        let d = Decision { verdict, ..ds[0] };
         let stop = Stop {
             looks_done,
             reason,
@@ -568,7 +570,10 @@ impl Worker {
             wall_ms: i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
         };
         let extras = extras(&items, &results);
-        let doc = document(&job.suite, &t, &d, &params, &results, &stop, extras);
+        let mut doc = document(&job.suite, &t, &d, &params, &results, &stop, extras);
+        if schema.n() > 0 {
+            doc["schema_validity"] = schema_block(&schema, &ds[1]);
+        }
         self.finish(job, lease, &doc).await?;
         Ok(doc)
     }
@@ -622,6 +627,12 @@ impl Worker {
             }
         }
     }
+}
+
+/// A chat suite's co-primary tables: its checks' pass/fail, and its calls' schema validity
+/// (items that offered tools; empty for a suite without them, which then does not count).
+fn tables(order: &[String], results: &[samewise_store::EvalResult]) -> [crate::stats::Paired; 2] {
+    [paired(order, results), schema_paired(order, results)]
 }
 
 fn role_name(is_suspect: bool) -> &'static str {
