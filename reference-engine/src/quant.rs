@@ -27,7 +27,8 @@ pub struct Decomposed {
 }
 
 impl Decomposed {
-    /// The f32 value of element `i`.
+    /// The f32 value of element `i` (what [`dequantize_row`] computes a group at a time).
+    #[cfg(test)]
     pub fn value(&self, i: usize) -> f32 {
         let g = i / self.group;
         let v = f32::from(self.q[i]) * self.scale[g];
@@ -115,8 +116,17 @@ pub fn dequantize_row(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>> 
                 .collect())
         }
         _ => {
+            // Decomposed::value of every element, a group at a time
             let d = decompose_row(ty, bytes, n)?;
-            Ok((0..n).map(|i| d.value(i)).collect())
+            let mut out = Vec::with_capacity(n);
+            for (g, q) in d.q.chunks(d.group).enumerate() {
+                let s = d.scale[g];
+                match &d.offset {
+                    Some(o) => out.extend(q.iter().map(|&v| f32::from(v) * s + o[g])),
+                    None => out.extend(q.iter().map(|&v| f32::from(v) * s)),
+                }
+            }
+            Ok(out)
         }
     }
 }
@@ -353,6 +363,39 @@ mod tests {
             let q = (low | (high << 4)) as i32 - 32;
             let s = sc[n * 8 + r / 16] as f32;
             assert_eq!(y[i].to_bits(), (d * s * q as f32).to_bits(), "element {i}");
+        }
+    }
+
+    #[test]
+    fn dequantize_row_is_every_decomposed_value() {
+        let types = [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q4K,
+            GgmlType::Q5K,
+            GgmlType::Q6K,
+        ];
+        let mut seed = 9u64;
+        for ty in types {
+            let n = 2 * ty.block_size();
+            let bytes: Vec<u8> = (0..2 * ty.type_size())
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    // scales stay finite: no f16 exponent of all ones
+                    ((seed >> 33) as u8) & 0x7B
+                })
+                .collect();
+            let d = decompose_row(ty, &bytes, n).unwrap();
+            let want: Vec<u32> = (0..n).map(|i| d.value(i).to_bits()).collect();
+            let got: Vec<u32> = dequantize_row(ty, &bytes, n)
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            assert_eq!(got, want, "{ty:?}");
         }
     }
 

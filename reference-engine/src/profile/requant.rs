@@ -68,36 +68,79 @@ impl WeightQuant {
     /// (and, asymmetric, one offset) per group: value `q * scale` (`+ offset`), bit for bit
     /// what `apply` writes. None when the codes do not fit in an `i8` (asymmetric 8-bit) or
     /// the row is not a whole number of groups; the caller then keeps f32 values.
+    ///
+    /// One pass per group and no allocation but the result's: the scale comes from the same
+    /// [`symmetric_params`] / [`asymmetric_params`] as `apply`'s, and each code is
+    /// [`code`], the exact `clamp(round(v))` without a libm call (this runs once per weight
+    /// and level when `samewise calibrate` loads its engines).
     pub fn codes(&self, row: &[f32]) -> Option<Codes> {
         let g = self.group_size.max(1);
         if (!self.symmetric && self.bits >= 8) || !row.len().is_multiple_of(g) {
             return None;
         }
-        let mut codes = Codes {
-            q: Vec::with_capacity(row.len()),
-            scale: Vec::new(),
-            offset: None,
-        };
-        let mut offsets = Vec::new();
-        for group in row.chunks(g) {
-            let mut v = group.to_vec();
-            let (d, base) = if self.symmetric {
-                quantize_symmetric(&mut v, self.bits)
+        let groups = row.len() / g;
+        let mut q = vec![0i8; row.len()];
+        let mut scale = vec![0f32; groups];
+        let mut offsets = vec![0f32; if self.symmetric { 0 } else { groups }];
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F.
+            unsafe { self.fill_codes_avx512(row, &mut q, &mut scale, &mut offsets) };
+            return Some(Codes {
+                q,
+                scale,
+                offset: (!self.symmetric).then_some(offsets),
+            });
+        }
+        self.fill_codes(row, &mut q, &mut scale, &mut offsets);
+        Some(Codes {
+            q,
+            scale,
+            offset: (!self.symmetric).then_some(offsets),
+        })
+    }
+
+    /// [`WeightQuant::fill_codes`] compiled for AVX-512F (plain f32 operations: the same bits).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fill_codes_avx512(
+        &self,
+        row: &[f32],
+        q: &mut [i8],
+        scale: &mut [f32],
+        offsets: &mut [f32],
+    ) {
+        self.fill_codes(row, q, scale, offsets);
+    }
+
+    /// The body of [`WeightQuant::codes`]: a whole number of groups into zeroed outputs.
+    #[inline(always)]
+    fn fill_codes(&self, row: &[f32], q: &mut [i8], scale: &mut [f32], offsets: &mut [f32]) {
+        let g = self.group_size.max(1);
+        for (i, (group, out)) in row.chunks(g).zip(q.chunks_mut(g)).enumerate() {
+            if self.symmetric {
+                if let Some((d, qmin, qmax)) = symmetric_params(group, self.bits) {
+                    let id = 1.0 / d;
+                    for (o, &x) in out.iter_mut().zip(group) {
+                        *o = code(x * id, qmin, qmax);
+                    }
+                    scale[i] = d;
+                }
             } else {
-                quantize_asymmetric(&mut v, self.bits)
-            };
-            for &x in group {
-                codes
-                    .q
-                    .push(code_of(x, d, base, self.bits, self.symmetric) as i8);
+                let (d, min) = asymmetric_params(group, self.bits);
+                offsets[i] = min;
+                if d != 0.0 && d.is_finite() {
+                    let (id, levels) = (1.0 / d, ((1u32 << self.bits) - 1) as f32);
+                    for (o, &x) in out.iter_mut().zip(group) {
+                        *o = code((x - min) * id, 0.0, levels);
+                    }
+                    scale[i] = d;
+                }
             }
-            codes.scale.push(d);
-            offsets.push(base);
         }
-        if !self.symmetric {
-            codes.offset = Some(offsets);
-        }
-        Some(codes)
     }
 }
 
@@ -113,74 +156,103 @@ pub struct Codes {
     pub offset: Option<Vec<f32>>,
 }
 
-/// The integer code of `x` in a group with scale `d` and base `base` (the arithmetic of
-/// [`quantize_symmetric`] / [`quantize_asymmetric`]); 0 for a degenerate group.
-fn code_of(x: f32, d: f32, base: f32, bits: u8, symmetric: bool) -> f32 {
-    if d == 0.0 || !d.is_finite() {
-        return 0.0;
-    }
-    let id = 1.0 / d;
-    if symmetric {
-        let half_levels = (1i32 << (bits - 1)) as f32;
-        let (qmin, qmax) = if bits == 8 {
-            (-127.0, 127.0)
-        } else {
-            (-half_levels, half_levels - 1.0)
-        };
-        (x * id).round().clamp(qmin, qmax)
-    } else {
-        let levels = ((1u32 << bits) - 1) as f32;
-        ((x - base) * id).round().clamp(0.0, levels)
-    }
+/// `v.round().clamp(qmin, qmax) as i8` for integer bounds within the `i8` range, exactly (NaN
+/// gives 0 as that does), without `round`, which is a libm call on baseline x86-64: clamping
+/// first gives the same integer (the bounds are integers), and on the clamped value a
+/// truncation and the exact fraction `c - trunc(c)` give round-half-away-from-zero.
+#[inline]
+fn code(v: f32, qmin: f32, qmax: f32) -> i8 {
+    let c = v.clamp(qmin, qmax);
+    let t = c as i32;
+    let frac = c - t as f32;
+    (t + i32::from(frac >= 0.5) - i32::from(frac <= -0.5)) as i8
 }
 
-/// ggml's symmetric scheme generalised to `bits`: `d = max / -2^(bits-1)` where `max` is the
-/// value of largest magnitude (sign kept), `q = clamp(round(x / d), -2^(bits-1), 2^(bits-1)-1)`,
-/// value `q * d`. (For 4 bits this is exactly `Q4_0`'s rounding; 8 bits uses `Q8_0`'s
-/// `d = amax / 127` instead, as ggml does.)
-fn quantize_symmetric(group: &mut [f32], bits: u8) -> (f32, f32) {
+/// The scale and code range of a symmetric group ([`quantize_symmetric`]); None for a
+/// degenerate group (every value then 0).
+#[inline(always)]
+fn symmetric_params(group: &[f32], bits: u8) -> Option<(f32, f32, f32)> {
     let half_levels = (1i32 << (bits - 1)) as f32;
+    let amax = abs_max(group);
     let (d, qmin, qmax) = if bits == 8 {
-        let amax = group.iter().fold(0f32, |m, &x| m.max(x.abs()));
         (amax / 127.0, -127.0, 127.0)
     } else {
-        let max = group
-            .iter()
-            .fold(0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
+        // the first value of largest magnitude, sign kept (what
+        // `fold(0, |m, x| if |x| > |m| { x } else { m })` gives: NaN never wins, +0 if none)
+        let max = if amax == 0.0 {
+            0.0
+        } else {
+            group
+                .iter()
+                .copied()
+                .find(|x| x.abs() == amax)
+                .unwrap_or(0.0)
+        };
         (max / -half_levels, -half_levels, half_levels - 1.0)
     };
-    if d == 0.0 || !d.is_finite() {
-        group.iter_mut().for_each(|x| *x = 0.0);
-        return (0.0, 0.0);
-    }
-    let id = 1.0 / d;
-    for x in group.iter_mut() {
-        let q = (*x * id).round().clamp(qmin, qmax);
-        *x = q * d;
-    }
-    (d, 0.0)
+    (d != 0.0 && d.is_finite()).then_some((d, qmin, qmax))
 }
 
-/// ggml's asymmetric scheme generalised to `bits`: `d = (max - min) / (2^bits - 1)`,
-/// `q = clamp(round((x - min) / d), 0, 2^bits - 1)`, value `q * d + min`.
-fn quantize_asymmetric(group: &mut [f32], bits: u8) -> (f32, f32) {
+/// The largest `|x|` of a group (NaN ignored, 0 when there is none), taken in 16 lanes so
+/// that it vectorizes: a maximum of magnitudes does not depend on the order it is taken in.
+#[inline(always)]
+fn abs_max(group: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    let mut blocks = group.chunks_exact(16);
+    for b in &mut blocks {
+        for (l, &x) in lanes.iter_mut().zip(b) {
+            *l = l.max(x.abs());
+        }
+    }
+    for &x in blocks.remainder() {
+        lanes[0] = lanes[0].max(x.abs());
+    }
+    lanes.iter().fold(0f32, |m, &l| m.max(l))
+}
+
+/// The scale and minimum of an asymmetric group ([`quantize_asymmetric`]); the scale is 0 or
+/// not finite for a degenerate group (every value then the minimum).
+#[inline(always)]
+fn asymmetric_params(group: &[f32], bits: u8) -> (f32, f32) {
     let levels = ((1u32 << bits) - 1) as f32;
     let (min, max) = group
         .iter()
         .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &x| {
             (lo.min(x), hi.max(x))
         });
-    let d = (max - min) / levels;
+    ((max - min) / levels, min)
+}
+
+/// ggml's symmetric scheme generalised to `bits`: `d = max / -2^(bits-1)` where `max` is the
+/// value of largest magnitude (sign kept), `q = clamp(round(x / d), -2^(bits-1), 2^(bits-1)-1)`,
+/// value `q * d`. (For 4 bits this is exactly `Q4_0`'s rounding; 8 bits uses `Q8_0`'s
+/// `d = amax / 127` instead, as ggml does.)
+fn quantize_symmetric(group: &mut [f32], bits: u8) {
+    let Some((d, qmin, qmax)) = symmetric_params(group, bits) else {
+        group.iter_mut().for_each(|x| *x = 0.0);
+        return;
+    };
+    let id = 1.0 / d;
+    for x in group.iter_mut() {
+        let q = (*x * id).round().clamp(qmin, qmax);
+        *x = q * d;
+    }
+}
+
+/// ggml's asymmetric scheme generalised to `bits`: `d = (max - min) / (2^bits - 1)`,
+/// `q = clamp(round((x - min) / d), 0, 2^bits - 1)`, value `q * d + min`.
+fn quantize_asymmetric(group: &mut [f32], bits: u8) {
+    let levels = ((1u32 << bits) - 1) as f32;
+    let (d, min) = asymmetric_params(group, bits);
     if d == 0.0 || !d.is_finite() {
         group.iter_mut().for_each(|x| *x = min);
-        return (0.0, min);
+        return;
     }
     let id = 1.0 / d;
     for x in group.iter_mut() {
         let q = ((*x - min) * id).round().clamp(0.0, levels);
         *x = q * d + min;
     }
-    (d, min)
 }
 
 /// Quantizes activations the way llama.cpp's CPU kernels do before a quantized matmul:
@@ -188,7 +260,7 @@ fn quantize_asymmetric(group: &mut [f32], bits: u8) -> (f32, f32) {
 /// (`Q8_0`). Applied to every matmul input under the `activations` knob.
 pub fn quantize_activations_q8(row: &mut [f32]) {
     for block in row.chunks_mut(32) {
-        let _ = quantize_symmetric(block, 8);
+        quantize_symmetric(block, 8);
     }
 }
 
@@ -406,6 +478,141 @@ mod tests {
             .codes(&orig[..96])
             .is_none()
         );
+    }
+
+    /// The codes as they were computed before [`WeightQuant::codes`] became one pass: each
+    /// group copied and re-quantized in place for its scale, then every code recomputed with
+    /// `round` (kept here as the oracle of the fast path).
+    fn codes_oracle(q: &WeightQuant, row: &[f32]) -> Option<Codes> {
+        let g = q.group_size;
+        if (!q.symmetric && q.bits >= 8) || !row.len().is_multiple_of(g) {
+            return None;
+        }
+        let (mut codes, mut scale, mut offset) = (Vec::new(), Vec::new(), Vec::new());
+        for group in row.chunks(g) {
+            let (d, base) = if q.symmetric {
+                let half = (1i32 << (q.bits - 1)) as f32;
+                let d = if q.bits == 8 {
+                    group.iter().fold(0f32, |m, &x| m.max(x.abs())) / 127.0
+                } else {
+                    let max = group
+                        .iter()
+                        .fold(0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
+                    max / -half
+                };
+                (d, 0.0)
+            } else {
+                let levels = ((1u32 << q.bits) - 1) as f32;
+                let (lo, hi) = group
+                    .iter()
+                    .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| {
+                        (a.min(x), b.max(x))
+                    });
+                ((hi - lo) / levels, lo)
+            };
+            let d = if d == 0.0 || !d.is_finite() { 0.0 } else { d };
+            for &x in group {
+                let c = if d == 0.0 {
+                    0.0
+                } else if q.symmetric {
+                    let half = (1i32 << (q.bits - 1)) as f32;
+                    let (qmin, qmax) = if q.bits == 8 {
+                        (-127.0, 127.0)
+                    } else {
+                        (-half, half - 1.0)
+                    };
+                    (x * (1.0 / d)).round().clamp(qmin, qmax)
+                } else {
+                    let levels = ((1u32 << q.bits) - 1) as f32;
+                    ((x - base) * (1.0 / d)).round().clamp(0.0, levels)
+                };
+                codes.push(c as i8);
+            }
+            scale.push(d);
+            offset.push(base);
+        }
+        Some(Codes {
+            q: codes,
+            scale,
+            offset: (!q.symmetric).then_some(offset),
+        })
+    }
+
+    #[test]
+    fn one_pass_codes_equal_the_oracle_bit_for_bit() {
+        let mut row = lcg_row(4096, 17);
+        // degenerate and awkward groups: zeros, a flat group, exact halves, a lone spike
+        row[..32].fill(0.0);
+        row[32..64].fill(0.25);
+        for (i, x) in row[64..96].iter_mut().enumerate() {
+            *x = (i as f32 - 16.0) * 0.5;
+        }
+        row[96..128].fill(1e-3);
+        row[100] = -3.0;
+        // equal magnitudes of both signs (the first wins), a NaN, signed zeros, an infinity
+        row[130] = -0.7;
+        row[131] = 0.7;
+        row[170] = f32::NAN;
+        for (i, x) in row[192..224].iter_mut().enumerate() {
+            *x = if i % 2 == 0 { -0.0 } else { 0.0 };
+        }
+        row[250] = f32::INFINITY;
+        for symmetric in [true, false] {
+            for bits in [2u8, 3, 4, 5, 6, 8] {
+                for group_size in [32, 64, 128] {
+                    let q = WeightQuant {
+                        bits,
+                        group_size,
+                        symmetric,
+                    };
+                    let (fast, oracle) = (q.codes(&row), codes_oracle(&q, &row));
+                    let bits_of = |c: &Option<Codes>| {
+                        c.as_ref().map(|c| {
+                            let f = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                            (c.q.clone(), f(&c.scale), c.offset.as_deref().map(f))
+                        })
+                    };
+                    assert_eq!(bits_of(&fast), bits_of(&oracle), "{q:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn code_is_round_then_clamp() {
+        let bounds = [
+            (-2.0, 1.0),
+            (-128.0, 127.0),
+            (-127.0, 127.0),
+            (0.0, 63.0),
+            (0.0, 3.0),
+        ];
+        // every f32 bit pattern in a stride (both signs, all exponents, NaN and infinities),
+        // and every value within two ulps of each half-integer the codes can meet
+        let mut values: Vec<f32> = (0..=u32::MAX).step_by(9973).map(f32::from_bits).collect();
+        for h in -260..=260 {
+            let half = h as f32 * 0.5;
+            let mut v = half;
+            for _ in 0..3 {
+                values.extend([v, -v]);
+                v = v.next_up();
+            }
+            v = half;
+            for _ in 0..3 {
+                v = v.next_down();
+                values.push(v);
+            }
+        }
+        values.extend([f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.49999997]);
+        for (lo, hi) in bounds {
+            for &v in &values {
+                assert_eq!(
+                    code(v, lo, hi),
+                    v.round().clamp(lo, hi) as i8,
+                    "{v} in {lo}..{hi}"
+                );
+            }
+        }
     }
 
     #[test]
