@@ -205,9 +205,7 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
                     let g = &gu[r * 2 * f..(r + 1) * 2 * f];
                     // SAFETY: each row of `act` is written by exactly one thread.
                     let a = unsafe { std::slice::from_raw_parts_mut(actp.0.add(r * f), f) };
-                    for (i, a) in a.iter_mut().enumerate() {
-                        *a = ops::silu(g[i]) * g[f + i];
-                    }
+                    ops::silu_mul(isa, &g[..f], &g[f..], a);
                 }
             });
         }

@@ -106,6 +106,75 @@ pub fn silu(x: f32) -> f32 {
     x * (1.0 / (1.0 + exp(-x)))
 }
 
+/// `out[i] = silu(gate[i]) * up[i]`, vectorized as wide as `isa` allows (the same bits: plain
+/// f32 operations, no fused multiply-add).
+pub fn silu_mul(isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: chosen only when the CPU supports it.
+        Isa::Avx512 => unsafe { x86::silu_mul_avx512(gate, up, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { x86::silu_mul_avx2(gate, up, out) },
+        _ => silu_mul_body(gate, up, out),
+    }
+}
+
+#[inline(always)]
+fn silu_mul_body(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = silu(g) * u;
+    }
+}
+
+/// The attention softmax of `scores` in place: each score times `scale`, then
+/// `exp(s - max)`, then each divided by their sum, the sum taken in order.
+///
+/// The maximum is taken lane-wise (16 lanes, then across them) so that it vectorizes: a
+/// maximum does not depend on the order it is taken in (NaN is ignored as `f32::max` ignores
+/// it), except for the sign of a zero maximum, and that changes no `exp(s - max)`: `s - ±0`
+/// is `s` for `s` ≠ 0, and `exp(±0)` is exactly 1. Everything else is element-wise or the
+/// in-order sum, so the result is bit for bit the sequential one
+/// (`softmax_is_the_sequential_one`).
+pub fn softmax(isa: Isa, scores: &mut [f32], scale: f32) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: chosen only when the CPU supports it.
+        Isa::Avx512 => unsafe { x86::softmax_avx512(scores, scale) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { x86::softmax_avx2(scores, scale) },
+        _ => softmax_body(scores, scale),
+    }
+}
+
+#[inline(always)]
+fn softmax_body(sc: &mut [f32], scale: f32) {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut blocks = sc.chunks_exact_mut(16);
+    for b in &mut blocks {
+        for (l, s) in lanes.iter_mut().zip(b.iter_mut()) {
+            *s *= scale;
+            *l = l.max(*s);
+        }
+    }
+    for s in blocks.into_remainder() {
+        *s *= scale;
+        lanes[0] = lanes[0].max(*s);
+    }
+    let max = lanes.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    for s in sc.iter_mut() {
+        *s = exp(*s - max);
+    }
+    let mut sum = 0f32;
+    for &s in sc.iter() {
+        sum += s;
+    }
+    for s in sc.iter_mut() {
+        *s /= sum;
+    }
+}
+
 /// Causal attention for one query head vector `q` over `n_keys` cached positions.
 ///
 /// `keys` is the sequence's key cache in blocks of 16 positions (`[block][stride][16]`),
@@ -149,21 +218,7 @@ pub fn attend(
         }
     }
     let sc = &mut scores[..n_keys];
-    let mut max = f32::NEG_INFINITY;
-    for s in sc.iter_mut() {
-        *s *= scale;
-        max = max.max(*s);
-    }
-    for s in sc.iter_mut() {
-        *s = exp(*s - max);
-    }
-    let mut sum = 0f32;
-    for &s in sc.iter() {
-        sum += s;
-    }
-    for s in sc.iter_mut() {
-        *s /= sum;
-    }
+    softmax(isa, sc, scale);
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: chosen only when the CPU supports it.
@@ -187,6 +242,30 @@ pub fn attend(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    /// [`super::silu_mul`] compiled for AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn silu_mul_avx512(gate: &[f32], up: &[f32], out: &mut [f32]) {
+        super::silu_mul_body(gate, up, out);
+    }
+
+    /// [`super::silu_mul`] compiled for AVX2.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn silu_mul_avx2(gate: &[f32], up: &[f32], out: &mut [f32]) {
+        super::silu_mul_body(gate, up, out);
+    }
+
+    /// [`super::softmax`] compiled for AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn softmax_avx512(scores: &mut [f32], scale: f32) {
+        super::softmax_body(scores, scale);
+    }
+
+    /// [`super::softmax`] compiled for AVX2.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn softmax_avx2(scores: &mut [f32], scale: f32) {
+        super::softmax_body(scores, scale);
+    }
 
     /// 16 scores per block: lane l of block b is the FMA chain over d of q[d]·k[b][d][l].
     #[target_feature(enable = "avx512f")]
@@ -454,6 +533,86 @@ mod tests {
                 want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
                 "{isa:?}"
             );
+        }
+    }
+
+    /// The attention softmax as it was written before it vectorized: the maximum in order.
+    fn softmax_sequential(sc: &mut [f32], scale: f32) {
+        let mut max = f32::NEG_INFINITY;
+        for s in sc.iter_mut() {
+            *s *= scale;
+            max = max.max(*s);
+        }
+        for s in sc.iter_mut() {
+            *s = exp(*s - max);
+        }
+        let mut sum = 0f32;
+        for &s in sc.iter() {
+            sum += s;
+        }
+        for s in sc.iter_mut() {
+            *s /= sum;
+        }
+    }
+
+    fn isas() -> Vec<Isa> {
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .filter(|&i| Isa::at_most(i) == i)
+            .collect()
+    }
+
+    #[test]
+    fn softmax_is_the_sequential_one() {
+        let mut seed = 5u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 40.0
+        };
+        let mut cases: Vec<Vec<f32>> = [1, 2, 15, 16, 17, 31, 100, 257]
+            .iter()
+            .map(|&n| (0..n).map(|_| next()).collect())
+            .collect();
+        // zero maxima of either sign, ties, a NaN, infinities, all equal
+        cases.push(vec![-0.0, -3.0, 0.0, -1.0, -0.0, -2.5]);
+        cases.push(vec![-0.0; 20]);
+        cases.push(
+            (0..40)
+                .map(|i| if i % 7 == 0 { 0.0 } else { -0.5 })
+                .collect(),
+        );
+        cases.push(vec![1.0, f32::NAN, 2.0, -1.0]);
+        cases.push(vec![f32::NEG_INFINITY, -1.0, 3.0]);
+        cases.push(vec![2.0; 33]);
+        for isa in isas() {
+            for case in &cases {
+                for scale in [0.125f32, 1.0] {
+                    let (mut want, mut got) = (case.clone(), case.clone());
+                    softmax_sequential(&mut want, scale);
+                    softmax(isa, &mut got, scale);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{isa:?} {case:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn silu_mul_is_the_same_on_every_isa() {
+        let gate: Vec<f32> = (0..203).map(|i| (i as f32 - 101.0) * 0.37).collect();
+        let up: Vec<f32> = (0..203).map(|i| (i as f32 * 0.11).sin()).collect();
+        let want: Vec<u32> = gate
+            .iter()
+            .zip(&up)
+            .map(|(&g, &u)| (silu(g) * u).to_bits())
+            .collect();
+        for isa in isas() {
+            let mut out = vec![0f32; gate.len()];
+            silu_mul(isa, &gate, &up, &mut out);
+            let got: Vec<u32> = out.iter().map(|x| x.to_bits()).collect();
+            assert_eq!(got, want, "{isa:?}");
         }
     }
 
