@@ -213,9 +213,21 @@ fn streamed_logit_rows_give_exactly_the_scored_logprobs() -> anyhow::Result<()> 
         let scored = e.score(std::slice::from_ref(&seq), 3)?.remove(0);
         let mut seen = 0;
         let mut mismatches = Vec::new();
+        // every row at once (the head over whole forward chunks) is the streamed rows' bits
+        let mut all = vec![1f32; 3];
+        e.score_logits_into(&seq, &mut all)?;
+        let vocab = e.config().vocab_size;
+        assert_eq!(all.len(), (seq.len() - 1) * vocab, "{name}");
         e.score_logits(&seq, &mut |p, row| {
             assert_eq!(p, seen, "rows come in order");
             seen += 1;
+            if row
+                .iter()
+                .map(|x| x.to_bits())
+                .ne(all[p * vocab..(p + 1) * vocab].iter().map(|x| x.to_bits()))
+            {
+                mismatches.push(p);
+            }
             let lse = sample::log_sum_exp(row);
             let want = &scored.positions[p + 1];
             if Some(sample::logprob(row, lse, seq[p + 1]).to_bits())
