@@ -6,9 +6,12 @@
 //! and the top-k view an endpoint would report ([`compare::position_from_full_logprobs`])
 //! compared exactly as a logprob probe compares an endpoint ([`compare::compare_position`]), so
 //! the ladder's `kl_topk_mean`, `dlogprob_mean`, `top1_same` and `topk_overlap` measure what
-//! the probes measure. Logits are streamed one sequence at a time
-//! ([`samewise_engine::Engine::score_logits`]): memory is two sequences' logits, not the
-//! corpus's. The result is a [`Ladder`].
+//! the probes measure. Logits come one sequence at a time
+//! ([`samewise_engine::Engine::score_logits_into`], into two reused buffers): memory is two
+//! sequences' logits and the reference's probabilities, not the corpus's. What every level
+//! compares against — the reference row's log-sum-exp, probabilities and top-k — is computed
+//! once per position, not once per level. The engines load concurrently. The result is a
+//! [`Ladder`].
 //!
 //! The corpus ships in the repository (`probes/data/calibration/*.txt`, compiled in:
 //! [`builtin_corpus`]); a user's own is a directory of `.txt` files ([`read_corpus`]).
@@ -222,39 +225,20 @@ fn engine_err(what: &str) -> impl Fn(samewise_engine::EngineError) -> ProbesErro
     }
 }
 
-/// One sequence's logit rows (`[positions][vocab]`).
-fn rows(engine: &Engine, seq: &[u32], what: &str) -> Result<Vec<f32>> {
-    let v = engine.config().vocab_size;
-    let mut out = Vec::with_capacity(seq.len().saturating_sub(1) * v);
-    engine
-        .score_logits(seq, &mut |_, row| out.extend_from_slice(row))
-        .map_err(engine_err(what))?;
-    Ok(out)
+/// One sequence's logit rows (`[positions][vocab]`) into `out`, whose allocation is reused
+/// from sequence to sequence.
+fn rows(engine: &Engine, seq: &[u32], what: &str, out: &mut Vec<f32>) -> Result<()> {
+    engine.score_logits_into(seq, out).map_err(engine_err(what))
 }
 
-/// Compares one sequence's rows: per position (full KL, probe metrics), split over `threads`.
-fn compare_rows(
-    reference: &[f32],
-    level: &[f32],
-    seq: &[u32],
-    vocab: usize,
-    top_k: usize,
+/// `one(p)` for every `p` in `0..n`, in order, split over `threads` contiguous ranges.
+fn par_positions<T: Send>(
+    n: usize,
     threads: usize,
-) -> Result<Vec<(f64, PositionMetrics)>> {
-    let n = reference.len() / vocab;
-    let one = |p: usize| -> Result<(f64, PositionMetrics)> {
-        let (r, l) = (
-            &reference[p * vocab..(p + 1) * vocab],
-            &level[p * vocab..(p + 1) * vocab],
-        );
-        // each row's log-softmax once, for the full KL and the top-k view alike
-        let (lr, ll) = (compare::log_softmax(r)?, compare::log_softmax(l)?);
-        let kl = compare::kl_from_logprobs(&lr, &ll)?;
-        let input = compare::position_from_full_logprobs(&lr, &ll, seq[p + 1], top_k)?;
-        Ok((kl, compare::compare_position(&input)?))
-    };
+    one: &(dyn Fn(usize) -> Result<T> + Sync),
+) -> Result<Vec<T>> {
     let per = n.div_ceil(threads.max(1)).max(1);
-    let parts: Vec<Result<Vec<(f64, PositionMetrics)>>> = std::thread::scope(|s| {
+    let parts: Vec<Result<Vec<T>>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .step_by(per)
             .map(|start| s.spawn(move || (start..(start + per).min(n)).map(one).collect()))
@@ -270,6 +254,165 @@ fn compare_rows(
     let mut out = Vec::with_capacity(n);
     for part in parts {
         out.extend(part?);
+    }
+    Ok(out)
+}
+
+/// What every level's comparison needs of one reference row, computed once per position
+/// instead of once per (position, level): its log-sum-exp (the row's logprobs are
+/// `f64::from(logit) - lse`, exactly what [`compare::log_softmax`] computes), its
+/// probabilities `exp(logprob)` (the weights of the full KL) and its top-k view.
+struct ReferenceRow {
+    lse: f64,
+    probs: Vec<f64>,
+    top: Vec<compare::TopEntry>,
+}
+
+/// The reference rows of one sequence: raw logits (`[positions][vocab]`) and per position a
+/// [`ReferenceRow`].
+struct Reference {
+    logits: Vec<f32>,
+    rows: Vec<ReferenceRow>,
+}
+
+impl Reference {
+    fn new(logits: Vec<f32>, vocab: usize, top_k: usize, threads: usize) -> Result<Self> {
+        let n = logits.len() / vocab;
+        let rows = par_positions(n, threads, &|p| {
+            let row = &logits[p * vocab..(p + 1) * vocab];
+            let lse = compare::log_sum_exp(row)?;
+            // exactly compare::log_softmax(row)
+            let lp: Vec<f64> = row.iter().map(|&l| f64::from(l) - lse).collect();
+            let top = compare::top_k_ids(&lp, top_k)
+                .into_iter()
+                .map(|i| compare::TopEntry {
+                    id: i as u32,
+                    logprob: lp[i],
+                })
+                .collect();
+            Ok(ReferenceRow {
+                lse,
+                probs: lp.iter().map(|a| a.exp()).collect(),
+                top,
+            })
+        })?;
+        Ok(Self { logits, rows })
+    }
+}
+
+/// Compares one sequence's rows: per position (full KL, probe metrics), split over `threads`.
+/// Bit for bit what [`compare::kl_from_logprobs`], [`compare::position_from_full_logprobs`]
+/// and [`compare::compare_position`] give on the two rows' log-softmaxes, with the reference
+/// side's part taken from `reference`.
+fn compare_rows(
+    reference: &Reference,
+    level: &[f32],
+    seq: &[u32],
+    vocab: usize,
+    top_k: usize,
+    threads: usize,
+) -> Result<Compared> {
+    let n = reference.rows.len();
+    if level.len() != n * vocab {
+        return Err(crate::invalid(
+            "a level scored a different number of positions",
+        ));
+    }
+    par_positions(n, threads, &|p| {
+        let (r, rr) = (
+            &reference.logits[p * vocab..(p + 1) * vocab],
+            &reference.rows[p],
+        );
+        let ll = compare::log_softmax(&level[p * vocab..(p + 1) * vocab])?;
+        let kl = r
+            .iter()
+            .zip(&rr.probs)
+            .zip(&ll)
+            .map(|((&l, &pr), &b)| pr * ((f64::from(l) - rr.lse) - b))
+            .sum::<f64>()
+            .max(0.0);
+        let actual = seq[p + 1];
+        let a = actual as usize;
+        let input = compare::PositionInput {
+            actual_id: actual,
+            reference: compare::Side {
+                actual_logprob: f64::from(r[a]) - rr.lse,
+                top: rr.top.clone(),
+            },
+            endpoint: compare::Side {
+                actual_logprob: ll[a],
+                top: compare::top_k_ids(&ll, top_k)
+                    .into_iter()
+                    .map(|i| compare::TopEntry {
+                        id: i as u32,
+                        logprob: ll[i],
+                    })
+                    .collect(),
+            },
+        };
+        Ok((kl, compare::compare_position(&input)?))
+    })
+}
+
+/// A measured level: name, kind, bits and its engine.
+type LevelEngine = (String, LevelKind, u32, Engine);
+
+/// One sequence's positions compared: (full KL, probe metrics) per position.
+type Compared = Vec<(f64, PositionMetrics)>;
+
+/// One sequence under every level, compared with `reference`, in level order. One thread per
+/// buffer of `bufs` takes the next level not yet taken until none is left: scores it into its
+/// buffer and compares the rows on its own.
+fn score_levels(
+    levels: &[LevelEngine],
+    reference: &Reference,
+    seq: &[u32],
+    vocab: usize,
+    top_k: usize,
+    bufs: &mut [Vec<f32>],
+) -> Result<Vec<Compared>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let mut done: Vec<(usize, Result<Compared>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = bufs
+            .iter_mut()
+            .map(|buf| {
+                let next = &next;
+                s.spawn(move || {
+                    let mut out = Vec::new();
+                    loop {
+                        let j = next.fetch_add(1, Ordering::Relaxed);
+                        let Some((name, _, _, engine)) = levels.get(j) else {
+                            break;
+                        };
+                        let compared = rows(engine, seq, &format!("scoring under {name}"), buf)
+                            .and_then(|()| compare_rows(reference, buf, seq, vocab, top_k, 1));
+                        let failed = compared.is_err();
+                        out.push((j, compared));
+                        if failed {
+                            break;
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    vec![(usize::MAX, Err(crate::invalid("a level thread panicked")))]
+                })
+            })
+            .collect()
+    });
+    done.sort_by_key(|(j, _)| *j);
+    let mut out = Vec::with_capacity(levels.len());
+    for (_, compared) in done {
+        out.push(compared?);
+    }
+    if out.len() != levels.len() {
+        return Err(crate::invalid("a level was not scored"));
     }
     Ok(out)
 }
@@ -304,37 +447,75 @@ pub fn calibrate(
             "the corpus has no text of two tokens or more",
         ));
     }
-    let load = |profile: Profile| {
+    // the reference runs alone on every kernel thread; the levels run side by side, one
+    // engine per thread (no kernel thread waits on another; a result does not depend on the
+    // thread count)
+    let load = |(profile, threads): (Profile, usize)| {
         let what = format!("loading {} under {}", model.display(), profile.name);
         Engine::load(
             model,
             LoadOptions {
-                threads: opts.threads,
+                threads,
                 profile,
                 ..LoadOptions::default()
             },
         )
         .map_err(engine_err(&what))
     };
-    let reference = load(Profile::default())?;
+    let kinds = opts
+        .levels
+        .iter()
+        .map(|name| level_kind(name))
+        .collect::<Result<Vec<_>>>()?;
+    // every engine loads (and re-quantizes) on its own thread, so the loads share the cores
+    let mut profiles = vec![(Profile::default(), opts.threads)];
+    profiles.extend(kinds.iter().map(|(p, _, _)| (p.clone(), 1)));
+    let mut engines = std::thread::scope(|s| {
+        let handles: Vec<_> = profiles
+            .into_iter()
+            .map(|p| s.spawn(move || load(p)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(crate::invalid("a loading thread panicked")))
+            })
+            .collect::<Result<Vec<Engine>>>()
+    })?
+    .into_iter();
+    let reference = engines
+        .next()
+        .ok_or_else(|| crate::invalid("no reference engine"))?;
     let vocab = reference.config().vocab_size;
-    let mut levels = Vec::with_capacity(opts.levels.len());
-    for name in &opts.levels {
-        let (profile, kind, bits) = level_kind(name)?;
-        levels.push((name.clone(), kind, bits, load(profile)?));
-    }
+    let levels: Vec<LevelEngine> = opts
+        .levels
+        .iter()
+        .zip(kinds)
+        .zip(engines)
+        .map(|((name, (_, kind, bits)), engine)| (name.clone(), kind, bits, engine))
+        .collect();
     let mut measured: Vec<(Vec<f64>, Vec<PositionMetrics>)> =
         vec![(Vec::new(), Vec::new()); levels.len()];
     let mut positions = 0;
+    let mut ref_buf = Vec::new();
+    let mut level_bufs = vec![Vec::new(); opts.threads.min(levels.len()).max(1)];
     for (i, seq) in seqs.iter().enumerate() {
-        let r = rows(&reference, seq, "scoring with the reference")?;
-        for ((name, _, _, engine), (kls, metrics)) in levels.iter().zip(&mut measured) {
-            let l = rows(engine, seq, &format!("scoring under {name}"))?;
-            for (kl, m) in compare_rows(&r, &l, seq, vocab, opts.top_k, opts.threads)? {
+        rows(&reference, seq, "scoring with the reference", &mut ref_buf)?;
+        let r = Reference::new(
+            std::mem::take(&mut ref_buf),
+            vocab,
+            opts.top_k,
+            opts.threads,
+        )?;
+        let per_level = score_levels(&levels, &r, seq, vocab, opts.top_k, &mut level_bufs)?;
+        for ((kls, metrics), compared) in measured.iter_mut().zip(per_level) {
+            for (kl, m) in compared {
                 kls.push(kl);
                 metrics.push(m);
             }
         }
+        ref_buf = r.logits;
         positions += seq.len() - 1;
         progress(Progress {
             texts_done: i + 1,

@@ -220,8 +220,17 @@ pub fn summarize(metrics: &[PositionMetrics]) -> Result<RunSummary> {
     })
 }
 
-/// Log-softmax of raw logits, in f64.
+/// Log-softmax of raw logits, in f64: `f64::from(logit) - lse` with `lse` from
+/// [`log_sum_exp`].
 pub fn log_softmax(logits: &[f32]) -> Result<Vec<f64>> {
+    let lse = log_sum_exp(logits)?;
+    Ok(logits.iter().map(|&l| f64::from(l) - lse).collect())
+}
+
+/// The log-sum-exp of raw logits in f64 (max-shifted), the normaliser of [`log_softmax`]; a
+/// caller that keeps it needs no vector of logprobs (the calibration ladder keeps one per
+/// reference row). Errors on empty or non-finite logits.
+pub fn log_sum_exp(logits: &[f32]) -> Result<f64> {
     if logits.is_empty() {
         return Err(invalid("empty logits"));
     }
@@ -231,13 +240,12 @@ pub fn log_softmax(logits: &[f32]) -> Result<Vec<f64>> {
     let max = logits
         .iter()
         .fold(f64::NEG_INFINITY, |m, &l| m.max(f64::from(l)));
-    let lse = max
+    Ok(max
         + logits
             .iter()
             .map(|&l| (f64::from(l) - max).exp())
             .sum::<f64>()
-            .ln();
-    Ok(logits.iter().map(|&l| f64::from(l) - lse).collect())
+            .ln())
 }
 
 /// Full-vocabulary KL(ref‖endpoint) from two raw logit vectors of the same length
