@@ -557,6 +557,18 @@ fn print_job(j: &EvalJob, json: bool) -> anyhow::Result<()> {
             v["params"]["alpha"],
             v["params"]["looks"]
         );
+        let sv = &v["schema_validity"];
+        if !sv.is_null() {
+            println!(
+                "schema validity: suspect {}, baseline {}, diff {} {}, McNemar exact p = {:.3e} ({})",
+                f(&sv["suspect"]["rate"]),
+                f(&sv["baseline"]["rate"]),
+                f(&sv["diff"]),
+                ci(&sv["diff_interval"]),
+                sv["p_value"].as_f64().unwrap_or(1.0),
+                sv["verdict"].as_str().unwrap_or("?")
+            );
+        }
         if !v["extras"].is_null() {
             println!("extras: {}", v["extras"]);
         }
