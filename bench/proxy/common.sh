@@ -46,17 +46,25 @@ data_dir = "$3"
 [limits]
 record_queue_capacity = 100000
 max_streams_per_key = 1000000
+TOML
+    bench_model bench "$4" >>"$1"
+}
 
-[providers.bench]
-base_url = "$4/v1"
+# bench_model NAME URL: a provider NAME at URL (an OpenAI server's root) and a model NAME
+# routed to its `NAME-model`, as a config stanza on stdout
+bench_model() {
+    cat <<TOML
+
+[providers.$1]
+base_url = "$2/v1"
 first_byte_timeout_ms = 10000
 idle_timeout_ms = 600000
 
-[models.bench]
+[models.$1]
 policy = "weighted"
-[[models.bench.endpoints]]
-provider = "bench"
-model = "bench-model"
+[[models.$1.endpoints]]
+provider = "$1"
+model = "$1-model"
 TOML
 }
 
@@ -75,11 +83,17 @@ start_gateway() {
     RUST_LOG=${RUST_LOG:-warn} env -u DATABASE_URL ${GW_ENV:-} $BIN/samewise serve --config "$1" >>"$3" 2>&1 &
     GW_PID=$!
     PIDS+=("$GW_PID")
-    for _ in $(seq 1 100); do
-        if curl -fsS "http://127.0.0.1:$2/healthz" >/dev/null 2>&1; then return 0; fi
+    wait_http "http://127.0.0.1:$2/healthz" 100 "the gateway did not come up (see $3)"
+}
+
+# wait_http URL TRIES MESSAGE: polls URL every 0.1 s until it answers 2xx; after TRIES tries,
+# prints MESSAGE and fails
+wait_http() {
+    for _ in $(seq 1 "$2"); do
+        if curl -fsS "$1" >/dev/null 2>&1; then return 0; fi
         sleep 0.1
     done
-    echo "the gateway did not come up (see $3)" >&2; return 1
+    echo "$3" >&2; return 1
 }
 stop_gateway() { kill "$GW_PID" 2>/dev/null || true; wait "$GW_PID" 2>/dev/null || true; }
 

@@ -35,9 +35,5 @@ YAML
         --num_workers 1 >>"$3/litellm.log" 2>&1 &
     LL_PID=$!
     PIDS+=("$LL_PID")
-    for _ in $(seq 1 600); do
-        if curl -fsS "http://127.0.0.1:$2/health/liveliness" >/dev/null 2>&1; then return 0; fi
-        sleep 0.1
-    done
-    echo "LiteLLM did not come up (see $3/litellm.log)" >&2; return 1
+    wait_http "http://127.0.0.1:$2/health/liveliness" 600 "LiteLLM did not come up (see $3/litellm.log)"
 }

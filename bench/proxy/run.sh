@@ -41,19 +41,7 @@ HOLD=$(wait_url "$OUT/mock-hold.log")
 PORT=$(free_port)
 CONFIG="$OUT/samewise.toml"
 bench_config "$CONFIG" "$PORT" "$OUT/data" "$MOCK"
-cat >>"$CONFIG" <<TOML
-
-[providers.hold]
-base_url = "$HOLD/v1"
-first_byte_timeout_ms = 10000
-idle_timeout_ms = 600000
-
-[models.hold]
-policy = "weighted"
-[[models.hold.endpoints]]
-provider = "hold"
-model = "hold-model"
-TOML
+bench_model hold "$HOLD" >>"$CONFIG"
 KEY=$(create_key "$CONFIG" "$OUT/keys.log")
 start_proxy() { start_gateway "$CONFIG" "$PORT" "$OUT/proxy.log"; PROXY_PID=$GW_PID; }
 

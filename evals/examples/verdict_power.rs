@@ -514,17 +514,8 @@ fn sim_json(s: &Simulated) -> Value {
         "items": s.items,
         "stopped": s.stopped,
         "tokens": s.tokens,
-        "paired": table_json(&s.paired),
-        "schema_paired": if s.schema.n() > 0 { table_json(&s.schema) } else { Value::Null },
-    })
-}
-
-fn table_json(t: &Paired) -> Value {
-    json!({
-        "both_pass": t.both_pass,
-        "suspect_only": t.suspect_only,
-        "baseline_only": t.baseline_only,
-        "both_fail": t.both_fail,
+        "paired": s.paired.to_json(),
+        "schema_paired": if s.schema.n() > 0 { s.schema.to_json() } else { Value::Null },
     })
 }
 

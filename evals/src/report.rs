@@ -55,22 +55,12 @@ pub fn schema_block(t: &Paired, d: &Decision) -> Value {
         "items": n,
         "suspect": {"valid": t.suspect_pass(), "rate": (n > 0).then(|| t.suspect_pass() as f64 / n as f64)},
         "baseline": {"valid": t.baseline_pass(), "rate": (n > 0).then(|| t.baseline_pass() as f64 / n as f64)},
-        "paired": table_json(t),
+        "paired": t.to_json(),
         "diff": d.diff,
         "diff_interval": d.diff_interval.map(|(a, b)| [a, b]),
         "p_value": d.p_value,
         "alpha_per_look": d.look_alpha,
         "rule": "co-primary with the check: degraded when both tables are at alpha per look, or either at half of it (Hochberg)",
-    })
-}
-
-/// A paired table as the verdict document writes it.
-fn table_json(t: &Paired) -> Value {
-    json!({
-        "both_pass": t.both_pass,
-        "suspect_only": t.suspect_only,
-        "baseline_only": t.baseline_only,
-        "both_fail": t.both_fail,
     })
 }
 
@@ -121,7 +111,7 @@ pub fn document(
         "items_total": stop.items_total,
         "suspect": side(t.suspect_pass(), n, results, "suspect"),
         "baseline": side(t.baseline_pass(), n, results, "baseline"),
-        "paired": table_json(t),
+        "paired": t.to_json(),
         "diff": d.diff,
         "diff_interval": d.diff_interval.map(|(a, b)| [a, b]),
         "diff_interval_level": d.interval_level,

@@ -101,6 +101,16 @@ impl Paired {
         self.both_pass + self.baseline_only
     }
 
+    /// The table as verdict documents write it (`both_pass`, `suspect_only`, ...).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "both_pass": self.both_pass,
+            "suspect_only": self.suspect_only,
+            "baseline_only": self.baseline_only,
+            "both_fail": self.both_fail,
+        })
+    }
+
     /// Suspect rate − baseline rate; None without items.
     pub fn diff(&self) -> Option<f64> {
         let n = self.n();
