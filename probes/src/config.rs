@@ -28,8 +28,17 @@
 //! intervals_ms = { long_context = 1800000 }  # a kind's own interval (costly kinds less often)
 //! jitter = 0.1                          # ± share of the interval, seeded
 //! max_tokens = 64
-//! token_budget_per_hour = 50000         # per endpoint
+//! token_budget_per_hour = 100000        # per endpoint
+//! items_per_round = 2                   # texts, prompts or cases per round (a rotating window)
+//! samples_prompts_per_round = 6         # the samples kind's own window
+//! samples_per_prompt = 10               # per side and prompt
+//! permutations = 999                    # of the samples kind's two permutation tests
 //! ```
+//!
+//! The samples defaults (6 prompts × 10 samples, `samples_alpha` 0.01) are the smallest
+//! measured round with ≥ 80% power on 4-bit weights at ≤ 1% false flags with a margin
+//! (README, detection benchmark part C): about 2,900 probe tokens a round, 35,000 an hour at
+//! the default interval, which with the logprob kinds is why the hourly budget is 100,000.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -174,6 +183,9 @@ pub struct ModelProbes {
     pub items_per_round: usize,
     /// Samples per prompt for the samples probe.
     pub samples_per_prompt: usize,
+    /// Prompts per round of the samples probe (its own rotating window: the default
+    /// `items_per_round` of the logprob kinds is far too few for its tests).
+    pub samples_prompts_per_round: usize,
     /// Permutations of the samples probe's test.
     pub permutations: usize,
     /// Longest context the long-context probe tries (tokens).
@@ -250,10 +262,14 @@ struct RawModelProbes {
     top_k: Option<u32>,
     items_per_round: Option<usize>,
     samples_per_prompt: Option<usize>,
+    samples_prompts_per_round: Option<usize>,
     permutations: Option<usize>,
     context_window: Option<u32>,
     prompt_sets: Option<PromptSetPaths>,
 }
+
+/// The samples probe's default prompts per round (see `samples_prompts_per_round`).
+const SAMPLES_PROMPTS_PER_ROUND: usize = 6;
 
 fn cfg_err(key: &str, msg: impl std::fmt::Display) -> ProbesError {
     ProbesError::Config(format!("{key}: {msg}"))
@@ -487,7 +503,7 @@ fn parse_model(name: &str, t: &toml::Table) -> Result<ModelProbes> {
     if !(0.0..1.0).contains(&jitter) {
         return Err(cfg_err(&k("jitter"), "must be in [0, 1)"));
     }
-    let budget = r.token_budget_per_hour.unwrap_or(50_000);
+    let budget = r.token_budget_per_hour.unwrap_or(100_000);
     if budget <= 0 {
         return Err(cfg_err(&k("token_budget_per_hour"), "must be positive"));
     }
@@ -524,6 +540,11 @@ fn parse_model(name: &str, t: &toml::Table) -> Result<ModelProbes> {
         top_k,
         items_per_round: positive(r.items_per_round, 2, "items_per_round")?,
         samples_per_prompt: positive(r.samples_per_prompt, 10, "samples_per_prompt")?,
+        samples_prompts_per_round: positive(
+            r.samples_prompts_per_round,
+            SAMPLES_PROMPTS_PER_ROUND,
+            "samples_prompts_per_round",
+        )?,
         permutations: positive(r.permutations, 999, "permutations")?,
         context_window,
         prompt_sets: r.prompt_sets.unwrap_or_default(),

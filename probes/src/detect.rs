@@ -6,10 +6,11 @@
 //!   as "≈ N-bit equivalent" and flagged past the configured level (default `w6`, worse than
 //!   6-bit weights) unless within the endpoint's noise floor ([`crate::noise`], measured on
 //!   the stored noise-floor pairs: runs with `repeat_of`). Without a ladder, an absolute
-//!   `kl_threshold` may be configured instead. A samples run is flagged when its permutation
-//!   p-value is below `samples_alpha`; a logprob run whose tokens do not map onto the
-//!   reference vocabulary (`stats.mismatch_rate` above `max_mismatch_rate`) is flagged as a
-//!   different tokenizer. A long_context run is flagged when its effective context is one
+//!   `kl_threshold` may be configured instead. A samples run is flagged when its p-value
+//!   (Bonferroni over its MMD and reference log-likelihood permutation tests,
+//!   `mmd::samples_p_value`) is below `samples_alpha`; a logprob run whose tokens do not
+//!   map onto the reference vocabulary (`stats.mismatch_rate` above `max_mismatch_rate`)
+//!   is flagged as a different tokenizer. A long_context run is flagged when its effective context is one
 //!   doubling or more below the reference's (evidence: `statistic: "effective_context"`,
 //!   both values, the per-length passes).
 //! - **changed?** ([`Detectors::after_run`]): a two-sided CUSUM per endpoint, probe kind and
@@ -41,7 +42,7 @@
 //! floor_factor = 3.0            # ... unless within 3 × their repeat-noise floor
 //! metric = "kl_topk_mean"       # | "dlogprob_mean" | "top1_same" | "topk_overlap"
 //! # kl_threshold = 0.05         # without a ladder: flag mean KL above this
-//! samples_alpha = 0.01              # needs permutations ≥ 1/samples_alpha (default 999)
+//! samples_alpha = 0.01              # needs permutations ≥ 2/samples_alpha (default 999)
 //! max_mismatch_rate = 0.02
 //! cusum_k = 1.0                 # CUSUM allowance (σ units): fastest on a 2σ shift
 //! cusum_arl0 = 1000.0           # in-control average run length (rounds) per chart, two-sided
@@ -73,6 +74,7 @@ use crate::alerting::{Alerting, AlertsConfig};
 use crate::compare::{RunSummary, decode_positions};
 use crate::config::ProbesConfig;
 use crate::ladder::{Equivalent, Ladder, Metric};
+use crate::mmd::{SamplesTest, samples_p_value};
 use crate::noise::{NoiseFloor, repeat_summary};
 use crate::sequential::{Cusum, CusumConfig, Observation, Shift, run_chart};
 use crate::{ProbesError, Result};
@@ -223,21 +225,23 @@ fn fmt_num(v: f64) -> String {
     }
 }
 
-/// A permutation p-value is never below `1 / (permutations + 1)`: a model whose samples probe
+/// A permutation p-value is never below `1 / (permutations + 1)`, the samples probe's
+/// Bonferroni p over its two tests never below twice that: a model whose samples probe
 /// could never reach `samples_alpha` would never be flagged, which is a configuration error.
 fn check_samples_alpha(cfg: &DetectorConfig, config: &ProbesConfig) -> Result<()> {
     for (name, m) in &config.models {
         if !m.kinds.contains(&crate::config::ProbeKind::Samples) {
             continue;
         }
-        let smallest = 1.0 / (m.permutations as f64 + 1.0);
+        // both tests, Bonferroni: the smallest p-value is 2/(B+1)
+        let smallest = 2.0 / (m.permutations as f64 + 1.0);
         if smallest >= cfg.samples_alpha {
             return Err(ProbesError::Config(format!(
-                "probes.detectors.samples_alpha = {} can never be reached with models.{name}.probes.permutations = {} (the smallest permutation p-value is 1/{} = {smallest:.4}): use at least {} permutations or a larger samples_alpha",
+                "probes.detectors.samples_alpha = {} can never be reached with models.{name}.probes.permutations = {} (the samples probe's smallest p-value, Bonferroni over its two permutation tests, is 2/{} = {smallest:.4}): use at least {} permutations or a larger samples_alpha",
                 cfg.samples_alpha,
                 m.permutations,
                 m.permutations + 1,
-                (1.0 / cfg.samples_alpha).floor() as u64
+                (2.0 / cfg.samples_alpha).floor() as u64
             )));
         }
     }
@@ -487,14 +491,32 @@ impl Detectors {
     }
 
     fn samples_finding(&self, run: &ProbeRun) -> Option<NewAlert> {
-        let p = stat(&run.stats, "p_value")?;
+        let p_mmd = stat(&run.stats, "p_value")?;
+        let p_loglik = stat(&run.stats, "loglik_p_value");
+        let (p, test) = samples_p_value(p_mmd, p_loglik);
         if p >= self.cfg.samples_alpha {
             return None;
         }
+        let what = match test {
+            SamplesTest::Loglik => {
+                let diff = stat(&run.stats, "loglik_diff").unwrap_or(f64::NAN);
+                format!(
+                    "the reference finds them {} likely: mean log-likelihood {} nats/token against its own samples, permutation p = {}",
+                    if diff < 0.0 { "less" } else { "more" },
+                    fmt_num(diff),
+                    fmt_num(p_loglik.unwrap_or(f64::NAN))
+                )
+            }
+            SamplesTest::Mmd => format!("MMD permutation p = {}", fmt_num(p_mmd)),
+        };
+        let decision = if p_loglik.is_some() {
+            format!("; over both tests (Bonferroni) p = {}", fmt_num(p))
+        } else {
+            String::new()
+        };
         let summary = format!(
-            "endpoint {}: its samples differ from the reference's (MMD permutation p = {} < {})",
+            "endpoint {}: its samples differ from the reference's ({what}{decision} < {})",
             run.endpoint,
-            fmt_num(p),
             fmt_num(self.cfg.samples_alpha)
         );
         Some(unfaithful(
@@ -503,10 +525,12 @@ impl Detectors {
             serde_json::json!({
                 "detector": "faithful",
                 "probe_kind": run.kind,
-                "statistic": "mmd",
-                "value": run.stats.get("mmd").cloned().unwrap_or(serde_json::Value::Null),
+                "statistic": test.statistic(),
+                "value": run.stats.get(test.statistic()).cloned().unwrap_or(serde_json::Value::Null),
                 "threshold": self.cfg.samples_alpha,
                 "p_value": p,
+                "p_mmd": p_mmd,
+                "p_loglik": p_loglik,
                 "probe_runs": [run.id],
             }),
         ))

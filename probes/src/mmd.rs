@@ -29,6 +29,13 @@
 //! within-prompt permutation p-value `(1 + #{b : |T_b| ≥ |T|}) / (B + 1)`. A quantized or
 //! re-tempered endpoint moves the likelihood of its samples one way consistently; the sign of
 //! `T` says which.
+//!
+//! # One decision over both
+//! The detector flags a samples run on [`samples_p_value`]: Bonferroni's `2 · min(p_mmd,
+//! p_loglik)`, so a flag at `p < α` keeps the per-round false-flag rate at most α whatever the
+//! two tests' dependence. The log-likelihood test carries the power on quantized weights (see
+//! the README's detection benchmark, part C); the MMD stays for what the reference's
+//! likelihood cannot see.
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -257,6 +264,37 @@ pub fn loglik_test(prompts: &[PromptLoglik], cfg: &PermutationConfig) -> Result<
         p_value: (1 + at_least) as f64 / (cfg.permutations + 1) as f64,
         prompts: pooled.len(),
     })
+}
+
+/// Which of the samples probe's two tests gave its p-value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SamplesTest {
+    /// [`mmd_test`].
+    Mmd,
+    /// [`loglik_test`].
+    Loglik,
+}
+
+impl SamplesTest {
+    /// The statistic's name in a samples run's stats (`mmd`, `loglik_diff`).
+    pub fn statistic(self) -> &'static str {
+        match self {
+            SamplesTest::Mmd => "mmd",
+            SamplesTest::Loglik => "loglik_diff",
+        }
+    }
+}
+
+/// The samples probe's one p-value over its two tests: Bonferroni's `min(1, 2 · min(p_mmd,
+/// p_loglik))` and the test that gave the smaller p when the log-likelihood test ran (so a
+/// flag at `p < α` keeps the false-flag rate per round at most α whatever the two tests'
+/// dependence), else the MMD's own p.
+pub fn samples_p_value(p_mmd: f64, p_loglik: Option<f64>) -> (f64, SamplesTest) {
+    match p_loglik {
+        Some(pl) if pl < p_mmd => ((2.0 * pl).min(1.0), SamplesTest::Loglik),
+        Some(_) => ((2.0 * p_mmd).min(1.0), SamplesTest::Mmd),
+        None => (p_mmd, SamplesTest::Mmd),
+    }
 }
 
 #[cfg(test)]

@@ -195,11 +195,9 @@ pub(crate) fn check_fast_stats(b: &Bench<'_>, profiles: &[ProfileData]) -> Resul
     Ok(fast_checked)
 }
 
-/// The scheduler's rotating window: `items_per_round` texts starting at round · count.
+/// The scheduler's rotating window over the texts: `items_per_round` starting at round · count.
 fn window_round(b: &Bench<'_>, r: usize, offset: usize) -> Vec<usize> {
-    let n = b.tokens.len();
-    let c = b.cfg.items_per_round.min(n);
-    (0..c).map(|i| ((r + offset) * c + i) % n).collect()
+    window_of(r + offset, b.cfg.items_per_round, b.tokens.len())
 }
 
 /// Distinct start offsets of the rotating window.
@@ -360,8 +358,9 @@ pub(crate) fn in_control_rows(
     Ok(rows)
 }
 
-/// C: the samples rounds of every endpoint pool against the reference pool: all prompts, the
-/// default round, and optionally a run with more permutations.
+/// Part C's rows: per endpoint pool and round shape (the scheduler's rotating window of P
+/// prompts, N samples per side and prompt), `SAMPLE_ROUNDS` seeded rounds with the kind's
+/// permutations; with `HI_PERMUTATIONS`, the last shape again with that many.
 pub(crate) fn samples_rows(
     b: &Bench<'_>,
     pools: &[Pool],
@@ -371,76 +370,75 @@ pub(crate) fn samples_rows(
     let (s, cfg) = (b.s, b.cfg);
     let mut rows = Vec::new();
     for (ti, ep) in pools.iter().enumerate() {
-        let all = |_r: usize| (0..n_prompts).collect::<Vec<_>>();
-        let two = |r: usize| {
-            let c = cfg.items_per_round.min(n_prompts);
-            (0..c).map(|i| (r * c + i) % n_prompts).collect::<Vec<_>>()
-        };
-        let tokens_round = |prompts: &[usize]| -> f64 {
-            prompts
-                .iter()
-                .map(|&i| ep.prompt_tokens[i] + s.per_prompt as f64 * ep.completion_per_sample[i])
-                .sum()
-        };
-        let mut runs: Vec<(&str, usize, usize, Vec<f64>, f64)> = Vec::new();
-        let t_all = tokens_round(&all(0));
-        let p_all = samples_rounds(ep, rf, s, s.sample_rounds, cfg.permutations, all, ti as u64)?;
-        runs.push(("all prompts", n_prompts, cfg.permutations, p_all, t_all));
-        let t_two = (0..n_prompts).map(|r| tokens_round(&two(r))).sum::<f64>() / n_prompts as f64;
-        let p_two = samples_rounds(
-            ep,
-            rf,
-            s,
-            s.sample_rounds,
-            cfg.permutations,
-            two,
-            100 + ti as u64,
-        )?;
-        runs.push((
-            "default round",
-            cfg.items_per_round,
-            cfg.permutations,
-            p_two,
-            t_two,
-        ));
-        if s.hi_permutations > 0 {
-            let p_hi = samples_rounds(
+        let mut runs: Vec<((usize, usize), usize, Vec<RoundP>)> = Vec::new();
+        for (si, &(np, per)) in s.shapes.iter().enumerate() {
+            let ps = samples_rounds(
                 ep,
                 rf,
                 s,
-                s.hi_rounds,
-                s.hi_permutations,
-                all,
-                200 + ti as u64,
+                (s.sample_rounds, per, cfg.permutations),
+                |r| window_of(r, np, n_prompts),
+                (ti * 100 + si) as u64,
             )?;
-            runs.push(("all prompts", n_prompts, s.hi_permutations, p_hi, t_all));
+            runs.push(((np, per), cfg.permutations, ps));
         }
-        for (label, np, perms, ps, t) in runs {
-            rows.push(samples_row(b, ep, (label, np, perms), &ps, t));
+        if let (true, Some(&(np, per))) = (s.hi_permutations > 0, s.shapes.last()) {
+            let ps = samples_rounds(
+                ep,
+                rf,
+                s,
+                (s.hi_rounds, per, s.hi_permutations),
+                |r| window_of(r, np, n_prompts),
+                (ti * 100 + 99) as u64,
+            )?;
+            runs.push(((np, per), s.hi_permutations, ps));
+        }
+        for ((np, per), perms, ps) in runs {
+            // probe tokens of a round: per prompt one request (its prompt once) and N samples
+            let tokens = (0..n_prompts)
+                .map(|r| {
+                    window_of(r, np, n_prompts)
+                        .iter()
+                        .map(|&i| ep.prompt_tokens[i] + per as f64 * ep.completion_per_sample[i])
+                        .sum::<f64>()
+                })
+                .sum::<f64>()
+                / n_prompts as f64;
+            rows.push(samples_row(b, ep, (np, per, perms), &ps, tokens));
         }
     }
     Ok(rows)
 }
 
-/// One C row: the flag rates of one run's p-values.
+/// The scheduler's rotating window: `count` prompts starting at round · count.
+fn window_of(round: usize, count: usize, n: usize) -> Vec<usize> {
+    let c = count.min(n);
+    (0..c).map(|i| (round * c + i) % n).collect()
+}
+
+/// One C row: the flag rates of one run's rounds, per test and as the detector decides.
 fn samples_row(
     b: &Bench<'_>,
     ep: &Pool,
-    (label, np, perms): (&str, usize, usize),
-    ps: &[f64],
+    (np, per, perms): (usize, usize, usize),
+    ps: &[RoundP],
     t: f64,
 ) -> Value {
-    let (s, det) = (b.s, b.det);
+    let alpha = b.det.samples_alpha;
     let n = ps.len();
-    let f05 = ps.iter().filter(|&&p| p < 0.05).count();
-    let f001 = ps.iter().filter(|&&p| p < det.samples_alpha).count();
+    let count = |f: &dyn Fn(&RoundP) -> bool| ps.iter().filter(|p| f(p)).count();
+    let mmd = count(&|p| p.mmd < alpha);
+    let loglik = count(&|p| p.loglik.is_some_and(|l| l < alpha));
+    let both = count(&|p| p.combined() < alpha);
+    let both05 = count(&|p| p.combined() < 0.05);
+    let median = |f: &dyn Fn(&RoundP) -> f64| quantile(&ps.iter().map(f).collect::<Vec<_>>(), 0.5);
     json!({
         "endpoint": ep.name, "role": if ep.name == "reference" { "null (flag = false alarm)" } else { "power" },
-        "round": label, "prompts": np, "samples_per_prompt": s.per_prompt, "pool": s.pool,
-        "permutations": perms, "min_p": 1.0 / (perms + 1) as f64, "rounds": n,
-        "flag_rate_alpha_0.05": f05 as f64 / n as f64, "wilson95_0.05": wilson(f05, n), "flags_0.05": f05,
-        "samples_alpha": det.samples_alpha,
-        "flag_rate_samples_alpha": f001 as f64 / n as f64, "wilson95_samples_alpha": wilson(f001, n), "flags_samples_alpha": f001,
-        "median_p": quantile(ps, 0.5), "mean_tokens_per_round": t,
+        "prompts": np, "samples_per_prompt": per, "pool": ep.samples.first().map_or(0, Vec::len),
+        "permutations": perms, "rounds": n, "samples_alpha": alpha,
+        "flags_mmd": mmd, "flags_loglik": loglik, "flags": both, "flags_0.05": both05,
+        "flag_rate": both as f64 / n as f64, "wilson95": wilson(both, n),
+        "median_p_mmd": median(&|p| p.mmd), "median_p_loglik": median(&|p| p.loglik.unwrap_or(f64::NAN)),
+        "median_p": median(&|p| p.combined()), "mean_tokens_per_round": t,
     })
 }

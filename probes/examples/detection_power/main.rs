@@ -20,9 +20,12 @@
 //!    statistic the run has, `min_sd` from the config since the deterministic endpoints' noise
 //!    floor is 0, the chart rebuilt over the newest `history_runs` runs, an alarm on any chart
 //!    = "changed").
-//! C. samples (MMD, Model Equality Testing): pools of samples per completion prompt from the
-//!    endpoints (`/v1/chat/completions`, as `kinds/samples.rs` asks) and from the reference;
-//!    a seeded round draws 10 + 10 per prompt without replacement and runs `mmd::mmd_test`.
+//! C. samples (MMD, Model Equality Testing, and the reference log-likelihood test): pools of
+//!    samples per completion prompt from the endpoints (`/v1/chat/completions`, as
+//!    `kinds/samples.rs` asks) and from the reference, every sample scored once by the
+//!    reference; a seeded round of shape P × N takes the scheduler's rotating window of P
+//!    prompts and draws N + N samples per prompt without replacement, runs `mmd::mmd_test`
+//!    and `mmd::loglik_test` and judges them as the detector does (`mmd::samples_p_value`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -40,9 +43,11 @@ use samewise_probes::compare::{self, PositionMetrics, RunSummary};
 use samewise_probes::detect::{self, DetectorConfig};
 use samewise_probes::kinds::{self, ProbeCtx, PromptSets, Target};
 use samewise_probes::ladder::Ladder;
-use samewise_probes::mmd::{PermutationConfig, PromptSamples, mmd_test};
+use samewise_probes::mmd::{
+    PermutationConfig, PromptLoglik, PromptSamples, loglik_test, mmd_test, samples_p_value,
+};
 use samewise_probes::noise;
-use samewise_probes::reference::{InProcess, Reference, SampleRequest};
+use samewise_probes::reference::{InProcess, Reference, SampleRequest, mean_loglik};
 use samewise_probes::sequential::CusumConfig;
 use samewise_probes::{CompletionPrompt, LogprobText};
 use samewise_probes::{ModelProbes, ProbeKind, ProbesConfig};
@@ -84,8 +89,15 @@ struct Settings {
     sample_profiles: Vec<String>,
     /// C: seeded rounds per scenario [SAMPLE_ROUNDS].
     sample_rounds: usize,
-    /// C: samples per prompt and side in a round [SAMPLES_PER_PROMPT].
-    per_prompt: usize,
+    /// C: round shapes, prompts × samples per prompt and side [ROUND_SHAPES, e.g. "2x10,8x10"].
+    shapes: Vec<(usize, usize)>,
+    /// C: a `pools.json` of an earlier run to analyse instead of generating pools [POOLS_FROM].
+    pools_from: Option<PathBuf>,
+    /// Only part C [ONLY_C=1]: no profiles for parts A and B (PROFILES defaults to none).
+    only_c: bool,
+    /// C: rounds of the real samples kind per sample profile, with the product's defaults and
+    /// fresh samples (no pool), judged as the detector judges [VERIFY_C]; 0 skips.
+    verify_c: usize,
     /// C: permutations of an extra run that can reach p < 0.001 [HI_PERMUTATIONS]; 0 skips.
     hi_permutations: usize,
     /// C: rounds of that extra run [HI_ROUNDS].
@@ -123,13 +135,28 @@ impl Settings {
             .map(|b| b.parse::<i64>().with_context(|| format!("BUDGETS: {b}")))
             .collect::<Result<Vec<_>>>()?;
         let only_b = env_or("ONLY_B", 0u8)? != 0;
+        let only_c = env_or("ONLY_C", 0u8)? != 0;
+        let shapes = env_list("ROUND_SHAPES", "2x10,5x10,10x10,25x10")
+            .iter()
+            .map(|x| {
+                let (p, n) = x.split_once('x').context("ROUND_SHAPES: PxN")?;
+                let shape: (usize, usize) = (p.parse()?, n.parse()?);
+                ensure!(
+                    shape.0 > 0 && shape.1 >= 2,
+                    "ROUND_SHAPES: {x}: P ≥ 1, N ≥ 2"
+                );
+                Ok(shape)
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             out: PathBuf::from(env_or("OUT", "bench/out/probes".to_owned())?),
             seed: env_or("SEED", 20_261_130)?,
             only_b,
             profiles: env_list(
                 "PROFILES",
-                if only_b {
+                if only_c {
+                    ""
+                } else if only_b {
                     "reference,a8,w6,w5,w4"
                 } else {
                     "reference,a8,kv-f16,kv-q8,w8,w6,w5,w4,w3,shifted-echo"
@@ -137,7 +164,7 @@ impl Settings {
             ),
             budgets,
             rounds: env_or("ROUNDS", 2000)?,
-            verify: env_or("VERIFY", if only_b { 0 } else { 3 })?,
+            verify: env_or("VERIFY", if only_b || only_c { 0 } else { 3 })?,
             worlds: env_or("WORLDS", 200)?,
             switch_budget: env_or("SWITCH_BUDGET", 2000)?,
             switch_at: env_or("SWITCH_AT", 60)?,
@@ -146,7 +173,10 @@ impl Settings {
             pool: env_or("POOL", if only_b { 0 } else { 50 })?,
             sample_profiles: env_list("SAMPLE_PROFILES", "reference,w4"),
             sample_rounds: env_or("SAMPLE_ROUNDS", 500)?,
-            per_prompt: env_or("SAMPLES_PER_PROMPT", 10)?,
+            shapes,
+            pools_from: std::env::var_os("POOLS_FROM").map(PathBuf::from),
+            only_c,
+            verify_c: env_or("VERIFY_C", 0)?,
             hi_permutations: env_or("HI_PERMUTATIONS", 0)?,
             hi_rounds: env_or("HI_ROUNDS", 200)?,
         })
@@ -167,7 +197,9 @@ use cache::{
 };
 
 use report::render_tables;
-use samples::{Pool, endpoint_pool, reference_pool, samples_rounds};
+use samples::{
+    Pool, RoundP, endpoint_pool, reference_pool, samples_real_rounds, samples_rounds, score_pool,
+};
 
 /// A SplitMix64 step: seeds for rounds, worlds and permutations.
 fn mix(a: u64, b: u64) -> u64 {
@@ -280,34 +312,41 @@ async fn main() -> Result<()> {
     let mut log = Vec::new();
 
     // ---- collection: part A caches and part C pools, one endpoint at a time
-    let (profiles, pools, ref_pool) = collect(&s, &model, &env, &mut log).await?;
+    let (profiles, pools, ref_pool, samples_real) = collect(&s, &model, &env, &mut log).await?;
     let collect_s = started.elapsed().as_secs_f64();
     eprintln!("collection done in {collect_s:.1} s");
 
-    // ---- A: faithful? per profile and budget
-    let t_a = Instant::now();
-    let tokens = text_tokens(&profiles)?;
+    // ---- A: faithful? per profile and budget; B: changed? after a switch, and in control
+    let tokens = if s.only_c {
+        Vec::new()
+    } else {
+        text_tokens(&profiles)?
+    };
     let bench = Bench {
         s: &s,
         cfg: &cfg,
         det: &det,
         tokens: &tokens,
     };
-    let (variants, inexact_ids) = text_variants(&profiles, &sets, tokens.len());
-    let a_variants: &[(&str, Vec<usize>)] = if s.only_b { &[] } else { &variants };
-    let a_rows = faithful_rows(&bench, &profiles, a_variants, &ladder)?;
-    eprintln!("A analysed in {:.1} s", t_a.elapsed().as_secs_f64());
-
-    // ---- B: changed? after a switch, and in control
-    let t_b = Instant::now();
-    let (keys, key_pos) = cusum_keys(&det)?;
-    let fast_checked = check_fast_stats(&bench, &profiles)?;
-    let b_rows = changed_rows(&bench, &profiles, &key_pos)?;
-    let ic_rows = in_control_rows(&bench, &profiles, &keys, &key_pos)?;
-    eprintln!(
-        "B analysed in {:.1} s ({fast_checked} fast rounds checked)",
-        t_b.elapsed().as_secs_f64()
-    );
+    let (inexact_ids, a_rows, b_rows, ic_rows, keys) = if s.only_c {
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new())
+    } else {
+        let t_a = Instant::now();
+        let (variants, inexact_ids) = text_variants(&profiles, &sets, tokens.len());
+        let a_variants: &[(&str, Vec<usize>)] = if s.only_b { &[] } else { &variants };
+        let a_rows = faithful_rows(&bench, &profiles, a_variants, &ladder)?;
+        eprintln!("A analysed in {:.1} s", t_a.elapsed().as_secs_f64());
+        let t_b = Instant::now();
+        let (keys, key_pos) = cusum_keys(&det)?;
+        let fast_checked = check_fast_stats(&bench, &profiles)?;
+        let b_rows = changed_rows(&bench, &profiles, &key_pos)?;
+        let ic_rows = in_control_rows(&bench, &profiles, &keys, &key_pos)?;
+        eprintln!(
+            "B analysed in {:.1} s ({fast_checked} fast rounds checked)",
+            t_b.elapsed().as_secs_f64()
+        );
+        (inexact_ids, a_rows, b_rows, ic_rows, keys)
+    };
 
     // ---- C: samples
     let t_c = Instant::now();
@@ -337,7 +376,7 @@ async fn main() -> Result<()> {
             "verified_rounds": p.verified.0, "verify_rounds": p.verified.1,
             "per_text_decode_exact": p.decode_exact,
         })).collect::<Vec<_>>(),
-        "faithful": a_rows, "changed": b_rows, "in_control": ic_rows, "samples": c_rows,
+        "faithful": a_rows, "changed": b_rows, "in_control": ic_rows, "samples": c_rows, "samples_real": samples_real,
         "log": log,
         "collect_seconds": collect_s, "total_seconds": total_s,
     });
@@ -389,19 +428,32 @@ async fn load_reference(model: &Path) -> Result<InProcess> {
 }
 
 /// Collection, one endpoint at a time: part A's per-text caches of the profiles and part C's
-/// sample pools, with the reference pool (when part C runs).
+/// sample pools, with the reference pool (when part C runs), every pool scored by the
+/// reference and written to `$OUT/pools.json`; or part C's pools read from `POOLS_FROM`.
 async fn collect(
     s: &Settings,
     model: &Path,
     env: &Env<'_>,
     log: &mut Vec<String>,
-) -> Result<(Vec<ProfileData>, Vec<Pool>, Option<Pool>)> {
+) -> Result<(Vec<ProfileData>, Vec<Pool>, Option<Pool>, Vec<Value>)> {
     let mut profiles: Vec<ProfileData> = Vec::new();
     let mut pools: Vec<Pool> = Vec::new();
+    let mut real_rounds: Vec<Value> = Vec::new();
+    let loaded: Option<(Vec<Pool>, Pool)> = match &s.pools_from {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("POOLS_FROM={}", path.display()))?;
+            Some(serde_json::from_str(&text).context("POOLS_FROM: not a pools.json")?)
+        }
+        None => None,
+    };
+    let generate = s.pool > 0 && loaded.is_none();
     let mut all_names = s.profiles.clone();
-    for p in &s.sample_profiles {
-        if !all_names.contains(p) {
-            all_names.push(p.clone());
+    if generate || s.verify_c > 0 {
+        for p in &s.sample_profiles {
+            if !all_names.contains(p) {
+                all_names.push(p.clone());
+            }
         }
     }
     // the reference pool is drawn while the endpoints are probed (the engine is
@@ -413,7 +465,7 @@ async fn collect(
             if s.profiles.contains(name) {
                 profiles.push(part_a_profile(env, &target, s, log).await?);
             }
-            if s.pool > 0 && s.sample_profiles.contains(name) {
+            if generate && s.sample_profiles.contains(name) {
                 pools.push(
                     endpoint_pool(
                         env.http,
@@ -425,13 +477,16 @@ async fn collect(
                     .await?,
                 );
             }
+            if s.verify_c > 0 && s.sample_profiles.contains(name) {
+                real_rounds.push(samples_real_rounds(env, &target, s).await?);
+            }
             stop.cancel();
             task.await?;
         }
         Ok::<_, anyhow::Error>(())
     };
     let ref_pool_fut = async {
-        if s.pool > 0 {
+        if generate {
             Ok::<_, anyhow::Error>(Some(
                 reference_pool(
                     env.reference,
@@ -448,7 +503,23 @@ async fn collect(
     };
     let (collected, ref_pool) = tokio::join!(collect, ref_pool_fut);
     collected?;
-    Ok((profiles, pools, ref_pool?))
+    let mut ref_pool = ref_pool?;
+    if let Some((p, r)) = loaded {
+        pools = p;
+        ref_pool = Some(r);
+    }
+    if let Some(rf) = &mut ref_pool {
+        for pool in pools.iter_mut().chain(std::iter::once(&mut *rf)) {
+            if pool.loglik.len() != pool.samples.len() {
+                score_pool(env.reference, &env.sets.completion_prompts, pool).await?;
+            }
+        }
+        std::fs::write(
+            s.out.join("pools.json"),
+            serde_json::to_string(&(&pools, &*rf))?,
+        )?;
+    }
+    Ok((profiles, pools, ref_pool, real_rounds))
 }
 
 /// The settings as `results.json` records them.
@@ -463,7 +534,8 @@ fn settings_json(
         "seed": s.seed, "only_b": s.only_b, "profiles": s.profiles, "budgets": s.budgets, "rounds": s.rounds,
         "verify": s.verify, "worlds": s.worlds, "switch_budget": s.switch_budget, "switch_at": s.switch_at,
         "max_after": s.max_after, "ic_rounds": s.ic_rounds, "pool": s.pool, "sample_profiles": s.sample_profiles,
-        "sample_rounds": s.sample_rounds, "samples_per_prompt": s.per_prompt,
+        "sample_rounds": s.sample_rounds, "round_shapes": s.shapes, "pools_from": s.pools_from,
+        "only_c": s.only_c, "samples_alpha": det.samples_alpha,
         "hi_permutations": s.hi_permutations, "hi_rounds": s.hi_rounds,
         "items_per_round_default": cfg.items_per_round, "permutations_default": cfg.permutations,
         "top_k": cfg.top_k, "level": det.rule.level, "metric": det.metric, "threshold": threshold,

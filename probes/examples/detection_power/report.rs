@@ -84,125 +84,131 @@ pub(crate) fn render_tables(r: &Value) -> Result<String> {
         }
         writeln!(t)?;
     }
-    let ver: Vec<String> = r["profiles"]
-        .as_array()
-        .context("profiles")?
-        .iter()
-        .map(|p| {
-            format!(
-                "{} {}/{}",
-                p["profile"].as_str().unwrap_or("?"),
-                p["verified_rounds"],
-                p["verify_rounds"]
-            )
-        })
-        .collect();
-    writeln!(
-        t,
-        "\nRe-run rounds identical bit for bit to the resampled ones: {}.",
-        ver.join(", ")
-    )?;
-
-    writeln!(
-        t,
-        "\n### B. changed? (CUSUM: k {}, h {:.3}{}, two-sided, ARL0 {:.0} per chart, baseline {} rounds; charts {})\n",
-        set["cusum"]["k"],
-        f(&set["cusum_chart_h"]),
-        if set["cusum_baseline_correction"] == true {
-            format!(
-                " (raised for the estimated baseline from {:.3})",
-                f(&set["cusum"]["h"])
-            )
-        } else {
-            String::new()
-        },
-        f(&set["cusum_arl0"]),
-        set["cusum"]["baseline_rounds"],
-        set["cusum_statistics"]
+    // parts A and B (none with ONLY_C)
+    if set["only_c"] != true {
+        let ver: Vec<String> = r["profiles"]
             .as_array()
-            .map(|a| a
-                .iter()
-                .filter_map(Value::as_str)
-                .collect::<Vec<_>>()
-                .join(", "))
-            .unwrap_or_default()
-    )?;
-    writeln!(
-        t,
-        "| rounds | P0 → P1 at round {} | worlds | tokens/round | false alarms before the switch | detected | rounds to alarm, median / p95 | tokens to alarm, median / p95 | within 3 rounds |",
-        set["switch_at"]
-    )?;
-    writeln!(t, "|---|---|---:|---:|---|---:|---|---|---:|")?;
-    for x in r["changed"].as_array().context("changed")? {
-        let rounds = if x["rounds"] == "random" {
-            format!("random, B = {}", set["switch_budget"])
-        } else {
-            format!(
-                "scheduler window ({} texts)",
-                set["items_per_round_default"]
-            )
-        };
-        writeln!(
-            t,
-            "| {rounds} | {} → {} | {} | {:.0} | {} / {} | {} | {} / {} | {} / {} | {:.1}% |",
-            x["p0"].as_str().unwrap_or("?"),
-            x["p1"].as_str().unwrap_or("?"),
-            x["worlds"],
-            f(&x["mean_tokens_per_round"]),
-            x["pre_switch_alarms"],
-            x["pre_switch_monitored_rounds"],
-            x["detected"],
-            x["delay_rounds_median"],
-            x["delay_rounds_p95"],
-            x["delay_tokens_median"],
-            x["delay_tokens_p95"],
-            100.0 * f(&x["detected_within_3_share"])
-        )?;
-    }
-    for x in r["in_control"].as_array().context("in_control")? {
-        let per: Vec<String> = x["alarms_per_chart"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|c| format!("{} {}", c["statistic"].as_str().unwrap_or("?"), c["alarms"]))
-                    .collect()
+            .context("profiles")?
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} {}/{}",
+                    p["profile"].as_str().unwrap_or("?"),
+                    p["verified_rounds"],
+                    p["verify_rounds"]
+                )
             })
-            .unwrap_or_default();
+            .collect();
         writeln!(
             t,
-            "\nIn control (a8, {} rounds, {} × {} rounds, charts rebuilt over the newest {} runs as the detector does): any-chart alarm rate {} of {} monitored rounds ({}); per chart {}; documented ARL0 {:.0} rounds per chart (rate {:.4}); median rounds to the first alarm {}, {} of {} worlds without an alarm.",
-            x["rounds"].as_str().unwrap_or("?"),
-            x["worlds"],
-            x["rounds_per_world"],
-            x["history_runs"],
-            pct(u(&x["alarm_rounds_any_chart"]), u(&x["monitored_rounds"])),
-            x["monitored_rounds"],
-            x["alarm_rounds_any_chart"],
-            per.join(", "),
-            f(&x["documented_arl0_per_chart"]),
-            1.0 / f(&x["documented_arl0_per_chart"]),
-            x["first_alarm_monitored_round_median"],
-            x["worlds_without_alarm"],
-            x["worlds"]
+            "\nRe-run rounds identical bit for bit to the resampled ones: {}.",
+            ver.join(", ")
         )?;
+
+        writeln!(
+            t,
+            "\n### B. changed? (CUSUM: k {}, h {:.3}{}, two-sided, ARL0 {:.0} per chart, baseline {} rounds; charts {})\n",
+            set["cusum"]["k"],
+            f(&set["cusum_chart_h"]),
+            if set["cusum_baseline_correction"] == true {
+                format!(
+                    " (raised for the estimated baseline from {:.3})",
+                    f(&set["cusum"]["h"])
+                )
+            } else {
+                String::new()
+            },
+            f(&set["cusum_arl0"]),
+            set["cusum"]["baseline_rounds"],
+            set["cusum_statistics"]
+                .as_array()
+                .map(|a| a
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", "))
+                .unwrap_or_default()
+        )?;
+        writeln!(
+            t,
+            "| rounds | P0 → P1 at round {} | worlds | tokens/round | false alarms before the switch | detected | rounds to alarm, median / p95 | tokens to alarm, median / p95 | within 3 rounds |",
+            set["switch_at"]
+        )?;
+        writeln!(t, "|---|---|---:|---:|---|---:|---|---|---:|")?;
+        for x in r["changed"].as_array().context("changed")? {
+            let rounds = if x["rounds"] == "random" {
+                format!("random, B = {}", set["switch_budget"])
+            } else {
+                format!(
+                    "scheduler window ({} texts)",
+                    set["items_per_round_default"]
+                )
+            };
+            writeln!(
+                t,
+                "| {rounds} | {} → {} | {} | {:.0} | {} / {} | {} | {} / {} | {} / {} | {:.1}% |",
+                x["p0"].as_str().unwrap_or("?"),
+                x["p1"].as_str().unwrap_or("?"),
+                x["worlds"],
+                f(&x["mean_tokens_per_round"]),
+                x["pre_switch_alarms"],
+                x["pre_switch_monitored_rounds"],
+                x["detected"],
+                x["delay_rounds_median"],
+                x["delay_rounds_p95"],
+                x["delay_tokens_median"],
+                x["delay_tokens_p95"],
+                100.0 * f(&x["detected_within_3_share"])
+            )?;
+        }
+        for x in r["in_control"].as_array().context("in_control")? {
+            let per: Vec<String> = x["alarms_per_chart"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|c| {
+                            format!("{} {}", c["statistic"].as_str().unwrap_or("?"), c["alarms"])
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            writeln!(
+                t,
+                "\nIn control (a8, {} rounds, {} × {} rounds, charts rebuilt over the newest {} runs as the detector does): any-chart alarm rate {} of {} monitored rounds ({}); per chart {}; documented ARL0 {:.0} rounds per chart (rate {:.4}); median rounds to the first alarm {}, {} of {} worlds without an alarm.",
+                x["rounds"].as_str().unwrap_or("?"),
+                x["worlds"],
+                x["rounds_per_world"],
+                x["history_runs"],
+                pct(u(&x["alarm_rounds_any_chart"]), u(&x["monitored_rounds"])),
+                x["monitored_rounds"],
+                x["alarm_rounds_any_chart"],
+                per.join(", "),
+                f(&x["documented_arl0_per_chart"]),
+                1.0 / f(&x["documented_arl0_per_chart"]),
+                x["first_alarm_monitored_round_median"],
+                x["worlds_without_alarm"],
+                x["worlds"]
+            )?;
+        }
     }
 
     if let Some(rows) = r["samples"].as_array().filter(|a| !a.is_empty()) {
+        let alpha = &rows[0]["samples_alpha"];
         writeln!(
             t,
-            "\n### C. samples (MMD, Hamming kernel; pools of {} samples per prompt, {} per side per prompt and round)\n",
-            set["pool"], set["samples_per_prompt"]
+            "\n### C. samples (pools of {} samples per prompt; a round of P × N: the rotating window of P prompts, N samples per side and prompt; {} rounds per row; flagged = p < {alpha})\n",
+            rows[0]["pool"], set["sample_rounds"]
         )?;
         writeln!(
             t,
-            "| endpoint vs reference sampler | round | permutations (min p) | rounds | flagged at p < 0.05 | flagged at p < {} | median p | tokens/round |",
-            rows[0]["samples_alpha"]
+            "| endpoint vs reference sampler | round | permutations | MMD alone | log-likelihood alone | both, Bonferroni (the detector) | both at p < 0.05 | median p (MMD / loglik / both) | tokens/round |"
         )?;
-        writeln!(t, "|---|---|---|---:|---|---|---:|---:|")?;
+        writeln!(t, "|---|---|---:|---|---|---|---|---|---:|")?;
         for x in rows {
+            let n = u(&x["rounds"]);
             writeln!(
                 t,
-                "| {} ({}) | {} prompts | {} ({:.4}) | {} | {} | {} | {:.3} | {:.0} |",
+                "| {} ({}) | {} × {} | {} | {} | {} | **{}** | {} | {:.3} / {:.3} / {:.3} | {:.0} |",
                 x["endpoint"].as_str().unwrap_or("?"),
                 x["role"]
                     .as_str()
@@ -211,15 +217,32 @@ pub(crate) fn render_tables(r: &Value) -> Result<String> {
                     .next()
                     .unwrap_or(""),
                 x["prompts"],
+                x["samples_per_prompt"],
                 x["permutations"],
-                f(&x["min_p"]),
-                x["rounds"],
-                pct(u(&x["flags_0.05"]), u(&x["rounds"])),
-                pct(u(&x["flags_samples_alpha"]), u(&x["rounds"])),
+                pct(u(&x["flags_mmd"]), n),
+                pct(u(&x["flags_loglik"]), n),
+                pct(u(&x["flags"]), n),
+                pct(u(&x["flags_0.05"]), n),
+                f(&x["median_p_mmd"]),
+                f(&x["median_p_loglik"]),
                 f(&x["median_p"]),
                 f(&x["mean_tokens_per_round"])
             )?;
         }
+    }
+    for x in r["samples_real"].as_array().into_iter().flatten() {
+        writeln!(
+            t,
+            "\nReal samples kind, product defaults ({} prompts × {} samples per round), fresh samples, {}: flagged (Bonferroni p < {}) in {} of {} rounds, {:.0} tokens per round, {:.0} s.",
+            x["prompts"],
+            x["samples_per_prompt"],
+            x["endpoint"].as_str().unwrap_or("?"),
+            x["samples_alpha"],
+            pct(u(&x["flags"]), u(&x["rounds"])),
+            x["rounds"],
+            f(&x["mean_tokens_per_round"]),
+            f(&x["seconds"])
+        )?;
     }
     writeln!(
         t,

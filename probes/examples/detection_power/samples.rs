@@ -1,16 +1,54 @@
 //! Part C of the benchmark, the samples probe: pools of samples per completion prompt from an
-//! endpoint and from the reference, and seeded rounds drawn from them.
+//! endpoint and from the reference, each sample scored once by the reference (its mean
+//! per-token log-likelihood, `reference::mean_loglik`, as the kind scores it), and seeded
+//! rounds drawn from them, judged by both of the kind's tests and the detector's Bonferroni
+//! p-value over them (`mmd::samples_p_value`). Pools are written to `$OUT/pools.json`;
+//! `POOLS_FROM=that file` re-analyses them without generating again.
 
 use super::*;
 
 /// A pool of samples per prompt, with the probe tokens spent.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Pool {
     pub(crate) name: String,
     pub(crate) samples: Vec<Vec<String>>,
     /// Per prompt: prompt tokens of one request, mean completion tokens per sample.
     pub(crate) prompt_tokens: Vec<f64>,
     pub(crate) completion_per_sample: Vec<f64>,
+    /// Per prompt and sample: the reference's mean per-token log-likelihood of the sample
+    /// (None for one of no tokens); empty until [`score_pool`].
+    #[serde(default)]
+    pub(crate) loglik: Vec<Vec<Option<f64>>>,
+}
+
+/// Scores every sample of `pool` with the reference, as the kind scores a round's samples.
+pub(crate) async fn score_pool(
+    reference: &dyn Reference,
+    prompts: &[CompletionPrompt],
+    pool: &mut Pool,
+) -> Result<()> {
+    let t0 = Instant::now();
+    let jobs = prompts
+        .iter()
+        .zip(&pool.samples)
+        .map(|(p, texts)| async move {
+            let messages = vec![json!({"role": "user", "content": p.prompt})];
+            let prompt = reference.render_chat(&messages, None).await?;
+            let mut out = Vec::with_capacity(texts.len());
+            for t in texts {
+                out.push(mean_loglik(reference, &prompt, t).await?);
+            }
+            Ok::<_, anyhow::Error>(out)
+        });
+    let results: Vec<Result<Vec<Option<f64>>>> =
+        futures_util::stream::iter(jobs).buffered(4).collect().await;
+    pool.loglik = results.into_iter().collect::<Result<Vec<_>>>()?;
+    eprintln!(
+        "C pool {} scored by the reference in {:.1} s",
+        pool.name,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// `POOL` samples per prompt from an endpoint, asked as `kinds/samples.rs` asks (`n` = the
@@ -71,6 +109,7 @@ pub(crate) async fn endpoint_pool(
         samples: Vec::new(),
         prompt_tokens: Vec::new(),
         completion_per_sample: Vec::new(),
+        loglik: Vec::new(),
     };
     for r in results {
         let (s, pt, cps) = r?;
@@ -122,43 +161,126 @@ pub(crate) async fn reference_pool(
         samples,
         prompt_tokens: Vec::new(),
         completion_per_sample: Vec::new(),
+        loglik: Vec::new(),
     })
 }
 
-/// Part C rounds of one scenario: p-values of `rounds` seeded rounds over `prompts` (indices
-/// of the prompts each round uses, by round).
+/// One round's p-values: the MMD's and the log-likelihood test's (None when no prompt had
+/// a scored sample on both sides).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RoundP {
+    pub(crate) mmd: f64,
+    pub(crate) loglik: Option<f64>,
+}
+
+impl RoundP {
+    /// The detector's p-value over both tests.
+    pub(crate) fn combined(&self) -> f64 {
+        samples_p_value(self.mmd, self.loglik).0
+    }
+}
+
+/// Part C rounds of one scenario: `rounds` seeded rounds of `per_prompt` samples per side and
+/// prompt over `prompts_of(round)` (indices of the prompts each round uses), both tests run as
+/// `kinds/samples.rs` runs them (one permutation seed for both).
 pub(crate) fn samples_rounds(
     ep: &Pool,
     rf: &Pool,
     s: &Settings,
-    rounds: usize,
-    permutations: usize,
+    (rounds, per_prompt, permutations): (usize, usize, usize),
     prompts_of: impl Fn(usize) -> Vec<usize>,
     tag: u64,
-) -> Result<Vec<f64>> {
+) -> Result<Vec<RoundP>> {
     let mut ps = Vec::with_capacity(rounds);
     for r in 0..rounds {
         let mut rng = rng_for(s.seed, &[0xC, tag, r as u64]);
-        let mut round = Vec::new();
+        let mut texts = Vec::new();
+        let mut logliks = Vec::new();
         for pi in prompts_of(r) {
-            let pick = |pool: &[String], rng: &mut StdRng| -> Vec<String> {
-                rand::seq::index::sample(rng, pool.len(), s.per_prompt.min(pool.len()))
-                    .into_iter()
-                    .map(|i| pool[i].clone())
-                    .collect()
+            let pick = |pool: &Pool, rng: &mut StdRng| -> Vec<usize> {
+                let n = pool.samples[pi].len();
+                rand::seq::index::sample(rng, n, per_prompt.min(n)).into_vec()
             };
-            let endpoint = pick(&ep.samples[pi], &mut rng);
-            let reference = pick(&rf.samples[pi], &mut rng);
-            round.push(PromptSamples {
-                endpoint,
-                reference,
+            let (ei, ri) = (pick(ep, &mut rng), pick(rf, &mut rng));
+            let strings = |pool: &Pool, idx: &[usize]| -> Vec<String> {
+                idx.iter().map(|&i| pool.samples[pi][i].clone()).collect()
+            };
+            let scored = |pool: &Pool, idx: &[usize]| -> Vec<f64> {
+                idx.iter().filter_map(|&i| pool.loglik[pi][i]).collect()
+            };
+            let ll = PromptLoglik {
+                endpoint: scored(ep, &ei),
+                reference: scored(rf, &ri),
+            };
+            if !ll.endpoint.is_empty() && !ll.reference.is_empty() {
+                logliks.push(ll);
+            }
+            texts.push(PromptSamples {
+                endpoint: strings(ep, &ei),
+                reference: strings(rf, &ri),
             });
         }
         let cfg = PermutationConfig {
             permutations,
             seed: rng.random(),
         };
-        ps.push(mmd_test(&round, &cfg)?.p_value);
+        ps.push(RoundP {
+            mmd: mmd_test(&texts, &cfg)?.p_value,
+            loglik: if logliks.is_empty() {
+                None
+            } else {
+                Some(loglik_test(&logliks, &cfg)?.p_value)
+            },
+        });
     }
     Ok(ps)
+}
+
+/// `VERIFY_C` rounds of the real samples kind on `target` with the product's defaults (the
+/// scheduler's rotating window, fresh samples on both sides, a seed per round), each judged
+/// by the detector's p-value over both tests: the check on the pools' resampling.
+pub(crate) async fn samples_real_rounds(
+    env: &Env<'_>,
+    target: &Target,
+    s: &Settings,
+) -> Result<Value> {
+    let t0 = Instant::now();
+    let alpha = DetectorConfig::default().samples_alpha;
+    let mut rounds = Vec::with_capacity(s.verify_c);
+    for round in 0..s.verify_c {
+        let ctx = ProbeCtx {
+            reference: env.reference,
+            cfg: env.cfg,
+            sets: env.sets,
+            http: env.http,
+            round: round as u64,
+            seed: mix(s.seed, 0x5A11_0000 + round as u64),
+        };
+        let o = kinds::run(ProbeKind::Samples, &ctx, target).await;
+        ensure!(o.ok, "{}: samples failed: {:?}", target.endpoint, o.error);
+        let p_mmd = o.stats["p_value"].as_f64().context("p_value")?;
+        let p_ll = o.stats["loglik_p_value"].as_f64();
+        let p = samples_p_value(p_mmd, p_ll).0;
+        eprintln!(
+            "C real round {round} on {}: p {p:.4} (MMD {p_mmd:.4}, loglik {p_ll:?}), {} tokens",
+            target.endpoint, o.tokens
+        );
+        rounds.push(
+            json!({"round": round, "p": p, "p_mmd": p_mmd, "p_loglik": p_ll, "tokens": o.tokens}),
+        );
+    }
+    let flags = rounds
+        .iter()
+        .filter(|r| r["p"].as_f64().is_some_and(|p| p < alpha))
+        .count();
+    let tokens = rounds
+        .iter()
+        .filter_map(|r| r["tokens"].as_f64())
+        .sum::<f64>()
+        / s.verify_c as f64;
+    Ok(json!({
+        "endpoint": target.endpoint, "rounds": s.verify_c, "flags": flags, "samples_alpha": alpha,
+        "prompts": env.cfg.samples_prompts_per_round, "samples_per_prompt": env.cfg.samples_per_prompt,
+        "mean_tokens_per_round": tokens, "seconds": t0.elapsed().as_secs_f64(), "per_round": rounds,
+    }))
 }

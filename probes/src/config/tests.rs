@@ -34,6 +34,16 @@ model = "/m/smol.gguf"
     );
     assert_eq!(m.interval, Duration::from_secs(300));
     assert_eq!(m.top_k, 5);
+    assert_eq!(m.token_budget_per_hour, 100_000);
+    assert_eq!(
+        (
+            m.items_per_round,
+            m.samples_prompts_per_round,
+            m.samples_per_prompt,
+            m.permutations
+        ),
+        (2, 6, 10, 999)
+    );
     assert_eq!(c.noise_pair_every, 10);
     assert_eq!(c.concurrency, 16);
     assert_eq!(c.request_timeout, Duration::from_secs(300));
@@ -166,6 +176,10 @@ fn errors_name_the_key() {
         (
             "[probes.reference]\nbackend='in_process'\nmodel='m'\n[models.a.probes]\ntop_k=50",
             "models.a.probes.top_k",
+        ),
+        (
+            "[probes.reference]\nbackend='in_process'\nmodel='m'\n[models.a.probes]\nsamples_prompts_per_round=0",
+            "models.a.probes.samples_prompts_per_round: must be at least 1",
         ),
         (
             "[probes.reference]\nbackend='in_process'\nmodel='m'\n[models.a.probes]\nbogus=1",

@@ -8,14 +8,14 @@ use serde_json::{Map, Value, json};
 
 use super::{Outcome, ProbeCtx, Target, call, usage_tokens, window};
 use crate::mmd::{PermutationConfig, PromptLoglik, PromptSamples, loglik_test, mmd_test};
-use crate::reference::SampleRequest;
+use crate::reference::{SampleRequest, mean_loglik};
 
 /// Runs one samples probe.
 pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     let prompts = window(
         &ctx.sets.completion_prompts,
         ctx.round,
-        ctx.cfg.items_per_round,
+        ctx.cfg.samples_prompts_per_round,
     );
     let n = ctx.cfg.samples_per_prompt;
     let mut tokens = 0i64;
@@ -84,7 +84,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             (&mut ll.reference, &reference),
         ] {
             for s in list {
-                match mean_loglik(ctx, &prompt_ids, s).await {
+                match mean_loglik(ctx.reference, &prompt_ids, s).await {
                     Ok(Some(v)) => side.push(v),
                     Ok(None) => {}
                     Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
@@ -137,24 +137,4 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
         }),
     );
     Outcome::done(tokens, stats)
-}
-
-/// The reference's mean per-token logprob of `text` after `prompt` (None for empty text).
-async fn mean_loglik(ctx: &ProbeCtx<'_>, prompt: &[u32], text: &str) -> crate::Result<Option<f64>> {
-    let ids = ctx.reference.tokenize(text, false).await?;
-    if ids.is_empty() {
-        return Ok(None);
-    }
-    let mut seq = prompt.to_vec();
-    seq.extend_from_slice(&ids);
-    let scored = ctx.reference.score(&seq, 1).await?;
-    let lps: Vec<f64> = scored[prompt.len().min(scored.len())..]
-        .iter()
-        .filter_map(|p| p.logprob)
-        .collect();
-    Ok(if lps.is_empty() {
-        None
-    } else {
-        Some(lps.iter().sum::<f64>() / lps.len() as f64)
-    })
 }

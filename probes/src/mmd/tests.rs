@@ -260,3 +260,17 @@ fn perturbed_generator_is_detected() {
     );
     assert!(weak_mmd > 0.2 && weak_ll > 0.2, "{weak_mmd} {weak_ll}");
 }
+
+#[test]
+fn samples_p_value_is_bonferroni_over_both_tests() {
+    assert_eq!(samples_p_value(0.3, None), (0.3, SamplesTest::Mmd));
+    assert_eq!(
+        samples_p_value(0.3, Some(0.002)),
+        (0.004, SamplesTest::Loglik)
+    );
+    assert_eq!(samples_p_value(0.001, Some(0.5)), (0.002, SamplesTest::Mmd));
+    // ties go to the MMD; the p-value never exceeds 1
+    assert_eq!(samples_p_value(0.7, Some(0.7)), (1.0, SamplesTest::Mmd));
+    assert_eq!(SamplesTest::Loglik.statistic(), "loglik_diff");
+    assert_eq!(SamplesTest::Mmd.statistic(), "mmd");
+}

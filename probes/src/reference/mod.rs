@@ -114,6 +114,31 @@ pub async fn connect(cfg: &ReferenceConfig) -> Result<Arc<dyn Reference>> {
     })
 }
 
+/// The reference's mean per-token log-likelihood of `text` as the continuation of `prompt`
+/// (the samples probe's second test, and its benchmark); None for a text of no tokens.
+pub async fn mean_loglik(
+    reference: &dyn Reference,
+    prompt: &[u32],
+    text: &str,
+) -> Result<Option<f64>> {
+    let ids = reference.tokenize(text, false).await?;
+    if ids.is_empty() {
+        return Ok(None);
+    }
+    let mut seq = prompt.to_vec();
+    seq.extend_from_slice(&ids);
+    let scored = reference.score(&seq, 1).await?;
+    let lps: Vec<f64> = scored[prompt.len().min(scored.len())..]
+        .iter()
+        .filter_map(|p| p.logprob)
+        .collect();
+    Ok(if lps.is_empty() {
+        None
+    } else {
+        Some(lps.iter().sum::<f64>() / lps.len() as f64)
+    })
+}
+
 /// The engines compute logprobs in f32: widen through f32 so every backend agrees bitwise.
 pub fn norm(lp: f64) -> f64 {
     f64::from(lp as f32)

@@ -595,6 +595,41 @@ async fn samples_p_value_and_unmappable_tokens_are_unfaithful() -> Result<()> {
         "{}",
         alerts[0].summary
     );
+    // with the log-likelihood test beside the MMD, the two are one Bonferroni p-value: 2 · min
+    let both = |ep: &str, p_mmd: f64, p_ll: f64| ProbeRun {
+        stats: serde_json::json!({"mmd": 0.001, "p_value": p_mmd, "loglik_diff": -0.21, "loglik_p_value": p_ll}),
+        ..samples(ep, p_mmd)
+    };
+    // 0.008 alone is below 0.01, but not once two tests are looked at
+    let near = store_run(&db.store, &both("p/near", 0.3, 0.008)).await?;
+    ensure!(d.after_run(&db.store, &near).await?.is_empty());
+    let ll = store_run(&db.store, &both("p/ll", 0.3, 0.002)).await?;
+    let alerts = d.after_run(&db.store, &ll).await?;
+    ensure!(
+        alerts.len() == 1
+            && alerts[0].evidence["statistic"] == "loglik_diff"
+            && alerts[0].evidence["value"] == -0.21
+            && alerts[0].evidence["p_value"] == 0.004
+            && alerts[0].evidence["p_loglik"] == 0.002
+            && alerts[0].evidence["p_mmd"] == 0.3,
+        "{alerts:?}"
+    );
+    ensure!(
+        alerts[0]
+            .summary
+            .contains("the reference finds them less likely")
+            && alerts[0].summary.contains("p = 0.004 < 0.010"),
+        "{}",
+        alerts[0].summary
+    );
+    let mmd = store_run(&db.store, &both("p/mmd", 0.001, 0.5)).await?;
+    let alerts = d.after_run(&db.store, &mmd).await?;
+    ensure!(
+        alerts.len() == 1
+            && alerts[0].evidence["statistic"] == "mmd"
+            && alerts[0].evidence["p_value"] == 0.002,
+        "{alerts:?}"
+    );
     // a faithful-looking KL, but 10% of the endpoint's tokens do not map
     let mut run = logprob_run("p/tok", 1_000, 0.001, 0.99);
     run.stats["mismatch_rate"] = serde_json::json!(0.1);
@@ -653,7 +688,8 @@ fn check_config_reads_the_ladder_and_the_detector_tables() -> Result<()> {
 }
 
 /// A samples probe whose permutations cannot produce a p-value below `samples_alpha` could
-/// never be flagged: the configuration is refused, naming both keys; the defaults can.
+/// never be flagged (its p is Bonferroni over two permutation tests, at least 2/(B+1)): the
+/// configuration is refused, naming both keys; the defaults can.
 #[test]
 fn samples_alpha_out_of_reach_of_the_permutations_is_a_config_error() -> Result<()> {
     use samewise_probes::ProbesConfig;
@@ -663,18 +699,18 @@ fn samples_alpha_out_of_reach_of_the_permutations_is_a_config_error() -> Result<
         ))
     };
     Detectors::check_config(&cfg("", "")?)?;
-    Detectors::check_config(&cfg("permutations = 100", "samples_alpha = 0.01")?)?;
-    let e = Detectors::check_config(&cfg("permutations = 500", "samples_alpha = 0.001")?)
+    Detectors::check_config(&cfg("permutations = 200", "samples_alpha = 0.01")?)?;
+    let e = Detectors::check_config(&cfg("permutations = 1000", "samples_alpha = 0.001")?)
         .err()
-        .context("500 permutations cannot reach p < 0.001")?
+        .context("1,000 permutations cannot reach p < 0.001 over two tests")?
         .to_string();
     ensure!(
         e.contains("probes.detectors.samples_alpha")
-            && e.contains("models.smol.probes.permutations = 500")
-            && e.contains("at least 1000 permutations"),
+            && e.contains("models.smol.probes.permutations = 1000")
+            && e.contains("at least 2000 permutations"),
         "{e}"
     );
-    ensure!(Detectors::check_config(&cfg("permutations = 99", "samples_alpha = 0.01")?).is_err());
+    ensure!(Detectors::check_config(&cfg("permutations = 199", "samples_alpha = 0.01")?).is_err());
     // a model without the samples kind is not concerned
     let no_samples = ProbesConfig::from_gateway_toml(
         "[probes]\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"unused\"\n[probes.detectors]\nsamples_alpha = 0.001\n[models.smol.probes]\nkinds = [\"prompt_logprobs\"]\npermutations = 10\n",

@@ -86,7 +86,7 @@ pub fn target(base: &str, label: &str) -> Target {
 
 pub fn probes_config(extra: &str) -> Result<ProbesConfig> {
     let src = format!(
-        "[probes]\nnoise_pair_every = 3\nlock_retry_ms = 200\nsweep_interval_ms = 60000\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"unused\"\n[models.smol.probes]\nitems_per_round = 1\nmax_tokens = 24\ntop_k = 5\nsamples_per_prompt = 3\npermutations = 99\n{extra}"
+        "[probes]\nnoise_pair_every = 3\nlock_retry_ms = 200\nsweep_interval_ms = 60000\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"unused\"\n[models.smol.probes]\nitems_per_round = 1\nmax_tokens = 24\ntop_k = 5\nsamples_per_prompt = 3\nsamples_prompts_per_round = 1\npermutations = 99\n{extra}"
     );
     Ok(ProbesConfig::from_gateway_toml(&src)?)
 }
