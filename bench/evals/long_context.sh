@@ -3,8 +3,9 @@
 # real worker against truncating endpoints and `a8`, each against the reference, SEEDS jobs per
 # profile (job ids 1..SEEDS in the profile's own SQLite database, so each job draws its own
 # needle depths and keys). Reports per job the verdict and the effective context, and per
-# profile how many jobs located the truncation within one doubling (effective context N or 2N
-# for `truncate-N`) and how many `a8` jobs were judged degraded. Not a test: it prints numbers.
+# profile how many jobs located the truncation exactly (effective context N for `truncate-N`)
+# and within one doubling (N or 2N, below the window: an effective context equal to the window
+# means nothing was found) and how many `a8` jobs were judged degraded. Not a test: it prints numbers.
 #
 #   bench/evals/long_context.sh                          # 3 seeds, window 4,096, multi_query
 #   SEEDS=1 PROFILES=truncate-512 WINDOW=1024 bench/evals/long_context.sh   # a quick look
@@ -79,7 +80,7 @@ python3 - "$OUT/jobs.jsonl" "$WINDOW" <<'EOF' | tee "$OUT/table.md"
 import json, sys
 jobs = [json.loads(l) for l in open(sys.argv[1])]
 window = int(sys.argv[2])
-print("| suspect | jobs | verdicts | effective context (each job) | located within one doubling | tokens (mean) | wall (mean, s) |")
+print("| suspect | jobs | verdicts | effective context (each job) | located | tokens (mean) | wall (mean, s) |")
 print("|---|---:|---|---|---|---:|---:|")
 for p in dict.fromkeys(j["profile"] for j in jobs):
     js = [j for j in jobs if j["profile"] == p]
@@ -89,7 +90,9 @@ for p in dict.fromkeys(j["profile"] for j in jobs):
     eff = [j["effective_context"] for j in js]
     if p.startswith("truncate-"):
         n = int(p.split("-")[1])
-        located = f'{sum(1 for e in eff if e in (n, 2 * n))} of {len(js)}'
+        # the window itself is "nothing found", even where it is 2N
+        near = sum(1 for e in eff if e in (n, 2 * n) and e < window)
+        located = f'exactly {sum(1 for e in eff if e == n)} of {len(js)}, within one doubling {near}'
     else:
         located = f'window ({window}) in {sum(1 for e in eff if e == window)} of {len(js)}'
     print(f'| `{p}` | {len(js)} | {", ".join(f"{k} {c}" for k, c in verdicts.items())} | {", ".join(map(str, eff))} | {located} | {sum(j["tokens"] for j in js) / len(js):,.0f} | {sum(j["wall_ms"] for j in js) / len(js) / 1000:.0f} |')
