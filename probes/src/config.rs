@@ -179,7 +179,8 @@ pub struct ModelProbes {
     pub token_budget_per_hour: i64,
     /// Alternatives per position asked of endpoints (`logprobs`/`top_logprobs`).
     pub top_k: u32,
-    /// Texts, prompts or cases used per round (a rotating window over the set).
+    /// Texts, prompts or cases used per round (a rotating window over the set), for every
+    /// kind but samples (`samples_prompts_per_round`).
     pub items_per_round: usize,
     /// Samples per prompt for the samples probe.
     pub samples_per_prompt: usize,

@@ -10,9 +10,9 @@
 //!   (Bonferroni over its MMD and reference log-likelihood permutation tests,
 //!   `mmd::samples_p_value`) is below `samples_alpha`; a logprob run whose tokens do not
 //!   map onto the reference vocabulary (`stats.mismatch_rate` above `max_mismatch_rate`)
-//!   is flagged as a different tokenizer. A long_context run is flagged when its effective context is one
-//!   doubling or more below the reference's (evidence: `statistic: "effective_context"`,
-//!   both values, the per-length passes).
+//!   is flagged as a different tokenizer. A long_context run is flagged when its effective
+//!   context is one doubling or more below the reference's (evidence: `statistic:
+//!   "effective_context"`, both values, the per-length passes).
 //! - **changed?** ([`Detectors::after_run`]): a two-sided CUSUM per endpoint, probe kind and
 //!   statistic over the endpoint's stored runs, oldest first; its first
 //!   `cusum_baseline_rounds` runs are the baseline. The chart is rebuilt from the store on
