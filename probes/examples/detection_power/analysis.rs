@@ -410,10 +410,9 @@ pub(crate) fn samples_rows(
     Ok(rows)
 }
 
-/// The scheduler's rotating window: `count` prompts starting at round · count.
+/// The scheduler's rotating window (`kinds::window`) over item indices `0..n`.
 fn window_of(round: usize, count: usize, n: usize) -> Vec<usize> {
-    let c = count.min(n);
-    (0..c).map(|i| (round * c + i) % n).collect()
+    kinds::window(&(0..n).collect::<Vec<_>>(), round as u64, count)
 }
 
 /// One C row: the flag rates of one run's rounds, per test and as the detector decides.

@@ -258,8 +258,9 @@ pub(crate) fn usage_tokens(v: &Value) -> i64 {
         })
 }
 
-/// The `count` items of `items` starting at `round * count` (wrapping): a rotating window.
-pub(crate) fn window<T: Clone>(items: &[T], round: u64, count: usize) -> Vec<T> {
+/// The `count` items of `items` starting at `round * count` (wrapping): a rotating window
+/// (the scheduler's choice of a round's items; the detection benchmark draws rounds with it).
+pub fn window<T: Clone>(items: &[T], round: u64, count: usize) -> Vec<T> {
     if items.is_empty() {
         return Vec::new();
     }
