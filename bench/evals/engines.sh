@@ -1,7 +1,8 @@
 # Sourced by the eval benchmarks (run.sh, long_context.sh): `engine NAME PROFILE` starts
-# `$BIN engine serve` on the test model ($MODEL) with a serving profile on a free loopback port,
-# logs to $OUT/engine-NAME.log and sets URL_NAME to its base URL; every engine started is
-# killed when the script exits.
+# `$BIN engine serve` on the test model ($MODEL: SAMEWISE_MODEL or the fetched test model) with a
+# serving profile on a free loopback port, logs to $OUT/engine-NAME.log and sets URL_NAME to its
+# base URL; every engine started is killed when the script exits.
+MODEL=${SAMEWISE_MODEL:-$HOME/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 ENGINE_PIDS=()
 trap 'for p in "${ENGINE_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true' EXIT
 

@@ -26,7 +26,6 @@ DISTRACTORS=${DISTRACTORS:-2}
 DELTA=${DELTA:-0.05}
 ALPHA=${ALPHA:-0.01}
 LOOKS=${LOOKS:-1}
-MODEL=${SAMEWISE_MODEL:-$HOME/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 mkdir -p "$OUT/bin"
 OUT=$(cd "$OUT" && pwd)
 unset DATABASE_URL

@@ -43,7 +43,6 @@ LOOKS=${LOOKS:-4}
 BUDGET=${BUDGET:-200000}
 CONCURRENCY=${CONCURRENCY:-4}
 SEED=${SEED:-1}
-MODEL=${SAMEWISE_MODEL:-$HOME/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 unset DATABASE_URL # SQLite in the run's data directory

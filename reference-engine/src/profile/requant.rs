@@ -437,36 +437,43 @@ mod tests {
         }
     }
 
-    #[test]
-    fn codes_give_exactly_the_applied_values() {
-        let orig = lcg_row(256, 13);
-        for symmetric in [true, false] {
-            for bits in [2u8, 3, 4, 5, 6, 8] {
-                for group_size in [32, 64, 128] {
-                    let q = WeightQuant {
+    /// Every setting the code tests sweep: both schemes, 2–8 bits, groups of 32, 64 and 128.
+    fn every_quant() -> impl Iterator<Item = WeightQuant> {
+        [true, false].into_iter().flat_map(|symmetric| {
+            [2u8, 3, 4, 5, 6, 8].into_iter().flat_map(move |bits| {
+                [32, 64, 128]
+                    .into_iter()
+                    .map(move |group_size| WeightQuant {
                         bits,
                         group_size,
                         symmetric,
-                    };
-                    let mut applied = orig.clone();
-                    q.apply(&mut applied);
-                    let Some(c) = q.codes(&orig) else {
-                        assert!(!symmetric && bits == 8);
-                        continue;
-                    };
-                    for (i, &a) in applied.iter().enumerate() {
-                        let g = i / group_size;
-                        let mut v = f32::from(c.q[i]) * c.scale[g];
-                        if let Some(o) = &c.offset {
-                            v += o[g];
-                        }
-                        assert_eq!(
-                            v.to_bits() & 0x7fff_ffff,
-                            a.to_bits() & 0x7fff_ffff,
-                            "bits {bits} sym {symmetric} i {i}"
-                        );
-                    }
+                    })
+            })
+        })
+    }
+
+    #[test]
+    fn codes_give_exactly_the_applied_values() {
+        let orig = lcg_row(256, 13);
+        for q in every_quant() {
+            let (bits, symmetric) = (q.bits, q.symmetric);
+            let mut applied = orig.clone();
+            q.apply(&mut applied);
+            let Some(c) = q.codes(&orig) else {
+                assert!(!symmetric && bits == 8);
+                continue;
+            };
+            for (i, &a) in applied.iter().enumerate() {
+                let g = i / q.group_size;
+                let mut v = f32::from(c.q[i]) * c.scale[g];
+                if let Some(o) = &c.offset {
+                    v += o[g];
                 }
+                assert_eq!(
+                    v.to_bits() & 0x7fff_ffff,
+                    a.to_bits() & 0x7fff_ffff,
+                    "bits {bits} sym {symmetric} i {i}"
+                );
             }
         }
         assert!(
@@ -557,24 +564,15 @@ mod tests {
             *x = if i % 2 == 0 { -0.0 } else { 0.0 };
         }
         row[250] = f32::INFINITY;
-        for symmetric in [true, false] {
-            for bits in [2u8, 3, 4, 5, 6, 8] {
-                for group_size in [32, 64, 128] {
-                    let q = WeightQuant {
-                        bits,
-                        group_size,
-                        symmetric,
-                    };
-                    let (fast, oracle) = (q.codes(&row), codes_oracle(&q, &row));
-                    let bits_of = |c: &Option<Codes>| {
-                        c.as_ref().map(|c| {
-                            let f = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                            (c.q.clone(), f(&c.scale), c.offset.as_deref().map(f))
-                        })
-                    };
-                    assert_eq!(bits_of(&fast), bits_of(&oracle), "{q:?}");
-                }
-            }
+        let bits_of = |c: &Option<Codes>| {
+            c.as_ref().map(|c| {
+                let f = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                (c.q.clone(), f(&c.scale), c.offset.as_deref().map(f))
+            })
+        };
+        for q in every_quant() {
+            let (fast, oracle) = (q.codes(&row), codes_oracle(&q, &row));
+            assert_eq!(bits_of(&fast), bits_of(&oracle), "{q:?}");
         }
     }
 
