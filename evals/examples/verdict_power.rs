@@ -12,7 +12,7 @@
 //!   answer (any corrupted call fails the item under BFCL's rules).
 //!
 //! `power` draws JOBS jobs per scenario and size (items without replacement, in a random
-//! order), runs the worker's own sequential rule on them (`look_points`, `decide`,
+//! order), runs the worker's own sequential rule on them (`plan_looks`, `decide`,
 //! `stop_reason`: the same functions the worker calls) and writes `power.json` and
 //! `power.md`; it also writes VERIFY jobs per scenario as suite files in their drawn order
 //! with the simulated outcome. `check` takes one such job re-run through the real worker and
@@ -37,7 +37,7 @@ use anyhow::{Context, Result, bail, ensure};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use samewise_evals::{
-    Paired, Verdict, VerdictParams, decide_all, look_points, schema_valid, stop_reason,
+    Paired, Verdict, VerdictParams, decide_all, plan_looks, schema_valid, stop_reason,
 };
 use serde_json::{Value, json};
 
@@ -218,18 +218,20 @@ fn simulate(outcomes: &Outcomes, params: &VerdictParams, budget: i64) -> Simulat
     let mut looks_done = 0u32;
     let mut stopped = "all_items";
     let mut used = 0usize;
-    for point in look_points(outcomes.len(), params.looks) {
+    let mut params = *params;
+    let params = &mut params;
+    for point in plan_looks(outcomes.len(), params) {
         used = point;
         looks_done += 1;
         let (t, spent) = tables(&outcomes[..point]);
-        if let Some(r) = stop_reason(decide_all(&t, params).0, spent, budget) {
+        if let Some(r) = stop_reason(decide_all(&t, params, looks_done).0, spent, budget) {
             stopped = r;
             break;
         }
     }
     let ([paired, schema], tokens) = tables(&outcomes[..used]);
     Simulated {
-        verdict: decide_all(&[paired, schema], params).0,
+        verdict: decide_all(&[paired, schema], params, looks_done.max(1)).0,
         looks_done,
         items: used,
         paired,

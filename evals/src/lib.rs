@@ -48,7 +48,8 @@ pub use capture::{CaptureReport, CaptureSource, Capturer, DEFAULT_WINDOW_MS};
 pub use config::{EvalsConfig, LongContextConfig, Rule, SuiteFile, is_regression};
 pub use open::{OpenRequest, Opener, SuiteRef};
 pub use stats::{
-    Decision, Paired, Verdict, VerdictParams, decide, decide_all, look_points, stop_reason,
+    Decision, Paired, Verdict, VerdictParams, decide, decide_all, look_alpha, look_points,
+    plan_looks, stop_reason,
 };
 pub use target::{Answer, REFERENCE, Target, Targets};
 pub use tool_calls::schema_valid;

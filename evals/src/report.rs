@@ -16,7 +16,7 @@ pub fn paired(order: &[String], results: &[EvalResult]) -> Paired {
 }
 
 /// The paired table of the calls' schema validity ([`crate::tool_calls::schema_valid`]) over
-/// items in `order` that offered tools and were answered by both sides.
+/// items in `order` that offered tools and on which both sides answered with calls.
 pub fn schema_paired(order: &[String], results: &[EvalResult]) -> Paired {
     table(order, results, |r| {
         crate::tool_calls::schema_valid(&r.record)
@@ -59,8 +59,8 @@ pub fn schema_block(t: &Paired, d: &Decision) -> Value {
         "diff": d.diff,
         "diff_interval": d.diff_interval.map(|(a, b)| [a, b]),
         "p_value": d.p_value,
-        "alpha_per_look": d.look_alpha,
-        "rule": "co-primary with the check: degraded when both tables are at alpha per look, or either at half of it (Hochberg)",
+        "alpha_at_look": d.look_alpha,
+        "rule": "co-primary with the check: degraded when both tables are below the look's alpha, or either below half of it (Hochberg)",
     })
 }
 
@@ -120,8 +120,8 @@ pub fn document(
             "delta": params.delta,
             "alpha": params.alpha,
             "looks": params.looks,
-            "alpha_per_look": d.look_alpha,
-            "test": "McNemar exact, two-sided; Agresti-Min interval; Bonferroni over looks",
+            "alpha_at_look": d.look_alpha,
+            "test": "McNemar exact, two-sided; Agresti-Min interval; O'Brien-Fleming-type alpha spending over looks (union bound)",
         },
         "looks_done": stop.looks_done,
         "stopped": stop.reason,

@@ -4,10 +4,15 @@
 //! to each cell of the 2×2 table), and the verdict rule with sequential looks.
 //!
 //! Sequential stopping: a job looks at its results at `looks` fixed points (after ⌈j·N/K⌉
-//! items, j = 1..K) and stops at the first look that decides. Each look spends α/K on
-//! "degraded" and (1 − level)/K on "equivalent" (Bonferroni), so over the whole job the
-//! chance of a false "degraded" is at most α and of a false "equivalent" at most 5%,
-//! whichever look decides.
+//! items, j = 1..K) and stops at the first look that decides. Look j tests "degraded" at
+//! its own level α_j ([`look_alpha`]: the increments of Lan–DeMets' O'Brien–Fleming-type
+//! spending function, which sum to α and keep most of it for the last look) and
+//! "equivalent" at (1 − level)/K; by the union bound over looks, whatever their dependence,
+//! the chance of a false "degraded" over the whole job is at most α and of a false
+//! "equivalent" at most 5%, whichever look decides. (An even α/K per look, measured on the
+//! BFCL pool: 93.2% of 200-item jobs of 10% tool-call corruption judged degraded, against
+//! 98.2% with one look; the spending keeps early stops for gross faults and most of the
+//! single look's power.)
 
 use statrs::distribution::{ContinuousCDF, Normal};
 
@@ -187,18 +192,46 @@ pub struct Decision {
     pub diff: Option<f64>,
     /// The paired difference's interval at this look's Bonferroni level.
     pub diff_interval: Option<(f64, f64)>,
-    /// α spent at this look (α / looks).
+    /// α spent at this look ([`look_alpha`]).
     pub look_alpha: f64,
     /// Confidence level of `diff_interval` (1 − 0.05 / looks).
     pub interval_level: f64,
 }
 
-/// The verdict rule at one look: degraded when the suspect is worse by more than δ with
-/// p < α/K; equivalent when the (1 − 0.05/K) interval of the difference lies within ±δ;
-/// otherwise inconclusive; n/a without items.
-pub fn decide(t: &Paired, p: &VerdictParams) -> Decision {
+/// The α that look `look` (1-based) of `looks` spends on "degraded": α(t_j) − α(t_{j−1}) at
+/// t_j = j/K under Lan–DeMets' O'Brien–Fleming-type spending function α(t) = 2 − 2Φ(z/√t),
+/// z = Φ⁻¹(1 − α/2), so the looks together spend exactly α (α(1) = α). At α = 0.01 and four
+/// looks: 2.6e-7, 2.7e-4, 2.7e-3 and 7.1e-3. A look past the last spends nothing.
+pub fn look_alpha(alpha: f64, looks: u32, look: u32) -> f64 {
+    let k = looks.max(1);
+    if look == 0 || look > k {
+        return 0.0;
+    }
+    if look == k {
+        return alpha - spent(alpha, f64::from(look - 1) / f64::from(k));
+    }
+    spent(alpha, f64::from(look) / f64::from(k)) - spent(alpha, f64::from(look - 1) / f64::from(k))
+}
+
+/// The O'Brien–Fleming-type spending function α(t), t in [0, 1].
+fn spent(alpha: f64, t: f64) -> f64 {
+    if t <= 0.0 {
+        return 0.0;
+    }
+    let z = z_for(1.0 - alpha);
+    match Normal::new(0.0, 1.0) {
+        Ok(n) => (2.0 * (1.0 - n.cdf(z / t.sqrt()))).min(alpha),
+        Err(_) => alpha * t,
+    }
+}
+
+/// The verdict rule at look `look` (1-based) of `p.looks`: degraded when the suspect is
+/// worse by more than δ with p below the look's α ([`look_alpha`]); equivalent when the
+/// (1 − 0.05/K) interval of the difference lies within ±δ; otherwise inconclusive; n/a
+/// without items.
+pub fn decide(t: &Paired, p: &VerdictParams, look: u32) -> Decision {
     let looks = f64::from(p.looks.max(1));
-    let look_alpha = p.alpha / looks;
+    let look_alpha = look_alpha(p.alpha, p.looks, look);
     let interval_level = 1.0 - 0.05 / looks;
     let p_value = mcnemar_exact(t.baseline_only, t.suspect_only);
     let diff = t.diff();
@@ -232,14 +265,14 @@ pub fn decide(t: &Paired, p: &VerdictParams) -> Decision {
 /// false "degraded" stays at most α, and two tables that agree lose no power to the split;
 /// *equivalent* when every table is; otherwise *inconclusive*; *n/a* when the first table
 /// has no items. Returns the verdict and each table's decision at the full α (a later table
-/// without items is decided "n/a" and does not count).
-pub fn decide_all(tables: &[Paired], p: &VerdictParams) -> (Verdict, Vec<Decision>) {
+/// without items is decided "n/a" and does not count). `look` as for [`decide`].
+pub fn decide_all(tables: &[Paired], p: &VerdictParams, look: u32) -> (Verdict, Vec<Decision>) {
     let m = tables.iter().filter(|t| t.n() > 0).count().max(1);
     let split = VerdictParams {
         alpha: p.alpha / m as f64,
         ..*p
     };
-    let ds: Vec<Decision> = tables.iter().map(|t| decide(t, p)).collect();
+    let ds: Vec<Decision> = tables.iter().map(|t| decide(t, p, look)).collect();
     let live: Vec<Verdict> = ds
         .iter()
         .map(|d| d.verdict)
@@ -247,7 +280,7 @@ pub fn decide_all(tables: &[Paired], p: &VerdictParams) -> (Verdict, Vec<Decisio
         .collect();
     let any_at_split = tables
         .iter()
-        .any(|t| t.n() > 0 && decide(t, &split).verdict == Verdict::Degraded);
+        .any(|t| t.n() > 0 && decide(t, &split, look).verdict == Verdict::Degraded);
     let verdict = match ds.first().map(|d| d.verdict) {
         None | Some(Verdict::NotApplicable) => Verdict::NotApplicable,
         Some(_) if live.iter().all(|v| *v == Verdict::Degraded) || any_at_split => {
@@ -270,6 +303,15 @@ pub fn stop_reason(verdict: Verdict, spent: i64, budget: i64) -> Option<&'static
     } else {
         None
     }
+}
+
+/// The looks of a job of `n` items ([`look_points`]), with `p.looks` set to their count:
+/// a job of fewer items than looks looks fewer times, its last look spending what is left
+/// of α. The worker and the verdict-power benchmark plan their looks by this one rule.
+pub fn plan_looks(n: usize, p: &mut VerdictParams) -> Vec<usize> {
+    let points = look_points(n, p.looks);
+    p.looks = u32::try_from(points.len()).unwrap_or(1).max(1);
+    points
 }
 
 /// The item counts after which a job of `n` items looks: ⌈j·n/K⌉ for j = 1..K, deduplicated.
@@ -341,7 +383,7 @@ mod tests {
             ..VerdictParams::default()
         };
         assert_eq!(
-            decide(&Paired::default(), &p).verdict,
+            decide(&Paired::default(), &p, 1).verdict,
             Verdict::NotApplicable
         );
         // the suspect fails 20 of 40 items the baseline passes
@@ -350,7 +392,7 @@ mod tests {
             baseline_only: 20,
             ..Paired::default()
         };
-        let d = decide(&t, &p);
+        let d = decide(&t, &p, 1);
         assert_eq!(d.verdict, Verdict::Degraded, "{d:?}");
         assert!(d.p_value < 1e-5 && d.diff == Some(-0.5));
         // the same answers on 200 items
@@ -359,39 +401,53 @@ mod tests {
             both_fail: 50,
             ..Paired::default()
         };
-        assert_eq!(decide(&t, &p).verdict, Verdict::Equivalent);
+        assert_eq!(decide(&t, &p, 1).verdict, Verdict::Equivalent);
         // 12 items, all the same: too few for ±5 points
         let t = Paired {
             both_pass: 12,
             ..Paired::default()
         };
-        assert_eq!(decide(&t, &p).verdict, Verdict::Inconclusive);
+        assert_eq!(decide(&t, &p, 1).verdict, Verdict::Inconclusive);
         // better, not worse: never degraded
         let t = Paired {
             suspect_only: 20,
             both_pass: 20,
             ..Paired::default()
         };
-        assert_eq!(decide(&t, &p).verdict, Verdict::Inconclusive);
+        assert_eq!(decide(&t, &p, 1).verdict, Verdict::Inconclusive);
     }
 
     #[test]
-    fn looks_split_alpha() {
-        // 9 vs 0 discordant: p = 0.0039 < 0.01 with one look, not with 4 (α/4 = 0.0025)
-        let t = Paired {
+    fn looks_spend_alpha() {
+        let p = VerdictParams::default();
+        let spend: Vec<f64> = (1..=4).map(|j| look_alpha(0.01, 4, j)).collect();
+        // the O'Brien–Fleming-type increments (Lan & DeMets 1983) at α = 0.01, K = 4
+        let want = [2.57e-7, 2.69e-4, 2.66e-3, 7.07e-3];
+        for (got, want) in spend.iter().zip(want) {
+            assert!(close(*got, want, want * 0.01), "{spend:?}");
+        }
+        assert!(close(spend.iter().sum::<f64>(), 0.01, 1e-15), "{spend:?}");
+        assert!(close(look_alpha(0.01, 1, 1), 0.01, 1e-15));
+        assert_eq!(look_alpha(0.01, 4, 0), 0.0);
+        assert_eq!(look_alpha(0.01, 4, 5), 0.0);
+        // 9 vs 0 discordant: p = 0.0039 < 0.01 with one look; with 4, not at the third look
+        // (α_3 = 0.0027) but at the last (α_4 = 0.0071); 10 vs 0 (p = 0.0020) at the third
+        let t = |k| Paired {
             both_pass: 11,
-            baseline_only: 9,
+            baseline_only: k,
             ..Paired::default()
         };
         let one = VerdictParams {
             looks: 1,
             ..VerdictParams::default()
         };
-        assert_eq!(decide(&t, &one).verdict, Verdict::Degraded);
-        assert_eq!(
-            decide(&t, &VerdictParams::default()).verdict,
-            Verdict::Inconclusive
-        );
+        assert_eq!(decide(&t(9), &one, 1).verdict, Verdict::Degraded);
+        assert_eq!(decide(&t(9), &p, 3).verdict, Verdict::Inconclusive);
+        assert_eq!(decide(&t(9), &p, 4).verdict, Verdict::Degraded);
+        assert_eq!(decide(&t(10), &p, 3).verdict, Verdict::Degraded);
+        // the first look stops only for a fault far beyond chance
+        assert_eq!(decide(&t(20), &p, 1).verdict, Verdict::Inconclusive);
+        assert_eq!(decide(&t(24), &p, 1).verdict, Verdict::Degraded);
         assert_eq!(look_points(10, 4), vec![3, 5, 8, 10]);
         assert_eq!(look_points(2, 4), vec![1, 2]);
         assert_eq!(look_points(0, 4), Vec::<usize>::new());
@@ -414,21 +470,21 @@ mod tests {
             baseline_only: 40,
             ..Paired::default()
         };
-        let (v, ds) = decide_all(&[same(200), lost], &p);
+        let (v, ds) = decide_all(&[same(200), lost], &p, 1);
         assert_eq!(v, Verdict::Degraded);
         assert_eq!(ds[0].verdict, Verdict::Equivalent);
         assert!((ds[1].look_alpha - 0.01).abs() < 1e-12, "{:?}", ds[1]);
         // equivalent only when every table is
         assert_eq!(
-            decide_all(&[same(200), same(200)], &p).0,
+            decide_all(&[same(200), same(200)], &p, 1).0,
             Verdict::Equivalent
         );
         assert_eq!(
-            decide_all(&[same(200), same(12)], &p).0,
+            decide_all(&[same(200), same(12)], &p, 1).0,
             Verdict::Inconclusive
         );
         // a second table without items does not count
-        let (v, ds) = decide_all(&[same(200), Paired::default()], &p);
+        let (v, ds) = decide_all(&[same(200), Paired::default()], &p, 1);
         assert_eq!(v, Verdict::Equivalent);
         assert_eq!(ds[1].verdict, Verdict::NotApplicable);
         // 8 vs 0 discordant (p = 0.0078): degraded at α = 0.01 alone; beside a table that
@@ -438,11 +494,14 @@ mod tests {
             baseline_only: 8,
             ..Paired::default()
         };
-        assert_eq!(decide_all(&[eight], &p).0, Verdict::Degraded);
-        assert_eq!(decide_all(&[eight, same(20)], &p).0, Verdict::Inconclusive);
-        assert_eq!(decide_all(&[eight, eight], &p).0, Verdict::Degraded);
+        assert_eq!(decide_all(&[eight], &p, 1).0, Verdict::Degraded);
         assert_eq!(
-            decide_all(&[Paired::default(), lost], &p).0,
+            decide_all(&[eight, same(20)], &p, 1).0,
+            Verdict::Inconclusive
+        );
+        assert_eq!(decide_all(&[eight, eight], &p, 1).0, Verdict::Degraded);
+        assert_eq!(
+            decide_all(&[Paired::default(), lost], &p, 1).0,
             Verdict::NotApplicable
         );
     }

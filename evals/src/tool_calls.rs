@@ -230,16 +230,24 @@ fn record_calls(record: &Value) -> Vec<ToolCall> {
 }
 
 /// Whether every call in a result's record names a declared tool and has arguments valid
-/// for its schema (K2-Vendor-Verifier's schema check, item by item; an answer without calls
-/// is valid). None when the request offered no tools or the request failed.
+/// for its schema (K2-Vendor-Verifier's schema check, item by item). None when the request
+/// offered no tools, the request failed, or the answer made no call: an answer without
+/// calls has no schema to check (whether it should have called is the check's and trigger
+/// F1's question), so the schema table pairs only items on which both sides called, and its
+/// rates are rates of calling answers, as K2-Vendor-Verifier's schema accuracy is a rate of
+/// calls.
 pub fn schema_valid(record: &Value) -> Option<bool> {
     let tools = record.pointer("/request/tools")?;
     if tools.as_array().is_none_or(Vec::is_empty) || record["answer"].is_null() {
         return None;
     }
+    let calls = record_calls(record);
+    if calls.is_empty() {
+        return None;
+    }
     let set = ToolSet::from_request_tools(tools);
     let mut acc = SchemaAccuracy::default();
-    acc.add(&set, &record_calls(record));
+    acc.add(&set, &calls);
     Some(acc.valid == acc.calls)
 }
 
@@ -277,7 +285,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn schema_validity_is_per_item_and_absent_without_tools() {
+    fn schema_validity_is_per_item_and_absent_without_calls() {
         let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {
             "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}]);
         let record = |calls: Value| json!({"request": {"tools": tools}, "answer": {"role": "assistant"}, "calls": calls});
@@ -286,8 +294,8 @@ mod tests {
             schema_valid(&record(json!([call("f", r#"{"n":1}"#)]))),
             Some(true)
         );
-        // no call is not a schema error (irrelevance items)
-        assert_eq!(schema_valid(&record(json!([]))), Some(true));
+        // no call has no schema to check (irrelevance items): not counted
+        assert_eq!(schema_valid(&record(json!([]))), None);
         // one bad call of two spoils the item
         let two = json!([call("f", r#"{"n":1}"#), call("f", r#"{"n":"#)]);
         assert_eq!(schema_valid(&record(two)), Some(false));

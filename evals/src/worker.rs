@@ -28,7 +28,7 @@ use crate::long_context::{self, Scoring};
 use crate::open::{OpenRequest, Opener, SuiteRef};
 use crate::report::{Stop, document, paired, schema_block, schema_paired};
 use crate::stats::{
-    Decision, Verdict, VerdictParams, decide, decide_all, look_points, stop_reason,
+    Decision, Verdict, VerdictParams, decide, decide_all, look_points, plan_looks, stop_reason,
 };
 use crate::target::Targets;
 use crate::{EvalsError, custom, tool_calls};
@@ -320,7 +320,7 @@ impl Worker {
             from = point;
             looks_done += 1;
             let results = self.store.eval_results(job.id).await?;
-            let d = decide(&paired(&order, &results), &params);
+            let d = decide(&paired(&order, &results), &params, looks_done);
             let spent: i64 = results.iter().map(|r| r.tokens).sum();
             tracing::info!(
                 job = job.id,
@@ -341,7 +341,7 @@ impl Worker {
         }
         let results = self.store.eval_results(job.id).await?;
         let t = paired(&order, &results);
-        let mut d = decide(&t, &params);
+        let mut d = decide(&t, &params, looks_done.max(1));
         let scoring = scoring.unwrap_or(Scoring::Likelihood);
         let (mut extras, below_any) = long_context::analyze(&suite, &results, &params, scoring);
         if d.verdict == Verdict::Equivalent && below_any {
@@ -510,14 +510,15 @@ impl Worker {
         }
         let suspect = self.targets.get(&job.endpoint)?.clone();
         let baseline = self.targets.get(&job.baseline)?.clone();
-        let (params, budget) = self.params(job);
+        let (mut params, budget) = self.params(job);
         let total = items.len();
+        let points = plan_looks(total, &mut params);
         self.renew(job, lease, Some(total)).await?;
         let order: Vec<String> = items.iter().map(|i| id(i).to_owned()).collect();
         let mut looks_done = 0u32;
         let mut from = 0usize;
         let mut reason = "all_items";
-        for point in look_points(total, params.looks) {
+        for point in points {
             let done = self.store.eval_results(job.id).await?;
             let has = |id: &str, role: &str| done.iter().any(|r| r.item == id && r.target == role);
             // (item, is the suspect): owned, so the stream's futures borrow nothing
@@ -542,7 +543,7 @@ impl Worker {
             }
             looks_done += 1;
             let results = self.store.eval_results(job.id).await?;
-            let (verdict, ds) = decide_all(&tables(&order, &results), &params);
+            let (verdict, ds) = decide_all(&tables(&order, &results), &params, looks_done);
             let spent: i64 = results.iter().map(|r| r.tokens).sum();
             tracing::info!(
                 job = job.id,
@@ -561,7 +562,7 @@ impl Worker {
         }
         let results = self.store.eval_results(job.id).await?;
         let [t, schema] = tables(&order, &results);
-        let (verdict, ds) = decide_all(&[t, schema], &params);
+        let (verdict, ds) = decide_all(&[t, schema], &params, looks_done.max(1));
         let d = Decision { verdict, ..ds[0] };
         let stop = Stop {
             looks_done,

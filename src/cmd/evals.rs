@@ -560,7 +560,8 @@ fn print_job(j: &EvalJob, json: bool) -> anyhow::Result<()> {
         let sv = &v["schema_validity"];
         if !sv.is_null() {
             println!(
-                "schema validity: suspect {}, baseline {}, diff {} {}, McNemar exact p = {:.3e} ({})",
+                "schema validity ({} items both sides called on): suspect {}, baseline {}, diff {} {}, McNemar exact p = {:.3e} ({})",
+                sv["items"],
                 f(&sv["suspect"]["rate"]),
                 f(&sv["baseline"]["rate"]),
                 f(&sv["diff"]),

@@ -109,9 +109,20 @@ fn tool_calls_corrupt_is_degraded_and_the_reference_equivalent() -> Result<()> {
         v["verdict"] == "degraded",
         "tool-corrupt not degraded: {v:#}"
     );
+    // decided by the co-primary rule at the deciding look's α: both tables below it, or
+    // either below half of it (Hochberg)
+    let level = v["params"]["alpha_at_look"].as_f64().unwrap_or(0.0);
+    let ps = [
+        v["p_value"].as_f64().unwrap_or(1.0),
+        v["schema_validity"]["p_value"].as_f64().unwrap_or(1.0),
+    ];
     ensure!(
-        v["p_value"].as_f64().unwrap_or(1.0)
-            < v["params"]["alpha_per_look"].as_f64().unwrap_or(0.0)
+        level > 0.0 && (ps.iter().all(|p| *p < level) || ps.iter().any(|p| *p < level / 2.0)),
+        "p-values {ps:?} at α {level}: {v:#}"
+    );
+    ensure!(
+        v["looks_done"].as_u64().unwrap_or(0) < v["params"]["looks"].as_u64().unwrap_or(0),
+        "the gross fault did not stop early: {v:#}"
     );
     // failures in the corruption's buckets (unknown_name → wrong_name, cut arguments →
     // invalid_json, a required argument removed → missing_required), never elsewhere
