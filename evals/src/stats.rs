@@ -207,10 +207,15 @@ pub fn look_alpha(alpha: f64, looks: u32, look: u32) -> f64 {
     if look == 0 || look > k {
         return 0.0;
     }
-    if look == k {
-        return alpha - spent(alpha, f64::from(look - 1) / f64::from(k));
-    }
-    spent(alpha, f64::from(look) / f64::from(k)) - spent(alpha, f64::from(look - 1) / f64::from(k))
+    // α(1) is α itself (not its rounded normal tail), so the looks sum to α exactly
+    let at = |j: u32| {
+        if j == k {
+            alpha
+        } else {
+            spent(alpha, f64::from(j) / f64::from(k))
+        }
+    };
+    at(look) - at(look - 1)
 }
 
 /// The O'Brien–Fleming-type spending function α(t), t in [0, 1].
