@@ -46,6 +46,11 @@ use crate::{NewCapturedBody, RequestRecord, Store, StoreError};
 /// [`crate::partitions::DAYS_AHEAD`] days ahead, so an hour is ample).
 const PARTITION_CHECK_EVERY: Duration = Duration::from_secs(3600);
 
+/// How long the writer sleeps between takes while it fills a batch (at most
+/// `flush_interval` in all): records that arrive meanwhile wait in the queue and are taken
+/// together, rather than each waking the writer.
+const FILL_TICK: Duration = Duration::from_millis(10);
+
 /// Longest pause between two tries of a batch while the database is away: writes resume at
 /// most this long (plus one connection attempt) after it returns.
 pub const OUTAGE_BACKOFF_CAP: Duration = Duration::from_secs(1);
@@ -330,10 +335,12 @@ async fn run(
                     }
                 }
             }
-            // Fill the batch until it is full or flush_interval has passed.
+            // Fill the batch until it is full or flush_interval has passed: sleep a tick,
+            // then take what arrived meanwhile without waiting, so a busy gateway wakes this
+            // task once per tick instead of once per record.
             let deadline = tokio::time::Instant::now() + cfg.flush_interval;
             while batch.len() < max_batch && !stopping {
-                let room = max_batch - batch.len();
+                let tick = (tokio::time::Instant::now() + FILL_TICK).min(deadline);
                 tokio::select! {
                     biased;
                     changed = stop.changed(), if handle_alive => {
@@ -344,12 +351,12 @@ async fn run(
                             handle_alive = false;
                         }
                     }
-                    n = rx.recv_many(&mut batch, room) => {
-                        if n == 0 {
-                            break;
-                        }
-                    }
-                    () = tokio::time::sleep_until(deadline) => break,
+                    () = tokio::time::sleep_until(tick) => {}
+                }
+                if take_ready(&mut rx, &mut batch, max_batch)
+                    || tokio::time::Instant::now() >= deadline
+                {
+                    break;
                 }
             }
         }
@@ -376,6 +383,19 @@ async fn run(
             }
         }
     }
+}
+
+/// Takes the records already queued, without waiting, until `batch` holds `max_batch`; true
+/// when the queue is closed and empty (nothing more will come).
+fn take_ready(rx: &mut mpsc::Receiver<Queued>, batch: &mut Vec<Queued>, max_batch: usize) -> bool {
+    while batch.len() < max_batch {
+        match rx.try_recv() {
+            Ok(q) => batch.push(q),
+            Err(mpsc::error::TryRecvError::Empty) => return false,
+            Err(mpsc::error::TryRecvError::Disconnected) => return true,
+        }
+    }
+    false
 }
 
 /// Empties `batch` into its records and its bodies (no longer counted as queued).
