@@ -15,6 +15,10 @@
 //! its cached entry for up to `limits.key_stale_grace` past its TTL, and only one request per
 //! key per [`LOOKUP_TIMEOUT`] asks the database again. A key the cache has never seen cannot be
 //! checked then: it gets an OpenAI-shaped 503 (`store_unavailable`, with `Retry-After`).
+//!
+//! A lookup runs on the runtime that built the authenticator (the process's main one), not on
+//! the serving thread that asks: a database connection the pool opens for it is then driven by
+//! the runtime that outlives every serving thread.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -60,6 +64,8 @@ impl KeyCacheConfig {
 #[derive(Debug)]
 pub struct Authenticator {
     store: Store,
+    /// The runtime lookups run on (the one current at construction, if any).
+    home: Option<tokio::runtime::Handle>,
     cfg: KeyCacheConfig,
     /// The two LRUs of lookups, by key hash.
     cache: Mutex<KeyCache>,
@@ -141,6 +147,7 @@ impl Authenticator {
     pub fn new(store: Store, cfg: KeyCacheConfig) -> Self {
         Authenticator {
             store,
+            home: tokio::runtime::Handle::try_current().ok(),
             cfg,
             cache: Mutex::new(KeyCache {
                 valid: LruCache::new(cfg.max_valid.max(1)),
@@ -209,13 +216,33 @@ impl Authenticator {
         }
     }
 
+    /// The store's answer for `presented`, asked on the home runtime.
+    async fn find(&self, presented: &str) -> Result<Option<ApiKey>, String> {
+        let Some(home) = &self.home else {
+            return self
+                .store
+                .find_api_key(presented)
+                .await
+                .map_err(|e| e.to_string());
+        };
+        let store = self.store.clone();
+        let presented = presented.to_owned();
+        match home
+            .spawn(async move { store.find_api_key(&presented).await })
+            .await
+        {
+            Ok(found) => found.map_err(|e| e.to_string()),
+            Err(e) => Err(format!("the lookup task ended: {e}")),
+        }
+    }
+
     async fn lookup(&self, presented: &str) -> Result<Option<ApiKey>, ApiError> {
         let hash = samewise_store::hash_key(presented);
         let stale = match self.cached(&hash, Instant::now()) {
             Cached::Answer(found) => return Ok(found),
             Cached::Ask(stale) => stale,
         };
-        let asked = tokio::time::timeout(LOOKUP_TIMEOUT, self.store.find_api_key(presented)).await;
+        let asked = tokio::time::timeout(LOOKUP_TIMEOUT, self.find(presented)).await;
         let now = Instant::now();
         let found = match asked {
             Ok(Ok(found)) => found.filter(|k| !k.revoked),

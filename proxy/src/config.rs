@@ -7,9 +7,8 @@
 //! key (`api_key_env`), and the value is read by [`crate::AppState`] at start-up.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -18,6 +17,7 @@ use toml::Spanned;
 use crate::ProxyError;
 
 mod capture;
+mod server;
 mod targets;
 
 /// The longest duration any `*_ms` key may set (7 days): beyond it a timeout means "never", and
@@ -32,6 +32,8 @@ pub use capture::{
     CAPTURE_AGE_LIMIT_HOURS, CAPTURE_MAX_AGE_HOURS, CAPTURE_MAX_BODY_BYTES, CAPTURE_MAX_BYTES,
     CaptureConfig,
 };
+use server::RawServer;
+pub use server::ServerConfig;
 pub use targets::EndpointTarget;
 
 /// Everything `samewise serve` needs to run the gateway.
@@ -53,25 +55,6 @@ pub struct Config {
     pub evals: Option<toml::Table>,
     /// `[dashboards]`, raw: parsed and validated by the dashboards crate.
     pub dashboards: Option<toml::Table>,
-}
-
-/// `[server]`.
-#[derive(Debug, Clone)]
-pub struct ServerConfig {
-    /// Where the gateway listens.
-    pub listen: SocketAddr,
-    /// Largest request body accepted; larger ones get 413.
-    pub body_limit_bytes: usize,
-    /// Where the embedded SQLite database lives when `DATABASE_URL` is unset (relative paths
-    /// are relative to the working directory).
-    pub data_dir: PathBuf,
-    /// How often the gateway re-reads the active alerts to demote or exclude endpoints
-    /// (`alert_poll_ms`, default 2 s).
-    pub alert_poll: Duration,
-    /// After the shutdown signal, how long open requests and streams may take to finish
-    /// before their connections are closed and the gateway exits anyway (`drain_timeout_ms`,
-    /// default 30 s; 0 closes them at once).
-    pub drain_timeout: Duration,
 }
 
 /// `[limits]`.
@@ -318,16 +301,6 @@ struct RawConfig {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawServer {
-    listen: Option<Spanned<String>>,
-    body_limit_bytes: Option<Spanned<u64>>,
-    data_dir: Option<String>,
-    alert_poll_ms: Option<Spanned<u64>>,
-    drain_timeout_ms: Option<u64>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawLimits {
     max_attempts: Option<Spanned<u32>>,
     backoff_base_ms: Option<u64>,
@@ -484,44 +457,6 @@ impl Validator<'_> {
             probes: raw.probes,
             evals: raw.evals,
             dashboards: raw.dashboards,
-        })
-    }
-
-    fn server(&self, raw: RawServer) -> Result<ServerConfig, ProxyError> {
-        let listen = match raw.listen {
-            None => SocketAddr::from(([127, 0, 0, 1], 8080)),
-            Some(s) => match s.get_ref().parse::<SocketAddr>() {
-                Ok(a) => a,
-                Err(_) => {
-                    return self.err(
-                        "server.listen",
-                        Some(s.span()),
-                        "must be an address like \"127.0.0.1:8080\"",
-                    );
-                }
-            },
-        };
-        let body_limit_bytes = match raw.body_limit_bytes {
-            None => 10 * 1024 * 1024,
-            Some(s) if *s.get_ref() == 0 => {
-                return self.err(
-                    "server.body_limit_bytes",
-                    Some(s.span()),
-                    "must be greater than 0",
-                );
-            }
-            Some(s) => usize::try_from(*s.get_ref()).unwrap_or(usize::MAX),
-        };
-        let data_dir = PathBuf::from(raw.data_dir.unwrap_or_else(|| "samewise-data".to_owned()));
-        let alert_poll = self.positive_ms("server.alert_poll_ms", raw.alert_poll_ms, 2_000)?;
-        let drain_timeout =
-            self.bounded_ms("server.drain_timeout_ms", raw.drain_timeout_ms, 30_000)?;
-        Ok(ServerConfig {
-            listen,
-            body_limit_bytes,
-            data_dir,
-            alert_poll,
-            drain_timeout,
         })
     }
 

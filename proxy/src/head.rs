@@ -72,7 +72,10 @@ pub(crate) async fn send(
     slot: &mut Option<Permit>,
 ) -> Result<Head, NoHead> {
     let ep = &att.endpoint;
-    let Some(up) = state.inner.upstreams.get(&ep.provider) else {
+    let (Some(up), Some(client)) = (
+        state.inner.upstreams.get(&ep.provider),
+        state.client(&ep.provider),
+    ) else {
         drop(slot.take()); // no outcome: the endpoint was never called
         return Err(failed(ctx, att, None, None, ErrorKind::Config));
     };
@@ -98,7 +101,7 @@ pub(crate) async fn send(
         att.started,
         slot,
         peers,
-        request(up, req, body).send(),
+        request(up, client, req, body).send(),
     )
     .await;
     let permit = slot.take();
@@ -162,10 +165,14 @@ pub(crate) async fn send(
 }
 
 /// The upstream request: the rewritten body, the provider's auth, SSE accepted for streams.
-fn request(up: &Upstream, req: &ClientRequest, body: bytes::Bytes) -> reqwest::RequestBuilder {
-    let mut rb = up
-        .client
-        .post(format!("{}{}", up.base_url, req.route.upstream_path()))
+fn request(
+    up: &Upstream,
+    client: &reqwest::Client,
+    req: &ClientRequest,
+    body: bytes::Bytes,
+) -> reqwest::RequestBuilder {
+    let mut rb = client
+        .post(up.url(req.route).clone())
         .header(header::CONTENT_TYPE, "application/json")
         .body(body);
     if let Some(auth) = &up.auth {

@@ -67,5 +67,5 @@ pub use error::{ApiError, ProxyError};
 pub use health::Quality;
 pub use metrics::{SharedRegistry, new_registry};
 pub use quality::QualityWatcher;
-pub use server::{DEFAULT_DRAIN_TIMEOUT, router, serve, serve_router_with};
+pub use server::{DEFAULT_DRAIN_TIMEOUT, Serving, on_runtime, router, serve, serve_router_with};
 pub use state::AppState;

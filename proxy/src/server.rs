@@ -1,5 +1,6 @@
 //! The HTTP surface: [`router`] maps routes to thin handlers over [`AppState`], and [`serve`]
-//! runs it on a listener until a shutdown future resolves, then waits for in-flight requests
+//! runs it on a listener, on serving threads of their own (see [`serve_router_with`]), until a
+//! shutdown future resolves, then waits for in-flight requests
 //! (streams included) to finish — for at most the drain timeout (`[server] drain_timeout_ms`).
 //! At the deadline every response still open is cut (a body mid-stream ends with an error, so
 //! its connection closes; a request still waiting for its answer gets a 503) and the server
@@ -51,29 +52,116 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// before it returns anyway.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
+/// How [`serve_router_with`] serves: `[server] drain_timeout_ms` and `[server] threads`.
+#[derive(Debug, Clone, Copy)]
+pub struct Serving {
+    /// After shutdown, how long open requests and streams have to finish.
+    pub drain: Duration,
+    /// Serving threads (at least one is used).
+    pub threads: usize,
+}
+
 /// Serves `router(state)` on `listener` until `shutdown` resolves, then drains in-flight
-/// requests for at most the configured `[server] drain_timeout_ms`.
+/// requests for at most the configured `[server] drain_timeout_ms`; on `[server] threads`
+/// serving threads, each with HTTP clients of its own ([`AppState::for_shard`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), crate::ProxyError> {
-    let drain = state.inner.drain_timeout;
-    serve_router_with(listener, router(state), shutdown, drain).await
+    let opts = Serving {
+        drain: state.inner.drain_timeout,
+        threads: state.inner.threads,
+    };
+    serve_router_with(listener, || Ok(router(state.for_shard()?)), shutdown, opts).await
 }
 
-/// Serves `app` (the gateway's [`router`], possibly merged with other routers, such as the
-/// dashboards', at composition) on `listener` until `shutdown` resolves (accepted sockets get
-/// TCP_NODELAY, as in [`serve`]), with the drain timeout given (`Config::server.drain_timeout`): after
-/// `shutdown` resolves, open requests and streams have `drain` to finish; then each is cut,
-/// its connection closes, and this returns (waiting at most a further [`CLOSE_GRACE`] for the
-/// connections to go).
+/// Serves the routers `app` makes (the gateway's [`router`], possibly merged with other
+/// routers, such as the dashboards', at composition) on `listener` until `shutdown` resolves.
+///
+/// The serving threads: `opts.threads` OS threads, each running a single-threaded runtime
+/// that accepts on (a duplicate of) `listener` and serves its connections with its own router
+/// from `app` — so a request is read, forwarded, answered and recorded on one thread, and no
+/// request wakes another thread (a multi-threaded runtime wakes an idle worker for nearly
+/// every task it schedules: measured as the largest part of the gateway's CPU per request at
+/// moderate rates). Whichever thread is free takes a new connection. Work that must outlive
+/// the serving threads (the store's connections, background tasks) belongs on the caller's
+/// runtime: see [`on_runtime`]. Accepted sockets get TCP_NODELAY.
+///
+/// Shutdown: after `shutdown` resolves, open requests and streams have `opts.drain` to
+/// finish; then each is cut, its connection closes, and this returns (waiting at most a
+/// further [`CLOSE_GRACE`] for the connections to go). Dropping the returned future stops the
+/// serving threads too.
 pub async fn serve_router_with(
     listener: tokio::net::TcpListener,
-    app: Router,
+    app: impl Fn() -> Result<Router, crate::ProxyError>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    drain: Duration,
+    opts: Serving,
 ) -> Result<(), crate::ProxyError> {
+    let cut = CancellationToken::new();
+    let draining = CancellationToken::new();
+    // cancelled when this future ends or is dropped: every serving thread then stops
+    let force = CancellationToken::new();
+    let _stop = force.clone().drop_guard();
+    let listener = listener.into_std()?;
+    let mut shards = Vec::with_capacity(opts.threads.max(1));
+    for i in 0..opts.threads.max(1) {
+        let app = app()?.layer(axum::middleware::from_fn_with_state(
+            cut.clone(),
+            cut_at_deadline,
+        ));
+        // the runtime and its listener are made here, so that a failure is this call's error
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let accepting = {
+            let _in = runtime.enter();
+            tokio::net::TcpListener::from_std(listener.try_clone()?)?
+        };
+        let (done, finished) = tokio::sync::oneshot::channel();
+        let (draining, force) = (draining.clone(), force.clone());
+        std::thread::Builder::new()
+            .name(format!("sw-serve-{i}"))
+            .spawn(move || {
+                let served = runtime.block_on(shard(accepting, app, draining, force));
+                // tasks still running (connections past the grace) are dropped here
+                runtime.shutdown_timeout(CLOSE_GRACE);
+                let _ = done.send(served);
+            })?;
+        shards.push(finished);
+    }
+    drop(listener);
+    let all = futures_util::future::join_all(shards);
+    tokio::pin!(all);
+    tokio::select! {
+        served = &mut all => return outcome(served),
+        () = async {
+            shutdown.await;
+            draining.cancel();
+            tokio::time::sleep(opts.drain).await;
+        } => {}
+    }
+    tracing::warn!(
+        drain_ms = u64::try_from(opts.drain.as_millis()).unwrap_or(u64::MAX),
+        "drain deadline passed: closing the connections still open"
+    );
+    cut.cancel();
+    if let Ok(served) = tokio::time::timeout(CLOSE_GRACE, &mut all).await {
+        return outcome(served);
+    }
+    tracing::warn!("connections still open after the drain deadline; exiting anyway");
+    force.cancel();
+    outcome(all.await)
+}
+
+/// One serving thread's work: `app` on `listener` until `draining` fires and its connections
+/// are done, or until `force` fires.
+async fn shard(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    draining: CancellationToken,
+    force: CancellationToken,
+) -> std::io::Result<()> {
     // Streamed answers are many small writes: without TCP_NODELAY on accepted sockets, Nagle's
     // algorithm and the client's delayed ACK add ~40 ms per stream (measured by bench/proxy).
     let listener = listener.tap_io(|tcp| {
@@ -81,41 +169,47 @@ pub async fn serve_router_with(
             tracing::debug!(error = %e, "cannot set TCP_NODELAY on an accepted socket");
         }
     });
-    let cut = CancellationToken::new();
-    let app = app.layer(axum::middleware::from_fn_with_state(
-        cut.clone(),
-        cut_at_deadline,
-    ));
-    let draining = CancellationToken::new();
-    let signal = {
-        let draining = draining.clone();
-        async move {
-            shutdown.await;
-            draining.cancel();
-        }
-    };
     let server = axum::serve(listener, app)
-        .with_graceful_shutdown(signal)
+        .with_graceful_shutdown(draining.cancelled_owned())
         .into_future();
-    tokio::pin!(server);
     tokio::select! {
-        served = &mut server => return Ok(served?),
-        () = async {
-            draining.cancelled().await;
-            tokio::time::sleep(drain).await;
-        } => {}
+        served = server => served,
+        () = force.cancelled() => Ok(()),
     }
-    tracing::warn!(
-        drain_ms = u64::try_from(drain.as_millis()).unwrap_or(u64::MAX),
-        "drain deadline passed: closing the connections still open"
-    );
-    cut.cancel();
-    match tokio::time::timeout(CLOSE_GRACE, server).await {
-        Ok(served) => Ok(served?),
-        Err(_) => {
-            tracing::warn!("connections still open after the drain deadline; exiting anyway");
-            Ok(())
+}
+
+/// The first error of the serving threads, if any (a thread that ended without saying
+/// counts as one).
+fn outcome(
+    served: Vec<Result<std::io::Result<()>, tokio::sync::oneshot::error::RecvError>>,
+) -> Result<(), crate::ProxyError> {
+    for s in served {
+        match s {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e.into()),
+            Err(_) => return Err(std::io::Error::other("a serving thread ended abruptly").into()),
         }
+    }
+    Ok(())
+}
+
+/// `router` with every request handled on `runtime` (the handler runs there; the response
+/// body is polled by the serving thread). The composition puts the dashboards' routes on the
+/// main runtime this way: whatever they open (database connections above all) then belongs
+/// to the runtime that outlives the serving threads.
+pub fn on_runtime(router: Router, runtime: tokio::runtime::Handle) -> Router {
+    router.layer(axum::middleware::from_fn_with_state(runtime, run_on))
+}
+
+/// Middleware of [`on_runtime`].
+async fn run_on(
+    State(runtime): State<tokio::runtime::Handle>,
+    req: Request,
+    next: Next,
+) -> Response {
+    match runtime.spawn(next.run(req)).await {
+        Ok(resp) => resp,
+        Err(_) => ApiError::ShuttingDown.into_response(),
     }
 }
 

@@ -1,6 +1,8 @@
 //! [`AppState`]: everything a handler needs, built once from the configuration — the routes
-//! per model, one HTTP client per provider with its (secret) auth header, the authenticator,
-//! the record queue and the metrics. It is a `Clone` of one `Arc`.
+//! per model, each provider's (secret) auth header and upstream URLs, the authenticator, the
+//! record queue and the metrics — plus one HTTP client per provider. The clients are the only
+//! part a serving thread does not share: [`AppState::for_shard`] gives each its own, so an
+//! upstream connection is driven by the thread whose requests use it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -13,6 +15,7 @@ use samewise_store::{RecordSender, Store};
 
 use crate::ProxyError;
 use crate::auth::{Authenticator, KeyCacheConfig};
+use crate::body::Route;
 use crate::config::{Config, Limits};
 use crate::health::{EndpointHealth, FirstByteBounds};
 use crate::metrics::{Metrics, SharedRegistry};
@@ -23,6 +26,8 @@ use crate::streams::OpenStreams;
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub(crate) inner: Arc<Inner>,
+    /// One HTTP client (a connection pool) per provider, by name: this serving thread's.
+    clients: Arc<HashMap<String, reqwest::Client>>,
 }
 
 /// The one copy of the state.
@@ -32,6 +37,8 @@ pub(crate) struct Inner {
     pub(crate) body_limit: usize,
     /// `[server] drain_timeout_ms`, for [`crate::serve`].
     pub(crate) drain_timeout: Duration,
+    /// `[server] threads`, for [`crate::serve`].
+    pub(crate) threads: usize,
     pub(crate) models: HashMap<String, Arc<ModelRoute>>,
     pub(crate) upstreams: HashMap<String, Upstream>,
     pub(crate) auth: Authenticator,
@@ -45,12 +52,15 @@ pub(crate) struct Inner {
 /// How to reach one provider.
 #[derive(Debug)]
 pub(crate) struct Upstream {
-    /// Base URL including `/v1`.
-    pub(crate) base_url: String,
+    /// Where chat completions go: the base URL (including `/v1`) + `/chat/completions`,
+    /// parsed once.
+    pub(crate) chat_url: reqwest::Url,
+    /// Where legacy completions go.
+    pub(crate) completions_url: reqwest::Url,
     /// `Bearer <provider key>`, marked sensitive so it is never printed.
     pub(crate) auth: Option<HeaderValue>,
-    /// Client with this provider's connect timeout.
-    pub(crate) client: reqwest::Client,
+    /// The connect timeout of this provider's clients.
+    connect_timeout: Duration,
     /// Floor and cap of the adaptive first-byte deadlines.
     pub(crate) first_byte: FirstByteBounds,
     /// Longest silence while reading a body.
@@ -120,22 +130,20 @@ impl AppState {
                     Some(v)
                 }
             };
-            let client = reqwest::Client::builder()
-                .connect_timeout(p.connect_timeout)
-                .tcp_nodelay(true)
-                .pool_idle_timeout(Duration::from_secs(60))
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .map_err(|e| ProxyError::HttpClient {
+            let url = |route: Route| {
+                let url = format!("{}{}", p.base_url, route.upstream_path());
+                reqwest::Url::parse(&url).map_err(|e| ProxyError::HttpClient {
                     provider: name.clone(),
-                    message: e.to_string(),
-                })?;
+                    message: format!("{url} is not a usable URL: {e}"),
+                })
+            };
             upstreams.insert(
                 name.clone(),
                 Upstream {
-                    base_url: p.base_url.clone(),
+                    chat_url: url(Route::Chat)?,
+                    completions_url: url(Route::Completions)?,
                     auth,
-                    client,
+                    connect_timeout: p.connect_timeout,
                     first_byte: FirstByteBounds {
                         floor: p.first_byte_floor,
                         cap: p.first_byte_timeout,
@@ -184,11 +192,14 @@ impl AppState {
         }
 
         let metrics = Metrics::new(records.clone(), all, registry);
+        let clients = Arc::new(clients(&upstreams)?);
         Ok(AppState {
+            clients,
             inner: Arc::new(Inner {
                 limits: config.limits.clone(),
                 body_limit: config.server.body_limit_bytes,
                 drain_timeout: config.server.drain_timeout,
+                threads: config.server.threads,
                 models,
                 upstreams,
                 auth: Authenticator::new(
@@ -201,6 +212,21 @@ impl AppState {
                 rng: Mutex::new(SmallRng::from_os_rng()),
             }),
         })
+    }
+
+    /// The same state with HTTP clients of its own (fresh connection pools), for one serving
+    /// thread: a connection's I/O is then driven by the thread that sends on it, and outlives
+    /// no other thread's runtime.
+    pub fn for_shard(&self) -> Result<AppState, ProxyError> {
+        Ok(AppState {
+            inner: Arc::clone(&self.inner),
+            clients: Arc::new(clients(&self.inner.upstreams)?),
+        })
+    }
+
+    /// This thread's HTTP client for `provider`.
+    pub(crate) fn client(&self, provider: &str) -> Option<&reqwest::Client> {
+        self.clients.get(provider)
     }
 
     /// The route of a logical model, for the probe path and tests (health flags live on its
@@ -221,4 +247,36 @@ impl AppState {
             Err(_) => SmallRng::seed_from_u64(0x5eed),
         }
     }
+}
+
+impl Upstream {
+    /// Where requests of `route` go.
+    pub(crate) fn url(&self, route: Route) -> &reqwest::Url {
+        match route {
+            Route::Chat => &self.chat_url,
+            Route::Completions => &self.completions_url,
+        }
+    }
+}
+
+/// One HTTP client per provider: its own connection pool, with the provider's connect timeout.
+fn clients(
+    upstreams: &HashMap<String, Upstream>,
+) -> Result<HashMap<String, reqwest::Client>, ProxyError> {
+    upstreams
+        .iter()
+        .map(|(name, up)| {
+            reqwest::Client::builder()
+                .connect_timeout(up.connect_timeout)
+                .tcp_nodelay(true)
+                .pool_idle_timeout(Duration::from_secs(60))
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .map(|c| (name.clone(), c))
+                .map_err(|e| ProxyError::HttpClient {
+                    provider: name.clone(),
+                    message: e.to_string(),
+                })
+        })
+        .collect()
 }

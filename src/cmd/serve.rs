@@ -130,15 +130,22 @@ pub async fn serve_on(
             Err(e) => tracing::warn!(error = %e, "dashboards warm-up failed"),
         }
     });
-    let app = samewise_proxy::router(state.clone()).merge(samewise_dashboards::router(dashboards));
+    // the dashboards' handlers run here, on the main runtime, not on the serving threads
+    let dash = samewise_proxy::on_runtime(
+        samewise_dashboards::router(dashboards),
+        tokio::runtime::Handle::current(),
+    );
+    let app = || Ok(samewise_proxy::router(state.for_shard()?).merge(dash.clone()));
     if let Ok(local) = listener.local_addr() {
         tracing::info!(addr = %local, models = config.models.len(), "samewise gateway listening");
     }
     // drift alerts demote or exclude endpoints (each model's on_drift), re-read every poll
     let quality = samewise_proxy::QualityWatcher::spawn(config, state.clone(), store.clone());
-    let served =
-        samewise_proxy::serve_router_with(listener, app, shutdown, config.server.drain_timeout)
-            .await;
+    let serving = samewise_proxy::Serving {
+        drain: config.server.drain_timeout,
+        threads: config.server.threads,
+    };
+    let served = samewise_proxy::serve_router_with(listener, app, shutdown, serving).await;
     if let Some(p) = probes {
         tracing::info!("stopping the probe scheduler");
         p.shutdown().await;

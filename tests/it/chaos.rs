@@ -155,6 +155,17 @@ async fn chaos_burst_no_hang_no_leak_every_attempt_recorded() -> Result<()> {
         .timeout(Duration::from_secs(120))
         .build()?;
 
+    // the baseline once the gateway serves (its serving threads' runtimes hold descriptors of
+    // their own), over a connection already closed again
+    {
+        let probe = reqwest::Client::new();
+        probe
+            .get(format!("{url}/healthz"))
+            .send()
+            .await?
+            .error_for_status()?;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let started = proc_stats(pid)?;
     let mut outcomes = load(&client, &url, &key, rate, secs / 2.0, 0).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;

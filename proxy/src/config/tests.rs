@@ -71,6 +71,12 @@ fn good_config_parses_with_defaults() {
     assert_eq!(c.models["m"].endpoints[0].weight, 1.0);
     assert_eq!(c.limits.max_attempts, 3);
     assert_eq!(c.limits.max_streams_per_key, 256);
+    // one serving thread per CPU unless set
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    assert_eq!(c.server.threads, cpus);
+    let two = GOOD.replace("[server]\n", "[server]\nthreads = 2\n");
+    let c2 = Config::from_toml_str(&two).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c2.server.threads, 2);
     assert!(c.summary().contains("model m"));
     let none = format!("{GOOD}\n[limits]\nmax_streams_per_key = 0\n");
     let err = Config::from_toml_str(&none)
@@ -140,6 +146,16 @@ fn bad_values_are_rejected() {
             "providers.a.price_input_per_mtok",
         ),
         ("policy = \"cheapest\"", "policy = \"fastest\"", "fastest"),
+        (
+            "listen = \"127.0.0.1:0\"",
+            "listen = \"127.0.0.1:0\"\nthreads = 0",
+            "server.threads",
+        ),
+        (
+            "listen = \"127.0.0.1:0\"",
+            "listen = \"127.0.0.1:0\"\nthreads = 1025",
+            "server.threads",
+        ),
     ] {
         let src = GOOD.replace(from, to);
         let err = Config::from_toml_str(&src)

@@ -2,7 +2,8 @@
 //! `client_disconnect`), graceful shutdown that lets an in-flight stream finish and drains its
 //! record, a `Retry-After` short enough to be waited out on the same endpoint, records that
 //! cannot be queued counted on `/metrics`, a breaker's half-open trial over real time, and a
-//! trial whose client goes away before the answer (its slot is freed).
+//! trial whose client goes away before the answer (its slot is freed), and the serving threads
+//! (`[server] threads` of them while serving, none after a stop or a dropped serve future).
 
 use crate::common;
 
@@ -295,4 +296,75 @@ async fn shutdown_cuts_a_trickling_stream_at_the_drain_deadline() -> Result<()> 
     assert_eq!(recs.len(), 1, "{recs:?}");
     assert!(recs[0].final_attempt);
     Ok(())
+}
+
+/// The gateway's serving threads now: the threads of this process (nextest runs each test in
+/// a process of its own) named `sw-serve-N`.
+fn serving_threads() -> Result<usize> {
+    let mut n = 0;
+    for task in std::fs::read_dir("/proc/self/task")? {
+        let comm = std::fs::read_to_string(task?.path().join("comm")).unwrap_or_default();
+        n += usize::from(comm.starts_with("sw-serve-"));
+    }
+    Ok(n)
+}
+
+/// Polls until the serving threads number `want` (5 s deadline).
+async fn wait_serving_threads(want: usize) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let n = serving_threads()?;
+        if n == want {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{n} serving threads, want {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn serving_threads_are_as_configured_and_gone_after_a_stop_or_a_drop() -> Result<()> {
+    let mock = MockUpstream::builder().start().await?;
+    let toml = format!("[server]\nthreads = 3\n{}", single(&mock, FAST_LIMITS));
+    let gw = Gateway::start(&toml).await?;
+    wait_serving_threads(3).await?;
+    // 40 requests at once, each on a connection of its own: every one answered and recorded
+    let sends = (0..40).map(|_| async {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()?;
+        let resp = http
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(&gw.key)
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&chat_body("smol"))?)
+            .send()
+            .await?;
+        anyhow::Ok((resp.status().as_u16(), request_id(&resp)))
+    });
+    let answers = futures_util::future::try_join_all(sends).await?;
+    for (status, id) in &answers {
+        assert_eq!(*status, 200, "{id}");
+    }
+    for (_, id) in &answers {
+        assert_eq!(gw.records(id).await?.len(), 1, "{id}");
+    }
+    gw.stop().await?;
+    wait_serving_threads(0).await?;
+
+    // a serve future dropped without a shutdown signal takes its threads with it
+    let toml = format!("[server]\nthreads = 2\n{}", single(&mock, FAST_LIMITS));
+    let mut gw = Gateway::start(&toml).await?;
+    wait_serving_threads(2).await?;
+    assert_eq!(gw.chat(&chat_body("smol")).await?.status().as_u16(), 200);
+    gw.abort_serving();
+    wait_serving_threads(0).await?;
+    anyhow::ensure!(
+        gw.chat(&chat_body("smol")).await.is_err(),
+        "the listener still answers after its serve future was dropped"
+    );
+    gw.stop().await
 }

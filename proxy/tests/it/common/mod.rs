@@ -223,6 +223,13 @@ impl Gateway {
         }
     }
 
+    /// Drops the serving future without a shutdown signal (as when its caller goes away).
+    pub fn abort_serving(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+
     /// Stops gracefully: shutdown signal, in-flight requests finish, writer drained.
     pub async fn stop(self) -> Result<()> {
         self.stop_keep_db().await.map(drop)
