@@ -110,24 +110,41 @@ pub async fn serve_router_with(
             cut.clone(),
             cut_at_deadline,
         ));
-        // the runtime and its listener are made here, so that a failure is this call's error
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let accepting = {
-            let _in = runtime.enter();
-            tokio::net::TcpListener::from_std(listener.try_clone()?)?
-        };
+        // each thread makes its runtime and registers its listener there (a runtime must not
+        // be dropped on an async thread), and says whether that worked before it serves
+        let accepting = listener.try_clone()?;
+        let (ready, started) = tokio::sync::oneshot::channel::<std::io::Result<()>>();
         let (done, finished) = tokio::sync::oneshot::channel();
         let (draining, force) = (draining.clone(), force.clone());
         std::thread::Builder::new()
             .name(format!("sw-serve-{i}"))
             .spawn(move || {
+                let made = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .and_then(|runtime| {
+                        let l = {
+                            let _in = runtime.enter();
+                            tokio::net::TcpListener::from_std(accepting)?
+                        };
+                        Ok((runtime, l))
+                    });
+                let (runtime, accepting) = match made {
+                    Ok(made) => made,
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready.send(Ok(()));
                 let served = runtime.block_on(shard(accepting, app, draining, force));
                 // tasks still running (connections past the grace) are dropped here
                 runtime.shutdown_timeout(CLOSE_GRACE);
                 let _ = done.send(served);
             })?;
+        started
+            .await
+            .map_err(|_| std::io::Error::other("a serving thread ended abruptly"))??;
         shards.push(finished);
     }
     drop(listener);
