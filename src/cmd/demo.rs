@@ -225,7 +225,7 @@ async fn start_engines(
             template,
             scenario::SERVED_AS.to_owned(),
             profile,
-        );
+        )?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let s = stop.clone();

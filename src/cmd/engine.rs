@@ -46,7 +46,7 @@ pub struct EngineServeArgs {
     pub model_name: Option<String>,
     /// Serving profile: a built-in name (reference, w8..w2, a8, kv-f16, kv-q8, truncate-512,
     /// truncate-1024, truncate-2048, tool-corrupt, repeat-bug, drop-system, no-logprobs,
-    /// shifted-echo, flaky) or a TOML file.
+    /// shifted-echo, flaky, substitute) or a TOML file.
     #[arg(long, default_value = "reference")]
     pub profile: String,
     /// Most prompts in one `/v1/completions` request.

@@ -96,6 +96,8 @@ fn faithful_row(
     let (mut since_r, mut since_t) = (0usize, 0i64);
     let (mut ep_r, mut ep_t) = (Vec::new(), Vec::new());
     let mut kl = Vec::with_capacity(s.rounds);
+    // rounds whose positions the prompt probe would diagnose as another model's
+    let mut named_other = 0usize;
     for r in 0..s.rounds {
         let idx: Vec<usize> = draw_round(
             &mut rng_for(s.seed, &[0xA, budget as u64, r as u64]),
@@ -107,6 +109,13 @@ fn faithful_row(
         .collect();
         let rt: i64 = idx.iter().map(|&i| tokens[i]).sum();
         let sum = round_summary(p, &idx)?;
+        let m: Vec<_> = idx
+            .iter()
+            .flat_map(|&i| p.texts[i].metrics.iter().copied())
+            .collect();
+        if samewise_probes::kinds::different_model_of(&m).is_some() {
+            named_other += 1;
+        }
         let j = noise::judge(ladder, det.metric, sum.kl_mean, None, &det.rule)?;
         tok_sum += rt;
         texts_sum += idx.len();
@@ -132,6 +141,7 @@ fn faithful_row(
         "texts": variant, "text_count": subset.len(),
         "profile": p.name, "role": role(&p.name), "budget": budget, "rounds": s.rounds,
         "flags": flags, "flag_rate": flags as f64 / s.rounds as f64,
+        "named_different_model": named_other,
         "wilson95": wilson(flags, s.rounds),
         "mean_tokens_per_round": tok_sum as f64 / s.rounds as f64,
         "mean_texts_per_round": texts_sum as f64 / s.rounds as f64,

@@ -159,7 +159,7 @@ impl Settings {
                 } else if only_b {
                     "reference,a8,w6,w5,w4"
                 } else {
-                    "reference,a8,kv-f16,kv-q8,w8,w6,w5,w4,w3,shifted-echo"
+                    "reference,a8,kv-f16,kv-q8,w8,w6,w5,w4,w3,shifted-echo,substitute"
                 },
             ),
             budgets,
@@ -244,6 +244,7 @@ fn role(profile: &str) -> &'static str {
     match profile {
         "reference" | "a8" | "kv-f16" | "kv-q8" | "w8" => "faithful (flag = false alarm)",
         "w6" => "boundary (the level itself)",
+        "substitute" => "unfaithful (another model: flag = detection)",
         _ => "unfaithful (flag = detection)",
     }
 }

@@ -57,6 +57,16 @@ pub(crate) fn render_tables(r: &Value) -> Result<String> {
         let bl = *budgets.last().context("no budgets")?;
         write!(head, " rounds / tokens to first flag, B = {bl} |")?;
         sep.push_str("---:|");
+        write!(
+            head,
+            " diagnosed `different_model` (statistic alone), B = {} |",
+            budgets
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(" / ")
+        )?;
+        sep.push_str("---|");
         writeln!(t, "{head}\n{sep}")?;
         for p in r["profiles"].as_array().context("profiles")? {
             let name = p["profile"].as_str().unwrap_or("?");
@@ -80,6 +90,16 @@ pub(crate) fn render_tables(r: &Value) -> Result<String> {
                     f(&x["mean_tokens_to_flag"])
                 )?;
             }
+            let named: Vec<String> = budgets
+                .iter()
+                .map(|b| {
+                    row(name, *b).map_or("?".into(), |x| {
+                        let n = u(&x["named_different_model"]) as f64;
+                        format!("{:.1}%", 100.0 * n / u(&x["rounds"]).max(1) as f64)
+                    })
+                })
+                .collect();
+            write!(line, " {} |", named.join(" / "))?;
             writeln!(t, "{line}")?;
         }
         writeln!(t)?;

@@ -10,6 +10,15 @@
 //!   endpoint's reported data by ±1 and ±2 positions and re-comparing: when the mean KL
 //!   collapses (to under a tenth, and under [`SHIFTED_MAX_KL`]), the weights may be fine and
 //!   the API misreports them.
+//! - `different_model` (prompt_logprobs): the distribution moved, yet the endpoint predicts
+//!   the probe texts' actual tokens as well as the reference or better. Drift in weights or
+//!   kernels is noise the text knows nothing of: it makes the actual tokens less likely by
+//!   about the full KL (on the test model's ladder the mean Δ logprob of the actual token is
+//!   −1.6 to −2.2× the probe's top-k KL over the corpus, and never above −0.93× on one
+//!   text). A competent model that is not the reference's — other weights on the same
+//!   tokenizer, a fine-tune, the weights behind a hidden context — moves the distribution
+//!   without that cost. Named when the per-position `Δ logprob + ½·KL` is above 0 by
+//!   [`SUBSTITUTE_Z`] standard errors, so drift is not named by chance.
 //! - `prompt_tokens_differ`: the endpoint counts a different number of prompt tokens for a
 //!   chat than the reference's template renders (`usage.prompt_tokens`), on every prompt of
 //!   the round: a different chat template, an injected or dropped system prompt, or a
@@ -31,7 +40,7 @@ use serde_json::{Value, json};
 
 use super::{EpPosition, positions};
 use crate::align::ReferenceVocab;
-use crate::compare::{self, PositionInput};
+use crate::compare::{self, PositionInput, PositionMetrics};
 use crate::reference::RefPosition;
 
 /// Shifts tried: the endpoint's data at position i compared with the reference at i + s.
@@ -44,6 +53,13 @@ const SHIFTED_MAX_KL: f64 = 0.05;
 const SHIFTED_MAX_RATIO: f64 = 0.1;
 /// Below this unshifted mean KL there is nothing to explain.
 const MIN_KL: f64 = 0.01;
+
+/// `different_model`: the line between drift and a different model, as a multiple of the
+/// position's KL: drift costs the actual token about the KL or more (−0.93× at the least on
+/// one text of the ladder, −1.6× over the corpus), a competent different model about 0.
+const SUBSTITUTE_RATIO: f64 = 0.5;
+/// ... and how many standard errors above that line the run's mean must be (one-sided 1%).
+pub(crate) const SUBSTITUTE_Z: f64 = 2.326;
 
 /// The comparison inputs of one text under every shift in [`SHIFTS`].
 #[derive(Debug, Default)]
@@ -120,6 +136,59 @@ impl ShiftSearch {
             "positions_realigned": n,
         }))
     }
+}
+
+/// The `different_model` diagnosis of a prompt_logprobs run from its compared positions.
+pub(crate) fn different_model(inputs: &[PositionInput]) -> Option<Value> {
+    different_model_of(&compare::compare_run(inputs).ok()?)
+}
+
+/// The `different_model` diagnosis from a run's per-position metrics (the detection-power
+/// benchmark judges resampled rounds with it).
+pub fn different_model_of(metrics: &[PositionMetrics]) -> Option<Value> {
+    let n = metrics.len();
+    if n < 2 {
+        return None;
+    }
+    let nf = n as f64;
+    let kl = metrics.iter().map(|m| m.kl).sum::<f64>() / nf;
+    if kl < MIN_KL {
+        return None;
+    }
+    let d = metrics.iter().map(|m| m.dlogprob).sum::<f64>() / nf;
+    // per position: how far the actual token's Δ logprob is above the drift line
+    let above: Vec<f64> = metrics
+        .iter()
+        .map(|m| m.dlogprob + SUBSTITUTE_RATIO * m.kl)
+        .collect();
+    let mean = above.iter().sum::<f64>() / nf;
+    let var = above.iter().map(|u| (u - mean).powi(2)).sum::<f64>() / (nf - 1.0);
+    let z = mean / (var / nf).sqrt().max(1e-12);
+    if z < SUBSTITUTE_Z {
+        return None;
+    }
+    let how = if d >= 0.0 {
+        "at least as well as"
+    } else {
+        "almost as well as"
+    };
+    Some(json!({
+        "signature": "different_model",
+        "text": format!(
+            "a different model behind the name (other weights on the same tokenizer, or these weights \
+             behind a hidden context): the distribution moved by a mean KL of {}, yet the endpoint \
+             predicts the probe texts {how} the reference (mean Δ logprob of the actual tokens {:+.3} \
+             nats), where drift in weights or kernels of that size costs about the KL or more \
+             (z = {z:.1} over {n} positions)",
+            fmt(kl),
+            d
+        ),
+        "kl_mean": kl,
+        "dlogprob_mean": d,
+        "drift_line": -SUBSTITUTE_RATIO * kl,
+        "z": z,
+        "positions": n,
+    }))
 }
 
 /// The `prompt_tokens_differ` diagnosis from `(endpoint usage.prompt_tokens, reference
@@ -308,6 +377,59 @@ mod tests {
                 .map(|(t, lp)| (EndpointToken::text((*t).to_owned()), *lp))
                 .collect(),
         }
+    }
+
+    /// A position where the reference puts `p_ref` on token 1 (the actual one) and the rest
+    /// on token 2, and the endpoint `p_ep`.
+    fn two_way(p_ref: f64, p_ep: f64, actual: u32) -> PositionInput {
+        let side = |p1: f64| compare::Side {
+            actual_logprob: if actual == 1 {
+                p1.ln()
+            } else {
+                (1.0 - p1).ln()
+            },
+            top: vec![
+                compare::TopEntry {
+                    id: 1,
+                    logprob: p1.ln(),
+                },
+                compare::TopEntry {
+                    id: 2,
+                    logprob: (1.0 - p1).ln(),
+                },
+            ],
+        };
+        PositionInput {
+            actual_id: actual,
+            reference: side(p_ref),
+            endpoint: side(p_ep),
+        }
+    }
+
+    #[test]
+    fn a_different_model_is_named_only_when_the_text_does_not_pay_for_the_kl() {
+        // the reference at 0.7 on the token that occurs 7 times in 10: an endpoint at 0.5
+        // (noise the text knows nothing of) is worse on the text by about its KL
+        let run = |p_ep: f64, reps: usize| -> Vec<PositionInput> {
+            (0..reps)
+                .flat_map(|_| (0..10).map(move |i| two_way(0.7, p_ep, if i < 7 { 1 } else { 2 })))
+                .collect()
+        };
+        assert!(different_model(&run(0.5, 50)).is_none(), "drift");
+        // a text with token 1 nine times in ten, and an endpoint at 0.9 where the reference
+        // says 0.7: it moved the way the text did, and predicts it better
+        let better: Vec<PositionInput> = (0..50)
+            .flat_map(|_| (0..10).map(|i| two_way(0.7, 0.9, if i < 9 { 1 } else { 2 })))
+            .collect();
+        let d = different_model(&better).expect("a signature");
+        assert_eq!(d["signature"], "different_model");
+        assert!(d["dlogprob_mean"].as_f64().unwrap_or(-1.0) > 0.0, "{d}");
+        let text = d["text"].as_str().unwrap_or_default();
+        assert!(text.contains("at least as well as"), "{text}");
+        // the same story on a handful of positions is not significant
+        assert!(different_model(&better[..10]).is_none());
+        // identical sides: nothing to explain
+        assert!(different_model(&run(0.7, 50)).is_none());
     }
 
     #[test]

@@ -35,6 +35,8 @@ mod prompt_logprobs;
 mod samples;
 mod tool_calls;
 
+pub use diagnose::different_model_of;
+
 /// One endpoint to probe.
 #[derive(Clone, PartialEq)]
 pub struct Target {

@@ -99,6 +99,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     extra.insert("top_k".into(), json!(k));
     if let Some(d) = shifts
         .diagnose(&inputs)
+        .or_else(|| diagnose::different_model(&inputs))
         .or_else(|| diagnose::top_logprobs_capped(most_top, k, with_top))
     {
         extra.insert("diagnosis".into(), d);

@@ -40,7 +40,7 @@ async fn truncation_is_flagged_and_faithful_endpoints_are_not() -> Result<()> {
             template,
             "smol".into(),
             truncate,
-        )),
+        )?),
         &stop,
         &tasks,
     )
@@ -55,7 +55,7 @@ async fn truncation_is_flagged_and_faithful_endpoints_are_not() -> Result<()> {
     )?);
     let (tok, template) = tokenizer_and_template()?;
     let a8 = serve(
-        server::router(ServerState::new(a8, tok, template, "smol".into())),
+        server::router(ServerState::new(a8, tok, template, "smol".into())?),
         &stop,
         &tasks,
     )
@@ -191,7 +191,7 @@ async fn an_endpoint_refusing_logprobs_is_judged_by_generation_on_both_sides() -
             template,
             "smol".into(),
             nolp,
-        )),
+        )?),
         &stop,
         &tasks,
     )

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, ensure};
 use axum::body::Bytes;
 use axum::routing::post;
-use samewise_engine::Engine;
+use samewise_engine::{Engine, LoadOptions};
 use samewise_probes::reference::{External, Reference, Remote, SampleRequest};
 use samewise_probes::{ExternalFlavour, ProbeKind};
 use serde_json::{Value, json};
@@ -445,7 +445,7 @@ async fn shifted_echo_a_different_template_ignored_sampling_and_capped_top_logpr
             template,
             "smol".into(),
             profile,
-        );
+        )?;
         Ok(samewise_engine::server::router(state))
     };
     let shifted = serve(
@@ -565,6 +565,112 @@ async fn shifted_echo_a_different_template_ignored_sampling_and_capped_top_logpr
             o.stats
         );
     }
+
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+/// A different model behind the name — the same weights conditioned on a hidden context (the
+/// built-in `substitute` profile: the context shows in no echo, logprob or usage) — is
+/// diagnosed as `different_model` over the 16 prompt-logprob texts: its distribution moved,
+/// but the texts' actual tokens did not get less likely. Weights re-quantized to 5 bits (the
+/// ladder level closest to the line: KL of the same size, but noise the text knows nothing
+/// of) move it as far and are not; nor is the faithful engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_different_model_behind_the_name_is_diagnosed_and_weight_drift_is_not() -> Result<()> {
+    use samewise_engine::profile::Profile;
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let on = |engine: Arc<Engine>, profile: Profile| -> Result<axum::Router> {
+        let (tok, template) = tokenizer_and_template()?;
+        let state = samewise_engine::server::ServerState::with_profile(
+            engine,
+            tok,
+            template,
+            "smol".into(),
+            profile,
+        )?;
+        Ok(samewise_engine::server::router(state))
+    };
+    let substitute = Profile::builtin("substitute").context("substitute")?;
+    let substitute = serve(on(engine()?, substitute)?, &stop, &tasks).await?;
+    let w5 = Profile::builtin("w5").context("w5")?;
+    let w5_engine = Arc::new(Engine::load(
+        &model_path()?,
+        LoadOptions {
+            threads: 2,
+            profile: w5.clone(),
+            ..LoadOptions::default()
+        },
+    )?);
+    let w5 = serve(on(w5_engine, w5)?, &stop, &tasks).await?;
+    let exact = serve(on(engine()?, Profile::default())?, &stop, &tasks).await?;
+    let reference = in_process()?;
+    let mut h = Harness::new("")?;
+    let texts = h.sets.logprob_texts.len();
+    h.cfg
+        .models
+        .get_mut("smol")
+        .context("model smol")?
+        .items_per_round = texts;
+
+    let o = h
+        .probe(
+            &reference,
+            ProbeKind::PromptLogprobs,
+            &target(&substitute, "substitute/smol"),
+        )
+        .await;
+    ensure!(o.ok, "{:?}", o.error);
+    let d = o.stats.get("diagnosis").context("no diagnosis")?;
+    eprintln!("substitute diagnosis: {d}");
+    let kl = stat(&o, "kl_mean")?;
+    ensure!(
+        d["signature"] == "different_model"
+            && d["kl_mean"].as_f64() == Some(kl)
+            && kl > 0.02
+            && d["dlogprob_mean"].as_f64().is_some_and(|v| v > -0.5 * kl)
+            && d["z"].as_f64().is_some_and(|z| z > 2.326),
+        "{}",
+        o.stats
+    );
+    ensure!(
+        d["text"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("a different model behind the name")),
+        "{d}"
+    );
+
+    let o = h
+        .probe(
+            &reference,
+            ProbeKind::PromptLogprobs,
+            &target(&w5, "w5/smol"),
+        )
+        .await;
+    ensure!(o.ok, "{:?}", o.error);
+    let w5_kl = stat(&o, "kl_mean")?;
+    eprintln!("w5: kl_mean {w5_kl}, stats {}", o.stats);
+    // as far from the reference as the substitute, and not read as another model
+    ensure!(
+        w5_kl > kl / 2.0 && o.stats.get("diagnosis").is_none(),
+        "{}",
+        o.stats
+    );
+    let o = h
+        .probe(
+            &reference,
+            ProbeKind::PromptLogprobs,
+            &target(&exact, "exact/smol"),
+        )
+        .await;
+    ensure!(
+        o.ok && o.stats.get("diagnosis").is_none() && stat(&o, "kl_mean")? == 0.0,
+        "{}",
+        o.stats
+    );
 
     stop.cancel();
     tasks.close();

@@ -63,6 +63,9 @@ pub struct Profile {
     /// Injected errors.
     #[serde(default)]
     pub errors: Option<ErrorsSection>,
+    /// A different model behind the name.
+    #[serde(default)]
+    pub substitute: Option<SubstituteSection>,
 }
 
 fn reference_name() -> String {
@@ -84,6 +87,7 @@ impl Default for Profile {
             api: None,
             latency: None,
             errors: None,
+            substitute: None,
         }
     }
 }
@@ -265,6 +269,29 @@ pub struct ErrorsSection {
     pub disconnect_rate: f64,
 }
 
+/// `[substitute]`: a different model served under the name, on the same tokenizer — these
+/// weights conditioned on a fixed hidden `context`, which is how a prompt-tuned or otherwise
+/// re-trained variant of the model looks from outside: a competent model whose distribution
+/// is not the reference's. The context's tokens come before every sequence the engine sees
+/// (scored prompts, generations, `/v1/score`) and show nowhere: not in echo, logprobs or
+/// usage, and the served context window is shorter by them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubstituteSection {
+    /// The hidden context (tokenized with the model's special tokens).
+    pub context: String,
+}
+
+/// The built-in `substitute` profile's hidden context: a neutral preamble, not tied to any
+/// probe text. Over the prompt-logprobs probe's 16 texts it moves the test model's
+/// distribution by a mean top-5 KL of 0.037 nats (between the ladder's 6- and 5-bit levels)
+/// while the texts' actual tokens become slightly *more* likely (+0.030 nats each on
+/// average); 5-bit weights move it by 0.056 and cost the actual tokens 0.109.
+pub const SUBSTITUTE_CONTEXT: &str = "The following pages are excerpts from a mixed collection \
+of documents: essays on history and science, source code in Python and Rust, JSON data, \
+recipes, dialogues, poems, worked math problems, news reports, legal clauses, tables and \
+notes.\n\n";
+
 /// Names accepted by [`Profile::builtin`].
 pub const BUILTIN_NAMES: &[&str] = &[
     "reference",
@@ -286,6 +313,7 @@ pub const BUILTIN_NAMES: &[&str] = &[
     "no-logprobs",
     "shifted-echo",
     "flaky",
+    "substitute",
 ];
 
 impl Profile {
@@ -376,6 +404,11 @@ impl Profile {
                 p.api = Some(ApiSection {
                     echo_shift: 1,
                     ..ApiSection::default()
+                })
+            }
+            "substitute" => {
+                p.substitute = Some(SubstituteSection {
+                    context: SUBSTITUTE_CONTEXT.to_owned(),
                 })
             }
             "flaky" => {
@@ -485,6 +518,11 @@ impl Profile {
                 return Err("errors.rate_500 + errors.rate_429 must not exceed 1".into());
             }
         }
+        if let Some(s) = &self.substitute
+            && s.context.is_empty()
+        {
+            return Err("substitute.context must not be empty".into());
+        }
         Ok(())
     }
 }
@@ -578,6 +616,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(bits.contains("weights.bits"), "{bits}");
+        let empty = Profile::from_toml("[substitute]\ncontext = \"\"\n", "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(empty.contains("substitute.context"), "{empty}");
+        let sub = Profile::from_toml("[substitute]\ncontext = \"You are a pirate.\"\n", "p.toml")
+            .unwrap();
+        assert!(!sub.is_reference() && !sub.changes_numerics());
+        assert_eq!(sub.substitute.unwrap().context, "You are a pirate.");
         assert!(matches!(
             Profile::resolve("/nonexistent/x.toml"),
             Err(EngineError::UnknownProfile(_))

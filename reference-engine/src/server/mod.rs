@@ -130,7 +130,7 @@ impl ServerState {
         tokenizer: Tokenizer,
         template: Option<ChatTemplate>,
         model_name: String,
-    ) -> Self {
+    ) -> Result<Self> {
         let profile = engine.profile().clone();
         Self::with_profile(engine, tokenizer, template, model_name, profile)
     }
@@ -138,27 +138,43 @@ impl ServerState {
     /// State whose OpenAI routes show `profile`'s behavioural faults (truncation, tool-call
     /// corruption, repeat bug, template variant, API differences, latency, errors). Its
     /// numerical part is the engine's business: the engine applies the profile it was
-    /// loaded with ([`LoadOptions::profile`]), whatever this one says.
+    /// loaded with ([`LoadOptions::profile`]), whatever this one says. Errors when the
+    /// profile's hidden context (`[substitute]`) does not tokenize or takes half the window.
     pub fn with_profile(
         engine: Arc<Engine>,
         tokenizer: Tokenizer,
         template: Option<ChatTemplate>,
         model_name: String,
         profile: Profile,
-    ) -> Self {
-        let n_ctx = engine.config().n_ctx;
+    ) -> Result<Self> {
+        let hidden = match &profile.substitute {
+            Some(s) => tokenizer.encode(&s.context, true)?,
+            None => Vec::new(),
+        };
+        let window = engine.config().n_ctx;
+        if hidden.len() * 2 > window {
+            return Err(EngineError::ProfileInvalid {
+                source_name: profile.name.clone(),
+                message: format!(
+                    "substitute.context is {} tokens, over half of the model's {window}-token window",
+                    hidden.len()
+                ),
+            });
+        }
+        // the window served is what the hidden context leaves
+        let n_ctx = window - hidden.len();
         let vocab_size = engine.config().vocab_size;
         let created = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        Self {
+        Ok(Self {
             inner: Arc::new(Inner {
                 model_name,
                 created,
                 tokenizer,
                 template,
-                backend: Backend::new(engine),
+                backend: Backend::new(engine, hidden),
                 n_ctx,
                 vocab_size,
                 next_id: AtomicU64::new(1),
@@ -170,7 +186,7 @@ impl ServerState {
                 grammars: crate::constrain::GrammarCache::default(),
                 trie: std::sync::OnceLock::new(),
             }),
-        }
+        })
     }
 
     /// Loads a model (GGUF file or HF directory) with its tokenizer and chat template; the
@@ -184,7 +200,7 @@ impl ServerState {
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "model".into())
         });
-        Ok(Self::new(engine, tokenizer, template, name))
+        Self::new(engine, tokenizer, template, name)
     }
 
     /// [`ServerState::load`] with `profile` (numeric and behavioural knobs) in place of

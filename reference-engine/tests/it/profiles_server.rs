@@ -86,6 +86,16 @@ impl TestServer {
         Ok((s, v))
     }
 
+    async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        let resp = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await?;
+        anyhow::ensure!(resp.status() == 200, "{path} answered {}", resp.status());
+        Ok(serde_json::from_slice(&resp.bytes().await?)?)
+    }
+
     async fn ok(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
         let (status, v) = self.post(path, body).await?;
         anyhow::ensure!(status == 200, "{path} answered {status}: {v}");
@@ -357,6 +367,97 @@ async fn shifted_echo_logprobs_are_the_plain_ones_shifted_by_one() -> anyhow::Re
     );
     plain.shutdown().await?;
     shifted.shutdown().await
+}
+
+/// The `substitute` profile serves these weights behind a hidden context: its echo has the
+/// plain echo's tokens, an unscored first position and the same usage, and every other
+/// logprob is bit for bit what the plain engine gives the prompt's tokens after the context's;
+/// the context takes its tokens off the served window, and no answer, `/v1/score` or
+/// generation included, shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn substitute_profile_hides_its_context_everywhere_but_in_the_numbers() -> anyhow::Result<()>
+{
+    let plain = TestServer::builtin("reference").await?;
+    let sub = TestServer::builtin("substitute").await?;
+    let prompt = "The river rose through the night, and by morning the old mill was an island.";
+    let body = json!({"prompt": prompt, "echo": true, "logprobs": 3, "max_tokens": 0});
+    let a = plain.ok("/v1/completions", &body).await?;
+    let b = sub.ok("/v1/completions", &body).await?;
+    let (la, lb) = (&a["choices"][0]["logprobs"], &b["choices"][0]["logprobs"]);
+    assert_eq!(la["tokens"], lb["tokens"]);
+    assert_eq!(a["usage"], b["usage"], "the context is not counted");
+    assert_eq!(b["choices"][0]["text"], prompt, "nor echoed");
+    let (pa, pb) = (f64s(&la["token_logprobs"]), f64s(&lb["token_logprobs"]));
+    assert!(pa.len() > 10 && pb.len() == pa.len());
+    assert_eq!((pa[0], pb[0]), (None, None));
+    assert_eq!(lb["top_logprobs"][0], Value::Null);
+    assert!(
+        pa.iter().zip(&pb).skip(1).all(|(x, y)| x != y),
+        "{pa:?} {pb:?}"
+    );
+
+    // exactly the plain engine on the context's tokens followed by the prompt's
+    let ids = |v: &Value| -> Vec<u64> {
+        v["tokens"]
+            .as_array()
+            .map_or(Vec::new(), |a| a.iter().filter_map(Value::as_u64).collect())
+    };
+    let context = ids(&plain
+        .ok(
+            "/tokenize",
+            &json!({"prompt": samewise_engine::profile::SUBSTITUTE_CONTEXT}),
+        )
+        .await?);
+    let own = ids(&plain.ok("/tokenize", &json!({"prompt": prompt})).await?);
+    assert!(context.len() > 20 && own.len() == pa.len());
+    let joined: Vec<u64> = context.iter().chain(&own).copied().collect();
+    let c = plain
+        .ok(
+            "/v1/completions",
+            &json!({"prompt": joined, "echo": true, "logprobs": 3, "max_tokens": 0}),
+        )
+        .await?;
+    let lc = &c["choices"][0]["logprobs"];
+    let pc = f64s(&lc["token_logprobs"]);
+    assert_eq!(&pc[context.len() + 1..], &pb[1..]);
+    assert_eq!(
+        lc["top_logprobs"]
+            .as_array()
+            .map(|t| t[context.len() + 1..].to_vec()),
+        lb["top_logprobs"].as_array().map(|t| t[1..].to_vec())
+    );
+    // /v1/score hides it the same way
+    let score = json!({"text": prompt, "top_k": 2});
+    let sb = sub.ok("/v1/score", &score).await?;
+    assert_eq!(sb["tokens"], json!(own));
+    assert_eq!(sb["positions"][0]["logprob"], Value::Null);
+    assert_eq!(
+        sb["positions"][1]["logprob"].as_f64(),
+        pc[context.len() + 1]
+    );
+
+    // the window served is what the context leaves
+    let window = |v: &Value| v["data"][0]["max_model_len"].as_u64().unwrap_or(0);
+    let (wa, wb) = (
+        window(&plain.get("/v1/models").await?),
+        window(&sub.get("/v1/models").await?),
+    );
+    assert_eq!(wa - wb, context.len() as u64);
+    let too_long = json!({"prompt": vec![17u32; wb as usize], "max_tokens": 1});
+    let (status, e) = sub.post("/v1/completions", &too_long).await?;
+    assert_eq!(status, 400, "{e}");
+
+    // generation runs behind the context too: the same greedy text as the plain engine's
+    // continuation of context + prompt, and usage without the context
+    let gen_body = |p: Value| json!({"prompt": p, "max_tokens": 8, "temperature": 0});
+    let g = sub.ok("/v1/completions", &gen_body(json!(prompt))).await?;
+    let gc = plain
+        .ok("/v1/completions", &gen_body(json!(joined)))
+        .await?;
+    assert_eq!(g["choices"][0]["text"], gc["choices"][0]["text"]);
+    assert_eq!(g["usage"]["prompt_tokens"], json!(own.len()));
+    plain.shutdown().await?;
+    sub.shutdown().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

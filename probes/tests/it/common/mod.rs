@@ -70,7 +70,7 @@ pub async fn engine_server(
     tasks: &tokio_util::task::TaskTracker,
 ) -> Result<String> {
     let (tok, template) = tokenizer_and_template()?;
-    let state = ServerState::new(engine()?, tok, template, "smol".into());
+    let state = ServerState::new(engine()?, tok, template, "smol".into())?;
     serve(server::router(state), stop, tasks).await
 }
 
