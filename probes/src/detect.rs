@@ -79,7 +79,9 @@ use crate::noise::{NoiseFloor, repeat_summary};
 use crate::sequential::{Cusum, CusumConfig, Observation, Shift, run_chart};
 use crate::{ProbesError, Result};
 
+mod diagnosis;
 mod findings;
+use diagnosis::{diagnosed, pooled_diagnosis};
 use findings::{long_context_finding, signature_finding, unfaithful};
 
 mod detector_config;
@@ -143,45 +145,6 @@ pub fn stat(stats: &serde_json::Value, key: &str) -> Option<f64> {
                 .flatten()
         })?;
     v.is_finite().then_some(v)
-}
-
-/// A faithful finding whose run carries a fault signature (`stats.diagnosis`, see
-/// [`crate::kinds::diagnose`]) names the signature instead of a bit width: the statistic is
-/// still over the threshold, but "≈ N-bit weights" would misdiagnose an API or template
-/// fault. The ladder's reading stays in the evidence as `ladder_reading`, out of
-/// `equivalent` (what pages show as "≈ N-bit").
-fn diagnosed(
-    run: &ProbeRun,
-    label: &str,
-    summary: String,
-    mut evidence: serde_json::Value,
-) -> (String, serde_json::Value) {
-    let Some(d) = run.stats.get("diagnosis").filter(|d| d.is_object()) else {
-        return (summary, evidence);
-    };
-    let text = d
-        .get("text")
-        .and_then(serde_json::Value::as_str)
-        .unwrap_or("a known fault signature");
-    let value = evidence.get("value").cloned();
-    let threshold = evidence.get("threshold").cloned();
-    if let Some(e) = evidence.as_object_mut() {
-        if let Some(eq) = e.remove("equivalent_text") {
-            e.insert("ladder_reading".into(), eq);
-        }
-        e.remove("equivalent");
-        e.insert("diagnosis".into(), d.clone());
-    }
-    let num = |v: Option<serde_json::Value>| v.and_then(|v| v.as_f64()).map_or("?".into(), fmt_num);
-    (
-        format!(
-            "endpoint {}: {text} ({label} {} over {}; not read as a weight width)",
-            run.endpoint,
-            num(value),
-            num(threshold)
-        ),
-        evidence,
-    )
 }
 
 /// The value of run-stats key `key` in a repeat summary, if it has one.
@@ -341,7 +304,7 @@ impl Detectors {
         }
         let floors = noise_floors(&history);
         let mut out = Vec::new();
-        if let Some(finding) = self.faithful(run, &floors)? {
+        if let Some(finding) = self.faithful(run, &history, &floors)? {
             out.push(self.alerting.raise(store, &finding).await?.0);
         }
         // a resolved "changed" alert accepts the new behaviour: the chart restarts after it
@@ -369,6 +332,7 @@ impl Detectors {
     fn faithful(
         &self,
         run: &ProbeRun,
+        history: &[ProbeRun],
         floors: &BTreeMap<String, NoiseFloor>,
     ) -> Result<Option<NewAlert>> {
         match run.kind.as_str() {
@@ -457,7 +421,23 @@ impl Detectors {
         } else {
             return Ok(None);
         };
-        let (summary, evidence) = diagnosed(run, label, summary, evidence);
+        // the threshold this run was judged by, applied to the runs before it
+        let threshold = evidence
+            .get("threshold")
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(f64::NAN);
+        let over = |r: &ProbeRun| {
+            stat(&r.stats, key).is_some_and(|v| {
+                if metric.higher_is_better() {
+                    v < threshold
+                } else {
+                    v > threshold
+                }
+            })
+        };
+        let pooled = pooled_diagnosis(run, history, over);
+        let diagnosis = pooled.as_ref().or_else(|| run.stats.get("diagnosis"));
+        let (summary, evidence) = diagnosed(run, diagnosis, label, summary, evidence);
         Ok(Some(unfaithful(run, summary, evidence)))
     }
 

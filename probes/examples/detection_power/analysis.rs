@@ -96,8 +96,13 @@ fn faithful_row(
     let (mut since_r, mut since_t) = (0usize, 0i64);
     let (mut ep_r, mut ep_t) = (Vec::new(), Vec::new());
     let mut kl = Vec::with_capacity(s.rounds);
-    // rounds whose positions the prompt probe would diagnose as another model's
+    // rounds whose positions the prompt probe would diagnose as another model's, alone and
+    // pooled with the POOLED - 1 rounds before (as the faithful detector pools the runs since
+    // an endpoint went over the threshold)
+    const POOLED: usize = 4;
     let mut named_other = 0usize;
+    let (mut named_pooled, mut pooled_rounds) = (0usize, 0usize);
+    let mut recent: std::collections::VecDeque<Vec<usize>> = std::collections::VecDeque::new();
     for r in 0..s.rounds {
         let idx: Vec<usize> = draw_round(
             &mut rng_for(s.seed, &[0xA, budget as u64, r as u64]),
@@ -115,6 +120,21 @@ fn faithful_row(
             .collect();
         if samewise_probes::kinds::different_model_of(&m).is_some() {
             named_other += 1;
+        }
+        recent.push_back(idx.clone());
+        if recent.len() > POOLED {
+            recent.pop_front();
+        }
+        if recent.len() == POOLED {
+            let pooled: Vec<_> = recent
+                .iter()
+                .flatten()
+                .flat_map(|&i| p.texts[i].metrics.iter().copied())
+                .collect();
+            pooled_rounds += 1;
+            if samewise_probes::kinds::different_model_of(&pooled).is_some() {
+                named_pooled += 1;
+            }
         }
         let j = noise::judge(ladder, det.metric, sum.kl_mean, None, &det.rule)?;
         tok_sum += rt;
@@ -142,6 +162,7 @@ fn faithful_row(
         "profile": p.name, "role": role(&p.name), "budget": budget, "rounds": s.rounds,
         "flags": flags, "flag_rate": flags as f64 / s.rounds as f64,
         "named_different_model": named_other,
+        "named_different_model_pooled4": named_pooled, "pooled4_rounds": pooled_rounds,
         "wilson95": wilson(flags, s.rounds),
         "mean_tokens_per_round": tok_sum as f64 / s.rounds as f64,
         "mean_texts_per_round": texts_sum as f64 / s.rounds as f64,

@@ -67,6 +67,8 @@ pub(crate) fn render_tables(r: &Value) -> Result<String> {
                 .join(" / ")
         )?;
         sep.push_str("---|");
+        head.push_str(" pooled over 4 rounds (the detector's pooling) |");
+        sep.push_str("---|");
         writeln!(t, "{head}\n{sep}")?;
         for p in r["profiles"].as_array().context("profiles")? {
             let name = p["profile"].as_str().unwrap_or("?");
@@ -90,16 +92,24 @@ pub(crate) fn render_tables(r: &Value) -> Result<String> {
                     f(&x["mean_tokens_to_flag"])
                 )?;
             }
-            let named: Vec<String> = budgets
-                .iter()
-                .map(|b| {
-                    row(name, *b).map_or("?".into(), |x| {
-                        let n = u(&x["named_different_model"]) as f64;
-                        format!("{:.1}%", 100.0 * n / u(&x["rounds"]).max(1) as f64)
+            let rates = |named: &str, rounds: &str| -> String {
+                budgets
+                    .iter()
+                    .map(|b| {
+                        row(name, *b).map_or("?".into(), |x| {
+                            let n = u(&x[named]) as f64;
+                            format!("{:.1}%", 100.0 * n / u(&x[rounds]).max(1) as f64)
+                        })
                     })
-                })
-                .collect();
-            write!(line, " {} |", named.join(" / "))?;
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            };
+            write!(
+                line,
+                " {} | {} |",
+                rates("named_different_model", "rounds"),
+                rates("named_different_model_pooled4", "pooled4_rounds")
+            )?;
             writeln!(t, "{line}")?;
         }
         writeln!(t)?;

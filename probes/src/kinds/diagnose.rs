@@ -138,8 +138,9 @@ impl ShiftSearch {
     }
 }
 
-/// The `different_model` diagnosis of a prompt_logprobs run from its compared positions.
-pub(crate) fn different_model(inputs: &[PositionInput]) -> Option<Value> {
+/// The `different_model` diagnosis of prompt_logprobs positions (one run's, or several
+/// runs' pooled by the faithful detector).
+pub fn different_model(inputs: &[PositionInput]) -> Option<Value> {
     different_model_of(&compare::compare_run(inputs).ok()?)
 }
 

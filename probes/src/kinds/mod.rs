@@ -35,7 +35,7 @@ mod prompt_logprobs;
 mod samples;
 mod tool_calls;
 
-pub use diagnose::different_model_of;
+pub use diagnose::{different_model, different_model_of};
 
 /// One endpoint to probe.
 #[derive(Clone, PartialEq)]

@@ -15,16 +15,16 @@ use samewise_store::{AlertState, Backend, ProbeRun, RequestRecord, Store};
 
 /// TEST ONLY: a hand-written ladder (not measured), until `samewise calibrate` commits the
 /// test model's. w6 is at kl_topk_mean 0.012, w4 at 0.1, w3 at 0.4.
-fn test_only_ladder() -> Result<Ladder> {
+pub(crate) fn test_only_ladder() -> Result<Ladder> {
     let text = include_str!("../fixtures/TEST_ONLY_handwritten_ladder.json");
     Ok(Ladder::from_json(text)?)
 }
 
-fn detectors(cfg: DetectorConfig, ladder: Option<Ladder>) -> Result<Detectors> {
+pub(crate) fn detectors(cfg: DetectorConfig, ladder: Option<Ladder>) -> Result<Detectors> {
     Ok(Detectors::new(cfg, ladder, &AlertsConfig::default())?)
 }
 
-fn logprob_run(endpoint: &str, t: i64, kl: f64, top1: f64) -> ProbeRun {
+pub(crate) fn logprob_run(endpoint: &str, t: i64, kl: f64, top1: f64) -> ProbeRun {
     ProbeRun {
         id: 0,
         model: "smol".to_owned(),
@@ -41,7 +41,7 @@ fn logprob_run(endpoint: &str, t: i64, kl: f64, top1: f64) -> ProbeRun {
     }
 }
 
-async fn store_run(store: &Store, run: &ProbeRun) -> Result<ProbeRun> {
+pub(crate) async fn store_run(store: &Store, run: &ProbeRun) -> Result<ProbeRun> {
     let id = store.insert_probe_run(run).await?;
     Ok(ProbeRun { id, ..run.clone() })
 }
@@ -93,70 +93,6 @@ async fn faithful_flags_past_six_bit_in_bits() -> Result<()> {
     let failed = store_run(&db.store, &failed).await?;
     ensure!(d.after_run(&db.store, &failed).await?.is_empty());
     ensure!(db.store.active_alerts().await?.len() == 2);
-    Ok(())
-}
-
-/// A run carrying a fault signature (`stats.diagnosis`) is flagged naming the signature, not
-/// a bit width: the ladder's reading is kept aside as `ladder_reading`, out of `equivalent`.
-#[tokio::test]
-async fn a_diagnosed_run_names_its_signature_instead_of_a_bit_width() -> Result<()> {
-    let db = TestDb::new(Backend::Sqlite).await?;
-    let d = detectors(DetectorConfig::default(), Some(test_only_ladder()?))?;
-    let mut run = logprob_run("p/shifted", 1_000, 3.1, 0.2);
-    run.stats["diagnosis"] = serde_json::json!({
-        "signature": "shifted_logprobs",
-        "text": "prompt logprobs are reported 1 position off",
-        "shift": 1,
-        "kl_mean": 3.1,
-        "kl_mean_realigned": 0.0,
-    });
-    let run = store_run(&db.store, &run).await?;
-    let alerts = d.after_run(&db.store, &run).await?;
-    ensure!(alerts.len() == 1, "{alerts:?}");
-    let a = &alerts[0];
-    ensure!(
-        a.kind == "unfaithful"
-            && a.summary
-                .starts_with("endpoint p/shifted: prompt logprobs are reported 1 position off")
-            && a.summary.contains("mean KL 3.100 over 0.012")
-            && !a.summary.contains("-bit"),
-        "summary: {}",
-        a.summary
-    );
-    let e = &a.evidence;
-    ensure!(
-        e["diagnosis"]["signature"] == "shifted_logprobs"
-            && e.get("equivalent").is_none()
-            && e["ladder_reading"]
-                .as_str()
-                .is_some_and(|t| t.contains("2-bit")),
-        "{e}"
-    );
-    // under the threshold a signature alone raises nothing
-    let mut calm = logprob_run("p/calm", 1_000, 0.005, 0.99);
-    calm.stats["diagnosis"] = run.stats["diagnosis"].clone();
-    let calm = store_run(&db.store, &calm).await?;
-    ensure!(d.after_run(&db.store, &calm).await?.is_empty());
-    // ... except a signature that is a fault by itself: sampling ignored at temperature 0
-    let mut hot = logprob_run("p/hot", 1_000, 0.005, 0.99);
-    hot.kind = "completion_logprobs".into();
-    hot.stats["diagnosis"] = serde_json::json!({
-        "signature": "sampling_ignored",
-        "text": "temperature 0 is not honoured: 9 of 40 generated tokens were not the endpoint's own most likely token",
-        "not_greedy": 9,
-        "positions": 40,
-    });
-    let hot = store_run(&db.store, &hot).await?;
-    let alerts = d.after_run(&db.store, &hot).await?;
-    ensure!(alerts.len() == 1, "{alerts:?}");
-    ensure!(
-        alerts[0].summary
-            == "endpoint p/hot: temperature 0 is not honoured: 9 of 40 generated tokens were not the endpoint's own most likely token"
-            && alerts[0].evidence["statistic"] == "sampling_ignored"
-            && alerts[0].evidence["diagnosis"]["not_greedy"] == 9
-            && alerts[0].evidence.get("equivalent").is_none(),
-        "{alerts:?}"
-    );
     Ok(())
 }
 

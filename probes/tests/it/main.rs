@@ -9,6 +9,7 @@ mod common;
 
 mod calibrate;
 mod detectors;
+mod diagnoses;
 mod long_context;
 mod pipeline;
 mod probes_engine;

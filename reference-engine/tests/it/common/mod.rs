@@ -9,6 +9,7 @@
 
 #![allow(dead_code)]
 
+pub mod profiled;
 pub mod server;
 
 use std::path::PathBuf;
