@@ -101,7 +101,7 @@ fn faithful_row(
     // an endpoint went over the threshold)
     const POOLED: usize = 4;
     let mut named_other = 0usize;
-    let (mut named_pooled, mut pooled_rounds) = (0usize, 0usize);
+    let (mut named_pooled, mut pooled_rounds, mut pooled_texts) = (0usize, 0usize, 0usize);
     let mut recent: std::collections::VecDeque<Vec<usize>> = std::collections::VecDeque::new();
     for r in 0..s.rounds {
         let idx: Vec<usize> = draw_round(
@@ -121,17 +121,24 @@ fn faithful_row(
         if samewise_probes::kinds::different_model_of(&m).is_some() {
             named_other += 1;
         }
-        recent.push_back(idx.clone());
-        if recent.len() > POOLED {
-            recent.pop_front();
-        }
+        recent.push_front(idx.clone());
+        recent.truncate(POOLED);
         if recent.len() == POOLED {
-            let pooled: Vec<_> = recent
+            // as the detector pools: this round and those before it, back to one that scored
+            // a text already pooled (each text counted once)
+            let mut texts: Vec<usize> = Vec::new();
+            for round in &recent {
+                if round.iter().any(|i| texts.contains(i)) {
+                    break;
+                }
+                texts.extend(round);
+            }
+            let pooled: Vec<_> = texts
                 .iter()
-                .flatten()
                 .flat_map(|&i| p.texts[i].metrics.iter().copied())
                 .collect();
             pooled_rounds += 1;
+            pooled_texts += texts.len();
             if samewise_probes::kinds::different_model_of(&pooled).is_some() {
                 named_pooled += 1;
             }
@@ -163,6 +170,7 @@ fn faithful_row(
         "flags": flags, "flag_rate": flags as f64 / s.rounds as f64,
         "named_different_model": named_other,
         "named_different_model_pooled4": named_pooled, "pooled4_rounds": pooled_rounds,
+        "pooled4_mean_texts": pooled_texts as f64 / pooled_rounds.max(1) as f64,
         "wilson95": wilson(flags, s.rounds),
         "mean_tokens_per_round": tok_sum as f64 / s.rounds as f64,
         "mean_texts_per_round": texts_sum as f64 / s.rounds as f64,

@@ -67,7 +67,9 @@ pub(crate) fn render_tables(r: &Value) -> Result<String> {
                 .join(" / ")
         )?;
         sep.push_str("---|");
-        head.push_str(" pooled over 4 rounds (the detector's pooling) |");
+        head.push_str(
+            " pooled with up to 3 rounds before, each text once (as the detector pools) |",
+        );
         sep.push_str("---|");
         writeln!(t, "{head}\n{sep}")?;
         for p in r["profiles"].as_array().context("profiles")? {

@@ -52,9 +52,10 @@ pub(super) fn diagnosed(
 
 /// The `different_model` diagnosis of an unfaithful prompt_logprobs run that has none of its
 /// own, over its positions and those of the endpoint's runs just before it that were over the
-/// threshold too (`over`), back to the first that was not, carried another signature or had
-/// no per-position data (at most [`POOLED_RUNS`]; repeats of a noise-floor pair are left out:
-/// they score the same texts again). One round of a few hundred positions rarely has the
+/// threshold too (`over`), back to the first that was not, carried another signature, had
+/// no per-position data or scored a text already pooled (`stats.texts`; at most
+/// [`POOLED_RUNS`]; repeats of a noise-floor pair are left out: they score the same texts
+/// again). One round of a few hundred positions rarely has the
 /// power to tell a different model from drift of the same KL (`probes/README.md`); the rounds
 /// since the endpoint went over the threshold together do. `history` is oldest first and
 /// ends with `run`.
@@ -68,6 +69,9 @@ pub(super) fn pooled_diagnosis(
     }
     let mut ids = Vec::new();
     let mut inputs = Vec::new();
+    // each text counted once: a deterministic endpoint scores a text the same every round,
+    // and a repeat would shrink the standard error without adding evidence
+    let mut texts: Vec<&str> = Vec::new();
     let earlier = history
         .iter()
         .rev()
@@ -77,9 +81,17 @@ pub(super) fn pooled_diagnosis(
             .stats
             .pointer("/diagnosis/signature")
             .is_some_and(|sig| sig != "different_model");
-        if ids.len() == POOLED_RUNS || other_signature || !over(r) {
+        let run_texts: Vec<&str> = r
+            .stats
+            .get("texts")
+            .and_then(serde_json::Value::as_array)
+            .map(|t| t.iter().filter_map(serde_json::Value::as_str).collect())
+            .unwrap_or_default();
+        let repeated = run_texts.iter().any(|t| texts.contains(t));
+        if ids.len() == POOLED_RUNS || other_signature || repeated || !over(r) {
             break;
         }
+        texts.extend(run_texts);
         let Some(mut pos) = r.raw.as_deref().and_then(|b| decode_positions(b).ok()) else {
             break;
         };

@@ -391,8 +391,8 @@ async fn moved_run(
 /// An unfaithful prompt_logprobs run too small to tell a different model from drift on its
 /// own (10 positions) is diagnosed `different_model` over the endpoint's runs since it went
 /// over the threshold, pooled: not after one run or two, named from the third on (30
-/// positions, z 2.57), never past a run under the threshold, and never for drift of the same
-/// kind, however many runs.
+/// positions, z 2.57), never past a run under the threshold, never over runs of the same
+/// text, and never for drift of the same kind, however many runs.
 #[tokio::test]
 async fn a_different_model_is_named_over_the_runs_since_the_endpoint_went_over() -> Result<()> {
     let db = TestDb::new(Backend::Sqlite).await?;
@@ -438,6 +438,19 @@ async fn a_different_model_is_named_over_the_runs_since_the_endpoint_went_over()
         last.len() == 1 && last[0].evidence["diagnosis"]["probe_runs"] == serde_json::json!(ids),
         "{last:?}"
     );
+    // runs that score the same text again are not pooled: each text counts once
+    for i in 0..4i64 {
+        let (pos, kl) = moved(1, false)?;
+        let mut run = logprob_run("p/same-text", 1_000 + i, kl, 0.7);
+        run.raw = Some(encode_positions(&pos)?);
+        run.stats["texts"] = serde_json::json!(["poem"]);
+        let run = store_run(&db.store, &run).await?;
+        let alerts = d.after_run(&db.store, &run).await?;
+        ensure!(
+            alerts.len() == 1 && alerts[0].evidence.get("diagnosis").is_none(),
+            "run {i}: {alerts:?}"
+        );
+    }
     // drift: the actual tokens pay the KL, however many runs are pooled
     let (_, drift_kl) = moved(1, true)?;
     ensure!(drift_kl > 0.05, "drift KL {drift_kl}");
