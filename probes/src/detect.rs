@@ -354,7 +354,7 @@ impl Detectors {
         };
         let floor = floors.get(key).and_then(|f| f.floor_for(metric));
         let label = metric_label(metric);
-        let (evidence, summary) = if let Some(ladder) = &self.ladder {
+        let (evidence, summary, threshold) = if let Some(ladder) = &self.ladder {
             let j = crate::noise::judge(ladder, metric, value, floor, &self.cfg.rule)?;
             if !j.unfaithful {
                 return Ok(None);
@@ -393,7 +393,7 @@ impl Detectors {
                 "p_value": serde_json::Value::Null,
                 "probe_runs": [run.id],
             });
-            (evidence, summary)
+            (evidence, summary, j.effective_threshold)
         } else if let (Some(t), Metric::KlTopkMean) = (self.cfg.kl_threshold, metric) {
             let effective = floor.map_or(t, |f| t.max(self.cfg.rule.floor_factor * f));
             if value <= effective {
@@ -417,15 +417,11 @@ impl Detectors {
                 "p_value": serde_json::Value::Null,
                 "probe_runs": [run.id],
             });
-            (evidence, summary)
+            (evidence, summary, effective)
         } else {
             return Ok(None);
         };
         // the threshold this run was judged by, applied to the runs before it
-        let threshold = evidence
-            .get("threshold")
-            .and_then(serde_json::Value::as_f64)
-            .unwrap_or(f64::NAN);
         let over = |r: &ProbeRun| {
             stat(&r.stats, key).is_some_and(|v| {
                 if metric.higher_is_better() {

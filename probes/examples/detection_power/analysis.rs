@@ -114,11 +114,7 @@ fn faithful_row(
         .collect();
         let rt: i64 = idx.iter().map(|&i| tokens[i]).sum();
         let sum = round_summary(p, &idx)?;
-        let m: Vec<_> = idx
-            .iter()
-            .flat_map(|&i| p.texts[i].metrics.iter().copied())
-            .collect();
-        if samewise_probes::kinds::different_model_of(&m).is_some() {
+        if samewise_probes::kinds::different_model_of(&round_metrics(p, &idx)).is_some() {
             named_other += 1;
         }
         recent.push_front(idx.clone());
@@ -133,13 +129,9 @@ fn faithful_row(
                 }
                 texts.extend(round);
             }
-            let pooled: Vec<_> = texts
-                .iter()
-                .flat_map(|&i| p.texts[i].metrics.iter().copied())
-                .collect();
             pooled_rounds += 1;
             pooled_texts += texts.len();
-            if samewise_probes::kinds::different_model_of(&pooled).is_some() {
+            if samewise_probes::kinds::different_model_of(&round_metrics(p, &texts)).is_some() {
                 named_pooled += 1;
             }
         }

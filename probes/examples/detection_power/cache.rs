@@ -121,11 +121,15 @@ pub(crate) fn draw_round(rng: &mut StdRng, tokens: &[i64], budget: i64) -> Vec<u
 /// The round's run summary, exactly as the kind computes it (summarize over the
 /// concatenated positions, in round order).
 pub(crate) fn round_summary(p: &ProfileData, texts: &[usize]) -> Result<RunSummary> {
-    let m: Vec<PositionMetrics> = texts
+    Ok(compare::summarize(&round_metrics(p, texts))?)
+}
+
+/// The positions of `texts`, in order, as one run of the kind holds them.
+pub(crate) fn round_metrics(p: &ProfileData, texts: &[usize]) -> Vec<PositionMetrics> {
+    texts
         .iter()
         .flat_map(|&i| p.texts[i].metrics.iter().copied())
-        .collect();
-    Ok(compare::summarize(&m)?)
+        .collect()
 }
 
 /// The three CUSUM statistics of a round (kl_mean, top1_same, dlogprob_mean = mean

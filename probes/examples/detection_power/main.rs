@@ -193,7 +193,8 @@ use analysis::{
     samples_rows, text_tokens, text_variants,
 };
 use cache::{
-    Env, ProfileData, draw_round, fast_stats, part_a_profile, round_summary, start_endpoint,
+    Env, ProfileData, draw_round, fast_stats, part_a_profile, round_metrics, round_summary,
+    start_endpoint,
 };
 
 use report::render_tables;

@@ -31,32 +31,18 @@ async fn shifted_echo_a_different_template_ignored_sampling_and_capped_top_logpr
     use samewise_engine::profile::Profile;
     let stop = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
-    let profiled = |profile: Profile| -> Result<axum::Router> {
-        let (tok, template) = tokenizer_and_template()?;
-        let state = samewise_engine::server::ServerState::with_profile(
-            engine()?,
-            tok,
-            template,
-            "smol".into(),
-            profile,
-        )?;
-        Ok(samewise_engine::server::router(state))
-    };
-    let shifted = serve(
-        profiled(Profile::builtin("shifted-echo").context("shifted-echo")?)?,
-        &stop,
-        &tasks,
-    )
-    .await?;
+    let profiled =
+        async |profile: Profile| profiled_server(engine()?, profile, &stop, &tasks).await;
+    let shifted = profiled(Profile::builtin("shifted-echo").context("shifted-echo")?).await?;
     let pirate = Profile::from_toml(
         "[chat_template]\nvariant = \"default_system\"\nsystem_prompt = \"You are a pirate.\"",
         "pirate",
     )?;
-    let pirate = serve(profiled(pirate)?, &stop, &tasks).await?;
+    let pirate = profiled(pirate).await?;
     let hot = Profile::from_toml("[api]\nfixed_temperature = 1.0", "hot")?;
-    let hot = serve(profiled(hot)?, &stop, &tasks).await?;
+    let hot = profiled(hot).await?;
     let capped = Profile::from_toml("[api]\nmax_top_logprobs = 2", "capped")?;
-    let capped = serve(profiled(capped)?, &stop, &tasks).await?;
+    let capped = profiled(capped).await?;
     let reference = in_process()?;
     let h = Harness::new("")?;
 
@@ -148,7 +134,7 @@ async fn shifted_echo_a_different_template_ignored_sampling_and_capped_top_logpr
         );
     }
     // the faithful engine, under no fault, is diagnosed with nothing by either probe
-    let exact = serve(profiled(Profile::default())?, &stop, &tasks).await?;
+    let exact = profiled(Profile::default()).await?;
     for kind in [ProbeKind::PromptLogprobs, ProbeKind::CompletionLogprobs] {
         let o = h
             .probe(&reference, kind, &target(&exact, "exact/smol"))
@@ -177,19 +163,8 @@ async fn a_different_model_behind_the_name_is_diagnosed_and_weight_drift_is_not(
     use samewise_engine::profile::Profile;
     let stop = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
-    let on = |engine: Arc<Engine>, profile: Profile| -> Result<axum::Router> {
-        let (tok, template) = tokenizer_and_template()?;
-        let state = samewise_engine::server::ServerState::with_profile(
-            engine,
-            tok,
-            template,
-            "smol".into(),
-            profile,
-        )?;
-        Ok(samewise_engine::server::router(state))
-    };
     let substitute = Profile::builtin("substitute").context("substitute")?;
-    let substitute = serve(on(engine()?, substitute)?, &stop, &tasks).await?;
+    let substitute = profiled_server(engine()?, substitute, &stop, &tasks).await?;
     let w5 = Profile::builtin("w5").context("w5")?;
     let w5_engine = Arc::new(Engine::load(
         &model_path()?,
@@ -199,8 +174,8 @@ async fn a_different_model_behind_the_name_is_diagnosed_and_weight_drift_is_not(
             ..LoadOptions::default()
         },
     )?);
-    let w5 = serve(on(w5_engine, w5)?, &stop, &tasks).await?;
-    let exact = serve(on(engine()?, Profile::default())?, &stop, &tasks).await?;
+    let w5 = profiled_server(w5_engine, w5, &stop, &tasks).await?;
+    let exact = engine_server(&stop, &tasks).await?;
     let reference = in_process()?;
     let mut h = Harness::new("")?;
     let texts = h.sets.logprob_texts.len();

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
 use samewise_engine::Profile;
-use samewise_engine::server::{self, ServerState};
 use samewise_engine::{Engine, LoadOptions};
 use samewise_probes::AlertsConfig;
 use samewise_probes::detect::{DetectorConfig, Detectors};
@@ -28,23 +27,11 @@ async fn truncation_is_flagged_and_faithful_endpoints_are_not() -> Result<()> {
     let stop = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
     let exact = engine_server(&stop, &tasks).await?;
-    let (tok, template) = tokenizer_and_template()?;
     let truncate = Profile::from_toml(
         "[truncation]\nmax_prompt_tokens = 300\ndrop = \"start\"\n",
         "truncate-300",
     )?;
-    let trunc = serve(
-        server::router(ServerState::with_profile(
-            engine()?,
-            tok,
-            template,
-            "smol".into(),
-            truncate,
-        )?),
-        &stop,
-        &tasks,
-    )
-    .await?;
+    let trunc = profiled_server(engine()?, truncate, &stop, &tasks).await?;
     let a8 = Arc::new(Engine::load(
         &model_path()?,
         LoadOptions {
@@ -53,13 +40,7 @@ async fn truncation_is_flagged_and_faithful_endpoints_are_not() -> Result<()> {
             ..LoadOptions::default()
         },
     )?);
-    let (tok, template) = tokenizer_and_template()?;
-    let a8 = serve(
-        server::router(ServerState::new(a8, tok, template, "smol".into())?),
-        &stop,
-        &tasks,
-    )
-    .await?;
+    let a8 = profiled_server(a8.clone(), a8.profile().clone(), &stop, &tasks).await?;
 
     let db = TestDb::new(Backend::Sqlite).await?;
     let cfg = Arc::new(probes_config(
@@ -182,20 +163,8 @@ async fn truncation_is_flagged_and_faithful_endpoints_are_not() -> Result<()> {
 async fn an_endpoint_refusing_logprobs_is_judged_by_generation_on_both_sides() -> Result<()> {
     let stop = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
-    let (tok, template) = tokenizer_and_template()?;
     let nolp = Profile::builtin("no-logprobs").context("no no-logprobs profile")?;
-    let url = serve(
-        server::router(ServerState::with_profile(
-            engine()?,
-            tok,
-            template,
-            "smol".into(),
-            nolp,
-        )?),
-        &stop,
-        &tasks,
-    )
-    .await?;
+    let url = profiled_server(engine()?, nolp, &stop, &tasks).await?;
     let reference = in_process()?;
     let h = Harness::new("context_window = 256")?;
     let o = h

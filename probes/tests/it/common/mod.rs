@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use samewise_engine::Tokenizer;
 use samewise_engine::chat::{self, ChatTemplate};
 use samewise_engine::server::{self, ServerState};
-use samewise_engine::{Engine, LoadOptions};
+use samewise_engine::{Engine, LoadOptions, Profile};
 use samewise_probes::kinds::{self, ProbeCtx, PromptSets, Target};
 use samewise_probes::reference::{InProcess, Reference};
 use samewise_probes::{ProbeKind, ProbesConfig};
@@ -69,8 +69,19 @@ pub async fn engine_server(
     stop: &CancellationToken,
     tasks: &tokio_util::task::TaskTracker,
 ) -> Result<String> {
+    profiled_server(engine()?, Profile::default(), stop, tasks).await
+}
+
+/// The real engine server over `engine` with `profile`'s behavioural faults (the numeric ones
+/// are those `engine` was loaded with), until the token fires; returns `http://addr`.
+pub async fn profiled_server(
+    engine: Arc<Engine>,
+    profile: Profile,
+    stop: &CancellationToken,
+    tasks: &tokio_util::task::TaskTracker,
+) -> Result<String> {
     let (tok, template) = tokenizer_and_template()?;
-    let state = ServerState::new(engine()?, tok, template, "smol".into())?;
+    let state = ServerState::with_profile(engine, tok, template, "smol".into(), profile)?;
     serve(server::router(state), stop, tasks).await
 }
 
