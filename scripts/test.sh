@@ -29,6 +29,10 @@ python3 -m pip install --quiet --disable-pip-version-check \
     -r scripts/requirements-fixtures.txt -r proxy/tests/python/requirements.txt
 
 # The test model and the HF (safetensors) directory derived from it.
+# NVRTC from the wheel above, where cudarc looks for it: the CUDA kernels compile in the tests
+NVRTC_LIB="$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))')"
+export LD_LIBRARY_PATH="$NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
 scripts/fetch-model.sh
 python3 scripts/make-hf-fixture.py
 

@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::config::ModelConfig;
 use crate::constrain::{Constraint, Matcher};
+use crate::device::Device;
 use crate::error::{EngineError, Result};
 use crate::forward::{BatchItem, forward};
 use crate::gguf::GgufFile;
@@ -41,6 +42,8 @@ pub struct LoadOptions {
     /// Serving profile whose numeric knobs (weight re-quantization, 8-bit activations,
     /// KV-cache format) the engine applies; the default `reference` changes nothing.
     pub profile: Profile,
+    /// Where the forward pass runs (default: the CPU).
+    pub device: Device,
 }
 
 impl Default for LoadOptions {
@@ -49,6 +52,7 @@ impl Default for LoadOptions {
             threads: 2,
             isa: None,
             profile: Profile::default(),
+            device: Device::Cpu,
         }
     }
 }
@@ -60,6 +64,66 @@ pub struct Engine {
     pub(crate) ctx: Ctx,
     /// The serving profile it was loaded with (only its numeric knobs act here).
     profile: Profile,
+    /// Where the forward pass and the output head run.
+    backend: Backend,
+}
+
+/// Where the forward pass and the output head run. Either way the embedding rows, RoPE
+/// tables, log-softmax and top-k are the CPU code's.
+#[derive(Debug)]
+enum Backend {
+    Cpu,
+    #[cfg(feature = "cuda")]
+    Cuda(Box<crate::cuda::CudaModel>),
+}
+
+impl Backend {
+    /// The backend `device` asks for: `auto` takes GPU 0 when CUDA is usable and falls back
+    /// to the CPU (saying why in the log) when it is not or the model does not fit.
+    fn choose(device: Device, w: &Weights) -> Result<Self> {
+        match device {
+            Device::Cpu => Ok(Self::Cpu),
+            Device::Cuda(n) => Self::cuda(w, n),
+            Device::Auto => {
+                if let Some(why) = crate::device::cuda_unavailable() {
+                    tracing::info!("device auto: running on the CPU ({why})");
+                    return Ok(Self::Cpu);
+                }
+                match Self::cuda(w, 0) {
+                    Ok(b) => Ok(b),
+                    Err(e) => {
+                        tracing::warn!("device auto: running on the CPU ({e})");
+                        Ok(Self::Cpu)
+                    }
+                }
+            }
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda(w: &Weights, ordinal: usize) -> Result<Self> {
+        let g = crate::cuda::CudaModel::load(w, ordinal)?;
+        tracing::info!(
+            device = g.label(),
+            weight_bytes = g.bytes(),
+            "engine on the GPU"
+        );
+        Ok(Self::Cuda(Box::new(g)))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn cuda(_: &Weights, _: usize) -> Result<Self> {
+        Err(EngineError::Device(
+            crate::device::cuda_unavailable().unwrap_or_default(),
+        ))
+    }
+}
+
+/// A forward pass's final-normed hidden states, where the backend keeps them.
+enum Hidden {
+    Host(Vec<f32>),
+    #[cfg(feature = "cuda")]
+    Device(crate::cuda::DevHidden),
 }
 
 /// One position of a scored sequence.
@@ -247,6 +311,7 @@ impl Engine {
             Weights::from_gguf(&GgufFile::open(path)?, &numerics)?
         };
         let isa = opts.isa.map_or_else(Isa::detect, Isa::at_most);
+        let backend = Backend::choose(opts.device, &weights)?;
         Ok(Self {
             weights,
             ctx: Ctx {
@@ -254,7 +319,64 @@ impl Engine {
                 isa,
             },
             profile: opts.profile,
+            backend,
         })
+    }
+
+    /// Where the forward pass runs, in words: `cpu`, or `cuda:N (GPU name, …)`.
+    pub fn device(&self) -> String {
+        match &self.backend {
+            Backend::Cpu => "cpu".into(),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(g) => g.label().into(),
+        }
+    }
+
+    /// Bytes of weights the GPU holds (0 on the CPU backend).
+    pub fn device_weight_bytes(&self) -> usize {
+        match &self.backend {
+            Backend::Cpu => 0,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(g) => g.bytes(),
+        }
+    }
+
+    /// The batch's forward pass on this engine's backend.
+    fn run_forward(&self, items: &mut [BatchItem<'_>]) -> Result<Hidden> {
+        match &self.backend {
+            Backend::Cpu => Ok(Hidden::Host(forward(&self.weights, &self.ctx, items)?)),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(g) => Ok(Hidden::Device(g.forward(&self.weights, items)?)),
+        }
+    }
+
+    /// The output head's logits of `rows` of `hidden` into `logits` (`[rows][vocab]`), with
+    /// the profile's activation knob on the head's input; `x` is host scratch.
+    fn head_logits(
+        &self,
+        hidden: &Hidden,
+        rows: &[usize],
+        x: &mut [f32],
+        logits: &mut [f32],
+    ) -> Result<()> {
+        let e = self.weights.config.n_embd;
+        match hidden {
+            Hidden::Host(h) => {
+                for (j, &r) in rows.iter().enumerate() {
+                    x[j * e..(j + 1) * e].copy_from_slice(&h[r * e..(r + 1) * e]);
+                }
+                self.weights.numerics.quantize_inputs(x, rows.len(), e);
+                self.weights.head().matmul(&self.ctx, x, rows.len(), logits);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            Hidden::Device(d) => match &self.backend {
+                Backend::Cuda(g) => g.logits(&self.weights, d, rows, logits),
+                Backend::Cpu => Err(EngineError::Device(
+                    "hidden states on a GPU for a CPU engine".into(),
+                )),
+            },
+        }
     }
 
     /// The serving profile the engine runs (`reference` unless loaded with another).
@@ -504,7 +626,7 @@ impl Engine {
                     }
                 })
                 .collect();
-            forward(&self.weights, &self.ctx, &mut items)?
+            self.run_forward(&mut items)?
         };
         for (i, s) in seqs.iter_mut().enumerate() {
             s.fed += take[i];
@@ -516,17 +638,11 @@ impl Engine {
         let logit_rows = (LOGIT_FLOATS / c.vocab_size).clamp(8, 256);
         let e = c.n_embd;
         let v = c.vocab_size;
-        let head = self.weights.head();
         let mut x = vec![0f32; logit_rows.min(want.len()) * e];
         let mut logits = vec![0f32; logit_rows.min(want.len()) * v];
         for chunk in want.chunks(logit_rows) {
-            for (j, &(r, _, _)) in chunk.iter().enumerate() {
-                x[j * e..(j + 1) * e].copy_from_slice(&hidden[r * e..(r + 1) * e]);
-            }
-            self.weights
-                .numerics
-                .quantize_inputs(&mut x, chunk.len(), e);
-            head.matmul(&self.ctx, &x, chunk.len(), &mut logits);
+            let rows: Vec<usize> = chunk.iter().map(|&(r, _, _)| r).collect();
+            self.head_logits(&hidden, &rows, &mut x, &mut logits)?;
             // log-sum-exp and top-k per row, rows split over the threads
             let ks: Vec<usize> = chunk
                 .iter()

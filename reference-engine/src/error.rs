@@ -91,6 +91,10 @@ pub enum EngineError {
     #[error("chat template: {0}")]
     ChatTemplate(String),
     /// The batcher's worker has stopped.
+    /// The GPU backend cannot run or failed (no CUDA, no such device, out of device
+    /// memory, a kernel error).
+    #[error("GPU: {0}")]
+    Device(String),
     #[error("the engine worker has shut down")]
     Shutdown,
     /// A serving profile is not TOML of the profile's shape.

@@ -27,54 +27,13 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
     let (qd, kvd) = (nh * hd, nkv * hd);
     let qkvd = c.qkv_dim();
     let half = hd / 2;
-    // rows: (item, position)
-    let mut rows = Vec::new();
-    for (i, it) in items.iter().enumerate() {
-        let start = it.cache.len;
-        if start + it.tokens.len() > c.n_ctx {
-            return Err(EngineError::SequenceTooLong {
-                len: start + it.tokens.len(),
-                n_ctx: c.n_ctx,
-            });
-        }
-        if it.cache.layers.len() != c.n_layer {
-            return Err(EngineError::InvalidRequest(
-                "KV cache belongs to another model".into(),
-            ));
-        }
-        for (j, &t) in it.tokens.iter().enumerate() {
-            if t as usize >= c.vocab_size {
-                return Err(EngineError::TokenOutOfVocab {
-                    token: t,
-                    vocab_size: c.vocab_size,
-                });
-            }
-            rows.push((i, start + j));
-        }
-    }
+    let rows = batch_rows(c, items)?;
     let m = rows.len();
     if m == 0 {
         return Ok(Vec::new());
     }
-    // embeddings
-    let mut x = vec![0f32; m * e];
-    let mut r = 0;
-    for it in items.iter() {
-        for &t in it.tokens {
-            w.embed.row(t as usize, &mut x[r * e..(r + 1) * e]);
-            r += 1;
-        }
-    }
-    // rope tables per row
-    let mut cos = vec![0f32; m * half];
-    let mut sin = vec![0f32; m * half];
-    for (r, &(_, pos)) in rows.iter().enumerate() {
-        for (i, &f) in w.inv_freq.iter().enumerate() {
-            let a = f64::from(f * pos as f32);
-            cos[r * half + i] = a.cos() as f32;
-            sin[r * half + i] = a.sin() as f32;
-        }
-    }
+    let mut x = embeddings(w, items, m);
+    let (cos, sin) = rope_tables(w, &rows);
     let mut h = vec![0f32; m * e];
     let mut qkv = vec![0f32; m * qkvd];
     let mut att = vec![0f32; m * qd];
@@ -228,4 +187,67 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
         );
     }
     Ok(h)
+}
+
+/// The batch's rows as (item, position), after checking every item against the model: its
+/// length within the context window, its cache this model's, its tokens in the vocabulary.
+pub(crate) fn batch_rows(
+    c: &crate::config::ModelConfig,
+    items: &[BatchItem<'_>],
+) -> Result<Vec<(usize, usize)>> {
+    let mut rows = Vec::new();
+    for (i, it) in items.iter().enumerate() {
+        let start = it.cache.len;
+        if start + it.tokens.len() > c.n_ctx {
+            return Err(EngineError::SequenceTooLong {
+                len: start + it.tokens.len(),
+                n_ctx: c.n_ctx,
+            });
+        }
+        if it.cache.layers.len() != c.n_layer {
+            return Err(EngineError::InvalidRequest(
+                "KV cache belongs to another model".into(),
+            ));
+        }
+        for (j, &t) in it.tokens.iter().enumerate() {
+            if t as usize >= c.vocab_size {
+                return Err(EngineError::TokenOutOfVocab {
+                    token: t,
+                    vocab_size: c.vocab_size,
+                });
+            }
+            rows.push((i, start + j));
+        }
+    }
+    Ok(rows)
+}
+
+/// The input embeddings of the batch's `m` new tokens, `[m][n_embd]`.
+pub(crate) fn embeddings(w: &Weights, items: &[BatchItem<'_>], m: usize) -> Vec<f32> {
+    let e = w.config.n_embd;
+    let mut x = vec![0f32; m * e];
+    let mut r = 0;
+    for it in items {
+        for &t in it.tokens {
+            w.embed.row(t as usize, &mut x[r * e..(r + 1) * e]);
+            r += 1;
+        }
+    }
+    x
+}
+
+/// The RoPE tables of each row's position, `[m][head_dim / 2]` cosines and sines, computed
+/// once on the host in f64 and rounded to f32 (every backend uses these same tables).
+pub(crate) fn rope_tables(w: &Weights, rows: &[(usize, usize)]) -> (Vec<f32>, Vec<f32>) {
+    let half = w.config.head_dim / 2;
+    let mut cos = vec![0f32; rows.len() * half];
+    let mut sin = vec![0f32; rows.len() * half];
+    for (r, &(_, pos)) in rows.iter().enumerate() {
+        for (i, &f) in w.inv_freq.iter().enumerate() {
+            let a = f64::from(f * pos as f32);
+            cos[r * half + i] = a.cos() as f32;
+            sin[r * half + i] = a.sin() as f32;
+        }
+    }
+    (cos, sin)
 }

@@ -4,12 +4,16 @@
 //! scores 16 keys per vector instruction (each score still one sequential FMA chain).
 
 /// One sequence's cache.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct KvCache {
     /// Per layer: (keys in 16-position blocks, values as rows).
     pub(crate) layers: Vec<(Vec<f32>, Vec<f32>)>,
     /// Positions fully processed (through every layer).
     pub(crate) len: usize,
+    /// The same on the GPU, for an engine on the CUDA backend (`layers` then stays empty
+    /// per layer).
+    #[cfg(feature = "cuda")]
+    pub(crate) dev: Option<crate::cuda::DevCache>,
 }
 
 impl KvCache {
@@ -18,6 +22,8 @@ impl KvCache {
         Self {
             layers: vec![(Vec::new(), Vec::new()); n_layer],
             len: 0,
+            #[cfg(feature = "cuda")]
+            dev: None,
         }
     }
 }

@@ -315,3 +315,40 @@ async fn example_config_serves_the_engine_from_a_fresh_directory() -> Result<()>
     assert!(serve_exit.success() && engine_exit.success());
     Ok(())
 }
+
+/// `engine serve --device`: a bad name is a usage error naming the choices; `cuda` on a
+/// machine without a usable GPU exits non-zero saying why (cudarc panics on a missing
+/// library; the engine checks first), and never panics.
+#[test]
+fn engine_serve_device_errors_are_clear() -> Result<()> {
+    let out = Command::new(BIN)
+        .args(["engine", "serve", "--model", "x.gguf", "--device", "gpu"])
+        .output()?;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr)?;
+    assert!(
+        stderr.contains("expected auto, cpu, cuda or cuda:N"),
+        "{stderr}"
+    );
+    let Some(why) = samewise_engine::cuda_unavailable() else {
+        // a GPU here: the engine's own device test covers `cuda`; no error to check
+        return Ok(());
+    };
+    let out = Command::new(BIN)
+        .args([
+            "engine",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--device",
+            "cuda:1",
+        ])
+        .arg("--model")
+        .arg(test_model()?)
+        .output()?;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr)?;
+    assert!(stderr.contains(&why), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    Ok(())
+}

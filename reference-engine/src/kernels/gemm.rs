@@ -52,6 +52,25 @@ enum Data {
     },
 }
 
+/// A [`Linear`]'s packed data, borrowed: panels of [`NR`] columns, `[panel][k][16]`.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) enum Parts<'a> {
+    /// f32 weights.
+    F32(&'a [f32]),
+    /// Integers with a scale and an offset per group of `group` along k and column
+    /// (`[panel][k / group][16]`); a weight is `q * scale + offset`.
+    Quant {
+        group: usize,
+        /// `[panel][k][16]` integers (empty when `q4` holds them).
+        q: &'a [i8],
+        /// `[panel][k][8]` nibbles (column c low, c + 8 high), the integer being `u + lo`.
+        q4: Option<&'a [u8]>,
+        lo: i8,
+        scale: &'a [f32],
+        offset: &'a [f32],
+    },
+}
+
 /// A weight matrix `[n][k]` in kernel layout.
 #[derive(Debug)]
 pub struct Linear {
@@ -217,6 +236,31 @@ impl Linear {
             }
         }
         Ok(())
+    }
+
+    /// The packed data as it is laid out (for a backend that copies it elsewhere, such as
+    /// the GPU's, and must compute exactly what [`Linear::matmul`] computes from it).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn parts(&self) -> Parts<'_> {
+        match &self.data {
+            Data::F32(w) => Parts::F32(w),
+            Data::Quant {
+                group,
+                q,
+                q4,
+                lo,
+                scale,
+                offset,
+                ..
+            } => Parts::Quant {
+                group: *group,
+                q,
+                q4: q4.as_deref(),
+                lo: *lo,
+                scale,
+                offset,
+            },
+        }
     }
 
     /// Bytes held by the packed weights.

@@ -1,6 +1,7 @@
 //! The reference engine's integration tests, one test binary: loading (GGUF, safetensors),
 //! tokenizer and chat templates against committed goldens, fidelity against transformers' logprobs,
-//! batch invariance, serving profiles, and the OpenAI-compatible server over real sockets.
+//! batch invariance, serving profiles, the OpenAI-compatible server over real sockets, and
+//! synthetic models (the GGUF writer, seeded weights, layer cuts).
 //!
 //! Layout: `common` says where the test model and the committed fixtures are; every other module
 //! is one area.
@@ -9,10 +10,12 @@ mod common;
 
 mod chat_template;
 mod constrained;
+mod device;
 mod fidelity;
 mod invariance;
 mod loading;
 mod profiles_numerics;
 mod profiles_server;
 mod server;
+mod synth;
 mod tokenizer;

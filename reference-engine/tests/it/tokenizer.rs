@@ -4,8 +4,8 @@
 
 use crate::common;
 
-use samewise_engine::GgufFile;
 use samewise_engine::Tokenizer;
+use samewise_engine::{GgufFile, GgufValue, GgufWriter};
 
 fn texts() -> Vec<String> {
     let mut v: Vec<String> = [
@@ -228,59 +228,26 @@ fn unknown_gguf_pre_tokenizer_is_a_clear_error() -> anyhow::Result<()> {
 /// merges and token types with `tokenizer.ggml.pre` (and optionally the model) replaced.
 fn write_tokenizer_gguf(path: &std::path::Path, pre: &str, model: &str) -> anyhow::Result<()> {
     let src = GgufFile::open(&common::model_path()?)?;
-    let tokens = src
-        .get_str_array("tokenizer.ggml.tokens")
-        .ok_or_else(|| anyhow::anyhow!("no tokens"))?;
-    let merges = src
-        .get_str_array("tokenizer.ggml.merges")
-        .ok_or_else(|| anyhow::anyhow!("no merges"))?;
-    let types: Vec<i32> = src
-        .get_array("tokenizer.ggml.token_type")
-        .ok_or_else(|| anyhow::anyhow!("no types"))?
-        .iter()
-        .map(|v| v.as_i64().unwrap_or(1) as i32)
-        .collect();
-    fn put_str(out: &mut Vec<u8>, s: &str) {
-        out.extend_from_slice(&(s.len() as u64).to_le_bytes());
-        out.extend_from_slice(s.as_bytes());
-    }
-    let mut kv: Vec<u8> = Vec::new();
-    let mut n_kv = 0u64;
-    let mut key = |kv: &mut Vec<u8>, k: &str, ty: u32| {
-        put_str(kv, k);
-        kv.extend_from_slice(&ty.to_le_bytes());
-        n_kv += 1;
-    };
-    key(&mut kv, "tokenizer.ggml.model", 8);
-    put_str(&mut kv, model);
-    key(&mut kv, "tokenizer.ggml.pre", 8);
-    put_str(&mut kv, pre);
-    for (name, list) in [
-        ("tokenizer.ggml.tokens", &tokens),
-        ("tokenizer.ggml.merges", &merges),
+    let mut meta = vec![
+        (
+            "tokenizer.ggml.model".to_owned(),
+            GgufValue::String(model.into()),
+        ),
+        (
+            "tokenizer.ggml.pre".to_owned(),
+            GgufValue::String(pre.into()),
+        ),
+    ];
+    for key in [
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.merges",
+        "tokenizer.ggml.token_type",
     ] {
-        key(&mut kv, name, 9);
-        kv.extend_from_slice(&8u32.to_le_bytes());
-        kv.extend_from_slice(&(list.len() as u64).to_le_bytes());
-        for s in list.iter() {
-            put_str(&mut kv, s);
-        }
+        let v = src.get(key).ok_or_else(|| anyhow::anyhow!("no {key}"))?;
+        meta.push((key.to_owned(), v.clone()));
     }
-    key(&mut kv, "tokenizer.ggml.token_type", 9);
-    kv.extend_from_slice(&5u32.to_le_bytes());
-    kv.extend_from_slice(&(types.len() as u64).to_le_bytes());
-    for t in &types {
-        kv.extend_from_slice(&t.to_le_bytes());
-    }
-    key(&mut kv, "tokenizer.ggml.eos_token_id", 4);
-    kv.extend_from_slice(&2u32.to_le_bytes());
-    let mut out = Vec::new();
-    out.extend_from_slice(b"GGUF");
-    out.extend_from_slice(&3u32.to_le_bytes());
-    out.extend_from_slice(&0u64.to_le_bytes());
-    out.extend_from_slice(&n_kv.to_le_bytes());
-    out.extend_from_slice(&kv);
-    std::fs::write(path, out)?;
+    meta.push(("tokenizer.ggml.eos_token_id".to_owned(), GgufValue::U32(2)));
+    GgufWriter::create(path, &meta, Vec::new())?.finish()?;
     Ok(())
 }
 
