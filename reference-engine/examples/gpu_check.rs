@@ -219,11 +219,14 @@ fn throughput(args: &[String]) -> Res<Value> {
         Some(load(&model, Device::Cpu, threads)?)
     };
     for b in [1usize, 8, 64] {
-        let seqs: Vec<Vec<u32>> = (0..b as u64).map(|i| tokens(i, 512, v)).collect();
+        // 512-token sequences, at most 4,096 tokens a batch (64 x 64 at batch 64): the 8B
+        // shape's batch must fit the stage's time
+        let len = (4096 / b).clamp(64, 512);
+        let seqs: Vec<Vec<u32>> = (0..b as u64).map(|i| tokens(i, len, v)).collect();
         let score = |e: &Engine| -> Res<f64> {
             let t = Instant::now();
             e.score(&seqs, 20)?;
-            Ok((b * 512) as f64 / t.elapsed().as_secs_f64())
+            Ok((b * len) as f64 / t.elapsed().as_secs_f64())
         };
         let prompts: Vec<Vec<u32>> = (0..b as u64).map(|i| tokens(50 + i, 16, v)).collect();
         let params = GenerateParams {
@@ -244,7 +247,7 @@ fn throughput(args: &[String]) -> Res<Value> {
             _ => (None, None),
         };
         rows.push(json!({
-            "batch": b,
+            "batch": b, "tokens_per_sequence": len,
             "gpu_score_tok_s": gs, "gpu_decode_tok_s": gd,
             "gpu_score_gflops": gs * flops_per_token / 1e9,
             "cpu_score_tok_s": cs, "cpu_decode_tok_s": cd,
