@@ -118,6 +118,27 @@ __device__ void quantize_q8_block(float* v, int len) {
 // each thread one output, one fmaf chain over k = 0..K in order from zero, the k tiles
 // walked in order. Nothing depends on m.
 
+// The weight of panel p, input index kk, column cc of the panel: stored f32, or the integer
+// times its group's scale plus its offset (multiply, then add), as gemm.rs dequantizes.
+template <int FMT>
+__device__ __forceinline__ float weight(long long p, int kk, int cc, int k, int ng,
+                                        const float* __restrict__ wf,
+                                        const i8* __restrict__ q, const u8* __restrict__ q4,
+                                        int lo, const float* __restrict__ scale,
+                                        const float* __restrict__ offset, int group) {
+    long long at = (p * k + kk) * 16;
+    if (FMT == 0) return wf[at + cc];
+    int qv;
+    if (FMT == 1) {
+        qv = q[at + cc];
+    } else {
+        u8 b = q4[at / 2 + (cc & 7)];
+        qv = (cc < 8 ? (b & 15) : (b >> 4)) + lo;
+    }
+    long long g = (p * ng + kk / group) * 16 + cc;
+    return (float)qv * scale[g] + offset[g];
+}
+
 #define TK 32
 
 template <int FMT>
@@ -137,24 +158,9 @@ __device__ void gemm_body(const float* __restrict__ x, float* __restrict__ y, in
         int kt = min(TK, k - k0);
         for (int e = tid; e < TK * 16; e += 256) {
             int kk = e >> 4, cc = e & 15;
-            float w = 0.0f;
-            if (kk < kt) {
-                long long at = (p * k + k0 + kk) * 16;
-                if (FMT == 0) {
-                    w = wf[at + cc];
-                } else {
-                    int qv;
-                    if (FMT == 1) {
-                        qv = q[at + cc];
-                    } else {
-                        u8 b = q4[at / 2 + (cc & 7)];
-                        qv = (cc < 8 ? (b & 15) : (b >> 4)) + lo;
-                    }
-                    long long g = (p * ng + (k0 + kk) / group) * 16 + cc;
-                    w = (float)qv * scale[g] + offset[g];
-                }
-            }
-            ws[kk][cc] = w;
+            ws[kk][cc] = kk < kt ? weight<FMT>(p, k0 + kk, cc, k, ng, wf, q, q4, lo, scale, offset,
+                                               group)
+                                 : 0.0f;
         }
         for (int e = tid; e < 16 * TK; e += 256) {
             int r = e / TK, kk = e % TK;
@@ -214,24 +220,10 @@ __device__ void gemm_tiled_body(const float* __restrict__ x, float* __restrict__
             int kk = e >> 6, cl = e & 63;
             long long p = p0 + (cl >> 4);
             int cc = cl & 15;
-            float w = 0.0f;
-            if (kk < kt && p < panels) {
-                long long at = (p * k + k0 + kk) * 16;
-                if (FMT == 0) {
-                    w = wf[at + cc];
-                } else {
-                    int qv;
-                    if (FMT == 1) {
-                        qv = q[at + cc];
-                    } else {
-                        u8 b = q4[at / 2 + (cc & 7)];
-                        qv = (cc < 8 ? (b & 15) : (b >> 4)) + lo;
-                    }
-                    long long g = (p * ng + (k0 + kk) / group) * 16 + cc;
-                    w = (float)qv * scale[g] + offset[g];
-                }
-            }
-            ws[kk][cl] = w;
+            ws[kk][cl] = kk < kt && p < panels
+                             ? weight<FMT>(p, k0 + kk, cc, k, ng, wf, q, q4, lo, scale, offset,
+                                           group)
+                             : 0.0f;
         }
         for (int e = tid; e < 64 * BK; e += 256) {
             int r = e / BK, kk = e % BK;
