@@ -2,11 +2,12 @@
 //! 1 and 8, generation tokens/s, and the RSS after loading.
 //!
 //! `cargo run --release -p samewise-engine --example bench -- --model PATH --threads 2`
+//! (`--isa scalar|avx|avx512` caps the instruction set, for comparing kernel paths side by side)
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use samewise_engine::{Engine, GenerateParams, LoadOptions};
+use samewise_engine::{Engine, GenerateParams, Isa, LoadOptions};
 
 fn rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
@@ -39,6 +40,7 @@ fn main() -> anyhow::Result<()> {
     let mut len = 512;
     let mut gen_tokens = 128;
     let mut batches = vec![1usize, 8];
+    let mut isa = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -46,6 +48,14 @@ fn main() -> anyhow::Result<()> {
             "--threads" => threads = args.next().and_then(|v| v.parse().ok()).unwrap_or(2),
             "--len" => len = args.next().and_then(|v| v.parse().ok()).unwrap_or(512),
             "--gen" => gen_tokens = args.next().and_then(|v| v.parse().ok()).unwrap_or(128),
+            "--isa" => {
+                isa = Some(match args.next().as_deref() {
+                    Some("scalar") => Isa::Scalar,
+                    Some("avx") => Isa::Avx,
+                    Some("avx512") => Isa::Avx512,
+                    other => anyhow::bail!("--isa takes scalar, avx or avx512, not {other:?}"),
+                });
+            }
             "--batches" => {
                 batches = args
                     .next()
@@ -55,7 +65,7 @@ fn main() -> anyhow::Result<()> {
                     .collect();
             }
             other => anyhow::bail!(
-                "unknown argument {other} (use --model PATH --threads N [--len N] [--gen N] [--batches 1,8])"
+                "unknown argument {other} (use --model PATH --threads N [--len N] [--gen N] [--batches 1,8] [--isa I])"
             ),
         }
     }
@@ -65,7 +75,7 @@ fn main() -> anyhow::Result<()> {
         &model,
         LoadOptions {
             threads,
-            isa: None,
+            isa,
             ..LoadOptions::default()
         },
     )?;

@@ -306,8 +306,27 @@ impl Linear {
         }
     }
 
-    /// Writes panel `p` as f32 `[k][16]` into `out`.
-    fn dequant_panel(&self, p: usize, out: &mut [f32]) {
+    /// Writes panel `p` as f32 `[k][16]` into `out`, vectorized as wide as `isa` allows.
+    fn dequant_panel(&self, isa: Isa, p: usize, out: &mut [f32]) {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the ISA is only chosen when the CPU supports it.
+            Isa::Avx512 => unsafe { self.dequant_panel_avx512(p, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            Isa::Avx => unsafe { self.dequant_panel_avx(p, out) },
+            _ => self.dequant_panel_body(p, out),
+        }
+    }
+
+    /// [`Linear::dequant_panel`] compiled for AVX with FMA (the same multiply then add: Rust
+    /// never contracts them into a fused multiply-add, so the same bits).
+    ///
+    /// # Safety
+    /// The CPU must support AVX and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx,fma")]
+    unsafe fn dequant_panel_avx(&self, p: usize, out: &mut [f32]) {
         self.dequant_panel_body(p, out);
     }
 
@@ -375,7 +394,7 @@ impl Linear {
         let isa = ctx.isa;
         #[cfg(target_arch = "x86_64")]
         if let (
-            Isa::Avx512,
+            Isa::Avx512 | Isa::Avx,
             Data::Quant {
                 group,
                 q,
@@ -418,20 +437,27 @@ impl Linear {
                         ldy: n,
                         row0: r,
                     };
-                    // SAFETY: AVX-512 was detected; thread t writes only its own panels' columns.
+                    let ps = panels_t.clone();
+                    // SAFETY: the ISA was detected; thread t writes only its own panels' columns.
                     unsafe {
-                        match (q4.is_some(), *exact) {
-                            (true, true) => {
-                                x86::fused_rows::<true, true>(&args, rows, panels_t.clone())
+                        match (isa == Isa::Avx512, q4.is_some(), *exact) {
+                            (true, true, true) => x86::fused_rows::<true, true>(&args, rows, ps),
+                            (true, true, false) => x86::fused_rows::<true, false>(&args, rows, ps),
+                            (true, false, true) => x86::fused_rows::<false, true>(&args, rows, ps),
+                            (true, false, false) => {
+                                x86::fused_rows::<false, false>(&args, rows, ps)
                             }
-                            (true, false) => {
-                                x86::fused_rows::<true, false>(&args, rows, panels_t.clone())
+                            (false, true, true) => {
+                                x86::fused_rows_avx::<true, true>(&args, rows, ps)
                             }
-                            (false, true) => {
-                                x86::fused_rows::<false, true>(&args, rows, panels_t.clone())
+                            (false, true, false) => {
+                                x86::fused_rows_avx::<true, false>(&args, rows, ps)
                             }
-                            (false, false) => {
-                                x86::fused_rows::<false, false>(&args, rows, panels_t.clone())
+                            (false, false, true) => {
+                                x86::fused_rows_avx::<false, true>(&args, rows, ps)
+                            }
+                            (false, false, false) => {
+                                x86::fused_rows_avx::<false, false>(&args, rows, ps)
                             }
                         }
                     }
@@ -455,11 +481,9 @@ impl Linear {
                     let mut p = mine.start;
                     while p < mine.end {
                         let (w0, w1) = s.split_at_mut(k * NR);
-                        // SAFETY: AVX-512 detected.
-                        unsafe { self.dequant_panel_avx512(p, w0) };
+                        self.dequant_panel(isa, p, w0);
                         if p + 1 < mine.end {
-                            // SAFETY: as above.
-                            unsafe { self.dequant_panel_avx512(p + 1, w1) };
+                            self.dequant_panel(isa, p + 1, w1);
                             let cols1 = NR.min(n - (p + 1) * NR);
                             // SAFETY: AVX-512 detected; thread t writes only its own panels.
                             unsafe {
@@ -487,7 +511,7 @@ impl Linear {
                     return;
                 }
                 for p in mine {
-                    self.dequant_panel(p, &mut s);
+                    self.dequant_panel(isa, p, &mut s);
                     let cols = NR.min(n - p * NR);
                     // SAFETY: thread t writes only columns of its own panels; bounds
                     // were asserted above.
@@ -539,8 +563,8 @@ unsafe fn panel_rows(
             // SAFETY: Avx512 is only chosen when the CPU has it.
             Isa::Avx512 => unsafe { x86::tile_avx512(w, xr, left, k, yr, ldy, cols) },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: Avx2 is only chosen when the CPU has AVX2 and FMA.
-            Isa::Avx2 => unsafe { x86::tile_avx2(w, xr, left, k, yr, ldy, cols) },
+            // SAFETY: Avx is only chosen when the CPU has AVX and FMA.
+            Isa::Avx => unsafe { x86::tile_avx(w, xr, left, k, yr, ldy, cols) },
             // SAFETY: as above.
             _ => unsafe { tile_scalar(w, xr, left, k, yr, ldy, cols) },
         };
@@ -663,7 +687,7 @@ mod tests {
         let mut row = vec![0f32; k];
         lin.row(5, &mut row);
         assert!((0..k).all(|kk| row[kk] == rows[5].value(kk)));
-        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
+        for isa in [Isa::Scalar, Isa::Avx, Isa::Avx512] {
             for threads in [1, 2] {
                 let ctx = Ctx {
                     pool: Pool::new(threads),
@@ -709,7 +733,7 @@ mod tests {
                 want[r * n + c] = a;
             }
         }
-        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512] {
+        for isa in [Isa::Scalar, Isa::Avx, Isa::Avx512] {
             for threads in [1, 2, 3] {
                 let ctx = Ctx {
                     pool: Pool::new(threads),

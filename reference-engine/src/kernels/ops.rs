@@ -21,7 +21,7 @@ pub fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
         Isa::Avx512 => unsafe { x86::dot_avx512(a, b) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: chosen only when the CPU supports it.
-        Isa::Avx2 => unsafe { x86::dot_avx2(a, b) },
+        Isa::Avx => unsafe { x86::dot_avx(a, b) },
         _ => dot_scalar(a, b),
     }
 }
@@ -51,7 +51,7 @@ pub fn axpy(isa: Isa, p: f32, v: &[f32], acc: &mut [f32]) {
         Isa::Avx512 => unsafe { x86::axpy_avx512(p, v, acc) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: chosen only when the CPU supports it.
-        Isa::Avx2 => unsafe { x86::axpy_avx2(p, v, acc) },
+        Isa::Avx => unsafe { x86::axpy_avx(p, v, acc) },
         _ => {
             for (a, &x) in acc.iter_mut().zip(v) {
                 *a = p.mul_add(x, *a);
@@ -115,7 +115,7 @@ pub fn silu_mul(isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
         Isa::Avx512 => unsafe { x86::silu_mul_avx512(gate, up, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx2 => unsafe { x86::silu_mul_avx2(gate, up, out) },
+        Isa::Avx => unsafe { x86::silu_mul_avx(gate, up, out) },
         _ => silu_mul_body(gate, up, out),
     }
 }
@@ -143,7 +143,7 @@ pub fn softmax(isa: Isa, scores: &mut [f32], scale: f32) {
         Isa::Avx512 => unsafe { x86::softmax_avx512(scores, scale) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx2 => unsafe { x86::softmax_avx2(scores, scale) },
+        Isa::Avx => unsafe { x86::softmax_avx(scores, scale) },
         _ => softmax_body(scores, scale),
     }
 }
@@ -204,6 +204,9 @@ pub fn attend(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: chosen only when the CPU supports it.
         Isa::Avx512 => unsafe { x86::scores_avx512(q, keys, stride, off, blocks, scores) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx => unsafe { x86::scores_avx(q, keys, stride, off, blocks, scores) },
         _ => {
             for b in 0..blocks {
                 let base = b * stride * 16 + off * 16;
@@ -225,6 +228,9 @@ pub fn attend(
         Isa::Avx512 if hd.is_multiple_of(16) && hd <= 128 => unsafe {
             x86::pv_avx512(sc, values, stride, off, out)
         },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx if hd.is_multiple_of(8) => unsafe { x86::pv_avx(sc, values, stride, off, out) },
         _ => {
             out.fill(0.0);
             for (j, &p) in sc.iter().enumerate() {
@@ -249,9 +255,9 @@ mod x86 {
         super::silu_mul_body(gate, up, out);
     }
 
-    /// [`super::silu_mul`] compiled for AVX2.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn silu_mul_avx2(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    /// [`super::silu_mul`] compiled for AVX with FMA.
+    #[target_feature(enable = "avx,fma")]
+    pub(super) unsafe fn silu_mul_avx(gate: &[f32], up: &[f32], out: &mut [f32]) {
         super::silu_mul_body(gate, up, out);
     }
 
@@ -261,9 +267,9 @@ mod x86 {
         super::softmax_body(scores, scale);
     }
 
-    /// [`super::softmax`] compiled for AVX2.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn softmax_avx2(scores: &mut [f32], scale: f32) {
+    /// [`super::softmax`] compiled for AVX with FMA.
+    #[target_feature(enable = "avx,fma")]
+    pub(super) unsafe fn softmax_avx(scores: &mut [f32], scale: f32) {
         super::softmax_body(scores, scale);
     }
 
@@ -313,6 +319,49 @@ mod x86 {
         }
     }
 
+    /// [`scores_avx512`] in 256-bit halves: lanes 0–7 and 8–15 of a block are two vectors,
+    /// each lane the same FMA chain over d.
+    #[target_feature(enable = "avx,fma")]
+    pub(super) unsafe fn scores_avx(
+        q: &[f32],
+        keys: &[f32],
+        stride: usize,
+        off: usize,
+        blocks: usize,
+        scores: &mut [f32],
+    ) {
+        let hd = q.len();
+        assert!(blocks == 0 || (blocks - 1) * stride * 16 + (off + hd) * 16 <= keys.len());
+        assert!(scores.len() >= blocks * 16);
+        let kp = keys.as_ptr();
+        let mut b = 0;
+        while b < blocks {
+            // two blocks at a time where there are two: four independent chains in flight
+            let n = if b + 2 <= blocks { 2 } else { 1 };
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for d in 0..hd {
+                let qv = _mm256_set1_ps(q[d]);
+                for i in 0..n {
+                    let at = (b + i) * stride * 16 + (off + d) * 16;
+                    // SAFETY: bounds asserted above.
+                    let (lo, hi) =
+                        unsafe { (_mm256_loadu_ps(kp.add(at)), _mm256_loadu_ps(kp.add(at + 8))) };
+                    acc[2 * i] = _mm256_fmadd_ps(qv, lo, acc[2 * i]);
+                    acc[2 * i + 1] = _mm256_fmadd_ps(qv, hi, acc[2 * i + 1]);
+                }
+            }
+            for i in 0..n {
+                // SAFETY: scores holds blocks * 16.
+                unsafe {
+                    let out = scores.as_mut_ptr().add((b + i) * 16);
+                    _mm256_storeu_ps(out, acc[2 * i]);
+                    _mm256_storeu_ps(out.add(8), acc[2 * i + 1]);
+                }
+            }
+            b += n;
+        }
+    }
+
     /// `out[d] = Σ_j p[j]·v[j][off + d]`, one FMA chain per d over j in order, accumulators in
     /// registers (head_dim a multiple of 16, at most 128).
     #[target_feature(enable = "avx512f")]
@@ -343,6 +392,38 @@ mod x86 {
         }
     }
 
+    /// [`pv_avx512`] for AVX+FMA, any head_dim a multiple of 8: 64 columns at a time in eight
+    /// register accumulators, each the same FMA chain over j in order.
+    #[target_feature(enable = "avx,fma")]
+    pub(super) unsafe fn pv_avx(
+        p: &[f32],
+        values: &[f32],
+        stride: usize,
+        off: usize,
+        out: &mut [f32],
+    ) {
+        let hd = out.len();
+        assert!(hd.is_multiple_of(8));
+        assert!(p.is_empty() || (p.len() - 1) * stride + off + hd <= values.len());
+        let vp = values.as_ptr();
+        for c0 in (0..hd).step_by(64) {
+            let chunks = (hd - c0).min(64) / 8;
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for (j, &pj) in p.iter().enumerate() {
+                let pv = _mm256_set1_ps(pj);
+                for (c, a) in acc.iter_mut().enumerate().take(chunks) {
+                    // SAFETY: bounds asserted above.
+                    let v = unsafe { _mm256_loadu_ps(vp.add(j * stride + off + c0 + c * 8)) };
+                    *a = _mm256_fmadd_ps(pv, v, *a);
+                }
+            }
+            for (c, a) in acc.iter().enumerate().take(chunks) {
+                // SAFETY: out holds hd ≥ c0 + chunks * 8.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(c0 + c * 8), *a) };
+            }
+        }
+    }
+
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len();
@@ -368,8 +449,8 @@ mod x86 {
         super::reduce16(&mut l)
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    #[target_feature(enable = "avx,fma")]
+    pub(super) unsafe fn dot_avx(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len();
         let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         let mut i = 0;
@@ -422,8 +503,8 @@ mod x86 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn axpy_avx2(p: f32, v: &[f32], acc: &mut [f32]) {
+    #[target_feature(enable = "avx,fma")]
+    pub(super) unsafe fn axpy_avx(p: f32, v: &[f32], acc: &mut [f32]) {
         let n = v.len().min(acc.len());
         let pv = _mm256_set1_ps(p);
         let mut i = 0;
@@ -459,7 +540,7 @@ mod tests {
             .map(|(&x, &y)| f64::from(x) * f64::from(y))
             .sum();
         assert!((f64::from(want) - exact).abs() < 1e-5);
-        for isa in [Isa::Avx2, Isa::Avx512] {
+        for isa in [Isa::Avx, Isa::Avx512] {
             let isa = Isa::at_most(isa);
             assert_eq!(dot(isa, &a, &b).to_bits(), want.to_bits(), "{isa:?}");
             let mut x = b.clone();
@@ -472,7 +553,15 @@ mod tests {
 
     #[test]
     fn attention_agrees_across_isas() {
-        let (hd, nkv, n): (usize, usize, usize) = (64, 3, 37);
+        // head_dim 64 (the test model), 128 (two register blocks in the AVX path) and 24 (a
+        // partial block; AVX-512 falls back to axpy)
+        for (hd, n) in [(64, 37), (128, 21), (24, 40)] {
+            attention_case(hd, n);
+        }
+    }
+
+    fn attention_case(hd: usize, n: usize) {
+        let nkv = 3;
         let stride = nkv * hd;
         let mut keys = vec![0f32; n.div_ceil(16) * stride * 16];
         let mut values = vec![0f32; n * stride];
@@ -526,7 +615,7 @@ mod tests {
                 want[d]
             );
         }
-        for isa in [Isa::Avx2, Isa::Avx512] {
+        for isa in [Isa::Avx, Isa::Avx512] {
             let got = run(Isa::at_most(isa));
             assert_eq!(
                 got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
@@ -556,7 +645,7 @@ mod tests {
     }
 
     fn isas() -> Vec<Isa> {
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+        [Isa::Scalar, Isa::Avx, Isa::Avx512]
             .into_iter()
             .filter(|&i| Isa::at_most(i) == i)
             .collect()

@@ -82,22 +82,34 @@ impl WeightQuant {
         let mut q = vec![0i8; row.len()];
         let mut scale = vec![0f32; groups];
         let mut offsets = vec![0f32; if self.symmetric { 0 } else { groups }];
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F.
-            unsafe { self.fill_codes_avx512(row, &mut q, &mut scale, &mut offsets) };
-            return Some(Codes {
-                q,
-                scale,
-                offset: (!self.symmetric).then_some(offsets),
-            });
-        }
-        self.fill_codes(row, &mut q, &mut scale, &mut offsets);
+        self.fill_codes_fastest(row, &mut q, &mut scale, &mut offsets);
         Some(Codes {
             q,
             scale,
             offset: (!self.symmetric).then_some(offsets),
         })
+    }
+
+    /// [`WeightQuant::fill_codes`] compiled for the widest vectors this CPU has.
+    fn fill_codes_fastest(
+        &self,
+        row: &[f32],
+        q: &mut [i8],
+        scale: &mut [f32],
+        offsets: &mut [f32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU supports AVX-512F.
+                return unsafe { self.fill_codes_avx512(row, q, scale, offsets) };
+            }
+            if std::arch::is_x86_feature_detected!("avx") {
+                // SAFETY: the CPU supports AVX.
+                return unsafe { self.fill_codes_avx(row, q, scale, offsets) };
+            }
+        }
+        self.fill_codes(row, q, scale, offsets);
     }
 
     /// [`WeightQuant::fill_codes`] compiled for AVX-512F (plain f32 operations: the same bits).
@@ -107,6 +119,23 @@ impl WeightQuant {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     unsafe fn fill_codes_avx512(
+        &self,
+        row: &[f32],
+        q: &mut [i8],
+        scale: &mut [f32],
+        offsets: &mut [f32],
+    ) {
+        self.fill_codes(row, q, scale, offsets);
+    }
+
+    /// [`WeightQuant::fill_codes`] compiled for AVX (256-bit; plain f32 operations: the same
+    /// bits).
+    ///
+    /// # Safety
+    /// The CPU must support AVX.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx")]
+    unsafe fn fill_codes_avx(
         &self,
         row: &[f32],
         q: &mut [i8],

@@ -1,4 +1,4 @@
-//! The x86-64 microkernels of the GEMM (AVX-512F and AVX2+FMA): row tiles over one or two
+//! The x86-64 microkernels of the GEMM (AVX-512F and AVX+FMA): row tiles over one or two
 //! dequantized panels, and the AVX-512 kernel that dequantizes 8-bit or 4-bit panels in
 //! registers for small batches. Every output element is one FMA chain over k in order.
 
@@ -314,7 +314,7 @@ pub(super) unsafe fn tile_avx512(
 
 macro_rules! tile256 {
     ($name:ident, $r:expr) => {
-        #[target_feature(enable = "avx2,fma")]
+        #[target_feature(enable = "avx,fma")]
         unsafe fn $name(w: &[f32], x: &[f32], k: usize, out: &mut [[f32; NR]]) {
             let mut lo = [_mm256_setzero_ps(); $r];
             let mut hi = [_mm256_setzero_ps(); $r];
@@ -347,10 +347,11 @@ macro_rules! tile256 {
 tile256!(t256_1, 1);
 tile256!(t256_2, 2);
 tile256!(t256_4, 4);
+tile256!(t256_6, 6);
 
-/// AVX2+FMA microkernel; returns rows done.
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn tile_avx2(
+/// AVX+FMA microkernel (256-bit); returns rows done.
+#[target_feature(enable = "avx,fma")]
+pub(super) unsafe fn tile_avx(
     w: &[f32],
     x: &[f32],
     m: usize,
@@ -359,9 +360,13 @@ pub(super) unsafe fn tile_avx2(
     ldy: usize,
     cols: usize,
 ) -> usize {
-    assert!(w.len() >= k * NR && x.len() >= m.min(4) * k);
-    let mut out = [[0f32; NR]; 4];
-    let rows = if m >= 4 {
+    assert!(w.len() >= k * NR && x.len() >= m.min(6) * k);
+    // six rows keep twelve independent FMA chains in flight (enough to cover the FMA latency
+    // on two ports) in 15 of the 16 vector registers
+    let mut out = [[0f32; NR]; 6];
+    let rows = if m >= 6 {
+        6
+    } else if m >= 4 {
         4
     } else if m >= 2 {
         2
@@ -371,6 +376,7 @@ pub(super) unsafe fn tile_avx2(
     // SAFETY: bounds asserted above.
     unsafe {
         match rows {
+            6 => t256_6(w, x, k, &mut out),
             4 => t256_4(w, x, k, &mut out),
             2 => t256_2(w, x, k, &mut out),
             _ => t256_1(w, x, k, &mut out),
@@ -383,4 +389,158 @@ pub(super) unsafe fn tile_avx2(
         }
     }
     rows
+}
+
+/// [`fused_rows`] for AVX+FMA: the same arithmetic in 256-bit halves of each 16-column panel
+/// (rows in {1, 2, 4, 8}; eight rows are two runs of four).
+///
+/// # Safety
+/// AVX and FMA must be available; `y` valid for those rows and panels' columns.
+#[target_feature(enable = "avx,fma")]
+pub(super) unsafe fn fused_rows_avx<const NIB: bool, const EXACT: bool>(
+    a: &Fused<'_>,
+    rows: usize,
+    panels: std::ops::Range<usize>,
+) {
+    let mut p = panels.start;
+    // SAFETY: forwarded.
+    unsafe {
+        while p < panels.end {
+            let two = panels.end - p >= 2;
+            let step = match rows {
+                8 => {
+                    fused_avx::<4, 1, NIB, EXACT>(a, p, 0);
+                    fused_avx::<4, 1, NIB, EXACT>(a, p, 4);
+                    1
+                }
+                4 => {
+                    fused_avx::<4, 1, NIB, EXACT>(a, p, 0);
+                    1
+                }
+                2 if two => {
+                    fused_avx::<2, 2, NIB, EXACT>(a, p, 0);
+                    2
+                }
+                2 => {
+                    fused_avx::<2, 1, NIB, EXACT>(a, p, 0);
+                    1
+                }
+                _ if two => {
+                    fused_avx::<1, 2, NIB, EXACT>(a, p, 0);
+                    2
+                }
+                _ => {
+                    fused_avx::<1, 1, NIB, EXACT>(a, p, 0);
+                    1
+                }
+            };
+            p += step;
+        }
+    }
+}
+
+/// R rows (from row `r0` of `a.x`) × P panels from `p0`, AVX+FMA: [`fused`]'s arithmetic,
+/// columns 0–7 and 8–15 of a panel in two vectors.
+#[target_feature(enable = "avx,fma")]
+unsafe fn fused_avx<const R: usize, const P: usize, const NIB: bool, const EXACT: bool>(
+    a: &Fused<'_>,
+    p0: usize,
+    r0: usize,
+) {
+    let (k, group) = (a.k, a.group);
+    let ng = k / group;
+    let q_len = if NIB { a.q4.len() * 2 } else { a.q.len() };
+    assert!(
+        a.x.len() >= (r0 + R) * k
+            && (p0 + P) * k * NR <= q_len
+            && (p0 + P) * ng * NR <= a.scale.len()
+            && (p0 + P) * ng * NR <= a.offset.len()
+    );
+    let nib_mask = _mm_set1_epi8(0x0F);
+    let lo8 = _mm_set1_epi8(a.lo);
+    let mut acc = [[[_mm256_setzero_ps(); 2]; P]; R];
+    let (qp, q4p, xp) = (a.q.as_ptr(), a.q4.as_ptr(), a.x.as_ptr());
+    for g in 0..ng {
+        let (mut s, mut o) = ([[_mm256_setzero_ps(); 2]; P], [[_mm256_setzero_ps(); 2]; P]);
+        for j in 0..P {
+            let at = ((p0 + j) * ng + g) * NR;
+            // SAFETY: bounds asserted above.
+            unsafe {
+                s[j] = [
+                    _mm256_loadu_ps(a.scale.as_ptr().add(at)),
+                    _mm256_loadu_ps(a.scale.as_ptr().add(at + 8)),
+                ];
+                o[j] = [
+                    _mm256_loadu_ps(a.offset.as_ptr().add(at)),
+                    _mm256_loadu_ps(a.offset.as_ptr().add(at + 8)),
+                ];
+            }
+        }
+        for kk in g * group..(g + 1) * group {
+            let mut w = [[_mm256_setzero_ps(); 2]; P];
+            for j in 0..P {
+                let qv = if NIB {
+                    // SAFETY: bounds asserted above (8 bytes per 16 values).
+                    let v = unsafe { _mm_loadl_epi64(q4p.add(((p0 + j) * k + kk) * 8).cast()) };
+                    let low = _mm_and_si128(v, nib_mask);
+                    let high = _mm_and_si128(_mm_srli_epi16::<4>(v), nib_mask);
+                    _mm_add_epi8(_mm_unpacklo_epi64(low, high), lo8)
+                } else {
+                    // SAFETY: bounds asserted above.
+                    unsafe { _mm_loadu_si128(qp.add(((p0 + j) * k + kk) * NR).cast()) }
+                };
+                let c0 = _mm_cvtepi8_epi32(qv);
+                let c1 = _mm_cvtepi8_epi32(_mm_srli_si128::<4>(qv));
+                let c2 = _mm_cvtepi8_epi32(_mm_srli_si128::<8>(qv));
+                let c3 = _mm_cvtepi8_epi32(_mm_srli_si128::<12>(qv));
+                let wf = [
+                    _mm256_cvtepi32_ps(_mm256_set_m128i(c1, c0)),
+                    _mm256_cvtepi32_ps(_mm256_set_m128i(c3, c2)),
+                ];
+                for h in 0..2 {
+                    // EXACT: as in `fused`, the fused multiply-add rounds once, like the
+                    // multiply-then-add of an exact product
+                    w[j][h] = if EXACT {
+                        _mm256_fmadd_ps(wf[h], s[j][h], o[j][h])
+                    } else {
+                        _mm256_add_ps(_mm256_mul_ps(wf[h], s[j][h]), o[j][h])
+                    };
+                }
+            }
+            for r in 0..R {
+                // SAFETY: bounds asserted above.
+                let xb = unsafe { _mm256_set1_ps(*xp.add((r0 + r) * k + kk)) };
+                for j in 0..P {
+                    for h in 0..2 {
+                        acc[r][j][h] = _mm256_fmadd_ps(xb, w[j][h], acc[r][j][h]);
+                    }
+                }
+            }
+        }
+    }
+    for j in 0..P {
+        let col = (p0 + j) * NR;
+        let cols = NR.min(a.n - col);
+        for r in 0..R {
+            let yr = a.row0 + r0 + r;
+            if cols == NR {
+                // SAFETY: the caller guarantees y for these rows and columns.
+                unsafe {
+                    _mm256_storeu_ps(a.y.add(yr * a.ldy + col), acc[r][j][0]);
+                    _mm256_storeu_ps(a.y.add(yr * a.ldy + col + 8), acc[r][j][1]);
+                }
+            } else {
+                let mut out = [0f32; NR];
+                // SAFETY: out holds 16 floats.
+                unsafe {
+                    _mm256_storeu_ps(out.as_mut_ptr(), acc[r][j][0]);
+                    _mm256_storeu_ps(out.as_mut_ptr().add(8), acc[r][j][1]);
+                }
+                for (c, &v) in out.iter().enumerate().take(cols) {
+                    // SAFETY: c < cols, inside the caller's bounds.
+                    unsafe { *a.y.add(yr * a.ldy + col + c) = v };
+                }
+            }
+        }
+    }
 }
