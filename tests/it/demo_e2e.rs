@@ -1,7 +1,7 @@
 //! `samewise demo` end to end (issue #13): the real binary as a newcomer runs it (on any free
-//! port, SQLite in a temporary data directory); every finding must be in within 420 s of
-//! start-up (measured 151–167 s in four runs on an earlier 2-core machine, ~320 s on a slower one;
-//! the rest is headroom). In order: it
+//! port, SQLite in a temporary data directory); every finding must be in within 660 s of
+//! start-up (measured 151–167 s in four runs on an earlier 2-core machine, ~320 s on a slower one,
+//! and over 420 s on the AVX-only machines CI now runs on; see [`FINDINGS_WITHIN`]). In order: it
 //! listens and prints the dashboard URL with an admin key; the 4-bit endpoint is flagged
 //! unfaithful on the ladder, the tool-corrupting one by the passive tool-call check with a
 //! "degraded" tool_calls eval, the truncating one gets an effective context length within
@@ -31,7 +31,12 @@ use samewise_testkit::webdriver::ChromeDriver;
 /// 200 s failed four times in a row on the same three slow findings (toolbug's passive tool-call
 /// alert and tool_calls verdict, trunc's long_context verdict) — with and without the hung-provider
 /// changes; the machine was CPU-bound throughout, so the limit is sized for the slower machine.
-const FINDINGS_WITHIN: Duration = Duration::from_secs(420);
+/// The machines CI runs on now have AVX and FMA but neither AVX2 nor AVX-512: the engine scores
+/// 257–297 prompt tokens/s there (486 on AVX-512) and decodes 50–60 tokens/s (118). In three runs
+/// there every finding but the last was in by 4:26–5:46 (toolbug's passive alert), its
+/// tool_calls job still running at 7:00, so 420 s failed three times out of three; 660 s leaves
+/// the job about twice the time it took on the faster machine after the alert.
+const FINDINGS_WITHIN: Duration = Duration::from_secs(660);
 /// Traffic watched after the last finding, for the "after" shares.
 const AFTER: Duration = Duration::from_secs(5);
 
