@@ -1,5 +1,7 @@
 //! Throughput benchmark (not a test): prompt tokens/s scoring 512-token sequences at batch
-//! 1 and 8, generation tokens/s, and the RSS after loading.
+//! 1 and 8, generation tokens/s, the RSS after loading, and a long-context probe's job (one
+//! `--len`-token haystack, 3 candidates with distinct 24-token tails) scored as one job,
+//! where the shared prefix is computed once, against one job per candidate.
 //!
 //! `cargo run --release -p samewise-engine --example bench -- --model PATH --threads 2`
 //! (`--isa scalar|avx|avx512` caps the instruction set, for comparing kernel paths side by side)
@@ -123,6 +125,23 @@ fn main() -> anyhow::Result<()> {
         "generate: {} tokens: {:.1} tokens/s ({dt:.2}s wall, {dc:.2} CPU-s)",
         g.tokens.len(),
         g.tokens.len() as f64 / dt
+    );
+    let haystack = seq(len);
+    let candidates: Vec<Vec<u32>> = (0..3).map(|_| [&haystack[..], &seq(24)].concat()).collect();
+    let t = Instant::now();
+    for c in &candidates {
+        engine.score(std::slice::from_ref(c), 20)?;
+    }
+    let apart = t.elapsed().as_secs_f64();
+    let before = engine.shared_prefix_positions();
+    let t = Instant::now();
+    engine.score(&candidates, 20)?;
+    let together = t.elapsed().as_secs_f64();
+    println!(
+        "shared prefix: 3 candidates x ({len} + 24) tokens: {apart:.2}s one job each, {together:.2}s \
+         as one job ({:.2}x; {} positions forked)",
+        apart / together,
+        engine.shared_prefix_positions() - before
     );
     println!("RSS after run {:.1} MiB", rss_mib());
     Ok(())

@@ -28,7 +28,9 @@ use std::thread::JoinHandle;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::constrain::Constraint;
-use crate::engine::{Engine, Finish, GenerateParams, GeneratedToken, ScoredSequence, Seq};
+use crate::engine::{
+    Engine, Finish, GenerateParams, GeneratedToken, ScoreJob, ScoredSequence, Seq,
+};
 use crate::error::{EngineError, Result};
 
 /// What a generation stream carries.
@@ -170,7 +172,7 @@ impl BatcherHandle {
 /// A job being worked on.
 enum Active {
     Score {
-        seqs: Vec<Seq>,
+        job: ScoreJob,
         reply: oneshot::Sender<Result<Vec<ScoredSequence>>>,
     },
     Generate {
@@ -221,7 +223,10 @@ fn run(engine: &Engine, rx: &std_mpsc::Receiver<Job>) {
                         .map(|s| engine.score_seq(s, top_k))
                         .collect::<Result<Vec<_>>>()
                     {
-                        Ok(seqs) => active.push(Active::Score { seqs, reply }),
+                        Ok(seqs) => active.push(Active::Score {
+                            job: ScoreJob::new(seqs),
+                            reply,
+                        }),
                         Err(e) => {
                             let _ = reply.send(Err(e));
                         }
@@ -245,9 +250,7 @@ fn run(engine: &Engine, rx: &std_mpsc::Receiver<Job>) {
             let mut live: Vec<&mut Seq> = Vec::new();
             for a in &mut active {
                 match a {
-                    Active::Score { seqs, .. } => {
-                        live.extend(seqs.iter_mut().filter(|s| !s.is_done()))
-                    }
+                    Active::Score { job, .. } => live.extend(job.live()),
                     Active::Generate { seq, .. } => {
                         if !seq.is_done() {
                             live.push(seq);
@@ -270,12 +273,12 @@ fn run(engine: &Engine, rx: &std_mpsc::Receiver<Job>) {
         let mut still = Vec::with_capacity(active.len());
         for a in active.drain(..) {
             match a {
-                Active::Score { mut seqs, reply } => {
-                    if seqs.iter().all(Seq::is_done) {
-                        let out = seqs.iter_mut().filter_map(Seq::take_scored).collect();
-                        let _ = reply.send(Ok(out));
+                Active::Score { job, reply } => {
+                    if job.is_done() {
+                        engine.count_shared(&job);
+                        let _ = reply.send(Ok(job.take_scored()));
                     } else {
-                        still.push(Active::Score { seqs, reply });
+                        still.push(Active::Score { job, reply });
                     }
                 }
                 Active::Generate { mut seq, events } => {

@@ -23,6 +23,9 @@ use crate::model::Weights;
 use crate::profile::{Numerics, Profile};
 use crate::sample::{self, Sampler, SamplingParams, TokenLogprob};
 
+mod score_job;
+pub(crate) use score_job::ScoreJob;
+
 /// Most top-k entries a request may ask for.
 pub const MAX_TOP_K: usize = 20;
 /// Most rows one forward pass processes.
@@ -66,6 +69,8 @@ pub struct Engine {
     profile: Profile,
     /// Where the forward pass and the output head run.
     backend: Backend,
+    /// Scored positions taken from another sequence of the same job instead of computed.
+    shared_positions: std::sync::atomic::AtomicU64,
 }
 
 /// Where the forward pass and the output head run. Either way the embedding rows, RoPE
@@ -222,6 +227,8 @@ pub struct Seq {
     /// Tokens already in the cache.
     fed: usize,
     kind: Kind,
+    /// Keep the cache once scored: another sequence of the job still forks from it.
+    pinned: bool,
 }
 
 #[derive(Debug)]
@@ -320,6 +327,7 @@ impl Engine {
             },
             profile: opts.profile,
             backend,
+            shared_positions: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -399,6 +407,21 @@ impl Engine {
         self.ctx.isa
     }
 
+    /// Scored positions this engine took from another sequence of the same scoring job (a
+    /// shared prefix, see [`Engine::score`]) instead of computing them, since it was loaded.
+    pub fn shared_prefix_positions(&self) -> u64 {
+        self.shared_positions
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts a finished job's shared positions.
+    pub(crate) fn count_shared(&self, job: &ScoreJob) {
+        self.shared_positions.fetch_add(
+            job.shared_positions() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
     /// Bytes held by the packed weights.
     pub fn weight_bytes(&self) -> usize {
         self.weights.bytes()
@@ -442,6 +465,7 @@ impl Engine {
             cache: KvCache::new(self.config().n_layer),
             tokens,
             fed: 0,
+            pinned: false,
             kind: Kind::Score {
                 top_k,
                 out: vec![first],
@@ -496,6 +520,7 @@ impl Engine {
             cache: KvCache::new(c.n_layer),
             tokens: prompt,
             fed: 0,
+            pinned: false,
             kind: Kind::Gen {
                 params,
                 sampler,
@@ -509,23 +534,27 @@ impl Engine {
     }
 
     /// Scores sequences: for each, per position the logprob of the token given those before
-    /// it (None at position 0) and the `top_k` alternatives (k ≤ 20). Sequences are batched.
+    /// it (None at position 0) and the `top_k` alternatives (k ≤ 20). Sequences are batched,
+    /// and a sequence sharing a prefix with another is computed only past it
+    /// ([`ScoreJob`]).
     pub fn score(&self, seqs: &[Vec<u32>], top_k: usize) -> Result<Vec<ScoredSequence>> {
         if seqs.is_empty() {
             return Err(EngineError::EmptyInput("no sequences".into()));
         }
-        let mut work = seqs
+        let work = seqs
             .iter()
             .map(|s| self.score_seq(s.clone(), top_k))
             .collect::<Result<Vec<_>>>()?;
+        let mut job = ScoreJob::new(work);
         loop {
-            let mut live: Vec<&mut Seq> = work.iter_mut().filter(|s| !s.is_done()).collect();
+            let mut live = job.live();
             if live.is_empty() {
                 break;
             }
             self.step(&mut live)?;
         }
-        Ok(work.iter_mut().filter_map(Seq::take_scored).collect())
+        self.count_shared(&job);
+        Ok(job.take_scored())
     }
 
     /// Generates from `prompt`. `on_token` sees every token as it is produced and returns
@@ -630,7 +659,7 @@ impl Engine {
         };
         for (i, s) in seqs.iter_mut().enumerate() {
             s.fed += take[i];
-            if matches!(s.kind, Kind::Score { .. }) && s.fed == s.tokens.len() {
+            if matches!(s.kind, Kind::Score { .. }) && s.fed == s.tokens.len() && !s.pinned {
                 // a scored sequence needs its cache no more: free it now, not when the job ends
                 s.cache = KvCache::default();
             }

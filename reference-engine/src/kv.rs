@@ -26,4 +26,41 @@ impl KvCache {
             dev: None,
         }
     }
+
+    /// A new cache holding this one's first `n` positions, bit for bit as if only they had
+    /// been processed (key lanes past `n` in the last block zeroed, as a fresh cache has
+    /// them). None when fewer than `n` positions are cached here, or when the cache lives on
+    /// the GPU.
+    pub(crate) fn prefix(&self, n: usize) -> Option<KvCache> {
+        #[cfg(feature = "cuda")]
+        if self.dev.is_some() {
+            return None;
+        }
+        if n > self.len {
+            return None;
+        }
+        let layers = self
+            .layers
+            .iter()
+            .map(|(k, v)| {
+                // row width from the values: `len` rows of `kvd` floats
+                let kvd = v.len().checked_div(self.len).unwrap_or(0);
+                let blocks = n.div_ceil(16);
+                let mut k = k[..blocks * kvd * 16].to_vec();
+                if !n.is_multiple_of(16) {
+                    let last = &mut k[(blocks - 1) * kvd * 16..];
+                    for lanes in last.chunks_exact_mut(16) {
+                        lanes[n % 16..].fill(0.0);
+                    }
+                }
+                (k, v[..n * kvd].to_vec())
+            })
+            .collect();
+        Some(KvCache {
+            layers,
+            len: n,
+            #[cfg(feature = "cuda")]
+            dev: None,
+        })
+    }
 }

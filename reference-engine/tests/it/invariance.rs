@@ -124,6 +124,58 @@ fn long_sequence_chunking_does_not_change_bits() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Sequences sharing prefixes (a long one over several chunks, one cut mid key block, an
+/// exact duplicate, a sequence that is another's prefix, the shortest prefix shared, and an
+/// unrelated one), each scored alone and all in one job, directly and through the batcher.
+#[test]
+fn shared_prefixes_are_computed_once_without_changing_a_bit() -> anyhow::Result<()> {
+    let e = Arc::new(engine(2, None)?);
+    let t = texts()?;
+    let p = &t[4][..700];
+    let cat = |head: &[u32], tail: &[u32]| [head, tail].concat();
+    let seqs = vec![
+        cat(p, &t[1][..40]),
+        cat(&p[..333], &t[3][..25]),
+        cat(p, &t[2][..30]),
+        t[1][..50].to_vec(),
+        cat(p, &t[1][..40]),
+        p.to_vec(),
+        cat(&p[..16], &t[0][..1]),
+    ];
+    let alone = seqs
+        .iter()
+        .map(|s| Ok(e.score(std::slice::from_ref(s), 4)?.remove(0)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    assert_eq!(
+        e.shared_prefix_positions(),
+        0,
+        "single sequences share nothing"
+    );
+    let together = e.score(&seqs, 4)?;
+    // P then its three extensions are adjacent in token order: 699 + 699 + 739 positions at
+    // least (each follower recomputes the last shared position)
+    let shared = e.shared_prefix_positions();
+    assert!(shared >= 699 + 699 + 739, "shared positions: {shared}");
+    let batcher = Batcher::start(Arc::clone(&e));
+    let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    let batched = rt.block_on(batcher.handle().score(seqs.clone(), 4))?;
+    batcher.shutdown();
+    assert_eq!(
+        e.shared_prefix_positions(),
+        2 * shared,
+        "the batcher shares the same"
+    );
+    for (i, a) in alone.iter().enumerate() {
+        assert_same(a, &together[i], &format!("sequence {i}, in one job"));
+        assert_same(
+            a,
+            &batched[i],
+            &format!("sequence {i}, through the batcher"),
+        );
+    }
+    Ok(())
+}
+
 #[test]
 fn threads_and_instruction_sets_agree() -> anyhow::Result<()> {
     let seqs: Vec<Vec<u32>> = mixed()?.into_iter().take(4).collect();
