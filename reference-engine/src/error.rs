@@ -16,6 +16,14 @@ pub enum EngineError {
         /// The underlying OS error.
         source: std::io::Error,
     },
+    /// Writing a file failed (a GGUF being written, a synthesized model).
+    #[error("cannot write {path}: {source}")]
+    Write {
+        /// The file that could not be written.
+        path: PathBuf,
+        /// The underlying OS error.
+        source: std::io::Error,
+    },
     /// The file does not start with the GGUF magic (or is too short to hold it).
     #[error("not a GGUF file: {0}")]
     NotGguf(String),

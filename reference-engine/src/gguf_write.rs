@@ -122,7 +122,7 @@ impl GgufWriter<BufWriter<File>> {
         metadata: &[(String, GgufValue)],
         tensors: Vec<TensorSpec>,
     ) -> Result<Self> {
-        let file = File::create(path).map_err(|source| EngineError::Io {
+        let file = File::create(path).map_err(|source| EngineError::Write {
             path: path.to_path_buf(),
             source,
         })?;
@@ -247,7 +247,7 @@ impl<W: Write> GgufWriter<W> {
                 self.tensors.len() - self.current
             )));
         }
-        self.out.flush().map_err(|source| EngineError::Io {
+        self.out.flush().map_err(|source| EngineError::Write {
             path: self.path.clone(),
             source,
         })?;
@@ -257,7 +257,7 @@ impl<W: Write> GgufWriter<W> {
     fn put(&mut self, bytes: &[u8]) -> Result<()> {
         self.out
             .write_all(bytes)
-            .map_err(|source| EngineError::Io {
+            .map_err(|source| EngineError::Write {
                 path: self.path.clone(),
                 source,
             })?;

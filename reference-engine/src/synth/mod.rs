@@ -518,23 +518,27 @@ fn write_atomically(out: &Path, write: impl FnOnce(BufWriter<File>) -> Result<()
     let mut partial = out.as_os_str().to_owned();
     partial.push(".partial");
     let partial = PathBuf::from(partial);
-    let file = File::create(&partial).map_err(|e| write_error(out, &e))?;
+    let file = File::create(&partial).map_err(|source| EngineError::Write {
+        path: out.to_path_buf(),
+        source,
+    })?;
     let result = write(BufWriter::with_capacity(1 << 20, file)).and_then(|()| {
-        std::fs::rename(&partial, out).map_err(|e| write_error(out, &e))?;
+        std::fs::rename(&partial, out).map_err(|source| EngineError::Write {
+            path: out.to_path_buf(),
+            source,
+        })?;
         std::fs::metadata(out)
             .map(|m| m.len())
-            .map_err(|e| write_error(out, &e))
+            .map_err(|source| EngineError::Write {
+                path: out.to_path_buf(),
+                source,
+            })
     });
     if result.is_err() {
         // best effort: the error that matters is the one being returned
         let _ = std::fs::remove_file(&partial);
     }
     result
-}
-
-/// A failed write of `path` (the crate's `Io` error says "cannot read").
-fn write_error(path: &Path, e: &std::io::Error) -> EngineError {
-    EngineError::InvalidRequest(format!("cannot write {}: {e}", path.display()))
 }
 
 #[cfg(test)]

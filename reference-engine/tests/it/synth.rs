@@ -474,6 +474,11 @@ fn synth_bad_options_are_clear_errors() -> anyhow::Result<()> {
     );
     let m = msg(cut_layers(&model, 1, &nowhere));
     assert!(m.contains("cannot write"), "{m}");
+    // a failed write is its own error, not a bad request
+    assert!(matches!(
+        cut_layers(&model, 1, &nowhere),
+        Err(samewise_engine::EngineError::Write { .. })
+    ));
     assert!(!out.exists() && !dir.path().join("missing-dir").exists());
     Ok(())
 }
