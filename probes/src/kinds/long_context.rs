@@ -263,15 +263,21 @@ async fn reference_side(
             dropped_at: None,
         });
     }
-    let mut scores = Vec::with_capacity(g.candidates());
+    // every candidate in one call: they share the haystack, which the engine computes once
+    let mut prompts = Vec::with_capacity(g.candidates());
+    let mut all_ids = Vec::with_capacity(g.candidates());
     for c in 0..g.candidates() {
         let (text, spans) = g.candidate_prompt(c);
-        let ids = ctx.reference.tokenize(&text, true).await?;
-        let scored = ctx.reference.score(&ids, 0).await?;
+        all_ids.push(ctx.reference.tokenize(&text, true).await?);
+        prompts.push((text, spans));
+    }
+    let all_scored = ctx.reference.score_many(&all_ids, 0).await?;
+    let mut scores = Vec::with_capacity(g.candidates());
+    for (((text, spans), ids), scored) in prompts.iter().zip(&all_ids).zip(all_scored) {
         // byte offsets of the tokens in the text they decode to
         let mut offsets = Vec::with_capacity(ids.len());
         let mut at = 0usize;
-        for id in &ids {
+        for id in ids {
             offsets.push(at);
             at += vocab.token_bytes(*id).len();
         }
@@ -287,7 +293,7 @@ async fn reference_side(
             &logprobs,
             at - extra,
             text.len(),
-            &spans,
+            spans,
         ));
     }
     Ok(Side {

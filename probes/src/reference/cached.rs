@@ -175,6 +175,38 @@ impl Reference for Cached {
         })
     }
 
+    fn score_many<'a>(
+        &'a self,
+        seqs: &'a [Vec<u32>],
+        top_k: usize,
+    ) -> BoxFuture<'a, Result<Vec<Vec<RefPosition>>>> {
+        Box::pin(async move {
+            let mut out: Vec<Option<Vec<RefPosition>>> = seqs
+                .iter()
+                .map(|ids| self.lookup(ids, top_k).map(|hit| hit.as_ref().clone()))
+                .collect();
+            // the misses go to the backend together (one job: shared prefixes computed once)
+            let missing: Vec<usize> = (0..seqs.len()).filter(|&i| out[i].is_none()).collect();
+            if !missing.is_empty() {
+                let asked: Vec<Vec<u32>> = missing.iter().map(|&i| seqs[i].clone()).collect();
+                let scored = self.inner.score_many(&asked, top_k).await?;
+                for (&i, scored) in missing.iter().zip(scored) {
+                    self.keep(&seqs[i], top_k, &scored);
+                    out[i] = Some(scored);
+                }
+            }
+            out.into_iter()
+                .map(|s| {
+                    s.ok_or_else(|| {
+                        crate::ProbesError::Reference(
+                            "the backend returned too few sequences".into(),
+                        )
+                    })
+                })
+                .collect()
+        })
+    }
+
     fn sample<'a>(&'a self, req: &'a SampleRequest) -> BoxFuture<'a, Result<Vec<RefSample>>> {
         self.inner.sample(req)
     }

@@ -180,27 +180,50 @@ impl Reference for InProcess {
     ) -> BoxFuture<'a, Result<Vec<RefPosition>>> {
         Box::pin(async move {
             let mut scored = self
+                .score_many(std::slice::from_ref(&ids.to_vec()), top_k)
+                .await?;
+            scored
+                .pop()
+                .ok_or_else(|| ProbesError::Reference("the engine returned no sequence".into()))
+        })
+    }
+
+    fn score_many<'a>(
+        &'a self,
+        seqs: &'a [Vec<u32>],
+        top_k: usize,
+    ) -> BoxFuture<'a, Result<Vec<Vec<RefPosition>>>> {
+        Box::pin(async move {
+            let scored = self
                 .handle
-                .score(vec![ids.to_vec()], top_k)
+                .score(seqs.to_vec(), top_k)
                 .await
                 .map_err(rerr)?;
-            let seq = scored
-                .pop()
-                .ok_or_else(|| ProbesError::Reference("the engine returned no sequence".into()))?;
-            Ok(seq
-                .positions
+            if scored.len() != seqs.len() {
+                return Err(ProbesError::Reference(format!(
+                    "the engine returned {} sequences for {}",
+                    scored.len(),
+                    seqs.len()
+                )));
+            }
+            Ok(scored
                 .into_iter()
-                .map(|p| RefPosition {
-                    token: p.token,
-                    logprob: p.logprob.map(f64::from),
-                    top: p
-                        .top
-                        .iter()
-                        .map(|t| TopEntry {
-                            id: t.token,
-                            logprob: norm(f64::from(t.logprob)),
+                .map(|seq| {
+                    seq.positions
+                        .into_iter()
+                        .map(|p| RefPosition {
+                            token: p.token,
+                            logprob: p.logprob.map(f64::from),
+                            top: p
+                                .top
+                                .iter()
+                                .map(|t| TopEntry {
+                                    id: t.token,
+                                    logprob: norm(f64::from(t.logprob)),
+                                })
+                                .collect(),
                         })
-                        .collect(),
+                        .collect()
                 })
                 .collect())
         })

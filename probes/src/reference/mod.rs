@@ -90,6 +90,22 @@ pub trait Reference: Send + Sync {
     /// Scores `ids`: one [`RefPosition`] per id, with `top_k` alternatives.
     fn score<'a>(&'a self, ids: &'a [u32], top_k: usize)
     -> BoxFuture<'a, Result<Vec<RefPosition>>>;
+    /// Scores several sequences, as [`Reference::score`] each, in order. The in-process
+    /// engine takes them as one job and computes a prefix they share once (the same bits);
+    /// other backends score them one by one.
+    fn score_many<'a>(
+        &'a self,
+        seqs: &'a [Vec<u32>],
+        top_k: usize,
+    ) -> BoxFuture<'a, Result<Vec<Vec<RefPosition>>>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(seqs.len());
+            for ids in seqs {
+                out.push(self.score(ids, top_k).await?);
+            }
+            Ok(out)
+        })
+    }
     /// Samples from the model.
     fn sample<'a>(&'a self, req: &'a SampleRequest) -> BoxFuture<'a, Result<Vec<RefSample>>>;
 }

@@ -492,6 +492,48 @@ async fn cached_reference_answers_exactly_as_the_engine_and_evicts_by_recency() 
     Ok(())
 }
 
+/// Several sequences scored in one call (as the long-context probe's candidates are): the
+/// in-process engine computes the prefix they share once, the answers equal one `score` each
+/// bit for bit, in order; through the memo, the sequences already held are hits and only the
+/// others go to the engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn score_many_shares_prefixes_and_answers_as_score_does() -> Result<()> {
+    use samewise_probes::reference::Cached;
+    let engine: Arc<dyn Reference> = Arc::new(in_process()?);
+    let haystack = "The archive kept every letter the lighthouse keeper wrote. ".repeat(12);
+    let mut seqs = Vec::new();
+    for end in [
+        "The code is 4471.",
+        "The code is 9023.",
+        "Nothing was found.",
+    ] {
+        seqs.push(engine.tokenize(&format!("{haystack}{end}"), true).await?);
+    }
+    ensure!(seqs[0].len() > 100 && seqs[0][..100] == seqs[1][..100]);
+    let many = engine.score_many(&seqs, 3).await?;
+    ensure!(many.len() == seqs.len(), "{} answers", many.len());
+    for (i, ids) in seqs.iter().enumerate() {
+        ensure!(
+            many[i] == engine.score(ids, 3).await?,
+            "sequence {i} differs"
+        );
+    }
+    let cached = Cached::new(engine.clone(), 100_000);
+    cached.score(&seqs[1], 3).await?;
+    ensure!(
+        cached.score_many(&seqs, 3).await? == many,
+        "memoized answers differ"
+    );
+    let s = cached.stats();
+    ensure!(
+        (s.hits, s.misses, s.sequences) == (1, 3, 3),
+        "one held, two scored: {s:?}"
+    );
+    ensure!(cached.score_many(&seqs, 3).await? == many);
+    ensure!(cached.stats().hits == 4, "{:?}", cached.stats());
+    Ok(())
+}
+
 /// Every shipped prompt_logprobs text, the multilingual one's partial characters included,
 /// probed against the unmodified engine is exact: every echoed token aligns directly and KL
 /// is exactly 0. (Lossy U+FFFD token texts once mapped to an arbitrary token and shifted the
