@@ -50,22 +50,14 @@ pub const REQUEST_ID_HEADER: &str = "x-request-id";
 /// Header that pins a conversation to one endpoint under cache affinity.
 pub const SESSION_HEADER: &str = "x-session-id";
 
-/// A fresh request id.
-pub(crate) fn new_request_id(rng: &mut impl Rng) -> String {
-    format!(
-        "req-{:016x}{:08x}",
-        rng.random::<u64>(),
-        rng.random::<u32>()
-    )
-}
-
 /// Handles one `POST /v1/chat/completions` or `/v1/completions`.
 pub async fn handle(state: AppState, route: Route, headers: HeaderMap, body: Body) -> Response {
     let mut rng = state.rng();
-    let request_id = new_request_id(&mut rng);
+    let ts_ms = samewise_store::now_ms();
+    let request_id = samewise_store::new_request_id(ts_ms, &mut rng);
     let mut ctx = RequestCtx {
         request_id: request_id.clone(),
-        ts_ms: samewise_store::now_ms(),
+        ts_ms,
         started: Instant::now(),
         key_id: None,
         model: String::new(),

@@ -296,9 +296,10 @@ async fn completions(State(state): State<AppState>, headers: HeaderMap, body: Bo
 
 async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
     if let Err(e) = state.inner.auth.authenticate(&headers).await {
+        let ts_ms = samewise_store::now_ms();
         let mut ctx = RequestCtx {
-            request_id: forward::new_request_id(&mut state.rng()),
-            ts_ms: samewise_store::now_ms(),
+            request_id: samewise_store::new_request_id(ts_ms, &mut state.rng()),
+            ts_ms,
             started: tokio::time::Instant::now(),
             key_id: None,
             model: String::new(),

@@ -4,11 +4,16 @@
 //! `try_send` on the request path. Uses a fresh SQLite file and a fresh PostgreSQL
 //! database (`$SAMEWISE_TEST_PG_URL`, default postgres://postgres@127.0.0.1:5432/postgres).
 //!
-//! Run: `cargo run -p samewise-store --example writer_bench -- [ROWS] [sqlite|postgres|both]`
+//! Request ids are the gateway's (`new_request_id`: time first, then random bits), or with
+//! `random` the fully random ids the gateway gave before (`req-` and 24 random hex digits),
+//! which scatter the primary key's index inserts over its leaves.
+//!
+//! Run: `cargo run -p samewise-store --example writer_bench -- [ROWS] [sqlite|postgres|both] [timed|random]`
 
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use rand::{Rng, SeedableRng};
 use samewise_store::testing::TestDb;
 use samewise_store::{Backend, RecordQuery, RecordWriter, RecordWriterConfig, RequestRecord};
 
@@ -26,13 +31,34 @@ async fn main() -> Result<()> {
         "both" => &[Backend::Sqlite, Backend::Postgres],
         other => anyhow::bail!("unknown backend {other:?}: sqlite, postgres or both"),
     };
+    let ids = args.next().unwrap_or_else(|| "timed".to_owned());
+    anyhow::ensure!(
+        ids == "timed" || ids == "random",
+        "unknown ids {ids:?}: timed or random"
+    );
     for &backend in backends {
         let db = TestDb::new(backend)
             .await
             .with_context(|| format!("opening {backend}"))?;
-        let records: Vec<RequestRecord> = (0..rows).map(record).collect();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        let records: Vec<RequestRecord> = (0..rows)
+            .map(|i| {
+                let mut r = record(i);
+                r.request_id = if ids == "timed" {
+                    samewise_store::new_request_id(r.ts_ms, &mut rng)
+                } else {
+                    format!(
+                        "req-{:016x}{:08x}",
+                        rng.random::<u64>(),
+                        rng.random::<u32>()
+                    )
+                };
+                r
+            })
+            .collect();
         let cfg = RecordWriterConfig {
             capacity: rows,
+            max_queued_record_bytes: usize::MAX,
             ..RecordWriterConfig::default()
         };
         let (tx, writer) = RecordWriter::spawn(db.store.clone(), cfg.clone());
@@ -58,7 +84,7 @@ async fn main() -> Result<()> {
             .await?;
         anyhow::ensure!(stored.len() == 1);
         println!(
-            "{backend:>10}: {rows} records, batches of {}, in {:.3} s = {:.0} rows/s; try_send {:.0} ns each",
+            "{backend:>10}: {rows} records ({ids} ids), batches of {}, in {:.3} s = {:.0} rows/s; try_send {:.0} ns each",
             cfg.max_batch,
             total.as_secs_f64(),
             rows as f64 / total.as_secs_f64(),
@@ -71,7 +97,7 @@ async fn main() -> Result<()> {
 /// A realistic record: a streamed chat attempt with usage, cost and tool-call counts.
 fn record(i: usize) -> RequestRecord {
     RequestRecord {
-        request_id: format!("req-{i:010}"),
+        request_id: String::new(), // set by the caller
         attempt: 1,
         final_attempt: true,
         ts_ms: 1_700_000_000_000 + i as i64,

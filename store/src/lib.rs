@@ -60,7 +60,7 @@ pub use error_kind::ErrorKind;
 pub use evals::{EvalJob, EvalResult, JobProgress, JobState, Lease, NewEvalJob};
 pub use keys::{ApiKey, KeyOptions, hash_key};
 pub use probe_runs::{ProbeRun, ProbeRunCount, ProbeRunQuery};
-pub use records::{MAX_QUERY_LIMIT, RecordQuery, RequestRecord};
+pub use records::{MAX_QUERY_LIMIT, RecordQuery, RequestRecord, new_request_id};
 pub use rollups::{EndpointRollup, Rollup, RollupPoint, RollupQuery};
 pub use scheduler_lock::SchedulerLock;
 pub use writer::{DEFAULT_MAX_QUEUED_RECORD_BYTES, RecordSender, RecordWriter, RecordWriterConfig};
