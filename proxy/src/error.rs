@@ -49,7 +49,7 @@ pub enum ProxyError {
     HttpClient {
         /// The provider.
         provider: String,
-        /// reqwest's reason.
+        /// The reason.
         message: String,
     },
     /// Serving failed (the listener broke).

@@ -360,7 +360,7 @@ async fn commit(
             },
             att,
             status: status.as_u16(),
-            upstream: resp.bytes_stream().boxed(),
+            upstream: http_body_util::BodyDataStream::new(resp.into_body()).boxed(),
             idle,
             framer: EventFramer::new(samewise_wire::sse::DEFAULT_MAX_EVENT_BYTES),
             decoder: SseDecoder::new(),
@@ -441,8 +441,11 @@ fn failed_after_head(
 }
 
 /// Reads a whole upstream body with a per-read idle timeout and a size bound.
-async fn read_upstream(resp: reqwest::Response, idle: Duration) -> Result<Bytes, ErrorKind> {
-    let mut stream = resp.bytes_stream();
+async fn read_upstream(
+    resp: http::Response<hyper::body::Incoming>,
+    idle: Duration,
+) -> Result<Bytes, ErrorKind> {
+    let mut stream = http_body_util::BodyDataStream::new(resp.into_body());
     let mut buf = Vec::new();
     loop {
         match tokio::time::timeout(idle, stream.next()).await {

@@ -29,7 +29,7 @@ use crate::state::{AppState, Upstream};
 /// An attempt whose endpoint answered with a head the client will get.
 pub(crate) struct Head {
     /// The upstream response, body unread.
-    pub(crate) resp: reqwest::Response,
+    pub(crate) resp: http::Response<hyper::body::Incoming>,
     /// The breaker's admission, None when the attempt already counted as overdue.
     pub(crate) permit: Option<Permit>,
     /// Counts the attempt in flight until its body is done.
@@ -101,7 +101,7 @@ pub(crate) async fn send(
         att.started,
         slot,
         peers,
-        request(up, client, req, body).send(),
+        client.request(request(up, req, body)),
     )
     .await;
     let permit = slot.take();
@@ -113,10 +113,9 @@ pub(crate) async fn send(
             return Err(failed(ctx, att, permit, None, ErrorKind::Timeout));
         }
         Wait::Done(Err(e)) => {
+            // a connect timeout is a connect error too (as it was with reqwest)
             let kind = if e.is_connect() {
                 ErrorKind::Connect
-            } else if e.is_timeout() {
-                ErrorKind::Timeout
             } else {
                 ErrorKind::UpstreamIo
             };
@@ -167,21 +166,29 @@ pub(crate) async fn send(
 /// The upstream request: the rewritten body, the provider's auth, SSE accepted for streams.
 fn request(
     up: &Upstream,
-    client: &reqwest::Client,
     req: &ClientRequest,
     body: bytes::Bytes,
-) -> reqwest::RequestBuilder {
-    let mut rb = client
-        .post(up.url(req.route).clone())
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(body);
+) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+    let mut r = http::Request::new(http_body_util::Full::new(body));
+    *r.method_mut() = http::Method::POST;
+    *r.uri_mut() = up.url(req.route).clone();
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
     if let Some(auth) = &up.auth {
-        rb = rb.header(header::AUTHORIZATION, auth.clone());
+        h.insert(header::AUTHORIZATION, auth.clone());
     }
-    if req.stream {
-        rb = rb.header(header::ACCEPT, "text/event-stream");
-    }
-    rb
+    h.insert(
+        header::ACCEPT,
+        http::HeaderValue::from_static(if req.stream {
+            "text/event-stream"
+        } else {
+            "*/*"
+        }),
+    );
+    r
 }
 
 /// Waits for `send` within `deadlines` from `started`; once overdue (past `overdue_after` and

@@ -34,7 +34,7 @@ pub(crate) struct Relay {
     pub(crate) ctx: RequestCtx,
     pub(crate) att: AttemptCtx,
     pub(crate) status: u16,
-    pub(crate) upstream: BoxStream<'static, reqwest::Result<Bytes>>,
+    pub(crate) upstream: BoxStream<'static, Result<Bytes, hyper::Error>>,
     pub(crate) idle: Duration,
     pub(crate) framer: EventFramer,
     pub(crate) decoder: SseDecoder,

@@ -22,12 +22,19 @@ use crate::metrics::{Metrics, SharedRegistry};
 use crate::routing::{Endpoint, ModelRoute};
 use crate::streams::OpenStreams;
 
+/// The HTTP client of one provider: hyper's pooled client over TCP or TLS (rustls, the Mozilla
+/// roots), HTTP/1.1 or HTTP/2 as ALPN settles; request bodies are whole (`Full`).
+pub(crate) type UpstreamClient = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
 /// Shared state of the gateway; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub(crate) inner: Arc<Inner>,
     /// One HTTP client (a connection pool) per provider, by name: this serving thread's.
-    clients: Arc<HashMap<String, reqwest::Client>>,
+    clients: Arc<HashMap<String, UpstreamClient>>,
 }
 
 /// The one copy of the state.
@@ -54,9 +61,9 @@ pub(crate) struct Inner {
 pub(crate) struct Upstream {
     /// Where chat completions go: the base URL (including `/v1`) + `/chat/completions`,
     /// parsed once.
-    pub(crate) chat_url: reqwest::Url,
+    pub(crate) chat_url: http::Uri,
     /// Where legacy completions go.
-    pub(crate) completions_url: reqwest::Url,
+    pub(crate) completions_url: http::Uri,
     /// `Bearer <provider key>`, marked sensitive so it is never printed.
     pub(crate) auth: Option<HeaderValue>,
     /// The connect timeout of this provider's clients.
@@ -132,10 +139,18 @@ impl AppState {
             };
             let url = |route: Route| {
                 let url = format!("{}{}", p.base_url, route.upstream_path());
-                reqwest::Url::parse(&url).map_err(|e| ProxyError::HttpClient {
+                let unusable = |e: &dyn std::fmt::Display| ProxyError::HttpClient {
                     provider: name.clone(),
                     message: format!("{url} is not a usable URL: {e}"),
-                })
+                };
+                let uri = url.parse::<http::Uri>().map_err(|e| unusable(&e))?;
+                if !matches!(uri.scheme_str(), Some("http" | "https")) {
+                    return Err(unusable(&"the scheme must be http or https"));
+                }
+                if uri.host().is_none_or(str::is_empty) {
+                    return Err(unusable(&"it names no host"));
+                }
+                Ok(uri)
             };
             upstreams.insert(
                 name.clone(),
@@ -225,7 +240,7 @@ impl AppState {
     }
 
     /// This thread's HTTP client for `provider`.
-    pub(crate) fn client(&self, provider: &str) -> Option<&reqwest::Client> {
+    pub(crate) fn client(&self, provider: &str) -> Option<&UpstreamClient> {
         self.clients.get(provider)
     }
 
@@ -251,7 +266,7 @@ impl AppState {
 
 impl Upstream {
     /// Where requests of `route` go.
-    pub(crate) fn url(&self, route: Route) -> &reqwest::Url {
+    pub(crate) fn url(&self, route: Route) -> &http::Uri {
         match route {
             Route::Chat => &self.chat_url,
             Route::Completions => &self.completions_url,
@@ -259,24 +274,38 @@ impl Upstream {
     }
 }
 
-/// One HTTP client per provider: its own connection pool, with the provider's connect timeout.
+/// One HTTP client per provider: its own connection pool (idle connections closed after 60 s),
+/// with the provider's connect timeout, `TCP_NODELAY`, and no redirects followed (a 3xx is
+/// passed to the client like any other answer).
 fn clients(
     upstreams: &HashMap<String, Upstream>,
-) -> Result<HashMap<String, reqwest::Client>, ProxyError> {
+) -> Result<HashMap<String, UpstreamClient>, ProxyError> {
+    use hyper_util::client::legacy::{Client, connect::HttpConnector};
+    use hyper_util::rt::{TokioExecutor, TokioTimer};
     upstreams
         .iter()
         .map(|(name, up)| {
-            reqwest::Client::builder()
-                .connect_timeout(up.connect_timeout)
-                .tcp_nodelay(true)
-                .pool_idle_timeout(Duration::from_secs(60))
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .map(|c| (name.clone(), c))
+            let mut http = HttpConnector::new();
+            http.set_nodelay(true);
+            http.set_connect_timeout(Some(up.connect_timeout));
+            http.enforce_http(false);
+            // the ring provider named, not the process default (none may be installed)
+            let https = hyper_rustls::HttpsConnectorBuilder::new()
+                .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
                 .map_err(|e| ProxyError::HttpClient {
                     provider: name.clone(),
-                    message: e.to_string(),
-                })
+                    message: format!("TLS set-up failed: {e}"),
+                })?
+                .https_or_http()
+                .enable_http1()
+                .enable_http2()
+                .wrap_connector(http);
+            let client = Client::builder(TokioExecutor::new())
+                .pool_timer(TokioTimer::new())
+                .pool_idle_timeout(Duration::from_secs(60))
+                .timer(TokioTimer::new())
+                .build(https);
+            Ok((name.clone(), client))
         })
         .collect()
 }
