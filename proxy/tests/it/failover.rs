@@ -77,6 +77,56 @@ async fn connect_error_fails_over() -> Result<()> {
     gw.stop().await
 }
 
+/// An `https://` provider goes through the TLS connector (rustls, the Mozilla roots): a server
+/// that answers the handshake with plain HTTP and hangs up fails it, a connect error that fails
+/// over.
+#[tokio::test]
+async fn a_failed_tls_handshake_is_a_connect_error_and_fails_over() -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let tls_url = format!("https://{}/v1", plain.local_addr()?);
+    let handshakes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = std::sync::Arc::clone(&handshakes);
+    let server = tokio::spawn(async move {
+        while let Ok((mut sock, _)) = plain.accept().await {
+            let mut hello = [0u8; 5];
+            // a TLS record starts 0x16 (handshake), 0x03 (version major)
+            if sock.read_exact(&mut hello).await.is_ok() && hello[..2] == [0x16, 0x03] {
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            let _ = sock
+                .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                .await;
+        }
+    });
+    let b = MockUpstream::builder().name("b").start().await?;
+    // a fresh gateway per mode: the first failure must not leave `a` ejected for the second
+    for stream in [false, true] {
+        let gw = Gateway::start(&two(&tls_url, &b.base_url(), "", "")).await?;
+        let resp = gw.chat(&ordered(stream)).await?;
+        assert_eq!(resp.status(), 200, "stream {stream}");
+        let id = request_id(&resp);
+        let body = resp.text().await?;
+        assert!(body.contains("chatcmpl-b-"), "answered by b: {body}");
+        let recs = gw.records(&id).await?;
+        assert_eq!(recs.len(), 2, "stream {stream}: {recs:?}");
+        assert_eq!(recs[0].endpoint.as_deref(), Some("a/sa"));
+        assert_eq!(recs[0].error_kind.as_deref(), Some("connect"));
+        assert_eq!(recs[0].status, None);
+        assert_eq!(
+            (recs[1].endpoint.as_deref(), recs[1].status),
+            (Some("b/sb"), Some(200))
+        );
+        gw.stop().await?;
+    }
+    assert!(
+        handshakes.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+        "each attempt on `a` opened with a TLS ClientHello"
+    );
+    server.abort();
+    Ok(())
+}
+
 #[tokio::test]
 async fn first_byte_timeout_fails_over() -> Result<()> {
     let a = MockUpstream::builder()
