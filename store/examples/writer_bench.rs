@@ -43,9 +43,9 @@ async fn main() -> Result<()> {
         let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
         let records: Vec<RequestRecord> = (0..rows)
             .map(|i| {
-                let mut r = record(i);
-                r.request_id = if ids == "timed" {
-                    samewise_store::new_request_id(r.ts_ms, &mut rng)
+                let ts_ms = 1_700_000_000_000 + i as i64;
+                let id = if ids == "timed" {
+                    samewise_store::new_request_id(ts_ms, &mut rng)
                 } else {
                     format!(
                         "req-{:016x}{:08x}",
@@ -53,7 +53,7 @@ async fn main() -> Result<()> {
                         rng.random::<u32>()
                     )
                 };
-                r
+                record(i, ts_ms, id)
             })
             .collect();
         let cfg = RecordWriterConfig {
@@ -95,12 +95,12 @@ async fn main() -> Result<()> {
 }
 
 /// A realistic record: a streamed chat attempt with usage, cost and tool-call counts.
-fn record(i: usize) -> RequestRecord {
+fn record(i: usize, ts_ms: i64, request_id: String) -> RequestRecord {
     RequestRecord {
-        request_id: String::new(), // set by the caller
+        request_id,
         attempt: 1,
         final_attempt: true,
-        ts_ms: 1_700_000_000_000 + i as i64,
+        ts_ms,
         key_id: Some(1),
         model: "smollm2-135m".to_owned(),
         provider: Some(format!("provider-{}", i % 4)),
