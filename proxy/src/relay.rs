@@ -12,11 +12,12 @@
 //! OpenAI-style error event, `data: {"error": {...}}`.
 
 use std::convert::Infallible;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
+use futures_util::{Stream, StreamExt};
 use samewise_store::ErrorKind;
 use samewise_wire::ErrorBody;
 use samewise_wire::sse::{SseDecoder, encode_data};
@@ -54,24 +55,56 @@ impl Relay {
         axum::body::Body::from_stream(stream)
     }
 
-    /// The next bytes for the client, or None when the stream is over.
+    /// The next bytes for the client, or None when the stream is over: what the upstream sends
+    /// next, waited for (up to the idle timeout), and with it whatever else it has ready by the
+    /// time this thread's other scheduled tasks have run once (up to [`COALESCE_BYTES`]).
+    ///
+    /// The upstream connection is a task of its own that hands its body over one chunk at a
+    /// time: without the second part each SSE event would go to the client in a write of its
+    /// own even when a burst of them arrived in one read (a provider flushing several tokens at
+    /// once, or a relay that fell behind). Taking what is ready costs one more poll per read;
+    /// it never waits for bytes that have not arrived.
     async fn next_chunk(&mut self) -> Option<Bytes> {
+        let first = self.read(true).await?;
+        let mut more: Option<BytesMut> = None;
+        while self.inspector.is_some()
+            && more.as_ref().map_or(first.len(), BytesMut::len) < COALESCE_BYTES
+        {
+            let Some(next) = self.read(false).await else {
+                break;
+            };
+            more.get_or_insert_with(|| BytesMut::from(&first[..]))
+                .extend_from_slice(&next);
+        }
+        Some(more.map_or(first, BytesMut::freeze))
+    }
+
+    /// The next bytes for the client from what the upstream sends; None when the stream is over
+    /// or, unless `wait`, when the upstream has nothing ready (see [`ready_soon`]).
+    async fn read(&mut self, wait: bool) -> Option<Bytes> {
         loop {
             self.inspector.as_ref()?;
-            match tokio::time::timeout(self.idle, self.upstream.next()).await {
-                Err(_) => {
-                    return Some(
-                        self.fail(ErrorKind::StreamIdleTimeout, "the upstream stopped sending"),
-                    );
+            let item = if wait {
+                match tokio::time::timeout(self.idle, self.upstream.next()).await {
+                    Ok(item) => item,
+                    Err(_) => {
+                        return Some(
+                            self.fail(ErrorKind::StreamIdleTimeout, "the upstream stopped sending"),
+                        );
+                    }
                 }
-                Ok(Some(Err(_))) => {
+            } else {
+                ready_soon(&mut self.upstream).await?
+            };
+            match item {
+                Some(Err(_)) => {
                     return Some(self.fail(
                         ErrorKind::StreamReset,
                         "the upstream connection broke mid-stream",
                     ));
                 }
-                Ok(None) => return self.at_end(),
-                Ok(Some(Ok(bytes))) => {
+                None => return self.at_end(),
+                Some(Ok(bytes)) => {
                     let blocks = match self.framer.push(&bytes) {
                         Ok(blocks) => blocks,
                         Err(_) => {
@@ -200,6 +233,35 @@ impl Drop for Relay {
             self.finalize(Some(ErrorKind::ClientDisconnect), true);
         }
     }
+}
+
+/// What one write to the client gathers at most from a burst the upstream has ready.
+const COALESCE_BYTES: usize = 64 * 1024;
+
+/// How many times [`ready_soon`] lets the thread's other tasks run before it gives up: the
+/// upstream connection's task has decoded its next buffered chunk after two (hyper 1.12's
+/// client on tokio 1.54's current-thread scheduler, measured), and a third would only cost
+/// another poll at the end of every burst.
+const READY_ROUNDS: u32 = 2;
+
+/// The stream's next item if it is ready now, or once the tasks already scheduled on this
+/// thread have run [`READY_ROUNDS`] times (this task wakes itself and goes to the back of the
+/// queue each time): Some(item), or None when nothing came meanwhile. The upstream
+/// connection's task, woken when the last chunk was taken, decodes its next chunk from what it
+/// has already read in that time; nothing here waits for the network.
+fn ready_soon<S: Stream + Unpin>(
+    stream: &mut S,
+) -> impl Future<Output = Option<Option<S::Item>>> + '_ {
+    let mut rounds = 0;
+    std::future::poll_fn(move |cx| match stream.poll_next_unpin(cx) {
+        Poll::Ready(item) => Poll::Ready(Some(item)),
+        Poll::Pending if rounds < READY_ROUNDS => {
+            rounds += 1;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+        Poll::Pending => Poll::Ready(None),
+    })
 }
 
 /// The OpenAI-style error event that ends a failed stream.

@@ -90,6 +90,10 @@ pub struct Reply {
     pub chunk_delay: Duration,
     /// Write the body in pieces split at awkward offsets (see [`Behavior::SplitEvents`]).
     pub split_writes: bool,
+    /// Send a streamed answer (head, every event, the last chunk) in one write: a burst, as a
+    /// provider that flushes several events at once sends it. Ignored with `chunk_delay` or
+    /// `split_writes`, which pace the writes themselves.
+    pub one_write: bool,
 }
 
 /// When a reply carries logprobs.

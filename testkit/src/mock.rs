@@ -639,6 +639,15 @@ async fn write_reply(
         }
         return Ok(Flow::KeepAlive);
     }
+    if reply.one_write && reply.chunk_delay.is_zero() && !reply.split_writes {
+        let mut all = stream_head(shared).into_bytes();
+        for event in answer.events() {
+            all.extend_from_slice(&http1::chunk(event.as_bytes()));
+        }
+        all.extend_from_slice(LAST_CHUNK);
+        conn.stream.write_all(&all).await?;
+        return Ok(Flow::KeepAlive);
+    }
     conn.stream
         .write_all(stream_head(shared).as_bytes())
         .await?;

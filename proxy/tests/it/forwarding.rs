@@ -306,3 +306,101 @@ async fn streamed_bytes_are_the_upstreams_bytes() -> Result<()> {
     assert_eq!(via, direct.replace("chatcmpl-m1-1", "chatcmpl-m1-2"));
     gw.stop().await
 }
+
+#[tokio::test]
+async fn a_burst_of_events_reaches_the_client_in_a_few_writes_byte_for_byte() -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let pieces: Vec<String> = (0..30).map(|i| format!("w{i} ")).collect();
+    let mock = MockUpstream::builder()
+        .name("m1")
+        .default_behavior(Behavior::Ok(Reply {
+            one_write: true,
+            ..Reply::text(pieces.clone())
+        }))
+        .start()
+        .await?;
+    let gw = Gateway::start(&one_provider(&mock, "weighted")).await?;
+    let mut body = chat_body("smol");
+    body["stream"] = json!(true);
+    let body = serde_json::to_vec(&body)?;
+    // A raw client: the response's chunked framing shows how the gateway wrote it (each write
+    // of the relay is one HTTP chunk).
+    let mut sock = tokio::net::TcpStream::connect(gw.addr).await?;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        gw.addr,
+        gw.key,
+        body.len()
+    );
+    sock.write_all(head.as_bytes()).await?;
+    sock.write_all(&body).await?;
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), sock.read_to_end(&mut raw)).await??;
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| anyhow::anyhow!("no response head"))?;
+    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("transfer-encoding: chunked"), "{head}");
+    let (chunks, data) = dechunk(&raw[end + 4..])?;
+    let text = String::from_utf8(data)?;
+    let events = sse_data(&text);
+    // the role chunk, one per piece, the finish chunk and [DONE] (usage was not asked for)
+    assert_eq!(events.len(), pieces.len() + 3, "{text}");
+    let said: String = events
+        .iter()
+        .filter_map(|e| serde_json::from_str::<serde_json::Value>(e).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(said, pieces.concat());
+    // The upstream sent the whole answer in one write; the gateway forwards what it has
+    // ready together instead of one write per event.
+    assert!(
+        chunks * 4 <= events.len(),
+        "{chunks} writes for {} events",
+        events.len()
+    );
+    // and the bytes are the upstream's, as one event-by-event relay would send them
+    let direct = gw
+        .http
+        .post(format!("{}/chat/completions", mock.base_url()))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(
+            &json!({"model": "upstream-smol", "stream": true,
+            "messages": [{"role": "user", "content": "Say hi"}]}),
+        )?)
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert_eq!(text, direct.replace("chatcmpl-m1-2", "chatcmpl-m1-1"));
+    gw.stop().await
+}
+
+/// The number of chunks of a chunked body and its data.
+fn dechunk(mut body: &[u8]) -> Result<(usize, Vec<u8>)> {
+    let mut chunks = 0;
+    let mut data = Vec::new();
+    loop {
+        let eol = body
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or_else(|| anyhow::anyhow!("a chunk size line without its end"))?;
+        let size_text = std::str::from_utf8(&body[..eol])?;
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)?;
+        body = &body[eol + 2..];
+        if size == 0 {
+            return Ok((chunks, data));
+        }
+        anyhow::ensure!(body.len() >= size + 2, "a chunk shorter than its size");
+        data.extend_from_slice(&body[..size]);
+        body = &body[size + 2..];
+        chunks += 1;
+    }
+}
