@@ -224,32 +224,19 @@ impl Store {
                 inserted
             }
             Pool::Sqlite(pool) => {
-                let mut tx = pool
-                    .begin_with("BEGIN IMMEDIATE")
+                // Nearly always every row is new, and the insert's count says so without a key
+                // travelling back per row; only when a row was skipped is the transaction rolled
+                // back and run again with RETURNING naming the new rows, for the rollups.
+                match insert_sqlite(pool, rows, false)
                     .await
-                    .map_err(StoreError::query(OP))?;
-                let mut keys = Vec::new();
-                for chunk in pow2_chunks(rows, ROWS_PER_STATEMENT) {
-                    let mut qb = insert_statement::<sqlx::Sqlite>(chunk);
-                    for row in qb
-                        .build()
-                        .fetch_all(&mut *tx)
+                    .map_err(StoreError::query(OP))?
+                {
+                    Some(inserted) => inserted,
+                    None => insert_sqlite(pool, rows, true)
                         .await
                         .map_err(StoreError::query(OP))?
-                    {
-                        keys.push(inserted_key(&row).map_err(StoreError::query(OP))?);
-                    }
+                        .unwrap_or_default(),
                 }
-                let inserted = keys.len() as u64;
-                let deltas = Deltas::of(newly_inserted(rows, keys));
-                for mut qb in deltas.statements::<sqlx::Sqlite>() {
-                    qb.build()
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(StoreError::query(OP))?;
-                }
-                tx.commit().await.map_err(StoreError::query(OP))?;
-                inserted
             }
         };
         let skipped = (rows.len() as u64).saturating_sub(inserted);
@@ -296,6 +283,45 @@ fn text(s: &str) -> Cow<'_, str> {
     } else {
         Cow::Borrowed(s)
     }
+}
+
+/// Inserts `rows` into SQLite in one transaction and adds the new ones to the rollups; the
+/// number inserted. Without `returning` the statements return nothing per row: when their
+/// counts show a row skipped (already stored, or given twice), the transaction is rolled back
+/// and `Ok(None)` says to insert again with `returning`, whose keys name the new rows.
+async fn insert_sqlite(
+    pool: &sqlx::SqlitePool,
+    rows: &[RequestRecord],
+    returning: bool,
+) -> Result<Option<u64>, sqlx::Error> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    let new = if returning {
+        let mut keys = Vec::new();
+        for chunk in pow2_chunks(rows, ROWS_PER_STATEMENT) {
+            let mut qb = insert_statement::<sqlx::Sqlite>(chunk, true);
+            for row in qb.build().fetch_all(&mut *tx).await? {
+                keys.push(inserted_key(&row)?);
+            }
+        }
+        newly_inserted(rows, keys)
+    } else {
+        let mut inserted = 0;
+        for chunk in pow2_chunks(rows, ROWS_PER_STATEMENT) {
+            let mut qb = insert_statement::<sqlx::Sqlite>(chunk, false);
+            inserted += qb.build().execute(&mut *tx).await?.rows_affected();
+        }
+        if inserted != rows.len() as u64 {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        rows.iter().collect()
+    };
+    let inserted = new.len() as u64;
+    for mut qb in Deltas::of(new).statements::<sqlx::Sqlite>() {
+        qb.build().execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(Some(inserted))
 }
 
 /// `(request_id, attempt, ts_ms)` of an inserted row, as the insert's RETURNING gives it.
@@ -380,8 +406,8 @@ async fn insert_postgres(
 }
 
 /// `INSERT INTO request_records (...) VALUES (...), ... ON CONFLICT DO NOTHING` for `rows`
-/// (SQLite).
-fn insert_statement<'a, DB>(rows: &'a [RequestRecord]) -> QueryBuilder<'a, DB>
+/// (SQLite), with `RETURNING` the inserted rows' keys when `returning`.
+fn insert_statement<'a, DB>(rows: &'a [RequestRecord], returning: bool) -> QueryBuilder<'a, DB>
 where
     DB: Database,
     Cow<'a, str>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
@@ -426,7 +452,10 @@ where
             .push_bind(r.tool_errored)
             .push_bind(r.degenerate);
     });
-    qb.push(" ON CONFLICT (request_id, attempt) DO NOTHING RETURNING request_id, attempt, ts_ms");
+    qb.push(" ON CONFLICT (request_id, attempt) DO NOTHING");
+    if returning {
+        qb.push(" RETURNING request_id, attempt, ts_ms");
+    }
     qb
 }
 
