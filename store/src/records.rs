@@ -295,11 +295,39 @@ async fn insert_sqlite(
     returning: bool,
 ) -> Result<Option<u64>, sqlx::Error> {
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    match insert_sqlite_in(&mut tx, rows, returning).await {
+        Ok(Some(inserted)) => {
+            tx.commit().await?;
+            Ok(Some(inserted))
+        }
+        Ok(None) => {
+            tx.rollback().await?;
+            Ok(None)
+        }
+        Err(e) => {
+            // Some errors (SQLITE_FULL, SQLITE_IOERR, ...) make SQLite roll the transaction back
+            // itself; sqlx still counts it open, its ROLLBACK would then fail and leave the
+            // pooled connection refusing every later BEGIN. A plain BEGIN opens one again in
+            // that case (and fails harmlessly when the transaction is still open), so that the
+            // rollback on drop finds one.
+            let _ = sqlx::query("BEGIN").execute(&mut *tx).await;
+            Err(e)
+        }
+    }
+}
+
+/// [`insert_sqlite`]'s statements inside its transaction: the number inserted, or None when
+/// `returning` is off and a row was skipped.
+async fn insert_sqlite_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    rows: &[RequestRecord],
+    returning: bool,
+) -> Result<Option<u64>, sqlx::Error> {
     let new = if returning {
         let mut keys = Vec::new();
         for chunk in pow2_chunks(rows, ROWS_PER_STATEMENT) {
             let mut qb = insert_statement::<sqlx::Sqlite>(chunk, true);
-            for row in qb.build().fetch_all(&mut *tx).await? {
+            for row in qb.build().fetch_all(&mut **tx).await? {
                 keys.push(inserted_key(&row)?);
             }
         }
@@ -308,19 +336,17 @@ async fn insert_sqlite(
         let mut inserted = 0;
         for chunk in pow2_chunks(rows, ROWS_PER_STATEMENT) {
             let mut qb = insert_statement::<sqlx::Sqlite>(chunk, false);
-            inserted += qb.build().execute(&mut *tx).await?.rows_affected();
+            inserted += qb.build().execute(&mut **tx).await?.rows_affected();
         }
         if inserted != rows.len() as u64 {
-            tx.rollback().await?;
             return Ok(None);
         }
         rows.iter().collect()
     };
     let inserted = new.len() as u64;
     for mut qb in Deltas::of(new).statements::<sqlx::Sqlite>() {
-        qb.build().execute(&mut *tx).await?;
+        qb.build().execute(&mut **tx).await?;
     }
-    tx.commit().await?;
     Ok(Some(inserted))
 }
 
