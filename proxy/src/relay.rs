@@ -57,13 +57,14 @@ impl Relay {
 
     /// The next bytes for the client, or None when the stream is over: what the upstream sends
     /// next, waited for (up to the idle timeout), and with it whatever else it has ready by the
-    /// time this thread's other scheduled tasks have run once (up to [`COALESCE_BYTES`]).
+    /// time this thread's other scheduled tasks have run [`READY_ROUNDS`] times (up to
+    /// [`COALESCE_BYTES`]).
     ///
     /// The upstream connection is a task of its own that hands its body over one chunk at a
     /// time: without the second part each SSE event would go to the client in a write of its
     /// own even when a burst of them arrived in one read (a provider flushing several tokens at
-    /// once, or a relay that fell behind). Taking what is ready costs one more poll per read;
-    /// it never waits for bytes that have not arrived.
+    /// once, or a relay that fell behind). Taking what is ready costs [`READY_ROUNDS`] more
+    /// polls per read when nothing more came; it never waits for bytes that have not arrived.
     async fn next_chunk(&mut self) -> Option<Bytes> {
         let first = self.read(true).await?;
         let mut more: Option<BytesMut> = None;
