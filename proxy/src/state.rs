@@ -42,10 +42,8 @@ pub struct AppState {
 pub(crate) struct Inner {
     pub(crate) limits: Limits,
     pub(crate) body_limit: usize,
-    /// `[server] drain_timeout_ms`, for [`crate::serve`].
-    pub(crate) drain_timeout: Duration,
-    /// `[server] threads`, for [`crate::serve`].
-    pub(crate) threads: usize,
+    /// How [`crate::serve`] serves.
+    pub(crate) serving: crate::Serving,
     pub(crate) models: HashMap<String, Arc<ModelRoute>>,
     pub(crate) upstreams: HashMap<String, Upstream>,
     pub(crate) auth: Authenticator,
@@ -213,8 +211,7 @@ impl AppState {
             inner: Arc::new(Inner {
                 limits: config.limits.clone(),
                 body_limit: config.server.body_limit_bytes,
-                drain_timeout: config.server.drain_timeout,
-                threads: config.server.threads,
+                serving: crate::Serving::of(config),
                 models,
                 upstreams,
                 auth: Authenticator::new(

@@ -141,10 +141,7 @@ pub async fn serve_on(
     }
     // drift alerts demote or exclude endpoints (each model's on_drift), re-read every poll
     let quality = samewise_proxy::QualityWatcher::spawn(config, state.clone(), store.clone());
-    let serving = samewise_proxy::Serving {
-        drain: config.server.drain_timeout,
-        threads: config.server.threads,
-    };
+    let serving = samewise_proxy::Serving::of(config);
     let served = samewise_proxy::serve_router_with(listener, app, shutdown, serving).await;
     if let Some(p) = probes {
         tracing::info!("stopping the probe scheduler");
