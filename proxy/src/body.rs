@@ -1,7 +1,8 @@
 //! The client's request body, checked and rewritten for one upstream without retyping it.
 //!
-//! The body is parsed as a map of raw JSON values (`serde_json` with `raw_value` and
-//! `preserve_order`): each value's bytes are kept as the client sent them. Only three things
+//! The body is read as an object of raw JSON values (`serde_json`'s `RawValue`, borrowed): the
+//! request keeps the client's bytes and where each top-level field lies in them, so a value
+//! passes upstream as the very bytes the client sent, copied once. Only three things
 //! change on the way upstream: `model` becomes the provider's model id, the `provider` routing
 //! object is removed, and a stream gets `stream_options.include_usage = true` (so the gateway
 //! can record usage; the extra usage chunk is stripped again when the client did not ask for
@@ -14,6 +15,8 @@
 //! naming the field), and the declared tools are compiled once per request into a shared
 //! `ToolSet`, whatever the number of attempts.
 
+use std::borrow::Cow;
+use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -23,10 +26,37 @@ use samewise_toolcheck::schema::{self, MAX_SCHEMA_DEPTH, MAX_SCHEMA_NODES};
 use serde_json::value::RawValue;
 
 use crate::error::ApiError;
-use crate::routing::{ProviderPrefs, fnv1a};
+use crate::routing::{ProviderPrefs, stable_hash};
 
-/// A JSON object as raw values, in the order they were sent.
-type RawMap = IndexMap<String, Box<RawValue>>;
+/// A JSON object as raw values borrowed from the body, in the order they were sent (a key sent
+/// twice keeps its first place and its last value, as serde_json's maps do).
+type RawMap<'a> = IndexMap<Cow<'a, str>, &'a RawValue, foldhash::fast::RandomState>;
+
+/// Text of the rewritten body: bytes of the client's body, or samewise's own.
+#[derive(Debug, Clone)]
+enum Piece {
+    /// `body[range]`.
+    Sent(Range<usize>),
+    /// Text samewise wrote (a key that had escapes, decoded; a patched value).
+    Own(String),
+}
+
+impl Piece {
+    fn bytes<'a>(&'a self, body: &'a [u8]) -> &'a [u8] {
+        match self {
+            Piece::Sent(r) => body.get(r.clone()).unwrap_or_default(),
+            Piece::Own(s) => s.as_bytes(),
+        }
+    }
+}
+
+/// A top-level field of the body: its key (unquoted) and its value (raw JSON).
+#[derive(Debug, Clone)]
+struct Field {
+    /// The key's text, unquoted: as sent when it had no escapes, else decoded.
+    key: Piece,
+    value: Piece,
+}
 
 /// Which OpenAI route a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,8 +104,10 @@ pub struct ClientRequest {
     pub prefix_hash: u64,
     /// Characters of prompt text, for counting tokens when the upstream reports no usage.
     pub prompt_chars: usize,
+    /// The body as the client sent it.
+    body: Bytes,
     /// Every field as sent, with `provider` removed and `stream_options` patched.
-    fields: RawMap,
+    fields: Vec<Field>,
 }
 
 /// Bytes of the serialised prompt that make up the cache-affinity prefix.
@@ -84,21 +116,28 @@ const AFFINITY_PREFIX_BYTES: usize = 2048;
 impl ClientRequest {
     /// Checks a body for `route`; bad input becomes a 400 that names the field.
     pub fn parse(route: Route, body: &[u8]) -> Result<ClientRequest, ApiError> {
-        let mut fields: RawMap = serde_json::from_slice(body).map_err(|e| {
-            if e.is_data() {
-                ApiError::bad_request(
-                    "invalid_request",
-                    "the request body must be a JSON object",
-                    None,
-                )
-            } else {
-                ApiError::bad_request(
-                    "invalid_json",
-                    format!("the request body is not valid JSON: {e}"),
-                    None,
-                )
-            }
-        })?;
+        Self::parse_bytes(route, Bytes::copy_from_slice(body))
+    }
+
+    /// [`ClientRequest::parse`], keeping `body` itself (no copy).
+    pub fn parse_bytes(route: Route, body: Bytes) -> Result<ClientRequest, ApiError> {
+        let mut fields = serde_json::from_slice::<Object<'_>>(&body)
+            .map(|o| o.0)
+            .map_err(|e| {
+                if e.is_data() {
+                    ApiError::bad_request(
+                        "invalid_request",
+                        "the request body must be a JSON object",
+                        None,
+                    )
+                } else {
+                    ApiError::bad_request(
+                        "invalid_json",
+                        format!("the request body is not valid JSON: {e}"),
+                        None,
+                    )
+                }
+            })?;
 
         let model = match fields.get("model") {
             None => {
@@ -132,17 +171,15 @@ impl ClientRequest {
                 Some(prompt_key),
             ));
         };
-        let prompt_value: serde_json::Value =
-            serde_json::from_str(prompt_raw.get()).map_err(|_| {
-                ApiError::bad_request(
-                    "invalid_type",
-                    format!("`{prompt_key}` is not valid"),
-                    Some(prompt_key),
-                )
-            })?;
-        let prompt_chars = check_prompt(route, &prompt_value)?;
+        let prompt_chars = check_prompt(route, prompt_raw).ok_or_else(|| {
+            ApiError::bad_request(
+                "invalid_type",
+                format!("`{prompt_key}` is not valid"),
+                Some(prompt_key),
+            )
+        })??;
         let prefix = prompt_raw.get().as_bytes();
-        let prefix_hash = fnv1a(&prefix[..prefix.len().min(AFFINITY_PREFIX_BYTES)], 0);
+        let prefix_hash = stable_hash(&prefix[..prefix.len().min(AFFINITY_PREFIX_BYTES)], 0);
 
         check_types(&fields)?;
 
@@ -177,10 +214,11 @@ impl ClientRequest {
         };
 
         let mut strip_usage_chunk = false;
+        let mut patched_options = None;
         if stream {
-            let mut opts: RawMap = match fields.get("stream_options") {
-                None => RawMap::new(),
-                Some(raw) if raw.get() == "null" => RawMap::new(),
+            let mut opts: IndexMap<String, Box<RawValue>> = match fields.get("stream_options") {
+                None => IndexMap::new(),
+                Some(raw) if raw.get() == "null" => IndexMap::new(),
                 Some(raw) => serde_json::from_str(raw.get()).map_err(|_| {
                     ApiError::bad_request(
                         "invalid_type",
@@ -204,10 +242,40 @@ impl ClientRequest {
             if !asked {
                 strip_usage_chunk = true;
                 opts.insert("include_usage".to_owned(), raw_json("true")?);
-                let patched = serde_json::to_string(&opts).map_err(|_| internal())?;
-                fields.insert("stream_options".to_owned(), raw_json(&patched)?);
+                patched_options = Some(serde_json::to_string(&opts).map_err(|_| internal())?);
             }
         }
+        // where each field lies in the body; a patched `stream_options` goes last if it was not sent
+        let at = |text: &str| {
+            let start = (text.as_ptr() as usize).checked_sub(body.as_ptr() as usize);
+            match start {
+                Some(start) if start + text.len() <= body.len() => {
+                    Piece::Sent(start..start + text.len())
+                }
+                _ => Piece::Own(text.to_owned()),
+            }
+        };
+        let mut kept: Vec<Field> = fields
+            .iter()
+            .map(|(key, value)| Field {
+                key: match key {
+                    Cow::Borrowed(k) => at(k),
+                    Cow::Owned(k) => Piece::Own(k.clone()),
+                },
+                value: at(value.get()),
+            })
+            .collect();
+        if let Some(patched) = patched_options {
+            let value = Piece::Own(patched);
+            match fields.get_index_of("stream_options") {
+                Some(i) => kept[i].value = value,
+                None => kept.push(Field {
+                    key: Piece::Own("stream_options".to_owned()),
+                    value,
+                }),
+            }
+        }
+        drop(fields);
 
         Ok(ClientRequest {
             route,
@@ -218,18 +286,39 @@ impl ClientRequest {
             tools,
             prefix_hash,
             prompt_chars,
-            fields,
+            body,
+            fields: kept,
         })
     }
 
-    /// The body for one upstream: the client's fields with `model` set to `upstream_model`.
+    /// The body for one upstream: the client's fields with `model` set to `upstream_model`,
+    /// as one compact object (each value's bytes as sent).
     pub fn body_for(&self, upstream_model: &str) -> Result<Bytes, ApiError> {
-        let mut fields = self.fields.clone();
-        let model = serde_json::to_string(upstream_model).map_err(|_| internal())?;
-        fields.insert("model".to_owned(), raw_json(&model)?);
-        serde_json::to_vec(&fields)
-            .map(Bytes::from)
-            .map_err(|_| internal())
+        let body = &self.body[..];
+        let mut out = Vec::with_capacity(body.len() + upstream_model.len() + 64);
+        out.push(b'{');
+        for (i, f) in self.fields.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            match &f.key {
+                // a key without escapes: its text is valid inside quotes as it is
+                Piece::Sent(_) => {
+                    out.push(b'"');
+                    out.extend_from_slice(f.key.bytes(body));
+                    out.push(b'"');
+                }
+                Piece::Own(k) => serde_json::to_writer(&mut out, k).map_err(|_| internal())?,
+            }
+            out.push(b':');
+            if f.key.bytes(body) == b"model" {
+                serde_json::to_writer(&mut out, upstream_model).map_err(|_| internal())?;
+            } else {
+                out.extend_from_slice(f.value.bytes(body));
+            }
+        }
+        out.push(b'}');
+        Ok(Bytes::from(out))
     }
 }
 
@@ -241,6 +330,60 @@ fn internal() -> ApiError {
 
 fn raw_json(s: &str) -> Result<Box<RawValue>, ApiError> {
     RawValue::from_string(s.to_owned()).map_err(|_| internal())
+}
+
+/// The body's object, borrowed from it.
+struct Object<'a>(RawMap<'a>);
+
+impl<'de> serde::Deserialize<'de> for Object<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Object<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut fields = RawMap::with_capacity_and_hasher(
+                    map.size_hint().unwrap_or(8).min(64),
+                    foldhash::fast::RandomState::default(),
+                );
+                while let Some((Key(k), v)) = map.next_entry::<Key<'de>, &'de RawValue>()? {
+                    fields.insert(k, v);
+                }
+                Ok(Object(fields))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// A key of the body's object: borrowed from the body unless it had escapes.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> serde::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
 }
 
 /// Bounds every client-supplied schema of the request (see the module doc): the declared
@@ -274,79 +417,195 @@ fn check_schemas(
     Ok(())
 }
 
-/// Checks `messages` / `prompt` and returns the characters of prompt text.
-fn check_prompt(route: Route, v: &serde_json::Value) -> Result<usize, ApiError> {
-    match route {
+/// Checks `messages` / `prompt` and returns the characters of prompt text; None when a part
+/// of it does not decode (nesting past serde_json's limit, a string that is not text): the
+/// caller's 400. Walks the raw values borrowed from the body in one pass: only what is counted
+/// is decoded, nothing is built.
+fn check_prompt(route: Route, v: &RawValue) -> Option<Result<usize, ApiError>> {
+    Some(match route {
         Route::Chat => {
-            let Some(msgs) = v.as_array() else {
-                return Err(ApiError::bad_request(
+            if !v.get().starts_with('[') {
+                return Some(Err(ApiError::bad_request(
                     "invalid_type",
                     "`messages` must be an array",
                     Some("messages"),
-                ));
-            };
+                )));
+            }
+            let msgs = serde_json::from_str::<Vec<&RawValue>>(v.get()).ok()?;
             if msgs.is_empty() {
-                return Err(ApiError::bad_request(
+                return Some(Err(ApiError::bad_request(
                     "invalid_value",
                     "`messages` must not be empty",
                     Some("messages"),
-                ));
+                )));
             }
             let mut chars = 0;
             for (i, m) in msgs.iter().enumerate() {
-                let Some(obj) = m.as_object() else {
+                if !m.get().starts_with('{') {
                     let p = format!("messages[{i}]");
-                    return Err(ApiError::bad_request(
+                    return Some(Err(ApiError::bad_request(
                         "invalid_type",
                         format!("`{p}` must be an object"),
                         Some(&p),
-                    ));
-                };
-                if !obj.get("role").is_some_and(serde_json::Value::is_string) {
+                    )));
+                }
+                let fields = serde_json::from_str::<Fields<'_>>(m.get()).ok()?;
+                if !fields.get("role").is_some_and(|r| r.get().starts_with('"')) {
                     let p = format!("messages[{i}].role");
-                    return Err(ApiError::bad_request(
+                    return Some(Err(ApiError::bad_request(
                         "invalid_type",
                         format!("`{p}` must be a string"),
                         Some(&p),
-                    ));
+                    )));
                 }
-                chars += text_chars(obj.get("content"));
+                chars += text_chars(fields.get("content"))?;
             }
             Ok(chars)
         }
-        Route::Completions => match v {
-            serde_json::Value::String(s) => Ok(s.chars().count()),
-            serde_json::Value::Array(items) if !items.is_empty() => {
-                Ok(items.iter().map(|i| text_chars(Some(i))).sum())
+        Route::Completions => match v.get().as_bytes().first() {
+            Some(b'"') => Ok(text_chars(Some(v))?),
+            Some(b'[') => {
+                let items = serde_json::from_str::<Vec<&RawValue>>(v.get()).ok()?;
+                if items.is_empty() {
+                    Err(prompt_shape())
+                } else {
+                    let mut chars = 0;
+                    for item in items {
+                        chars += text_chars(Some(item))?;
+                    }
+                    Ok(chars)
+                }
             }
-            _ => Err(ApiError::bad_request(
-                "invalid_type",
-                "`prompt` must be a string or a non-empty array",
-                Some("prompt"),
-            )),
+            _ => Err(prompt_shape()),
         },
-    }
+    })
+}
+
+fn prompt_shape() -> ApiError {
+    ApiError::bad_request(
+        "invalid_type",
+        "`prompt` must be a string or a non-empty array",
+        Some("prompt"),
+    )
 }
 
 /// Characters of text in a message content (string, or parts with `text`) or prompt item;
-/// token-id prompts count one "character" per token id times four (so /4 gives the ids).
-fn text_chars(v: Option<&serde_json::Value>) -> usize {
+/// token-id prompts count one "character" per token id times four (so /4 gives the ids). None
+/// when it does not decode.
+fn text_chars(v: Option<&RawValue>) -> Option<usize> {
     match v {
-        Some(serde_json::Value::String(s)) => s.chars().count(),
-        Some(serde_json::Value::Array(parts)) => parts
-            .iter()
-            .map(|p| match p {
-                serde_json::Value::Object(o) => text_chars(o.get("text")),
-                serde_json::Value::Number(_) => 4,
-                other => text_chars(Some(other)),
-            })
-            .sum(),
-        _ => 0,
+        None => Some(0),
+        Some(v) => {
+            let mut d = serde_json::Deserializer::from_str(v.get());
+            serde::de::DeserializeSeed::deserialize(Count::Content, &mut d).ok()
+        }
+    }
+}
+
+/// Counts [`text_chars`] while deserializing, in one pass (serde_json's nesting limit holds):
+/// a content is text, or parts; a part is an object's `text` (a content), a token id (4), or
+/// a content itself.
+#[derive(Clone, Copy)]
+enum Count {
+    Content,
+    Part,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Count {
+    type Value = usize;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<usize, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Count {
+    type Value = usize;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("prompt text")
+    }
+    fn visit_str<E>(self, v: &str) -> Result<usize, E> {
+        Ok(v.chars().count())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<usize, E> {
+        Ok(0)
+    }
+    fn visit_unit<E>(self) -> Result<usize, E> {
+        Ok(0)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<usize, E> {
+        Ok(self.number())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<usize, E> {
+        Ok(self.number())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<usize, E> {
+        Ok(self.number())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
+        let mut chars = 0;
+        while let Some(c) = seq.next_element_seed(Count::Part)? {
+            chars += c;
+        }
+        Ok(chars)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<usize, A::Error> {
+        // a part's `text` (the last one, if repeated); a content that is an object counts 0
+        let mut text = 0;
+        while let Some(Key(k)) = map.next_key::<Key<'de>>()? {
+            if matches!(self, Count::Part) && k == "text" {
+                text = map.next_value_seed(Count::Content)?;
+            } else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+        }
+        Ok(text)
+    }
+}
+
+impl Count {
+    fn number(self) -> usize {
+        match self {
+            Count::Content => 0,
+            Count::Part => 4,
+        }
+    }
+}
+
+/// An object's fields as raw values, the last of a repeated key winning; for the few lookups
+/// of a message or a content part.
+struct Fields<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'a> Fields<'a> {
+    fn get(&self, key: &str) -> Option<&'a RawValue> {
+        self.0.iter().rev().find(|(k, _)| k == key).map(|(_, v)| *v)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Fields<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Fields<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut fields = Vec::new();
+                while let Some((Key(k), v)) = map.next_entry::<Key<'de>, &'de RawValue>()? {
+                    fields.push((k, v));
+                }
+                Ok(Fields(fields))
+            }
+        }
+        d.deserialize_map(V)
     }
 }
 
 /// Type checks on the common sampling fields; other fields are the upstream's business.
-fn check_types(fields: &RawMap) -> Result<(), ApiError> {
+fn check_types(fields: &RawMap<'_>) -> Result<(), ApiError> {
     const INTEGERS: [&str; 5] = [
         "n",
         "max_tokens",
@@ -473,5 +732,110 @@ mod tests {
         assert!(a.is_some());
         assert_eq!(a, b);
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn escaped_and_repeated_keys_are_rewritten_as_json_reads_them() {
+        // an escaped key is its decoded self ("model" here), a repeated key keeps its first
+        // place and its last value, whitespace between fields goes, values stay as sent
+        let body = br#" { "mo\u0064el" : "m" , "messages":[ {"role":"user","content":"hi"} ],"a":1,"x\"y":[1, 2],"a":{"b": 2} } "#;
+        let req = ClientRequest::parse(Route::Chat, body).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(req.model, "m");
+        let out = req.body_for("up \"1\"").unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap_or_default(),
+            r#"{"model":"up \"1\"","messages":[ {"role":"user","content":"hi"} ],"a":{"b": 2},"x\"y":[1, 2]}"#
+        );
+    }
+
+    /// The prompt's characters as a walk over `serde_json::Value` counts them: the reference
+    /// for the raw walk.
+    fn chars_by_value(route: Route, body: &[u8]) -> usize {
+        fn text(v: Option<&serde_json::Value>) -> usize {
+            match v {
+                Some(serde_json::Value::String(s)) => s.chars().count(),
+                Some(serde_json::Value::Array(parts)) => parts
+                    .iter()
+                    .map(|p| match p {
+                        serde_json::Value::Object(o) => text(o.get("text")),
+                        serde_json::Value::Number(_) => 4,
+                        other => text(Some(other)),
+                    })
+                    .sum(),
+                _ => 0,
+            }
+        }
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+        match route {
+            Route::Chat => v["messages"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|m| text(m.get("content")))
+                .sum(),
+            Route::Completions => match &v["prompt"] {
+                serde_json::Value::Array(items) => items.iter().map(|i| text(Some(i))).sum(),
+                other => text(Some(other)),
+            },
+        }
+    }
+
+    #[test]
+    fn prompt_characters_are_counted_as_a_value_walk_counts_them() {
+        let chat = [
+            r#""héllo \"wörld\" \u00e9\ud83d\ude00""#,
+            r#"[{"type":"text","text":"ab"},{"type":"image_url","image_url":{"url":"x"}},{"text":["c",{"text":"dé"}]}]"#,
+            r#"[1,2,-3,"four",null,true,[5,"six"]]"#,
+            r#"{"text":"an object content counts nothing"}"#,
+            r#"null"#,
+            r#"[]"#,
+        ];
+        for content in chat {
+            let body = format!(
+                r#"{{"model":"m","messages":[{{"role":"system","content":"sys"}},{{"role":"user","content":{content},"content":{content}}}]}}"#
+            );
+            let req = ClientRequest::parse(Route::Chat, body.as_bytes())
+                .unwrap_or_else(|e| panic!("{content}: {e:?}"));
+            assert_eq!(
+                req.prompt_chars,
+                chars_by_value(Route::Chat, body.as_bytes()),
+                "{content}"
+            );
+        }
+        let prompts = [
+            r#""plain \n text""#,
+            r#"["one","twö"]"#,
+            r#"[[1,2,3],[4]]"#,
+            r#"[1,2,3]"#,
+            r#"[{"text":"x"},"y",null]"#,
+        ];
+        for prompt in prompts {
+            let body = format!(r#"{{"model":"m","prompt":{prompt}}}"#);
+            let req = ClientRequest::parse(Route::Completions, body.as_bytes())
+                .unwrap_or_else(|e| panic!("{prompt}: {e:?}"));
+            assert_eq!(
+                req.prompt_chars,
+                chars_by_value(Route::Completions, body.as_bytes()),
+                "{prompt}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_prompt_nested_past_the_parser_limit_is_refused() {
+        for depth in [130, 200_000] {
+            let content = format!("{}\"x\"{}", "[".repeat(depth), "]".repeat(depth));
+            let body =
+                format!(r#"{{"model":"m","messages":[{{"role":"user","content":{content}}}]}}"#);
+            let err = ClientRequest::parse(Route::Chat, body.as_bytes())
+                .err()
+                .unwrap_or_else(|| panic!("{depth} levels accepted"));
+            assert!(err.body().to_json().contains("`messages` is not valid"));
+        }
+        // within the limit it is text like any other
+        let content = format!("{}\"xyz\"{}", "[".repeat(100), "]".repeat(100));
+        let body = format!(r#"{{"model":"m","messages":[{{"role":"user","content":{content}}}]}}"#);
+        let req = ClientRequest::parse(Route::Chat, body.as_bytes());
+        assert_eq!(req.map(|r| r.prompt_chars).ok(), Some(3));
     }
 }

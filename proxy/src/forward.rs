@@ -104,7 +104,7 @@ async fn run(
         Ok(b) => b,
         Err(e) => return reject(state, ctx, e),
     };
-    let req = match ClientRequest::parse(route, &bytes) {
+    let req = match ClientRequest::parse_bytes(route, bytes.clone()) {
         Ok(r) => r,
         Err(e) => {
             // Keep the model name when it could be read, so the rejection is attributed.
@@ -137,7 +137,7 @@ async fn run(
 
     let affinity = headers
         .get(SESSION_HEADER)
-        .map(|v| routing::fnv1a(v.as_bytes(), 1))
+        .map(|v| routing::stable_hash(v.as_bytes(), 1))
         .unwrap_or(req.prefix_hash);
     let plan = match routing::plan(&model, &req.prefs, affinity, rng) {
         Ok(p) => p,

@@ -1,0 +1,50 @@
+//! The request body's check and per-endpoint rewrite (`ClientRequest::parse` then `body_for`),
+//! timed on three bodies: the proxy benchmark's chat request, a streamed request with tools,
+//! and a 40-message conversation. Not a test: it prints nanoseconds per body.
+//!
+//! `cargo run --release -p samewise-proxy --example body_bench [ITERATIONS]`
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use samewise_proxy::{ClientRequest, Route};
+
+fn main() {
+    let iterations: u32 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(200_000);
+    let bench = br#"{"model":"bench","messages":[{"role":"user","content":"Benchmark request: reply with a short greeting."}],"max_tokens":32}"#.to_vec();
+    let tools = br#"{"model":"bench","stream":true,"temperature":0.2,"messages":[{"role":"system","content":"You call tools."},{"role":"user","content":"What is the weather in Paris?"}],"tools":[{"type":"function","function":{"name":"get_weather","description":"Weather now","parameters":{"type":"object","properties":{"city":{"type":"string"},"unit":{"type":"string","enum":["c","f"]}},"required":["city"]}}}],"tool_choice":"auto","provider":{"order":["a","b"]}}"#.to_vec();
+    let turn = r#"{"role":"user","content":"Tell me more about the history of the city, its rivers and its bridges, in a few sentences."},{"role":"assistant","content":"The city grew along the river; its bridges date from several centuries, each rebuilt after floods."}"#;
+    let long = format!(
+        r#"{{"model":"bench","messages":[{}],"max_tokens":256,"seed":7}}"#,
+        vec![turn; 20].join(",")
+    )
+    .into_bytes();
+    for (name, body) in [
+        ("bench chat", &bench),
+        ("tools, stream", &tools),
+        ("40 messages", &long),
+    ] {
+        // warm up, then time
+        for _ in 0..iterations / 10 {
+            run(body);
+        }
+        let t = Instant::now();
+        for _ in 0..iterations {
+            run(body);
+        }
+        let ns = t.elapsed().as_nanos() as f64 / f64::from(iterations);
+        println!("{name:14} {:6} bytes  {ns:8.0} ns per body", body.len());
+    }
+}
+
+fn run(body: &[u8]) {
+    let req = ClientRequest::parse(Route::Chat, black_box(body))
+        .unwrap_or_else(|e| panic!("{}", e.body().to_json()));
+    let out = req
+        .body_for("upstream/model-1")
+        .unwrap_or_else(|e| panic!("{}", e.body().to_json()));
+    black_box(out);
+}
