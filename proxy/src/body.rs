@@ -124,7 +124,7 @@ impl ClientRequest {
 
     /// [`ClientRequest::parse`], keeping `body` itself (no copy).
     pub fn parse_bytes(route: Route, body: Bytes) -> Result<ClientRequest, ApiError> {
-        let mut fields = serde_json::from_slice::<Object<'_>>(&body)
+        let mut fields = serde_json::from_slice::<Object<RawMap<'_>>>(&body)
             .map(|o| o.0)
             .map_err(|e| {
                 if e.is_data() {
@@ -335,14 +335,21 @@ fn raw_json(s: &str) -> Result<Box<RawValue>, ApiError> {
     RawValue::from_string(s.to_owned()).map_err(|_| internal())
 }
 
-/// The body's object, borrowed from it.
-struct Object<'a>(RawMap<'a>);
+/// A JSON object's entries, borrowed from the text, collected into `C` in the order sent: the
+/// body's top-level object (a [`RawMap`]) and, in `prompt`, a message's or a part's fields.
+struct Object<C>(C);
 
-impl<'de> serde::Deserialize<'de> for Object<'de> {
+impl<'de, C> serde::Deserialize<'de> for Object<C>
+where
+    C: Default + Extend<(Cow<'de, str>, &'de RawValue)>,
+{
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Object<'de>;
+        struct V<C>(std::marker::PhantomData<C>);
+        impl<'de, C> serde::de::Visitor<'de> for V<C>
+        where
+            C: Default + Extend<(Cow<'de, str>, &'de RawValue)>,
+        {
+            type Value = Object<C>;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a JSON object")
             }
@@ -350,17 +357,14 @@ impl<'de> serde::Deserialize<'de> for Object<'de> {
                 self,
                 mut map: A,
             ) -> Result<Self::Value, A::Error> {
-                let mut fields = RawMap::with_capacity_and_hasher(
-                    map.size_hint().unwrap_or(8).min(64),
-                    foldhash::fast::RandomState::default(),
-                );
+                let mut entries = C::default();
                 while let Some((Key(k), v)) = map.next_entry::<Key<'de>, &'de RawValue>()? {
-                    fields.insert(k, v);
+                    entries.extend([(k, v)]);
                 }
-                Ok(Object(fields))
+                Ok(Object(entries))
             }
         }
-        d.deserialize_map(V)
+        d.deserialize_map(V(std::marker::PhantomData))
     }
 }
 

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use serde_json::value::RawValue;
 
-use super::{Key, Route};
+use super::{Key, Object, Route};
 use crate::error::ApiError;
 
 /// Checks `messages` / `prompt` and returns the characters of prompt text; None when a part
@@ -41,7 +41,7 @@ pub(super) fn check_prompt(route: Route, v: &RawValue) -> Option<Result<usize, A
                         Some(&p),
                     )));
                 }
-                let fields = serde_json::from_str::<Fields<'_>>(m.get()).ok()?;
+                let fields = fields_of(m)?;
                 if !fields.get("role").is_some_and(|r| r.get().starts_with('"')) {
                     let p = format!("messages[{i}].role");
                     return Some(Err(ApiError::bad_request(
@@ -167,31 +167,15 @@ impl Count {
 /// of a message or a content part.
 struct Fields<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
 
+/// `raw`'s fields (an object's, as the caller checked).
+fn fields_of(raw: &RawValue) -> Option<Fields<'_>> {
+    serde_json::from_str::<Object<Vec<_>>>(raw.get())
+        .ok()
+        .map(|o| Fields(o.0))
+}
+
 impl<'a> Fields<'a> {
     fn get(&self, key: &str) -> Option<&'a RawValue> {
         self.0.iter().rev().find(|(k, _)| k == key).map(|(_, v)| *v)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Fields<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Fields<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Self::Value, A::Error> {
-                let mut fields = Vec::new();
-                while let Some((Key(k), v)) = map.next_entry::<Key<'de>, &'de RawValue>()? {
-                    fields.push((k, v));
-                }
-                Ok(Fields(fields))
-            }
-        }
-        d.deserialize_map(V)
     }
 }
