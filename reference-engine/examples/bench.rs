@@ -1,7 +1,9 @@
 //! Throughput benchmark (not a test): prompt tokens/s scoring 512-token sequences at batch
 //! 1 and 8, generation tokens/s, the RSS after loading, and a long-context probe's job (one
 //! `--len`-token haystack, 3 candidates with distinct 24-token tails) scored as one job,
-//! where the shared prefix is computed once, against one job per candidate.
+//! where the shared prefix is computed once, against one job per candidate, and 8
+//! generations whose prompts share their first `--len` tokens, on an engine keeping read
+//! prompts' keys and values against one keeping none.
 //!
 //! `cargo run --release -p samewise-engine --example bench -- --model PATH --threads 2`
 //! (`--isa scalar|avx|avx512` caps the instruction set, for comparing kernel paths side by side)
@@ -142,6 +144,41 @@ fn main() -> anyhow::Result<()> {
          as one job ({:.2}x; {} positions forked)",
         apart / together,
         engine.shared_prefix_positions() - before
+    );
+    // generations whose prompts start alike (one system prompt and tool list, many
+    // questions): 8 prompts of the same `len` tokens and distinct 24-token tails, 16 new tokens
+    // each, on an engine keeping read prompts and on one keeping none
+    let none = Engine::load(
+        &model,
+        LoadOptions {
+            threads,
+            isa,
+            prefix_cache_bytes: 0,
+            ..LoadOptions::default()
+        },
+    )?;
+    let preamble = seq(len);
+    let prompts: Vec<Vec<u32>> = (0..8).map(|_| [&preamble[..], &seq(24)].concat()).collect();
+    let params = GenerateParams {
+        max_tokens: 16,
+        ..GenerateParams::default()
+    };
+    let mut took = [0f64; 2];
+    for (e, took) in [&none, &engine].into_iter().zip(&mut took) {
+        let t = Instant::now();
+        for p in &prompts {
+            e.generate(p, &params, &mut |_| true)?;
+        }
+        *took = t.elapsed().as_secs_f64();
+    }
+    println!(
+        "kept prompts: 8 generations of ({len} + 24) prompt tokens, 16 new each: {:.2}s keeping none, \
+         {:.2}s keeping read prompts ({:.2}x; {} prompt positions copied, {:.1} MiB kept)",
+        took[0],
+        took[1],
+        took[0] / took[1],
+        engine.reused_prompt_positions(),
+        engine.prefix_cache_bytes() as f64 / (1 << 20) as f64
     );
     println!("RSS after run {:.1} MiB", rss_mib());
     Ok(())

@@ -23,7 +23,11 @@ use crate::model::Weights;
 use crate::profile::{Numerics, Profile};
 use crate::sample::{self, Sampler, SamplingParams, TokenLogprob};
 
+mod backend;
+mod prefix_cache;
 mod score_job;
+use backend::{Backend, Hidden};
+use prefix_cache::PrefixCache;
 pub(crate) use score_job::ScoreJob;
 
 /// Most top-k entries a request may ask for.
@@ -47,6 +51,9 @@ pub struct LoadOptions {
     pub profile: Profile,
     /// Where the forward pass runs (default: the CPU).
     pub device: Device,
+    /// Most bytes of generation prompts' keys and values kept for later prompts that start
+    /// alike ([`Engine::reused_prompt_positions`]); 0 keeps none. Default 64 MiB.
+    pub prefix_cache_bytes: usize,
 }
 
 impl Default for LoadOptions {
@@ -56,6 +63,7 @@ impl Default for LoadOptions {
             isa: None,
             profile: Profile::default(),
             device: Device::Cpu,
+            prefix_cache_bytes: 64 << 20,
         }
     }
 }
@@ -71,64 +79,8 @@ pub struct Engine {
     backend: Backend,
     /// Scored positions taken from another sequence of the same job instead of computed.
     shared_positions: std::sync::atomic::AtomicU64,
-}
-
-/// Where the forward pass and the output head run. Either way the embedding rows, RoPE
-/// tables, log-softmax and top-k are the CPU code's.
-#[derive(Debug)]
-enum Backend {
-    Cpu,
-    #[cfg(feature = "cuda")]
-    Cuda(Box<crate::cuda::CudaModel>),
-}
-
-impl Backend {
-    /// The backend `device` asks for: `auto` takes GPU 0 when CUDA is usable and falls back
-    /// to the CPU (saying why in the log) when it is not or the model does not fit.
-    fn choose(device: Device, w: &Weights) -> Result<Self> {
-        match device {
-            Device::Cpu => Ok(Self::Cpu),
-            Device::Cuda(n) => Self::cuda(w, n),
-            Device::Auto => {
-                if let Some(why) = crate::device::cuda_unavailable() {
-                    tracing::info!("device auto: running on the CPU ({why})");
-                    return Ok(Self::Cpu);
-                }
-                match Self::cuda(w, 0) {
-                    Ok(b) => Ok(b),
-                    Err(e) => {
-                        tracing::warn!("device auto: running on the CPU ({e})");
-                        Ok(Self::Cpu)
-                    }
-                }
-            }
-        }
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda(w: &Weights, ordinal: usize) -> Result<Self> {
-        let g = crate::cuda::CudaModel::load(w, ordinal)?;
-        tracing::info!(
-            device = g.label(),
-            weight_bytes = g.bytes(),
-            "engine on the GPU"
-        );
-        Ok(Self::Cuda(Box::new(g)))
-    }
-
-    #[cfg(not(feature = "cuda"))]
-    fn cuda(_: &Weights, _: usize) -> Result<Self> {
-        Err(EngineError::Device(
-            crate::device::cuda_unavailable().unwrap_or_default(),
-        ))
-    }
-}
-
-/// A forward pass's final-normed hidden states, where the backend keeps them.
-enum Hidden {
-    Host(Vec<f32>),
-    #[cfg(feature = "cuda")]
-    Device(crate::cuda::DevHidden),
+    /// Generation prompts kept for later prompts that start alike.
+    prefixes: PrefixCache,
 }
 
 /// One position of a scored sequence.
@@ -328,6 +280,7 @@ impl Engine {
             profile: opts.profile,
             backend,
             shared_positions: std::sync::atomic::AtomicU64::new(0),
+            prefixes: PrefixCache::new(opts.prefix_cache_bytes),
         })
     }
 
@@ -601,6 +554,7 @@ impl Engine {
     /// reading their input, one token for those generating. Finished ones are skipped.
     pub fn step(&self, seqs: &mut [&mut Seq]) -> Result<()> {
         let c = &self.weights.config;
+        self.reuse_prompts(seqs);
         // choose each sequence's slice of new tokens
         let mut budget = ROW_BUDGET;
         let mut take = vec![0usize; seqs.len()];
@@ -664,6 +618,7 @@ impl Engine {
                 s.cache = KvCache::default();
             }
         }
+        self.keep_prompts(seqs, &take);
         let logit_rows = (LOGIT_FLOATS / c.vocab_size).clamp(8, 256);
         let e = c.n_embd;
         let v = c.vocab_size;

@@ -104,6 +104,10 @@ pub struct EngineServeArgs {
     /// the log), cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
     pub device: Device,
+    /// MiB of generation prompts' keys and values kept for later prompts that start alike
+    /// (a shared system prompt or tool list is then read once); 0 keeps none.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(0..=1 << 20))]
+    pub prefix_cache_mib: u32,
 }
 
 /// Runs an engine subcommand.
@@ -159,6 +163,7 @@ fn serve(args: EngineServeArgs) -> anyhow::Result<()> {
         threads: args.threads,
         profile,
         device: args.device,
+        prefix_cache_bytes: (args.prefix_cache_mib as usize) << 20,
         ..LoadOptions::default()
     };
     let state = ServerState::load(&args.model, opts, args.model_name)

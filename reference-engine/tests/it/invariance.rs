@@ -228,6 +228,68 @@ fn token_by_token_decode_equals_whole_sequence_scoring() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Generations whose prompts start alike: the engine keeps each read prompt's keys and values
+/// and a later prompt copies its longest kept start instead of reading it again
+/// (`LoadOptions::prefix_cache_bytes`). Every token, logprob and top-k entry is the same bits
+/// as on an engine that keeps nothing, and the copied positions are counted.
+#[test]
+fn kept_prompts_are_reused_without_changing_a_bit() -> anyhow::Result<()> {
+    let keeps = engine(2, None)?;
+    let none = Engine::load(
+        &common::model_path()?,
+        LoadOptions {
+            prefix_cache_bytes: 0,
+            ..LoadOptions::default()
+        },
+    )?;
+    let t = texts()?;
+    let p = &t[4][..300];
+    let cat = |head: &[u32], tail: &[u32]| [head, tail].concat();
+    let a = cat(p, &t[1][..20]);
+    let prompts = [
+        a.clone(),
+        cat(&p[..200], &t[2][..15]),
+        a.clone(),
+        t[0][..10].to_vec(),
+        cat(&a, &t[3][..30]),
+    ];
+    for (i, prompt) in prompts.iter().enumerate() {
+        let x = keeps.generate(prompt, &greedy(12, 5), &mut |_| true)?;
+        let y = none.generate(prompt, &greedy(12, 5), &mut |_| true)?;
+        assert_eq!(x.finish, y.finish, "prompt {i}");
+        assert_eq!(x.tokens.len(), y.tokens.len(), "prompt {i}");
+        for (j, (u, v)) in x.tokens.iter().zip(&y.tokens).enumerate() {
+            assert_eq!(u.token, v.token, "prompt {i}, token {j}");
+            assert_eq!(
+                u.logprob.to_bits(),
+                v.logprob.to_bits(),
+                "prompt {i}, token {j}"
+            );
+            assert_eq!(bits(&u.top), bits(&v.top), "prompt {i}, token {j} top-k");
+        }
+    }
+    // nothing kept before the first; the second shares its first 200 tokens; the first again
+    // copies all but its last token; the short one (under 16 tokens) nothing; the last
+    // extends the first, all 320 of whose positions it copies
+    let common = |x: &[u32], y: &[u32]| x.iter().zip(y).take_while(|(u, v)| u == v).count();
+    let second = common(&prompts[0], &prompts[1]);
+    assert!(second >= 200, "{second}");
+    assert_eq!(keeps.reused_prompt_positions(), (second + 319 + 320) as u64);
+    assert_eq!(
+        (none.reused_prompt_positions(), none.prefix_cache_bytes()),
+        (0, 0)
+    );
+    // kept now: the second prompt and the last (which replaced the first it extends); a
+    // position's keys in blocks of 16, its values in rows, of every layer
+    let c = keeps.config();
+    let bytes = |n: usize| c.n_layer * c.n_head_kv * c.head_dim * 4 * (n.div_ceil(16) * 16 + n);
+    assert_eq!(
+        keeps.prefix_cache_bytes(),
+        bytes(prompts[1].len()) + bytes(prompts[4].len())
+    );
+    Ok(())
+}
+
 #[test]
 fn batcher_under_concurrent_load_equals_direct_calls() -> anyhow::Result<()> {
     let e = Arc::new(engine(2, None)?);
