@@ -116,13 +116,14 @@ impl PrefixCache {
             e.used = now;
             return;
         }
+        // the cache holds just the prompt (it has only been read): no copy past the budget
+        if cache.len != prompt.len() || cache.bytes() > self.budget {
+            return;
+        }
         let Some(copy) = cache.prefix(prompt.len()) else {
             return;
         };
         let bytes = copy.bytes();
-        if bytes > self.budget {
-            return;
-        }
         held.entries.retain(|e| !prompt.starts_with(&e.tokens));
         held.bytes = held.entries.iter().map(|e| e.bytes).sum();
         while held.bytes + bytes > self.budget {
@@ -165,7 +166,7 @@ impl Engine {
             let Kind::Gen { prompt_len, .. } = s.kind else {
                 continue;
             };
-            if s.fed != 0 {
+            if s.fed != 0 || s.is_done() {
                 continue;
             }
             if let Some(cache) = self.prefixes.lookup(&s.tokens[..prompt_len]) {
