@@ -27,6 +27,14 @@ impl KvCache {
         }
     }
 
+    /// Bytes of keys and values held on the host.
+    pub(crate) fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|(k, v)| (k.len() + v.len()) * std::mem::size_of::<f32>())
+            .sum()
+    }
+
     /// A new cache holding this one's first `n` positions, bit for bit as if only they had
     /// been processed (key lanes past `n` in the last block zeroed, as a fresh cache has
     /// them). None when fewer than `n` positions are cached here, or when the cache lives on

@@ -144,18 +144,8 @@ impl PrefixCache {
 }
 
 /// How many leading tokens `a` and `b` share.
-fn common_start(a: &[u32], b: &[u32]) -> usize {
+pub(super) fn common_start(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-impl KvCache {
-    /// Bytes of keys and values held on the host.
-    pub(crate) fn bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|(k, v)| (k.len() + v.len()) * std::mem::size_of::<f32>())
-            .sum()
-    }
 }
 
 impl Engine {

@@ -11,6 +11,7 @@
 //! the bits it would have had alone. On the GPU backend (whose caches live on the device)
 //! nothing is forked: a waiting sequence is released to compute its prefix itself.
 
+use super::prefix_cache::common_start;
 use super::{Kind, Seq};
 use crate::engine::ScoredSequence;
 use crate::kv::KvCache;
@@ -38,12 +39,7 @@ impl ScoreJob {
         let mut waits = vec![None; seqs.len()];
         for w in order.windows(2) {
             let (donor, follower) = (w[0], w[1]);
-            let common = seqs[donor]
-                .tokens
-                .iter()
-                .zip(&seqs[follower].tokens)
-                .take_while(|(a, b)| a == b)
-                .count();
+            let common = common_start(&seqs[donor].tokens, &seqs[follower].tokens);
             if common >= MIN_SHARED {
                 // the last shared position is computed again: its logits score the
                 // follower's next token, which differs from the donor's
