@@ -10,12 +10,13 @@
 # The run: `device run --carry gpu-check 'scripts/gpu-check.sh run $OUT'` (the folder is
 # git-ignored, so it travels only when carried).
 #
-# `run` goes through stages that each write OUT_DIR/<stage>.json (one JSON object) and append
-# to OUT_DIR/log.txt, so a stage that times out leaves the ones before it: the binary runs at
+# `run` goes through stages that each append one line to OUT_DIR/results.jsonl (the stage's
+# name, exit status, seconds and JSON result) and their messages to OUT_DIR/log.txt, so a stage that times out leaves the ones before it: the binary runs at
 # all (a sandboxed kernel can refuse it), smoke (CUDA loads, the kernels compile, one
 # sequence matches the CPU), parity on real weights (the 4-layer cut) and on a synthetic
 # SmolLM2-135M-shaped model with realistic weight scales, then throughput on the Llama 1B
-# and 8B shapes. Sized for about 4 minutes on one H200; STAGE_TIMEOUT bounds each stage.
+# and 8B shapes, and last the GEMM kernels under compute-sanitizer. Sized for about 4
+# minutes on one H200; STAGE_TIMEOUT bounds each long stage.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,14 +39,19 @@ run)
     BIN="$DIR/gpu_check"
     TMP="$(mktemp -d)"
     LOG="$OUT/log.txt"
+    : >"$OUT/results.jsonl"
+    # each stage's JSON line is appended to results.jsonl as the stage ends (the device
+    # returns at most 8 files)
     stage() {
         local name="$1" limit="$2"
         shift 2
         local t0=$SECONDS
-        timeout "$limit" "$BIN" "$@" >"$OUT/$name.json" 2>>"$LOG"
+        timeout "$limit" "$BIN" "$@" >"$TMP/$name.json" 2>>"$LOG"
         local rc=$?
         echo "stage $name: rc $rc, $((SECONDS - t0)) s" | tee -a "$LOG"
-        cat "$OUT/$name.json"
+        printf '{"stage_name":"%s","rc":%d,"s":%d,"result":%s}\n' "$name" "$rc" "$((SECONDS - t0))" \
+            "$(head -c 1000000 "$TMP/$name.json" | grep . || echo null)" >>"$OUT/results.jsonl"
+        cat "$TMP/$name.json"
         return $rc
     }
     {
@@ -54,23 +60,47 @@ run)
         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
         ls /usr/local/cuda*/lib64/libnvrtc.so* 2>&1 | head -3
     } >>"$LOG"
-    # NVRTC and cuBLAS from the CUDA toolkit, where cudarc looks for them
-    for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-        [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # NVRTC and cuBLAS from the CUDA toolkit, or from the Python wheels beside PyTorch,
+    # where cudarc looks for them
+    for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+        "$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null)"; do
+        [ -n "$d" ] && [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
     done
+    echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$LOG"
     # 0: the binary runs at all (usage error, exit 1, but a JSON line)
-    "$BIN" >"$OUT/0-runs.json" 2>>"$LOG"
+    "$BIN" >>"$LOG" 2>&1
     echo "stage 0-runs: rc $? (1 expected)" | tee -a "$LOG"
-    stage 1-smoke 60 smoke --model "$DIR/smollm2-4l.gguf" || exit 1
+    stage 1-smoke 90 smoke --model "$DIR/smollm2-4l.gguf"
     stage 2-parity-real "$T" parity --model "$DIR/smollm2-4l.gguf" --max-len 4096
-    stage 3-synth-smol 60 synth --shape smol --seed 7 --out "$TMP/smol.gguf" &&
-        stage 4-parity-smol "$T" parity --model "$TMP/smol.gguf" --max-len 2048
-    rm -f "$TMP/smol.gguf"
-    stage 5-synth-1b 60 synth --shape 1b --seed 7 --out "$TMP/1b.gguf" &&
-        stage 6-throughput-1b "$T" throughput --model "$TMP/1b.gguf" --threads 16
+    stage 3-synth-1b 60 synth --shape 1b --seed 7 --out "$TMP/1b.gguf" &&
+        stage 4-throughput-1b "$T" throughput --model "$TMP/1b.gguf" --threads 16
+    # the large-batch GEMMs under Nsight Compute: where their time goes (a few launches)
+    NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+    if [ -n "$NCU" ] && [ -f "$TMP/1b.gguf" ]; then
+        timeout 90 "$NCU" --clock-control none -k 'regex:gemm_q4_wide$' \
+            --launch-count 2 --section SpeedOfLight --section Occupancy \
+            --section WarpStateStats --section ComputeWorkloadAnalysis \
+            --section MemoryWorkloadAnalysis --section LaunchStats \
+            "$BIN" gemm --model "$TMP/1b.gguf" --m 2048 --reps 1 >"$OUT/ncu.txt" 2>&1
+        echo "stage ncu: rc $?" | tee -a "$LOG"
+    fi
     rm -f "$TMP/1b.gguf"
+    stage 5-synth-smol 60 synth --shape smol --seed 7 --out "$TMP/smol.gguf" &&
+        stage 6-parity-smol "$T" parity --model "$TMP/smol.gguf" --max-len 2048
+    rm -f "$TMP/smol.gguf"
     stage 7-synth-8b "$T" synth --shape 8b --seed 7 --out "$TMP/8b.gguf" &&
         stage 8-throughput-8b "$T" throughput --model "$TMP/8b.gguf" --no-cpu
+    # last, the new kernels under compute-sanitizer's memcheck (out-of-bounds and misaligned
+    # accesses), each forced for every product of a short scoring run
+    if command -v compute-sanitizer >/dev/null; then
+        for k in wide; do
+            SAMEWISE_CUDA_GEMM=$k timeout 60 compute-sanitizer --tool memcheck --print-limit 5 \
+                "$BIN" smoke --model "$DIR/smollm2-4l.gguf" >"$TMP/memcheck" 2>&1
+            echo "stage 9-memcheck-$k: rc $?" | tee -a "$LOG"
+            { echo "== $k"; cat "$TMP/memcheck"; } >>"$OUT/memcheck.txt"
+            tail -5 "$TMP/memcheck"
+        done
+    fi
     rm -rf "$TMP"
     ;;
 *)

@@ -1,17 +1,21 @@
 //! The GPU check's binary (not a test; `scripts/gpu-check.sh` runs it on a machine with a
 //! GPU, built and stripped here). Each stage prints one JSON object on stdout:
 //!
+//! - `gemm --model F [--m N] [--reps N]`: the GEMM kernels' timings alone (for a profiler).
 //! - `synth --shape S [--layers N] [--seed N] --out F`: a synthetic model (as `samewise engine
 //!   synth`), made on the GPU machine because the files do not travel.
 //! - `smoke --model F`: CUDA loads, the kernels compile, one sequence scores on the GPU with
 //!   the CPU backend's bits.
-//! - `parity --model F [--max-len N]`: GPU against CPU on the same file, every position's
+//! - `parity --model F [--max-len N] [--device cpu]`: GPU against CPU on the same file, every position's
 //!   logprob bits and top-5 compared; batch invariance on the GPU (batch 1..64, each
-//!   sequence alone against all together); prefill against decode (greedy generation's
-//!   logprobs against scoring the generated text).
-//! - `throughput --model F [--threads N]`: scoring tokens/s (prompt logprobs, top-20) and
-//!   decode tokens/s at batch 1, 8, 64 on the GPU and on the CPU backend, and the model's
-//!   matmul rate against cuBLAS SGEMM (pedantic math: no TF32) on the same shapes.
+//!   sequence alone against all together); each GEMM kernel forced against the default
+//!   choice; prefill against decode (greedy generation's logprobs against scoring the
+//!   generated text); greedy generation GPU against CPU; the serving profiles' numeric
+//!   knobs (w4, w8, a8, kv-f16, kv-q8) GPU against CPU.
+//! - `throughput --model F [--threads N] [--no-cpu]`: the engine's GEMM kernels against
+//!   cuBLAS SGEMM (pedantic math: no TF32) shape by shape at 1, 64, 512 and 2,048 rows;
+//!   scoring tokens/s (prompt logprobs, top-20) and decode tokens/s at batch 1, 8, 64 on
+//!   the GPU, and on the CPU backend (scoring at batch 1, decoding at 1 and 8).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -37,14 +41,44 @@ fn num(args: &[String], name: &str, default: usize) -> Res<usize> {
 }
 
 fn load(model: &std::path::Path, device: Device, threads: usize) -> Res<Engine> {
+    load_profile(model, device, threads, "reference")
+}
+
+fn load_profile(
+    model: &std::path::Path,
+    device: Device,
+    threads: usize,
+    profile: &str,
+) -> Res<Engine> {
     Ok(Engine::load(
         model,
         LoadOptions {
             threads,
             device,
+            profile: samewise_engine::Profile::resolve(profile)?,
             ..LoadOptions::default()
         },
     )?)
+}
+
+/// Positions compared, identical, largest |Δ logprob| as JSON.
+fn cmp_json(c: (usize, usize, f64)) -> Value {
+    json!({"positions": c.0, "identical": c.1, "max_abs_diff": c.2})
+}
+
+/// Tokens compared and identical (token, logprob bits, top-k) between two generations.
+fn compare_gens(a: &[Vec<GeneratedToken>], b: &[Vec<GeneratedToken>]) -> (usize, usize, f64) {
+    let (mut n, mut same, mut max) = (0, 0, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        n += x.len().max(y.len());
+        for (p, q) in x.iter().zip(y) {
+            if p.token == q.token && p.logprob.to_bits() == q.logprob.to_bits() && p.top == q.top {
+                same += 1;
+            }
+            max = max.max((f64::from(p.logprob) - f64::from(q.logprob)).abs());
+        }
+    }
+    (n, same, max)
 }
 
 /// Seeded token ids in `0..vocab` (an LCG: the check needs no quality, only repeatability).
@@ -104,10 +138,11 @@ fn smoke(args: &[String]) -> Res<Value> {
     if let Some(why) = samewise_engine::cuda_unavailable() {
         return Ok(json!({"stage": "smoke", "ok": false, "error": why}));
     }
+    let threads = num(args, "--threads", 16)?;
     let t = Instant::now();
-    let gpu = load(&model, Device::Cuda(0), 1)?;
+    let gpu = load(&model, Device::Cuda(0), threads)?;
     let load_s = t.elapsed().as_secs_f64();
-    let cpu = load(&model, Device::Cpu, num(args, "--threads", 16)?)?;
+    let cpu = load(&model, Device::Cpu, threads)?;
     let seqs = vec![tokens(1, 64, gpu.config().vocab_size)];
     let (g, c) = (gpu.score(&seqs, 5)?, cpu.score(&seqs, 5)?);
     let (n, same, max) = compare(&g, &c);
@@ -131,8 +166,12 @@ fn params(e: &Engine) -> usize {
 fn parity(args: &[String]) -> Res<Value> {
     let model = PathBuf::from(arg(args, "--model").ok_or("--model")?);
     let max_len = num(args, "--max-len", 4096)?;
-    let gpu = load(&model, Device::Cuda(0), 1)?;
-    let cpu = load(&model, Device::Cpu, num(args, "--threads", 16)?)?;
+    let threads = num(args, "--threads", 16)?;
+    // `--device cpu` runs the whole check with the CPU in the GPU's place: a self-test of
+    // the check itself on a machine without a GPU
+    let dev: Device = arg(args, "--device").as_deref().unwrap_or("cuda").parse()?;
+    let gpu = load(&model, dev, threads)?;
+    let cpu = load(&model, Device::Cpu, threads)?;
     let v = gpu.config().vocab_size;
     let max_len = max_len.min(gpu.config().n_ctx);
     // 64 sequences of mixed lengths, and one long one
@@ -148,16 +187,21 @@ fn parity(args: &[String]) -> Res<Value> {
     let cpu_s = t.elapsed().as_secs_f64();
     let (n, same, max) = compare(&all_gpu, &all_cpu);
     let long = compare(&all_gpu[64..], &all_cpu[64..]);
-    // the one-output-per-thread GEMM everywhere, against the default (register-tiled from
-    // 32 rows): the same fmaf chains, so the same bits
-    // SAFETY: no other thread reads the environment while this one writes it (the engines'
-    // kernel threads never do).
-    unsafe { std::env::set_var("SAMEWISE_CUDA_GEMM", "simple") };
-    let simple = load(&model, Device::Cuda(0), 1)?;
-    // SAFETY: as above.
-    unsafe { std::env::remove_var("SAMEWISE_CUDA_GEMM") };
-    let kernels = compare(&simple.score(&seqs, 5)?, &all_gpu);
-    drop(simple);
+    // each GEMM kernel forced everywhere, against the default choice: the same fmaf
+    // chains, so the same bits
+    let mut kernels = Vec::new();
+    for kind in ["simple", "tiled", "wide", "wide1", "skinny"] {
+        // SAFETY: no other thread reads the environment while this one writes it (the
+        // engines' kernel threads never do).
+        unsafe { std::env::set_var("SAMEWISE_CUDA_GEMM", kind) };
+        let forced = load(&model, dev, threads);
+        // SAFETY: as above.
+        unsafe { std::env::remove_var("SAMEWISE_CUDA_GEMM") };
+        let c = compare(&forced?.score(&seqs, 5)?, &all_gpu);
+        let mut j = cmp_json(c);
+        j["kernel"] = json!(kind);
+        kernels.push(j);
+    }
     // batch invariance on the GPU: batches of 1, 2, 4, …, 64 against all at once
     let mut batches = Vec::new();
     for b in [1usize, 2, 4, 8, 16, 32, 64] {
@@ -177,13 +221,15 @@ fn parity(args: &[String]) -> Res<Value> {
         ..GenerateParams::default()
     };
     let gens = generate(&gpu, &prompts, &params)?;
+    let gen_vs_cpu = compare_gens(&gens, &generate(&cpu, &prompts, &params)?);
     let (mut dn, mut dsame, mut dmax) = (0, 0, 0f64);
     for (p, g) in prompts.iter().zip(&gens) {
         let mut full = p.clone();
         full.extend(g.iter().map(|t| t.token));
         let scored = gpu.score(&[full], 5)?;
         for (k, t) in g.iter().enumerate() {
-            let s = &scored[0].positions[p.len() - 1 + k];
+            // position i holds the logprob of token i (none at 0)
+            let s = &scored[0].positions[p.len() + k];
             dn += 1;
             if s.logprob.map(f32::to_bits) == Some(t.logprob.to_bits()) && s.top == t.top {
                 dsame += 1;
@@ -193,91 +239,149 @@ fn parity(args: &[String]) -> Res<Value> {
             }
         }
     }
-    let batch_ok = batches.iter().all(|b| b["identical"] == b["positions"]);
+    // the serving profiles' numeric knobs on the GPU against the CPU: re-quantized weights,
+    // 8-bit activations, KV-cache formats
+    let mut profiles = Vec::new();
+    for name in ["w4", "w8", "a8", "kv-f16", "kv-q8"] {
+        let g = load_profile(&model, dev, threads, name)?;
+        let c = load_profile(&model, Device::Cpu, threads, name)?;
+        let mut j = cmp_json(compare(
+            &g.score(&seqs[..16], 5)?,
+            &c.score(&seqs[..16], 5)?,
+        ));
+        j["profile"] = json!(name);
+        profiles.push(j);
+    }
+    let all_same = |v: &[Value]| v.iter().all(|b| b["identical"] == b["positions"]);
+    let batch_ok = all_same(&batches);
     Ok(json!({
         "stage": "parity", "device": gpu.device(),
-        "ok": batch_ok && dsame == dn && max <= 1e-5 && kernels.1 == kernels.0,
+        "ok": batch_ok && dsame == dn && max <= 1e-5 && all_same(&kernels)
+            && gen_vs_cpu.1 == gen_vs_cpu.0 && all_same(&profiles),
         "gpu_vs_cpu": {"positions": n, "identical": same, "max_abs_diff": max,
                         "long_len": max_len, "long_identical": long.1, "long_max_abs_diff": long.2,
                         "gpu_s": gpu_s, "cpu_s": cpu_s},
         "batch_invariance": batches,
-        "simple_vs_tiled_gemm": {"positions": kernels.0, "identical": kernels.1, "max_abs_diff": kernels.2},
+        "forced_kernels_vs_auto": kernels,
         "prefill_vs_decode": {"tokens": dn, "identical": dsame, "max_abs_diff": dmax},
+        "generation_gpu_vs_cpu": {"tokens": gen_vs_cpu.0, "identical": gen_vs_cpu.1, "max_abs_diff": gen_vs_cpu.2},
+        "profiles_gpu_vs_cpu": profiles,
     }))
 }
 
 fn throughput(args: &[String]) -> Res<Value> {
     let model = PathBuf::from(arg(args, "--model").ok_or("--model")?);
     let threads = num(args, "--threads", 16)?;
-    let gpu = load(&model, Device::Cuda(0), 1)?;
+    let t = Instant::now();
+    let gpu = load(&model, Device::Cuda(0), threads)?;
+    let load_s = t.elapsed().as_secs_f64();
     let v = gpu.config().vocab_size;
     let flops_per_token = 2.0 * params(&gpu) as f64;
-    let mut rows = Vec::new();
+    // the kernels against cuBLAS, shape by shape, at a forward pass's rows
+    let ms = [1usize, 64, 512, 2048];
+    let mut ours = Vec::new();
+    for m in ms {
+        ours.push((m, gpu.gpu_gemm_timings(m, 10)?));
+    }
+    let mut blas = std::collections::HashMap::new();
+    for t in &ours[0].1 {
+        if let std::collections::hash_map::Entry::Vacant(e) = blas.entry((t.n, t.k)) {
+            e.insert(cublas_sgemm_seconds(&ms, t.n, t.k, 10)?);
+        }
+    }
+    let mut gemm = Vec::new();
+    let (mut ours_s, mut blas_s, mut flops) = (0f64, 0f64, 0f64);
+    for (mi, (m, timings)) in ours.iter().enumerate() {
+        let m = *m;
+        for t in timings {
+            let cb = blas[&(t.n, t.k)][mi];
+            let f = 2.0 * (m * t.n * t.k) as f64;
+            if t.kernel.starts_with("auto") && m >= 512 {
+                ours_s += t.seconds;
+                blas_s += cb;
+                flops += f;
+            }
+            gemm.push(json!({
+                "m": m, "n": t.n, "k": t.k, "kernel": t.kernel,
+                "s": t.seconds, "gflops": f / t.seconds / 1e9,
+                "cublas_s": cb, "cublas_gflops": f / cb / 1e9,
+                "vs_cublas": cb / t.seconds,
+            }));
+        }
+    }
+    eprintln!("gemm timings done");
     let cpu = if args.iter().any(|a| a == "--no-cpu") {
         None
     } else {
         Some(load(&model, Device::Cpu, threads)?)
     };
+    let mut rows = Vec::new();
     for b in [1usize, 8, 64] {
         // 512-token sequences, at most 4,096 tokens a batch (64 x 64 at batch 64): the 8B
         // shape's batch must fit the stage's time
         let len = (4096 / b).clamp(64, 512);
         let seqs: Vec<Vec<u32>> = (0..b as u64).map(|i| tokens(i, len, v)).collect();
-        let score = |e: &Engine| -> Res<f64> {
+        let score = |e: &Engine, seqs: &[Vec<u32>]| -> Res<f64> {
             let t = Instant::now();
-            e.score(&seqs, 20)?;
-            Ok((b * len) as f64 / t.elapsed().as_secs_f64())
+            e.score(seqs, 20)?;
+            Ok(seqs.iter().map(Vec::len).sum::<usize>() as f64 / t.elapsed().as_secs_f64())
         };
         let prompts: Vec<Vec<u32>> = (0..b as u64).map(|i| tokens(50 + i, 16, v)).collect();
         let params = GenerateParams {
             max_tokens: 64,
             ..GenerateParams::default()
         };
-        let decode = |e: &Engine| -> Res<f64> {
+        let decode = |e: &Engine, prompts: &[Vec<u32>]| -> Res<f64> {
             let t = Instant::now();
-            let g = generate(e, &prompts, &params)?;
+            let g = generate(e, prompts, &params)?;
             let n: usize = g.iter().map(Vec::len).sum();
             Ok(n as f64 / t.elapsed().as_secs_f64())
         };
         gpu.score(&seqs[..1], 20)?; // warm-up
-        let (gs, gd) = (score(&gpu)?, decode(&gpu)?);
+        let before = gpu.step_seconds();
+        let gs = score(&gpu, &seqs)?;
+        let after = gpu.step_seconds();
+        let gd = decode(&gpu, &prompts)?;
+        // of the scoring time in steps: on the device (kernels, logits copied back), and
+        // on the host (log-softmax, top-20)
+        let (dev_s, all_s) = (after.0 - before.0, after.1 - before.1);
+        // the CPU scores one sequence (its rate barely depends on the batch) and decodes at
+        // batch 1 and 8: the large shapes' batches take it minutes
         let (cs, cd) = match (&cpu, b) {
-            // the CPU at batch 64 takes minutes on the large shapes: measured at 1 and 8
-            (Some(c), 1 | 8) => (Some(score(c)?), Some(decode(c)?)),
+            (Some(c), 1) => (Some(score(c, &seqs)?), Some(decode(c, &prompts)?)),
+            (Some(c), 8) => (None, Some(decode(c, &prompts)?)),
             _ => (None, None),
         };
+        eprintln!("batch {b} done");
         rows.push(json!({
             "batch": b, "tokens_per_sequence": len,
             "gpu_score_tok_s": gs, "gpu_decode_tok_s": gd,
             "gpu_score_gflops": gs * flops_per_token / 1e9,
+            "gpu_score_device_s": dev_s, "gpu_score_host_s": all_s - dev_s,
             "cpu_score_tok_s": cs, "cpu_decode_tok_s": cd,
         }));
     }
-    let sgemm = cublas_sgemm_gflops(&gpu, 512)?;
     let best = rows
         .iter()
         .filter_map(|r| r["gpu_score_gflops"].as_f64())
         .fold(0f64, f64::max);
+    let blas_gflops = flops / blas_s / 1e9;
     Ok(json!({
-        "stage": "throughput", "device": gpu.device(), "params": params(&gpu),
-        "rows": rows, "cublas_sgemm_gflops_m512": sgemm,
-        "score_vs_cublas": best / sgemm,
+        "stage": "throughput", "device": gpu.device(), "params": params(&gpu), "load_s": load_s,
+        "weight_bytes_device": gpu.device_weight_bytes(),
+        "rows": rows, "gemm": gemm,
+        "gemm_vs_cublas_m512_2048": blas_s / ours_s,
+        "cublas_gflops_m512_2048": blas_gflops,
+        "score_gflops_vs_cublas": best / blas_gflops,
     }))
 }
 
-/// cuBLAS SGEMM (pedantic math: exact f32, no TF32) over the model's matmul shapes at
-/// `m` rows, as one rate: total flops over total time.
-fn cublas_sgemm_gflops(e: &Engine, m: usize) -> Res<f64> {
+/// cuBLAS SGEMM (pedantic math: exact f32, no TF32) of `m` rows (each of `ms`) by an
+/// `n` x `k` weight: the median of `reps` products each, timed by CUDA events.
+fn cublas_sgemm_seconds(ms: &[usize], n: usize, k: usize, reps: usize) -> Res<Vec<f64>> {
     use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys};
     use cudarc::driver::CudaContext;
-    let c = e.config();
-    let shapes = [
-        (c.qkv_dim(), c.n_embd),
-        (c.n_embd, c.n_head * c.head_dim),
-        (2 * c.n_ff, c.n_embd),
-        (c.n_embd, c.n_ff),
-        (c.vocab_size, c.n_embd),
-    ];
+    use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
     let ctx = CudaContext::new(0)?;
     let s = ctx.default_stream();
     let blas = CudaBlas::new(s.clone())?;
@@ -285,11 +389,12 @@ fn cublas_sgemm_gflops(e: &Engine, m: usize) -> Res<f64> {
     unsafe {
         sys::cublasSetMathMode(*blas.handle(), sys::cublasMath_t::CUBLAS_PEDANTIC_MATH).result()?;
     }
-    let (mut flops, mut secs) = (0f64, 0f64);
-    for (n, k) in shapes {
-        let a = s.alloc_zeros::<f32>(m * k)?;
-        let w = s.alloc_zeros::<f32>(n * k)?;
-        let mut y = s.alloc_zeros::<f32>(m * n)?;
+    let max_m = ms.iter().copied().max().unwrap_or(1);
+    let a = s.clone_htod(&vec![0.5f32; max_m * k])?;
+    let w = s.clone_htod(&vec![0.25f32; n * k])?;
+    let mut y = s.alloc_zeros::<f32>(max_m * n)?;
+    let mut out = Vec::with_capacity(ms.len());
+    for &m in ms {
         let cfg = GemmConfig {
             transa: sys::cublasOperation_t::CUBLAS_OP_T,
             transb: sys::cublasOperation_t::CUBLAS_OP_N,
@@ -302,20 +407,36 @@ fn cublas_sgemm_gflops(e: &Engine, m: usize) -> Res<f64> {
             beta: 0.0f32,
             ldc: n as i32,
         };
-        // SAFETY: buffers of the sizes the configuration reads and writes.
+        // SAFETY: buffers at least the sizes the configuration reads and writes.
         unsafe { blas.gemm(cfg, &w, &a, &mut y)? };
-        s.synchronize()?;
-        let reps = 20;
-        let t = Instant::now();
+        let mut times = Vec::with_capacity(reps);
         for _ in 0..reps {
+            let start = s.record_event(Some(CU_EVENT_DEFAULT))?;
             // SAFETY: as above.
             unsafe { blas.gemm(cfg, &w, &a, &mut y)? };
+            let end = s.record_event(Some(CU_EVENT_DEFAULT))?;
+            times.push(f64::from(start.elapsed_ms(&end)?) / 1e3);
         }
-        s.synchronize()?;
-        secs += t.elapsed().as_secs_f64();
-        flops += reps as f64 * 2.0 * (m * n * k) as f64;
+        times.sort_by(f64::total_cmp);
+        out.push(times[times.len() / 2]);
     }
-    Ok(flops / secs / 1e9)
+    Ok(out)
+}
+
+/// The GEMM kernels' timings at `--m` rows on the model's shapes (for a profiler run).
+fn gemm(args: &[String]) -> Res<Value> {
+    let model = PathBuf::from(arg(args, "--model").ok_or("--model")?);
+    let gpu = load(&model, Device::Cuda(0), num(args, "--threads", 16)?)?;
+    let m = num(args, "--m", 2048)?;
+    let timings: Vec<Value> = gpu
+        .gpu_gemm_timings(m, num(args, "--reps", 3)?)?
+        .iter()
+        .map(|t| {
+            json!({"n": t.n, "k": t.k, "kernel": t.kernel, "s": t.seconds,
+                        "gflops": 2.0 * (m * t.n * t.k) as f64 / t.seconds / 1e9})
+        })
+        .collect();
+    Ok(json!({"stage": "gemm", "m": m, "timings": timings}))
 }
 
 fn synth(args: &[String]) -> Res<Value> {
@@ -341,7 +462,8 @@ fn main() {
         Some("parity") => parity(&args),
         Some("throughput") => throughput(&args),
         Some("synth") => synth(&args),
-        _ => Err("usage: gpu_check smoke|parity|throughput|synth [--model F] …".into()),
+        Some("gemm") => gemm(&args),
+        _ => Err("usage: gpu_check smoke|parity|throughput|gemm|synth [--model F] …".into()),
     };
     match result {
         Ok(v) => {

@@ -62,6 +62,19 @@ pub fn cuda_unavailable() -> Option<String> {
     }
 }
 
+/// One GPU matmul shape's timing ([`crate::Engine::gpu_gemm_timings`]).
+#[derive(Debug, Clone)]
+pub struct GemmTiming {
+    /// Output columns.
+    pub n: usize,
+    /// Input length.
+    pub k: usize,
+    /// The kernel (`auto (…)` for the one the forward pass picks).
+    pub kernel: String,
+    /// Seconds per product, the median of the repeats.
+    pub seconds: f64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

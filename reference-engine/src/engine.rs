@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::config::ModelConfig;
 use crate::constrain::{Constraint, Matcher};
-use crate::device::Device;
+use crate::device::{Device, GemmTiming};
 use crate::error::{EngineError, Result};
 use crate::forward::{BatchItem, forward};
 use crate::gguf::GgufFile;
@@ -32,12 +32,6 @@ pub(crate) use score_job::ScoreJob;
 
 /// Most top-k entries a request may ask for.
 pub const MAX_TOP_K: usize = 20;
-/// Most rows one forward pass processes.
-const ROW_BUDGET: usize = 512;
-/// Most new tokens one sequence contributes to one forward pass.
-const CHUNK: usize = 256;
-/// f32 logits held at once (32 MiB); rows per chunk = this / vocab, within 8..=256.
-const LOGIT_FLOATS: usize = 8 << 20;
 
 /// How to load a model.
 #[derive(Debug, Clone)]
@@ -81,6 +75,9 @@ pub struct Engine {
     shared_positions: std::sync::atomic::AtomicU64,
     /// Generation prompts kept for later prompts that start alike.
     prefixes: PrefixCache,
+    /// Nanoseconds in [`Engine::step`]: in the backend's forward passes and output heads
+    /// (the logits copied back included), and in all.
+    step_ns: [std::sync::atomic::AtomicU64; 2],
 }
 
 /// One position of a scored sequence.
@@ -281,6 +278,7 @@ impl Engine {
             backend,
             shared_positions: std::sync::atomic::AtomicU64::new(0),
             prefixes: PrefixCache::new(opts.prefix_cache_bytes),
+            step_ns: Default::default(),
         })
     }
 
@@ -299,6 +297,20 @@ impl Engine {
             Backend::Cpu => 0,
             #[cfg(feature = "cuda")]
             Backend::Cuda(g) => g.bytes(),
+        }
+    }
+
+    /// Times the GPU's matmul kernels on this model's shapes at `m` rows (`reps` products
+    /// each, medians): each kernel that can run a shape, and which one the forward pass
+    /// picks. An error on the CPU backend. For the GPU check's comparison with cuBLAS.
+    pub fn gpu_gemm_timings(&self, m: usize, reps: usize) -> Result<Vec<GemmTiming>> {
+        match &self.backend {
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(g) => g.gemm_timings(m, reps),
+            _ => {
+                let _ = (m, reps);
+                Err(EngineError::Device("the engine runs on the CPU".into()))
+            }
         }
     }
 
@@ -365,6 +377,20 @@ impl Engine {
     pub fn shared_prefix_positions(&self) -> u64 {
         self.shared_positions
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Seconds spent in [`Engine::step`] since the engine was loaded: in the backend's
+    /// forward passes and output heads (on a GPU, its kernels and the logits' copy back),
+    /// and in all (the rest being the host's log-softmax, top-k, sampling and bookkeeping).
+    pub fn step_seconds(&self) -> (f64, f64) {
+        let get =
+            |i: usize| self.step_ns[i].load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9;
+        (get(0), get(1))
+    }
+
+    fn add_step_ns(&self, i: usize, since: std::time::Instant) {
+        let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.step_ns[i].fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Counts a finished job's shared positions.
@@ -553,10 +579,18 @@ impl Engine {
     /// Advances every sequence by one forward pass: the next prefill chunk of those still
     /// reading their input, one token for those generating. Finished ones are skipped.
     pub fn step(&self, seqs: &mut [&mut Seq]) -> Result<()> {
+        let started = std::time::Instant::now();
+        let result = self.step_inner(seqs);
+        self.add_step_ns(1, started);
+        result
+    }
+
+    fn step_inner(&self, seqs: &mut [&mut Seq]) -> Result<()> {
         let c = &self.weights.config;
         self.reuse_prompts(seqs);
         // choose each sequence's slice of new tokens
-        let mut budget = ROW_BUDGET;
+        let limits = self.backend.pass_limits();
+        let mut budget = limits.rows;
         let mut take = vec![0usize; seqs.len()];
         // decode rows first (one each), then prefill chunks, the shortest remaining prefill
         // first: a short interactive prompt is not queued behind long scoring jobs (which
@@ -576,7 +610,9 @@ impl Engine {
             if budget == 0 {
                 break;
             }
-            let n = (seqs[i].tokens.len() - seqs[i].fed).min(CHUNK).min(budget);
+            let n = (seqs[i].tokens.len() - seqs[i].fed)
+                .min(limits.chunk)
+                .min(budget);
             take[i] = n;
             budget -= n;
         }
@@ -596,6 +632,7 @@ impl Engine {
                 row += 1;
             }
         }
+        let forward_started = std::time::Instant::now();
         let hidden = {
             let mut items: Vec<BatchItem<'_>> = seqs
                 .iter_mut()
@@ -611,6 +648,7 @@ impl Engine {
                 .collect();
             self.run_forward(&mut items)?
         };
+        self.add_step_ns(0, forward_started);
         for (i, s) in seqs.iter_mut().enumerate() {
             s.fed += take[i];
             if matches!(s.kind, Kind::Score { .. }) && s.fed == s.tokens.len() && !s.pinned {
@@ -619,14 +657,16 @@ impl Engine {
             }
         }
         self.keep_prompts(seqs, &take);
-        let logit_rows = (LOGIT_FLOATS / c.vocab_size).clamp(8, 256);
+        let logit_rows = (limits.logit_floats / c.vocab_size).clamp(8, 256);
         let e = c.n_embd;
         let v = c.vocab_size;
         let mut x = vec![0f32; logit_rows.min(want.len()) * e];
         let mut logits = vec![0f32; logit_rows.min(want.len()) * v];
         for chunk in want.chunks(logit_rows) {
             let rows: Vec<usize> = chunk.iter().map(|&(r, _, _)| r).collect();
+            let head_started = std::time::Instant::now();
             self.head_logits(&hidden, &rows, &mut x, &mut logits)?;
+            self.add_step_ns(0, head_started);
             // log-sum-exp and top-k per row, rows split over the threads
             let ks: Vec<usize> = chunk
                 .iter()

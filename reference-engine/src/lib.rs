@@ -75,7 +75,7 @@ mod tokenizer;
 
 pub use batcher::{Batcher, BatcherHandle, GenEvent};
 pub use config::{Arch, ModelConfig, RopeScaling};
-pub use device::{Device, cuda_unavailable};
+pub use device::{Device, GemmTiming, cuda_unavailable};
 pub use engine::{
     Engine, Finish, FinishReason, GenerateParams, GeneratedToken, Generation, LoadOptions,
     MAX_TOP_K, ScoredPosition, ScoredSequence, Seq,

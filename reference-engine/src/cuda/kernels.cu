@@ -267,6 +267,319 @@ extern "C" __global__ void gemm_q4_tiled(const float* x, float* y, int m, int n,
     gemm_tiled_body<2>(x, y, m, n, k, 0, 0, q4, lo, scale, offset, group);
 }
 
+// The same GEMM for large batches: a block computes 128 rows x 128 columns (eight panels),
+// each thread 8 x 8 outputs (rows 4ty..4ty+3 and 64+4ty..64+4ty+3, columns likewise by tx),
+// reading its operands from shared memory four at a time. The next k tile's raw values are
+// fetched into registers while the current tile is multiplied, and dequantized as they are
+// stored. Every output is still one fmaf chain over k = 0..K in order from zero. The host
+// uses it only when WK divides k and, for integer weights, the group.
+
+#define WK 8
+
+template <int FMT>
+__device__ __forceinline__ void gemm_wide_body(const float* __restrict__ x, float* __restrict__ y,
+                                               int m, int n, int k,
+                                               const float* __restrict__ wf,
+                                               const i8* __restrict__ q,
+                                               const u8* __restrict__ q4, int lo,
+                                               const float* __restrict__ scale,
+                                               const float* __restrict__ offset, int group) {
+    __shared__ alignas(16) float ws[WK][132];
+    __shared__ alignas(16) float xs[WK][132];
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int tid = ty * 16 + tx;
+    int p0 = blockIdx.x * 8;
+    int panels = (n + 15) / 16;
+    int row0 = blockIdx.y * 128;
+    int ng = group > 0 ? k / group : 0;
+    // this thread's four weights of a tile: panel p0 + pw, k offsets kw..kw+3, column cw (so
+    // one scale and offset, the group being a multiple of the tile); its four inputs: rows
+    // row0 + rx + 32r, k offset kx. Pointers walk k tile by tile.
+    int pw = tid >> 5, kw = ((tid >> 4) & 1) * 4, cw = tid & 15;
+    int rx = tid >> 3, kx = tid & 7;
+    bool wlive = p0 + pw < panels;
+    long long wfirst = ((long long)(p0 + pw) * k + kw) * 16;
+    const float* wfp = FMT == 0 ? wf + wfirst + cw : 0;
+    const i8* wqp = FMT == 1 ? q + wfirst + cw : 0;
+    const u8* w4p = FMT == 2 ? q4 + wfirst / 2 + (cw & 7) : 0;
+    long long gfirst = (long long)(p0 + pw) * ng * 16 + cw;
+    const float* sp = FMT == 0 ? 0 : scale + gfirst;
+    const float* op = FMT == 0 ? 0 : offset + gfirst;
+    const float* xp = x + (long long)(row0 + rx) * k + kx;
+    unsigned xlive = 0;
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+        if (row0 + rx + 32 * r < m) xlive |= 1u << r;
+    float acc[8][8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[i][j] = 0.0f;
+    // f32 weights, or the four integers packed a byte each with their scale and offset
+    float wa[4], xr[4];
+    int wq;
+    float wsc, wof;
+    // fetch the tile at K0 (where the pointers are), then step them one tile on
+#define WIDE_FETCH(K0)                                                                     \
+    {                                                                                      \
+        if (FMT == 0) {                                                                    \
+            _Pragma("unroll") for (int r = 0; r < 4; r++) wa[r] =                          \
+                wlive ? wfp[r * 16] : 0.0f;                                                \
+            wfp += WK * 16;                                                                \
+        } else {                                                                           \
+            wq = 0;                                                                        \
+            if (wlive) {                                                                   \
+                _Pragma("unroll") for (int r = 0; r < 4; r++) {                            \
+                    int v_ = FMT == 1 ? (int)(u8)wqp[r * 16]                               \
+                                      : (w4p[r * 8] >> ((threadIdx.x & 8) >> 1)) & 15;     \
+                    wq |= v_ << (8 * r);                                                   \
+                }                                                                          \
+            }                                                                              \
+            wsc = wlive ? *sp : 0.0f;                                                      \
+            wof = wlive ? *op : 0.0f;                                                      \
+            if (FMT == 1) wqp += WK * 16;                                                  \
+            if (FMT == 2) w4p += WK * 8;                                                   \
+            if (((K0) + WK) % group == 0) {                                                \
+                sp += 16;                                                                  \
+                op += 16;                                                                  \
+            }                                                                              \
+        }                                                                                  \
+        _Pragma("unroll") for (int r = 0; r < 4; r++) xr[r] =                              \
+            (xlive >> r) & 1 ? xp[r * 32 * k] : 0.0f;                                      \
+        xp += WK;                                                                          \
+    }
+// the integer of byte r: signed for 8-bit weights, plus `lo` for 4-bit ones
+#define WIDE_INT(R)                                                                        \
+    (FMT == 1 ? (int)(signed char)(wq >> (8 * (R))) : ((wq >> (8 * (R))) & 15) + lo)
+#define WIDE_STORE()                                                                       \
+    _Pragma("unroll") for (int r = 0; r < 4; r++) {                                        \
+        ws[kw + r][pw * 16 + cw] =                                                         \
+            FMT == 0 ? wa[r] : (wlive ? (float)WIDE_INT(r) * wsc + wof : 0.0f);            \
+        xs[kx][rx + 32 * r] = xr[r];                                                       \
+    }
+    WIDE_FETCH(0)
+    WIDE_STORE()
+    __syncthreads();
+    for (int k0 = 0; k0 < k; k0 += WK) {
+        bool more = k0 + WK < k;
+        if (more) WIDE_FETCH(k0 + WK)
+#pragma unroll
+        for (int kk = 0; kk < WK; kk++) {
+            float4 a0 = *(const float4*)&xs[kk][4 * ty];
+            float4 a1 = *(const float4*)&xs[kk][64 + 4 * ty];
+            float4 b0 = *(const float4*)&ws[kk][4 * tx];
+            float4 b1 = *(const float4*)&ws[kk][64 + 4 * tx];
+            float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+        if (more) {
+            WIDE_STORE()
+        }
+        __syncthreads();
+    }
+#undef WIDE_FETCH
+#undef WIDE_INT
+#undef WIDE_STORE
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int row = row0 + (i < 4 ? 4 * ty + i : 64 + 4 * ty + i - 4);
+        if (row >= m) continue;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            long long col = (long long)p0 * 16 + (j < 4 ? 4 * tx + j : 64 + 4 * tx + j - 4);
+            if (col < n) y[(long long)row * n + col] = acc[i][j];
+        }
+    }
+}
+
+// Two entry points per format: `wide` asks for two blocks a multiprocessor (at most 128
+// registers a thread), `wide1` for one (no register cap); the GPU check times both.
+#define WIDE_ENTRIES(SUFFIX, MINB)                                                         \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                \
+        gemm_f32_##SUFFIX(const float* x, float* y, int m, int n, int k, const float* w) {  \
+        gemm_wide_body<0>(x, y, m, n, k, w, 0, 0, 0, 0, 0, 0);                             \
+    }                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                \
+        gemm_q8_##SUFFIX(const float* x, float* y, int m, int n, int k, const i8* q,        \
+                         const float* scale, const float* offset, int group) {             \
+        gemm_wide_body<1>(x, y, m, n, k, 0, q, 0, 0, scale, offset, group);                \
+    }                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                \
+        gemm_q4_##SUFFIX(const float* x, float* y, int m, int n, int k, const u8* q4,       \
+                         int lo, const float* scale, const float* offset, int group) {     \
+        gemm_wide_body<2>(x, y, m, n, k, 0, 0, q4, lo, scale, offset, group);              \
+    }
+
+WIDE_ENTRIES(wide, 2)
+WIDE_ENTRIES(wide1, 1)
+
+// The GEMM for a few rows (decode): a block of 64 threads computes R rows x 64 columns (four
+// panels), one column per thread. The panels' raw weights (f32, or integers with their
+// groups' scales and offsets) and the R input rows are copied to shared memory SK values of
+// k at a time with cp.async, the next stage in flight while this one is multiplied, and
+// each thread dequantizes its column as it reads it (q * scale + offset, multiply then
+// add). Every output is one fmaf chain over k = 0..K in order from zero. The host uses it
+// only when SK divides k and the group is 16, 32 or 64.
+
+#define SK 64
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    unsigned long long s;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(s) : "l"(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)s), "l"(gmem)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// bytes of one k row of a panel: 16 f32, 16 i8 or 8 nibble bytes
+template <int FMT>
+struct RowBytes {
+    static const int v = FMT == 0 ? 64 : (FMT == 1 ? 16 : 8);
+};
+
+// panel stride in shared memory, padded by 64 bytes so that the four panels of f32 weights
+// fall in different banks
+template <int FMT>
+struct PanelStride {
+    static const int v = SK * RowBytes<FMT>::v + 64;
+};
+
+// stages in flight: five of 2 KiB (4-bit), four of 4 KiB (8-bit), two of 16 KiB (f32)
+// weights, within the 48 KiB of static shared memory
+template <int FMT>
+struct Stages {
+    static const int v = FMT == 0 ? 2 : (FMT == 1 ? 4 : 5);
+};
+
+template <int FMT, int R>
+__device__ void gemm_skinny_body(const float* __restrict__ x, float* __restrict__ y, int m,
+                                 int n, int k, const u8* __restrict__ wraw, int lo,
+                                 const float* __restrict__ scale,
+                                 const float* __restrict__ offset, int group) {
+    const int RB = RowBytes<FMT>::v;
+    const int PS = PanelStride<FMT>::v;
+    const int NS = Stages<FMT>::v;
+    __shared__ alignas(16) u8 sw[NS][4 * PanelStride<FMT>::v];
+    __shared__ alignas(16) float ss[NS][FMT == 0 ? 4 : 4 * 16 * (SK / 16)];
+    __shared__ alignas(16) float so[NS][FMT == 0 ? 4 : 4 * 16 * (SK / 16)];
+    __shared__ alignas(16) float xs[NS][R][SK];
+    int t = threadIdx.x;
+    long long p0 = (long long)blockIdx.x * 4;
+    long long panels = (n + 15) / 16;
+    int row0 = blockIdx.y * R;
+    int rows = min(R, m - row0);
+    int ng = group > 0 ? k / group : 0;
+    int gs = group > 0 ? SK / group : 0;            // groups per stage
+    int gshift = group > 0 ? __ffs(group) - 1 : 0;  // group is a power of two
+    int np = (int)min(4LL, panels - p0);            // live panels of this block
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    int stages = k / SK;
+    // issue the copies of stage S into buffer S % NS (a group is committed either way, so
+    // that waiting for all but the newest NS - 2 groups always means stage s is in)
+#define SKINNY_ISSUE(S)                                                                    \
+    if ((S) < stages) {                                                                    \
+        int b_ = (S) % NS;                                                                 \
+        long long k0_ = (long long)(S) * SK;                                               \
+        for (int c = t; c < np * (SK * RB / 16); c += 64) {                                \
+            int pl = c / (SK * RB / 16), o = c % (SK * RB / 16);                           \
+            cp_async16(&sw[b_][pl * PS + o * 16],                                          \
+                       wraw + ((p0 + pl) * k + k0_) * RB + o * 16);                        \
+        }                                                                                  \
+        if (FMT != 0) {                                                                    \
+            for (int c = t; c < np * gs * 4; c += 64) {                                    \
+                int pl = c / (gs * 4), o = c % (gs * 4);                                   \
+                long long g = ((p0 + pl) * ng + k0_ / group) * 16 + o * 4;                 \
+                cp_async16(&ss[b_][pl * gs * 16 + o * 4], scale + g);                      \
+                cp_async16(&so[b_][pl * gs * 16 + o * 4], offset + g);                     \
+            }                                                                              \
+        }                                                                                  \
+        for (int c = t; c < rows * (SK / 4); c += 64) {                                    \
+            int r = c / (SK / 4), o = c % (SK / 4);                                        \
+            cp_async16(&xs[b_][r][o * 4], x + (long long)(row0 + r) * k + k0_ + o * 4);    \
+        }                                                                                  \
+    }                                                                                      \
+    cp_async_commit();
+    for (int s = 0; s < NS - 1; s++) {
+        SKINNY_ISSUE(s)
+    }
+    int pl = t >> 4, cc = t & 15;
+    for (int s = 0; s < stages; s++) {
+        cp_async_wait<NS - 2>();
+        // stage s is in for every thread, and every thread is done with stage s - 1,
+        // whose buffer the next issue refills
+        __syncthreads();
+        SKINNY_ISSUE(s + NS - 1)
+        int b = s % NS;
+        if (pl < np) {
+            const u8* wp = &sw[b][pl * PS];
+            const float* sc = &ss[b][pl * gs * 16 + cc];
+            const float* of = &so[b][pl * gs * 16 + cc];
+#pragma unroll 8
+            for (int kk = 0; kk < SK; kk++) {
+                float w;
+                if (FMT == 0) {
+                    w = ((const float*)wp)[kk * 16 + cc];
+                } else {
+                    int qv;
+                    if (FMT == 1) {
+                        qv = (int)(i8)wp[kk * 16 + cc];
+                    } else {
+                        u8 byte = wp[kk * 8 + (cc & 7)];
+                        qv = (cc < 8 ? (byte & 15) : (byte >> 4)) + lo;
+                    }
+                    int g = (kk >> gshift) * 16;
+                    w = (float)qv * sc[g] + of[g];
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[r] = fmaf(xs[b][r][kk], w, acc[r]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+#undef SKINNY_ISSUE
+    long long col = p0 * 16 + t;
+    if (pl < np && col < n) {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (r < rows) y[(long long)(row0 + r) * n + col] = acc[r];
+    }
+}
+
+#define SKINNY_ENTRIES(R)                                                                  \
+    extern "C" __global__ void __launch_bounds__(64)                                       \
+        gemm_f32_skinny##R(const float* x, float* y, int m, int n, int k, const float* w) { \
+        gemm_skinny_body<0, R>(x, y, m, n, k, (const u8*)w, 0, 0, 0, 0);                   \
+    }                                                                                      \
+    extern "C" __global__ void __launch_bounds__(64)                                       \
+        gemm_q8_skinny##R(const float* x, float* y, int m, int n, int k, const i8* q,       \
+                          const float* scale, const float* offset, int group) {            \
+        gemm_skinny_body<1, R>(x, y, m, n, k, (const u8*)q, 0, scale, offset, group);      \
+    }                                                                                      \
+    extern "C" __global__ void __launch_bounds__(64)                                       \
+        gemm_q4_skinny##R(const float* x, float* y, int m, int n, int k, const u8* q4,      \
+                          int lo, const float* scale, const float* offset, int group) {    \
+        gemm_skinny_body<2, R>(x, y, m, n, k, q4, lo, scale, offset, group);               \
+    }
+
+SKINNY_ENTRIES(1)
+SKINNY_ENTRIES(4)
+SKINNY_ENTRIES(16)
+
 // ---- row-wise kernels ----------------------------------------------------------------
 
 // out[r] = rms_norm(x[r]) for each row r (one block per row).

@@ -13,7 +13,23 @@ pub(crate) const SOURCE: &str = include_str!("kernels.cu");
 /// numeric contract needs: no contraction of multiplies and adds into fused ones (every
 /// fused multiply-add in the source is an explicit `fmaf`), IEEE division and square root,
 /// denormals kept, no fast math.
+///
+/// NVRTC runs once per compute capability and process: later engines (a server loading a
+/// model per profile, the GPU check's many engines) reuse the PTX.
 pub(crate) fn compile(major: i32, minor: i32) -> Result<Ptx> {
+    static CACHE: std::sync::Mutex<Vec<((i32, i32), String)>> = std::sync::Mutex::new(Vec::new());
+    let mut cache = CACHE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, src)) = cache.iter().find(|(cc, _)| *cc == (major, minor)) {
+        return Ok(Ptx::from_src(src.clone()));
+    }
+    let ptx = compile_uncached(major, minor)?;
+    cache.push(((major, minor), ptx.to_src()));
+    Ok(ptx)
+}
+
+fn compile_uncached(major: i32, minor: i32) -> Result<Ptx> {
     let opts = CompileOptions {
         ftz: Some(false),
         prec_sqrt: Some(true),
@@ -40,14 +56,174 @@ pub(crate) enum Arg {
     F(f32),
 }
 
+/// The GEMM kernels: each computes every output as one fmaf chain over k in order from
+/// zero, so all give the same bits; they differ in how many outputs a block and a thread
+/// take (see `kernels.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GemmKind {
+    /// 16 x 16 outputs a block, one a thread.
+    Simple,
+    /// 64 x 64 a block, 4 x 4 a thread.
+    Tiled,
+    /// 128 x 128 a block, 8 x 8 a thread, operands fetched a tile ahead; two blocks a
+    /// multiprocessor (`Wide`) or one with more registers (`Wide1`).
+    Wide,
+    Wide1,
+    /// 1, 4 or 16 rows x 64 columns a block, one column a thread, weights staged with
+    /// cp.async (when the stage length divides k).
+    Skinny1,
+    Skinny4,
+    Skinny16,
+}
+
+/// What the choice of a GEMM kernel depends on: the weight's output columns, input length,
+/// format (0 f32, 1 eight-bit, 2 four-bit) and quantization group (0 for f32).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GemmShape {
+    pub n: usize,
+    pub k: usize,
+    pub fmt: u8,
+    pub group: usize,
+}
+
+impl GemmKind {
+    /// `SAMEWISE_CUDA_GEMM=simple|tiled|wide|wide1|skinny` forces a kernel (every kind
+    /// computes each output as the same fmaf chain, so all give the same bits; the GPU
+    /// check compares them); unset or `auto`, [`GemmKind::choose`] picks.
+    pub(crate) fn from_env() -> Result<Option<Self>> {
+        Self::parse(std::env::var("SAMEWISE_CUDA_GEMM").ok().as_deref())
+    }
+
+    fn parse(v: Option<&str>) -> Result<Option<Self>> {
+        match v {
+            None | Some("" | "auto") => Ok(None),
+            Some("simple") => Ok(Some(Self::Simple)),
+            Some("tiled") => Ok(Some(Self::Tiled)),
+            Some("wide") => Ok(Some(Self::Wide)),
+            Some("wide1") => Ok(Some(Self::Wide1)),
+            Some("skinny") => Ok(Some(Self::Skinny16)),
+            Some(other) => Err(EngineError::Device(format!(
+                "SAMEWISE_CUDA_GEMM={other}: expected auto, simple, tiled, wide, wide1 or skinny"
+            ))),
+        }
+    }
+
+    /// The kernel for `m` rows of a weight of shape `w` on `sms` multiprocessors, `forced`
+    /// if it can run the shape (else the 64 x 64 tiles, which run any). Up to 64 rows the
+    /// skinny kernels (one thread a column, the weights streamed once per 16 rows); beyond,
+    /// the 128 x 128 tiles, two blocks a multiprocessor, or one with more registers when
+    /// the grid is at most one block a multiprocessor. As measured on an H200
+    /// (`scripts/gpu-check.sh`, Llama 1B and 8B shapes, 4-bit weights): at 64 rows the
+    /// skinny kernel takes a fifth to three fifths of the others' time; at 512 and 2,048
+    /// rows the 128 x 128 tiles take 0.35-0.8 of the 64 x 64 tiles' time, the one-block
+    /// variant 5-12% less than the two-block one on grids of at most 132 blocks and 8-27%
+    /// more on larger ones.
+    pub(crate) fn choose(forced: Option<Self>, m: usize, w: GemmShape, sms: usize) -> Self {
+        let skinny_ok = w.k.is_multiple_of(Self::SKINNY_STAGE)
+            && (w.fmt == 0 || matches!(w.group, 16 | 32 | 64));
+        let wide_ok = w.k.is_multiple_of(Self::WIDE_TILE)
+            && (w.fmt == 0 || (w.group > 0 && w.group.is_multiple_of(Self::WIDE_TILE)));
+        let skinny = match m {
+            1 => Self::Skinny1,
+            2..=4 => Self::Skinny4,
+            _ => Self::Skinny16,
+        };
+        match forced {
+            Some(Self::Skinny1 | Self::Skinny4 | Self::Skinny16) if skinny_ok => skinny,
+            Some(Self::Wide | Self::Wide1) if !wide_ok => Self::Tiled,
+            Some(Self::Skinny1 | Self::Skinny4 | Self::Skinny16) => Self::Tiled,
+            Some(k) => k,
+            None if m <= 64 && skinny_ok => skinny,
+            None if m < 32 => Self::Simple,
+            None if wide_ok && w.n.div_ceil(128) * m.div_ceil(128) <= sms => Self::Wide1,
+            None if wide_ok => Self::Wide,
+            None => Self::Tiled,
+        }
+    }
+
+    pub(crate) const ALL: [Self; 7] = [
+        Self::Simple,
+        Self::Tiled,
+        Self::Wide,
+        Self::Wide1,
+        Self::Skinny1,
+        Self::Skinny4,
+        Self::Skinny16,
+    ];
+
+    /// The kernel name's suffix.
+    fn suffix(self) -> &'static str {
+        match self {
+            Self::Simple => "",
+            Self::Tiled => "_tiled",
+            Self::Wide => "_wide",
+            Self::Wide1 => "_wide1",
+            Self::Skinny1 => "_skinny1",
+            Self::Skinny4 => "_skinny4",
+            Self::Skinny16 => "_skinny16",
+        }
+    }
+
+    /// Output rows and columns one block computes.
+    pub(crate) fn block_tile(self) -> (usize, usize) {
+        match self {
+            Self::Simple => (16, 16),
+            Self::Tiled => (64, 64),
+            Self::Wide | Self::Wide1 => (128, 128),
+            Self::Skinny1 => (1, 64),
+            Self::Skinny4 => (4, 64),
+            Self::Skinny16 => (16, 64),
+        }
+    }
+
+    /// Threads per block.
+    pub(crate) fn block_dim(self) -> (usize, usize, usize) {
+        match self {
+            Self::Simple | Self::Tiled | Self::Wide | Self::Wide1 => (16, 16, 1),
+            Self::Skinny1 | Self::Skinny4 | Self::Skinny16 => (64, 1, 1),
+        }
+    }
+
+    /// k values one skinny kernel's stage copies (it needs k a multiple of this).
+    pub(crate) const SKINNY_STAGE: usize = 64;
+    /// k values one wide kernel's tile holds (it needs k and the group multiples of this).
+    pub(crate) const WIDE_TILE: usize = 8;
+}
+
+/// Weight formats, as the kernels' names spell them (index = `DevLinear::fmt`).
+const FORMATS: [&str; 3] = ["f32", "q8", "q4"];
+
+/// Every kernel name in the module (the GEMMs by format and kind, then the rest).
+#[cfg(test)]
+fn kernel_names() -> Vec<String> {
+    let mut names: Vec<String> = GemmKind::ALL
+        .iter()
+        .flat_map(|k| {
+            FORMATS
+                .iter()
+                .map(move |f| format!("gemm_{f}{}", k.suffix()))
+        })
+        .collect();
+    names.extend(
+        [
+            "rms_norm_rows",
+            "quantize_q8_rows",
+            "qkv_post",
+            "kv_store",
+            "attention",
+            "silu_mul",
+            "add_in_place",
+            "gather_rows",
+        ]
+        .map(String::from),
+    );
+    names
+}
+
 /// The kernels, loaded from the compiled module.
 pub(crate) struct Funcs {
-    pub gemm_f32: CudaFunction,
-    pub gemm_q8: CudaFunction,
-    pub gemm_q4: CudaFunction,
-    pub gemm_f32_tiled: CudaFunction,
-    pub gemm_q8_tiled: CudaFunction,
-    pub gemm_q4_tiled: CudaFunction,
+    /// `[kind][format]`, in [`GemmKind::ALL`] and [`FORMATS`] order.
+    gemm: Vec<[CudaFunction; 3]>,
     pub rms_norm_rows: CudaFunction,
     pub quantize_q8_rows: CudaFunction,
     pub qkv_post: CudaFunction,
@@ -64,13 +240,13 @@ impl Funcs {
             m.load_function(name)
                 .map_err(|e| dev_err(&format!("kernel {name}"), e))
         };
+        let mut gemm = Vec::with_capacity(GemmKind::ALL.len());
+        for kind in GemmKind::ALL {
+            let g = |fmt: &str| f(&format!("gemm_{fmt}{}", kind.suffix()));
+            gemm.push([g(FORMATS[0])?, g(FORMATS[1])?, g(FORMATS[2])?]);
+        }
         Ok(Self {
-            gemm_f32: f("gemm_f32")?,
-            gemm_q8: f("gemm_q8")?,
-            gemm_q4: f("gemm_q4")?,
-            gemm_f32_tiled: f("gemm_f32_tiled")?,
-            gemm_q8_tiled: f("gemm_q8_tiled")?,
-            gemm_q4_tiled: f("gemm_q4_tiled")?,
+            gemm,
             rms_norm_rows: f("rms_norm_rows")?,
             quantize_q8_rows: f("quantize_q8_rows")?,
             qkv_post: f("qkv_post")?,
@@ -80,6 +256,12 @@ impl Funcs {
             add_in_place: f("add_in_place")?,
             gather_rows: f("gather_rows")?,
         })
+    }
+
+    /// The GEMM kernel of `kind` for weight format `fmt` (0 f32, 1 eight-bit, 2 four-bit).
+    pub(crate) fn gemm(&self, kind: GemmKind, fmt: u8) -> &CudaFunction {
+        let i = GemmKind::ALL.iter().position(|&k| k == kind).unwrap_or(0);
+        &self.gemm[i][usize::from(fmt.min(2))]
     }
 
     /// Launches `f` on `s` over `grid` blocks of `block` threads with `smem` bytes of dynamic
@@ -145,22 +327,7 @@ mod tests {
             let ptx = compile(major, minor)
                 .unwrap_or_else(|e| panic!("compute_{major}{minor}: {e}"))
                 .to_src();
-            for kernel in [
-                "gemm_f32",
-                "gemm_q8",
-                "gemm_q4",
-                "gemm_f32_tiled",
-                "gemm_q8_tiled",
-                "gemm_q4_tiled",
-                "rms_norm_rows",
-                "quantize_q8_rows",
-                "qkv_post",
-                "kv_store",
-                "attention",
-                "silu_mul",
-                "add_in_place",
-                "gather_rows",
-            ] {
+            for kernel in kernel_names() {
                 assert!(
                     ptx.contains(&format!(".entry {kernel}(")),
                     "compute_{major}{minor}: no kernel {kernel} in the PTX"
@@ -192,6 +359,82 @@ mod tests {
                 "{ptx}"
             );
         }
+    }
+
+    #[test]
+    fn the_gemm_kernel_follows_the_rows_the_shape_and_the_override() {
+        let sms = 132;
+        let q4 = |n, k| GemmShape {
+            n,
+            k,
+            fmt: 2,
+            group: 32,
+        };
+        // decode and small batches: the skinny kernels by rows
+        for (m, want) in [
+            (1, GemmKind::Skinny1),
+            (3, GemmKind::Skinny4),
+            (16, GemmKind::Skinny16),
+            (64, GemmKind::Skinny16),
+        ] {
+            assert_eq!(
+                GemmKind::choose(None, m, q4(4096, 4096), sms),
+                want,
+                "m {m}"
+            );
+        }
+        // large batches: the 128 x 128 tiles, one block a multiprocessor on small grids
+        assert_eq!(
+            GemmKind::choose(None, 512, q4(4096, 4096), sms),
+            GemmKind::Wide1
+        );
+        assert_eq!(
+            GemmKind::choose(None, 512, q4(6144, 4096), sms),
+            GemmKind::Wide
+        );
+        assert_eq!(
+            GemmKind::choose(None, 2048, q4(2048, 2048), sms),
+            GemmKind::Wide
+        );
+        // shapes a kernel cannot run fall back, forced or not
+        let odd = GemmShape {
+            n: 100,
+            k: 36,
+            fmt: 0,
+            group: 0,
+        };
+        assert_eq!(GemmKind::choose(None, 8, odd, sms), GemmKind::Simple);
+        assert_eq!(GemmKind::choose(None, 300, odd, sms), GemmKind::Tiled);
+        for forced in [GemmKind::Wide, GemmKind::Wide1, GemmKind::Skinny16] {
+            assert_eq!(
+                GemmKind::choose(Some(forced), 300, odd, sms),
+                GemmKind::Tiled
+            );
+        }
+        let group48 = GemmShape {
+            group: 48,
+            ..q4(4096, 4608)
+        };
+        assert_eq!(GemmKind::choose(None, 1, group48, sms), GemmKind::Simple);
+        assert_eq!(GemmKind::choose(None, 512, group48, sms), GemmKind::Wide1);
+        // forced kernels that can run the shape are kept, at any rows
+        assert_eq!(
+            GemmKind::choose(Some(GemmKind::Skinny16), 2, q4(4096, 4096), sms),
+            GemmKind::Skinny4
+        );
+        assert_eq!(
+            GemmKind::choose(Some(GemmKind::Simple), 2048, q4(4096, 4096), sms),
+            GemmKind::Simple
+        );
+        // the override's names
+        assert_eq!(GemmKind::parse(None).ok(), Some(None));
+        assert_eq!(GemmKind::parse(Some("auto")).ok(), Some(None));
+        assert_eq!(
+            GemmKind::parse(Some("wide1")).ok(),
+            Some(Some(GemmKind::Wide1))
+        );
+        let err = GemmKind::parse(Some("fast")).expect_err("unknown");
+        assert!(err.to_string().contains("expected auto, simple"), "{err}");
     }
 
     /// The options keep `a * b + c` two rounded operations: the GPU's arithmetic is the

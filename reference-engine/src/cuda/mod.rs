@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 
+use crate::device::GemmTiming;
 use crate::error::{EngineError, Result};
 use crate::forward::{BatchItem, batch_rows, embeddings, rope_tables};
 use crate::kernels::Linear;
@@ -34,7 +35,7 @@ use crate::kernels::gemm::Parts;
 use crate::model::Weights;
 use crate::profile::requant::KvDtype;
 
-use launch::{Arg, Funcs};
+use launch::{Arg, Funcs, GemmKind, GemmShape};
 
 pub(crate) use launch::compile;
 
@@ -61,31 +62,6 @@ pub(crate) fn unavailable() -> Option<String> {
     }
 }
 
-/// Rows from which the register-tiled GEMM is used (below, the one-output-per-thread one).
-const TILED_MIN_ROWS: usize = 32;
-
-/// Which GEMM kernel runs: both compute each output as the same fmaf chain, so they give
-/// the same bits; `SAMEWISE_CUDA_GEMM=simple|tiled` forces one (the GPU check compares them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum GemmMode {
-    Auto,
-    Simple,
-    Tiled,
-}
-
-impl GemmMode {
-    fn from_env() -> Result<Self> {
-        match std::env::var("SAMEWISE_CUDA_GEMM").as_deref() {
-            Err(_) | Ok("" | "auto") => Ok(Self::Auto),
-            Ok("simple") => Ok(Self::Simple),
-            Ok("tiled") => Ok(Self::Tiled),
-            Ok(other) => Err(EngineError::Device(format!(
-                "SAMEWISE_CUDA_GEMM={other}: expected auto, simple or tiled"
-            ))),
-        }
-    }
-}
-
 /// A weight matrix on the device, in the CPU's panel layout.
 struct DevLinear {
     n: usize,
@@ -98,6 +74,17 @@ struct DevLinear {
     group: i32,
     scale: Option<CudaSlice<f32>>,
     offset: Option<CudaSlice<f32>>,
+}
+
+impl DevLinear {
+    fn shape(&self) -> GemmShape {
+        GemmShape {
+            n: self.n,
+            k: self.k,
+            fmt: self.fmt,
+            group: usize::try_from(self.group).unwrap_or(0),
+        }
+    }
 }
 
 /// One decoder layer on the device.
@@ -122,7 +109,10 @@ pub(crate) struct CudaModel {
     /// "cuda:N (name, compute capability X.Y)".
     label: String,
     bytes: usize,
-    gemm_mode: GemmMode,
+    /// `SAMEWISE_CUDA_GEMM`'s kernel, if it forces one.
+    gemm_forced: Option<GemmKind>,
+    /// The device's multiprocessors.
+    sms: usize,
 }
 
 impl std::fmt::Debug for CudaModel {
@@ -168,7 +158,7 @@ fn opt_ptr<T>(s: Option<&CudaSlice<T>>, stream: &Arc<CudaStream>) -> u64 {
 impl CudaModel {
     /// Copies `w` to GPU `ordinal` and compiles the kernels for it.
     pub(crate) fn load(w: &Weights, ordinal: usize) -> Result<Self> {
-        let gemm_mode = GemmMode::from_env()?;
+        let gemm_forced = GemmKind::from_env()?;
         if let Some(why) = unavailable() {
             return Err(EngineError::Device(why));
         }
@@ -186,6 +176,12 @@ impl CudaModel {
             .compute_capability()
             .map_err(|e| dev_err("compute capability", e))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| dev_err("multiprocessor count", e))?;
+        let sms = usize::try_from(sms).unwrap_or(1).max(1);
         let stream = ctx.default_stream();
         let ptx = compile(major, minor)?;
         let module = ctx
@@ -233,7 +229,8 @@ impl CudaModel {
             output_norm,
             label: format!("cuda:{ordinal} ({name}, compute capability {major}.{minor})"),
             bytes,
-            gemm_mode,
+            gemm_forced,
+            sms,
         })
     }
 
@@ -486,17 +483,21 @@ impl CudaModel {
         m: usize,
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
+        let kind = GemmKind::choose(self.gemm_forced, m, w.shape(), self.sms);
+        self.gemm_as(kind, w, x, m, y)
+    }
+
+    fn gemm_as(
+        &self,
+        kind: GemmKind,
+        w: &DevLinear,
+        x: &CudaSlice<f32>,
+        m: usize,
+        y: &mut CudaSlice<f32>,
+    ) -> Result<()> {
         let s = &self.stream;
-        let tiled = match self.gemm_mode {
-            GemmMode::Auto => m >= TILED_MIN_ROWS,
-            GemmMode::Simple => false,
-            GemmMode::Tiled => true,
-        };
-        let grid = if tiled {
-            (w.n.div_ceil(64), m.div_ceil(64), 1)
-        } else {
-            (w.n.div_ceil(16), m.div_ceil(16), 1)
-        };
+        let (rows, cols) = kind.block_tile();
+        let grid = (w.n.div_ceil(cols), m.div_ceil(rows), 1);
         let mut args = vec![
             Arg::P(ptr(x, s)),
             Arg::P(ptr(y, s)),
@@ -505,14 +506,6 @@ impl CudaModel {
             Arg::I(to_i32(w.k)?),
             Arg::P(ptr(&w.data, s)),
         ];
-        let f = match (w.fmt, tiled) {
-            (0, false) => &self.f.gemm_f32,
-            (0, true) => &self.f.gemm_f32_tiled,
-            (1, false) => &self.f.gemm_q8,
-            (1, true) => &self.f.gemm_q8_tiled,
-            (_, false) => &self.f.gemm_q4,
-            (_, true) => &self.f.gemm_q4_tiled,
-        };
         if w.fmt == 2 {
             args.push(Arg::I(w.lo));
         }
@@ -521,7 +514,79 @@ impl CudaModel {
             args.push(Arg::P(opt_ptr(w.offset.as_ref(), s)));
             args.push(Arg::I(w.group));
         }
-        self.f.launch(s, f, grid, (16, 16, 1), 0, &args)
+        self.f.launch(
+            s,
+            self.f.gemm(kind, w.fmt),
+            grid,
+            kind.block_dim(),
+            0,
+            &args,
+        )
+    }
+
+    /// Times the model's matmul shapes (the first layer's four and the head) at `m` rows
+    /// with each kernel that can run them, `reps` products each after one warm-up, by CUDA
+    /// events: (shape, kernel name, median seconds). `auto` is the kernel the forward pass
+    /// picks. For the GPU check's comparison with cuBLAS.
+    pub(crate) fn gemm_timings(&self, m: usize, reps: usize) -> Result<Vec<GemmTiming>> {
+        let s = &self.stream;
+        let Some(l) = self.layers.first() else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for w in [&l.qkv, &l.wo, &l.gate_up, &l.down, &self.head] {
+            let x = s
+                .clone_htod(&vec![0.5f32; m * w.k])
+                .map_err(|e| dev_err("copying to the device", e))?;
+            let mut y = alloc(s, m * w.n)?;
+            let auto = GemmKind::choose(None, m, w.shape(), self.sms);
+            let mut kinds = vec![("auto", auto)];
+            // the other kernels where they could be the better choice: the skinny ones up
+            // to 64 rows, the tiled ones from 16
+            let others = [
+                ("tiled", GemmKind::Tiled, m >= 16),
+                ("wide", GemmKind::Wide, m >= 16),
+                ("wide1", GemmKind::Wide1, m >= 16),
+                ("skinny", GemmKind::Skinny16, m <= 64),
+            ];
+            for (name, k, _) in others.into_iter().filter(|o| o.2) {
+                let k = GemmKind::choose(Some(k), m, w.shape(), self.sms);
+                if k != auto && !kinds.iter().any(|&(_, o)| o == k) {
+                    kinds.push((name, k));
+                }
+            }
+            for (name, kind) in kinds {
+                self.gemm_as(kind, w, &x, m, &mut y)?;
+                let mut times = Vec::with_capacity(reps);
+                for _ in 0..reps {
+                    let ev = |what| {
+                        s.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                            .map_err(|e| dev_err(what, e))
+                    };
+                    let start = ev("an event")?;
+                    self.gemm_as(kind, w, &x, m, &mut y)?;
+                    let end = ev("an event")?;
+                    end.synchronize()
+                        .map_err(|e| dev_err("a timed product", e))?;
+                    let ms = start
+                        .elapsed_ms(&end)
+                        .map_err(|e| dev_err("an event's time", e))?;
+                    times.push(f64::from(ms) / 1e3);
+                }
+                times.sort_by(f64::total_cmp);
+                out.push(GemmTiming {
+                    n: w.n,
+                    k: w.k,
+                    kernel: if name == "auto" {
+                        format!("auto ({kind:?})")
+                    } else {
+                        format!("{kind:?}")
+                    },
+                    seconds: times.get(times.len() / 2).copied().unwrap_or(0.0),
+                });
+            }
+        }
+        Ok(out)
     }
 
     fn rms_norm(

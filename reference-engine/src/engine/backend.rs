@@ -14,7 +14,35 @@ pub(super) enum Backend {
     Cuda(Box<crate::cuda::CudaModel>),
 }
 
+/// How much one forward pass takes. Which rows share a pass never changes a result, only
+/// how fast they come back: a GPU fills its multiprocessors only with hundreds of rows.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PassLimits {
+    /// Most rows one forward pass processes.
+    pub rows: usize,
+    /// Most new tokens one sequence contributes to one pass.
+    pub chunk: usize,
+    /// f32 logits held at once; rows per head chunk = this / vocab, within 8..=256.
+    pub logit_floats: usize,
+}
+
 impl Backend {
+    pub(super) fn pass_limits(&self) -> PassLimits {
+        match self {
+            Self::Cpu => PassLimits {
+                rows: 512,
+                chunk: 256,
+                logit_floats: 8 << 20,
+            },
+            #[cfg(feature = "cuda")]
+            Self::Cuda(_) => PassLimits {
+                rows: 2048,
+                chunk: 1024,
+                logit_floats: 16 << 20,
+            },
+        }
+    }
+
     /// The backend `device` asks for: `auto` takes GPU 0 when CUDA is usable and falls back
     /// to the CPU (saying why in the log) when it is not or the model does not fit.
     pub(super) fn choose(device: Device, w: &Weights) -> Result<Self> {
