@@ -107,12 +107,42 @@ fn main() -> anyhow::Result<()> {
     for &batch in &batches {
         let seqs: Vec<Vec<u32>> = (0..batch).map(|_| seq(len)).collect();
         let (t, c) = (Instant::now(), cpu_s());
+        let before = engine.step_seconds();
         let out = engine.score(&seqs, 20)?;
+        let after = engine.step_seconds();
         let (dt, dc) = (t.elapsed().as_secs_f64(), cpu_s() - c);
         let n: usize = out.iter().map(|s| s.positions.len()).sum();
         println!(
-            "score: batch {batch} x {len} tokens: {:.1} prompt tokens/s ({dt:.2}s wall, {dc:.2} CPU-s)",
-            n as f64 / dt
+            "score: batch {batch} x {len} tokens: {:.1} prompt tokens/s ({dt:.2}s wall, {dc:.2} CPU-s; \
+             {:.2}s in forward passes and heads, {:.2}s in log-softmax, top-20 and the rest of the steps)",
+            n as f64 / dt,
+            after.0 - before.0,
+            (after.1 - before.1) - (after.0 - before.0)
+        );
+    }
+    // a row's log-softmax and top-20 alone, one thread, at this vocabulary and Llama 3's
+    for v in [vocab as usize, 128_256] {
+        let rows: Vec<Vec<f32>> = (0..32)
+            .map(|_| {
+                seq(v)
+                    .into_iter()
+                    .map(|t| (t as f32 / vocab as f32) * 12.0 - 6.0)
+                    .collect()
+            })
+            .collect();
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let t = Instant::now();
+            for r in &rows {
+                let lse = samewise_engine::sample::log_sum_exp(r);
+                std::hint::black_box(samewise_engine::sample::top_k(r, lse, 20));
+            }
+            best = best.min(t.elapsed().as_secs_f64() / rows.len() as f64);
+        }
+        println!(
+            "log-softmax and top-20 of one {v}-logit row: {:.1} us ({:.2} ns a logit, best of 3)",
+            best * 1e6,
+            best * 1e9 / v as f64
         );
     }
     let prompt = seq(16);

@@ -18,10 +18,53 @@ pub struct TokenLogprob {
     pub logprob: f32,
 }
 
-/// Log-sum-exp of a logits row: `max + ln Σ exp(l - max)`, exps in f32 (vectorizable,
-/// same bits either way), summed in f64 in 8 fixed lanes then a fixed tree.
+/// Log-sum-exp of a logits row: `max + ln Σ exp(l - max)`, exps in f32, summed in f64 in 8
+/// fixed lanes (element i in lane i % 8, in order) then a fixed tree. Compiled for the
+/// widest vector unit the CPU has: the same operations in the same order, so the same bits.
 pub fn log_sum_exp(logits: &[f32]) -> f64 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F.
+            return unsafe { log_sum_exp_avx512(logits) };
+        }
+        if std::arch::is_x86_feature_detected!("avx") {
+            // SAFETY: the CPU has AVX.
+            return unsafe { log_sum_exp_avx(logits) };
+        }
+    }
+    log_sum_exp_body(logits)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn log_sum_exp_avx512(logits: &[f32]) -> f64 {
+    log_sum_exp_body(logits)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+fn log_sum_exp_avx(logits: &[f32]) -> f64 {
+    log_sum_exp_body(logits)
+}
+
+#[inline(always)]
+fn log_sum_exp_body(logits: &[f32]) -> f64 {
+    // the maximum over 16 lanes: the same value in any order (NaN ignored, as f32::max does)
+    let mut m = [f32::NEG_INFINITY; 16];
+    let blocks = logits.chunks_exact(16);
+    let mut max = blocks
+        .remainder()
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    for c in blocks {
+        for (a, &l) in m.iter_mut().zip(c) {
+            *a = a.max(l);
+        }
+    }
+    max = m.iter().copied().fold(max, f32::max);
+    // exps a block at a time (one vector loop), then each added to its lane (another)
     let mut lanes = [0f64; 8];
     let mut buf = [0f32; 256];
     for chunk in logits.chunks(256) {
@@ -29,8 +72,16 @@ pub fn log_sum_exp(logits: &[f32]) -> f64 {
         for (e, &l) in b.iter_mut().zip(chunk) {
             *e = ops::exp(l - max);
         }
-        for (i, &e) in b.iter().enumerate() {
-            lanes[i % 8] += f64::from(e);
+        let blocks = b.chunks_exact(8);
+        let rest = blocks.remainder();
+        for c in blocks {
+            for (a, &e) in lanes.iter_mut().zip(c) {
+                *a += f64::from(e);
+            }
+        }
+        // a chunk is 256 long but the last: its remainder starts at lane 0 too
+        for (a, &e) in lanes.iter_mut().zip(rest) {
+            *a += f64::from(e);
         }
     }
     let sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
@@ -43,22 +94,62 @@ pub fn logprob(logits: &[f32], lse: f64, t: u32) -> f32 {
     (f64::from(logits[t as usize]) - lse) as f32
 }
 
-/// The `k` most likely tokens, by logit descending then id ascending.
+/// The `k` most likely tokens, by logit descending then id ascending. Once `k` are held, a
+/// block of 16 logits none of which beats the k-th is passed over in one vector compare.
 pub fn top_k(logits: &[f32], lse: f64, k: usize) -> Vec<TokenLogprob> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F.
+            return unsafe { top_k_avx512(logits, lse, k) };
+        }
+        if std::arch::is_x86_feature_detected!("avx") {
+            // SAFETY: the CPU has AVX.
+            return unsafe { top_k_avx(logits, lse, k) };
+        }
+    }
+    top_k_body(logits, lse, k)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn top_k_avx512(logits: &[f32], lse: f64, k: usize) -> Vec<TokenLogprob> {
+    top_k_body(logits, lse, k)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+fn top_k_avx(logits: &[f32], lse: f64, k: usize) -> Vec<TokenLogprob> {
+    top_k_body(logits, lse, k)
+}
+
+#[inline(always)]
+fn top_k_body(logits: &[f32], lse: f64, k: usize) -> Vec<TokenLogprob> {
     if k == 0 {
         return Vec::new();
     }
     let mut best: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
-    for (i, &l) in logits.iter().enumerate() {
-        if best.len() == k && l.partial_cmp(&best[k - 1].0) != Some(std::cmp::Ordering::Greater) {
-            continue;
+    for (b, block) in logits.chunks(16).enumerate() {
+        // a logit enters only if it is greater than the k-th held (never a NaN, never a tie,
+        // which the lower id already holding it keeps)
+        if best.len() == k {
+            let kth = best[k - 1].0;
+            if !block.iter().fold(false, |any, &l| any | (l > kth)) {
+                continue;
+            }
         }
-        let pos = best
-            .iter()
-            .position(|&(bl, _)| l > bl)
-            .unwrap_or(best.len());
-        best.insert(pos, (l, i as u32));
-        best.truncate(k);
+        for (j, &l) in block.iter().enumerate() {
+            if best.len() == k && l.partial_cmp(&best[k - 1].0) != Some(std::cmp::Ordering::Greater)
+            {
+                continue;
+            }
+            let pos = best
+                .iter()
+                .position(|&(bl, _)| l > bl)
+                .unwrap_or(best.len());
+            best.insert(pos, (l, (b * 16 + j) as u32));
+            best.truncate(k);
+        }
     }
     best.into_iter()
         .map(|(l, t)| TokenLogprob {
@@ -177,6 +268,146 @@ pub fn argmax(logits: &[f32]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The scalar definitions the vectorized functions must equal bit for bit.
+    fn log_sum_exp_reference(logits: &[f32]) -> f64 {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut lanes = [0f64; 8];
+        for (i, &l) in logits.iter().enumerate() {
+            lanes[i % 8] += f64::from(ops::exp(l - max));
+        }
+        let sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
+            + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+        f64::from(max) + sum.ln()
+    }
+
+    fn top_k_reference(logits: &[f32], lse: f64, k: usize) -> Vec<TokenLogprob> {
+        let mut best: Vec<(f32, u32)> = Vec::new();
+        for (i, &l) in logits.iter().enumerate() {
+            if k == 0 {
+                break;
+            }
+            if best.len() == k && l.partial_cmp(&best[k - 1].0) != Some(std::cmp::Ordering::Greater)
+            {
+                continue;
+            }
+            let pos = best
+                .iter()
+                .position(|&(bl, _)| l > bl)
+                .unwrap_or(best.len());
+            best.insert(pos, (l, i as u32));
+            best.truncate(k);
+        }
+        best.into_iter()
+            .map(|(l, t)| TokenLogprob {
+                token: t,
+                logprob: (f64::from(l) - lse) as f32,
+            })
+            .collect()
+    }
+
+    type LseFn = fn(&[f32]) -> f64;
+    type TopKFn = fn(&[f32], f64, usize) -> Vec<TokenLogprob>;
+
+    #[test]
+    fn vectorized_log_softmax_and_top_k_equal_the_scalar_definitions_bit_for_bit() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for len in [
+            0usize, 1, 7, 8, 15, 16, 17, 100, 255, 256, 257, 4_099, 49_152,
+        ] {
+            for case in 0..6 {
+                let row: Vec<f32> = (0..len)
+                    .map(|i| {
+                        let r = next();
+                        match case {
+                            // spread values; many exact ties (few distinct values)
+                            0 => (r % 2_000_000) as f32 / 1e5 - 10.0,
+                            1 => (r % 7) as f32,
+                            // huge and tiny magnitudes, signed zeros, infinities, NaN
+                            2 => match r % 9 {
+                                0 => f32::NAN,
+                                1 => f32::NEG_INFINITY,
+                                2 => -0.0,
+                                3 => 0.0,
+                                4 => 1e30,
+                                5 => -1e30,
+                                6 => f32::INFINITY,
+                                _ => f32::from_bits((r >> 9) as u32),
+                            },
+                            // an increasing row: every block beats the k-th
+                            3 => i as f32 * 1e-3,
+                            // all equal
+                            4 => 1.5,
+                            // NaNs first, then values
+                            _ => {
+                                if i < 20 {
+                                    f32::NAN
+                                } else {
+                                    (r % 1000) as f32
+                                }
+                            }
+                        }
+                    })
+                    .collect();
+                let want = log_sum_exp_reference(&row);
+                // every path this CPU can run: the dispatched one, each vector width, plain
+                let mut paths: Vec<(&str, LseFn, TopKFn)> = vec![
+                    ("dispatched", log_sum_exp, top_k),
+                    ("plain", log_sum_exp_body, top_k_body),
+                ];
+                #[cfg(target_arch = "x86_64")]
+                {
+                    if std::arch::is_x86_feature_detected!("avx") {
+                        // SAFETY: the CPU has AVX.
+                        paths.push((
+                            "avx",
+                            |l| unsafe { log_sum_exp_avx(l) },
+                            |l, s, k| unsafe { top_k_avx(l, s, k) },
+                        ));
+                    }
+                    if std::arch::is_x86_feature_detected!("avx512f") {
+                        // SAFETY: the CPU has AVX-512F.
+                        paths.push((
+                            "avx512",
+                            |l| unsafe { log_sum_exp_avx512(l) },
+                            |l, s, k| unsafe { top_k_avx512(l, s, k) },
+                        ));
+                    }
+                }
+                for (name, lse_fn, top_fn) in paths {
+                    let got = lse_fn(&row);
+                    // bit for bit, except that a NaN's sign and payload may differ (x86's
+                    // vector units make the negative default NaN)
+                    assert!(
+                        got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                        "{name}: len {len} case {case}: {got} vs {want}"
+                    );
+                    for k in [0, 1, 5, 20] {
+                        let (a, b) = (top_fn(&row, want, k), top_k_reference(&row, want, k));
+                        let bits = |v: &[TokenLogprob]| -> Vec<(u32, u32)> {
+                            v.iter()
+                                .map(|t| {
+                                    let l = if t.logprob.is_nan() {
+                                        f32::NAN
+                                    } else {
+                                        t.logprob
+                                    };
+                                    (t.token, l.to_bits())
+                                })
+                                .collect()
+                        };
+                        assert_eq!(bits(&a), bits(&b), "{name}: len {len} case {case} k {k}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn top_k_sorted_with_ties_by_id() {

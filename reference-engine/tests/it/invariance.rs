@@ -151,6 +151,12 @@ fn shared_prefixes_are_computed_once_without_changing_a_bit() -> anyhow::Result<
         0,
         "single sequences share nothing"
     );
+    // the steps' time is accounted: the forward passes and heads are part of it
+    let (forward_s, all_s) = e.step_seconds();
+    assert!(
+        forward_s > 0.0 && forward_s <= all_s,
+        "step time: {forward_s} s of {all_s} s in forward passes and heads"
+    );
     let together = e.score(&seqs, 4)?;
     // P then its three extensions are adjacent in token order: 699 + 699 + 739 positions at
     // least (each follower recomputes the last shared position)
