@@ -13,7 +13,8 @@
 # `run` goes through stages that each append one line to OUT_DIR/results.jsonl (the stage's
 # name, exit status, seconds and JSON result) and their messages to OUT_DIR/log.txt, so a stage that times out leaves the ones before it: the binary runs at
 # all (a sandboxed kernel can refuse it), smoke (CUDA loads, the kernels compile, one
-# sequence matches the CPU), parity on real weights (the 4-layer cut) and on a synthetic
+# sequence matches the CPU), parity on real weights (the 4-layer cut), the OpenAI API over
+# the GPU engine against the CPU's, parity on a synthetic
 # SmolLM2-135M-shaped model with realistic weight scales, then throughput on the Llama 1B
 # and 8B shapes, and last the GEMM kernels under compute-sanitizer. Sized for about 4
 # minutes on one H200; STAGE_TIMEOUT bounds each long stage.
@@ -72,6 +73,7 @@ run)
     echo "stage 0-runs: rc $? (1 expected)" | tee -a "$LOG"
     stage 1-smoke 90 smoke --model "$DIR/smollm2-4l.gguf"
     stage 2-parity-real "$T" parity --model "$DIR/smollm2-4l.gguf" --max-len 4096
+    stage 2-serve 90 serve --model "$DIR/smollm2-4l.gguf"
     stage 3-synth-1b 60 synth --shape 1b --seed 7 --out "$TMP/1b.gguf" &&
         stage 4-throughput-1b "$T" throughput --model "$TMP/1b.gguf" --threads 16
     # the large-batch GEMMs under Nsight Compute: where their time goes (a few launches)

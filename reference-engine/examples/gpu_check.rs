@@ -1,6 +1,10 @@
 //! The GPU check's binary (not a test; `scripts/gpu-check.sh` runs it on a machine with a
 //! GPU, built and stripped here). Each stage prints one JSON object on stdout:
 //!
+//! - `serve --model F [--device cpu]`: the OpenAI API over the GPU engine against the same
+//!   server over the CPU engine (both in process, on loopback): completions with echoed
+//!   prompt logprobs, greedy and seeded sampling, chat, a forced tool call, and 8 requests
+//!   at once; every body the same but for ids and timestamps.
 //! - `gemm --model F [--m N] [--reps N]`: the GEMM kernels' timings alone (for a profiler).
 //! - `synth --shape S [--layers N] [--seed N] --out F`: a synthetic model (as `samewise engine
 //!   synth`), made on the GPU machine because the files do not travel.
@@ -423,6 +427,164 @@ fn cublas_sgemm_seconds(ms: &[usize], n: usize, k: usize, reps: usize) -> Res<Ve
     Ok(out)
 }
 
+/// One HTTP/1.1 POST of a JSON body to a loopback server, its JSON answer (200 only).
+fn post(addr: std::net::SocketAddr, path: &str, body: &Value) -> Res<Value> {
+    use std::io::{Read, Write};
+    let body = body.to_string();
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(120)))?;
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8(raw)?;
+    let (head, rest) = text.split_once("\r\n\r\n").ok_or("no HTTP body")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(format!("{path}: {head}: {rest}").into());
+    }
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        // chunks: a hex length line, the bytes, CRLF; a zero length ends them
+        let (mut out, mut at) = (String::new(), rest);
+        loop {
+            let (len, after) = at.split_once("\r\n").ok_or("bad chunk")?;
+            let n = usize::from_str_radix(len.trim(), 16)?;
+            if n == 0 {
+                break;
+            }
+            out.push_str(after.get(..n).ok_or("short chunk")?);
+            at = after.get(n + 2..).ok_or("short chunk")?;
+        }
+        out
+    } else {
+        rest.to_owned()
+    };
+    Ok(serde_json::from_str(&body)?)
+}
+
+/// An answer without what differs between two servers by design (ids, timestamps).
+fn comparable(mut v: Value) -> Value {
+    if let Some(o) = v.as_object_mut() {
+        for k in ["id", "created", "system_fingerprint"] {
+            o.remove(k);
+        }
+    }
+    v
+}
+
+/// The OpenAI API over the GPU engine against the same server over the CPU engine, both
+/// in this process on loopback: the same requests (prompt logprobs echoed, greedy and
+/// seeded-sampled completions with top-5, a chat completion, a forced tool call), then 8
+/// completions sent to the GPU server at once (batched together) against the CPU server's
+/// answers one at a time. Every body must be the same but for ids and timestamps.
+fn serve(args: &[String]) -> Res<Value> {
+    let model = PathBuf::from(arg(args, "--model").ok_or("--model")?);
+    let threads = num(args, "--threads", 16)?;
+    let dev: Device = arg(args, "--device").as_deref().unwrap_or("cuda").parse()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()?;
+    let mut stops = Vec::new();
+    let mut start = |device: Device| -> Res<std::net::SocketAddr> {
+        let state = samewise_engine::server::ServerState::load(
+            &model,
+            LoadOptions {
+                threads,
+                device,
+                ..LoadOptions::default()
+            },
+            Some("m".into()),
+        )?;
+        let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+        let addr = listener.local_addr()?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        rt.spawn(samewise_engine::server::serve(listener, state, async {
+            let _ = rx.await;
+        }));
+        stops.push(tx);
+        Ok(addr)
+    };
+    let (gpu, cpu) = (start(dev)?, start(Device::Cpu)?);
+    let tool = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]);
+    let requests = [
+        (
+            "/v1/completions",
+            json!({"model": "m", "prompt": "The quick brown fox jumps over the lazy dog because",
+            "max_tokens": 1, "echo": true, "logprobs": 5, "temperature": 0}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "m", "prompt": "Once upon a time",
+            "max_tokens": 32, "logprobs": 5, "temperature": 0}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "m", "prompt": "A list of fruits:",
+            "max_tokens": 24, "logprobs": 2, "temperature": 0.8, "seed": 7}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "m",
+            "messages": [{"role": "user", "content": "Name three colors."}],
+            "max_tokens": 24, "logprobs": true, "top_logprobs": 5, "temperature": 0}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "m",
+            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": tool, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "max_tokens": 40, "temperature": 0}),
+        ),
+    ];
+    let mut results = Vec::new();
+    for (path, body) in &requests {
+        let (g, c) = (post(gpu, path, body)?, post(cpu, path, body)?);
+        results.push(json!({"path": path, "same": comparable(g) == comparable(c)}));
+    }
+    let batch: Vec<Value> = (0..8)
+        .map(|i| {
+            json!({"model": "m", "prompt": format!("Story number {i}: the"),
+                        "max_tokens": 16 + 2 * i, "logprobs": 5, "temperature": 0})
+        })
+        .collect();
+    let together = std::thread::scope(|sc| {
+        let hs: Vec<_> = batch
+            .iter()
+            .map(|b| sc.spawn(move || post(gpu, "/v1/completions", b).map_err(|e| e.to_string())))
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| "a client thread panicked".to_string())?
+            })
+            .collect::<Result<Vec<Value>, String>>()
+    })?;
+    let mut batched_same = 0;
+    for (b, g) in batch.iter().zip(together) {
+        if comparable(g) == comparable(post(cpu, "/v1/completions", b)?) {
+            batched_same += 1;
+        }
+    }
+    for tx in stops {
+        let _ = tx.send(());
+    }
+    let same = results.iter().filter(|r| r["same"] == json!(true)).count();
+    Ok(json!({
+        "stage": "serve", "device": dev.to_string(),
+        "ok": same == results.len() && batched_same == batch.len(),
+        "requests": results, "batched": batch.len(), "batched_same": batched_same,
+    }))
+}
+
 /// The GEMM kernels' timings at `--m` rows on the model's shapes (for a profiler run).
 fn gemm(args: &[String]) -> Res<Value> {
     let model = PathBuf::from(arg(args, "--model").ok_or("--model")?);
@@ -463,7 +625,8 @@ fn main() {
         Some("throughput") => throughput(&args),
         Some("synth") => synth(&args),
         Some("gemm") => gemm(&args),
-        _ => Err("usage: gpu_check smoke|parity|throughput|gemm|synth [--model F] …".into()),
+        Some("serve") => serve(&args),
+        _ => Err("usage: gpu_check smoke|parity|serve|throughput|gemm|synth [--model F] …".into()),
     };
     match result {
         Ok(v) => {
