@@ -184,10 +184,15 @@ pub fn config_toml(setup: &Setup<'_>, sizes: &Sizes) -> String {
             .iter()
             .find(|e| e.provider == *provider)
             .map_or("?", |e| e.profile);
+        // six engines share this machine's cores with the probes and evals, so an endpoint's
+        // first byte can come ten times later than usual for a while: the 30 s floor keeps
+        // the adaptive deadline from cutting a healthy endpoint's answers (a run once saw
+        // the faithful a8 excluded for three such timeouts in its first eleven requests)
         let _ = writeln!(
             s,
             "# profile {profile}\n[providers.{provider}]\nbase_url = {}\nfirst_byte_timeout_ms = 120000\n\
-             idle_timeout_ms = 120000\nprice_input_per_mtok = 0.0\nprice_output_per_mtok = 0.0\nregion = \"local\"\n",
+             first_byte_floor_ms = 30000\nidle_timeout_ms = 120000\nprice_input_per_mtok = 0.0\n\
+             price_output_per_mtok = 0.0\nregion = \"local\"\n",
             q(&format!("{url}/v1"))
         );
     }
