@@ -11,8 +11,9 @@
 //!   `fmaf` chain over k in order, from zero; no split-K, no atomics, no TF32; rows never
 //!   interact. Embedding rows and RoPE tables are computed on the host by the CPU code, and
 //!   log-softmax and top-k run on the host over the logits the GPU hands back. So a GPU
-//!   row is bit for bit the CPU's row, whatever the batch — to be confirmed on a device by
-//!   `scripts/gpu-check.sh`; nothing here can run without one.
+//!   row is bit for bit the CPU's row, whatever the batch and whichever GEMM kernel ran it
+//!   (`launch::GemmKind`) — as `scripts/gpu-check.sh` found on an H200; nothing here can
+//!   run without a device.
 //! - **Weights** are the CPU backend's packed panels (`kernels::gemm`), copied as they are:
 //!   4-bit types stay 4 bits per weight plus an f32 scale and offset per group of 32
 //!   (0.75 bytes per parameter), 8-bit ones 1 byte plus the same, float types f32. The
