@@ -18,22 +18,34 @@ pub struct TokenLogprob {
     pub logprob: f32,
 }
 
+/// Calls the compilation of a function for the widest vector unit this CPU has: its
+/// AVX-512F copy, its AVX copy, or the plain one (each the same operations, so the same bits).
+macro_rules! widest {
+    ($avx512:ident, $avx:ident, $plain:ident ($($arg:expr),*)) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F.
+                return unsafe { $avx512($($arg),*) };
+            }
+            if std::arch::is_x86_feature_detected!("avx") {
+                // SAFETY: the CPU has AVX.
+                return unsafe { $avx($($arg),*) };
+            }
+        }
+        $plain($($arg),*)
+    }};
+}
+
 /// Log-sum-exp of a logits row: `max + ln Σ exp(l - max)`, exps in f32, summed in f64 in 8
 /// fixed lanes (element i in lane i % 8, in order) then a fixed tree. Compiled for the
 /// widest vector unit the CPU has: the same operations in the same order, so the same bits.
 pub fn log_sum_exp(logits: &[f32]) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F.
-            return unsafe { log_sum_exp_avx512(logits) };
-        }
-        if std::arch::is_x86_feature_detected!("avx") {
-            // SAFETY: the CPU has AVX.
-            return unsafe { log_sum_exp_avx(logits) };
-        }
-    }
-    log_sum_exp_body(logits)
+    widest!(
+        log_sum_exp_avx512,
+        log_sum_exp_avx,
+        log_sum_exp_body(logits)
+    )
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -97,18 +109,7 @@ pub fn logprob(logits: &[f32], lse: f64, t: u32) -> f32 {
 /// The `k` most likely tokens, by logit descending then id ascending. Once `k` are held, a
 /// block of 16 logits none of which beats the k-th is passed over in one vector compare.
 pub fn top_k(logits: &[f32], lse: f64, k: usize) -> Vec<TokenLogprob> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F.
-            return unsafe { top_k_avx512(logits, lse, k) };
-        }
-        if std::arch::is_x86_feature_detected!("avx") {
-            // SAFETY: the CPU has AVX.
-            return unsafe { top_k_avx(logits, lse, k) };
-        }
-    }
-    top_k_body(logits, lse, k)
+    widest!(top_k_avx512, top_k_avx, top_k_body(logits, lse, k))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -139,18 +140,29 @@ fn top_k_body(logits: &[f32], lse: f64, k: usize) -> Vec<TokenLogprob> {
             }
         }
         for (j, &l) in block.iter().enumerate() {
-            if best.len() == k && l.partial_cmp(&best[k - 1].0) != Some(std::cmp::Ordering::Greater)
-            {
-                continue;
-            }
-            let pos = best
-                .iter()
-                .position(|&(bl, _)| l > bl)
-                .unwrap_or(best.len());
-            best.insert(pos, (l, (b * 16 + j) as u32));
-            best.truncate(k);
+            offer(&mut best, k, l, (b * 16 + j) as u32);
         }
     }
+    listed(best, lse)
+}
+
+/// Offers logit `l` of token `t` to `best`, the at most `k` largest so far by logit
+/// descending (ids offered in ascending order, so a tie keeps the lower id first).
+#[inline(always)]
+fn offer(best: &mut Vec<(f32, u32)>, k: usize, l: f32, t: u32) {
+    if best.len() == k && l.partial_cmp(&best[k - 1].0) != Some(std::cmp::Ordering::Greater) {
+        return;
+    }
+    let pos = best
+        .iter()
+        .position(|&(bl, _)| l > bl)
+        .unwrap_or(best.len());
+    best.insert(pos, (l, t));
+    best.truncate(k);
+}
+
+/// The held logits as logprobs.
+fn listed(best: Vec<(f32, u32)>, lse: f64) -> Vec<TokenLogprob> {
     best.into_iter()
         .map(|(l, t)| TokenLogprob {
             token: t,
@@ -281,29 +293,15 @@ mod tests {
         f64::from(max) + sum.ln()
     }
 
+    /// Every logit offered in order, no block passed over.
     fn top_k_reference(logits: &[f32], lse: f64, k: usize) -> Vec<TokenLogprob> {
-        let mut best: Vec<(f32, u32)> = Vec::new();
-        for (i, &l) in logits.iter().enumerate() {
-            if k == 0 {
-                break;
+        let mut best = Vec::new();
+        if k > 0 {
+            for (i, &l) in logits.iter().enumerate() {
+                offer(&mut best, k, l, i as u32);
             }
-            if best.len() == k && l.partial_cmp(&best[k - 1].0) != Some(std::cmp::Ordering::Greater)
-            {
-                continue;
-            }
-            let pos = best
-                .iter()
-                .position(|&(bl, _)| l > bl)
-                .unwrap_or(best.len());
-            best.insert(pos, (l, i as u32));
-            best.truncate(k);
         }
-        best.into_iter()
-            .map(|(l, t)| TokenLogprob {
-                token: t,
-                logprob: (f64::from(l) - lse) as f32,
-            })
-            .collect()
+        listed(best, lse)
     }
 
     type LseFn = fn(&[f32]) -> f64;
