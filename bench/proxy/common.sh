@@ -1,6 +1,6 @@
 # Sourced by the proxy harnesses (run.sh, cpu.sh, capacity.sh, hung.sh, soak.sh): builds the
-# gateway and the test binaries (release; PROFILE=dev for a debug build, whose numbers mean
-# nothing) and sets BIN (BIN=DIR: binaries already built there, e.g. an earlier commit's); kills every pid pushed onto PIDS when the script exits; `free_port`
+# gateway and the test binaries (release; PROFILE=dist for the deployed build, Cargo.toml's LTO
+# profile; PROFILE=dev for a debug build, whose numbers mean nothing) and sets BIN (BIN=DIR: binaries already built there, e.g. an earlier commit's); kills every pid pushed onto PIDS when the script exits; `free_port`
 # prints a free loopback port; `wait_url LOG` waits for "listening on URL" in LOG and prints
 # URL. The gateway helpers (`bench_config`, `create_key`, `start_gateway`, `stop_gateway`) run
 # the one benchmark gateway shape: model `bench` on one mock provider, SQLite records, every
@@ -12,8 +12,8 @@ elif [ "${PROFILE:-release}" = dev ]; then
     cargo build -p samewise -p samewise-testkit --bins
     BIN=$TARGET/debug
 else
-    cargo build --release -p samewise -p samewise-testkit --bins
-    BIN=$TARGET/release
+    cargo build --profile "${PROFILE:-release}" -p samewise -p samewise-testkit --bins
+    BIN=$TARGET/${PROFILE:-release}
 fi
 
 PIDS=()

@@ -44,7 +44,7 @@ def compare(out, limit_ms) -> int:
     print("| proxy | mode | rps | CPU µs / request | paired added p50 (ms) | paired added p99 (ms) "
           "| errors | late ticks | RSS after (MB) | load (1 min) | mock CPU µs / request |")
     print("|---|---|---:|---|---|---|---:|---:|---:|---|---:|")
-    order = {"samewise": 0, "samewise-1w": 1, "litellm": 2}
+    order = {"samewise": 0, "samewise-1w": 1, "relay": 2, "litellm": 3}
     for (target, mode, rate), rs in sorted(points.items(), key=lambda kv: (order.get(kv[0][0], 3), kv[0][1], kv[0][2])):
         errors = sum(sum((r.get("errors") or {}).values()) for r in rs)
         print(f"| {target} | {mode} | {rate:.0f} | {spread([r['cpu_us_per_req'] for r in rs])} "
@@ -63,6 +63,23 @@ def compare(out, limit_ms) -> int:
                    for q in ("p50", "p99")]
             ratios.append(f"| {mode} | LiteLLM at {rate:.0f} rps / samewise at {srate:.0f} rps | {cpu:.0f}× "
                           f"| {'n/a' if lat[0] is None else f'{lat[0]:.0f}×'} / {'n/a' if lat[1] is None else f'{lat[1]:.0f}×'} |")
+    # the floor: a byte relay on the gateway's runtime (bench/proxy/compare.sh's `relay` target)
+    floor = []
+    for (target, mode, rate), rs in sorted(points.items()):
+        ss = points.get(("samewise", mode, rate))
+        if target != "relay" or not ss:
+            continue
+        cpu = [med([r["cpu_us_per_req"] for r in x]) for x in (ss, rs)]
+        p99 = [med(paired(x, "p99")) for x in (ss, rs)]
+        floor.append(f"| {mode} | {rate:.0f} | {fmt(cpu[0], 1)} / {fmt(cpu[1], 1)} = {cpu[0] / cpu[1]:.2f}× "
+                     f"| {fmt(p99[0], 2)} / {fmt(p99[1], 2)} |")
+    if floor:
+        print()
+        print("Against the floor, a byte relay on the same runtime (`tcp-relay`: no HTTP, no records), medians:")
+        print()
+        print("| mode | rps | CPU µs / request, samewise / relay | paired added p99 (ms), samewise / relay |")
+        print("|---|---:|---|---|")
+        print("\n".join(floor))
     if ratios:
         print()
         print("| mode | ratio of medians | CPU per request | paired added p50 / p99 (same rate only) |")
