@@ -45,7 +45,7 @@ def compare(out, limit_ms) -> int:
           "| errors | late ticks | RSS after (MB) | load (1 min) | mock CPU µs / request |")
     print("|---|---|---:|---|---|---|---:|---:|---:|---|---:|")
     order = {"samewise": 0, "samewise-1w": 1, "relay": 2, "litellm": 3}
-    for (target, mode, rate), rs in sorted(points.items(), key=lambda kv: (order.get(kv[0][0], 3), kv[0][1], kv[0][2])):
+    for (target, mode, rate), rs in sorted(points.items(), key=lambda kv: (order.get(kv[0][0], 4), kv[0][1], kv[0][2])):
         errors = sum(sum((r.get("errors") or {}).values()) for r in rs)
         print(f"| {target} | {mode} | {rate:.0f} | {spread([r['cpu_us_per_req'] for r in rs])} "
               f"| {spread(paired(rs, 'p50'), 2)} | {spread(paired(rs, 'p99'), 2)} | {errors} "
@@ -94,7 +94,7 @@ def compare(out, limit_ms) -> int:
         print("| proxy | mode | repeat | capacity (rps) | first failing step | why | CPU µs / request at capacity |")
         print("|---|---|---:|---:|---|---|---:|")
         for target, mode, rep in sorted({(r["target"], r.get("mode", "?"), r["repeat"]) for r in caps},
-                                        key=lambda k: (order.get(k[0], 3), k[1], k[2])):
+                                        key=lambda k: (order.get(k[0], 4), k[1], k[2])):
             steps = [r for r in caps if r["target"] == target and r.get("mode") == mode and r["repeat"] == rep]
             ok = [r for r in steps if ((r.get("added_paired_ms") or {}).get("p99") or 1e9) <= float(limit_ms)
                   and not r.get("errors") and not r.get("dropped")]
