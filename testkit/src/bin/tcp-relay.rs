@@ -66,6 +66,7 @@ fn run(args: Vec<String>) -> Result<(), String> {
 fn serve(listener: std::net::TcpListener, to: SocketAddr) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
+        .enable_time()
         .build()
         .map_err(|e| format!("runtime: {e}"))?;
     runtime.block_on(async move {
@@ -74,7 +75,9 @@ fn serve(listener: std::net::TcpListener, to: SocketAddr) -> Result<(), String> 
             let (mut client, _) = match listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(e) => {
+                    // out of descriptors, say: pause rather than spin on the error
                     eprintln!("tcp-relay: accept: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                     continue;
                 }
             };
