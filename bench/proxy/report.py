@@ -44,8 +44,8 @@ def compare(out, limit_ms) -> int:
     print("| proxy | mode | rps | CPU µs / request | paired added p50 (ms) | paired added p99 (ms) "
           "| errors | late ticks | RSS after (MB) | load (1 min) | mock CPU µs / request |")
     print("|---|---|---:|---|---|---|---:|---:|---:|---|---:|")
-    order = {"samewise": 0, "samewise-1w": 1, "relay": 2, "litellm": 3}
-    for (target, mode, rate), rs in sorted(points.items(), key=lambda kv: (order.get(kv[0][0], 4), kv[0][1], kv[0][2])):
+    order = {"samewise": 0, "samewise-1w": 1, "relay": 2, "relay-http": 3, "litellm": 4}
+    for (target, mode, rate), rs in sorted(points.items(), key=lambda kv: (order.get(kv[0][0], 5), kv[0][1], kv[0][2])):
         errors = sum(sum((r.get("errors") or {}).values()) for r in rs)
         print(f"| {target} | {mode} | {rate:.0f} | {spread([r['cpu_us_per_req'] for r in rs])} "
               f"| {spread(paired(rs, 'p50'), 2)} | {spread(paired(rs, 'p99'), 2)} | {errors} "
@@ -63,22 +63,23 @@ def compare(out, limit_ms) -> int:
                    for q in ("p50", "p99")]
             ratios.append(f"| {mode} | LiteLLM at {rate:.0f} rps / samewise at {srate:.0f} rps | {cpu:.0f}× "
                           f"| {'n/a' if lat[0] is None else f'{lat[0]:.0f}×'} / {'n/a' if lat[1] is None else f'{lat[1]:.0f}×'} |")
-    # the floor: a byte relay on the gateway's runtime (bench/proxy/compare.sh's `relay` target)
+    # the floors (bench/proxy/compare.sh's `relay` and `relay-http` targets)
     floor = []
     for (target, mode, rate), rs in sorted(points.items()):
         ss = points.get(("samewise", mode, rate))
-        if target != "relay" or not ss:
+        if not target.startswith("relay") or not ss:
             continue
         cpu = [med([r["cpu_us_per_req"] for r in x]) for x in (ss, rs)]
         p99 = [med(paired(x, "p99")) for x in (ss, rs)]
-        floor.append(f"| {mode} | {rate:.0f} | {fmt(cpu[0], 1)} / {fmt(cpu[1], 1)} = {cpu[0] / cpu[1]:.2f}× "
+        floor.append(f"| {target} | {mode} | {rate:.0f} | {fmt(cpu[0], 1)} / {fmt(cpu[1], 1)} = {cpu[0] / cpu[1]:.2f}× "
                      f"| {fmt(p99[0], 2)} / {fmt(p99[1], 2)} |")
     if floor:
         print()
-        print("Against the floor, a byte relay on the same runtime (`tcp-relay`: no HTTP, no records), medians:")
+        print("Against the floors (`tcp-relay` on the same runtime: `relay` relays bytes, `relay-http` passes "
+              "HTTP through hyper's server and client; neither routes, inspects or records), medians:")
         print()
-        print("| mode | rps | CPU µs / request, samewise / relay | paired added p99 (ms), samewise / relay |")
-        print("|---|---:|---|---|")
+        print("| floor | mode | rps | CPU µs / request, samewise / floor | paired added p99 (ms), samewise / floor |")
+        print("|---|---|---:|---|---|")
         print("\n".join(floor))
     if ratios:
         print()
@@ -94,7 +95,7 @@ def compare(out, limit_ms) -> int:
         print("| proxy | mode | repeat | capacity (rps) | first failing step | why | CPU µs / request at capacity |")
         print("|---|---|---:|---:|---|---|---:|")
         for target, mode, rep in sorted({(r["target"], r.get("mode", "?"), r["repeat"]) for r in caps},
-                                        key=lambda k: (order.get(k[0], 4), k[1], k[2])):
+                                        key=lambda k: (order.get(k[0], 5), k[1], k[2])):
             steps = [r for r in caps if r["target"] == target and r.get("mode") == mode and r["repeat"] == rep]
             ok = [r for r in steps if ((r.get("added_paired_ms") or {}).get("p99") or 1e9) <= float(limit_ms)
                   and not r.get("errors") and not r.get("dropped")]

@@ -1,6 +1,7 @@
-//! `tcp-relay`, the proxy benchmark's floor, relays bytes both ways unchanged: a real HTTP
-//! client reaches the mock upstream through it (a JSON answer and a stream on one keep-alive
-//! connection), the mock sees exactly what was sent, and a bad command line is an error.
+//! `tcp-relay`, the proxy benchmark's floor, relays bytes both ways unchanged, and with `--http`
+//! relays HTTP requests: either way a real HTTP client reaches the mock upstream through it (a
+//! JSON answer and a stream on one keep-alive connection) and the mock sees exactly what was
+//! sent; an unreachable upstream is a 502 over HTTP, and a bad command line is an error.
 
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
@@ -19,11 +20,12 @@ impl Drop for Relay {
     }
 }
 
-/// Starts `tcp-relay` in front of `to`; the process and its URL.
-fn relay(to: std::net::SocketAddr) -> Result<(Relay, String)> {
+/// Starts `tcp-relay` in front of `to` (with `--http` when `http`); the process and its URL.
+fn relay(to: std::net::SocketAddr, http: bool) -> Result<(Relay, String)> {
     let mut child = Relay(
         Command::new(env!("CARGO_BIN_EXE_tcp-relay"))
             .args(["--to", &to.to_string(), "--threads", "2"])
+            .args(http.then_some("--http"))
             .stdout(Stdio::piped())
             .spawn()?,
     );
@@ -51,8 +53,29 @@ async fn post(client: &reqwest::Client, url: &str, body: &Value) -> Result<(u16,
 
 #[tokio::test]
 async fn relays_a_json_answer_and_a_stream_unchanged() -> Result<()> {
+    relays_unchanged(false).await
+}
+
+#[tokio::test]
+async fn relays_http_requests_and_answers_unchanged() -> Result<()> {
+    relays_unchanged(true).await
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_is_a_502_over_http() -> Result<()> {
+    // a port that was free a moment ago: nothing listens there
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let (_relay, url) = relay(closed, true)?;
+    let client = reqwest::Client::new();
+    let (status, body) = post(&client, &format!("{url}/v1/models"), &json!({})).await?;
+    assert_eq!(status, 502);
+    assert_eq!(body, "");
+    Ok(())
+}
+
+async fn relays_unchanged(http: bool) -> Result<()> {
     let mock = MockUpstream::builder().name("floor").start().await?;
-    let (_relay, url) = relay(mock.addr())?;
+    let (_relay, url) = relay(mock.addr(), http)?;
     let client = reqwest::Client::new();
     let ask = |stream: bool| json!({"model": "m", "messages": [{"role": "user", "content": "say hi"}], "stream": stream});
     let through = format!("{url}/v1/chat/completions");

@@ -1,15 +1,27 @@
-//! `tcp-relay`: the proxy benchmark's floor (driven by `bench/proxy/compare.sh`, target
-//! `relay`). It forwards bytes between each client connection and a connection of its own to
-//! `--to`, and does nothing else: no HTTP parsing, no routing, no records. It serves the way
-//! the gateway does (one single-threaded tokio runtime per serving thread, each accepting on a
-//! duplicate of one listener, TCP_NODELAY on both sockets), so its CPU per request and its added
-//! latency are what any proxy on this runtime and this machine pays before doing any work of
-//! its own. It prints `listening on http://ADDR` once it accepts.
+//! `tcp-relay`: the proxy benchmark's floor (driven by `bench/proxy/compare.sh`, targets
+//! `relay` and `relay-http`). It forwards bytes between each client connection and a connection
+//! of its own to `--to`, and does nothing else: no HTTP parsing, no routing, no records. With
+//! `--http` it is instead the least an HTTP proxy on hyper does: each request parsed by hyper's
+//! HTTP/1 server and sent on through hyper's pooled client (one per serving thread), the answer's
+//! body streamed back as it comes; still no routing, no body inspection, no records. Either way it
+//! serves the way the gateway does (one single-threaded tokio runtime per serving thread, each
+//! accepting on a duplicate of one listener, TCP_NODELAY on its sockets), so its CPU per request
+//! and its added latency are what a proxy on this runtime (and, with `--http`, this HTTP stack)
+//! pays before doing any work of its own. It prints `listening on http://ADDR` once it accepts.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: tcp-relay --to ADDR [--listen ADDR] [--threads N]";
+use bytes::Bytes;
+use http_body_util::{Either, Empty};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+const USAGE: &str = "usage: tcp-relay --to ADDR [--listen ADDR] [--threads N] [--http]";
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {
@@ -25,8 +37,13 @@ fn run(args: Vec<String>) -> Result<(), String> {
     let mut to: Option<SocketAddr> = None;
     let mut listen: SocketAddr = ([127, 0, 0, 1], 0).into();
     let mut threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let mut http = false;
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
+        if flag == "--http" {
+            http = true;
+            continue;
+        }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}");
         match flag.as_str() {
@@ -47,7 +64,7 @@ fn run(args: Vec<String>) -> Result<(), String> {
         serving.push(
             std::thread::Builder::new()
                 .name(format!("relay-{i}"))
-                .spawn(move || serve(accepting, to))
+                .spawn(move || serve(accepting, to, http))
                 .map_err(|e| e.to_string())?,
         );
     }
@@ -62,8 +79,9 @@ fn run(args: Vec<String>) -> Result<(), String> {
     Ok(())
 }
 
-/// One serving thread: accept on `listener` and relay each connection to `to`, forever.
-fn serve(listener: std::net::TcpListener, to: SocketAddr) -> Result<(), String> {
+/// One serving thread: accept on `listener` and relay each connection to `to` (as bytes, or as
+/// HTTP requests with `http`), forever.
+fn serve(listener: std::net::TcpListener, to: SocketAddr, http: bool) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -71,8 +89,11 @@ fn serve(listener: std::net::TcpListener, to: SocketAddr) -> Result<(), String> 
         .map_err(|e| format!("runtime: {e}"))?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let upstream: Upstream = Client::builder(TokioExecutor::new()).build(connector);
         loop {
-            let (mut client, _) = match listener.accept().await {
+            let (client, _) = match listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(e) => {
                     // out of descriptors, say: pause rather than spin on the error
@@ -81,19 +102,63 @@ fn serve(listener: std::net::TcpListener, to: SocketAddr) -> Result<(), String> 
                     continue;
                 }
             };
-            tokio::spawn(async move {
-                let mut upstream = match tokio::net::TcpStream::connect(to).await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        eprintln!("tcp-relay: connect {to}: {e}");
-                        return;
-                    }
-                };
-                let _ = client.set_nodelay(true);
-                let _ = upstream.set_nodelay(true);
-                // either side closing ends the pair; the error says only which one went first
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
-            });
+            let _ = client.set_nodelay(true);
+            if http {
+                tokio::spawn(http_connection(client, upstream.clone(), to));
+            } else {
+                tokio::spawn(byte_connection(client, to));
+            }
         }
     })
+}
+
+/// Bytes both ways between `client` and a new connection to `to`, until either side closes.
+async fn byte_connection(mut client: tokio::net::TcpStream, to: SocketAddr) {
+    let mut upstream = match tokio::net::TcpStream::connect(to).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("tcp-relay: connect {to}: {e}");
+            return;
+        }
+    };
+    let _ = upstream.set_nodelay(true);
+    // either side closing ends the pair; the error says only which one went first
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+}
+
+/// The pooled HTTP client of one serving thread; request bodies stream through as they came.
+type Upstream = Client<HttpConnector, Incoming>;
+
+/// Serves HTTP/1 on `client`, each request sent on to `to` (same method, path, headers and
+/// body) and its answer returned as it streams; 502 with no body when `to` cannot be reached.
+async fn http_connection(client: tokio::net::TcpStream, upstream: Upstream, to: SocketAddr) {
+    let service = service_fn(move |mut req: Request<Incoming>| {
+        let upstream = upstream.clone();
+        async move {
+            let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+            let uri = match format!("http://{to}{path}").parse() {
+                Ok(uri) => uri,
+                Err(_) => return Ok::<_, std::convert::Infallible>(status(400)),
+            };
+            *req.uri_mut() = uri;
+            Ok(match upstream.request(req).await {
+                Ok(resp) => resp.map(Either::Left),
+                Err(e) => {
+                    eprintln!("tcp-relay: upstream {to}: {e}");
+                    status(502)
+                }
+            })
+        }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(client), service)
+        .await;
+}
+
+/// An answer of `code` with no body.
+fn status(code: u16) -> Response<Either<Incoming, Empty<Bytes>>> {
+    let mut resp = Response::new(Either::Right(Empty::new()));
+    *resp.status_mut() =
+        hyper::StatusCode::from_u16(code).unwrap_or(hyper::StatusCode::BAD_GATEWAY);
+    resp
 }
