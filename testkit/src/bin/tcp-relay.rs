@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http_body_util::{Either, Empty};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper::{Request, Response};
+use hyper::{Request, Response, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -89,9 +89,12 @@ fn serve(listener: std::net::TcpListener, to: SocketAddr, http: bool) -> Result<
         .map_err(|e| format!("runtime: {e}"))?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        let upstream: Upstream = Client::builder(TokioExecutor::new()).build(connector);
+        // the HTTP mode's pooled client; the byte mode has none
+        let upstream: Option<Upstream> = http.then(|| {
+            let mut connector = HttpConnector::new();
+            connector.set_nodelay(true);
+            Client::builder(TokioExecutor::new()).build(connector)
+        });
         loop {
             let (client, _) = match listener.accept().await {
                 Ok(accepted) => accepted,
@@ -103,11 +106,10 @@ fn serve(listener: std::net::TcpListener, to: SocketAddr, http: bool) -> Result<
                 }
             };
             let _ = client.set_nodelay(true);
-            if http {
-                tokio::spawn(http_connection(client, upstream.clone(), to));
-            } else {
-                tokio::spawn(byte_connection(client, to));
-            }
+            match &upstream {
+                Some(upstream) => tokio::spawn(http_connection(client, upstream.clone(), to)),
+                None => tokio::spawn(byte_connection(client, to)),
+            };
         }
     })
 }
@@ -138,14 +140,16 @@ async fn http_connection(client: tokio::net::TcpStream, upstream: Upstream, to: 
             let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
             let uri = match format!("http://{to}{path}").parse() {
                 Ok(uri) => uri,
-                Err(_) => return Ok::<_, std::convert::Infallible>(status(400)),
+                Err(_) => {
+                    return Ok::<_, std::convert::Infallible>(status(StatusCode::BAD_REQUEST));
+                }
             };
             *req.uri_mut() = uri;
             Ok(match upstream.request(req).await {
                 Ok(resp) => resp.map(Either::Left),
                 Err(e) => {
                     eprintln!("tcp-relay: upstream {to}: {e}");
-                    status(502)
+                    status(StatusCode::BAD_GATEWAY)
                 }
             })
         }
@@ -156,9 +160,8 @@ async fn http_connection(client: tokio::net::TcpStream, upstream: Upstream, to: 
 }
 
 /// An answer of `code` with no body.
-fn status(code: u16) -> Response<Either<Incoming, Empty<Bytes>>> {
+fn status(code: StatusCode) -> Response<Either<Incoming, Empty<Bytes>>> {
     let mut resp = Response::new(Either::Right(Empty::new()));
-    *resp.status_mut() =
-        hyper::StatusCode::from_u16(code).unwrap_or(hyper::StatusCode::BAD_GATEWAY);
+    *resp.status_mut() = code;
     resp
 }
