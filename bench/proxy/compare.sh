@@ -11,10 +11,11 @@
 #     proxy (bench/proxy/litellm.sh; one process for the whole run, its RSS after each point).
 #     The mock streams 16 text pieces: 20 SSE events per stream. The mock's own CPU per
 #     request it served (direct and proxied alike) is kept too: a floor for any proxy, which
-#     does the mock's socket work twice. Targets `relay` and `relay-http` are the floor measured:
-#     `tcp-relay` in the proxy's place, a byte relay on the gateway's runtime (no HTTP, no
-#     records), and with `--http` a pass-through on the gateway's HTTP stack (hyper's server and
-#     pooled client; no routing, no body inspection, no records).
+#     does the mock's socket work twice. Targets `relay`, `relay-http` and `relay-axum` are the
+#     floors measured: `tcp-relay` in the proxy's place, a byte relay on the gateway's runtime (no
+#     HTTP, no records), with `--http` a pass-through on the gateway's HTTP stack (hyper's server
+#     and pooled client; no routing, no body inspection, no records), and with `--axum` that
+#     pass-through as an axum handler under `axum::serve`, the gateway's framework.
 #  2. Capacity (CAP_RATES, per target of CAP_TARGETS and mode, CAP_REPEATS times): the rate
 #     steps up on a fresh gateway per step until a step fails: paired added p99 > CAP_P99_MS (default 2), an error, or a
 #     dropped record (/metrics `samewise_record_queue_dropped_total`). The highest passing
@@ -34,7 +35,8 @@ PHASES=${PHASES:-"cpu capacity"}
 POINTS=${POINTS:-"samewise:json:25 samewise:stream:25 samewise:json:1000 samewise:stream:1000 \
 samewise:json:4000 samewise:stream:4000 relay:json:1000 relay:stream:1000 relay:json:4000 \
 relay:stream:4000 relay-http:json:1000 relay-http:stream:1000 relay-http:json:4000 \
-relay-http:stream:4000 samewise-1w:json:1000 samewise-1w:stream:1000 \
+relay-http:stream:4000 relay-axum:json:1000 relay-axum:stream:1000 relay-axum:json:4000 \
+relay-axum:stream:4000 samewise-1w:json:1000 samewise-1w:stream:1000 \
 samewise-1w:json:4000 samewise-1w:stream:4000 litellm:json:25 litellm:stream:25 litellm:json:50 \
 litellm:stream:50"}
 CAP_RATES=${CAP_RATES:-"2000 4000 6000 8000 10000 12000 14000 16000"}
@@ -67,7 +69,8 @@ point() {
     local pid url key flag t0 t1 m0 m1 dropped=null written=null rss
     flag=""; [ "$2" = stream ] && flag="--stream"
     if [[ "$1" == relay* ]]; then
-        local http=; [ "$1" = relay-http ] && http=--http
+        local http=
+        case "$1" in relay-http) http=--http ;; relay-axum) http=--axum ;; esac
         $BIN/tcp-relay --to "${MOCK#http://}" $http >"$OUT/relay.log" 2>&1 &
         pid=$!
         PIDS+=("$pid")

@@ -44,8 +44,8 @@ def compare(out, limit_ms) -> int:
     print("| proxy | mode | rps | CPU µs / request | paired added p50 (ms) | paired added p99 (ms) "
           "| errors | late ticks | RSS after (MB) | load (1 min) | mock CPU µs / request |")
     print("|---|---|---:|---|---|---|---:|---:|---:|---|---:|")
-    order = {"samewise": 0, "samewise-1w": 1, "relay": 2, "relay-http": 3, "litellm": 4}
-    for (target, mode, rate), rs in sorted(points.items(), key=lambda kv: (order.get(kv[0][0], 5), kv[0][1], kv[0][2])):
+    order = {"samewise": 0, "samewise-1w": 1, "relay": 2, "relay-http": 3, "relay-axum": 4, "litellm": 5}
+    for (target, mode, rate), rs in sorted(points.items(), key=lambda kv: (order.get(kv[0][0], 6), kv[0][1], kv[0][2])):
         errors = sum(sum((r.get("errors") or {}).values()) for r in rs)
         print(f"| {target} | {mode} | {rate:.0f} | {spread([r['cpu_us_per_req'] for r in rs])} "
               f"| {spread(paired(rs, 'p50'), 2)} | {spread(paired(rs, 'p99'), 2)} | {errors} "
@@ -63,7 +63,7 @@ def compare(out, limit_ms) -> int:
                    for q in ("p50", "p99")]
             ratios.append(f"| {mode} | LiteLLM at {rate:.0f} rps / samewise at {srate:.0f} rps | {cpu:.0f}× "
                           f"| {'n/a' if lat[0] is None else f'{lat[0]:.0f}×'} / {'n/a' if lat[1] is None else f'{lat[1]:.0f}×'} |")
-    # the floors (bench/proxy/compare.sh's `relay` and `relay-http` targets)
+    # the floors (bench/proxy/compare.sh's `relay`, `relay-http` and `relay-axum` targets)
     floor = []
     for (target, mode, rate), rs in sorted(points.items()):
         ss = points.get(("samewise", mode, rate))
@@ -76,7 +76,8 @@ def compare(out, limit_ms) -> int:
     if floor:
         print()
         print("Against the floors (`tcp-relay` on the same runtime: `relay` relays bytes, `relay-http` passes "
-              "HTTP through hyper's server and client; neither routes, inspects or records), medians:")
+              "HTTP through hyper's server and client, `relay-axum` does the same as an axum handler under "
+              "`axum::serve`; none routes, inspects or records), medians:")
         print()
         print("| floor | mode | rps | CPU µs / request, samewise / floor | paired added p99 (ms), samewise / floor |")
         print("|---|---|---:|---|---|")
@@ -95,7 +96,7 @@ def compare(out, limit_ms) -> int:
         print("| proxy | mode | repeat | capacity (rps) | first failing step | why | CPU µs / request at capacity |")
         print("|---|---|---:|---:|---|---|---:|")
         for target, mode, rep in sorted({(r["target"], r.get("mode", "?"), r["repeat"]) for r in caps},
-                                        key=lambda k: (order.get(k[0], 5), k[1], k[2])):
+                                        key=lambda k: (order.get(k[0], 6), k[1], k[2])):
             steps = [r for r in caps if r["target"] == target and r.get("mode") == mode and r["repeat"] == rep]
             ok = [r for r in steps if ((r.get("added_paired_ms") or {}).get("p99") or 1e9) <= float(limit_ms)
                   and not r.get("errors") and not r.get("dropped")]

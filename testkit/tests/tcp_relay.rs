@@ -1,7 +1,8 @@
 //! `tcp-relay`, the proxy benchmark's floor, relays bytes both ways unchanged, and with `--http`
-//! relays HTTP requests: either way a real HTTP client reaches the mock upstream through it (a
-//! JSON answer and a stream on one keep-alive connection) and the mock sees exactly what was
-//! sent; an unreachable upstream is a 502 over HTTP, and a bad command line is an error.
+//! (hyper) or `--axum` (the gateway's framework) relays HTTP requests: each way a real HTTP
+//! client reaches the mock upstream through it (a JSON answer and a stream on one keep-alive
+//! connection) and the mock sees exactly what was sent; an unreachable upstream is a 502 over
+//! HTTP, and a bad command line is an error.
 
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
@@ -20,12 +21,13 @@ impl Drop for Relay {
     }
 }
 
-/// Starts `tcp-relay` in front of `to` (with `--http` when `http`); the process and its URL.
-fn relay(to: std::net::SocketAddr, http: bool) -> Result<(Relay, String)> {
+/// Starts `tcp-relay` in front of `to` (with `mode`, a flag such as `--http`, if any); the
+/// process and its URL.
+fn relay(to: std::net::SocketAddr, mode: Option<&str>) -> Result<(Relay, String)> {
     let mut child = Relay(
         Command::new(env!("CARGO_BIN_EXE_tcp-relay"))
             .args(["--to", &to.to_string(), "--threads", "2"])
-            .args(http.then_some("--http"))
+            .args(mode)
             .stdout(Stdio::piped())
             .spawn()?,
     );
@@ -53,29 +55,36 @@ async fn post(client: &reqwest::Client, url: &str, body: &Value) -> Result<(u16,
 
 #[tokio::test]
 async fn relays_a_json_answer_and_a_stream_unchanged() -> Result<()> {
-    relays_unchanged(false).await
+    relays_unchanged(None).await
 }
 
 #[tokio::test]
 async fn relays_http_requests_and_answers_unchanged() -> Result<()> {
-    relays_unchanged(true).await
+    relays_unchanged(Some("--http")).await
+}
+
+#[tokio::test]
+async fn relays_http_requests_and_answers_unchanged_through_axum() -> Result<()> {
+    relays_unchanged(Some("--axum")).await
 }
 
 #[tokio::test]
 async fn an_unreachable_upstream_is_a_502_over_http() -> Result<()> {
     // a port that was free a moment ago: nothing listens there
     let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let (_relay, url) = relay(closed, true)?;
-    let client = reqwest::Client::new();
-    let (status, body) = post(&client, &format!("{url}/v1/models"), &json!({})).await?;
-    assert_eq!(status, 502);
-    assert_eq!(body, "");
+    for mode in ["--http", "--axum"] {
+        let (_relay, url) = relay(closed, Some(mode))?;
+        let client = reqwest::Client::new();
+        let (status, body) = post(&client, &format!("{url}/v1/models"), &json!({})).await?;
+        assert_eq!(status, 502, "{mode}");
+        assert_eq!(body, "", "{mode}");
+    }
     Ok(())
 }
 
-async fn relays_unchanged(http: bool) -> Result<()> {
+async fn relays_unchanged(mode: Option<&str>) -> Result<()> {
     let mock = MockUpstream::builder().name("floor").start().await?;
-    let (_relay, url) = relay(mock.addr(), http)?;
+    let (_relay, url) = relay(mock.addr(), mode)?;
     let client = reqwest::Client::new();
     let ask = |stream: bool| json!({"model": "m", "messages": [{"role": "user", "content": "say hi"}], "stream": stream});
     let through = format!("{url}/v1/chat/completions");
@@ -127,5 +136,10 @@ fn a_missing_target_is_a_usage_error() -> Result<()> {
         .output()?;
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--to not-an-address"));
+    let out = Command::new(env!("CARGO_BIN_EXE_tcp-relay"))
+        .args(["--to", "127.0.0.1:9", "--http", "--axum"])
+        .output()?;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exclusive"));
     Ok(())
 }

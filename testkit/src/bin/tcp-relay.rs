@@ -1,13 +1,16 @@
-//! `tcp-relay`: the proxy benchmark's floor (driven by `bench/proxy/compare.sh`, targets
-//! `relay` and `relay-http`). It forwards bytes between each client connection and a connection
-//! of its own to `--to`, and does nothing else: no HTTP parsing, no routing, no records. With
-//! `--http` it is instead the least an HTTP proxy on hyper does: each request parsed by hyper's
-//! HTTP/1 server and sent on through hyper's pooled client (one per serving thread), the answer's
-//! body streamed back as it comes; still no routing, no body inspection, no records. Either way it
-//! serves the way the gateway does (one single-threaded tokio runtime per serving thread, each
-//! accepting on a duplicate of one listener, TCP_NODELAY on its sockets), so its CPU per request
-//! and its added latency are what a proxy on this runtime (and, with `--http`, this HTTP stack)
-//! pays before doing any work of its own. It prints `listening on http://ADDR` once it accepts.
+//! `tcp-relay`: the proxy benchmark's floors (driven by `bench/proxy/compare.sh`, targets
+//! `relay`, `relay-http` and `relay-axum`). It forwards bytes between each client connection
+//! and a connection of its own to `--to`, and does nothing else: no HTTP parsing, no routing, no
+//! records. With `--http` it is instead the least an HTTP proxy on hyper does: each request
+//! parsed by hyper's HTTP/1 server and sent on through hyper's pooled client (one per serving
+//! thread), the answer's body streamed back as it comes; still no routing, no body inspection,
+//! no records. With `--axum` the same pass-through is an axum handler served by `axum::serve`,
+//! the gateway's framework (its per-connection service, router and body type), still doing
+//! nothing of its own. Every mode serves the way the gateway does (one single-threaded tokio
+//! runtime per serving thread, each accepting on a duplicate of one listener, TCP_NODELAY on its
+//! sockets), so its CPU per request and its added latency are what a proxy on this runtime (and
+//! this HTTP stack, and this framework) pays before doing any work of its own. It prints
+//! `listening on http://ADDR` once it accepts.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -21,7 +24,18 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
-const USAGE: &str = "usage: tcp-relay --to ADDR [--listen ADDR] [--threads N] [--http]";
+const USAGE: &str = "usage: tcp-relay --to ADDR [--listen ADDR] [--threads N] [--http | --axum]";
+
+/// What a serving thread does with a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Bytes both ways.
+    Bytes,
+    /// Hyper's HTTP/1 server and pooled client.
+    Http,
+    /// The same pass-through as an axum handler under `axum::serve`.
+    Axum,
+}
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {
@@ -37,11 +51,19 @@ fn run(args: Vec<String>) -> Result<(), String> {
     let mut to: Option<SocketAddr> = None;
     let mut listen: SocketAddr = ([127, 0, 0, 1], 0).into();
     let mut threads = std::thread::available_parallelism().map_or(1, usize::from);
-    let mut http = false;
+    let mut mode = Mode::Bytes;
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
-        if flag == "--http" {
-            http = true;
+        let chosen = match flag.as_str() {
+            "--http" => Some(Mode::Http),
+            "--axum" => Some(Mode::Axum),
+            _ => None,
+        };
+        if let Some(m) = chosen {
+            if mode != Mode::Bytes && mode != m {
+                return Err("--http and --axum are exclusive".into());
+            }
+            mode = m;
             continue;
         }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -64,7 +86,7 @@ fn run(args: Vec<String>) -> Result<(), String> {
         serving.push(
             std::thread::Builder::new()
                 .name(format!("relay-{i}"))
-                .spawn(move || serve(accepting, to, http))
+                .spawn(move || serve(accepting, to, mode))
                 .map_err(|e| e.to_string())?,
         );
     }
@@ -80,8 +102,8 @@ fn run(args: Vec<String>) -> Result<(), String> {
 }
 
 /// One serving thread: accept on `listener` and relay each connection to `to` (as bytes, or as
-/// HTTP requests with `http`), forever.
-fn serve(listener: std::net::TcpListener, to: SocketAddr, http: bool) -> Result<(), String> {
+/// HTTP requests), forever.
+fn serve(listener: std::net::TcpListener, to: SocketAddr, mode: Mode) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -89,12 +111,11 @@ fn serve(listener: std::net::TcpListener, to: SocketAddr, http: bool) -> Result<
         .map_err(|e| format!("runtime: {e}"))?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
+        if mode == Mode::Axum {
+            return serve_axum(listener, to).await;
+        }
         // the HTTP mode's pooled client; the byte mode has none
-        let upstream: Option<Upstream> = http.then(|| {
-            let mut connector = HttpConnector::new();
-            connector.set_nodelay(true);
-            Client::builder(TokioExecutor::new()).build(connector)
-        });
+        let upstream: Option<Upstream<Incoming>> = (mode == Mode::Http).then(client);
         loop {
             let (client, _) = match listener.accept().await {
                 Ok(accepted) => accepted,
@@ -129,22 +150,43 @@ async fn byte_connection(mut client: tokio::net::TcpStream, to: SocketAddr) {
 }
 
 /// The pooled HTTP client of one serving thread; request bodies stream through as they came.
-type Upstream = Client<HttpConnector, Incoming>;
+type Upstream<B> = Client<HttpConnector, B>;
+
+/// A pooled client whose connections have TCP_NODELAY, as the gateway's have.
+fn client<B>() -> Upstream<B>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+{
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
+/// The request `req` sent on to `to`: same method, path, headers and body.
+fn retarget<B>(mut req: Request<B>, to: SocketAddr) -> Result<Request<B>, StatusCode> {
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let uri = format!("http://{to}{path}")
+        .parse()
+        .map_err(|_| StatusCode::BAD_REQUEST)?;
+    *req.uri_mut() = uri;
+    Ok(req)
+}
 
 /// Serves HTTP/1 on `client`, each request sent on to `to` (same method, path, headers and
 /// body) and its answer returned as it streams; 502 with no body when `to` cannot be reached.
-async fn http_connection(client: tokio::net::TcpStream, upstream: Upstream, to: SocketAddr) {
-    let service = service_fn(move |mut req: Request<Incoming>| {
+async fn http_connection(
+    client: tokio::net::TcpStream,
+    upstream: Upstream<Incoming>,
+    to: SocketAddr,
+) {
+    let service = service_fn(move |req: Request<Incoming>| {
         let upstream = upstream.clone();
         async move {
-            let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-            let uri = match format!("http://{to}{path}").parse() {
-                Ok(uri) => uri,
-                Err(_) => {
-                    return Ok::<_, std::convert::Infallible>(status(StatusCode::BAD_REQUEST));
-                }
+            let req = match retarget(req, to) {
+                Ok(req) => req,
+                Err(code) => return Ok::<_, std::convert::Infallible>(status(code)),
             };
-            *req.uri_mut() = uri;
             Ok(match upstream.request(req).await {
                 Ok(resp) => resp.map(Either::Left),
                 Err(e) => {
@@ -164,4 +206,32 @@ fn status(code: StatusCode) -> Response<Either<Incoming, Empty<Bytes>>> {
     let mut resp = Response::new(Either::Right(Empty::new()));
     *resp.status_mut() = code;
     resp
+}
+
+/// The `--axum` mode of one serving thread: every path goes to one handler that sends the
+/// request on to `to` through the thread's pooled client and streams the answer back, served
+/// by `axum::serve` as the gateway's routes are (TCP_NODELAY on each accepted socket).
+async fn serve_axum(listener: tokio::net::TcpListener, to: SocketAddr) -> Result<(), String> {
+    use axum::serve::ListenerExt;
+    let upstream: Upstream<axum::body::Body> = client();
+    let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+        let upstream = upstream.clone();
+        async move {
+            let req = match retarget(req, to) {
+                Ok(req) => req,
+                Err(code) => return status(code).map(axum::body::Body::new),
+            };
+            match upstream.request(req).await {
+                Ok(resp) => resp.map(axum::body::Body::new),
+                Err(e) => {
+                    eprintln!("tcp-relay: upstream {to}: {e}");
+                    status(StatusCode::BAD_GATEWAY).map(axum::body::Body::new)
+                }
+            }
+        }
+    });
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, app).await.map_err(|e| e.to_string())
 }
