@@ -200,13 +200,12 @@ pub async fn serve_router_with(
     let mut shards = Vec::with_capacity(opts.threads.max(1));
     for i in 0..opts.threads.max(1) {
         let anchor = opts.timer_anchor.map(|p| Arc::new(TimerAnchor::new(p)));
-        let app = app()?.layer(axum::middleware::from_fn_with_state(
-            PerRequest {
-                cut: cut.clone(),
-                anchor: anchor.clone(),
-            },
-            per_request,
-        ));
+        let app = PerRequest {
+            // every handler made into its service here, once per thread (see `shard`)
+            router: app()?.with_state(()),
+            cut: cut.clone(),
+            anchor: anchor.clone(),
+        };
         // each thread makes its runtime and registers its listener there (a runtime must not
         // be dropped on an async thread), and says whether that worked before it serves
         let accepting = listener.try_clone()?;
@@ -275,7 +274,7 @@ pub async fn serve_router_with(
 /// are done, or until `force` fires.
 async fn shard(
     listener: tokio::net::TcpListener,
-    app: Router,
+    app: PerRequest,
     draining: CancellationToken,
     force: CancellationToken,
 ) -> std::io::Result<()> {
@@ -286,9 +285,14 @@ async fn shard(
             tracing::debug!(error = %e, "cannot set TCP_NODELAY on an accepted socket");
         }
     });
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(draining.cancelled_owned())
-        .into_future();
+    // each connection gets a clone of `app` (the router behind an Arc): `axum::serve(listener,
+    // router)` would re-make the router, every route's service cloned, per connection accepted
+    let server = axum::serve(
+        listener,
+        axum::ServiceExt::<Request>::into_make_service(app),
+    )
+    .with_graceful_shutdown(draining.cancelled_owned())
+    .into_future();
     tokio::select! {
         served = server => served,
         () = force.cancelled() => Ok(()),
@@ -330,43 +334,57 @@ async fn run_on(
     }
 }
 
-/// The state of [`per_request`], one per serving thread.
+/// What a serving thread serves: its router, with what each request does first: touch the
+/// thread's [`TimerAnchor`], and, once `cut` fires (the drain deadline), answer a request still
+/// waiting for its answer with a 503 and end a response body still open with an error.
+///
+/// A service around the whole router rather than a per-route middleware
+/// (`axum::middleware::from_fn`), which boxes its inner service and clones a route per request.
 #[derive(Clone)]
 struct PerRequest {
+    router: Router,
     /// Fires at the drain deadline.
     cut: CancellationToken,
     /// The thread's timer anchor, if it keeps one.
     anchor: Option<Arc<TimerAnchor>>,
 }
 
-/// Middleware of [`serve_router_with`]: touches the serving thread's [`TimerAnchor`]; once `cut`
-/// fires (the drain deadline), a request still waiting for its answer gets a 503 and a
-/// response body still open ends with an error.
-async fn per_request(
-    State(PerRequest { cut, anchor }): State<PerRequest>,
-    req: Request,
-    next: Next,
-) -> Response {
-    if let Some(a) = &anchor {
-        a.touch();
+impl tower_service::Service<Request> for PerRequest {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // a router is always ready
+        Poll::Ready(Ok(()))
     }
-    let resp = tokio::select! {
-        resp = next.run(req) => resp,
-        () = cut.cancelled() => {
-            return ApiError::ShuttingDown
-            .into_response();
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        if let Some(a) = &self.anchor {
+            a.touch();
         }
-    };
-    resp.map(|inner| {
-        Body::new(CutBody {
-            inner,
-            cut: Box::pin(cut.cancelled_owned()),
+        let answer = tower_service::Service::call(&mut self.router, req);
+        let cut = self.cut.clone();
+        Box::pin(async move {
+            let resp = tokio::select! {
+                resp = answer => match resp {
+                    Ok(resp) => resp,
+                    Err(never) => match never {},
+                },
+                () = cut.cancelled() => return Ok(ApiError::ShuttingDown.into_response()),
+            };
+            Ok(resp.map(|inner| {
+                Body::new(CutBody {
+                    inner,
+                    cut: Box::pin(cut.cancelled_owned()),
+                })
+            }))
         })
-    })
+    }
 }
 
 /// A response body that ends with an error when the drain deadline fires (see
-/// [`per_request`]); until then it is `inner`, frame for frame.
+/// [`PerRequest`]); until then it is `inner`, frame for frame.
 struct CutBody {
     /// The response's own body.
     inner: Body,
@@ -399,12 +417,15 @@ impl http_body::Body for CutBody {
     }
 }
 
-async fn chat(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    forward::handle(state, Route::Chat, headers, body).await
+// (the request whole, not `HeaderMap` and `Body` extractors: those clone the headers)
+async fn chat(State(state): State<AppState>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    forward::handle(state, Route::Chat, parts.headers, body).await
 }
 
-async fn completions(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    forward::handle(state, Route::Completions, headers, body).await
+async fn completions(State(state): State<AppState>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    forward::handle(state, Route::Completions, parts.headers, body).await
 }
 
 async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
