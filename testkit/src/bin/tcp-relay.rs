@@ -163,14 +163,28 @@ where
     Client::builder(TokioExecutor::new()).build(connector)
 }
 
-/// The request `req` sent on to `to`: same method, path, headers and body.
-fn retarget<B>(mut req: Request<B>, to: SocketAddr) -> Result<Request<B>, StatusCode> {
+/// `req` sent on to `to` (same method, path, headers and body) through `upstream`: the answer,
+/// or the status to answer instead (400 for a path that makes no URI, 502 when `to` cannot be
+/// reached).
+async fn pass<B>(
+    upstream: &Upstream<B>,
+    mut req: Request<B>,
+    to: SocketAddr,
+) -> Result<Response<Incoming>, StatusCode>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
     let uri = format!("http://{to}{path}")
         .parse()
         .map_err(|_| StatusCode::BAD_REQUEST)?;
     *req.uri_mut() = uri;
-    Ok(req)
+    upstream.request(req).await.map_err(|e| {
+        eprintln!("tcp-relay: upstream {to}: {e}");
+        StatusCode::BAD_GATEWAY
+    })
 }
 
 /// Serves HTTP/1 on `client`, each request sent on to `to` (same method, path, headers and
@@ -183,16 +197,9 @@ async fn http_connection(
     let service = service_fn(move |req: Request<Incoming>| {
         let upstream = upstream.clone();
         async move {
-            let req = match retarget(req, to) {
-                Ok(req) => req,
-                Err(code) => return Ok::<_, std::convert::Infallible>(status(code)),
-            };
-            Ok(match upstream.request(req).await {
+            Ok::<_, std::convert::Infallible>(match pass(&upstream, req, to).await {
                 Ok(resp) => resp.map(Either::Left),
-                Err(e) => {
-                    eprintln!("tcp-relay: upstream {to}: {e}");
-                    status(StatusCode::BAD_GATEWAY)
-                }
+                Err(code) => status(code),
             })
         }
     });
@@ -210,28 +217,25 @@ fn status(code: StatusCode) -> Response<Either<Incoming, Empty<Bytes>>> {
 
 /// The `--axum` mode of one serving thread: every path goes to one handler that sends the
 /// request on to `to` through the thread's pooled client and streams the answer back, served
-/// by `axum::serve` as the gateway's routes are (TCP_NODELAY on each accepted socket).
+/// by `axum::serve` as the gateway's routes are (the router made once, TCP_NODELAY on each
+/// accepted socket).
 async fn serve_axum(listener: tokio::net::TcpListener, to: SocketAddr) -> Result<(), String> {
     use axum::serve::ListenerExt;
     let upstream: Upstream<axum::body::Body> = client();
     let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
         let upstream = upstream.clone();
         async move {
-            let req = match retarget(req, to) {
-                Ok(req) => req,
-                Err(code) => return status(code).map(axum::body::Body::new),
-            };
-            match upstream.request(req).await {
+            match pass(&upstream, req, to).await {
                 Ok(resp) => resp.map(axum::body::Body::new),
-                Err(e) => {
-                    eprintln!("tcp-relay: upstream {to}: {e}");
-                    status(StatusCode::BAD_GATEWAY).map(axum::body::Body::new)
-                }
+                Err(code) => status(code).map(axum::body::Body::new),
             }
         }
     });
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    axum::serve(listener, app).await.map_err(|e| e.to_string())
+    // the router made once and shared by every connection, as the gateway's serving threads do
+    axum::serve(listener, app.with_state(()).into_make_service())
+        .await
+        .map_err(|e| e.to_string())
 }
