@@ -90,7 +90,7 @@ point() {
     $BIN/loadgen rate --direct "$MOCK/v1" --proxy "$url" --key "$key" --model bench \
         --direct-model bench-model --rate "$3" --duration "$DURATION" --warmup "$WARMUP" $flag \
         >"$OUT/point.json" 2>>"$OUT/loadgen.log" || echo '{}' >"$OUT/point.json"
-    sleep 1 # the record writer's last batch
+    sleep 2 # the record writer's last batch (written at most flush_interval, 1 s, after its first record)
     t1=$(cpu_ticks "$pid") m1=$(cpu_ticks "$MOCK_PID")
     rss=$(rss_kb "$pid")
     if [[ "$1" == relay* ]]; then

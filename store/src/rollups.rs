@@ -14,6 +14,7 @@
 //! Rollups are not touched by request-record retention ([`Store::delete_rollups_before`]
 //! is their own, longer, retention).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 use sqlx::{Database, QueryBuilder, Row};
@@ -338,26 +339,37 @@ pub fn minute_of(ts_ms: i64) -> i64 {
     ts_ms.div_euclid(MINUTE_MS) * MINUTE_MS
 }
 
-/// A label as stored: at most [`MAX_LABEL_CHARS`] characters, NUL replaced.
-fn label(s: &str) -> String {
-    text(s).chars().take(MAX_LABEL_CHARS).collect()
+/// A label as stored: at most [`MAX_LABEL_CHARS`] characters, NUL replaced (borrowed when
+/// that changes nothing).
+fn label(s: &str) -> Cow<'_, str> {
+    match text(s) {
+        Cow::Borrowed(b) => match b.char_indices().nth(MAX_LABEL_CHARS) {
+            None => Cow::Borrowed(b),
+            Some((end, _)) => Cow::Borrowed(&b[..end]),
+        },
+        Cow::Owned(o) => Cow::Owned(o.chars().take(MAX_LABEL_CHARS).collect()),
+    }
 }
 
 /// The minute, hour and day rows and labelled counts that `rows` add.
-pub(crate) struct Deltas {
-    grains: Vec<GrainDeltas>,
+pub(crate) struct Deltas<'a> {
+    grains: Vec<GrainDeltas<'a>>,
 }
 
-/// The rows one grain's tables get.
-struct GrainDeltas {
+/// The rows one grain's tables get: (endpoint, start, model, sums) and (endpoint, start,
+/// dimension, label, count), as stored, borrowed from the records where storing changes nothing.
+struct GrainDeltas<'a> {
     grain: Grain,
-    rows: Vec<(String, i64, String, Rollup)>,
-    labels: Vec<(String, i64, &'static str, String, i64)>,
+    rows: Vec<(Cow<'a, str>, i64, Cow<'a, str>, Rollup)>,
+    labels: Vec<(LabelKey<'a>, i64)>,
 }
 
-impl Deltas {
+/// A labelled count's key as stored: endpoint, start, dimension, label.
+type LabelKey<'a> = (Cow<'a, str>, i64, &'static str, Cow<'a, str>);
+
+impl<'a> Deltas<'a> {
     /// Sums `rows` (only those with an endpoint) per endpoint and minute, hour and day.
-    pub(crate) fn of<'a>(rows: impl IntoIterator<Item = &'a RequestRecord> + Clone) -> Deltas {
+    pub(crate) fn of(rows: impl IntoIterator<Item = &'a RequestRecord> + Clone) -> Deltas<'a> {
         Deltas {
             grains: [MINUTES, HOURS, DAYS]
                 .into_iter()
@@ -367,11 +379,11 @@ impl Deltas {
     }
 
     /// The upsert statements for the deltas, to run inside the records' transaction.
-    pub(crate) fn statements<'a, DB>(&'a self) -> Vec<QueryBuilder<'a, DB>>
+    pub(crate) fn statements<'q, DB>(&'q self) -> Vec<QueryBuilder<'q, DB>>
     where
         DB: Database,
-        &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-        i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+        &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     {
         self.grains
             .iter()
@@ -380,42 +392,56 @@ impl Deltas {
     }
 }
 
-impl GrainDeltas {
-    fn of<'a>(grain: Grain, rows: impl IntoIterator<Item = &'a RequestRecord>) -> GrainDeltas {
-        let mut sums: HashMap<(String, i64), (String, Rollup)> = HashMap::new();
-        let mut labels: HashMap<(String, i64, &'static str, String), i64> = HashMap::new();
+impl<'a> GrainDeltas<'a> {
+    fn of(grain: Grain, rows: impl IntoIterator<Item = &'a RequestRecord>) -> GrainDeltas<'a> {
+        // Summed under the records' own strings (no copy per record), then keyed as stored:
+        // two strings that store alike (NUL replaced, a label cut) must make one row, or one
+        // upsert would touch a row twice.
+        let mut sums: HashMap<(&'a str, i64), (&'a str, Rollup)> = HashMap::new();
+        let mut labels: HashMap<(&'a str, i64, &'static str, &'a str), i64> = HashMap::new();
         for r in rows {
             let Some(endpoint) = r.endpoint.as_deref() else {
                 continue;
             };
-            let endpoint = text(endpoint).into_owned();
             let at = r.ts_ms.div_euclid(grain.ms) * grain.ms;
-            sums.entry((endpoint.clone(), at))
-                .or_insert_with(|| (text(&r.model).into_owned(), Rollup::default()))
+            sums.entry((endpoint, at))
+                .or_insert_with(|| (r.model.as_str(), Rollup::default()))
                 .1
                 .add(r);
             if let Some(k) = &r.error_kind {
                 *labels
-                    .entry((endpoint.clone(), at, "error_kind", label(k)))
+                    .entry((endpoint, at, "error_kind", k.as_str()))
                     .or_default() += 1;
             }
             if let Some(f) = &r.finish_reason {
                 *labels
-                    .entry((endpoint, at, "finish_reason", label(f)))
+                    .entry((endpoint, at, "finish_reason", f.as_str()))
                     .or_default() += 1;
             }
         }
-        let mut rows: Vec<_> = sums
+        let mut stored: HashMap<(Cow<'a, str>, i64), (Cow<'a, str>, Rollup)> = HashMap::new();
+        for ((e, at), (model, r)) in sums {
+            match stored.entry((text(e), at)) {
+                std::collections::hash_map::Entry::Occupied(mut o) => o.get_mut().1.merge(&r),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert((text(model), r));
+                }
+            }
+        }
+        let mut stored_labels: HashMap<LabelKey<'a>, i64> = HashMap::new();
+        for ((e, at, dim, l), n) in labels {
+            *stored_labels
+                .entry((text(e), at, dim, label(l)))
+                .or_default() += n;
+        }
+        let mut rows: Vec<_> = stored
             .into_iter()
             .map(|((e, m), (model, r))| (e, m, model, r))
             .collect();
         // a fixed order, so concurrent writers take row locks in the same order
         rows.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
-        let mut labels: Vec<_> = labels
-            .into_iter()
-            .map(|((e, m, d, l), n)| (e, m, d, l, n))
-            .collect();
-        labels.sort_by(|a, b| (&a.0, a.1, a.2, &a.3).cmp(&(&b.0, b.1, b.2, &b.3)));
+        let mut labels: Vec<_> = stored_labels.into_iter().collect();
+        labels.sort_by(|a, b| a.0.cmp(&b.0));
         GrainDeltas {
             grain,
             rows,
@@ -423,11 +449,11 @@ impl GrainDeltas {
         }
     }
 
-    fn statements<'a, DB>(&'a self) -> Vec<QueryBuilder<'a, DB>>
+    fn statements<'q, DB>(&'q self) -> Vec<QueryBuilder<'q, DB>>
     where
         DB: Database,
-        &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-        i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+        &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     {
         let Grain {
             table, labels, col, ..
@@ -439,9 +465,9 @@ impl GrainDeltas {
             qb.push(value_columns().join(", "));
             qb.push(") ");
             qb.push_values(chunk, |mut b, (endpoint, at, model, r)| {
-                b.push_bind(endpoint.as_str())
+                b.push_bind(endpoint.as_ref())
                     .push_bind(*at)
-                    .push_bind(model.as_str());
+                    .push_bind(model.as_ref());
                 for v in r
                     .scalars()
                     .into_iter()
@@ -463,11 +489,11 @@ impl GrainDeltas {
             let mut qb = QueryBuilder::<DB>::new(format!(
                 "INSERT INTO {labels} (endpoint, {col}, dim, label, n) "
             ));
-            qb.push_values(chunk, |mut b, (endpoint, at, dim, l, n)| {
-                b.push_bind(endpoint.as_str())
+            qb.push_values(chunk, |mut b, ((endpoint, at, dim, l), n)| {
+                b.push_bind(endpoint.as_ref())
                     .push_bind(*at)
                     .push_bind(*dim)
-                    .push_bind(l.as_str())
+                    .push_bind(l.as_ref())
                     .push_bind(*n);
             });
             qb.push(format!(

@@ -2,7 +2,10 @@
 //! [`RequestRecord`] to [`RecordSender::try_send`], which never blocks or awaits: the
 //! record goes into a bounded queue, or, when the queue is full, is dropped and counted in
 //! [`RecordSender::dropped`]. One task drains the queue and writes batches of up to
-//! `max_batch` rows, at most `flush_interval` after the first row of a batch arrived.
+//! `max_batch` rows, at most `flush_interval` after the first row of a batch arrived. While
+//! it fills a batch the task sleeps: it is woken by the deadline, or by the sender that finds
+//! a whole batch's worth waiting in the queue ([`RecordSender::try_send`] checks the queue's
+//! length, two atomic loads), not by each record nor by a polling tick.
 //!
 //! A database that is away (PostgreSQL stopped or unreachable, a SQLite disk full: see
 //! [`StoreError::is_unavailable`]) loses nothing by itself: the batch in hand is tried again,
@@ -37,7 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::{NewCapturedBody, RequestRecord, Store, StoreError};
@@ -45,11 +48,6 @@ use crate::{NewCapturedBody, RequestRecord, Store, StoreError};
 /// How often the writer makes sure the next days' partitions exist (they are created
 /// [`crate::partitions::DAYS_AHEAD`] days ahead, so an hour is ample).
 const PARTITION_CHECK_EVERY: Duration = Duration::from_secs(3600);
-
-/// How long the writer sleeps between takes while it fills a batch (at most
-/// `flush_interval` in all): records that arrive meanwhile wait in the queue and are taken
-/// together, rather than each waking the writer.
-const FILL_TICK: Duration = Duration::from_millis(10);
 
 /// Longest pause between two tries of a batch while the database is away: writes resume at
 /// most this long (plus one connection attempt) after it returns.
@@ -89,7 +87,10 @@ impl Default for RecordWriterConfig {
         RecordWriterConfig {
             capacity: 10_000,
             max_batch: 500,
-            flush_interval: Duration::from_millis(200),
+            // a second: a batch per second (or per `max_batch` rows) costs the writer about
+            // half the CPU per record of five a second (bench/proxy, README "Benchmarks"), and a
+            // record still reaches the dashboards within a second or two of its request
+            flush_interval: Duration::from_secs(1),
             max_retries: 4,
             retry_backoff: Duration::from_millis(100),
             max_queued_body_bytes: 64 << 20,
@@ -106,6 +107,10 @@ pub struct RecordSender {
     max_body_bytes: usize,
     /// The bound on queued record bytes.
     max_record_bytes: usize,
+    /// Rows per batch: a queue this long wakes the writer before its flush deadline.
+    max_batch: usize,
+    /// Wakes the writer filling a batch when the queue holds a whole batch.
+    batch_ready: Arc<Notify>,
     counters: Arc<Counters>,
 }
 
@@ -178,7 +183,12 @@ impl RecordSender {
                 bytes,
                 body,
             }) {
-                Ok(()) => return true,
+                Ok(()) => {
+                    if self.queued() >= self.max_batch {
+                        self.batch_ready.notify_one();
+                    }
+                    return true;
+                }
                 Err(e) => {
                     let q = e.into_inner();
                     unreserve(&c.record_bytes_queued, q.bytes);
@@ -252,11 +262,22 @@ impl RecordWriter {
         let counters = Arc::new(Counters::default());
         let max_body_bytes = cfg.max_queued_body_bytes;
         let max_record_bytes = cfg.max_queued_record_bytes;
-        let task = tokio::spawn(run(store, cfg, rx, stop_rx, Arc::clone(&counters)));
+        let max_batch = cfg.max_batch.max(1);
+        let batch_ready = Arc::new(Notify::new());
+        let task = tokio::spawn(run(
+            store,
+            cfg,
+            rx,
+            stop_rx,
+            Arc::clone(&counters),
+            Arc::clone(&batch_ready),
+        ));
         let sender = RecordSender {
             tx,
             max_body_bytes,
             max_record_bytes,
+            max_batch,
+            batch_ready,
             counters: Arc::clone(&counters),
         };
         (
@@ -293,6 +314,7 @@ async fn run(
     mut rx: mpsc::Receiver<Queued>,
     mut stop: watch::Receiver<bool>,
     counters: Arc<Counters>,
+    batch_ready: Arc<Notify>,
 ) {
     let max_batch = cfg.max_batch.max(1);
     let mut batch: Vec<Queued> = Vec::with_capacity(max_batch);
@@ -335,12 +357,18 @@ async fn run(
                     }
                 }
             }
-            // Fill the batch until it is full or flush_interval has passed: sleep a tick,
-            // then take what arrived meanwhile without waiting, so a busy gateway wakes this
-            // task once per tick instead of once per record.
+            // Fill the batch until it is full or flush_interval has passed: sleep until the
+            // deadline or until a sender sees a whole batch queued, then take what arrived
+            // without waiting. A wake-up that finds less (a notice left from before this
+            // batch) sleeps again.
             let deadline = tokio::time::Instant::now() + cfg.flush_interval;
-            while batch.len() < max_batch && !stopping {
-                let tick = (tokio::time::Instant::now() + FILL_TICK).min(deadline);
+            while !stopping {
+                if take_ready(&mut rx, &mut batch, max_batch)
+                    || batch.len() >= max_batch
+                    || tokio::time::Instant::now() >= deadline
+                {
+                    break;
+                }
                 tokio::select! {
                     biased;
                     changed = stop.changed(), if handle_alive => {
@@ -351,12 +379,8 @@ async fn run(
                             handle_alive = false;
                         }
                     }
-                    () = tokio::time::sleep_until(tick) => {}
-                }
-                if take_ready(&mut rx, &mut batch, max_batch)
-                    || tokio::time::Instant::now() >= deadline
-                {
-                    break;
+                    () = batch_ready.notified() => {}
+                    () = tokio::time::sleep_until(deadline) => {}
                 }
             }
         }

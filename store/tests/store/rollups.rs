@@ -8,6 +8,7 @@ use samewise_store::{KeyOptions, ProbeRun, ProbeRunQuery, RollupQuery};
 
 both!(
     rollups_follow_inserts,
+    strings_that_store_alike_roll_up_as_one,
     long_ranges_read_hours_and_minute_edges,
     day_hour_and_minute_covers_sum_like_the_minutes,
     series_steps_of_hours_and_days,
@@ -140,6 +141,34 @@ async fn rollups_follow_inserts(db: TestDb) -> Result<()> {
         .await?;
     ensure!(first_minute[0].totals.requests == 2, "{first_minute:?}");
     ensure!(first_minute[0].error_kinds.get("upstream_5xx") == Some(&1));
+    Ok(())
+}
+
+async fn strings_that_store_alike_roll_up_as_one(db: TestDb) -> Result<()> {
+    // An endpoint with a NUL stores as the same name with U+FFFD, and labels are cut at 64
+    // characters: records that differ only so make one rollup row and one label count (one
+    // upsert touching a row twice would fail on PostgreSQL).
+    let long = "r".repeat(64);
+    let mut a = attempt("a", "p/e\0x", T0 + 1_000, 40.0, None);
+    a.finish_reason = Some(format!("{long}1"));
+    let mut b = attempt("b", "p/e\u{FFFD}x", T0 + 2_000, 40.0, None);
+    b.finish_reason = Some(format!("{long}2"));
+    db.store.insert_request_records(&[a, b]).await?;
+    let all = db
+        .store
+        .endpoint_rollups(&RollupQuery {
+            since_ms: T0,
+            until_ms: T0 + MINUTE_MS,
+            ..RollupQuery::default()
+        })
+        .await?;
+    ensure!(all.len() == 1, "{all:?}");
+    ensure!(all[0].endpoint == "p/e\u{FFFD}x" && all[0].totals.requests == 2);
+    ensure!(
+        all[0].finish_reasons.get(&long) == Some(&2),
+        "{:?}",
+        all[0].finish_reasons
+    );
     Ok(())
 }
 

@@ -8,6 +8,7 @@ both!(
     writer_counts_drops_when_full,
     writer_bounds_the_queue_in_bytes,
     writer_shutdown_flushes,
+    writer_writes_full_batches_before_the_deadline,
     writer_counts_write_errors,
     writer_isolates_a_refused_row,
 );
@@ -107,6 +108,33 @@ async fn writer_shutdown_flushes(db: TestDb) -> Result<()> {
     writer.shutdown().await;
     ensure!(tx.written() == 300 && tx.queued() == 0);
     ensure!(db.store.request_records(&all(1000)).await?.len() == 300);
+    Ok(())
+}
+
+async fn writer_writes_full_batches_before_the_deadline(db: TestDb) -> Result<()> {
+    // a flush interval far longer than the test: only full batches are written before shutdown
+    let cfg = RecordWriterConfig {
+        max_batch: 10,
+        flush_interval: Duration::from_secs(3600),
+        ..RecordWriterConfig::default()
+    };
+    let (tx, writer) = RecordWriter::spawn(db.store.clone(), cfg);
+    for i in 0..25 {
+        ensure!(tx.try_send(full_record(&format!("f{i:02}"), 1, i)));
+        tokio::task::yield_now().await;
+    }
+    let store = db.store.clone();
+    eventually(Duration::from_secs(20), "two full batches written", || {
+        let tx = tx.clone();
+        async move { Ok(tx.written() == 20) }
+    })
+    .await?;
+    // the rest is not a batch: it waits for its deadline (an hour), so it is still unwritten
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    ensure!(tx.written() == 20, "written {}", tx.written());
+    ensure!(store.request_records(&all(100)).await?.len() == 20);
+    writer.shutdown().await;
+    ensure!(tx.written() == 25 && tx.queued() == 0 && tx.dropped() == 0);
     Ok(())
 }
 
