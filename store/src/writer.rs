@@ -4,8 +4,10 @@
 //! [`RecordSender::dropped`]. One task drains the queue and writes batches of up to
 //! `max_batch` rows, at most `flush_interval` after the first row of a batch arrived. While
 //! it fills a batch the task sleeps: it is woken by the deadline, or by the sender that finds
-//! a whole batch's worth waiting in the queue ([`RecordSender::try_send`] checks the queue's
-//! length, two atomic loads), not by each record nor by a polling tick.
+//! the queue holding a batch's worth (`max_batch` rows, or half the queue's bound in records or
+//! in bytes when that is less: see [`wake_at`]; [`RecordSender::try_send`] checks with three
+//! atomic loads), not by each record nor by a polling tick. Such a batch is written at once, so a
+//! small queue empties before it fills.
 //!
 //! A database that is away (PostgreSQL stopped or unreachable, a SQLite disk full: see
 //! [`StoreError::is_unavailable`]) loses nothing by itself: the batch in hand is tried again,
@@ -107,9 +109,9 @@ pub struct RecordSender {
     max_body_bytes: usize,
     /// The bound on queued record bytes.
     max_record_bytes: usize,
-    /// Rows per batch: a queue this long wakes the writer before its flush deadline.
-    max_batch: usize,
-    /// Wakes the writer filling a batch when the queue holds a whole batch.
+    /// A queue this long (in records) wakes the writer before its flush deadline.
+    wake_at: usize,
+    /// Wakes the writer filling a batch when the queue holds a batch's worth.
     batch_ready: Arc<Notify>,
     counters: Arc<Counters>,
 }
@@ -184,7 +186,10 @@ impl RecordSender {
                 body,
             }) {
                 Ok(()) => {
-                    if self.queued() >= self.max_batch {
+                    if self.queued() >= self.wake_at
+                        || c.record_bytes_queued.load(Ordering::Relaxed)
+                            >= self.max_record_bytes / 2
+                    {
                         self.batch_ready.notify_one();
                     }
                     return true;
@@ -262,7 +267,7 @@ impl RecordWriter {
         let counters = Arc::new(Counters::default());
         let max_body_bytes = cfg.max_queued_body_bytes;
         let max_record_bytes = cfg.max_queued_record_bytes;
-        let max_batch = cfg.max_batch.max(1);
+        let wake_at = wake_at(&cfg);
         let batch_ready = Arc::new(Notify::new());
         let task = tokio::spawn(run(
             store,
@@ -276,7 +281,7 @@ impl RecordWriter {
             tx,
             max_body_bytes,
             max_record_bytes,
-            max_batch,
+            wake_at,
             batch_ready,
             counters: Arc::clone(&counters),
         };
@@ -317,6 +322,7 @@ async fn run(
     batch_ready: Arc<Notify>,
 ) {
     let max_batch = cfg.max_batch.max(1);
+    let wake_at = wake_at(&cfg);
     let mut batch: Vec<Queued> = Vec::with_capacity(max_batch);
     // Set once shutdown was asked for: the queue is closed and only drained from then on.
     let mut stopping = false;
@@ -357,14 +363,16 @@ async fn run(
                     }
                 }
             }
-            // Fill the batch until it is full or flush_interval has passed: sleep until the
-            // deadline or until a sender sees a whole batch queued, then take what arrived
-            // without waiting. A wake-up that finds less (a notice left from before this
-            // batch) sleeps again.
+            // Fill the batch until it holds a batch's worth or flush_interval has passed: sleep
+            // until the deadline or until a sender sees a batch's worth queued, then take what
+            // arrived without waiting. A wake-up that finds less (a notice left from before
+            // this batch) sleeps again.
             let deadline = tokio::time::Instant::now() + cfg.flush_interval;
+            let half_bytes = cfg.max_queued_record_bytes / 2;
             while !stopping {
                 if take_ready(&mut rx, &mut batch, max_batch)
-                    || batch.len() >= max_batch
+                    || batch.len() >= wake_at
+                    || counters.record_bytes_queued.load(Ordering::Relaxed) >= half_bytes
                     || tokio::time::Instant::now() >= deadline
                 {
                     break;
@@ -407,6 +415,13 @@ async fn run(
             }
         }
     }
+}
+
+/// How many queued records make a batch's worth, written before its deadline: `max_batch`, or
+/// half the queue's capacity when that is less (so that a small queue is emptied before it is
+/// full and drops records).
+fn wake_at(cfg: &RecordWriterConfig) -> usize {
+    cfg.max_batch.max(1).min((cfg.capacity / 2).max(1))
 }
 
 /// Takes the records already queued, without waiting, until `batch` holds `max_batch`; true

@@ -9,6 +9,7 @@ both!(
     writer_bounds_the_queue_in_bytes,
     writer_shutdown_flushes,
     writer_writes_full_batches_before_the_deadline,
+    writer_empties_a_small_queue_before_it_fills,
     writer_counts_write_errors,
     writer_isolates_a_refused_row,
 );
@@ -135,6 +136,48 @@ async fn writer_writes_full_batches_before_the_deadline(db: TestDb) -> Result<()
     ensure!(store.request_records(&all(100)).await?.len() == 20);
     writer.shutdown().await;
     ensure!(tx.written() == 25 && tx.queued() == 0 && tx.dropped() == 0);
+    Ok(())
+}
+
+async fn writer_empties_a_small_queue_before_it_fills(db: TestDb) -> Result<()> {
+    // A queue smaller than a batch, in records and then in bytes, and a flush interval far
+    // longer than the test: the writer is woken when the queue is half full and writes what it
+    // holds, so steady senders lose nothing.
+    let one = full_record("q0", 1, 0).approx_bytes();
+    let small = [
+        RecordWriterConfig {
+            capacity: 8,
+            flush_interval: Duration::from_secs(3600),
+            ..RecordWriterConfig::default()
+        },
+        RecordWriterConfig {
+            max_queued_record_bytes: 8 * one,
+            flush_interval: Duration::from_secs(3600),
+            ..RecordWriterConfig::default()
+        },
+    ];
+    for (n, cfg) in small.into_iter().enumerate() {
+        let (tx, writer) = RecordWriter::spawn(db.store.clone(), cfg);
+        for i in 0..40 {
+            let id = format!("q{n}-{i:02}");
+            // a sender that waits for room, as steady traffic gives the writer time
+            eventually(Duration::from_secs(20), "room in the queue", || {
+                let ok = tx.queued() < 7 && tx.queued_bytes() < 7 * one;
+                async move { Ok(ok) }
+            })
+            .await?;
+            ensure!(tx.try_send(full_record(&id, 1, i)), "{id} dropped");
+            tokio::task::yield_now().await;
+        }
+        eventually(Duration::from_secs(20), "most records written", || {
+            let w = tx.written();
+            async move { Ok(w >= 36) }
+        })
+        .await?;
+        ensure!(tx.dropped() == 0);
+        writer.shutdown().await;
+        ensure!(tx.written() == 40 && tx.dropped() == 0);
+    }
     Ok(())
 }
 
