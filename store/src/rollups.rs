@@ -394,45 +394,32 @@ impl<'a> Deltas<'a> {
 
 impl<'a> GrainDeltas<'a> {
     fn of(grain: Grain, rows: impl IntoIterator<Item = &'a RequestRecord>) -> GrainDeltas<'a> {
-        // Summed under the records' own strings (no copy per record), then keyed as stored:
-        // two strings that store alike (NUL replaced, a label cut) must make one row, or one
-        // upsert would touch a row twice.
-        let mut sums: HashMap<(&'a str, i64), (&'a str, Rollup)> = HashMap::new();
-        let mut labels: HashMap<(&'a str, i64, &'static str, &'a str), i64> = HashMap::new();
+        // Keyed as stored (NUL replaced, labels cut): two strings that store alike make one row,
+        // or one upsert would touch a row twice. `text` and `label` borrow from the record
+        // unless they change something, so a record costs no copy.
+        let mut stored: HashMap<(Cow<'a, str>, i64), (Cow<'a, str>, Rollup)> = HashMap::new();
+        let mut stored_labels: HashMap<LabelKey<'a>, i64> = HashMap::new();
         for r in rows {
             let Some(endpoint) = r.endpoint.as_deref() else {
                 continue;
             };
+            let endpoint = text(endpoint);
             let at = r.ts_ms.div_euclid(grain.ms) * grain.ms;
-            sums.entry((endpoint, at))
-                .or_insert_with(|| (r.model.as_str(), Rollup::default()))
+            stored
+                .entry((endpoint.clone(), at))
+                .or_insert_with(|| (text(&r.model), Rollup::default()))
                 .1
                 .add(r);
             if let Some(k) = &r.error_kind {
-                *labels
-                    .entry((endpoint, at, "error_kind", k.as_str()))
+                *stored_labels
+                    .entry((endpoint.clone(), at, "error_kind", label(k)))
                     .or_default() += 1;
             }
             if let Some(f) = &r.finish_reason {
-                *labels
-                    .entry((endpoint, at, "finish_reason", f.as_str()))
+                *stored_labels
+                    .entry((endpoint, at, "finish_reason", label(f)))
                     .or_default() += 1;
             }
-        }
-        let mut stored: HashMap<(Cow<'a, str>, i64), (Cow<'a, str>, Rollup)> = HashMap::new();
-        for ((e, at), (model, r)) in sums {
-            match stored.entry((text(e), at)) {
-                std::collections::hash_map::Entry::Occupied(mut o) => o.get_mut().1.merge(&r),
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert((text(model), r));
-                }
-            }
-        }
-        let mut stored_labels: HashMap<LabelKey<'a>, i64> = HashMap::new();
-        for ((e, at, dim, l), n) in labels {
-            *stored_labels
-                .entry((text(e), at, dim, label(l)))
-                .or_default() += n;
         }
         let mut rows: Vec<_> = stored
             .into_iter()
