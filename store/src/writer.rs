@@ -5,7 +5,7 @@
 //! `max_batch` rows, at most `flush_interval` after the first row of a batch arrived. While
 //! it fills a batch the task sleeps: it is woken by the deadline, or by the sender that finds
 //! the queue holding a batch's worth (`max_batch` rows, or half the queue's bound in records or
-//! in bytes when that is less: see [`wake_at`]; [`RecordSender::try_send`] checks with three
+//! in bytes when that is less: see [`Worth`]; [`RecordSender::try_send`] checks with three
 //! atomic loads), not by each record nor by a polling tick. Such a batch is written at once, so a
 //! small queue empties before it fills.
 //!
@@ -110,8 +110,8 @@ pub struct RecordSender {
     max_body_bytes: usize,
     /// The bound on queued record bytes.
     max_record_bytes: usize,
-    /// A queue this long (in records) wakes the writer before its flush deadline.
-    wake_at: usize,
+    /// A queue holding this much wakes the writer before its flush deadline.
+    worth: Worth,
     /// Wakes the writer filling a batch when the queue holds a batch's worth.
     batch_ready: Arc<Notify>,
     counters: Arc<Counters>,
@@ -187,10 +187,7 @@ impl RecordSender {
                 body,
             }) {
                 Ok(()) => {
-                    if self.queued() >= self.wake_at
-                        || c.record_bytes_queued.load(Ordering::Relaxed)
-                            >= self.max_record_bytes / 2
-                    {
+                    if self.worth.reached(self.queued(), c) {
                         self.batch_ready.notify_one();
                     }
                     return true;
@@ -268,7 +265,7 @@ impl RecordWriter {
         let counters = Arc::new(Counters::default());
         let max_body_bytes = cfg.max_queued_body_bytes;
         let max_record_bytes = cfg.max_queued_record_bytes;
-        let wake_at = wake_at(&cfg);
+        let worth = Worth::of(&cfg);
         let batch_ready = Arc::new(Notify::new());
         let task = tokio::spawn(run(
             store,
@@ -282,7 +279,7 @@ impl RecordWriter {
             tx,
             max_body_bytes,
             max_record_bytes,
-            wake_at,
+            worth,
             batch_ready,
             counters: Arc::clone(&counters),
         };
@@ -323,7 +320,7 @@ async fn run(
     batch_ready: Arc<Notify>,
 ) {
     let max_batch = cfg.max_batch.max(1);
-    let wake_at = wake_at(&cfg);
+    let worth = Worth::of(&cfg);
     let mut batch: Vec<Queued> = Vec::with_capacity(max_batch);
     // Set once shutdown was asked for: the queue is closed and only drained from then on.
     let mut stopping = false;
@@ -369,11 +366,9 @@ async fn run(
             // arrived without waiting. A wake-up that finds less (a notice left from before
             // this batch) sleeps again.
             let deadline = tokio::time::Instant::now() + cfg.flush_interval;
-            let half_bytes = cfg.max_queued_record_bytes / 2;
             while !stopping {
                 if take_ready(&mut rx, &mut batch, max_batch)
-                    || batch.len() >= wake_at
-                    || counters.record_bytes_queued.load(Ordering::Relaxed) >= half_bytes
+                    || worth.reached(batch.len(), &counters)
                     || tokio::time::Instant::now() >= deadline
                 {
                     break;
@@ -418,11 +413,29 @@ async fn run(
     }
 }
 
-/// How many queued records make a batch's worth, written before its deadline: `max_batch`, or
-/// half the queue's capacity when that is less (so that a small queue is emptied before it is
-/// full and drops records).
-fn wake_at(cfg: &RecordWriterConfig) -> usize {
-    cfg.max_batch.max(1).min((cfg.capacity / 2).max(1))
+/// A batch's worth, written before its deadline: `max_batch` records, or half the queue's bound
+/// in records or in bytes when that is less (so that a small queue is emptied before it is full
+/// and drops records). The senders and the writer ask the same question.
+#[derive(Debug, Clone, Copy)]
+struct Worth {
+    records: usize,
+    bytes: usize,
+}
+
+impl Worth {
+    fn of(cfg: &RecordWriterConfig) -> Worth {
+        Worth {
+            records: cfg.max_batch.max(1).min((cfg.capacity / 2).max(1)),
+            bytes: cfg.max_queued_record_bytes / 2,
+        }
+    }
+
+    /// Whether `records` waiting (in the queue, or taken into the batch), or the record bytes
+    /// queued now, make a batch's worth.
+    fn reached(self, records: usize, counters: &Counters) -> bool {
+        records >= self.records
+            || counters.record_bytes_queued.load(Ordering::Relaxed) >= self.bytes
+    }
 }
 
 /// Takes the records already queued, without waiting, until `batch` holds `max_batch`; true
