@@ -1,5 +1,6 @@
 //! samewise API keys on the request path: `Authorization: Bearer <key>` is looked up in the
-//! store through an in-memory cache (keyed by the key's SHA-256, never the plaintext), and
+//! store through an in-memory cache (keyed by the key's SHA-256 digest, never the plaintext;
+//! a hit hands out the cached row behind an `Arc`, copying nothing), and
 //! each key's requests-per-minute limit is enforced with a token bucket.
 //!
 //! The cache holds valid keys and invalid ones apart, each a bounded LRU: valid keys up to
@@ -20,7 +21,7 @@
 //! the serving thread that asks: a database connection the pool opens for it is then driven by
 //! the runtime that outlives every serving thread.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::{HeaderMap, header};
@@ -75,10 +76,10 @@ pub struct Authenticator {
 
 /// Valid and invalid lookups, kept apart so that one kind cannot evict the other.
 struct KeyCache {
-    /// key hash -> the valid key and when the store last confirmed it.
-    valid: LruCache<String, ValidEntry>,
-    /// key hash -> when the store last said the key is unknown or revoked.
-    invalid: LruCache<String, Instant>,
+    /// key digest -> the valid key and when the store last confirmed it.
+    valid: LruCache<Digest, ValidEntry>,
+    /// key digest -> when the store last said the key is unknown or revoked.
+    invalid: LruCache<Digest, Instant>,
 }
 
 impl std::fmt::Debug for KeyCache {
@@ -90,10 +91,13 @@ impl std::fmt::Debug for KeyCache {
     }
 }
 
+/// A key's SHA-256 ([`samewise_store::key_digest`]).
+type Digest = [u8; 32];
+
 /// One cached valid key.
 struct ValidEntry {
     /// The key row (no secret: the hash only).
-    key: ApiKey,
+    key: Arc<ApiKey>,
     /// When the store last confirmed it.
     confirmed: Instant,
     /// No request asks the store about this key again before this instant (one refresh at a
@@ -104,9 +108,9 @@ struct ValidEntry {
 /// What the cache says about a key.
 enum Cached {
     /// Trust this answer.
-    Answer(Option<ApiKey>),
+    Answer(Option<Arc<ApiKey>>),
     /// Ask the store; on failure, fall back to this stale key if any.
-    Ask(Option<ApiKey>),
+    Ask(Option<Arc<ApiKey>>),
 }
 
 /// A token bucket holding up to `rpm` requests, refilled at `rpm` per minute.
@@ -158,14 +162,14 @@ impl Authenticator {
     }
 
     /// The key a request presents, checked and charged against its rate limit.
-    pub async fn authenticate(&self, headers: &HeaderMap) -> Result<ApiKey, ApiError> {
+    pub async fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<ApiKey>, ApiError> {
         let key = self.identify(headers).await?;
         self.charge(&key)?;
         Ok(key)
     }
 
     /// The valid key a request presents (401 otherwise; 503 when it cannot be checked).
-    pub async fn identify(&self, headers: &HeaderMap) -> Result<ApiKey, ApiError> {
+    pub async fn identify(&self, headers: &HeaderMap) -> Result<Arc<ApiKey>, ApiError> {
         let presented = bearer(headers).ok_or(ApiError::MissingApiKey)?;
         self.lookup(presented).await?.ok_or(ApiError::InvalidApiKey)
     }
@@ -190,7 +194,7 @@ impl Authenticator {
     }
 
     /// What the cache says about `hash` at `now`; claims the refresh of an expired valid key.
-    fn cached(&self, hash: &str, now: Instant) -> Cached {
+    fn cached(&self, hash: &Digest, now: Instant) -> Cached {
         let Ok(mut cache) = self.cache.lock() else {
             return Cached::Ask(None);
         };
@@ -198,15 +202,15 @@ impl Authenticator {
         if let Some(e) = cache.valid.get_mut(hash) {
             let age = now.saturating_duration_since(e.confirmed);
             if age < ttl {
-                return Cached::Answer(Some(e.key.clone()));
+                return Cached::Answer(Some(Arc::clone(&e.key)));
             }
             if age < ttl.saturating_add(grace) {
                 if now < e.next_ask {
                     // another request is asking the store, or the last ask failed just now
-                    return Cached::Answer(Some(e.key.clone()));
+                    return Cached::Answer(Some(Arc::clone(&e.key)));
                 }
                 e.next_ask = now + LOOKUP_TIMEOUT;
-                return Cached::Ask(Some(e.key.clone()));
+                return Cached::Ask(Some(Arc::clone(&e.key)));
             }
             return Cached::Ask(None);
         }
@@ -236,8 +240,8 @@ impl Authenticator {
         }
     }
 
-    async fn lookup(&self, presented: &str) -> Result<Option<ApiKey>, ApiError> {
-        let hash = samewise_store::hash_key(presented);
+    async fn lookup(&self, presented: &str) -> Result<Option<Arc<ApiKey>>, ApiError> {
+        let hash = samewise_store::key_digest(presented);
         let stale = match self.cached(&hash, Instant::now()) {
             Cached::Answer(found) => return Ok(found),
             Cached::Ask(stale) => stale,
@@ -245,7 +249,7 @@ impl Authenticator {
         let asked = tokio::time::timeout(LOOKUP_TIMEOUT, self.find(presented)).await;
         let now = Instant::now();
         let found = match asked {
-            Ok(Ok(found)) => found.filter(|k| !k.revoked),
+            Ok(Ok(found)) => found.filter(|k| !k.revoked).map(Arc::new),
             failed => {
                 match &failed {
                     Ok(Err(e)) => tracing::error!(error = %e, "API key lookup failed"),
@@ -270,7 +274,7 @@ impl Authenticator {
                     cache.valid.insert(
                         hash,
                         ValidEntry {
-                            key: key.clone(),
+                            key: Arc::clone(key),
                             confirmed: now,
                             next_ask: now,
                         },

@@ -61,7 +61,7 @@ pub async fn handle(state: AppState, route: Route, headers: HeaderMap, body: Bod
         started: Instant::now(),
         key_id: None,
         model: String::new(),
-        model_label: "unknown".to_owned(),
+        model_label: crate::metrics::UNKNOWN_MODEL.to_owned(),
         route: route.label(),
         stream: false,
         prompt_chars: 0,
@@ -440,23 +440,35 @@ fn failed_after_head(
     Outcome::Retry(ApiError::Upstream { kind })
 }
 
-/// Reads a whole upstream body with a per-read idle timeout and a size bound.
+/// Reads a whole upstream body with a per-read idle timeout and a size bound. A body that
+/// arrives in one piece (most answers) is kept as read, not copied.
 async fn read_upstream(
     resp: http::Response<hyper::body::Incoming>,
     idle: Duration,
 ) -> Result<Bytes, ErrorKind> {
     let mut stream = http_body_util::BodyDataStream::new(resp.into_body());
-    let mut buf = Vec::new();
+    let mut first = Bytes::new();
+    let mut joined: Option<bytes::BytesMut> = None;
     loop {
         match tokio::time::timeout(idle, stream.next()).await {
             Err(_) => return Err(ErrorKind::BodyIdleTimeout),
-            Ok(None) => return Ok(Bytes::from(buf)),
+            Ok(None) => return Ok(joined.map_or(first, bytes::BytesMut::freeze)),
             Ok(Some(Err(_))) => return Err(ErrorKind::BodyReset),
             Ok(Some(Ok(b))) => {
-                if buf.len() + b.len() > MAX_UPSTREAM_BODY {
+                let read = joined.as_ref().map_or(first.len(), bytes::BytesMut::len);
+                if read + b.len() > MAX_UPSTREAM_BODY {
                     return Err(ErrorKind::BodyTooLarge);
                 }
-                buf.extend_from_slice(&b);
+                match &mut joined {
+                    Some(j) => j.extend_from_slice(&b),
+                    None if first.is_empty() => first = b,
+                    None => {
+                        let mut j = bytes::BytesMut::with_capacity(2 * (first.len() + b.len()));
+                        j.extend_from_slice(&first);
+                        j.extend_from_slice(&b);
+                        joined = Some(j);
+                    }
+                }
             }
         }
     }

@@ -180,6 +180,9 @@ fn request(
     if let Some(auth) = &up.auth {
         h.insert(header::AUTHORIZATION, auth.clone());
     }
+    if let Some(host) = &up.host {
+        h.insert(header::HOST, host.clone());
+    }
     h.insert(
         header::ACCEPT,
         http::HeaderValue::from_static(if req.stream {

@@ -12,6 +12,8 @@
 //! tool-call delta of a stream; for a non-streamed answer, to the arrival of its whole body
 //! (the first moment a client can use any token).
 
+use std::borrow::Cow;
+
 use serde::Deserialize;
 use tokio::time::Instant;
 
@@ -134,10 +136,11 @@ struct UsageLite {
     completion_tokens: i64,
 }
 
+/// A non-streamed answer as read: the texts borrowed from the body where they hold no escapes.
 #[derive(Debug, Deserialize)]
-struct FullResponse {
-    #[serde(default)]
-    choices: Vec<FullChoice>,
+struct FullResponse<'a> {
+    #[serde(default, borrow)]
+    choices: Vec<FullChoice<'a>>,
     #[serde(default)]
     usage: Option<UsageLite>,
     #[serde(default)]
@@ -145,13 +148,13 @@ struct FullResponse {
 }
 
 #[derive(Debug, Deserialize)]
-struct FullChoice {
+struct FullChoice<'a> {
     #[serde(default)]
     index: u32,
-    #[serde(default)]
-    message: Option<FullMessage>,
-    #[serde(default)]
-    text: Option<String>,
+    #[serde(default, borrow)]
+    message: Option<FullMessage<'a>>,
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
     #[serde(default)]
     finish_reason: Option<String>,
     #[serde(default)]
@@ -159,9 +162,9 @@ struct FullChoice {
 }
 
 #[derive(Debug, Deserialize)]
-struct FullMessage {
-    #[serde(default)]
-    content: Option<String>,
+struct FullMessage<'a> {
+    #[serde(default, borrow)]
+    content: Option<Cow<'a, str>>,
     #[serde(default)]
     tool_calls: Option<Vec<serde_json::Value>>,
 }

@@ -2,7 +2,8 @@
 //! configured model names (anything else is `unknown`), configured endpoint ids, status
 //! classes and a fixed set of error kinds — never prompt text, keys or request ids.
 
-use std::sync::{Arc, RwLock};
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, RwLock};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -13,7 +14,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use samewise_store::RecordSender;
 
-use crate::routing::Endpoint;
+use crate::routing::{Endpoint, ModelRoute};
 
 /// `model`, `endpoint`, `status_class`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -43,6 +44,18 @@ pub struct EndpointLabels {
     /// Endpoint id.
     pub endpoint: String,
 }
+
+impl EndpointLabels {
+    fn of(model: &str, endpoint: &str) -> Self {
+        EndpointLabels {
+            model: model.to_owned(),
+            endpoint: endpoint.to_owned(),
+        }
+    }
+}
+
+/// The model label of a request whose model is not configured.
+pub const UNKNOWN_MODEL: &str = "unknown";
 
 /// `model`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -108,16 +121,96 @@ pub struct Metrics {
     pub degenerate_cuts: Family<EndpointLabels, Counter>,
     /// Captured bodies of flagged requests, by outcome.
     pub body_captures: Family<CaptureLabels, Counter>,
+    /// The handles a request updates, by model and endpoint.
+    handles: HashMap<String, ModelHandles>,
+}
+
+/// A finished request's status class, the `status_class` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusClass {
+    /// A 2xx answer that ended well.
+    Ok,
+    /// A 2xx stream that broke after its head.
+    StreamError,
+    /// A 4xx.
+    ClientError,
+    /// A 5xx, or no answer at all.
+    ServerError,
+}
+
+impl StatusClass {
+    /// The class of a final `status` (None: no answer) with or without an error kind.
+    pub fn of(status: Option<u16>, errored: bool) -> Self {
+        match status {
+            Some(s) if (200..300).contains(&s) && !errored => StatusClass::Ok,
+            Some(s) if (200..300).contains(&s) => StatusClass::StreamError,
+            Some(s) if (400..500).contains(&s) => StatusClass::ClientError,
+            _ => StatusClass::ServerError,
+        }
+    }
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StatusClass::Ok => "2xx",
+            StatusClass::StreamError => "stream_error",
+            StatusClass::ClientError => "4xx",
+            StatusClass::ServerError => "5xx",
+        }
+    }
+}
+
+/// One counter per status class, each taken from its family on first use.
+type ByClass = [OnceLock<Counter>; 4];
+
+/// The handles of one configured model (and of `unknown`), resolved in their families on
+/// first use and kept: a request then builds no label strings and takes no family lock. A
+/// series still appears in `/metrics` only once something is counted in it.
+#[derive(Debug, Default)]
+struct ModelHandles {
+    duration: OnceLock<Histogram>,
+    /// Requests answered before any endpoint (`endpoint="none"`).
+    unrouted: ByClass,
+    /// By endpoint id.
+    endpoints: HashMap<String, EndpointHandles>,
+}
+
+/// The handles of one endpoint of one model.
+#[derive(Debug, Default)]
+struct EndpointHandles {
+    requests: ByClass,
+    ttft: OnceLock<Histogram>,
+    degenerate_cuts: OnceLock<Counter>,
 }
 
 impl Metrics {
-    /// Registers the gateway's families in `shared`; `records` and `endpoints` are read at
-    /// each scrape.
+    /// Registers the gateway's families in `shared`; `records` and the endpoints of `models`
+    /// are read at each scrape.
     pub fn new(
         records: RecordSender,
-        endpoints: Vec<Arc<Endpoint>>,
+        models: &HashMap<String, Arc<ModelRoute>>,
         shared: SharedRegistry,
     ) -> Self {
+        let endpoints: Vec<Arc<Endpoint>> = models
+            .values()
+            .flat_map(|m| m.endpoints.iter().cloned())
+            .collect();
+        let mut handles: HashMap<String, ModelHandles> = models
+            .iter()
+            .map(|(name, m)| {
+                let endpoints = m
+                    .endpoints
+                    .iter()
+                    .map(|e| (e.id.clone(), EndpointHandles::default()))
+                    .collect();
+                let model = ModelHandles {
+                    endpoints,
+                    ..ModelHandles::default()
+                };
+                (name.clone(), model)
+            })
+            .collect();
+        handles.entry(UNKNOWN_MODEL.to_owned()).or_default();
         let mut guard = shared.write().unwrap_or_else(|p| p.into_inner());
         let registry = &mut *guard;
         let requests = Family::<RequestLabels, Counter>::default();
@@ -173,7 +266,77 @@ impl Metrics {
             tool_call_errors,
             degenerate_cuts,
             body_captures,
+            handles,
         }
+    }
+
+    /// Counts a finished request of `model` (a configured name or `unknown`) answered by
+    /// `endpoint` (None: before any), and observes its duration.
+    pub fn count_request(
+        &self,
+        model: &str,
+        endpoint: Option<&str>,
+        class: StatusClass,
+        seconds: f64,
+    ) {
+        let handles = self.handles.get(model);
+        let counter = match (handles, endpoint) {
+            (Some(h), None) => Some(&h.unrouted),
+            (Some(h), Some(e)) => h.endpoints.get(e).map(|e| &e.requests),
+            (None, _) => None,
+        };
+        let labels = || RequestLabels {
+            model: model.to_owned(),
+            endpoint: endpoint.unwrap_or("none").to_owned(),
+            status_class: class.as_str().to_owned(),
+        };
+        match counter {
+            Some(by_class) => by_class[class as usize]
+                .get_or_init(|| self.requests.get_or_create(&labels()).clone())
+                .inc(),
+            None => self.requests.get_or_create(&labels()).inc(),
+        };
+        let duration = || {
+            self.request_duration
+                .get_or_create(&ModelLabels {
+                    model: model.to_owned(),
+                })
+                .clone()
+        };
+        match handles {
+            Some(h) => h.duration.get_or_init(duration).observe(seconds),
+            None => duration().observe(seconds),
+        }
+    }
+
+    /// Observes a time to first token of `endpoint` serving `model`.
+    pub fn observe_ttft(&self, model: &str, endpoint: &str, seconds: f64) {
+        let make = || {
+            self.ttft
+                .get_or_create(&EndpointLabels::of(model, endpoint))
+                .clone()
+        };
+        match self.endpoint(model, endpoint) {
+            Some(h) => h.ttft.get_or_init(make).observe(seconds),
+            None => make().observe(seconds),
+        }
+    }
+
+    /// Counts a generation of `endpoint` serving `model` cut as degenerate.
+    pub fn count_degenerate(&self, model: &str, endpoint: &str) {
+        let make = || {
+            self.degenerate_cuts
+                .get_or_create(&EndpointLabels::of(model, endpoint))
+                .clone()
+        };
+        match self.endpoint(model, endpoint) {
+            Some(h) => h.degenerate_cuts.get_or_init(make).inc(),
+            None => make().inc(),
+        };
+    }
+
+    fn endpoint(&self, model: &str, endpoint: &str) -> Option<&EndpointHandles> {
+        self.handles.get(model)?.endpoints.get(endpoint)
     }
 
     /// The text exposition.

@@ -8,7 +8,7 @@ use samewise_store::{ErrorKind, RequestRecord};
 use tokio::time::Instant;
 
 use crate::inspect::Observation;
-use crate::metrics::{EndpointLabels, ErrorLabels, ModelLabels, RequestLabels, ToolLabels};
+use crate::metrics::{ErrorLabels, StatusClass, ToolLabels};
 use crate::routing::Endpoint;
 use crate::state::AppState;
 
@@ -151,35 +151,20 @@ pub(crate) fn finish(state: &AppState, ctx: &mut RequestCtx, mut last: RequestRe
         u32::try_from(ctx.earlier.len()).unwrap_or(u32::MAX) + u32::from(last.attempt > 0);
     last.final_attempt = true;
     last.attempts = attempts;
-    let endpoint = last.endpoint.clone().unwrap_or_else(|| "none".to_owned());
-    let status_class = match last.status {
-        Some(s) if (200..300).contains(&s) && last.error_kind.is_none() => "2xx",
-        Some(s) if (200..300).contains(&s) => "stream_error",
-        Some(s) if (400..500).contains(&s) => "4xx",
-        _ => "5xx",
-    };
-    m.requests
-        .get_or_create(&RequestLabels {
-            model: ctx.model_label.clone(),
-            endpoint: endpoint.clone(),
-            status_class: status_class.to_owned(),
-        })
-        .inc();
-    m.request_duration
-        .get_or_create(&ModelLabels {
-            model: ctx.model_label.clone(),
-        })
-        .observe(ctx.started.elapsed().as_secs_f64());
-    if last.endpoint.is_some() {
-        let labels = EndpointLabels {
-            model: ctx.model_label.clone(),
-            endpoint: endpoint.clone(),
-        };
+    let class = StatusClass::of(last.status, last.error_kind.is_some());
+    let label = ctx.model_label.as_str();
+    m.count_request(
+        label,
+        last.endpoint.as_deref(),
+        class,
+        ctx.started.elapsed().as_secs_f64(),
+    );
+    if let Some(endpoint) = &last.endpoint {
         if let Some(t) = last.ttft_ms {
-            m.ttft.get_or_create(&labels).observe(t / 1e3);
+            m.observe_ttft(label, endpoint, t / 1e3);
         }
         if last.degenerate {
-            m.degenerate_cuts.get_or_create(&labels).inc();
+            m.count_degenerate(label, endpoint);
         }
     }
     for r in ctx.earlier.iter().chain(std::iter::once(&last)) {

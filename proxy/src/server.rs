@@ -437,7 +437,7 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
             started: tokio::time::Instant::now(),
             key_id: None,
             model: String::new(),
-            model_label: "unknown".to_owned(),
+            model_label: crate::metrics::UNKNOWN_MODEL.to_owned(),
             route: "models",
             stream: false,
             prompt_chars: 0,

@@ -5,7 +5,7 @@
 //! upstream connection is driven by the thread whose requests use it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::HeaderValue;
@@ -25,9 +25,57 @@ use crate::streams::OpenStreams;
 /// The HTTP client of one provider: hyper's pooled client over TCP or TLS (rustls, the Mozilla
 /// roots), HTTP/1.1 or HTTP/2 as ALPN settles; request bodies are whole (`Full`).
 pub(crate) type UpstreamClient = hyper_util::client::legacy::Client<
-    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    SharedConnector<
+        hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    >,
     http_body_util::Full<bytes::Bytes>,
 >;
+
+/// A connector behind one `Arc`. hyper's pooled client clones its connector for every request
+/// (ready to connect should no idle connection come first) and drops it when the pool answers;
+/// the TLS connector's clone is three reference counts and its drop three more. This one's
+/// clone is one count; the connector itself is cloned only when a connection is opened.
+#[derive(Debug, Clone)]
+pub(crate) struct SharedConnector<C> {
+    shared: Arc<C>,
+    /// The copy that was asked to be ready and makes the next connection.
+    ready: Option<C>,
+}
+
+impl<C> SharedConnector<C> {
+    fn new(connector: C) -> Self {
+        SharedConnector {
+            shared: Arc::new(connector),
+            ready: None,
+        }
+    }
+}
+
+impl<C: tower_service::Service<http::Uri> + Clone> tower_service::Service<http::Uri>
+    for SharedConnector<C>
+{
+    type Response = C::Response;
+    type Error = C::Error;
+    type Future = C::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        let shared = &self.shared;
+        self.ready
+            .get_or_insert_with(|| C::clone(shared))
+            .poll_ready(cx)
+    }
+
+    fn call(&mut self, dst: http::Uri) -> Self::Future {
+        let shared = &self.shared;
+        self.ready
+            .take()
+            .unwrap_or_else(|| C::clone(shared))
+            .call(dst)
+    }
+}
 
 /// Shared state of the gateway; cheap to clone.
 #[derive(Debug, Clone)]
@@ -51,7 +99,6 @@ pub(crate) struct Inner {
     /// Streams open per key (`limits.max_streams_per_key`).
     pub(crate) streams: Arc<OpenStreams>,
     pub(crate) metrics: Metrics,
-    pub(crate) rng: Mutex<SmallRng>,
 }
 
 /// How to reach one provider.
@@ -64,6 +111,10 @@ pub(crate) struct Upstream {
     pub(crate) completions_url: http::Uri,
     /// `Bearer <provider key>`, marked sensitive so it is never printed.
     pub(crate) auth: Option<HeaderValue>,
+    /// The `Host` header of a plain-HTTP provider (always HTTP/1.1), made once: hyper's
+    /// client would format it for every request. None over TLS, where ALPN may settle on
+    /// HTTP/2 and the client decides.
+    pub(crate) host: Option<HeaderValue>,
     /// The connect timeout of this provider's clients.
     connect_timeout: Duration,
     /// Floor and cap of the adaptive first-byte deadlines.
@@ -150,10 +201,12 @@ impl AppState {
                 }
                 Ok(uri)
             };
+            let chat_url = url(Route::Chat)?;
             upstreams.insert(
                 name.clone(),
                 Upstream {
-                    chat_url: url(Route::Chat)?,
+                    host: host_header(&chat_url),
+                    chat_url,
                     completions_url: url(Route::Completions)?,
                     auth,
                     connect_timeout: p.connect_timeout,
@@ -167,7 +220,6 @@ impl AppState {
         }
 
         let mut models = HashMap::new();
-        let mut all = Vec::new();
         for (name, m) in &config.models {
             let mut endpoints = Vec::new();
             for e in &m.endpoints {
@@ -189,7 +241,6 @@ impl AppState {
                     quantization: p.quantization.clone(),
                     health: Arc::new(EndpointHealth::new(config.breaker.clone())),
                 });
-                all.push(Arc::clone(&ep));
                 endpoints.push(ep);
             }
             models.insert(
@@ -204,7 +255,7 @@ impl AppState {
             );
         }
 
-        let metrics = Metrics::new(records.clone(), all, registry);
+        let metrics = Metrics::new(records.clone(), &models, registry);
         let clients = Arc::new(clients(&upstreams)?);
         Ok(AppState {
             clients,
@@ -221,7 +272,6 @@ impl AppState {
                 records,
                 streams: Arc::new(OpenStreams::default()),
                 metrics,
-                rng: Mutex::new(SmallRng::from_os_rng()),
             }),
         })
     }
@@ -252,13 +302,29 @@ impl AppState {
         self.inner.metrics.render()
     }
 
-    /// A per-request random generator seeded from the shared one.
+    /// A per-request random generator, seeded from this thread's (no lock shared between the
+    /// serving threads).
     pub(crate) fn rng(&self) -> SmallRng {
-        match self.inner.rng.lock() {
-            Ok(mut r) => SmallRng::from_rng(&mut *r),
-            Err(_) => SmallRng::seed_from_u64(0x5eed),
+        thread_local! {
+            static SEEDS: std::cell::RefCell<SmallRng> =
+                std::cell::RefCell::new(SmallRng::from_os_rng());
         }
+        SEEDS.with(|seeds| SmallRng::from_rng(&mut *seeds.borrow_mut()))
     }
+}
+
+/// What hyper's client sends as `Host` to `uri` over HTTP/1.1 (its host, and its port when
+/// not the scheme's default); None for an `https` URI.
+fn host_header(uri: &http::Uri) -> Option<HeaderValue> {
+    if uri.scheme() != Some(&http::uri::Scheme::HTTP) {
+        return None;
+    }
+    let host = uri.host()?;
+    let value = match uri.port_u16() {
+        Some(port) if port != 80 => format!("{host}:{port}"),
+        _ => host.to_owned(),
+    };
+    HeaderValue::from_str(&value).ok()
 }
 
 impl Upstream {
@@ -301,8 +367,36 @@ fn clients(
                 .pool_timer(TokioTimer::new())
                 .pool_idle_timeout(Duration::from_secs(60))
                 .timer(TokioTimer::new())
-                .build(https);
+                .build(SharedConnector::new(https));
             Ok((name.clone(), client))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_header;
+
+    #[test]
+    fn the_host_header_is_the_authority_without_a_default_port() {
+        let host = |uri: &str| {
+            let uri: http::Uri = uri.parse().expect("a test URI");
+            host_header(&uri).map(|v| v.to_str().unwrap_or("not text").to_owned())
+        };
+        assert_eq!(
+            host("http://127.0.0.1:8080/v1/chat/completions").as_deref(),
+            Some("127.0.0.1:8080")
+        );
+        assert_eq!(
+            host("http://example.com/v1/completions").as_deref(),
+            Some("example.com")
+        );
+        assert_eq!(
+            host("http://example.com:80/v1").as_deref(),
+            Some("example.com")
+        );
+        assert_eq!(host("http://[::1]:9000/v1").as_deref(), Some("[::1]:9000"));
+        // over TLS the client decides (HTTP/2 sends `:authority` instead)
+        assert_eq!(host("https://example.com/v1"), None);
+    }
 }

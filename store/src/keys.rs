@@ -213,7 +213,13 @@ impl Store {
 
 /// SHA-256 of the key's text, lowercase hex: what the database stores.
 pub fn hash_key(plaintext: &str) -> String {
-    hex::encode(Sha256::digest(plaintext.as_bytes()))
+    hex::encode(key_digest(plaintext))
+}
+
+/// SHA-256 of the key's text, as bytes: [`hash_key`] before its hex (what an in-memory cache
+/// of lookups can be keyed by without spelling it out per request).
+pub fn key_digest(plaintext: &str) -> [u8; 32] {
+    Sha256::digest(plaintext.as_bytes()).into()
 }
 
 fn validate_name(name: &str) -> Result<(), StoreError> {

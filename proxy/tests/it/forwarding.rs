@@ -54,6 +54,15 @@ async fn raw_body_reaches_upstream_untouched_but_model_and_provider() -> Result<
             .iter()
             .any(|r| r.headers.iter().any(|(_, v)| v.contains(&gw.key)))
     );
+    // `Host` is the provider's authority, once (the gateway sets it, made once per provider)
+    let authority = mock.base_url().replace("http://", "").replace("/v1", "");
+    let hosts: Vec<&str> = reqs[0]
+        .headers
+        .iter()
+        .filter(|(n, _)| n == "host")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(hosts, [authority.as_str()]);
     // The answer is the upstream's JSON (the mock names itself in it).
     let v: serde_json::Value = serde_json::from_slice(&upstream_answer)?;
     assert!(v["choices"][0]["message"].is_object(), "{v}");
@@ -304,6 +313,40 @@ async fn streamed_bytes_are_the_upstreams_bytes() -> Result<()> {
     let via = gw.chat(&body("smol")).await?.text().await?;
     assert!(direct.contains("chatcmpl-m1-1"), "{direct}");
     assert_eq!(via, direct.replace("chatcmpl-m1-1", "chatcmpl-m1-2"));
+    gw.stop().await
+}
+
+#[tokio::test]
+async fn a_json_answer_read_in_pieces_is_the_upstreams_bytes() -> Result<()> {
+    // the mock writes its answer in five pieces, pausing between them: the gateway reads
+    // several chunks (and joins them) rather than the one most answers come in
+    let mock = MockUpstream::builder()
+        .name("m1")
+        .default_behavior(Behavior::Ok(Reply {
+            split_writes: true,
+            ..Reply::text(vec!["alpha ".to_owned(), "beta".to_owned()])
+        }))
+        .start()
+        .await?;
+    let gw = Gateway::start(&one_provider(&mock, "weighted")).await?;
+    let direct = gw
+        .http
+        .post(format!("{}/chat/completions", mock.base_url()))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&chat_body("upstream-smol"))?)
+        .send()
+        .await?
+        .text()
+        .await?;
+    let resp = gw.chat(&chat_body("smol")).await?;
+    assert_eq!(resp.status(), 200);
+    let id = request_id(&resp);
+    let via = resp.text().await?;
+    assert!(direct.contains("chatcmpl-m1-1"), "{direct}");
+    assert_eq!(via, direct.replace("chatcmpl-m1-1", "chatcmpl-m1-2"));
+    let recs = gw.records(&id).await?;
+    assert_eq!(recs[0].error_kind, None, "{recs:?}");
+    assert_eq!(recs[0].output_chars, 10, "{recs:?}");
     gw.stop().await
 }
 

@@ -258,6 +258,20 @@ async fn health_metrics_and_unknown_routes() -> Result<()> {
         assert!(m.contains(needle), "{needle} missing from\n{m}");
     }
     assert!(metric_value(&m, "samewise_records_written_total", "").unwrap_or(0.0) >= 1.0);
+    // a series appears once something is counted in it (none made ahead at zero), and the
+    // handles kept after the first request count in the same series
+    assert!(!m.contains("status_class=\"5xx\""), "{m}");
+    assert!(!m.contains("samewise_degenerate_cuts_total{"), "{m}");
+    let resp = gw.chat(&chat_body("smol")).await?;
+    gw.records(&request_id(&resp)).await?;
+    let m = gw.metrics().await?;
+    for needle in [
+        "samewise_requests_total{model=\"smol\",endpoint=\"p1/up\",status_class=\"2xx\"} 2",
+        "samewise_request_duration_seconds_count{model=\"smol\"} 2",
+        "samewise_ttft_seconds_count{model=\"smol\",endpoint=\"p1/up\"} 2",
+    ] {
+        assert!(m.contains(needle), "{needle} missing from\n{m}");
+    }
     gw.stop().await
 }
 
