@@ -292,6 +292,23 @@ async fn records_go_to_postgres_too() -> Result<()> {
     gw.stop().await
 }
 
+/// The mock's answer to `body` sent straight to it (not through the gateway), as text.
+async fn straight_to(
+    gw: &Gateway,
+    mock: &MockUpstream,
+    body: &serde_json::Value,
+) -> Result<String> {
+    Ok(gw
+        .http
+        .post(format!("{}/chat/completions", mock.base_url()))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(body)?)
+        .send()
+        .await?
+        .text()
+        .await?)
+}
+
 #[tokio::test]
 async fn streamed_bytes_are_the_upstreams_bytes() -> Result<()> {
     let mock = MockUpstream::builder().name("m1").start().await?;
@@ -301,15 +318,7 @@ async fn streamed_bytes_are_the_upstreams_bytes() -> Result<()> {
                "stream_options": {"include_usage": true}})
     };
     // Directly at the mock first (its answer #1), then through the gateway (answer #2).
-    let direct = gw
-        .http
-        .post(format!("{}/chat/completions", mock.base_url()))
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&body("upstream-smol"))?)
-        .send()
-        .await?
-        .text()
-        .await?;
+    let direct = straight_to(&gw, &mock, &body("upstream-smol")).await?;
     let via = gw.chat(&body("smol")).await?.text().await?;
     assert!(direct.contains("chatcmpl-m1-1"), "{direct}");
     assert_eq!(via, direct.replace("chatcmpl-m1-1", "chatcmpl-m1-2"));
@@ -329,15 +338,7 @@ async fn a_json_answer_read_in_pieces_is_the_upstreams_bytes() -> Result<()> {
         .start()
         .await?;
     let gw = Gateway::start(&one_provider(&mock, "weighted")).await?;
-    let direct = gw
-        .http
-        .post(format!("{}/chat/completions", mock.base_url()))
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&chat_body("upstream-smol"))?)
-        .send()
-        .await?
-        .text()
-        .await?;
+    let direct = straight_to(&gw, &mock, &chat_body("upstream-smol")).await?;
     let resp = gw.chat(&chat_body("smol")).await?;
     assert_eq!(resp.status(), 200);
     let id = request_id(&resp);
