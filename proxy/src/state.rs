@@ -35,11 +35,21 @@ pub(crate) type UpstreamClient = hyper_util::client::legacy::Client<
 /// (ready to connect should no idle connection come first) and drops it when the pool answers;
 /// the TLS connector's clone is three reference counts and its drop three more. This one's
 /// clone is one count; the connector itself is cloned only when a connection is opened.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct SharedConnector<C> {
     shared: Arc<C>,
     /// The copy that was asked to be ready and makes the next connection.
     ready: Option<C>,
+}
+
+impl<C> Clone for SharedConnector<C> {
+    /// One reference count: a clone is made ready (its own copy) only when it connects.
+    fn clone(&self) -> Self {
+        SharedConnector {
+            shared: Arc::clone(&self.shared),
+            ready: None,
+        }
+    }
 }
 
 impl<C> SharedConnector<C> {
