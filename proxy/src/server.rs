@@ -203,7 +203,8 @@ pub async fn serve_router_with(
         let app = PerRequest {
             // every handler made into its service here, once per thread (see `shard`)
             router: app()?.with_state(()),
-            cut: cut.clone(),
+            // a child per thread: its requests lock that thread's token, not one both share
+            cut: cut.child_token(),
             anchor: anchor.clone(),
         };
         // each thread makes its runtime and registers its listener there (a runtime must not
