@@ -6,7 +6,7 @@
 //! independent of what else is in the batch and of how its sequence was chunked.
 
 use crate::error::{EngineError, Result};
-use crate::kernels::{Ctx, SyncPtr, ops};
+use crate::kernels::{Ctx, SyncPtr, attention, ops};
 use crate::kv::KvCache;
 use crate::model::Weights;
 
@@ -97,38 +97,37 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
                 r += 1;
             }
         }
-        // attention: one work item per (row, head)
+        // attention: one work item per (row, key/value head), for the query heads sharing it
         {
             let caches: Vec<&KvCache> = items.iter().map(|it| &*it.cache).collect();
             let ap = SyncPtr(att.as_mut_ptr());
             let qkv = &qkv;
             let rows = &rows;
             let group = nh / nkv;
-            ctx.pool.for_chunks(m * nh, 8, &|items| {
+            let gd = group * hd;
+            ctx.pool.for_chunks(m * nkv, (8 / group).max(1), &|items| {
                 // capture the whole Sync wrapper, not its raw-pointer field
                 #[allow(clippy::redundant_locals)]
                 let ap = ap;
                 let mut scores = Vec::new();
                 for wi in items {
-                    let (r, head) = (wi / nh, wi % nh);
+                    let (r, kvh) = (wi / nkv, wi % nkv);
                     let (item, pos) = rows[r];
                     let (kc, vc) = &caches[item].layers[li];
-                    let n_keys = pos + 1;
-                    if scores.len() < n_keys {
-                        scores.resize(n_keys, 0.0);
-                    }
-                    let q = &qkv[r * qkvd + head * hd..r * qkvd + (head + 1) * hd];
-                    // SAFETY: each (row, head) slice of `att` is written by exactly one thread.
+                    let qs = &qkv[r * qkvd + kvh * gd..r * qkvd + (kvh + 1) * gd];
+                    // SAFETY: each (row, key/value head) slice of `att` — its group's query
+                    // heads — is written by exactly one thread.
                     let out =
-                        unsafe { std::slice::from_raw_parts_mut(ap.0.add(r * qd + head * hd), hd) };
-                    ops::attend(
+                        unsafe { std::slice::from_raw_parts_mut(ap.0.add(r * qd + kvh * gd), gd) };
+                    attention::attend_group(
                         isa,
-                        q,
+                        hd,
+                        qs,
                         kc,
                         vc,
                         kvd,
-                        (head / group) * hd,
-                        n_keys,
+                        kvh * hd,
+                        pos + 1,
                         scale,
                         &mut scores,
                         out,

@@ -1,5 +1,6 @@
 //! The numeric kernels: a thread pool, the packed-panel GEMM and the row-wise operations
-//! (dot products, RMSNorm, RoPE, attention, exp).
+//! (dot products, RMSNorm, RoPE, attention, exp), and attention for a group of query heads
+//! sharing one key/value head.
 //!
 //! The invariant every kernel keeps: an output element is computed by one fixed sequence
 //! of f32 operations that depends only on the data of its own row, never on how many rows
@@ -7,6 +8,7 @@
 //! it. The AVX-512, AVX+FMA and scalar paths therefore agree bit for bit (the scalar path
 //! uses `f32::mul_add` where the vector paths use a fused multiply-add).
 
+pub mod attention;
 pub mod gemm;
 pub mod ops;
 pub mod pool;
