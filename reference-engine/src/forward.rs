@@ -119,19 +119,14 @@ pub fn forward(w: &Weights, ctx: &Ctx, items: &mut [BatchItem<'_>]) -> Result<Ve
                     // heads — is written by exactly one thread.
                     let out =
                         unsafe { std::slice::from_raw_parts_mut(ap.0.add(r * qd + kvh * gd), gd) };
-                    attention::attend_group(
-                        isa,
-                        hd,
-                        qs,
-                        kc,
-                        vc,
-                        kvd,
-                        kvh * hd,
-                        pos + 1,
-                        scale,
-                        &mut scores,
-                        out,
-                    );
+                    let kv = ops::KvHead {
+                        keys: kc,
+                        values: vc,
+                        stride: kvd,
+                        off: kvh * hd,
+                        n_keys: pos + 1,
+                    };
+                    attention::attend_group(isa, hd, qs, kv, scale, &mut scores, out);
                 }
             });
         }

@@ -10,27 +10,28 @@
 //! and the softmax is the same call per head, so nothing a head gets depends on its group.
 
 use super::Isa;
-use super::ops::{attend, softmax};
+use super::ops::{KvHead, attend, softmax};
 
 /// Causal attention for the query heads `qs` (`g` heads of `head_dim` values each, laid out
-/// one after another) that share the key/value head at `off` of `keys`/`values` (laid out as
-/// in [`attend`]), over `n_keys` positions; head i's result goes to
+/// one after another) that share the key/value head `kv`; head i's result goes to
 /// `out[i * head_dim..(i + 1) * head_dim]`. `scores` is scratch. Bit-identical to calling
 /// [`attend`] once per head.
-#[allow(clippy::too_many_arguments)]
 pub fn attend_group(
     isa: Isa,
     head_dim: usize,
     qs: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    stride: usize,
-    off: usize,
-    n_keys: usize,
+    kv: KvHead<'_>,
     scale: f32,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    let KvHead {
+        keys,
+        values,
+        stride,
+        off,
+        n_keys,
+    } = kv;
     let hd = head_dim;
     assert!(hd > 0 && qs.len() == out.len() && qs.len().is_multiple_of(hd));
     let g = qs.len() / hd;
@@ -97,7 +98,7 @@ pub fn attend_group(
         return;
     }
     for (q, o) in qs.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
-        attend(isa, q, keys, values, stride, off, n_keys, scale, scores, o);
+        attend(isa, q, kv, scale, scores, o);
     }
 }
 
@@ -205,82 +206,38 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::ops::tests::test_cache;
     use super::*;
-
-    /// Keys in blocks of 16 positions and value rows, `nkv` heads of `hd`, seeded.
-    fn cache(hd: usize, nkv: usize, n: usize, seed: u32) -> (Vec<f32>, Vec<f32>) {
-        let stride = nkv * hd;
-        let mut keys = vec![0f32; n.div_ceil(16) * stride * 16];
-        let mut values = vec![0f32; n * stride];
-        let s = seed as f32 * 0.37;
-        for j in 0..n {
-            for i in 0..stride {
-                keys[(j / 16) * stride * 16 + i * 16 + j % 16] =
-                    ((j * 31 + i * 7) as f32 * 0.013 + s).sin() * 2.0;
-                values[j * stride + i] = ((j * 17 + i * 3) as f32 * 0.021 - s).cos();
-            }
-        }
-        (keys, values)
-    }
 
     fn bits(x: &[f32]) -> Vec<u32> {
         x.iter().map(|v| v.to_bits()).collect()
     }
 
-    /// The group's heads one by one through `attend`, on the scalar path.
-    fn one_by_one(
-        hd: usize,
-        qs: &[f32],
-        kv: &(Vec<f32>, Vec<f32>),
-        stride: usize,
-        off: usize,
-        n: usize,
-    ) -> Vec<f32> {
-        let mut out = vec![0f32; qs.len()];
-        let mut scores = Vec::new();
-        for (q, o) in qs.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
-            attend(
-                Isa::Scalar,
-                q,
-                &kv.0,
-                &kv.1,
-                stride,
-                off,
-                n,
-                0.125,
-                &mut scores,
-                o,
-            );
-        }
-        out
-    }
-
+    /// A group of `g` heads of `hd` against `n` positions of the second of two key/value
+    /// heads: each head alone through `attend` on the scalar path, then the group through
+    /// `attend_group` on every path this CPU runs, from scratch left dirty.
     fn check(hd: usize, g: usize, n: usize, seed: u32) {
-        let nkv = 2;
-        let stride = nkv * hd;
-        let kv = cache(hd, nkv, n, seed);
+        let (keys, values, stride) = test_cache(hd, 2, n, seed);
+        let kv = KvHead {
+            keys: &keys,
+            values: &values,
+            stride,
+            off: hd,
+            n_keys: n,
+        };
         let qs: Vec<f32> = (0..g * hd)
             .map(|d| ((d as u32 * 13 + seed) as f32 * 0.29).sin())
             .collect();
-        let want = one_by_one(hd, &qs, &kv, stride, hd, n);
+        let mut want = vec![0f32; qs.len()];
+        let mut scores = Vec::new();
+        for (q, o) in qs.chunks_exact(hd).zip(want.chunks_exact_mut(hd)) {
+            attend(Isa::Scalar, q, kv, 0.125, &mut scores, o);
+        }
         for isa in [Isa::Scalar, Isa::Avx, Isa::Avx512] {
             let isa = Isa::at_most(isa);
-            // scratch left dirty by a longer call first: nothing may depend on it
             let mut scores = vec![f32::NAN; 7];
             let mut out = vec![f32::NAN; g * hd];
-            attend_group(
-                isa,
-                hd,
-                &qs,
-                &kv.0,
-                &kv.1,
-                stride,
-                hd,
-                n,
-                0.125,
-                &mut scores,
-                &mut out,
-            );
+            attend_group(isa, hd, &qs, kv, 0.125, &mut scores, &mut out);
             assert_eq!(
                 bits(&out),
                 bits(&want),

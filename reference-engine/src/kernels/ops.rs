@@ -175,26 +175,37 @@ fn softmax_body(sc: &mut [f32], scale: f32) {
     }
 }
 
-/// Causal attention for one query head vector `q` over `n_keys` cached positions.
-///
-/// `keys` is the sequence's key cache in blocks of 16 positions (`[block][stride][16]`),
-/// `values` its value rows (`[pos][stride]`); this head's slice starts at `off`. Score j is
-/// `(Σ_d q[d]·k_j[d]) · scale`, one FMA chain over d in order; the softmax uses [`exp`];
-/// output element d is one FMA chain over j in order. `scores` is scratch (≥ n_keys
-/// rounded up to 16); the result goes to `out` (head_dim).
-#[allow(clippy::too_many_arguments)]
+/// One key/value head of a sequence's cache, as attention reads it: `keys` in blocks of 16
+/// positions (`[block][stride][16]`), `values` as rows (`[pos][stride]`), this head's slice
+/// starting at `off` of each, over the first `n_keys` positions.
+#[derive(Debug, Clone, Copy)]
+pub struct KvHead<'a> {
+    pub keys: &'a [f32],
+    pub values: &'a [f32],
+    pub stride: usize,
+    pub off: usize,
+    pub n_keys: usize,
+}
+
+/// Causal attention for one query head vector `q` over the `kv.n_keys` cached positions of
+/// `kv`. Score j is `(Σ_d q[d]·k_j[d]) · scale`, one FMA chain over d in order; the softmax
+/// uses [`exp`]; output element d is one FMA chain over j in order. `scores` is scratch
+/// (≥ n_keys rounded up to 16); the result goes to `out` (head_dim).
 pub fn attend(
     isa: Isa,
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    stride: usize,
-    off: usize,
-    n_keys: usize,
+    kv: KvHead<'_>,
     scale: f32,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    let KvHead {
+        keys,
+        values,
+        stride,
+        off,
+        n_keys,
+    } = kv;
     let hd = q.len();
     let blocks = n_keys.div_ceil(16);
     if scores.len() < blocks * 16 {
@@ -526,7 +537,7 @@ mod x86 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     #[test]
@@ -560,34 +571,42 @@ mod tests {
         }
     }
 
-    fn attention_case(hd: usize, n: usize) {
-        let nkv = 3;
+    /// A cache of `nkv` key/value heads of `hd` over `n` positions, seeded, laid out as
+    /// [`KvHead`] reads it: (keys, values, stride).
+    pub(in crate::kernels) fn test_cache(
+        hd: usize,
+        nkv: usize,
+        n: usize,
+        seed: u32,
+    ) -> (Vec<f32>, Vec<f32>, usize) {
         let stride = nkv * hd;
         let mut keys = vec![0f32; n.div_ceil(16) * stride * 16];
         let mut values = vec![0f32; n * stride];
+        let s = seed as f32 * 0.37;
         for j in 0..n {
             for i in 0..stride {
                 keys[(j / 16) * stride * 16 + i * 16 + j % 16] =
-                    ((j * 31 + i * 7) as f32 * 0.013).sin();
-                values[j * stride + i] = ((j * 17 + i * 3) as f32 * 0.021).cos();
+                    ((j * 31 + i * 7) as f32 * 0.013 + s).sin();
+                values[j * stride + i] = ((j * 17 + i * 3) as f32 * 0.021 - s).cos();
             }
         }
+        (keys, values, stride)
+    }
+
+    fn attention_case(hd: usize, n: usize) {
+        let (keys, values, stride) = test_cache(hd, 3, n, 0);
         let q: Vec<f32> = (0..hd).map(|d| (d as f32 * 0.3).sin()).collect();
         let run = |isa| {
             let mut scores = Vec::new();
             let mut out = vec![0f32; hd];
-            attend(
-                isa,
-                &q,
-                &keys,
-                &values,
+            let kv = KvHead {
+                keys: &keys,
+                values: &values,
                 stride,
-                hd,
-                n,
-                0.125,
-                &mut scores,
-                &mut out,
-            );
+                off: hd,
+                n_keys: n,
+            };
+            attend(isa, &q, kv, 0.125, &mut scores, &mut out);
             out
         };
         let want = run(Isa::Scalar);
