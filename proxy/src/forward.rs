@@ -364,6 +364,8 @@ async fn commit(
             idle,
             framer: EventFramer::new(samewise_wire::sse::DEFAULT_MAX_EVENT_BYTES),
             decoder: SseDecoder::new(),
+            blocks: Vec::new(),
+            events: Vec::new(),
             inspector: Some(inspector),
             _inflight: inflight,
         };

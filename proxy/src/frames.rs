@@ -38,50 +38,69 @@ impl EventFramer {
         }
     }
 
-    /// Adds bytes; returns the blocks they complete, in order.
-    pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<Bytes>, BlockTooLarge> {
-        self.buf.extend_from_slice(bytes);
-        let mut out = Vec::new();
-        let mut i = self.scan;
-        while i < self.buf.len() {
-            let b = self.buf[i];
-            let line_end = match b {
-                b'\n' => i + 1,
-                b'\r' => {
-                    if i + 1 == self.buf.len() {
-                        break; // an LF may follow in the next read
-                    }
-                    if self.buf[i + 1] == b'\n' {
-                        i + 2
-                    } else {
-                        i + 1
-                    }
-                }
-                _ => {
-                    i += 1;
-                    continue;
-                }
-            };
-            let empty_line = i == self.line_start;
-            self.line_start = line_end;
-            i = line_end;
-            if empty_line {
-                out.push(self.buf.split_to(line_end).freeze());
-                i = 0;
+    /// Adds bytes; appends the blocks they complete to `out`, in order. A block that lies
+    /// whole in `bytes` with nothing held before it is a slice of `bytes` (no copy): only an
+    /// unfinished block's bytes are held, and copied once more when it completes.
+    pub fn push(&mut self, bytes: Bytes, out: &mut Vec<Bytes>) -> Result<(), BlockTooLarge> {
+        if self.buf.is_empty() {
+            // nothing held: scan and slice the read itself (scan and line_start are 0 here)
+            let (mut start, mut scan, mut line_start) = (0, 0, 0);
+            while let Some(end) = next_block_end(&bytes, &mut scan, &mut line_start) {
+                out.push(bytes.slice(start..end));
+                (start, scan, line_start) = (end, end, end);
+            }
+            if start < bytes.len() {
+                self.buf.extend_from_slice(&bytes[start..]);
+                self.scan = scan - start;
+                self.line_start = line_start - start;
+            }
+        } else {
+            self.buf.extend_from_slice(&bytes);
+            while let Some(end) = next_block_end(&self.buf, &mut self.scan, &mut self.line_start) {
+                out.push(self.buf.split_to(end).freeze());
+                self.scan = 0;
                 self.line_start = 0;
             }
         }
-        self.scan = i;
         if self.buf.len() > self.max {
             return Err(BlockTooLarge);
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Bytes of an unfinished block (the upstream ended without its blank line).
     pub fn has_partial(&self) -> bool {
         !self.buf.is_empty()
     }
+}
+
+/// Scans `b` from `*scan` for the blank line that ends the block whose current line starts at
+/// `*line_start` (both offsets into `b`): returns the offset just past it, or None when `b` ends
+/// first, with `*scan` where scanning resumes once more bytes are appended (at a final CR, whose
+/// LF may be in the next read) and `*line_start` kept.
+fn next_block_end(b: &[u8], scan: &mut usize, line_start: &mut usize) -> Option<usize> {
+    let mut i = *scan;
+    while let Some(off) = memchr::memchr2(b'\n', b'\r', b.get(i..).unwrap_or_default()) {
+        let at = i + off;
+        let line_end = if b[at] == b'\n' {
+            at + 1
+        } else if at + 1 == b.len() {
+            *scan = at; // an LF may follow in the next read
+            return None;
+        } else if b[at + 1] == b'\n' {
+            at + 2
+        } else {
+            at + 1
+        };
+        let empty_line = at == *line_start;
+        *line_start = line_end;
+        i = line_end;
+        if empty_line {
+            return Some(line_end);
+        }
+    }
+    *scan = b.len();
+    None
 }
 
 #[cfg(test)]
@@ -96,9 +115,10 @@ mod tests {
         let mut f = EventFramer::new(1 << 20);
         let mut out = Vec::new();
         for p in parts {
-            for b in f.push(p).unwrap_or_default() {
-                out.push(b.to_vec());
-            }
+            let mut got = Vec::new();
+            f.push(Bytes::copy_from_slice(p), &mut got)
+                .unwrap_or_default();
+            out.extend(got.iter().map(|b| b.to_vec()));
         }
         (out, f.has_partial())
     }
@@ -128,12 +148,35 @@ mod tests {
     }
 
     #[test]
+    fn a_block_whole_in_a_read_is_a_slice_of_it() {
+        let mut f = EventFramer::new(1 << 20);
+        let read = Bytes::from_static(b"data: 1\n\ndata: 2\n\ndata: 3");
+        let mut got = Vec::new();
+        assert_eq!(f.push(read.clone(), &mut got), Ok(()));
+        assert_eq!(got, [&b"data: 1\n\n"[..], &b"data: 2\n\n"[..]]);
+        assert_eq!(got[0].as_ptr(), read.as_ptr());
+        assert_eq!(got[1].as_ptr(), read[9..].as_ptr());
+        // the held rest is completed from the next read (a copy), then slicing resumes
+        got.clear();
+        assert_eq!(
+            f.push(Bytes::from_static(b"\n\ndata: 4\r\n\r\n"), &mut got),
+            Ok(())
+        );
+        assert_eq!(got, [&b"data: 3\n\n"[..], &b"data: 4\r\n\r\n"[..]]);
+        assert!(!f.has_partial());
+    }
+
+    #[test]
     fn unfinished_block_is_held_and_bounded() {
         let (out, partial) = blocks(&[b"data: 1\n\ndata: {\"half"]);
         assert_eq!(out.len(), 1);
         assert!(partial);
         let mut f = EventFramer::new(16);
-        assert_eq!(f.push(b"data: 0123456789abcdef"), Err(BlockTooLarge));
+        let mut got = Vec::new();
+        assert_eq!(
+            f.push(Bytes::from_static(b"data: 0123456789abcdef"), &mut got),
+            Err(BlockTooLarge)
+        );
     }
 
     proptest! {

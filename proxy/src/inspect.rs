@@ -98,10 +98,11 @@ pub struct Inspector {
     kept_truncated: bool,
 }
 
+/// A stream chunk as read: its texts borrowed from the event's data where they hold no escapes.
 #[derive(Debug, Deserialize)]
-struct Chunk {
-    #[serde(default)]
-    choices: Vec<ChunkChoice>,
+struct Chunk<'a> {
+    #[serde(default, borrow)]
+    choices: Vec<ChunkChoice<'a>>,
     #[serde(default)]
     usage: Option<UsageLite>,
     #[serde(default)]
@@ -109,21 +110,21 @@ struct Chunk {
 }
 
 #[derive(Debug, Deserialize)]
-struct ChunkChoice {
+struct ChunkChoice<'a> {
     #[serde(default)]
     index: u32,
-    #[serde(default)]
-    delta: Option<DeltaLite>,
-    #[serde(default)]
-    text: Option<String>,
-    #[serde(default)]
-    finish_reason: Option<String>,
+    #[serde(default, borrow)]
+    delta: Option<DeltaLite<'a>>,
+    #[serde(default, borrow, deserialize_with = "opt_text")]
+    text: Option<Cow<'a, str>>,
+    #[serde(default, borrow, deserialize_with = "opt_text")]
+    finish_reason: Option<Cow<'a, str>>,
 }
 
 #[derive(Debug, Deserialize)]
-struct DeltaLite {
-    #[serde(default)]
-    content: Option<String>,
+struct DeltaLite<'a> {
+    #[serde(default, borrow, deserialize_with = "opt_text")]
+    content: Option<Cow<'a, str>>,
     #[serde(default)]
     tool_calls: Option<Vec<serde_json::Value>>,
 }
@@ -153,7 +154,7 @@ struct FullChoice<'a> {
     index: u32,
     #[serde(default, borrow)]
     message: Option<FullMessage<'a>>,
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "opt_text")]
     text: Option<Cow<'a, str>>,
     #[serde(default)]
     finish_reason: Option<String>,
@@ -163,10 +164,20 @@ struct FullChoice<'a> {
 
 #[derive(Debug, Deserialize)]
 struct FullMessage<'a> {
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "opt_text")]
     content: Option<Cow<'a, str>>,
     #[serde(default)]
     tool_calls: Option<Vec<serde_json::Value>>,
+}
+
+/// An optional string borrowed from the JSON where it holds no escapes. (`#[serde(borrow)]`
+/// borrows a `Cow<str>` field, but an `Option<Cow<str>>` one is always copied.)
+fn opt_text<'de: 'a, 'a, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Cow<'a, str>>, D::Error> {
+    #[derive(Deserialize)]
+    struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+    Ok(Option::<Text<'a>>::deserialize(d)?.map(|t| t.0))
 }
 
 impl Inspector {
@@ -270,8 +281,10 @@ impl Inspector {
                 self.obs.first_token_at.get_or_insert(now);
                 self.obs.last_token_at = Some(now);
             }
-            if choice.index == 0 && choice.finish_reason.is_some() {
-                self.obs.finish_reason.clone_from(&choice.finish_reason);
+            if choice.index == 0
+                && let Some(reason) = &choice.finish_reason
+            {
+                self.obs.finish_reason = Some(reason.as_ref().to_owned());
             }
         }
         if action == EventAction::Forward
@@ -388,6 +401,36 @@ fn logprob_tokens(lp: Option<&serde_json::Value>) -> Vec<&str> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn texts_are_borrowed_unless_escaped() {
+        let data = r#"{"choices":[{"index":0,"delta":{"content":"plain"},"text":"a\nb","finish_reason":null}]}"#;
+        let chunk: super::Chunk<'_> = serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}"));
+        let choice = &chunk.choices[0];
+        let content = choice.delta.as_ref().and_then(|d| d.content.as_ref());
+        assert!(
+            matches!(content, Some(std::borrow::Cow::Borrowed("plain"))),
+            "{content:?}"
+        );
+        assert!(
+            matches!(&choice.text, Some(std::borrow::Cow::Owned(t)) if t == "a\nb"),
+            "{:?}",
+            choice.text
+        );
+        assert!(choice.finish_reason.is_none());
+        let body =
+            r#"{"choices":[{"index":0,"message":{"content":"whole"},"finish_reason":"stop"}]}"#;
+        let full: super::FullResponse<'_> =
+            serde_json::from_slice(body.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+        let content = full.choices[0]
+            .message
+            .as_ref()
+            .and_then(|m| m.content.as_ref());
+        assert!(
+            matches!(content, Some(std::borrow::Cow::Borrowed("whole"))),
+            "{content:?}"
+        );
+    }
+
     use super::*;
 
     /// A capturing inspector assembles a stream's answer (text within its bound, tool calls by

@@ -20,7 +20,7 @@ use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt};
 use samewise_store::ErrorKind;
 use samewise_wire::ErrorBody;
-use samewise_wire::sse::{SseDecoder, encode_data};
+use samewise_wire::sse::{SseDecoder, SseEvent, encode_data};
 use tokio::time::Instant;
 
 use crate::frames::EventFramer;
@@ -39,6 +39,10 @@ pub(crate) struct Relay {
     pub(crate) idle: Duration,
     pub(crate) framer: EventFramer,
     pub(crate) decoder: SseDecoder,
+    /// The blocks of one read (kept between reads: no allocation per event).
+    pub(crate) blocks: Vec<Bytes>,
+    /// The decoded events of one block (kept likewise).
+    pub(crate) events: Vec<SseEvent>,
     pub(crate) inspector: Option<Inspector>,
     pub(crate) _inflight: InflightGuard,
 }
@@ -106,17 +110,18 @@ impl Relay {
                 }
                 None => return self.at_end(),
                 Some(Ok(bytes)) => {
-                    let blocks = match self.framer.push(&bytes) {
-                        Ok(blocks) => blocks,
-                        Err(_) => {
-                            return Some(self.fail(
-                                ErrorKind::BrokenSse,
-                                "the upstream sent an event larger than allowed",
-                            ));
-                        }
+                    let mut blocks = std::mem::take(&mut self.blocks);
+                    let out = match self.framer.push(bytes, &mut blocks) {
+                        Ok(()) => self.pass(blocks.drain(..)),
+                        Err(_) => Some(self.fail(
+                            ErrorKind::BrokenSse,
+                            "the upstream sent an event larger than allowed",
+                        )),
                     };
-                    if let Some(out) = self.pass(blocks) {
-                        return Some(out);
+                    blocks.clear();
+                    self.blocks = blocks;
+                    if out.is_some() {
+                        return out;
                     }
                 }
             }
@@ -124,22 +129,24 @@ impl Relay {
     }
 
     /// Reads whole event blocks on the side and returns the bytes to forward (each block as
-    /// the upstream sent it); None when nothing is to be sent.
-    fn pass(&mut self, blocks: Vec<Bytes>) -> Option<Bytes> {
+    /// the upstream sent it; one block alone is sent as it is, without a copy); None when
+    /// nothing is to be sent.
+    fn pass(&mut self, blocks: impl Iterator<Item = Bytes>) -> Option<Bytes> {
         let now = Instant::now();
-        let mut out = BytesMut::new();
+        let mut out = Gather::default();
+        let mut events = std::mem::take(&mut self.events);
         for block in blocks {
-            let events = match self.decoder.feed(&block) {
-                Ok(events) => events,
-                Err(_) => {
-                    out.extend_from_slice(&self.fail(
-                        ErrorKind::BrokenSse,
-                        "the upstream sent an invalid event stream",
-                    ));
-                    return Some(out.freeze());
-                }
+            events.clear();
+            if self.decoder.feed_into(&block, &mut events).is_err() {
+                out.push(self.fail(
+                    ErrorKind::BrokenSse,
+                    "the upstream sent an invalid event stream",
+                ));
+                break;
+            }
+            let Some(inspector) = self.inspector.as_mut() else {
+                break;
             };
-            let inspector = self.inspector.as_mut()?;
             // A block holds at most one event (or none: a comment or keep-alive).
             let mut action = EventAction::Forward;
             let mut done = false;
@@ -154,24 +161,26 @@ impl Relay {
                 }
             }
             match action {
-                EventAction::Forward => out.extend_from_slice(&block),
+                EventAction::Forward => out.push(block),
                 EventAction::Drop => {}
                 EventAction::Cut => {
-                    out.extend_from_slice(&error_event(
+                    out.push(error_event(
                         ErrorKind::Degenerate.as_str(),
                         "generation stopped: the same output repeated too many times in a row",
                     ));
                     self.finalize(Some(ErrorKind::Degenerate), false);
-                    return Some(out.freeze());
+                    break;
                 }
             }
             if done {
                 // Nothing after [DONE] matters; end here.
                 self.finalize(None, true);
-                return Some(out.freeze());
+                break;
             }
         }
-        (!out.is_empty()).then(|| out.freeze())
+        events.clear();
+        self.events = events;
+        out.finish()
     }
 
     /// The upstream body ended.
@@ -232,6 +241,36 @@ impl Drop for Relay {
         // The client went away before the stream ended (or the server is shutting down).
         if self.inspector.is_some() {
             self.finalize(Some(ErrorKind::ClientDisconnect), true);
+        }
+    }
+}
+
+/// The bytes one read sends on: a single block as it came (a slice of the upstream's read),
+/// several copied into one buffer.
+#[derive(Default)]
+struct Gather {
+    one: Option<Bytes>,
+    many: Option<BytesMut>,
+}
+
+impl Gather {
+    fn push(&mut self, bytes: Bytes) {
+        if let Some(many) = self.many.as_mut() {
+            many.extend_from_slice(&bytes);
+        } else if let Some(first) = self.one.take() {
+            let mut many = BytesMut::with_capacity(first.len() + bytes.len());
+            many.extend_from_slice(&first);
+            many.extend_from_slice(&bytes);
+            self.many = Some(many);
+        } else {
+            self.one = Some(bytes);
+        }
+    }
+
+    fn finish(self) -> Option<Bytes> {
+        match self.many {
+            Some(many) => Some(many.freeze()),
+            None => self.one.filter(|b| !b.is_empty()),
         }
     }
 }

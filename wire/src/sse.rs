@@ -108,6 +108,13 @@ impl SseDecoder {
     /// Feeds the next bytes; returns the events they complete, in order.
     pub fn feed(&mut self, input: &[u8]) -> Result<Vec<SseEvent>, SseError> {
         let mut out = Vec::new();
+        self.feed_into(input, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`SseDecoder::feed`], appending the events to `out` (a vector kept by the caller costs
+    /// no allocation per read). On an error, `out` holds the events completed before it.
+    pub fn feed_into(&mut self, input: &[u8], out: &mut Vec<SseEvent>) -> Result<(), SseError> {
         // the stream's first bytes joined with those held back while they could be a BOM
         let first: Vec<u8>;
         let mut bytes = input;
@@ -116,7 +123,7 @@ impl SseDecoder {
             start.extend_from_slice(bytes);
             if start.len() < BOM.len() && BOM.starts_with(&start) {
                 self.start = start;
-                return Ok(out);
+                return Ok(());
             }
             self.at_start = false;
             first = start;
@@ -129,32 +136,42 @@ impl SseDecoder {
             }
         }
         while !bytes.is_empty() {
-            match bytes.iter().position(|&b| b == b'\n' || b == b'\r') {
-                None => {
-                    self.line.extend_from_slice(bytes);
-                    self.check_size()?;
-                    break;
-                }
-                Some(i) => {
-                    self.line.extend_from_slice(&bytes[..i]);
-                    self.check_size()?;
-                    let was_cr = bytes[i] == b'\r';
-                    bytes = &bytes[i + 1..];
-                    if was_cr {
-                        if bytes.is_empty() {
-                            self.pending_cr = true;
-                        } else if bytes[0] == b'\n' {
-                            bytes = &bytes[1..];
-                        }
-                    }
-                    let line = std::mem::take(&mut self.line);
-                    if let Some(ev) = self.take_line(&line)? {
-                        out.push(ev);
-                    }
+            let Some(i) = memchr::memchr2(b'\n', b'\r', bytes) else {
+                self.line.extend_from_slice(bytes);
+                self.check_size()?;
+                break;
+            };
+            let (text, rest) = bytes.split_at(i);
+            let was_cr = rest.first() == Some(&b'\r');
+            bytes = rest.get(1..).unwrap_or_default();
+            if was_cr {
+                if bytes.is_empty() {
+                    self.pending_cr = true;
+                } else if bytes[0] == b'\n' {
+                    bytes = &bytes[1..];
                 }
             }
+            let event = if self.line.is_empty() {
+                // the whole line is in this read: read it where it lies
+                if text.len() + self.data.len() > self.max {
+                    return Err(SseError::EventTooLarge { max: self.max });
+                }
+                self.take_line(text)?
+            } else {
+                self.line.extend_from_slice(text);
+                self.check_size()?;
+                let line = std::mem::take(&mut self.line);
+                let event = self.take_line(&line);
+                // the buffer's memory serves the next split line
+                self.line = line;
+                self.line.clear();
+                event?
+            };
+            if let Some(ev) = event {
+                out.push(ev);
+            }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// At the end of the stream: the event still being assembled, if it has data (a stream
@@ -333,6 +350,16 @@ mod tests {
     fn bounded_against_endless_lines() {
         let mut d = SseDecoder::with_max_event_bytes(64);
         let err = (0..100).find_map(|_| d.feed(b"data: xxxxxxxxxx").err());
+        assert_eq!(err, Some(SseError::EventTooLarge { max: 64 }));
+        // a whole line in one read, and data lines that add up past the bound, alike
+        let mut d = SseDecoder::with_max_event_bytes(64);
+        let long = format!("data: {}\n\n", "x".repeat(64));
+        assert_eq!(
+            d.feed(long.as_bytes()),
+            Err(SseError::EventTooLarge { max: 64 })
+        );
+        let mut d = SseDecoder::with_max_event_bytes(64);
+        let err = (0..10).find_map(|_| d.feed(b"data: xxxxxxxxxxxxxxxxxxxx\n").err());
         assert_eq!(err, Some(SseError::EventTooLarge { max: 64 }));
     }
 
