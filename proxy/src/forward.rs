@@ -361,7 +361,7 @@ async fn commit(
             att,
             status: status.as_u16(),
             upstream: http_body_util::BodyDataStream::new(resp.into_body()).boxed(),
-            idle,
+            idle: crate::relay::IdleTimer::new(idle),
             framer: EventFramer::new(samewise_wire::sse::DEFAULT_MAX_EVENT_BYTES),
             decoder: SseDecoder::new(),
             blocks: Vec::new(),

@@ -36,7 +36,7 @@ pub(crate) struct Relay {
     pub(crate) att: AttemptCtx,
     pub(crate) status: u16,
     pub(crate) upstream: BoxStream<'static, Result<Bytes, hyper::Error>>,
-    pub(crate) idle: Duration,
+    pub(crate) idle: IdleTimer,
     pub(crate) framer: EventFramer,
     pub(crate) decoder: SseDecoder,
     /// The blocks of one read (kept between reads: no allocation per event).
@@ -90,9 +90,10 @@ impl Relay {
         loop {
             self.inspector.as_ref()?;
             let item = if wait {
-                match tokio::time::timeout(self.idle, self.upstream.next()).await {
-                    Ok(item) => item,
-                    Err(_) => {
+                tokio::select! {
+                    biased;
+                    item = self.upstream.next() => item,
+                    () = self.idle.expired() => {
                         return Some(
                             self.fail(ErrorKind::StreamIdleTimeout, "the upstream stopped sending"),
                         );
@@ -101,6 +102,8 @@ impl Relay {
             } else {
                 ready_soon(&mut self.upstream).await?
             };
+            let now = Instant::now();
+            self.idle.last = now;
             match item {
                 Some(Err(_)) => {
                     return Some(self.fail(
@@ -112,7 +115,7 @@ impl Relay {
                 Some(Ok(bytes)) => {
                     let mut blocks = std::mem::take(&mut self.blocks);
                     let out = match self.framer.push(bytes, &mut blocks) {
-                        Ok(()) => self.pass(blocks.drain(..)),
+                        Ok(()) => self.pass(blocks.drain(..), now),
                         Err(_) => Some(self.fail(
                             ErrorKind::BrokenSse,
                             "the upstream sent an event larger than allowed",
@@ -131,8 +134,7 @@ impl Relay {
     /// Reads whole event blocks on the side and returns the bytes to forward (each block as
     /// the upstream sent it; one block alone is sent as it is, without a copy); None when
     /// nothing is to be sent.
-    fn pass(&mut self, blocks: impl Iterator<Item = Bytes>) -> Option<Bytes> {
-        let now = Instant::now();
+    fn pass(&mut self, blocks: impl Iterator<Item = Bytes>, now: Instant) -> Option<Bytes> {
         let mut out = Gather::default();
         let mut events = std::mem::take(&mut self.events);
         for block in blocks {
@@ -245,6 +247,46 @@ impl Drop for Relay {
     }
 }
 
+/// A stream's idle timeout: the upstream sent nothing for `idle`. One timer serves the whole
+/// stream, armed at the last arrival plus `idle` and moved on only when it fires before that (an
+/// item came since), instead of a timer armed and cancelled for every read.
+pub(crate) struct IdleTimer {
+    idle: Duration,
+    /// When the upstream's last item arrived (or the stream began).
+    last: Instant,
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl IdleTimer {
+    /// Starts counting now.
+    pub(crate) fn new(idle: Duration) -> Self {
+        let last = Instant::now();
+        IdleTimer {
+            idle,
+            last,
+            timer: Box::pin(tokio::time::sleep_until(due(last, idle))),
+        }
+    }
+
+    /// Resolves once nothing has arrived for `idle` (cancel-safe: its state is `self`'s).
+    async fn expired(&mut self) {
+        loop {
+            self.timer.as_mut().await;
+            let due = due(self.last, self.idle);
+            if Instant::now() >= due {
+                return;
+            }
+            self.timer.as_mut().reset(due);
+        }
+    }
+}
+
+/// `at + after`, or a day past now where that overflows `Instant` (never, in effect).
+fn due(at: Instant, after: Duration) -> Instant {
+    at.checked_add(after)
+        .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400))
+}
+
 /// The bytes one read sends on: a single block as it came (a slice of the upstream's read),
 /// several copied into one buffer.
 #[derive(Default)]
@@ -308,4 +350,27 @@ fn ready_soon<S: Stream + Unpin>(
 pub(crate) fn error_event(code: &str, message: &str) -> Bytes {
     let body = ErrorBody::new(message, "server_error", Some(code));
     Bytes::from(encode_data(&body.to_json()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_idle_timer_counts_from_the_last_arrival() {
+        let idle = Duration::from_millis(100);
+        let mut t = IdleTimer::new(idle);
+        let start = Instant::now();
+        // an arrival every 60 ms keeps it from expiring, though its first deadline passes
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            let fired = tokio::time::timeout(Duration::ZERO, t.expired())
+                .await
+                .is_ok();
+            assert!(!fired, "expired at {:?}", Instant::now() - start);
+            t.last = Instant::now();
+        }
+        t.expired().await;
+        assert_eq!(Instant::now() - start, Duration::from_millis(5 * 60 + 100));
+    }
 }
