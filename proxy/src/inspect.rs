@@ -102,7 +102,7 @@ pub struct Inspector {
 #[derive(Debug, Deserialize)]
 struct Chunk<'a> {
     #[serde(default, borrow)]
-    choices: Vec<ChunkChoice<'a>>,
+    choices: Choices<ChunkChoice<'a>>,
     #[serde(default)]
     usage: Option<UsageLite>,
     #[serde(default)]
@@ -141,7 +141,7 @@ struct UsageLite {
 #[derive(Debug, Deserialize)]
 struct FullResponse<'a> {
     #[serde(default, borrow)]
-    choices: Vec<FullChoice<'a>>,
+    choices: Choices<FullChoice<'a>>,
     #[serde(default)]
     usage: Option<UsageLite>,
     #[serde(default)]
@@ -168,6 +168,59 @@ struct FullMessage<'a> {
     content: Option<Cow<'a, str>>,
     #[serde(default)]
     tool_calls: Option<Vec<serde_json::Value>>,
+}
+
+/// A `choices` array as read: the first choice kept in place, any others in a vector, so
+/// that the usual answer of one choice (every chunk of a stream) allocates nothing for it.
+#[derive(Debug)]
+struct Choices<T> {
+    first: Option<T>,
+    rest: Vec<T>,
+}
+
+impl<T> Default for Choices<T> {
+    fn default() -> Self {
+        Choices {
+            first: None,
+            rest: Vec::new(),
+        }
+    }
+}
+
+impl<T> Choices<T> {
+    fn iter(&self) -> impl Iterator<Item = &T> {
+        self.first.iter().chain(&self.rest)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Choices<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Seq<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Seq<T> {
+            type Value = Choices<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an array of choices")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Choices<T>, A::Error> {
+                let first = seq.next_element()?;
+                let mut rest = Vec::new();
+                if first.is_some() {
+                    while let Some(c) = seq.next_element()? {
+                        rest.push(c);
+                    }
+                }
+                Ok(Choices { first, rest })
+            }
+        }
+        d.deserialize_seq(Seq(std::marker::PhantomData))
+    }
 }
 
 /// An optional string borrowed from the JSON where it holds no escapes. (`#[serde(borrow)]`
@@ -247,7 +300,7 @@ impl Inspector {
             self.obs.usage = Some((u.prompt_tokens, u.completion_tokens));
         }
         let mut action = EventAction::Forward;
-        for choice in &chunk.choices {
+        for choice in chunk.choices.iter() {
             let text = match self.route {
                 Route::Chat => choice.delta.as_ref().and_then(|d| d.content.as_deref()),
                 Route::Completions => choice.text.as_deref(),
@@ -310,7 +363,7 @@ impl Inspector {
         }
         self.obs.first_token_at = Some(now);
         self.obs.last_token_at = Some(now);
-        for choice in &resp.choices {
+        for choice in resp.choices.iter() {
             let text = match self.route {
                 Route::Chat => choice.message.as_ref().and_then(|m| m.content.as_deref()),
                 Route::Completions => choice.text.as_deref(),
@@ -402,10 +455,44 @@ fn logprob_tokens(lp: Option<&serde_json::Value>) -> Vec<&str> {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn every_choice_is_read_in_order() {
+        let read = |data: &str| {
+            serde_json::from_str::<super::Chunk<'_>>(data).map(|c| {
+                c.choices
+                    .iter()
+                    .map(|c| (c.index, c.delta.as_ref().and_then(|d| d.content.clone())))
+                    .map(|(i, t)| format!("{i}:{}", t.unwrap_or_default()))
+                    .collect::<Vec<_>>()
+            })
+        };
+        let three = r#"{"choices":[{"index":0,"delta":{"content":"a"}},{"index":1,"delta":{"content":"b"}},{"index":2,"delta":{}}]}"#;
+        assert_eq!(
+            read(three).ok(),
+            Some(vec!["0:a".into(), "1:b".into(), "2:".into()])
+        );
+        assert_eq!(read(r#"{"choices":[]}"#).ok(), Some(vec![]));
+        assert_eq!(read("{}").ok(), Some(vec![]));
+        for bad in [
+            r#"{"choices":null}"#,
+            r#"{"choices":{}}"#,
+            r#"{"choices":[1]}"#,
+            r#"{"choices":[{},2]}"#,
+        ] {
+            assert!(read(bad).is_err(), "{bad}");
+        }
+        let chunk: super::Chunk<'_> =
+            serde_json::from_str(r#"{"choices":[],"usage":{"prompt_tokens":1}}"#)
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert!(chunk.choices.is_empty());
+    }
+
+    #[test]
     fn texts_are_borrowed_unless_escaped() {
         let data = r#"{"choices":[{"index":0,"delta":{"content":"plain"},"text":"a\nb","finish_reason":null}]}"#;
         let chunk: super::Chunk<'_> = serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}"));
-        let choice = &chunk.choices[0];
+        let Some(choice) = chunk.choices.iter().next() else {
+            panic!("no choice read")
+        };
         let content = choice.delta.as_ref().and_then(|d| d.content.as_ref());
         assert!(
             matches!(content, Some(std::borrow::Cow::Borrowed("plain"))),
@@ -421,9 +508,11 @@ mod tests {
             r#"{"choices":[{"index":0,"message":{"content":"whole"},"finish_reason":"stop"}]}"#;
         let full: super::FullResponse<'_> =
             serde_json::from_slice(body.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
-        let content = full.choices[0]
-            .message
-            .as_ref()
+        let content = full
+            .choices
+            .iter()
+            .next()
+            .and_then(|c| c.message.as_ref())
             .and_then(|m| m.content.as_ref());
         assert!(
             matches!(content, Some(std::borrow::Cow::Borrowed("whole"))),

@@ -138,7 +138,9 @@ impl Relay {
         let mut out = Gather::default();
         let mut events = std::mem::take(&mut self.events);
         for block in blocks {
-            events.clear();
+            for ev in events.drain(..) {
+                self.decoder.recycle(ev);
+            }
             if self.decoder.feed_into(&block, &mut events).is_err() {
                 out.push(self.fail(
                     ErrorKind::BrokenSse,
@@ -180,7 +182,9 @@ impl Relay {
                 break;
             }
         }
-        events.clear();
+        for ev in events.drain(..) {
+            self.decoder.recycle(ev);
+        }
         self.events = events;
         out.finish()
     }

@@ -76,7 +76,14 @@ pub struct SseDecoder {
     /// The first bytes while they are a proper prefix of the BOM (it may arrive split across
     /// reads, like anything else).
     start: Vec<u8>,
+    /// An event's data buffer handed back by [`SseDecoder::recycle`], emptied: the next
+    /// event's data is read into it instead of a fresh allocation.
+    spare: String,
 }
+
+/// The largest data buffer [`SseDecoder::recycle`] keeps (one huge event should not pin its
+/// memory for the rest of the stream).
+const RECYCLE_MAX_BYTES: usize = 64 * 1024;
 
 impl Default for SseDecoder {
     fn default() -> Self {
@@ -102,6 +109,18 @@ impl SseDecoder {
             max,
             at_start: true,
             start: Vec::new(),
+            spare: String::new(),
+        }
+    }
+
+    /// Hands back an event this decoder returned, once read: its data buffer (up to 64 KiB)
+    /// serves the next event, so that a reader that recycles each event allocates no buffer
+    /// per event.
+    pub fn recycle(&mut self, ev: SseEvent) {
+        let mut data = ev.data;
+        if data.capacity() <= RECYCLE_MAX_BYTES && data.capacity() > self.spare.capacity() {
+            data.clear();
+            self.spare = data;
         }
     }
 
@@ -217,6 +236,8 @@ impl SseDecoder {
             "data" => {
                 if self.has_data {
                     self.data.push('\n');
+                } else if self.data.capacity() == 0 {
+                    self.data = std::mem::take(&mut self.spare);
                 }
                 self.data.push_str(value);
                 self.has_data = true;
@@ -325,6 +346,41 @@ mod tests {
                 assert_eq!(evs, expected(), "split at {a},{b}");
             }
         }
+    }
+
+    #[test]
+    fn recycled_events_lend_their_buffer_to_the_next() {
+        let bytes = STREAM.as_bytes();
+        let mut d = SseDecoder::new();
+        let mut out = Vec::new();
+        let mut evs = Vec::new();
+        let mut last_ptr = None;
+        // a byte at a time, each event handed back as soon as it is read
+        for i in 0..bytes.len() {
+            d.feed_into(&bytes[i..=i], &mut out).unwrap();
+            for ev in out.drain(..) {
+                if let Some(p) = last_ptr {
+                    // the event's data was read into the buffer the last one gave back
+                    assert_eq!(ev.data.as_ptr(), p, "event {}", evs.len());
+                }
+                last_ptr = Some(ev.data.as_ptr());
+                evs.push(ev.clone());
+                d.recycle(ev);
+                // held, not freed: another allocation cannot be given the same address
+                assert_eq!(Some(d.spare.as_ptr()), last_ptr);
+            }
+        }
+        assert_eq!(evs, expected());
+        // a buffer past the bound is not kept
+        let mut big = String::with_capacity(RECYCLE_MAX_BYTES + 1);
+        big.push('x');
+        let mut d = SseDecoder::new();
+        d.recycle(SseEvent {
+            event: None,
+            data: big,
+            id: None,
+        });
+        assert_eq!(d.spare.capacity(), 0);
     }
 
     #[test]
