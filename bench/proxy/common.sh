@@ -34,10 +34,13 @@ wait_url() {
     echo "no 'listening on' line in $1" >&2; return 1
 }
 
-# bench_config FILE PORT DATA_DIR MOCK_URL: the gateway config: model `bench` → the mock's
+# bench_config FILE PORT DATA_DIR MOCK_URL [old]: the gateway config: model `bench` → the mock's
 # `bench-model`, SQLite records in DATA_DIR, a record queue of 100,000, no per-key stream bound
-# in the way (every request is one key's)
+# in the way (every request is one key's); with `old`, without the bound's key, which a gateway
+# built before it existed refuses (it had no bound)
 bench_config() {
+    local bound="max_streams_per_key = 1000000"
+    [ "${5:-}" = old ] && bound=
     cat >"$1" <<TOML
 [server]
 listen = "127.0.0.1:$2"
@@ -45,7 +48,7 @@ data_dir = "$3"
 
 [limits]
 record_queue_capacity = 100000
-max_streams_per_key = 1000000
+$bound
 TOML
     bench_model bench "$4" >>"$1"
 }
@@ -68,19 +71,20 @@ model = "$1-model"
 TOML
 }
 
-# create_key CONFIG LOG: prints a new client key
+# create_key CONFIG LOG [GATEWAY]: prints a new client key (made by GATEWAY, default
+# $BIN/samewise)
 create_key() {
     local key
-    key=$(env -u DATABASE_URL $BIN/samewise keys create bench --config "$1" 2>>"$2" | grep -Eo 'sw-[0-9a-f]+' | head -1)
+    key=$(env -u DATABASE_URL "${3:-$BIN/samewise}" keys create bench --config "$1" 2>>"$2" | grep -Eo 'sw-[0-9a-f]+' | head -1)
     if [ -z "$key" ]; then echo "could not create a key (see $2)" >&2; return 1; fi
     echo "$key"
 }
 
-# start_gateway CONFIG PORT LOG: starts `samewise serve` (with GW_ENV, e.g.
-# TOKIO_WORKER_THREADS=1, in its environment), sets GW_PID, waits for /healthz
+# start_gateway CONFIG PORT LOG [GATEWAY]: starts `GATEWAY serve` (default $BIN/samewise; with
+# GW_ENV, e.g. TOKIO_WORKER_THREADS=1, in its environment), sets GW_PID, waits for /healthz
 GW_PID=
 start_gateway() {
-    RUST_LOG=${RUST_LOG:-warn} env -u DATABASE_URL ${GW_ENV:-} $BIN/samewise serve --config "$1" >>"$3" 2>&1 &
+    RUST_LOG=${RUST_LOG:-warn} env -u DATABASE_URL ${GW_ENV:-} "${4:-$BIN/samewise}" serve --config "$1" >>"$3" 2>&1 &
     GW_PID=$!
     PIDS+=("$GW_PID")
     wait_http "http://127.0.0.1:$2/healthz" 100 "the gateway did not come up (see $3)"

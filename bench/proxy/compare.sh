@@ -15,7 +15,12 @@
 #     floors measured: `tcp-relay` in the proxy's place, a byte relay on the gateway's runtime (no
 #     HTTP, no records), with `--http` a pass-through on the gateway's HTTP stack (hyper's server
 #     and pooled client; no routing, no body inspection, no records), and with `--axum` that
-#     pass-through as an axum handler under `axum::serve`, the gateway's framework.
+#     pass-through as an axum handler under `axum::serve`, the gateway's framework. Target
+#     `samewise-base` (with BASE=DIR, a `samewise` built at an earlier commit, e.g. the one
+#     issue 15 was filed against): that gateway on the same points, its own data directory and
+#     key, and the per-key stream bound left out of its config (builds before the bound refuse
+#     the key; later ones default to 256 open streams, which these rates never reach), so a
+#     change can be read as a ratio on any host.
 #  2. Capacity (CAP_RATES, per target of CAP_TARGETS and mode, CAP_REPEATS times): the rate
 #     steps up on a fresh gateway per step until a step fails: paired added p99 > CAP_P99_MS (default 2), an error, or a
 #     dropped record (/metrics `samewise_record_queue_dropped_total`). The highest passing
@@ -57,6 +62,10 @@ MOCK=$(wait_url "$OUT/mock.log")
 PORT=$(free_port)
 bench_config "$OUT/samewise.toml" "$PORT" "$OUT/data" "$MOCK"
 KEY=$(create_key "$OUT/samewise.toml" "$OUT/keys.log")
+if [ -n "${BASE:-}" ]; then
+    bench_config "$OUT/base.toml" "$PORT" "$OUT/data-base" "$MOCK" old
+    BASE_KEY=$(create_key "$OUT/base.toml" "$OUT/keys.log" "$BASE/samewise")
+fi
 LL_PORT=$(free_port)
 if [ "$LITELLM" = 1 ] && [[ "$PHASES" == *cpu* ]]; then
     LL_VERSION=$(litellm_setup)
@@ -75,6 +84,11 @@ point() {
         pid=$!
         PIDS+=("$pid")
         url="$(wait_url "$OUT/relay.log")/v1" key=none
+    elif [ "$1" = samewise-base ]; then
+        GW_ENV=
+        start_gateway "$OUT/base.toml" "$PORT" "$OUT/proxy-base.log" "$BASE/samewise"
+        sleep 1
+        pid=$GW_PID url="http://127.0.0.1:$PORT/v1" key=$BASE_KEY
     elif [ "$1" != litellm ]; then
         GW_ENV=; [ "$1" = samewise-1w ] && GW_ENV=TOKIO_WORKER_THREADS=1
         start_gateway "$OUT/samewise.toml" "$PORT" "$OUT/proxy.log"

@@ -44,7 +44,7 @@ def compare(out, limit_ms) -> int:
     print("| proxy | mode | rps | CPU µs / request | paired added p50 (ms) | paired added p99 (ms) "
           "| errors | late ticks | RSS after (MB) | load (1 min) | mock CPU µs / request |")
     print("|---|---|---:|---|---|---|---:|---:|---:|---|---:|")
-    order = {"samewise": 0, "samewise-1w": 1, "relay": 2, "relay-http": 3, "relay-axum": 4, "litellm": 5}
+    order = {"samewise": 0, "samewise-base": 0.5, "samewise-1w": 1, "relay": 2, "relay-http": 3, "relay-axum": 4, "litellm": 5}
     for (target, mode, rate), rs in sorted(points.items(), key=lambda kv: (order.get(kv[0][0], 6), kv[0][1], kv[0][2])):
         errors = sum(sum((r.get("errors") or {}).values()) for r in rs)
         print(f"| {target} | {mode} | {rate:.0f} | {spread([r['cpu_us_per_req'] for r in rs])} "
@@ -63,16 +63,25 @@ def compare(out, limit_ms) -> int:
                    for q in ("p50", "p99")]
             ratios.append(f"| {mode} | LiteLLM at {rate:.0f} rps / samewise at {srate:.0f} rps | {cpu:.0f}× "
                           f"| {'n/a' if lat[0] is None else f'{lat[0]:.0f}×'} / {'n/a' if lat[1] is None else f'{lat[1]:.0f}×'} |")
-    # the floors (bench/proxy/compare.sh's `relay`, `relay-http` and `relay-axum` targets)
-    floor = []
+    # the floors (bench/proxy/compare.sh's `relay`, `relay-http` and `relay-axum` targets) and an
+    # earlier build (`samewise-base`)
+    floor, base = [], []
     for (target, mode, rate), rs in sorted(points.items()):
         ss = points.get(("samewise", mode, rate))
-        if not target.startswith("relay") or not ss:
+        if not (target.startswith("relay") or target == "samewise-base") or not ss:
             continue
         cpu = [med([r["cpu_us_per_req"] for r in x]) for x in (ss, rs)]
         p99 = [med(paired(x, "p99")) for x in (ss, rs)]
-        floor.append(f"| {target} | {mode} | {rate:.0f} | {fmt(cpu[0], 1)} / {fmt(cpu[1], 1)} = {cpu[0] / cpu[1]:.2f}× "
-                     f"| {fmt(p99[0], 2)} / {fmt(p99[1], 2)} |")
+        (base if target == "samewise-base" else floor).append(
+            f"| {target} | {mode} | {rate:.0f} | {fmt(cpu[0], 1)} / {fmt(cpu[1], 1)} = {cpu[0] / cpu[1]:.2f}× "
+            f"| {fmt(p99[0], 2)} / {fmt(p99[1], 2)} |")
+    if base:
+        print()
+        print("Against the earlier build (`samewise-base`, BASE), medians:")
+        print()
+        print("| earlier build | mode | rps | CPU µs / request, samewise / base | paired added p99 (ms), samewise / base |")
+        print("|---|---|---:|---|---|")
+        print("\n".join(base))
     if floor:
         print()
         print("Against the floors (`tcp-relay` on the same runtime: `relay` relays bytes, `relay-http` passes "
