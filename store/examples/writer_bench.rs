@@ -8,7 +8,10 @@
 //! `random` the fully random ids the gateway gave before (`req-` and 24 random hex digits),
 //! which scatter the primary key's index inserts over its leaves.
 //!
-//! Run: `cargo run -p samewise-store --example writer_bench -- [ROWS] [sqlite|postgres|both] [timed|random]`
+//! Run: `cargo run -p samewise-store --example writer_bench -- [ROWS] [sqlite|postgres|both] [timed|random] [BATCH]`
+//! (BATCH: the writer's `max_batch`, default the writer's default). The CPU reported is the
+//! whole process's (the writer's task and sqlx's SQLite worker thread) from the first record
+//! queued to the last committed, over the rows: what a record costs the gateway's process.
 
 use std::time::Instant;
 
@@ -36,6 +39,10 @@ async fn main() -> Result<()> {
         ids == "timed" || ids == "random",
         "unknown ids {ids:?}: timed or random"
     );
+    let max_batch = match args.next() {
+        Some(n) => n.parse().context("BATCH must be a number")?,
+        None => RecordWriterConfig::default().max_batch,
+    };
     for &backend in backends {
         let db = TestDb::new(backend)
             .await
@@ -59,9 +66,11 @@ async fn main() -> Result<()> {
         let cfg = RecordWriterConfig {
             capacity: rows,
             max_queued_record_bytes: usize::MAX,
+            max_batch,
             ..RecordWriterConfig::default()
         };
         let (tx, writer) = RecordWriter::spawn(db.store.clone(), cfg.clone());
+        let cpu0 = process_cpu_s()?;
         let start = Instant::now();
         for r in records {
             anyhow::ensure!(tx.try_send(r), "queue full: capacity is {rows}");
@@ -69,6 +78,7 @@ async fn main() -> Result<()> {
         let enqueue = start.elapsed();
         writer.shutdown().await;
         let total = start.elapsed();
+        let cpu = process_cpu_s()? - cpu0;
         anyhow::ensure!(
             tx.written() == rows as u64,
             "written {} of {rows}",
@@ -84,14 +94,30 @@ async fn main() -> Result<()> {
             .await?;
         anyhow::ensure!(stored.len() == 1);
         println!(
-            "{backend:>10}: {rows} records ({ids} ids), batches of {}, in {:.3} s = {:.0} rows/s; try_send {:.0} ns each",
+            "{backend:>10}: {rows} records ({ids} ids), batches of {}, in {:.3} s = {:.0} rows/s, {:.2} µs of the process's CPU a row; try_send {:.0} ns each",
             cfg.max_batch,
             total.as_secs_f64(),
             rows as f64 / total.as_secs_f64(),
+            cpu * 1e6 / rows as f64,
             enqueue.as_nanos() as f64 / rows as f64,
         );
     }
     Ok(())
+}
+
+/// User + system CPU seconds of this process (every thread, sqlx's SQLite worker included) so
+/// far, from `/proc/self/stat` (Linux; USER_HZ, 100 ticks a second).
+fn process_cpu_s() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").context("reading /proc/self/stat")?;
+    // fields 14 and 15 (utime, stime): the 12th and 13th after the ")" ending the command name
+    let after = stat
+        .rsplit_once(") ")
+        .context("no command name in /proc/self/stat")?
+        .1;
+    let mut f = after.split_whitespace().skip(11);
+    let mut tick =
+        || -> Result<f64> { Ok(f.next().context("short /proc/self/stat")?.parse::<f64>()?) };
+    Ok((tick()? + tick()?) / 100.0)
 }
 
 /// A realistic record: a streamed chat attempt with usage, cost and tool-call counts.

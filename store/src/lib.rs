@@ -47,6 +47,7 @@ mod probe_runs;
 mod records;
 mod rollups;
 mod scheduler_lock;
+mod sqlite_records;
 /// A namespace of the API (feature `testing`): fresh databases and fault injection for tests.
 #[cfg(feature = "testing")]
 pub mod testing;

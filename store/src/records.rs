@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use sqlx::{Database, QueryBuilder, Row};
 
 use crate::connect::Pool;
+use crate::probe_runs::text;
 use crate::rollups::Deltas;
 use crate::{Store, StoreError};
 
@@ -155,10 +156,6 @@ impl Default for RecordQuery {
 /// The most rows one [`Store::request_records`] call returns.
 pub const MAX_QUERY_LIMIT: u32 = 100_000;
 
-/// Most rows per SQLite INSERT statement (a power of two, see [`pow2_chunks`]): 29 bound
-/// values each, well under SQLite's 32,766 parameter limit.
-const ROWS_PER_STATEMENT: usize = 256;
-
 /// Splits `rows` into chunks whose lengths are powers of two, largest first, none over `max`
 /// (itself a power of two). A multi-row statement has one text per chunk length, and sqlx keeps
 /// every statement it ran prepared on its connection (up to 100 per connection): chunks of
@@ -199,7 +196,7 @@ $28::bool[], $29::bool[]) \
 ON CONFLICT (request_id, attempt, ts_ms) DO NOTHING RETURNING request_id, attempt, ts_ms";
 
 /// The columns, in the order they are inserted and selected.
-const COLUMNS: &str = "request_id, attempt, final_attempt, ts_ms, key_id, model, provider, endpoint, \
+pub(crate) const COLUMNS: &str = "request_id, attempt, final_attempt, ts_ms, key_id, model, provider, endpoint, \
 route, stream, status, error_kind, attempts, ttft_ms, latency_ms, tpot_ms, prompt_tokens, \
 completion_tokens, usage_counted, finish_reason, output_chars, cost_usd, tool_calls, \
 tool_invalid_json, tool_unknown_name, tool_schema_mismatch, tool_finish_mismatch, tool_errored, \
@@ -235,21 +232,9 @@ impl Store {
                 tx.commit().await.map_err(StoreError::query(OP))?;
                 inserted
             }
-            Pool::Sqlite(pool) => {
-                // Nearly always every row is new, and the insert's count says so without a key
-                // travelling back per row; only when a row was skipped is the transaction rolled
-                // back and run again with RETURNING naming the new rows, for the rollups.
-                match insert_sqlite(pool, rows, false)
-                    .await
-                    .map_err(StoreError::query(OP))?
-                {
-                    Some(inserted) => inserted,
-                    None => insert_sqlite(pool, rows, true)
-                        .await
-                        .map_err(StoreError::query(OP))?
-                        .unwrap_or_default(),
-                }
-            }
+            Pool::Sqlite(pool) => insert_sqlite(pool, rows)
+                .await
+                .map_err(StoreError::query(OP))?,
         };
         let skipped = (rows.len() as u64).saturating_sub(inserted);
         if skipped > 0 {
@@ -287,34 +272,18 @@ impl Store {
     }
 }
 
-/// Text as stored: NUL characters, which PostgreSQL's TEXT cannot hold (and which would fail
-/// the whole batch), become U+FFFD on both backends, so that both store the same thing.
-fn text(s: &str) -> Cow<'_, str> {
-    if s.contains('\0') {
-        Cow::Owned(s.replace('\0', "\u{FFFD}"))
-    } else {
-        Cow::Borrowed(s)
-    }
-}
-
 /// Inserts `rows` into SQLite in one transaction and adds the new ones to the rollups; the
-/// number inserted. Without `returning` the statements return nothing per row: when their
-/// counts show a row skipped (already stored, or given twice), the transaction is rolled back
-/// and `Ok(None)` says to insert again with `returning`, whose keys name the new rows.
+/// number inserted. The rows go in through SQLite's C API (`sqlite_records`), which says of
+/// each whether it was new.
 async fn insert_sqlite(
     pool: &sqlx::SqlitePool,
     rows: &[RequestRecord],
-    returning: bool,
-) -> Result<Option<u64>, sqlx::Error> {
+) -> Result<u64, sqlx::Error> {
     let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    match insert_sqlite_in(&mut tx, rows, returning).await {
-        Ok(Some(inserted)) => {
+    match insert_sqlite_in(&mut tx, rows).await {
+        Ok(inserted) => {
             tx.commit().await?;
-            Ok(Some(inserted))
-        }
-        Ok(None) => {
-            tx.rollback().await?;
-            Ok(None)
+            Ok(inserted)
         }
         Err(e) => {
             // Some errors (SQLITE_FULL, SQLITE_IOERR, ...) make SQLite roll the transaction back
@@ -328,38 +297,22 @@ async fn insert_sqlite(
     }
 }
 
-/// [`insert_sqlite`]'s statements inside its transaction: the number inserted, or None when
-/// `returning` is off and a row was skipped.
+/// [`insert_sqlite`]'s statements inside its transaction: the number inserted.
 async fn insert_sqlite_in(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
     rows: &[RequestRecord],
-    returning: bool,
-) -> Result<Option<u64>, sqlx::Error> {
-    let new = if returning {
-        let mut keys = Vec::new();
-        for chunk in pow2_chunks(rows, ROWS_PER_STATEMENT) {
-            let mut qb = insert_statement::<sqlx::Sqlite>(chunk, true);
-            for row in qb.build().fetch_all(&mut **tx).await? {
-                keys.push(inserted_key(&row)?);
-            }
-        }
-        newly_inserted(rows, keys)
-    } else {
-        let mut inserted = 0;
-        for chunk in pow2_chunks(rows, ROWS_PER_STATEMENT) {
-            let mut qb = insert_statement::<sqlx::Sqlite>(chunk, false);
-            inserted += qb.build().execute(&mut **tx).await?.rows_affected();
-        }
-        if inserted != rows.len() as u64 {
-            return Ok(None);
-        }
-        rows.iter().collect()
-    };
+) -> Result<u64, sqlx::Error> {
+    let new = crate::sqlite_records::insert(tx, rows).await?;
+    let new: Vec<&RequestRecord> = rows
+        .iter()
+        .zip(new)
+        .filter_map(|(r, new)| new.then_some(r))
+        .collect();
     let inserted = new.len() as u64;
     for mut qb in Deltas::of(new).statements::<sqlx::Sqlite>() {
         qb.build().execute(&mut **tx).await?;
     }
-    Ok(Some(inserted))
+    Ok(inserted)
 }
 
 /// `(request_id, attempt, ts_ms)` of an inserted row, as the insert's RETURNING gives it.
@@ -441,60 +394,6 @@ async fn insert_postgres(
         .fetch_all(conn)
         .await?;
     done.iter().map(inserted_key).collect()
-}
-
-/// `INSERT INTO request_records (...) VALUES (...), ... ON CONFLICT DO NOTHING` for `rows`
-/// (SQLite), with `RETURNING` the inserted rows' keys when `returning`.
-fn insert_statement<'a, DB>(rows: &'a [RequestRecord], returning: bool) -> QueryBuilder<'a, DB>
-where
-    DB: Database,
-    Cow<'a, str>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    Option<Cow<'a, str>>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    Option<i64>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    f64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    Option<f64>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-    bool: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
-{
-    let mut qb = QueryBuilder::<DB>::new("INSERT INTO request_records (");
-    qb.push(COLUMNS);
-    qb.push(") ");
-    qb.push_values(rows, |mut b, r| {
-        b.push_bind(text(&r.request_id))
-            .push_bind(i64::from(r.attempt))
-            .push_bind(r.final_attempt)
-            .push_bind(r.ts_ms)
-            .push_bind(r.key_id)
-            .push_bind(text(&r.model))
-            .push_bind(r.provider.as_deref().map(text))
-            .push_bind(r.endpoint.as_deref().map(text))
-            .push_bind(text(&r.route))
-            .push_bind(r.stream)
-            .push_bind(r.status.map(i64::from))
-            .push_bind(r.error_kind.as_deref().map(text))
-            .push_bind(i64::from(r.attempts))
-            .push_bind(r.ttft_ms)
-            .push_bind(r.latency_ms)
-            .push_bind(r.tpot_ms)
-            .push_bind(r.prompt_tokens)
-            .push_bind(r.completion_tokens)
-            .push_bind(r.usage_counted)
-            .push_bind(r.finish_reason.as_deref().map(text))
-            .push_bind(r.output_chars)
-            .push_bind(r.cost_usd)
-            .push_bind(i64::from(r.tool_calls))
-            .push_bind(i64::from(r.tool_invalid_json))
-            .push_bind(i64::from(r.tool_unknown_name))
-            .push_bind(i64::from(r.tool_schema_mismatch))
-            .push_bind(r.tool_finish_mismatch.as_deref().map(text))
-            .push_bind(r.tool_errored)
-            .push_bind(r.degenerate);
-    });
-    qb.push(" ON CONFLICT (request_id, attempt) DO NOTHING");
-    if returning {
-        qb.push(" RETURNING request_id, attempt, ts_ms");
-    }
-    qb
 }
 
 /// `SELECT ... WHERE <filters> ORDER BY ts_ms DESC ... LIMIT n` for `q`.

@@ -88,7 +88,12 @@ impl Default for RecordWriterConfig {
     fn default() -> Self {
         RecordWriterConfig {
             capacity: 10_000,
-            max_batch: 500,
+            // a transaction's own work (its rollup upserts, the pages it rewrites, the
+            // statements it prepares) is shared by more rows: `writer_bench` on SQLite under
+            // callgrind, 31,000 instructions a row in batches of 500 against 26,600 in batches
+            // of 4,096 (README, "Store writer"); at 4,000 requests/s about one batch a second,
+            // written in tens of milliseconds
+            max_batch: 4096,
             // a second: at 1,000 requests/s a batch a second (or per `max_batch` rows) cost the
             // record path's threads 5.0-6.6 us a request against 8.3-10.0 at five a second
             // (README, "Benchmarks"), and a record still reaches the dashboards within a second

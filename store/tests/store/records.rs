@@ -227,3 +227,70 @@ async fn retention_drops_day_partitions(db: TestDb) -> Result<()> {
     ensure!(db.store.request_records(&by_id("late")).await?.len() == 1);
     Ok(())
 }
+
+/// SQLite's records go in through its C API on the connection sqlx holds, the work handed
+/// off the runtime's thread (`block_in_place`) on a multi-threaded runtime, as the gateway's
+/// is: rows, duplicates and a refused batch behave there as on the tests' current-thread one,
+/// and the connection is usable after the refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_inserts_on_a_multi_threaded_runtime() -> Result<()> {
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let rows: Vec<RequestRecord> = (0..300)
+        .map(|i| full_record(&format!("mt{i:03}"), 1, 1_700_000_000_000 + i))
+        .collect();
+    // the batch and, concurrently from another task, its first half again: each row once
+    let (a, b) = tokio::join!(
+        db.store.insert_request_records(&rows),
+        db.store.insert_request_records(&rows[..150])
+    );
+    a?;
+    b?;
+    let got = db.store.request_records(&all(1000)).await?;
+    ensure!(got.len() == 300, "{} rows", got.len());
+    // stored and new rows interleaved, one new row twice: the rollups count each new row once
+    let mut mixed = Vec::new();
+    for i in 0..100 {
+        mixed.push(rows[i * 3].clone());
+        mixed.push(full_record(
+            &format!("mx{i:03}"),
+            1,
+            1_700_000_000_500 + i as i64,
+        ));
+    }
+    mixed.insert(7, mixed[5].clone());
+    db.store.insert_request_records(&mixed).await?;
+    let rolled = db
+        .store
+        .endpoint_rollups(&samewise_store::RollupQuery {
+            since_ms: 1_699_999_000_000,
+            until_ms: 1_700_001_000_000,
+            ..samewise_store::RollupQuery::default()
+        })
+        .await?;
+    let requests: i64 = rolled.iter().map(|e| e.totals.requests).sum();
+    ensure!(
+        requests == 400,
+        "rollups count {requests} requests, not 400"
+    );
+    let mut bad = full_record("mt-bad", 1, 1_700_000_001_000);
+    bad.latency_ms = f64::NAN; // bound as NULL, refused by NOT NULL
+    let refused = db
+        .store
+        .insert_request_records(&[full_record("mt-ok", 1, 1_700_000_001_000), bad])
+        .await;
+    let Err(e) = refused else {
+        anyhow::bail!("a NULL latency was stored");
+    };
+    ensure!(!e.is_unavailable(), "{e}");
+    ensure!(
+        e.to_string().contains("NOT NULL"),
+        "the error names the constraint: {e}"
+    );
+    // the whole batch was rolled back, and the next one goes in
+    ensure!(db.store.request_records(&by_id("mt-ok")).await?.is_empty());
+    db.store
+        .insert_request_records(&[full_record("mt-next", 1, 1_700_000_002_000)])
+        .await?;
+    ensure!(db.store.request_records(&all(1000)).await?.len() == 401);
+    Ok(())
+}
