@@ -30,6 +30,7 @@
 #                                       # the capacity search climbs further)
 #   PHASES=cpu POINTS="samewise:json:1000" REPEATS=1 bench/proxy/compare.sh
 #   LITELLM=0 bench/proxy/compare.sh                        # samewise only
+#   TRACE=1 ...   # also every tick's latencies: OUT/trace-TARGET-MODE-RATE-REPEAT.tsv (bench/proxy/tail.py reads them)
 # Results: bench/out/compare-TIMESTAMP/ (cpu.jsonl, capacity.jsonl, table.md, logs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -103,7 +104,7 @@ point() {
     t0=$(cpu_ticks "$pid") m0=$(cpu_ticks "$MOCK_PID")
     $BIN/loadgen rate --direct "$MOCK/v1" --proxy "$url" --key "$key" --model bench \
         --direct-model bench-model --rate "$3" --duration "$DURATION" --warmup "$WARMUP" $flag \
-        >"$OUT/point.json" 2>>"$OUT/loadgen.log" || echo '{}' >"$OUT/point.json"
+        ${TRACE:+--trace "$OUT/trace-$1-$2-$3-$4.tsv"} >"$OUT/point.json" 2>>"$OUT/loadgen.log" || echo '{}' >"$OUT/point.json"
     sleep 2 # the record writer's last batch (written at most flush_interval, 1 s, after its first record)
     t1=$(cpu_ticks "$pid") m1=$(cpu_ticks "$MOCK_PID")
     rss=$(rss_kb "$pid")

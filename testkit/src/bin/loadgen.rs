@@ -30,7 +30,7 @@ use tokio_util::task::TaskTracker;
 
 const USAGE: &str = "usage:
   loadgen rate --direct URL --proxy URL --key KEY --model LOGICAL --direct-model ID
-               --rate RPS --duration SECS [--warmup SECS] [--stream]
+               --rate RPS --duration SECS [--warmup SECS] [--stream] [--trace FILE]
   loadgen slo --proxy URL --key KEY --model LOGICAL --rate RPS --duration SECS
               [--skip SECS] [--within-ms MS] [--stream]
   loadgen hold --proxy URL --key KEY --model LOGICAL --streams N --hold SECS";
@@ -52,6 +52,8 @@ struct Args {
     hold: f64,
     skip: f64,
     within_ms: f64,
+    /// `rate`: where to write one line per measured tick (see `write_trace`).
+    trace: Option<String>,
 }
 
 /// A tick fired later than this counts as late (the timer's resolution is 1 ms).
@@ -131,6 +133,7 @@ fn parse_args() -> Result<Args, String> {
             "--hold" => a.hold = num(&v)?,
             "--skip" => a.skip = num(&v)?,
             "--within-ms" => a.within_ms = num(&v)?,
+            "--trace" => a.trace = Some(v),
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -192,7 +195,7 @@ async fn rate(a: &Args) -> Result<(), String> {
     let period = Duration::from_secs_f64(1.0 / a.rate);
     let warmup_ticks = (a.warmup * a.rate).round() as usize;
     let ticks = (a.duration * a.rate).round() as usize;
-    let results: Arc<std::sync::Mutex<Vec<(Outcome, Outcome)>>> =
+    let results: Arc<std::sync::Mutex<Vec<(usize, Outcome, Outcome)>>> =
         Arc::new(std::sync::Mutex::new(Vec::with_capacity(ticks)));
     let tracker = TaskTracker::new();
     let mut interval = tokio::time::interval(period);
@@ -226,7 +229,7 @@ async fn rate(a: &Args) -> Result<(), String> {
                 results
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .push((d, p));
+                    .push((i - warmup_ticks, d, p));
             }
         });
     }
@@ -243,7 +246,10 @@ async fn rate(a: &Args) -> Result<(), String> {
     let mut through = Vec::new();
     let mut paired = Vec::new();
     let mut errors: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
-    for (d, p) in &results {
+    if let Some(path) = &a.trace {
+        write_trace(path, &results, period)?;
+    }
+    for (_, d, p) in &results {
         match d {
             Ok(us) => direct.push(*us),
             Err(e) => *errors.entry(format!("direct: {e}")).or_default() += 1,
@@ -280,6 +286,27 @@ async fn rate(a: &Args) -> Result<(), String> {
     });
     println!("{report}");
     Ok(())
+}
+
+/// Writes one line per measured tick, in tick order: the tick's scheduled time after the first
+/// measured tick (ms), then the direct and the proxied request's latency (µs, empty when it
+/// failed). Where a tail comes from shows in when its slow ticks happened (periodic work in the
+/// proxy makes slow ticks at its period).
+fn write_trace(
+    path: &str,
+    results: &[(usize, Outcome, Outcome)],
+    period: Duration,
+) -> Result<(), String> {
+    use std::fmt::Write as _;
+    let mut rows: Vec<_> = results.iter().collect();
+    rows.sort_unstable_by_key(|r| r.0);
+    let mut out = String::from("tick_ms\tdirect_us\tproxy_us\n");
+    let us = |o: &Outcome| o.as_ref().map(u64::to_string).unwrap_or_default();
+    for (i, d, p) in rows {
+        let at = period.as_secs_f64() * 1000.0 * *i as f64;
+        let _ = writeln!(out, "{at:.3}\t{}\t{}", us(d), us(p));
+    }
+    std::fs::write(path, out).map_err(|e| format!("--trace {path}: {e}"))
 }
 
 async fn slo(a: &Args) -> Result<(), String> {
