@@ -239,16 +239,14 @@ pub(crate) fn next_admitted(
 
 fn order_by_policy(eps: &mut [Arc<Endpoint>], policy: Policy, affinity: u64, rng: &mut impl Rng) {
     match policy {
+        // one endpoint (the common shape): nothing to order, no draw
+        Policy::Weighted if eps.len() < 2 => {}
         Policy::Weighted => {
-            // Efraimidis-Spirakis weighted sampling without replacement: key = u^(1/w).
+            // Efraimidis-Spirakis weighted sampling without replacement: key = u^(1/w), here
+            // its logarithm ln(u)/w, which orders the same and costs a `ln`, not a `powf`.
             let mut keyed: Vec<(f64, Arc<Endpoint>)> = eps
                 .iter()
-                .map(|e| {
-                    (
-                        rng.random::<f64>().powf(1.0 / e.weight.max(1e-9)),
-                        Arc::clone(e),
-                    )
-                })
+                .map(|e| (rng.random::<f64>().ln() / e.weight.max(1e-9), Arc::clone(e)))
                 .collect();
             keyed.sort_by(|a, b| b.0.total_cmp(&a.0));
             for (slot, (_, e)) in eps.iter_mut().zip(keyed) {
