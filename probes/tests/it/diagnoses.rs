@@ -43,7 +43,7 @@ async fn shifted_echo_a_different_template_ignored_sampling_and_capped_top_logpr
     let hot = profiled(hot).await?;
     let capped = Profile::from_toml("[api]\nmax_top_logprobs = 2", "capped")?;
     let capped = profiled(capped).await?;
-    let reference = in_process()?;
+    let reference = cached_reference()?;
     let h = Harness::new("")?;
 
     let o = h
@@ -176,7 +176,7 @@ async fn a_different_model_behind_the_name_is_diagnosed_and_weight_drift_is_not(
     )?);
     let w5 = profiled_server(w5_engine, w5, &stop, &tasks).await?;
     let exact = engine_server(&stop, &tasks).await?;
-    let reference = in_process()?;
+    let reference = cached_reference()?;
     let mut h = Harness::new("")?;
     let texts = h.sets.logprob_texts.len();
     h.cfg

@@ -13,7 +13,7 @@ use samewise_engine::chat::{self, ChatTemplate};
 use samewise_engine::server::{self, ServerState};
 use samewise_engine::{Engine, LoadOptions, Profile};
 use samewise_probes::kinds::{self, ProbeCtx, PromptSets, Target};
-use samewise_probes::reference::{InProcess, Reference};
+use samewise_probes::reference::{Cached, InProcess, Reference};
 use samewise_probes::{ProbeKind, ProbesConfig};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -45,6 +45,13 @@ pub fn tokenizer_and_template() -> Result<(Tokenizer, Option<ChatTemplate>)> {
 pub fn in_process() -> Result<InProcess> {
     let (tok, template) = tokenizer_and_template()?;
     Ok(InProcess::from_parts(engine()?, Arc::new(tok), template))
+}
+
+/// The in-process reference behind the memo the probe scheduler puts in front of it
+/// (`reference_cache_positions`' default): for tests that probe several endpoints with the
+/// same texts, each text is scored by the reference once.
+pub fn cached_reference() -> Result<Cached> {
+    Ok(Cached::new(Arc::new(in_process()?), 100_000))
 }
 
 /// Serves `router` on 127.0.0.1:0 until the token fires; returns `http://addr`.
