@@ -47,11 +47,12 @@ pub fn in_process() -> Result<InProcess> {
     Ok(InProcess::from_parts(engine()?, Arc::new(tok), template))
 }
 
-/// The in-process reference behind the memo the probe scheduler puts in front of it
-/// (`reference_cache_positions`' default): for tests that probe several endpoints with the
-/// same texts, each text is scored by the reference once.
+/// The in-process reference behind the memo the probe scheduler puts in front of it (of the
+/// configured default size): for tests that probe several endpoints with the same texts, each
+/// text is scored by the reference once.
 pub fn cached_reference() -> Result<Cached> {
-    Ok(Cached::new(Arc::new(in_process()?), 100_000))
+    let positions = probes_config("")?.reference_cache_positions;
+    Ok(Cached::new(Arc::new(in_process()?), positions))
 }
 
 /// Serves `router` on 127.0.0.1:0 until the token fires; returns `http://addr`.
