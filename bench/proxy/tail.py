@@ -8,7 +8,8 @@ the ticks above the p99 (the tail) described by when they happened:
     and the largest; a tail of a few long episodes is a stall, one of many singletons is
     per-request noise;
   - `phase`: the densest 50 ms of the tail's times modulo PERIOD ms (default 1000, the record
-    writer's flush interval), as a share of the tail (5% when the tail has no such period);
+    writer's flush interval), as a share of the tail (a tail of ~150 ticks without such a
+    period puts about 10% in its densest 50 ms by chance; a period shows as far more);
   - `both_slow`: the share of the tail whose direct request was slow too (above its own p99):
     a stall of the whole host rather than of the proxy.
 
