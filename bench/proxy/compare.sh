@@ -20,7 +20,9 @@
 #     issue 15 was filed against): that gateway on the same points, its own data directory and
 #     key, and the per-key stream bound left out of its config (builds before the bound refuse
 #     the key; later ones default to 256 open streams, which these rates never reach), so a
-#     change can be read as a ratio on any host.
+#     change can be read as a ratio on any host. Any target with `+slice` (`samewise+slice`,
+#     `relay-axum+slice`): that target with a short scheduler slice asked for its threads
+#     (SLICE_US, default 100; bench/proxy/slice.py, Linux 6.12 or later).
 #  2. Capacity (CAP_RATES, per target of CAP_TARGETS and mode, CAP_REPEATS times): the rate
 #     steps up on a fresh gateway per step until a step fails: paired added p99 > CAP_P99_MS (default 2), an error, or a
 #     dropped record (/metrics `samewise_record_queue_dropped_total`). The highest passing
@@ -76,7 +78,9 @@ CLK_TCK=$(getconf CLK_TCK)
 
 # point TARGET MODE RATE REPEAT: one loadgen run; prints one JSON line
 point() {
-    local pid url key flag t0 t1 m0 m1 dropped=null written=null rss
+    local pid url key flag t0 t1 m0 m1 dropped=null written=null rss name=$1 slice=
+    # TARGET+slice: TARGET with a short scheduler slice asked for its threads (bench/proxy/slice.py)
+    if [[ "$1" == *+slice ]]; then slice=${SLICE_US:-100}; set -- "${1%+slice}" "${@:2}"; fi
     flag=""; [ "$2" = stream ] && flag="--stream"
     if [[ "$1" == relay* ]]; then
         local http=
@@ -98,13 +102,14 @@ point() {
     else
         pid=$LL_PID url="http://127.0.0.1:$LL_PORT/v1" key=$LITELLM_MASTER_KEY
     fi
-    echo "== $1 $2 at $3 rps, repeat $4 (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+    if [ -n "$slice" ]; then python3 bench/proxy/slice.py "$pid" "$slice" >>"$OUT/slice.log"; fi
+    echo "== $name $2 at $3 rps, repeat $4 (load $(cut -d' ' -f1 /proc/loadavg))" >&2
     local load
     load=$(cut -d' ' -f1 /proc/loadavg)
     t0=$(cpu_ticks "$pid") m0=$(cpu_ticks "$MOCK_PID")
     $BIN/loadgen rate --direct "$MOCK/v1" --proxy "$url" --key "$key" --model bench \
         --direct-model bench-model --rate "$3" --duration "$DURATION" --warmup "$WARMUP" $flag \
-        ${TRACE:+--trace "$OUT/trace-$1-$2-$3-$4.tsv"} >"$OUT/point.json" 2>>"$OUT/loadgen.log" || echo '{}' >"$OUT/point.json"
+        ${TRACE:+--trace "$OUT/trace-$name-$2-$3-$4.tsv"} >"$OUT/point.json" 2>>"$OUT/loadgen.log" || echo '{}' >"$OUT/point.json"
     sleep 2 # the record writer's last batch (written at most flush_interval, 1 s, after its first record)
     t1=$(cpu_ticks "$pid") m1=$(cpu_ticks "$MOCK_PID")
     rss=$(rss_kb "$pid")
@@ -117,7 +122,7 @@ point() {
         written=$(awk '$1 == "samewise_records_written_total" {print $2}' "$OUT/metrics.txt")
         stop_gateway
     fi
-    python3 - "$OUT/point.json" "$1" "$3" "$4" "$((t1 - t0))" "$CLK_TCK" "$WARMUP" "$DURATION" \
+    python3 - "$OUT/point.json" "$name" "$3" "$4" "$((t1 - t0))" "$CLK_TCK" "$WARMUP" "$DURATION" \
         "$rss" "${dropped:-null}" "${written:-null}" "$load" "$((m1 - m0))" <<'PY'
 import json, sys
 f, target, rate, rep, ticks, hz, warm, dur, rss, dropped, written, load, mock = sys.argv[1:]
