@@ -1,13 +1,15 @@
 //! The request body's check and per-endpoint rewrite (`ClientRequest::parse` then `body_for`),
 //! timed on three bodies: the proxy benchmark's chat request, a streamed request with tools,
-//! and a 40-message conversation. Not a test: it prints nanoseconds per body.
+//! and a 40-message conversation; then the request with tools again as the gateway parses it,
+//! with a [`ToolsCache`] that holds its tools from the second request on. Not a test: it prints
+//! nanoseconds per body.
 //!
 //! `cargo run --release -p samewise-proxy --example body_bench [ITERATIONS]`
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use samewise_proxy::{ClientRequest, Route};
+use samewise_proxy::{ClientRequest, Route, ToolsCache};
 
 fn main() {
     let iterations: u32 = std::env::args()
@@ -22,26 +24,29 @@ fn main() {
         vec![turn; 20].join(",")
     )
     .into_bytes();
-    for (name, body) in [
-        ("bench chat", &bench),
-        ("tools, stream", &tools),
-        ("40 messages", &long),
+    let cache = ToolsCache::default();
+    for (name, body, cache) in [
+        ("bench chat", &bench, None),
+        ("tools, stream", &tools, None),
+        ("40 messages", &long, None),
+        ("tools, held", &tools, Some(&cache)),
     ] {
         // warm up, then time
         for _ in 0..iterations / 10 {
-            run(body);
+            run(body, cache);
         }
         let t = Instant::now();
         for _ in 0..iterations {
-            run(body);
+            run(body, cache);
         }
         let ns = t.elapsed().as_nanos() as f64 / f64::from(iterations);
         println!("{name:14} {:6} bytes  {ns:8.0} ns per body", body.len());
     }
 }
 
-fn run(body: &[u8]) {
-    let req = ClientRequest::parse(Route::Chat, black_box(body))
+fn run(body: &[u8], cache: Option<&ToolsCache>) {
+    let body = bytes::Bytes::copy_from_slice(black_box(body));
+    let req = ClientRequest::parse_cached(Route::Chat, body, cache)
         .unwrap_or_else(|e| panic!("{}", e.body().to_json()));
     let out = req
         .body_for("upstream/model-1")

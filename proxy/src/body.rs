@@ -30,6 +30,9 @@ use crate::routing::{ProviderPrefs, stable_hash};
 
 mod prompt;
 use prompt::check_prompt;
+mod tools;
+use tools::Compiled;
+pub use tools::ToolsCache;
 
 /// A JSON object as raw values borrowed from the body, in the order they were sent (a key sent
 /// twice keeps its first place and its last value, as serde_json's maps do).
@@ -124,6 +127,17 @@ impl ClientRequest {
 
     /// [`ClientRequest::parse`], keeping `body` itself (no copy).
     pub fn parse_bytes(route: Route, body: Bytes) -> Result<ClientRequest, ApiError> {
+        Self::parse_cached(route, body, None)
+    }
+
+    /// [`ClientRequest::parse_bytes`], taking the compiled `tools` from `tools_cache` when the
+    /// same bytes were compiled before, and keeping them there when not (the gateway's path:
+    /// one cache for all its requests). The result is the same with or without the cache.
+    pub fn parse_cached(
+        route: Route,
+        body: Bytes,
+        tools_cache: Option<&ToolsCache>,
+    ) -> Result<ClientRequest, ApiError> {
         let mut fields = serde_json::from_slice::<Object<RawMap<'_>>>(&body)
             .map(|o| o.0)
             .map_err(|e| {
@@ -186,24 +200,22 @@ impl ClientRequest {
 
         check_types(&fields)?;
 
-        let tools = match fields.get("tools") {
-            None => None,
-            Some(raw) => {
-                let v: serde_json::Value = serde_json::from_str(raw.get()).map_err(|_| {
-                    ApiError::bad_request("invalid_type", "`tools` is not valid", Some("tools"))
-                })?;
-                if !(v.is_array() || v.is_null()) {
-                    return Err(ApiError::bad_request(
-                        "invalid_type",
-                        "`tools` must be an array",
-                        Some("tools"),
-                    ));
+        let raw_tools = fields.get("tools").map(|raw| raw.get().as_bytes());
+        let held = tools_cache.zip(raw_tools).and_then(|(c, raw)| c.get(raw));
+        let Compiled {
+            set: tools,
+            budget_left,
+        } = match held {
+            Some(c) => c,
+            None => {
+                let compiled = compile_tools(fields.get("tools").map(|b| &**b))?;
+                if let Some((c, raw)) = tools_cache.zip(raw_tools) {
+                    c.put(raw, compiled.clone());
                 }
-                Some(v).filter(|v| !v.is_null())
+                compiled
             }
         };
-        check_schemas(tools.as_ref(), fields.get("response_format").map(|b| &**b))?;
-        let tools = tools.map(|t| Arc::new(ToolSet::from_request_tools(&t)));
+        check_response_format(fields.get("response_format").map(|b| &**b), budget_left)?;
 
         let prefs = match fields.shift_remove("provider") {
             None => ProviderPrefs::default(),
@@ -393,35 +405,58 @@ impl<'de> serde::Deserialize<'de> for Key<'de> {
     }
 }
 
-/// Bounds every client-supplied schema of the request (see the module doc): the declared
-/// tools' `parameters` and a `json_schema` response format's `schema`.
-fn check_schemas(
-    tools: Option<&serde_json::Value>,
-    response_format: Option<&RawValue>,
-) -> Result<(), ApiError> {
-    let mut budget = MAX_SCHEMA_NODES;
-    let mut check = |schema: &serde_json::Value, param: &str| -> Result<(), ApiError> {
-        budget = schema::check_size(schema, MAX_SCHEMA_DEPTH, budget)
-            .map_err(|e| ApiError::bad_request(e.code(), format!("`{param}`: {e}"), Some(param)))?;
-        Ok(())
+/// Checks the declared `tools` (an array or null), bounds their `parameters` schemas (see the
+/// module doc) and compiles them for the tool-call checks.
+fn compile_tools(raw: Option<&RawValue>) -> Result<Compiled, ApiError> {
+    let tools = match raw {
+        None => None,
+        Some(raw) => {
+            let v: serde_json::Value = serde_json::from_str(raw.get()).map_err(|_| {
+                ApiError::bad_request("invalid_type", "`tools` is not valid", Some("tools"))
+            })?;
+            if !(v.is_array() || v.is_null()) {
+                return Err(ApiError::bad_request(
+                    "invalid_type",
+                    "`tools` must be an array",
+                    Some("tools"),
+                ));
+            }
+            Some(v).filter(|v| !v.is_null())
+        }
     };
+    let mut budget = MAX_SCHEMA_NODES;
     for (i, tool) in tools
+        .as_ref()
         .and_then(serde_json::Value::as_array)
         .into_iter()
         .flatten()
         .enumerate()
     {
         if let Some(p) = tool.pointer("/function/parameters") {
-            check(p, &format!("tools[{i}].function.parameters"))?;
+            budget = check_schema(p, &format!("tools[{i}].function.parameters"), budget)?;
         }
     }
-    if let Some(raw) = response_format
+    Ok(Compiled {
+        set: tools.map(|t| Arc::new(ToolSet::from_request_tools(&t))),
+        budget_left: budget,
+    })
+}
+
+/// Bounds `response_format.json_schema.schema` within the schema-node budget the tools left.
+fn check_response_format(raw: Option<&RawValue>, budget: usize) -> Result<(), ApiError> {
+    if let Some(raw) = raw
         && let Ok(rf) = serde_json::from_str::<serde_json::Value>(raw.get())
         && let Some(s) = rf.pointer("/json_schema/schema")
     {
-        check(s, "response_format.json_schema.schema")?;
+        check_schema(s, "response_format.json_schema.schema", budget)?;
     }
     Ok(())
+}
+
+/// Bounds one schema's nesting and its values within `budget`; returns the budget left.
+fn check_schema(schema: &serde_json::Value, param: &str, budget: usize) -> Result<usize, ApiError> {
+    schema::check_size(schema, MAX_SCHEMA_DEPTH, budget)
+        .map_err(|e| ApiError::bad_request(e.code(), format!("`{param}`: {e}"), Some(param)))
 }
 
 /// Type checks on the common sampling fields; other fields are the upstream's business.
@@ -657,5 +692,94 @@ mod tests {
         let body = format!(r#"{{"model":"m","messages":[{{"role":"user","content":{content}}}]}}"#);
         let req = ClientRequest::parse(Route::Chat, body.as_bytes());
         assert_eq!(req.map(|r| r.prompt_chars).ok(), Some(3));
+    }
+
+    /// A chat body with `tools` (and `extra` fields) as given.
+    fn with_tools(tools: &str, extra: &str) -> Bytes {
+        Bytes::from(format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"tools":{tools}{extra}}}"#
+        ))
+    }
+
+    fn parse_with(body: Bytes, cache: &ToolsCache) -> Result<ClientRequest, ApiError> {
+        ClientRequest::parse_cached(Route::Chat, body, Some(cache))
+    }
+
+    const WEATHER: &str = r#"[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}]"#;
+
+    #[test]
+    fn the_same_tools_bytes_are_compiled_once_and_check_alike() {
+        let cache = ToolsCache::default();
+        let first = parse_with(with_tools(WEATHER, ""), &cache).unwrap_or_else(|e| panic!("{e:?}"));
+        let again = parse_with(with_tools(WEATHER, r#","seed":1"#), &cache)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let (a, b) = (
+            first.tools.unwrap_or_default(),
+            again.tools.unwrap_or_default(),
+        );
+        assert!(
+            Arc::ptr_eq(&a, &b),
+            "the second request compiled its tools again"
+        );
+        assert_eq!(cache.held(), (1, WEATHER.len()));
+        // what the cache returns is what a request compiles without it
+        let cold = ClientRequest::parse_bytes(Route::Chat, with_tools(WEATHER, ""))
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(
+            format!("{b:?}"),
+            format!("{:?}", cold.tools.unwrap_or_default())
+        );
+        // other bytes (the same JSON spaced out) are another value
+        let spaced = WEATHER.replace(',', ", ");
+        let other = parse_with(with_tools(&spaced, ""), &cache).unwrap_or_else(|e| panic!("{e:?}"));
+        assert!(!Arc::ptr_eq(&b, &other.tools.unwrap_or_default()));
+        assert_eq!(cache.held().0, 2);
+        // `"tools": null` is held too, as no tools
+        let none = parse_with(with_tools("null", ""), &cache).unwrap_or_else(|e| panic!("{e:?}"));
+        let none_again =
+            parse_with(with_tools("null", ""), &cache).unwrap_or_else(|e| panic!("{e:?}"));
+        assert!(none.tools.is_none() && none_again.tools.is_none());
+        assert_eq!(cache.held().0, 3);
+    }
+
+    #[test]
+    fn held_tools_still_spend_the_schema_budget_response_format_shares() {
+        // 3,001 nodes of tools and 7,001 of response_format: each fits alone, not both
+        let props = |n: usize| {
+            (0..n)
+                .map(|i| format!(r#""p{i}":{{"type":"string"}}"#))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let tools = format!(
+            r#"[{{"type":"function","function":{{"name":"f","parameters":{{"type":"object","properties":{{{}}}}}}}}}]"#,
+            props(1500)
+        );
+        let rf = format!(
+            r#","response_format":{{"type":"json_schema","json_schema":{{"name":"x","schema":{{"type":"object","properties":{{{}}}}}}}}}"#,
+            props(3500)
+        );
+        let cache = ToolsCache::default();
+        for round in ["cold", "held"] {
+            let err = parse_with(with_tools(&tools, &rf), &cache)
+                .err()
+                .unwrap_or_else(|| panic!("{round}: both schemas together were accepted"));
+            assert_eq!(err.code(), "schema_too_large", "{round}");
+            // the tools alone pass (and are held from the first round on)
+            parse_with(with_tools(&tools, ""), &cache).unwrap_or_else(|e| panic!("{round}: {e:?}"));
+            assert_eq!(cache.held().0, 1, "{round}");
+        }
+    }
+
+    #[test]
+    fn refused_tools_are_refused_every_time_and_never_held() {
+        let cache = ToolsCache::default();
+        for _ in 0..2 {
+            let err = parse_with(with_tools(r#"{"a":1}"#, ""), &cache)
+                .err()
+                .unwrap_or_else(|| panic!("an object as tools was accepted"));
+            assert_eq!(err.code(), "invalid_type");
+        }
+        assert_eq!(cache.held(), (0, 0));
     }
 }

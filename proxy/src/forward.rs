@@ -104,7 +104,7 @@ async fn run(
         Ok(b) => b,
         Err(e) => return reject(state, ctx, e),
     };
-    let req = match ClientRequest::parse_bytes(route, bytes.clone()) {
+    let req = match ClientRequest::parse_cached(route, bytes.clone(), Some(&state.inner.tools)) {
         Ok(r) => r,
         Err(e) => {
             // Keep the model name when it could be read, so the rejection is attributed.

@@ -61,7 +61,7 @@ mod server;
 mod state;
 mod streams;
 
-pub use body::{ClientRequest, Route};
+pub use body::{ClientRequest, Route, ToolsCache};
 pub use config::{Config, EndpointTarget, OnDrift};
 pub use error::{ApiError, ProxyError};
 pub use health::Quality;

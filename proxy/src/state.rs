@@ -109,6 +109,8 @@ pub(crate) struct Inner {
     /// Streams open per key (`limits.max_streams_per_key`).
     pub(crate) streams: Arc<OpenStreams>,
     pub(crate) metrics: Metrics,
+    /// Compiled `tools`, by their bytes, for every request.
+    pub(crate) tools: crate::ToolsCache,
 }
 
 /// How to reach one provider.
@@ -282,6 +284,7 @@ impl AppState {
                 records,
                 streams: Arc::new(OpenStreams::default()),
                 metrics,
+                tools: crate::ToolsCache::default(),
             }),
         })
     }
