@@ -18,8 +18,9 @@ use samewise_toolcheck::ToolSet;
 
 /// Most distinct `tools` values kept.
 pub(crate) const MAX_ENTRIES: usize = 512;
-/// Most bytes of `tools` text kept in all (the compiled sets are of the same order).
-pub(crate) const MAX_BYTES: usize = 4 << 20;
+/// Most bytes of `tools` text kept in all: a compiled set is about 20 times its text (README),
+/// so about 6 MB of memory.
+pub(crate) const MAX_BYTES: usize = 256 << 10;
 /// A `tools` value longer than this is compiled for its request and not kept.
 pub(crate) const MAX_ENTRY_BYTES: usize = 64 << 10;
 
