@@ -200,7 +200,8 @@ impl ClientRequest {
 
         check_types(&fields)?;
 
-        let raw_tools = fields.get("tools").map(|raw| raw.get().as_bytes());
+        let tools_raw = fields.get("tools").map(|b| &**b);
+        let raw_tools = tools_raw.map(|raw| raw.get().as_bytes());
         let held = tools_cache.zip(raw_tools).and_then(|(c, raw)| c.get(raw));
         let Compiled {
             set: tools,
@@ -208,7 +209,7 @@ impl ClientRequest {
         } = match held {
             Some(c) => c,
             None => {
-                let compiled = compile_tools(fields.get("tools").map(|b| &**b))?;
+                let compiled = compile_tools(tools_raw)?;
                 if let Some((c, raw)) = tools_cache.zip(raw_tools) {
                     c.put(raw, compiled.clone());
                 }
