@@ -778,6 +778,7 @@ impl Engine {
                     top,
                 });
                 s.tokens.push(t);
+                sampler.observe(t);
                 *count += 1;
                 if matcher.as_ref().is_some_and(|m| m.is_complete()) {
                     *finish = Some(end(FinishReason::Stop, None, *count));

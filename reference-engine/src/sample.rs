@@ -1,8 +1,12 @@
 //! From logits to numbers: log-softmax, the top-k list (sorted by logprob, ties by id),
-//! greedy choice and seeded sampling (temperature, top-k, top-p).
+//! greedy choice and seeded sampling (temperature, top-k, top-p), after OpenAI's logit
+//! adjustments (`logit_bias`, `presence_penalty`, `frequency_penalty`).
 //!
 //! All of it is sequential over the vocabulary in id order, so it is as deterministic as
-//! the logits it reads.
+//! the logits it reads. The adjustments change only which token is chosen: logprobs stay the
+//! model's own.
+
+use std::collections::BTreeMap;
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde::Serialize;
@@ -182,6 +186,13 @@ pub struct SamplingParams {
     pub top_k: usize,
     /// RNG seed; None draws one from the OS.
     pub seed: Option<u64>,
+    /// Added to these tokens' logits before choosing (OpenAI's `logit_bias`): (id, bias).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Subtracted once from the logit of every token generated so far (`presence_penalty`).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it was generated so far
+    /// (`frequency_penalty`).
+    pub frequency_penalty: f32,
 }
 
 impl Default for SamplingParams {
@@ -191,15 +202,30 @@ impl Default for SamplingParams {
             top_p: 1.0,
             top_k: 0,
             seed: None,
+            logit_bias: Vec::new(),
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
         }
     }
 }
 
-/// A sampler: parameters plus its RNG.
+impl SamplingParams {
+    /// Whether the penalties count generated tokens.
+    fn penalises(&self) -> bool {
+        self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+    }
+}
+
+/// A sampler: parameters, its RNG, and how often each token was generated (when a penalty
+/// needs it).
 #[derive(Debug)]
 pub struct Sampler {
     params: SamplingParams,
     rng: StdRng,
+    /// Token -> times generated so far (kept only when a penalty is set).
+    counts: BTreeMap<u32, u32>,
+    /// The adjusted row, kept between picks.
+    scratch: Vec<f32>,
 }
 
 impl Sampler {
@@ -209,11 +235,55 @@ impl Sampler {
             Some(s) => StdRng::seed_from_u64(s),
             None => StdRng::from_os_rng(),
         };
-        Self { params, rng }
+        Self {
+            params,
+            rng,
+            counts: BTreeMap::new(),
+            scratch: Vec::new(),
+        }
     }
 
-    /// Picks a token from a logits row.
+    /// Counts a generated token for the penalties of the picks after it.
+    pub fn observe(&mut self, token: u32) {
+        if self.params.penalises() {
+            *self.counts.entry(token).or_insert(0) += 1;
+        }
+    }
+
+    /// Applies the adjustments to a logits row, in f32: token j becomes
+    /// `(l[j] + bias[j]) - (c[j] * frequency_penalty + presence_penalty)` where c[j] > 0 is
+    /// how often j was generated so far (OpenAI's definition); other tokens keep theirs.
+    /// Ids outside the row are passed over.
+    pub fn adjust(&self, row: &mut [f32]) {
+        let p = &self.params;
+        for &(t, b) in &p.logit_bias {
+            if let Some(l) = row.get_mut(t as usize) {
+                *l += b;
+            }
+        }
+        for (&t, &c) in &self.counts {
+            if let Some(l) = row.get_mut(t as usize) {
+                *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
+            }
+        }
+    }
+
+    /// Picks a token from a logits row, after the adjustments.
     pub fn pick(&mut self, logits: &[f32]) -> u32 {
+        if self.params.logit_bias.is_empty() && self.counts.is_empty() {
+            return self.choose(logits);
+        }
+        let mut row = std::mem::take(&mut self.scratch);
+        row.clear();
+        row.extend_from_slice(logits);
+        self.adjust(&mut row);
+        let t = self.choose(&row);
+        self.scratch = row;
+        t
+    }
+
+    /// Picks a token from a row as it is.
+    fn choose(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
         if p.temperature <= 0.0 || p.top_k == 1 {
             return argmax(logits);
@@ -427,6 +497,7 @@ mod tests {
             top_p: 1.0,
             top_k: 5,
             seed: Some(42),
+            ..SamplingParams::default()
         };
         let a: Vec<u32> = {
             let mut s = Sampler::new(params.clone());
@@ -441,5 +512,108 @@ mod tests {
         let allowed: Vec<u32> = top_k(&logits, lse, 5).iter().map(|t| t.token).collect();
         assert!(a.iter().all(|t| allowed.contains(t)));
         assert!(a.iter().any(|&t| t != a[0]), "sampling at T=1 should vary");
+    }
+
+    /// OpenAI's definition, written out: `(l + bias) - (c * frequency + presence)` for a
+    /// token generated c > 0 times so far, `l + bias` otherwise.
+    fn adjusted_by_hand(
+        logits: &[f32],
+        bias: &[(u32, f32)],
+        generated: &[u32],
+        presence: f32,
+        frequency: f32,
+    ) -> Vec<f32> {
+        logits
+            .iter()
+            .enumerate()
+            .map(|(j, &l)| {
+                let b = bias
+                    .iter()
+                    .find(|(t, _)| *t as usize == j)
+                    .map_or(0.0, |x| x.1);
+                let c = generated.iter().filter(|&&t| t as usize == j).count();
+                if c > 0 {
+                    (l + b) - (c as f32 * frequency + presence)
+                } else {
+                    l + b
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn adjustments_follow_openais_definition_bit_for_bit() {
+        let logits: Vec<f32> = (0..64).map(|i| (i as f32 * 0.73).cos() * 3.0).collect();
+        let bias = vec![(3, 2.5), (10, -100.0), (63, 0.125), (500, 7.0)];
+        let generated = [5u32, 7, 5, 63, 5, 10];
+        let mut s = Sampler::new(SamplingParams {
+            logit_bias: bias.clone(),
+            presence_penalty: 0.7,
+            frequency_penalty: -0.3,
+            ..SamplingParams::default()
+        });
+        let mut seen = Vec::new();
+        for &t in &generated {
+            let mut row = logits.clone();
+            s.adjust(&mut row);
+            let want = adjusted_by_hand(&logits, &bias, &seen, 0.7, -0.3);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&row), bits(&want), "after {seen:?}");
+            // greedy picks the adjusted row's argmax
+            assert_eq!(s.pick(&logits), argmax(&want), "after {seen:?}");
+            s.observe(t);
+            seen.push(t);
+        }
+        // a masked (-inf) logit stays masked whatever its bias or count
+        let mut row = vec![f32::NEG_INFINITY; 64];
+        s.adjust(&mut row);
+        assert!(row.iter().all(|&l| l == f32::NEG_INFINITY));
+    }
+
+    #[test]
+    fn penalties_turn_greedy_away_from_repeats_and_defaults_change_nothing() {
+        // token 0 leads by 1.0 over token 1, which leads token 2 by 1.0
+        let logits = [3.0f32, 2.0, 1.0, -5.0];
+        let run = |params: SamplingParams| {
+            let mut s = Sampler::new(params);
+            (0..6)
+                .map(|_| {
+                    let t = s.pick(&logits);
+                    s.observe(t);
+                    t
+                })
+                .collect::<Vec<u32>>()
+        };
+        assert_eq!(run(SamplingParams::default()), vec![0; 6]);
+        // presence 1.5: each token can be chosen once before the unused next one wins
+        let presence = SamplingParams {
+            presence_penalty: 1.5,
+            ..SamplingParams::default()
+        };
+        assert_eq!(run(presence), vec![0, 1, 0, 0, 0, 0]);
+        // frequency 0.6: 0 (3.0), 0 (2.4 over 2.0), 1 (2.0 over 1.8), 0 (1.8 over 1.4),
+        // 1 (1.4 over 1.2), 0 (1.2 over 1.0)
+        let frequency = SamplingParams {
+            frequency_penalty: 0.6,
+            ..SamplingParams::default()
+        };
+        assert_eq!(run(frequency), vec![0, 0, 1, 0, 1, 0]);
+        // a bias of -100 bans the leader; +100 on the last makes it the only choice
+        let ban = SamplingParams {
+            logit_bias: vec![(0, -100.0)],
+            ..SamplingParams::default()
+        };
+        assert_eq!(run(ban), vec![1; 6]);
+        let force = SamplingParams {
+            logit_bias: vec![(3, 100.0)],
+            temperature: 1.0,
+            seed: Some(7),
+            ..SamplingParams::default()
+        };
+        assert_eq!(run(force), vec![3; 6]);
+        // no adjustment asked: nothing counted, the row used as it is
+        let mut s = Sampler::new(SamplingParams::default());
+        s.observe(0);
+        assert!(s.counts.is_empty());
     }
 }

@@ -107,6 +107,7 @@ impl InProcess {
                 top_p: 1.0,
                 top_k: 0,
                 seed: Some(seed),
+                ..SamplingParams::default()
             },
             max_tokens,
             stop_token_ids: self.tokenizer().stop_ids().iter().copied().collect(),

@@ -174,7 +174,8 @@ fn sampling(
         .map(samewise_wire::Stop::to_vec)
         .unwrap_or_default();
     let gen_req = GenRequest::new(req.temperature, req.top_p, req.seed, req.n, stops, top)
-        .map_err(|e| rename_param(e, "logprobs", "top_logprobs"))?;
+        .map_err(|e| rename_param(e, "logprobs", "top_logprobs"))?
+        .with_adjustments(&req.extra, state.inner.vocab_size)?;
     let gen_req = faults.sampling(gen_req);
     let max_tokens = match req.max_completion_tokens.or(req.max_tokens) {
         Some(0) => {

@@ -82,7 +82,8 @@ async fn run(
         req.n,
         stops,
         k.unwrap_or(0),
-    )?;
+    )?
+    .with_adjustments(&req.extra, state.inner.vocab_size)?;
     let gen_req = faults.sampling(gen_req);
     let tok = state.tokenizer();
     for p in &mut prompts {

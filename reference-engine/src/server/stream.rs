@@ -124,6 +124,10 @@ pub(crate) struct GenRequest {
     pub n: u32,
     pub stops: Vec<String>,
     pub top_logprobs: usize,
+    /// OpenAI's `logit_bias`, as (token id, bias) in id order.
+    pub logit_bias: Vec<(u32, f32)>,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
 }
 
 impl GenRequest {
@@ -176,7 +180,72 @@ impl GenRequest {
             n,
             stops,
             top_logprobs,
+            logit_bias: Vec::new(),
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
         })
+    }
+
+    /// Takes OpenAI's logit adjustments from the request's other fields, checked:
+    /// `presence_penalty` and `frequency_penalty` in [-2, 2], `logit_bias` an object from
+    /// token ids (as strings) in the vocabulary to biases in [-100, 100]. `null` is absent.
+    pub(crate) fn with_adjustments(
+        mut self,
+        extra: &samewise_wire::Extra,
+        vocab_size: usize,
+    ) -> Result<Self, ApiError> {
+        for (name, slot) in [
+            ("presence_penalty", &mut self.presence_penalty),
+            ("frequency_penalty", &mut self.frequency_penalty),
+        ] {
+            match extra.get(name).filter(|v| !v.is_null()) {
+                None => {}
+                Some(v) => match v.as_f64() {
+                    Some(x) if (-2.0..=2.0).contains(&x) => *slot = x as f32,
+                    _ => {
+                        return Err(ApiError::bad_request(
+                            format!("{name} must be a number between -2 and 2"),
+                            Some(name),
+                        ));
+                    }
+                },
+            }
+        }
+        let bad = |m: String| ApiError::bad_request(m, Some("logit_bias"));
+        match extra.get("logit_bias").filter(|v| !v.is_null()) {
+            None => {}
+            Some(serde_json::Value::Object(map)) => {
+                for (key, value) in map {
+                    // the id as written in decimal ("07" would name 7 a second time)
+                    let token = key
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|&t| (t as usize) < vocab_size && t.to_string() == *key)
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "logit_bias key {key:?} is not a token id of this model (0 to {})",
+                                vocab_size.saturating_sub(1)
+                            ))
+                        })?;
+                    let bias = value
+                        .as_f64()
+                        .filter(|b| (-100.0..=100.0).contains(b))
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "logit_bias value for token {token} must be a number between -100 and 100"
+                            ))
+                        })?;
+                    self.logit_bias.push((token, bias as f32));
+                }
+                self.logit_bias.sort_by_key(|&(t, _)| t);
+            }
+            Some(_) => {
+                return Err(bad(
+                    "logit_bias must be an object from token ids to biases".into()
+                ));
+            }
+        }
+        Ok(self)
     }
 
     /// Engine parameters for choice `j` (seeded choices get seeds `seed + j`, so `n`
@@ -188,6 +257,9 @@ impl GenRequest {
                 top_p: self.top_p,
                 top_k: 0,
                 seed: self.seed.map(|s| s.wrapping_add(u64::from(j))),
+                logit_bias: self.logit_bias.clone(),
+                presence_penalty: self.presence_penalty,
+                frequency_penalty: self.frequency_penalty,
             },
             max_tokens,
             stop_token_ids: state.tokenizer().stop_ids().iter().copied().collect(),

@@ -517,6 +517,7 @@ fn constrained_logprobs_are_the_models_own_and_seeded_sampling_repeats() -> anyh
                 top_p: 1.0,
                 top_k: 0,
                 seed: Some(seed),
+                ..SamplingParams::default()
             },
             ..params.clone()
         };

@@ -302,7 +302,12 @@ fn batcher_under_concurrent_load_equals_direct_calls() -> anyhow::Result<()> {
     let e = Arc::new(engine(2, None)?);
     let seqs = mixed()?;
     let t = texts()?;
-    let prompts: Vec<Vec<u32>> = vec![t[0][..20].to_vec(), t[3][..9].to_vec(), t[4][..31].to_vec()];
+    let prompts: Vec<Vec<u32>> = vec![
+        t[0][..20].to_vec(),
+        t[3][..9].to_vec(),
+        t[4][..31].to_vec(),
+        t[1][..15].to_vec(),
+    ];
     let params: Vec<GenerateParams> = vec![
         greedy(12, 3),
         GenerateParams {
@@ -311,6 +316,7 @@ fn batcher_under_concurrent_load_equals_direct_calls() -> anyhow::Result<()> {
                 top_p: 0.9,
                 top_k: 40,
                 seed: Some(7),
+                ..SamplingParams::default()
             },
             ..greedy(12, 3)
         },
@@ -320,8 +326,21 @@ fn batcher_under_concurrent_load_equals_direct_calls() -> anyhow::Result<()> {
                 top_p: 1.0,
                 top_k: 0,
                 seed: Some(99),
+                ..SamplingParams::default()
             },
             ..greedy(10, 2)
+        },
+        // OpenAI's logit adjustments: per sequence, whatever shares its passes
+        GenerateParams {
+            sampling: SamplingParams {
+                temperature: 0.9,
+                seed: Some(5),
+                logit_bias: vec![(28, 4.0), (30, -100.0)],
+                presence_penalty: 0.8,
+                frequency_penalty: 0.5,
+                ..SamplingParams::default()
+            },
+            ..greedy(14, 3)
         },
     ];
     // direct, one at a time

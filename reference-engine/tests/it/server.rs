@@ -412,6 +412,186 @@ async fn stop_strings_seeds_and_n() -> anyhow::Result<()> {
     srv.shutdown().await
 }
 
+/// Library generation with `sampling`, keeping the top 20 of each position.
+fn library_generation(
+    srv: &TestServer,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampling: SamplingParams,
+) -> anyhow::Result<Vec<samewise_engine::GeneratedToken>> {
+    let params = GenerateParams {
+        sampling,
+        max_tokens,
+        stop_token_ids: srv.state.tokenizer().stop_ids().iter().copied().collect(),
+        top_logprobs: 20,
+    };
+    Ok(srv
+        .state
+        .engine()
+        .generate(prompt, &params, &mut |_| true)?
+        .tokens)
+}
+
+/// A chat answer's (token, logprob) per generated token, from its `logprobs.content`.
+fn answer_tokens(v: &Value) -> anyhow::Result<Vec<(String, f32)>> {
+    v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .ok_or_else(|| anyhow::anyhow!("no logprobs: {v}"))?
+        .iter()
+        .map(|c| {
+            Ok((
+                c["token"].as_str().unwrap_or_default().to_owned(),
+                f32_of(&c["logprob"]).ok_or_else(|| anyhow::anyhow!("no logprob: {c}"))?,
+            ))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logit_bias_and_penalties_steer_the_choice_not_the_logprobs() -> anyhow::Result<()> {
+    let srv = TestServer::start().await?;
+    let tok = srv.state.tokenizer();
+    let q = "List the days of the week, then list them again.";
+    let prompt = chat_prompt(&srv, q)?;
+    let plain = library_generation(&srv, &prompt, 40, SamplingParams::default())?;
+    let request = |extra: Value| {
+        let mut b = chat_body(q, 40);
+        b["logprobs"] = json!(true);
+        b["top_logprobs"] = json!(20);
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            b[k] = v.clone();
+        }
+        b
+    };
+
+    // -100 on the greedy first token: the first token is the model's second choice, and its
+    // logprob is the model's own (not shifted by the bias)
+    let first = plain[0].token;
+    let second = plain[0].top[1];
+    let v = srv
+        .ok(
+            "/v1/chat/completions",
+            &request(json!({"logit_bias": {first.to_string(): -100}})),
+        )
+        .await?;
+    let got = answer_tokens(&v)?;
+    assert_eq!(got[0].0, tok.token_str(second.token)?, "{v}");
+    assert_eq!(got[0].1.to_bits(), second.logprob.to_bits());
+
+    // +100 on one token: nothing else is ever chosen, on both routes
+    let forced = tok.encode(" sea", false)?[0];
+    let v = srv
+        .ok(
+            "/v1/chat/completions",
+            &request(json!({"logit_bias": {forced.to_string(): 100}, "max_tokens": 6})),
+        )
+        .await?;
+    let got = answer_tokens(&v)?;
+    assert_eq!(got.len(), 6, "{v}");
+    let sea = tok.token_str(forced)?;
+    assert!(got.iter().all(|(t, _)| t == sea), "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    let v = srv
+        .ok(
+            "/v1/completions",
+            &json!({"prompt": PROMPT, "max_tokens": 4, "temperature": 0,
+                                       "logit_bias": {forced.to_string(): 100}}),
+        )
+        .await?;
+    assert_eq!(v["choices"][0]["text"], " sea sea sea sea", "{v}");
+
+    // penalties: OpenAI's formula on the model's own logits at every step, which the
+    // server's answer follows token for token with the model's own logprobs
+    let sampling = SamplingParams {
+        presence_penalty: 0.5,
+        frequency_penalty: 1.0,
+        ..SamplingParams::default()
+    };
+    let lib = library_generation(&srv, &prompt, 40, sampling.clone())?;
+    let mut counts = std::collections::BTreeMap::<u32, u32>::new();
+    let mut steered = 0;
+    for (i, g) in lib.iter().enumerate() {
+        let penalty = |t: u32| {
+            counts.get(&t).map_or(0.0, |&c| {
+                c as f32 * sampling.frequency_penalty + sampling.presence_penalty
+            })
+        };
+        // the chosen token's logprob is the model's: as listed among its top 20, if there
+        if let Some(listed) = g.top.iter().find(|a| a.token == g.token) {
+            assert_eq!(
+                listed.logprob.to_bits(),
+                g.logprob.to_bits(),
+                "position {i}"
+            );
+        }
+        // no listed token beats the chosen one once penalised (logprobs and logits differ
+        // by one constant per row; the margin covers its rounding)
+        let chosen = g.logprob - penalty(g.token);
+        for a in &g.top {
+            assert!(
+                a.logprob - penalty(a.token) <= chosen + 1e-4,
+                "position {i}: {} ({}) beats the chosen {} ({chosen}) once penalised",
+                a.token,
+                a.logprob - penalty(a.token),
+                g.token
+            );
+        }
+        if g.token != g.top[0].token {
+            steered += 1;
+        }
+        *counts.entry(g.token).or_insert(0) += 1;
+    }
+    assert!(
+        steered > 0,
+        "the penalties never changed a choice: this proves nothing"
+    );
+    assert_ne!(
+        lib.iter().map(|g| g.token).collect::<Vec<_>>(),
+        plain.iter().map(|g| g.token).collect::<Vec<_>>()
+    );
+    let v = srv
+        .ok(
+            "/v1/chat/completions",
+            &request(json!({"presence_penalty": 0.5, "frequency_penalty": 1.0})),
+        )
+        .await?;
+    let got = answer_tokens(&v)?;
+    let want: Vec<(String, f32)> = lib
+        .iter()
+        .map(|g| Ok((tok.token_str(g.token)?.to_owned(), g.logprob)))
+        .collect::<anyhow::Result<_>>()?;
+    assert_eq!(got, want);
+
+    // out-of-range and malformed values are the caller's error, naming the parameter
+    for (extra, param) in [
+        (json!({"presence_penalty": 2.5}), "presence_penalty"),
+        (json!({"frequency_penalty": "high"}), "frequency_penalty"),
+        (json!({"logit_bias": [1, 2]}), "logit_bias"),
+        (json!({"logit_bias": {"sea": 1}}), "logit_bias"),
+        (json!({"logit_bias": {"07": 1}}), "logit_bias"),
+        (json!({"logit_bias": {"49152": 1}}), "logit_bias"),
+        (json!({"logit_bias": {"5": 101}}), "logit_bias"),
+        (json!({"logit_bias": {"5": "up"}}), "logit_bias"),
+    ] {
+        for path in ["/v1/chat/completions", "/v1/completions"] {
+            let body = if path == "/v1/completions" {
+                let mut b = json!({"prompt": PROMPT, "max_tokens": 2});
+                for (k, v) in extra.as_object().into_iter().flatten() {
+                    b[k] = v.clone();
+                }
+                b
+            } else {
+                request(extra.clone())
+            };
+            let (status, v) = srv.post(path, &body).await?;
+            assert_eq!(status, 400, "{path} {extra}: {v}");
+            assert_eq!(v["error"]["param"], param, "{path} {extra}: {v}");
+            assert_eq!(v["error"]["type"], "invalid_request_error");
+        }
+    }
+    srv.shutdown().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_equal_sequential_ones() -> anyhow::Result<()> {
     let srv = TestServer::start().await?;
