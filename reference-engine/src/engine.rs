@@ -487,13 +487,11 @@ impl Engine {
                 params.top_logprobs
             )));
         }
-        let s = &params.sampling;
-        if !s.temperature.is_finite() || s.temperature < 0.0 || !(s.top_p > 0.0 && s.top_p <= 1.0) {
-            return Err(EngineError::InvalidRequest(
-                "temperature must be >= 0 and top_p in (0, 1]".into(),
-            ));
+        if let Some(why) = params.sampling.invalid() {
+            return Err(EngineError::InvalidRequest(why));
         }
-        let sampler = Sampler::new(params.sampling.clone());
+        let mut sampler = Sampler::new(params.sampling.clone());
+        sampler.observe_prompt(&prompt);
         let prompt_len = prompt.len();
         Ok(Seq {
             cache: KvCache::new(c.n_layer),

@@ -1,6 +1,7 @@
 //! From logits to numbers: log-softmax, the top-k list (sorted by logprob, ties by id),
-//! greedy choice and seeded sampling (temperature, top-k, top-p), after OpenAI's logit
-//! adjustments (`logit_bias`, `presence_penalty`, `frequency_penalty`).
+//! greedy choice and seeded sampling (temperature, min-p, top-k, top-p), after the logit
+//! adjustments: OpenAI's `logit_bias`, `presence_penalty` and `frequency_penalty`, and
+//! vLLM's (Hugging Face's) `repetition_penalty`.
 //!
 //! All of it is sequential over the vocabulary in id order, so it is as deterministic as
 //! the logits it reads. The adjustments change only which token is chosen: logprobs stay the
@@ -184,6 +185,9 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// Keep only the k most likely tokens; 0 disables it.
     pub top_k: usize,
+    /// Keep only tokens at least this fraction as likely as the most likely one (after the
+    /// temperature), in [0, 1]; 0 disables it.
+    pub min_p: f32,
     /// RNG seed; None draws one from the OS.
     pub seed: Option<u64>,
     /// Added to these tokens' logits before choosing (OpenAI's `logit_bias`): (id, bias).
@@ -193,6 +197,9 @@ pub struct SamplingParams {
     /// Subtracted from a token's logit once per time it was generated so far
     /// (`frequency_penalty`).
     pub frequency_penalty: f32,
+    /// Divides the positive logits and multiplies the others of every token in the prompt or
+    /// generated so far (`repetition_penalty`, > 0); 1 disables it.
+    pub repetition_penalty: f32,
 }
 
 impl Default for SamplingParams {
@@ -201,10 +208,12 @@ impl Default for SamplingParams {
             temperature: 0.0,
             top_p: 1.0,
             top_k: 0,
+            min_p: 0.0,
             seed: None,
             logit_bias: Vec::new(),
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
         }
     }
 }
@@ -212,7 +221,42 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Whether the penalties count generated tokens.
     fn penalises(&self) -> bool {
-        self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+        self.presence_penalty != 0.0 || self.frequency_penalty != 0.0 || self.repeats()
+    }
+
+    /// Whether the repetition penalty is on (it also reads the prompt).
+    fn repeats(&self) -> bool {
+        self.repetition_penalty != 1.0
+    }
+
+    /// What is wrong with these parameters, if anything (the ranges the API allows).
+    pub fn invalid(&self) -> Option<String> {
+        let in_range = |x: f32, lo: f32, hi: f32| x.is_finite() && (lo..=hi).contains(&x);
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Some("temperature must be >= 0".into());
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Some("top_p must be in (0, 1]".into());
+        }
+        if !in_range(self.min_p, 0.0, 1.0) {
+            return Some("min_p must be in [0, 1]".into());
+        }
+        if !in_range(self.presence_penalty, -2.0, 2.0)
+            || !in_range(self.frequency_penalty, -2.0, 2.0)
+        {
+            return Some("presence_penalty and frequency_penalty must be in [-2, 2]".into());
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return Some("repetition_penalty must be > 0".into());
+        }
+        if self
+            .logit_bias
+            .iter()
+            .any(|&(_, b)| !in_range(b, -100.0, 100.0))
+        {
+            return Some("logit_bias values must be in [-100, 100]".into());
+        }
+        None
     }
 }
 
@@ -222,7 +266,8 @@ impl SamplingParams {
 pub struct Sampler {
     params: SamplingParams,
     rng: StdRng,
-    /// Token -> times generated so far (kept only when a penalty is set).
+    /// Token -> times generated so far (kept only when a penalty is set; a prompt token the
+    /// repetition penalty reads is here with 0 until generated).
     counts: BTreeMap<u32, u32>,
     /// The adjusted row, kept between picks.
     scratch: Vec<f32>,
@@ -243,6 +288,16 @@ impl Sampler {
         }
     }
 
+    /// Notes the prompt's tokens for the repetition penalty (which reads them; the other
+    /// penalties count generated tokens only).
+    pub fn observe_prompt(&mut self, prompt: &[u32]) {
+        if self.params.repeats() {
+            for &t in prompt {
+                self.counts.entry(t).or_insert(0);
+            }
+        }
+    }
+
     /// Counts a generated token for the penalties of the picks after it.
     pub fn observe(&mut self, token: u32) {
         if self.params.penalises() {
@@ -250,10 +305,11 @@ impl Sampler {
         }
     }
 
-    /// Applies the adjustments to a logits row, in f32: token j becomes
-    /// `(l[j] + bias[j]) - (c[j] * frequency_penalty + presence_penalty)` where c[j] > 0 is
-    /// how often j was generated so far (OpenAI's definition); other tokens keep theirs.
-    /// Ids outside the row are passed over.
+    /// Applies the adjustments to a logits row, in f32 and in this order: the bias is added;
+    /// a token in the prompt or generated so far (repetition penalty r ≠ 1) becomes `l / r`
+    /// if `l > 0`, else `l * r`; a token generated c > 0 times so far then loses
+    /// `c * frequency_penalty + presence_penalty` (OpenAI's definition). Other tokens keep
+    /// theirs; ids outside the row are passed over.
     pub fn adjust(&self, row: &mut [f32]) {
         let p = &self.params;
         for &(t, b) in &p.logit_bias {
@@ -261,8 +317,19 @@ impl Sampler {
                 *l += b;
             }
         }
+        let repeats = p.repeats();
         for (&t, &c) in &self.counts {
-            if let Some(l) = row.get_mut(t as usize) {
+            let Some(l) = row.get_mut(t as usize) else {
+                continue;
+            };
+            if repeats {
+                *l = if *l > 0.0 {
+                    *l / p.repetition_penalty
+                } else {
+                    *l * p.repetition_penalty
+                };
+            }
+            if c > 0 {
                 *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
             }
         }
@@ -292,12 +359,14 @@ impl Sampler {
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         // candidates (weight, id); unnormalized probabilities exp((l - max) / T)
         let weight = |l: f32| ((f64::from(l) - f64::from(max)) * inv_t).exp();
-        let mut cand: Vec<(f64, u32)> = if p.top_k > 0 || p.top_p < 1.0 {
+        let mut cand: Vec<(f64, u32)> = if p.top_k > 0 || p.top_p < 1.0 || p.min_p > 0.0 {
+            // min-p first: the most likely token's weight is exactly 1
+            let floor = f64::from(p.min_p);
             let mut all: Vec<(f64, u32)> = logits
                 .iter()
                 .enumerate()
                 .map(|(i, &l)| (weight(l), i as u32))
-                .filter(|c| c.0 > 0.0)
+                .filter(|c| c.0 > 0.0 && c.0 >= floor)
                 .collect();
             all.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
             if p.top_k > 0 {
@@ -514,60 +583,134 @@ mod tests {
         assert!(a.iter().any(|&t| t != a[0]), "sampling at T=1 should vary");
     }
 
-    /// OpenAI's definition, written out: `(l + bias) - (c * frequency + presence)` for a
-    /// token generated c > 0 times so far, `l + bias` otherwise.
+    /// The definitions, written out: `l + bias`; then, for a token in the prompt or
+    /// generated, `/ r` if positive else `* r`; then `- (c * frequency + presence)` for a token
+    /// generated c > 0 times so far.
     fn adjusted_by_hand(
         logits: &[f32],
-        bias: &[(u32, f32)],
+        p: &SamplingParams,
+        prompt: &[u32],
         generated: &[u32],
-        presence: f32,
-        frequency: f32,
     ) -> Vec<f32> {
         logits
             .iter()
             .enumerate()
             .map(|(j, &l)| {
-                let b = bias
+                let b = p
+                    .logit_bias
                     .iter()
                     .find(|(t, _)| *t as usize == j)
                     .map_or(0.0, |x| x.1);
                 let c = generated.iter().filter(|&&t| t as usize == j).count();
-                if c > 0 {
-                    (l + b) - (c as f32 * frequency + presence)
-                } else {
-                    l + b
+                let mut l = l + b;
+                if p.repetition_penalty != 1.0 && (c > 0 || prompt.contains(&(j as u32))) {
+                    l = if l > 0.0 {
+                        l / p.repetition_penalty
+                    } else {
+                        l * p.repetition_penalty
+                    };
                 }
+                if c > 0 {
+                    l -= c as f32 * p.frequency_penalty + p.presence_penalty;
+                }
+                l
             })
             .collect()
     }
 
     #[test]
-    fn adjustments_follow_openais_definition_bit_for_bit() {
+    fn adjustments_follow_their_definitions_bit_for_bit() {
         let logits: Vec<f32> = (0..64).map(|i| (i as f32 * 0.73).cos() * 3.0).collect();
-        let bias = vec![(3, 2.5), (10, -100.0), (63, 0.125), (500, 7.0)];
+        let prompt = [1u32, 2, 5, 40, 41, 2];
         let generated = [5u32, 7, 5, 63, 5, 10];
-        let mut s = Sampler::new(SamplingParams {
-            logit_bias: bias.clone(),
-            presence_penalty: 0.7,
-            frequency_penalty: -0.3,
-            ..SamplingParams::default()
-        });
-        let mut seen = Vec::new();
-        for &t in &generated {
-            let mut row = logits.clone();
+        for repetition_penalty in [1.0, 1.3, 0.8] {
+            let params = SamplingParams {
+                logit_bias: vec![(3, 2.5), (10, -100.0), (63, 0.125), (500, 7.0)],
+                presence_penalty: 0.7,
+                frequency_penalty: -0.3,
+                repetition_penalty,
+                ..SamplingParams::default()
+            };
+            assert_eq!(params.invalid(), None);
+            let mut s = Sampler::new(params.clone());
+            s.observe_prompt(&prompt);
+            let mut seen = Vec::new();
+            for &t in &generated {
+                let mut row = logits.clone();
+                s.adjust(&mut row);
+                let want = adjusted_by_hand(&logits, &params, &prompt, &seen);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&row), bits(&want), "after {seen:?}");
+                // greedy picks the adjusted row's argmax
+                assert_eq!(s.pick(&logits), argmax(&want), "after {seen:?}");
+                s.observe(t);
+                seen.push(t);
+            }
+            // a masked (-inf) logit stays masked whatever its bias or count
+            let mut row = vec![f32::NEG_INFINITY; 64];
             s.adjust(&mut row);
-            let want = adjusted_by_hand(&logits, &bias, &seen, 0.7, -0.3);
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&row), bits(&want), "after {seen:?}");
-            // greedy picks the adjusted row's argmax
-            assert_eq!(s.pick(&logits), argmax(&want), "after {seen:?}");
-            s.observe(t);
-            seen.push(t);
+            assert!(row.iter().all(|&l| l == f32::NEG_INFINITY));
         }
-        // a masked (-inf) logit stays masked whatever its bias or count
-        let mut row = vec![f32::NEG_INFINITY; 64];
-        s.adjust(&mut row);
-        assert!(row.iter().all(|&l| l == f32::NEG_INFINITY));
+    }
+
+    #[test]
+    fn min_p_keeps_tokens_as_likely_as_a_fraction_of_the_top_one() {
+        // at temperature 1: weights relative to token 0's are 1, e^-0.5, e^-1, e^-3
+        let logits = [2.0f32, 1.5, 1.0, -1.0];
+        let drawn = |min_p: f32| {
+            let mut s = Sampler::new(SamplingParams {
+                temperature: 1.0,
+                min_p,
+                seed: Some(11),
+                ..SamplingParams::default()
+            });
+            (0..400)
+                .map(|_| s.pick(&logits))
+                .collect::<std::collections::BTreeSet<u32>>()
+        };
+        assert_eq!(drawn(0.0), [0, 1, 2, 3].into());
+        // e^-1 = 0.37 passes 0.3, e^-3 = 0.05 does not
+        assert_eq!(drawn(0.3), [0, 1, 2].into());
+        assert_eq!(drawn(0.5), [0, 1].into());
+        assert_eq!(drawn(1.0), [0].into());
+    }
+
+    #[test]
+    fn out_of_range_parameters_are_named() {
+        let bad = [
+            SamplingParams {
+                min_p: 1.5,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                repetition_penalty: 0.0,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                presence_penalty: f32::NAN,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                frequency_penalty: -2.5,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                logit_bias: vec![(1, 101.0)],
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                top_p: 0.0,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                temperature: -1.0,
+                ..SamplingParams::default()
+            },
+        ];
+        for p in bad {
+            assert!(p.invalid().is_some(), "{p:?}");
+        }
+        assert_eq!(SamplingParams::default().invalid(), None);
     }
 
     #[test]

@@ -128,6 +128,10 @@ pub(crate) struct GenRequest {
     pub logit_bias: Vec<(u32, f32)>,
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
+    /// vLLM's extensions: `top_k` (0: off), `min_p` (0: off), `repetition_penalty` (1: off).
+    pub top_k: usize,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
 }
 
 impl GenRequest {
@@ -183,33 +187,60 @@ impl GenRequest {
             logit_bias: Vec::new(),
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
         })
     }
 
-    /// Takes OpenAI's logit adjustments from the request's other fields, checked:
-    /// `presence_penalty` and `frequency_penalty` in [-2, 2], `logit_bias` an object from
-    /// token ids (as strings) in the vocabulary to biases in [-100, 100]. `null` is absent.
+    /// Takes the logit adjustments and vLLM's sampling extensions from the request's other
+    /// fields, checked: `presence_penalty` and `frequency_penalty` in [-2, 2], `logit_bias`
+    /// an object from token ids (as strings) in the vocabulary to biases in [-100, 100],
+    /// `repetition_penalty` > 0 (at most 100), `min_p` in [0, 1], `top_k` an integer >= -1
+    /// (-1 and 0: off). `null` is absent.
     pub(crate) fn with_adjustments(
         mut self,
         extra: &samewise_wire::Extra,
         vocab_size: usize,
     ) -> Result<Self, ApiError> {
-        for (name, slot) in [
-            ("presence_penalty", &mut self.presence_penalty),
-            ("frequency_penalty", &mut self.frequency_penalty),
-        ] {
-            match extra.get(name).filter(|v| !v.is_null()) {
-                None => {}
-                Some(v) => match v.as_f64() {
-                    Some(x) if (-2.0..=2.0).contains(&x) => *slot = x as f32,
-                    _ => {
-                        return Err(ApiError::bad_request(
-                            format!("{name} must be a number between -2 and 2"),
-                            Some(name),
-                        ));
-                    }
-                },
-            }
+        let number = |name: &'static str, ok: fn(f64) -> bool, range: &str| match extra
+            .get(name)
+            .filter(|v| !v.is_null())
+        {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if ok(x) => Ok(Some(x as f32)),
+                _ => Err(ApiError::bad_request(
+                    format!("{name} must be a number {range}"),
+                    Some(name),
+                )),
+            },
+        };
+        let penalty = |x: f64| (-2.0..=2.0).contains(&x);
+        if let Some(x) = number("presence_penalty", penalty, "between -2 and 2")? {
+            self.presence_penalty = x;
+        }
+        if let Some(x) = number("frequency_penalty", penalty, "between -2 and 2")? {
+            self.frequency_penalty = x;
+        }
+        let repetition = |x: f64| x > 0.0 && x <= 100.0;
+        if let Some(x) = number("repetition_penalty", repetition, "above 0 (at most 100)")? {
+            self.repetition_penalty = x;
+        }
+        if let Some(x) = number("min_p", |x| (0.0..=1.0).contains(&x), "between 0 and 1")? {
+            self.min_p = x;
+        }
+        match extra.get("top_k").filter(|v| !v.is_null()) {
+            None => {}
+            Some(v) => match v.as_i64() {
+                Some(k) if k >= -1 => self.top_k = usize::try_from(k).unwrap_or(0),
+                _ => {
+                    return Err(ApiError::bad_request(
+                        "top_k must be an integer, -1 (or 0) for all tokens",
+                        Some("top_k"),
+                    ));
+                }
+            },
         }
         let bad = |m: String| ApiError::bad_request(m, Some("logit_bias"));
         match extra.get("logit_bias").filter(|v| !v.is_null()) {
@@ -255,11 +286,13 @@ impl GenRequest {
             sampling: SamplingParams {
                 temperature: self.temperature,
                 top_p: self.top_p,
-                top_k: 0,
+                top_k: self.top_k,
+                min_p: self.min_p,
                 seed: self.seed.map(|s| s.wrapping_add(u64::from(j))),
                 logit_bias: self.logit_bias.clone(),
                 presence_penalty: self.presence_penalty,
                 frequency_penalty: self.frequency_penalty,
+                repetition_penalty: self.repetition_penalty,
             },
             max_tokens,
             stop_token_ids: state.tokenizer().stop_ids().iter().copied().collect(),

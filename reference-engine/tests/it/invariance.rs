@@ -330,7 +330,7 @@ fn batcher_under_concurrent_load_equals_direct_calls() -> anyhow::Result<()> {
             },
             ..greedy(10, 2)
         },
-        // OpenAI's logit adjustments: per sequence, whatever shares its passes
+        // the logit adjustments and min-p: per sequence, whatever shares its passes
         GenerateParams {
             sampling: SamplingParams {
                 temperature: 0.9,
@@ -338,6 +338,8 @@ fn batcher_under_concurrent_load_equals_direct_calls() -> anyhow::Result<()> {
                 logit_bias: vec![(28, 4.0), (30, -100.0)],
                 presence_penalty: 0.8,
                 frequency_penalty: 0.5,
+                repetition_penalty: 1.2,
+                min_p: 0.05,
                 ..SamplingParams::default()
             },
             ..greedy(14, 3)

@@ -448,7 +448,8 @@ fn answer_tokens(v: &Value) -> anyhow::Result<Vec<(String, f32)>> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn logit_bias_and_penalties_steer_the_choice_not_the_logprobs() -> anyhow::Result<()> {
+async fn logit_bias_penalties_and_vllm_sampling_steer_the_choice_not_the_logprobs()
+-> anyhow::Result<()> {
     let srv = TestServer::start().await?;
     let tok = srv.state.tokenizer();
     let q = "List the days of the week, then list them again.";
@@ -562,6 +563,48 @@ async fn logit_bias_and_penalties_steer_the_choice_not_the_logprobs() -> anyhow:
         .collect::<anyhow::Result<_>>()?;
     assert_eq!(got, want);
 
+    // vLLM's repetition penalty (prompt and answer tokens): the server's answer is the
+    // library's, and not the plain one
+    let repeated = SamplingParams {
+        repetition_penalty: 1.3,
+        ..SamplingParams::default()
+    };
+    let lib = library_generation(&srv, &prompt, 40, repeated)?;
+    assert_ne!(
+        lib.iter().map(|g| g.token).collect::<Vec<_>>(),
+        plain.iter().map(|g| g.token).collect::<Vec<_>>()
+    );
+    let v = srv
+        .ok(
+            "/v1/chat/completions",
+            &request(json!({"repetition_penalty": 1.3})),
+        )
+        .await?;
+    let want: Vec<(String, f32)> = lib
+        .iter()
+        .map(|g| Ok((tok.token_str(g.token)?.to_owned(), g.logprob)))
+        .collect::<anyhow::Result<_>>()?;
+    assert_eq!(answer_tokens(&v)?, want);
+    // top_k 1 and min_p 1 leave only the most likely token: greedy, however hot
+    let greedy: Vec<(String, f32)> = plain
+        .iter()
+        .map(|g| Ok((tok.token_str(g.token)?.to_owned(), g.logprob)))
+        .collect::<anyhow::Result<_>>()?;
+    for extra in [json!({"top_k": 1}), json!({"min_p": 1.0})] {
+        let mut e = extra.clone();
+        e["temperature"] = json!(1.8);
+        e["seed"] = json!(3);
+        let v = srv.ok("/v1/chat/completions", &request(e)).await?;
+        assert_eq!(answer_tokens(&v)?, greedy, "{extra}");
+    }
+    let v = srv
+        .ok(
+            "/v1/chat/completions",
+            &request(json!({"top_k": -1, "min_p": 0})),
+        )
+        .await?;
+    assert_eq!(answer_tokens(&v)?, greedy);
+
     // out-of-range and malformed values are the caller's error, naming the parameter
     for (extra, param) in [
         (json!({"presence_penalty": 2.5}), "presence_penalty"),
@@ -572,6 +615,12 @@ async fn logit_bias_and_penalties_steer_the_choice_not_the_logprobs() -> anyhow:
         (json!({"logit_bias": {"49152": 1}}), "logit_bias"),
         (json!({"logit_bias": {"5": 101}}), "logit_bias"),
         (json!({"logit_bias": {"5": "up"}}), "logit_bias"),
+        (json!({"repetition_penalty": 0}), "repetition_penalty"),
+        (json!({"repetition_penalty": -1.2}), "repetition_penalty"),
+        (json!({"min_p": 1.5}), "min_p"),
+        (json!({"top_k": -2}), "top_k"),
+        (json!({"top_k": 2.5}), "top_k"),
+        (json!({"top_k": "all"}), "top_k"),
     ] {
         for path in ["/v1/chat/completions", "/v1/completions"] {
             let body = if path == "/v1/completions" {
