@@ -1,7 +1,7 @@
 //! The reference engine's integration tests, one test binary: loading (GGUF, safetensors),
 //! tokenizer and chat templates against committed goldens, fidelity against transformers' logprobs,
-//! batch invariance, serving profiles, the OpenAI-compatible server over real sockets, and
-//! synthetic models (the GGUF writer, seeded weights, layer cuts).
+//! batch invariance, serving profiles, the OpenAI-compatible server over real sockets and its
+//! sampling parameters, and synthetic models (the GGUF writer, seeded weights, layer cuts).
 //!
 //! Layout: `common` says where the test model and the committed fixtures are; every other module
 //! is one area.
@@ -16,6 +16,7 @@ mod invariance;
 mod loading;
 mod profiles_numerics;
 mod profiles_server;
+mod sampling;
 mod server;
 mod synth;
 mod tokenizer;
