@@ -8,7 +8,7 @@ use samewise_engine::sample::SamplingParams;
 use samewise_engine::server::ServerState;
 use serde_json::{Value, json};
 
-use crate::common::server::TestServer;
+use crate::common::server::{TestServer, chat_prompt};
 
 const PROMPT: &str = "The capital of France is Paris. The capital of Italy is";
 
@@ -16,20 +16,6 @@ const PROMPT: &str = "The capital of France is Paris. The capital of Italy is";
 fn chat_body(content: &str, max_tokens: u32) -> Value {
     json!({"messages": [{"role": "user", "content": content}], "temperature": 0,
            "max_tokens": max_tokens})
-}
-
-/// The prompt ids the server renders for one user message.
-fn chat_prompt(state: &ServerState, content: &str) -> anyhow::Result<Vec<u32>> {
-    let t = state
-        .template()
-        .ok_or_else(|| anyhow::anyhow!("no template"))?;
-    let text = t.render(
-        &[json!({"role": "user", "content": content})],
-        None,
-        true,
-        None,
-    )?;
-    Ok(state.tokenizer().encode(&text, false)?)
 }
 
 fn f32_of(v: &Value) -> Option<f32> {

@@ -3,6 +3,7 @@
 //! kind of bad input gets an OpenAI-shaped 4xx.
 
 use crate::common;
+use crate::common::server::chat_prompt;
 
 use samewise_engine::sample::SamplingParams;
 use samewise_engine::server::{self, ServerState};
@@ -244,20 +245,6 @@ fn library_greedy(
     ))
 }
 
-fn chat_prompt(srv: &TestServer, content: &str) -> anyhow::Result<Vec<u32>> {
-    let t = srv
-        .state
-        .template()
-        .ok_or_else(|| anyhow::anyhow!("no template"))?;
-    let text = t.render(
-        &[json!({"role": "user", "content": content})],
-        None,
-        true,
-        None,
-    )?;
-    Ok(srv.state.tokenizer().encode(&text, false)?)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn greedy_chat_equals_library_generation() -> anyhow::Result<()> {
     let srv = TestServer::start().await?;
@@ -266,7 +253,7 @@ async fn greedy_chat_equals_library_generation() -> anyhow::Result<()> {
     body["logprobs"] = json!(true);
     body["top_logprobs"] = json!(2);
     let v = srv.ok("/v1/chat/completions", &body).await?;
-    let (text, logprobs, reason) = library_greedy(&srv, &chat_prompt(&srv, q)?, 24, 2)?;
+    let (text, logprobs, reason) = library_greedy(&srv, &chat_prompt(&srv.state, q)?, 24, 2)?;
     assert!(!text.is_empty());
     let choice = &v["choices"][0];
     assert_eq!(choice["message"]["role"], "assistant");
@@ -559,7 +546,7 @@ async fn models_health_tokenize_detokenize() -> anyhow::Result<()> {
             &json!({"messages": [{"role": "user", "content": "Hi"}]}),
         )
         .await?;
-    let want = chat_prompt(&srv, "Hi")?;
+    let want = chat_prompt(&srv.state, "Hi")?;
     assert_eq!(t["tokens"], json!(want));
     let s = srv.ok("/v1/score", &json!({"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": true})).await?;
     assert_eq!(s["tokens"], json!(want));

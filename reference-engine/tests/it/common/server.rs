@@ -102,6 +102,20 @@ impl TestServer {
     }
 }
 
+/// The prompt ids the server renders for one user message (with the generation prompt).
+pub fn chat_prompt(state: &ServerState, content: &str) -> anyhow::Result<Vec<u32>> {
+    let t = state
+        .template()
+        .ok_or_else(|| anyhow::anyhow!("no template"))?;
+    let text = t.render(
+        &[json!({"role": "user", "content": content})],
+        None,
+        true,
+        None,
+    )?;
+    Ok(state.tokenizer().encode(&text, false)?)
+}
+
 impl Drop for TestServer {
     fn drop(&mut self) {
         if let Some(tx) = self.stop.take() {
