@@ -290,7 +290,7 @@ impl RequestFaults {
     /// temperature the request asked for is ignored.
     pub(crate) fn sampling(&self, mut g: GenRequest) -> GenRequest {
         if let Some(t) = self.profile.api.as_ref().and_then(|a| a.fixed_temperature) {
-            g.temperature = t as f32;
+            g.sampling.temperature = t as f32;
         }
         g
     }

@@ -118,20 +118,11 @@ fn json_event(v: &serde_json::Value) -> Bytes {
 /// Validated sampling and length parameters shared by both routes.
 #[derive(Debug, Clone)]
 pub(crate) struct GenRequest {
-    pub temperature: f32,
-    pub top_p: f32,
-    pub seed: Option<u64>,
+    /// Every choice's sampling (choice j's seed is `seed + j`).
+    pub sampling: SamplingParams,
     pub n: u32,
     pub stops: Vec<String>,
     pub top_logprobs: usize,
-    /// OpenAI's `logit_bias`, as (token id, bias) in id order.
-    pub logit_bias: Vec<(u32, f32)>,
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    /// vLLM's extensions: `top_k` (0: off), `min_p` (0: off), `repetition_penalty` (1: off).
-    pub top_k: usize,
-    pub min_p: f32,
-    pub repetition_penalty: f32,
 }
 
 impl GenRequest {
@@ -178,18 +169,15 @@ impl GenRequest {
             ));
         }
         Ok(Self {
-            temperature: temperature as f32,
-            top_p: top_p as f32,
-            seed,
+            sampling: SamplingParams {
+                temperature: temperature as f32,
+                top_p: top_p as f32,
+                seed,
+                ..SamplingParams::default()
+            },
             n,
             stops,
             top_logprobs,
-            logit_bias: Vec::new(),
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            top_k: 0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
         })
     }
 
@@ -218,22 +206,22 @@ impl GenRequest {
         };
         let penalty = |x: f64| (-2.0..=2.0).contains(&x);
         if let Some(x) = number("presence_penalty", penalty, "between -2 and 2")? {
-            self.presence_penalty = x;
+            self.sampling.presence_penalty = x;
         }
         if let Some(x) = number("frequency_penalty", penalty, "between -2 and 2")? {
-            self.frequency_penalty = x;
+            self.sampling.frequency_penalty = x;
         }
         let repetition = |x: f64| x > 0.0 && x <= 100.0;
         if let Some(x) = number("repetition_penalty", repetition, "above 0 (at most 100)")? {
-            self.repetition_penalty = x;
+            self.sampling.repetition_penalty = x;
         }
         if let Some(x) = number("min_p", |x| (0.0..=1.0).contains(&x), "between 0 and 1")? {
-            self.min_p = x;
+            self.sampling.min_p = x;
         }
         match extra.get("top_k").filter(|v| !v.is_null()) {
             None => {}
             Some(v) => match v.as_i64() {
-                Some(k) if k >= -1 => self.top_k = usize::try_from(k).unwrap_or(0),
+                Some(k) if k >= -1 => self.sampling.top_k = usize::try_from(k).unwrap_or(0),
                 _ => {
                     return Err(ApiError::bad_request(
                         "top_k must be an integer, -1 (or 0) for all tokens",
@@ -266,9 +254,9 @@ impl GenRequest {
                                 "logit_bias value for token {token} must be a number between -100 and 100"
                             ))
                         })?;
-                    self.logit_bias.push((token, bias as f32));
+                    self.sampling.logit_bias.push((token, bias as f32));
                 }
-                self.logit_bias.sort_by_key(|&(t, _)| t);
+                self.sampling.logit_bias.sort_by_key(|&(t, _)| t);
             }
             Some(_) => {
                 return Err(bad(
@@ -284,15 +272,8 @@ impl GenRequest {
     pub(crate) fn params(&self, state: &ServerState, max_tokens: usize, j: u32) -> GenerateParams {
         GenerateParams {
             sampling: SamplingParams {
-                temperature: self.temperature,
-                top_p: self.top_p,
-                top_k: self.top_k,
-                min_p: self.min_p,
-                seed: self.seed.map(|s| s.wrapping_add(u64::from(j))),
-                logit_bias: self.logit_bias.clone(),
-                presence_penalty: self.presence_penalty,
-                frequency_penalty: self.frequency_penalty,
-                repetition_penalty: self.repetition_penalty,
+                seed: self.sampling.seed.map(|s| s.wrapping_add(u64::from(j))),
+                ..self.sampling.clone()
             },
             max_tokens,
             stop_token_ids: state.tokenizer().stop_ids().iter().copied().collect(),
