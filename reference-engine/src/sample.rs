@@ -246,8 +246,8 @@ impl SamplingParams {
         {
             return Some("presence_penalty and frequency_penalty must be in [-2, 2]".into());
         }
-        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
-            return Some("repetition_penalty must be > 0".into());
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty <= 100.0) {
+            return Some("repetition_penalty must be in (0, 100]".into());
         }
         if self
             .logit_bias
@@ -684,6 +684,10 @@ mod tests {
             },
             SamplingParams {
                 repetition_penalty: 0.0,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                repetition_penalty: 100.5,
                 ..SamplingParams::default()
             },
             SamplingParams {
