@@ -5,7 +5,7 @@
 //! replayed, cut streams, added latency, a hidden context behind the name), compared with the
 //! plain engine where it matters.
 
-use crate::common::profiled::{TestServer, f64s};
+use crate::common::server::{TestServer, f64s};
 
 use std::time::{Duration, Instant};
 
@@ -37,8 +37,8 @@ fn needle_prompt() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn truncating_profile_loses_the_start_of_long_prompts() -> anyhow::Result<()> {
-    let plain = TestServer::builtin("reference").await?;
-    let cut = TestServer::builtin("truncate-512").await?;
+    let plain = TestServer::start("reference").await?;
+    let cut = TestServer::start("truncate-512").await?;
     let prompt = needle_prompt();
     let body = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0});
     let a = plain.ok("/v1/completions", &body).await?;
@@ -135,7 +135,7 @@ fn tool_call_fault(call: &Value, tools: &Value) -> anyhow::Result<Option<&'stati
 async fn corrupting_profile_tool_calls_all_fail_validation() -> anyhow::Result<()> {
     let tools = weather_tools();
     // control: the plain engine's calls are valid
-    let plain = TestServer::builtin("reference").await?;
+    let plain = TestServer::start("reference").await?;
     let v = plain.ok("/v1/chat/completions", &tool_chat(1)).await?;
     let calls = v["choices"][0]["message"]["tool_calls"]
         .as_array()
@@ -150,7 +150,7 @@ async fn corrupting_profile_tool_calls_all_fail_validation() -> anyhow::Result<(
     }
     plain.shutdown().await?;
 
-    let bad = TestServer::builtin("tool-corrupt").await?;
+    let bad = TestServer::start("tool-corrupt").await?;
     let v = bad.ok("/v1/chat/completions", &tool_chat(8)).await?;
     let mut kinds = std::collections::BTreeSet::new();
     let mut n = 0;
@@ -173,11 +173,8 @@ async fn corrupting_profile_tool_calls_all_fail_validation() -> anyhow::Result<(
     assert!(n >= 8, "every choice calls the tool: {v}");
     assert!(kinds.len() >= 2, "corruptions vary: {kinds:?}");
     // streamed calls are corrupted too
-    let (events, dropped) = bad.stream("/v1/chat/completions", &tool_chat(1)).await?;
-    assert!(!dropped);
     let mut streamed = 0;
-    for d in events.iter().filter(|d| *d != "[DONE]") {
-        let chunk: Value = serde_json::from_str(d)?;
+    for chunk in bad.stream("/v1/chat/completions", &tool_chat(1)).await? {
         for c in chunk["choices"][0]["delta"]["tool_calls"]
             .as_array()
             .into_iter()
@@ -193,8 +190,8 @@ async fn corrupting_profile_tool_calls_all_fail_validation() -> anyhow::Result<(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shifted_echo_logprobs_are_the_plain_ones_shifted_by_one() -> anyhow::Result<()> {
-    let plain = TestServer::builtin("reference").await?;
-    let shifted = TestServer::builtin("shifted-echo").await?;
+    let plain = TestServer::start("reference").await?;
+    let shifted = TestServer::start("shifted-echo").await?;
     let body = json!({"prompt": "def add(a, b):\n    return a + b\n\nprint(add(2, 3))", "echo": true, "logprobs": 2, "max_tokens": 0});
     let a = plain.ok("/v1/completions", &body).await?;
     let b = shifted.ok("/v1/completions", &body).await?;
@@ -229,8 +226,8 @@ async fn shifted_echo_logprobs_are_the_plain_ones_shifted_by_one() -> anyhow::Re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn substitute_profile_hides_its_context_everywhere_but_in_the_numbers() -> anyhow::Result<()>
 {
-    let plain = TestServer::builtin("reference").await?;
-    let sub = TestServer::builtin("substitute").await?;
+    let plain = TestServer::start("reference").await?;
+    let sub = TestServer::start("substitute").await?;
     let prompt = "The river rose through the night, and by morning the old mill was an island.";
     let body = json!({"prompt": prompt, "echo": true, "logprobs": 3, "max_tokens": 0});
     let a = plain.ok("/v1/completions", &body).await?;
@@ -291,8 +288,8 @@ async fn substitute_profile_hides_its_context_everywhere_but_in_the_numbers() ->
     // the window served is what the context leaves
     let window = |v: &Value| v["data"][0]["max_model_len"].as_u64().unwrap_or(0);
     let (wa, wb) = (
-        window(&plain.get("/v1/models").await?),
-        window(&sub.get("/v1/models").await?),
+        window(&plain.get_ok("/v1/models").await?),
+        window(&sub.get_ok("/v1/models").await?),
     );
     assert_eq!(wa - wb, context.len() as u64);
     let too_long = json!({"prompt": vec![17u32; wb as usize], "max_tokens": 1});
@@ -314,7 +311,7 @@ async fn substitute_profile_hides_its_context_everywhere_but_in_the_numbers() ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_logprobs_profile_answers_an_openai_400_and_caps_apply() -> anyhow::Result<()> {
-    let srv = TestServer::builtin("no-logprobs").await?;
+    let srv = TestServer::start("no-logprobs").await?;
     let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0, "logprobs": true});
     let (status, v) = srv.post("/v1/chat/completions", &chat).await?;
     assert_eq!(status, 400, "{v}");
@@ -393,8 +390,8 @@ fn repeat_start(tokens: &[String]) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeat_bug_repeats_one_token_until_max_tokens() -> anyhow::Result<()> {
-    let plain = TestServer::builtin("reference").await?;
-    let bug = TestServer::builtin("repeat-bug").await?;
+    let plain = TestServer::start("reference").await?;
+    let bug = TestServer::start("repeat-bug").await?;
     let max = 40;
     let body = json!({"prompt": "Once upon a time, in a small village,", "max_tokens": max, "temperature": 0, "logprobs": 0});
     let a = plain.ok("/v1/completions", &body).await?;
@@ -416,12 +413,9 @@ async fn repeat_bug_repeats_one_token_until_max_tokens() -> anyhow::Result<()> {
     // streamed chat: the same shape
     let chat = json!({"messages": [{"role": "user", "content": "Tell me a story about a dragon."}], "max_tokens": max,
                       "temperature": 0, "logprobs": true});
-    let (events, dropped) = bug.stream("/v1/chat/completions", &chat).await?;
-    assert!(!dropped && events.last().map(String::as_str) == Some("[DONE]"));
     let mut tokens = Vec::new();
     let mut finish = None;
-    for d in events.iter().filter(|d| *d != "[DONE]") {
-        let c: Value = serde_json::from_str(d)?;
+    for c in bug.stream("/v1/chat/completions", &chat).await? {
         for t in c["choices"][0]["logprobs"]["content"]
             .as_array()
             .into_iter()
@@ -454,8 +448,8 @@ async fn text_of(srv: &TestServer, messages: Value) -> anyhow::Result<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn template_variants_change_the_rendered_prompt_and_the_answer() -> anyhow::Result<()> {
-    let plain = TestServer::builtin("reference").await?;
-    let drop = TestServer::builtin("drop-system").await?;
+    let plain = TestServer::start("reference").await?;
+    let drop = TestServer::start("drop-system").await?;
     let system = json!({"role": "system", "content": "Your name is Zorblax. Begin every answer with 'Zorblax says:' and speak like a pirate."});
     let user = json!({"role": "user", "content": "What is your name?"});
     let with_sys = tok(&plain, json!([system, user])).await?;
@@ -499,18 +493,7 @@ async fn template_variants_change_the_rendered_prompt_and_the_answer() -> anyhow
             .await?
             .contains("Zorblax")
     );
-    let (status, models) = {
-        let r = pirate
-            .client
-            .get(format!("{}/v1/models", pirate.base))
-            .send()
-            .await?;
-        (
-            r.status().as_u16(),
-            serde_json::from_slice::<Value>(&r.bytes().await?)?,
-        )
-    };
-    assert_eq!(status, 200);
+    let models = pirate.get_ok("/v1/models").await?;
     assert_eq!(
         models["data"][0]["profile"], "reference",
         "an unnamed TOML profile keeps the default name"
@@ -533,9 +516,10 @@ async fn statuses(srv: &TestServer, n: usize) -> anyhow::Result<Vec<u16>> {
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         let (status, headers, v) = srv
-            .post_full(
+            .post_raw(
                 "/v1/completions",
-                &json!({"prompt": format!("Count: {i}"), "max_tokens": 0}),
+                json!({"model": "smollm2", "prompt": format!("Count: {i}"), "max_tokens": 0})
+                    .to_string(),
             )
             .await?;
         match status {
@@ -564,7 +548,7 @@ async fn flaky_profile_errors_at_its_rates_and_replays() -> anyhow::Result<()> {
         .clone()
         .ok_or_else(|| anyhow::anyhow!("flaky has no errors section"))?;
     let n = 200;
-    let srv = TestServer::start(profile.clone()).await?;
+    let srv = TestServer::with_profile(profile.clone()).await?;
     let first = statuses(&srv, n).await?;
     srv.shutdown().await?;
     let rate = |code: u16| first.iter().filter(|&&s| s == code).count() as f64 / n as f64;
@@ -581,11 +565,11 @@ async fn flaky_profile_errors_at_its_rates_and_replays() -> anyhow::Result<()> {
         rates.rate_429
     );
     // a fresh server with the same profile answers the same sequence the same way
-    let again = TestServer::start(profile.clone()).await?;
+    let again = TestServer::with_profile(profile.clone()).await?;
     assert_eq!(statuses(&again, n).await?, first);
     again.shutdown().await?;
     // another seed, another sequence
-    let reseeded = TestServer::start(Profile { seed: 1, ..profile }).await?;
+    let reseeded = TestServer::with_profile(Profile { seed: 1, ..profile }).await?;
     assert_ne!(statuses(&reseeded, 50).await?, first[..50]);
     reseeded.shutdown().await
 }
@@ -595,7 +579,7 @@ async fn disconnecting_profile_cuts_streams() -> anyhow::Result<()> {
     let srv = TestServer::toml("name = \"cutter\"\n[errors]\ndisconnect_rate = 1.0\n").await?;
     let chat = json!({"messages": [{"role": "user", "content": "Write a long story about the sea."}], "max_tokens": 60, "temperature": 0});
     for _ in 0..3 {
-        let (events, dropped) = srv.stream("/v1/chat/completions", &chat).await?;
+        let (events, dropped) = srv.events("/v1/chat/completions", &chat).await?;
         assert!(dropped, "the connection should drop mid-stream: {events:?}");
         assert!(
             !events.is_empty() && events.len() <= 8,
@@ -630,14 +614,14 @@ async fn latency_profile_delays_the_first_byte() -> anyhow::Result<()> {
     }
     // streams wait too: the first event comes after the delay
     let t0 = Instant::now();
-    let (events, _) = srv.stream("/v1/completions", &body).await?;
+    let (events, _) = srv.events("/v1/completions", &body).await?;
     assert!(!events.is_empty() && t0.elapsed() >= Duration::from_millis(median));
     srv.shutdown().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn numeric_knobs_of_a_served_profile_reach_the_engine() -> anyhow::Result<()> {
-    let plain = TestServer::builtin("reference").await?;
+    let plain = TestServer::start("reference").await?;
     let w4 = TestServer::toml(
         "name = \"w4-flaky-api\"\n[weights]\nbits = 4\n[api]\nmax_top_logprobs = 1\n",
     )
@@ -664,12 +648,7 @@ async fn numeric_knobs_of_a_served_profile_reach_the_engine() -> anyhow::Result<
             "{top}"
         );
     }
-    let r = w4
-        .client
-        .get(format!("{}/v1/models", w4.base))
-        .send()
-        .await?;
-    let models: Value = serde_json::from_slice(&r.bytes().await?)?;
+    let models = w4.get_ok("/v1/models").await?;
     assert_eq!(models["data"][0]["profile"], "w4-flaky-api");
     plain.shutdown().await?;
     w4.shutdown().await

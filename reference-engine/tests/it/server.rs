@@ -3,146 +3,11 @@
 //! kind of bad input gets an OpenAI-shaped 4xx.
 
 use crate::common;
-use crate::common::server::chat_prompt;
+use crate::common::server::{TestServer, chat_prompt, with_model};
 
+use samewise_engine::GenerateParams;
 use samewise_engine::sample::SamplingParams;
-use samewise_engine::server::{self, ServerState};
-use samewise_engine::{GenerateParams, LoadOptions};
-use samewise_wire::sse::SseDecoder;
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
-
-/// A server on 127.0.0.1:0, stopped when dropped.
-struct TestServer {
-    base: String,
-    state: ServerState,
-    client: reqwest::Client,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
-}
-
-impl TestServer {
-    async fn start() -> anyhow::Result<Self> {
-        Self::start_on(&common::model_path()?).await
-    }
-
-    async fn start_on(model: &std::path::Path) -> anyhow::Result<Self> {
-        let state = ServerState::load(
-            model,
-            LoadOptions {
-                threads: 2,
-                ..LoadOptions::default()
-            },
-            Some("smollm2".into()),
-        )?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let base = format!("http://{}", listener.local_addr()?);
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(server::serve(listener, state.clone(), async move {
-            let _ = rx.await;
-        }));
-        Ok(Self {
-            base,
-            state,
-            client: reqwest::Client::new(),
-            stop: Some(tx),
-            task: Some(task),
-        })
-    }
-
-    /// POSTs JSON; returns (status, body as JSON).
-    async fn post(&self, path: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
-        self.post_raw(path, with_model(body).to_string()).await
-    }
-
-    async fn post_raw(&self, path: &str, body: String) -> anyhow::Result<(u16, Value)> {
-        let resp = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await?;
-        let status = resp.status().as_u16();
-        let bytes = resp.bytes().await?;
-        let v = serde_json::from_slice(&bytes)
-            .map_err(|e| anyhow::anyhow!("{e}: {}", String::from_utf8_lossy(&bytes)))?;
-        Ok((status, v))
-    }
-
-    async fn ok(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
-        let (status, v) = self.post(path, body).await?;
-        anyhow::ensure!(status == 200, "{path} answered {status}: {v}");
-        Ok(v)
-    }
-
-    async fn get(&self, path: &str) -> anyhow::Result<(u16, Value)> {
-        let resp = self
-            .client
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await?;
-        let status = resp.status().as_u16();
-        Ok((status, serde_json::from_slice(&resp.bytes().await?)?))
-    }
-
-    /// POSTs a streaming request; returns the `data:` payloads in order.
-    async fn stream(&self, path: &str, body: &Value) -> anyhow::Result<Vec<String>> {
-        let mut resp = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .header("content-type", "application/json")
-            .body(with_model(body).to_string())
-            .send()
-            .await?;
-        anyhow::ensure!(
-            resp.status().as_u16() == 200,
-            "stream answered {}",
-            resp.status()
-        );
-        let ct = resp
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
-        anyhow::ensure!(ct.starts_with("text/event-stream"), "content-type {ct}");
-        let mut dec = SseDecoder::new();
-        let mut out = Vec::new();
-        while let Some(chunk) = resp.chunk().await? {
-            out.extend(dec.feed(&chunk)?.into_iter().map(|e| e.data));
-        }
-        out.extend(dec.finish()?.map(|e| e.data));
-        Ok(out)
-    }
-
-    async fn shutdown(mut self) -> anyhow::Result<()> {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(task) = self.task.take() {
-            task.await??;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-    }
-}
-
-/// OpenAI requires `model`; the engine accepts any name.
-fn with_model(body: &Value) -> Value {
-    let mut b = body.clone();
-    if let Some(o) = b.as_object_mut() {
-        o.entry("model").or_insert(json!("smollm2"));
-    }
-    b
-}
 
 const PROMPT: &str = "The capital of France is Paris. The capital of Italy is";
 
@@ -157,7 +22,7 @@ fn f32_of(v: &Value) -> Option<f32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn echo_logprobs_equal_the_library_score() -> anyhow::Result<()> {
-    let srv = TestServer::start().await?;
+    let srv = TestServer::start("reference").await?;
     let ids = srv.state.tokenizer().encode(PROMPT, true)?;
     let want = srv
         .state
@@ -247,7 +112,7 @@ fn library_greedy(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn greedy_chat_equals_library_generation() -> anyhow::Result<()> {
-    let srv = TestServer::start().await?;
+    let srv = TestServer::start("reference").await?;
     let q = "What is the capital of France?";
     let mut body = chat_body(q, 24);
     body["logprobs"] = json!(true);
@@ -273,18 +138,13 @@ async fn greedy_chat_equals_library_generation() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_chunks_reassemble_to_the_unstreamed_answer() -> anyhow::Result<()> {
-    let srv = TestServer::start().await?;
+    let srv = TestServer::start("reference").await?;
     let mut body = chat_body("Write a haiku about the sea.", 40);
     body["logprobs"] = json!(true);
     let full = srv.ok("/v1/chat/completions", &body).await?;
     body["stream"] = json!(true);
     body["stream_options"] = json!({"include_usage": true});
-    let events = srv.stream("/v1/chat/completions", &body).await?;
-    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
-    let chunks: Vec<Value> = events[..events.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d))
-        .collect::<Result<_, _>>()?;
+    let chunks = srv.stream("/v1/chat/completions", &body).await?;
     let mut text = String::new();
     let mut logprobs = Vec::new();
     let mut finish = None;
@@ -326,10 +186,8 @@ async fn streamed_chunks_reassemble_to_the_unstreamed_answer() -> anyhow::Result
     let cfull = srv.ok("/v1/completions", &cbody).await?;
     let mut sbody = cbody.clone();
     sbody["stream"] = json!(true);
-    let events = srv.stream("/v1/completions", &sbody).await?;
     let mut ctext = String::new();
-    for d in events.iter().filter(|d| *d != "[DONE]") {
-        let c: Value = serde_json::from_str(d)?;
+    for c in srv.stream("/v1/completions", &sbody).await? {
         ctext.push_str(c["choices"][0]["text"].as_str().unwrap_or_default());
     }
     assert_eq!(
@@ -340,13 +198,8 @@ async fn streamed_chunks_reassemble_to_the_unstreamed_answer() -> anyhow::Result
     // streamed echo with max_tokens 0: the prompt (with its logprobs), then the end
     let ebody =
         json!({"prompt": PROMPT, "max_tokens": 0, "echo": true, "logprobs": 2, "stream": true});
-    let events = srv.stream("/v1/completions", &ebody).await?;
-    let chunks: Vec<Value> = events
-        .iter()
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d))
-        .collect::<Result<_, _>>()?;
-    assert_eq!(chunks.len(), 2, "{events:?}");
+    let chunks = srv.stream("/v1/completions", &ebody).await?;
+    assert_eq!(chunks.len(), 2, "{chunks:?}");
     assert_eq!(chunks[0]["choices"][0]["text"], PROMPT);
     assert!(chunks[0]["choices"][0]["logprobs"]["token_logprobs"][0].is_null());
     assert_eq!(chunks[1]["choices"][0]["finish_reason"], "length");
@@ -355,7 +208,7 @@ async fn streamed_chunks_reassemble_to_the_unstreamed_answer() -> anyhow::Result
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_strings_seeds_and_n() -> anyhow::Result<()> {
-    let srv = TestServer::start().await?;
+    let srv = TestServer::start("reference").await?;
     let base = srv
         .ok(
             "/v1/completions",
@@ -401,7 +254,7 @@ async fn stop_strings_seeds_and_n() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_equal_sequential_ones() -> anyhow::Result<()> {
-    let srv = TestServer::start().await?;
+    let srv = TestServer::start("reference").await?;
     let requests: Vec<(&str, Value)> = vec![
         (
             "/v1/completions",
@@ -450,7 +303,7 @@ fn strip_volatile(mut v: Value) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_calls_come_back_in_openai_shape() -> anyhow::Result<()> {
-    let srv = TestServer::start().await?;
+    let srv = TestServer::start("reference").await?;
     // SmolLM2-135M follows the tools convention when the conversation shows it twice
     let call = |id: &str, city: &str| {
         json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
@@ -488,11 +341,9 @@ async fn tool_calls_come_back_in_openai_shape() -> anyhow::Result<()> {
     // streamed, the same call arrives as a tool_calls delta
     let mut sbody = body.clone();
     sbody["stream"] = json!(true);
-    let events = srv.stream("/v1/chat/completions", &sbody).await?;
     let mut streamed_calls = Vec::new();
     let mut finish = None;
-    for d in events.iter().filter(|d| *d != "[DONE]") {
-        let c: Value = serde_json::from_str(d)?;
+    for c in srv.stream("/v1/chat/completions", &sbody).await? {
         let ch = &c["choices"][0];
         streamed_calls.extend(
             ch["delta"]["tool_calls"]
@@ -517,9 +368,9 @@ async fn tool_calls_come_back_in_openai_shape() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn models_health_tokenize_detokenize() -> anyhow::Result<()> {
-    let srv = TestServer::start().await?;
+    let srv = TestServer::start("reference").await?;
     // `model` may be omitted (the probes' reference client does)
-    let (s, v) = srv
+    let (s, _, v) = srv
         .post_raw(
             "/v1/completions",
             json!({"prompt": PROMPT, "max_tokens": 1}).to_string(),
@@ -555,7 +406,7 @@ async fn models_health_tokenize_detokenize() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
-    let srv = TestServer::start().await?;
+    let srv = TestServer::start("reference").await?;
     let too_long: Vec<u32> = vec![28; 8193];
     // one request's work is bounded: at most 64 prompts, and at most 4 contexts' worth of
     // prompt tokens in all (40 prompts of 1000 tokens each fit one context apiece)
@@ -593,7 +444,7 @@ async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
             Ok(v @ Value::Object(_)) => with_model(&v).to_string(),
             _ => body,
         };
-        let (got, v) = srv.post_raw(path, body.clone()).await?;
+        let (got, _, v) = srv.post_raw(path, body.clone()).await?;
         assert_eq!(got, status, "{path} {body}: {v}");
         let err = &v["error"];
         assert!(
@@ -612,7 +463,7 @@ async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_stream_does_not_hang_the_server() -> anyhow::Result<()> {
-    let srv = TestServer::start().await?;
+    let srv = TestServer::start("reference").await?;
     let body = json!({"messages": [{"role": "user", "content": "Write a long essay."}], "max_tokens": 2000,
                       "temperature": 0, "stream": true});
     let mut resp = srv
@@ -639,7 +490,7 @@ async fn a_dropped_stream_does_not_hang_the_server() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hf_directory_serves_the_same_answers_as_the_gguf() -> anyhow::Result<()> {
     // tokenizer.json + tokenizer_config.json (template, bos/eos) instead of GGUF metadata
-    let gguf = TestServer::start().await?;
+    let gguf = TestServer::start("reference").await?;
     let hf = TestServer::start_on(&common::hf_fixture_dir()?).await?;
     let chat = json!({"messages": [{"role": "system", "content": "Be brief."},
                                    {"role": "user", "content": "Name a large city in Japan."}],

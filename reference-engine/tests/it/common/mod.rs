@@ -9,7 +9,6 @@
 
 #![allow(dead_code)]
 
-pub mod profiled;
 pub mod server;
 
 use std::path::PathBuf;
