@@ -344,10 +344,25 @@ impl ApiError {
         e
     }
 
-    /// The request body did not parse into the expected shape.
+    /// The request body is not JSON.
     pub(crate) fn bad_json(err: &serde_json::Error) -> Self {
         let mut e = Self::bad_request(format!("invalid request body: {err}"), None);
         e.body.error.code = Some("invalid_json".into());
+        e
+    }
+
+    /// The request body is JSON of the wrong shape: an `invalid_type` naming the field at
+    /// fault (`max_tokens`, `messages[0].role`), as the gateway and OpenAI do.
+    pub(crate) fn bad_shape(err: &serde_path_to_error::Error<serde_json::Error>) -> Self {
+        let path = err.path().to_string();
+        let at_root = path == ".";
+        let message = if at_root {
+            format!("invalid request body: {}", err.inner())
+        } else {
+            format!("invalid request body: {path}: {}", err.inner())
+        };
+        let mut e = Self::bad_request(message, (!at_root).then_some(path.as_str()));
+        e.body.error.code = Some("invalid_type".into());
         e
     }
 
@@ -427,7 +442,7 @@ pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<
         o.entry("model")
             .or_insert_with(|| serde_json::Value::String(String::new()));
     }
-    serde_json::from_value(v).map_err(|e| ApiError::bad_json(&e))
+    serde_path_to_error::deserialize(v).map_err(|e| ApiError::bad_shape(&e))
 }
 
 /// Unix seconds now.

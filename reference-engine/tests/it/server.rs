@@ -414,8 +414,7 @@ async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
     let many_tokens = vec![vec![28u32; 1000]; 40];
     let cases: Vec<(&str, String, u16, Option<&str>)> = vec![
         ("/v1/completions", "{not json".into(), 400, Some("invalid_json")),
-        ("/v1/chat/completions", "[1, 2]".into(), 400, Some("invalid_json")),
-        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).to_string(), 400, Some("invalid_json")),
+        ("/v1/chat/completions", "[1, 2]".into(), 400, Some("invalid_type")),
         ("/v1/completions", json!({"prompt": [1, 2, 99999999]}).to_string(), 400, Some("token_out_of_vocab")),
         ("/v1/completions", json!({"prompt": [49152]}).to_string(), 400, Some("token_out_of_vocab")),
         ("/v1/completions", json!({"prompt": too_long, "echo": true, "logprobs": 1, "max_tokens": 0}).to_string(), 400, Some("context_length_exceeded")),
@@ -435,7 +434,7 @@ async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
         ("/v1/score", json!({"tokens": [1, 2], "text": "both"}).to_string(), 400, None),
         ("/v1/score", json!({"tokens": [1, 2], "top_k": 21}).to_string(), 400, None),
         ("/v1/score", json!({"tokens": []}).to_string(), 400, None),
-        ("/v1/score", json!({"tokens": [1], "surprise": true}).to_string(), 400, Some("invalid_json")),
+        ("/v1/score", json!({"tokens": [1], "surprise": true}).to_string(), 400, Some("invalid_type")),
         ("/detokenize", json!({"tokens": [1, 4000000]}).to_string(), 400, Some("token_out_of_vocab")),
         ("/v1/nowhere", "{}".into(), 404, None),
     ];
@@ -455,6 +454,44 @@ async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
         if let Some(code) = code {
             assert_eq!(err["code"], code, "{path} {body}: {v}");
         }
+    }
+    // JSON of the wrong shape: an `invalid_type` naming the field at fault, as OpenAI does
+    let user = json!([{"role": "user", "content": "x"}]);
+    let wrong_types = [
+        (
+            "/v1/chat/completions",
+            json!({"messages": user, "temperature": "hot"}),
+            "temperature",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": user, "max_tokens": -1}),
+            "max_tokens",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": 7, "content": "x"}]}),
+            "messages[0].role",
+        ),
+        ("/v1/completions", json!({"prompt": "hi", "n": "two"}), "n"),
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "echo": 1}),
+            "echo",
+        ),
+        ("/v1/score", json!({"tokens": [1, -2]}), "tokens[1]"),
+    ];
+    for (path, body, param) in wrong_types {
+        let (got, v) = srv.post(path, &body).await?;
+        assert_eq!(got, 400, "{path} {body}: {v}");
+        let err = &v["error"];
+        assert_eq!(
+            (err["code"].as_str(), err["param"].as_str()),
+            (Some("invalid_type"), Some(param)),
+            "{path} {body}: {v}"
+        );
+        let message = err["message"].as_str().unwrap_or_default();
+        assert!(message.contains(param), "{message}");
     }
     // the server is still healthy after all that
     assert_eq!(srv.get("/healthz").await?.0, 200);
