@@ -172,13 +172,8 @@ pub(crate) fn finish(state: &AppState, ctx: &mut RequestCtx, mut last: RequestRe
         if let Some(kind) = r
             .error_kind
             .as_ref()
-            // neither is the endpoint's failure: the client left, or another endpoint was faster
-            .filter(|k| {
-                !matches!(
-                    ErrorKind::parse(k),
-                    Some(ErrorKind::ClientDisconnect | ErrorKind::HedgeLost)
-                )
-            })
+            // not the endpoint's failure: the client left, or another endpoint was faster
+            .filter(|k| ErrorKind::parse(k).is_none_or(ErrorKind::may_be_the_endpoints))
         {
             m.upstream_errors
                 .get_or_create(&ErrorLabels {

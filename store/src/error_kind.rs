@@ -113,6 +113,24 @@ impl ErrorKind {
     pub fn parse(s: &str) -> Option<ErrorKind> {
         ErrorKind::ALL.into_iter().find(|k| k.as_str() == s)
     }
+
+    /// Whether an attempt that ended this way may be the endpoint's failure: every kind but
+    /// the client going away and a hedge the gateway cancelled because another endpoint
+    /// answered first. (An `upstream_4xx` may still be the request's own fault: see
+    /// [`refuses_the_request`].)
+    pub fn may_be_the_endpoints(self) -> bool {
+        !matches!(self, ErrorKind::ClientDisconnect | ErrorKind::HedgeLost)
+    }
+}
+
+/// 4xx statuses that are the endpoint's (or the gateway's credentials'), not the request's:
+/// the provider refused our key (401, 403, 407) or timed out reading the request (408).
+pub const ENDPOINT_4XX: [u16; 4] = [401, 403, 407, 408];
+
+/// Whether an answer with `status` refused the request itself (400, 404, 413, 422, ...: any
+/// 4xx but 429 and [`ENDPOINT_4XX`]): the client's fault, not the endpoint's.
+pub fn refuses_the_request(status: Option<u16>) -> bool {
+    status.is_some_and(|s| (400..500).contains(&s) && s != 429 && !ENDPOINT_4XX.contains(&s))
 }
 
 impl std::fmt::Display for ErrorKind {

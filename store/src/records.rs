@@ -20,7 +20,7 @@ use sqlx::{Database, QueryBuilder, Row};
 use crate::connect::Pool;
 use crate::probe_runs::text;
 use crate::rollups::Deltas;
-use crate::{Store, StoreError};
+use crate::{ErrorKind, Store, StoreError};
 
 /// A new request id, `req-` then 28 hex digits: the 48 low bits of `ts_ms` (unix
 /// milliseconds, so ids sort by time until the year 10889) and 64 random bits (two gateways'
@@ -123,6 +123,20 @@ impl RequestRecord {
             + opt(&self.error_kind)
             + opt(&self.finish_reason)
             + opt(&self.tool_finish_mismatch)
+    }
+
+    /// Whether this attempt failed by the endpoint's doing — what an endpoint's error rate
+    /// counts: it carries an error kind, and neither the client nor the gateway caused it (not
+    /// a client that went away, not a hedge cancelled because another endpoint answered first,
+    /// not a 4xx that refused the request itself, see [`crate::refuses_the_request`]). A name
+    /// no version of samewise writes counts as a failure.
+    pub fn failed_by_endpoint(&self) -> bool {
+        match self.error_kind.as_deref().map(ErrorKind::parse) {
+            None => false,
+            Some(None) => true,
+            Some(Some(ErrorKind::Upstream4xx)) => !crate::refuses_the_request(self.status),
+            Some(Some(k)) => k.may_be_the_endpoints(),
+        }
     }
 }
 

@@ -110,7 +110,9 @@ pub struct Rollup {
     pub requests: i64,
     /// Attempts whose answer reached the client.
     pub final_requests: i64,
-    /// Attempts with an error kind.
+    /// Attempts that failed by the endpoint's doing ([`RequestRecord::failed_by_endpoint`]:
+    /// not a client that left, a lost hedge or a 4xx refusing the request; those are still
+    /// counted by kind).
     pub errors: i64,
     /// Attempts that returned tool calls or disagreed on the finish reason (the tool-call
     /// error rate's denominator).
@@ -202,7 +204,7 @@ impl Rollup {
     pub fn add(&mut self, r: &RequestRecord) {
         self.requests += 1;
         self.final_requests += i64::from(r.final_attempt);
-        self.errors += i64::from(r.error_kind.is_some());
+        self.errors += i64::from(r.failed_by_endpoint());
         let tool_related = r.tool_calls > 0 || r.tool_finish_mismatch.is_some();
         self.tool_requests += i64::from(tool_related);
         self.tool_errored += i64::from(r.tool_errored);

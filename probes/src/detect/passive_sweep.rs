@@ -38,24 +38,18 @@ struct Test {
     text: String,
 }
 
-/// 4xx statuses that are the endpoint's (or the gateway's credentials'), not the request's:
-/// the provider refused our key (401, 403, 407) or timed out reading the request (408).
-const ENDPOINT_4XX: [u16; 4] = [401, 403, 407, 408];
-
 /// Whether a record's failure is the client's or the traffic's doing, not the endpoint's: the
 /// client went away (`client_disconnect`), the gateway cancelled a hedged attempt that another
 /// endpoint beat (`hedge_lost`), the endpoint rate limited (429), or it refused the request
-/// itself (400, 404, 413, 422, ...: any 4xx but [`ENDPOINT_4XX`]).
+/// itself ([`samewise_store::refuses_the_request`]: 400, 404, 413, 422, ...).
 fn blames_client(r: &RequestRecord) -> bool {
-    let client_4xx = r
-        .status
-        .is_some_and(|s| (400..500).contains(&s) && !ENDPOINT_4XX.contains(&s));
     match r.error_kind.as_deref().map(ErrorKind::parse) {
-        Some(Some(ErrorKind::ClientDisconnect | ErrorKind::HedgeLost | ErrorKind::RateLimited)) => {
-            true
+        Some(Some(ErrorKind::RateLimited)) => true,
+        None | Some(Some(ErrorKind::Upstream4xx)) => {
+            r.status == Some(429) || samewise_store::refuses_the_request(r.status)
         }
-        None | Some(Some(ErrorKind::Upstream4xx)) => client_4xx,
-        Some(_) => false,
+        Some(Some(k)) => !k.may_be_the_endpoints(),
+        Some(None) => false,
     }
 }
 

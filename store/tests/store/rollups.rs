@@ -8,6 +8,7 @@ use samewise_store::{KeyOptions, ProbeRun, ProbeRunQuery, RollupQuery};
 
 both!(
     rollups_follow_inserts,
+    errors_are_the_endpoints_failures,
     strings_that_store_alike_roll_up_as_one,
     long_ranges_read_hours_and_minute_edges,
     day_hour_and_minute_covers_sum_like_the_minutes,
@@ -362,6 +363,48 @@ async fn rollup_series_steps(db: TestDb) -> Result<()> {
         s.endpoint_rollup_series("p/none", T0, T0 + MINUTE_MS, MINUTE_MS)
             .await?
             .is_empty()
+    );
+    Ok(())
+}
+
+/// An endpoint's `errors` count the attempts that failed by its doing; a client that left,
+/// a lost hedge and a 4xx refusing the request itself are counted by kind only.
+async fn errors_are_the_endpoints_failures(db: TestDb) -> Result<()> {
+    let failed = |id: &str, kind: &str, status: Option<u16>| RequestRecord {
+        status,
+        ..attempt(id, "p/e1", T0 + 1_000, 40.0, Some(kind))
+    };
+    let batch = vec![
+        attempt("ok", "p/e1", T0 + 1_000, 40.0, None),
+        failed("5xx", "upstream_5xx", Some(502)),
+        failed("timeout", "timeout", None),
+        failed("429", "rate_limited", Some(429)),
+        failed("key", "upstream_4xx", Some(401)),
+        failed("bad-request", "upstream_4xx", Some(400)),
+        failed("too-large", "upstream_4xx", Some(413)),
+        failed("left", "client_disconnect", Some(200)),
+        failed("hedge", "hedge_lost", None),
+        failed("unknown", "a_kind_of_the_future", Some(500)),
+    ];
+    db.store.insert_request_records(&batch).await?;
+    let all = db
+        .store
+        .endpoint_rollups(&RollupQuery {
+            since_ms: T0,
+            until_ms: T0 + MINUTE_MS,
+            ..RollupQuery::default()
+        })
+        .await?;
+    ensure!(all.len() == 1, "{all:?}");
+    let t = &all[0].totals;
+    // 5xx, timeout, 429, 401 and the unknown kind
+    ensure!(t.requests == 10 && t.errors == 5, "{t:?}");
+    let kinds = &all[0].error_kinds;
+    ensure!(
+        kinds.get("upstream_4xx") == Some(&3)
+            && kinds.get("client_disconnect") == Some(&1)
+            && kinds.get("hedge_lost") == Some(&1),
+        "{kinds:?}"
     );
     Ok(())
 }
