@@ -211,6 +211,11 @@ impl Store {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
+            // statement journals (and temporary tables) in memory, not in files under /var/tmp:
+            // each multi-row insert of a record batch (an explicit transaction) keeps one,
+            // holding a copy of every page it changes — about 900 pages of 4 KiB written to
+            // a new temporary file per batch of 1,000 records (`strace`, 1,000 requests/s)
+            .pragma("temp_store", "memory")
             .busy_timeout(SQLITE_BUSY_TIMEOUT)
             .foreign_keys(true);
         let mut pool_options = SqlitePoolOptions::new()
@@ -234,5 +239,35 @@ impl Store {
         Ok(Store {
             pool: Pool::Sqlite(pool),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every pooled SQLite connection keeps its statement journals and temporary tables in
+    /// memory (`temp_store` 2), so a record batch writes no temporary file.
+    #[tokio::test]
+    async fn sqlite_connections_keep_temporary_data_in_memory()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = Store::connect(None, dir.path()).await?;
+        let Pool::Sqlite(pool) = &store.pool else {
+            return Err("no URL should open SQLite".into());
+        };
+        // more connections than the pool's first, each asked on its own
+        let mut held = Vec::new();
+        for _ in 0..SQLITE_MAX_CONNECTIONS {
+            let mut conn = pool.acquire().await?;
+            let temp_store: i64 = sqlx::query_scalar("PRAGMA temp_store")
+                .fetch_one(&mut *conn)
+                .await?;
+            assert_eq!(temp_store, 2, "temp_store is MEMORY (2)");
+            held.push(conn);
+        }
+        drop(held);
+        store.close().await;
+        Ok(())
     }
 }
