@@ -54,6 +54,18 @@ fn attempt(id: &str, endpoint: &str, ts_ms: i64, ttft: f64, error: Option<&str>)
 /// A fixed minute-aligned base time (2026-01-01T00:00Z).
 const T0: i64 = 1_767_225_600_000;
 
+/// Every endpoint's rollup over the minute from [`T0`].
+async fn first_minute(db: &TestDb) -> Result<Vec<samewise_store::EndpointRollup>> {
+    Ok(db
+        .store
+        .endpoint_rollups(&RollupQuery {
+            since_ms: T0,
+            until_ms: T0 + MINUTE_MS,
+            ..RollupQuery::default()
+        })
+        .await?)
+}
+
 async fn rollups_follow_inserts(db: TestDb) -> Result<()> {
     let s = &db.store;
     let mut batch = vec![
@@ -155,14 +167,7 @@ async fn strings_that_store_alike_roll_up_as_one(db: TestDb) -> Result<()> {
     let mut b = attempt("b", "p/e\u{FFFD}x", T0 + 2_000, 40.0, None);
     b.finish_reason = Some(format!("{long}2"));
     db.store.insert_request_records(&[a, b]).await?;
-    let all = db
-        .store
-        .endpoint_rollups(&RollupQuery {
-            since_ms: T0,
-            until_ms: T0 + MINUTE_MS,
-            ..RollupQuery::default()
-        })
-        .await?;
+    let all = first_minute(&db).await?;
     ensure!(all.len() == 1, "{all:?}");
     ensure!(all[0].endpoint == "p/e\u{FFFD}x" && all[0].totals.requests == 2);
     ensure!(
@@ -387,14 +392,7 @@ async fn errors_are_the_endpoints_failures(db: TestDb) -> Result<()> {
         failed("unknown", "a_kind_of_the_future", Some(500)),
     ];
     db.store.insert_request_records(&batch).await?;
-    let all = db
-        .store
-        .endpoint_rollups(&RollupQuery {
-            since_ms: T0,
-            until_ms: T0 + MINUTE_MS,
-            ..RollupQuery::default()
-        })
-        .await?;
+    let all = first_minute(&db).await?;
     ensure!(all.len() == 1, "{all:?}");
     let t = &all[0].totals;
     // 5xx, timeout, 429, 401 and the unknown kind
