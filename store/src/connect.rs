@@ -212,9 +212,9 @@ impl Store {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             // statement journals (and temporary tables) in memory, not in files under /var/tmp:
-            // each multi-row insert of a record batch (an explicit transaction) keeps one,
-            // holding a copy of every page it changes — about 900 pages of 4 KiB written to
-            // a new temporary file per batch of 1,000 records (`strace`, 1,000 requests/s)
+            // a record batch's savepoint keeps one, a copy of every page the batch changes,
+            // which SQLite spilled past 64 KiB to a new temporary file — about 900 pages of
+            // 4 KiB per batch of 1,000 records (`strace`, 1,000 requests/s)
             .pragma("temp_store", "memory")
             .busy_timeout(SQLITE_BUSY_TIMEOUT)
             .foreign_keys(true);

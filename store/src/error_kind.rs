@@ -125,7 +125,7 @@ impl ErrorKind {
 
 /// 4xx statuses that are the endpoint's (or the gateway's credentials'), not the request's:
 /// the provider refused our key (401, 403, 407) or timed out reading the request (408).
-pub const ENDPOINT_4XX: [u16; 4] = [401, 403, 407, 408];
+const ENDPOINT_4XX: [u16; 4] = [401, 403, 407, 408];
 
 /// Whether an answer with `status` refused the request itself (400, 404, 413, 422, ...: any
 /// 4xx but 429 and [`ENDPOINT_4XX`]): the client's fault, not the endpoint's.

@@ -57,7 +57,7 @@ pub use alerts::{Alert, AlertQuery, AlertState, NewAlert};
 pub use bodies::{BodyQuery, BodyWrite, CapturedBody, CaseQuery, NewCapturedBody, RegressionCase};
 pub use connect::{Backend, DEFAULT_SQLITE_FILE, Store};
 pub use error::StoreError;
-pub use error_kind::{ENDPOINT_4XX, ErrorKind, refuses_the_request};
+pub use error_kind::{ErrorKind, refuses_the_request};
 pub use evals::{EvalJob, EvalResult, JobProgress, JobState, Lease, NewEvalJob};
 pub use keys::{ApiKey, KeyOptions, hash_key, key_digest};
 pub use probe_runs::{ProbeRun, ProbeRunCount, ProbeRunQuery};
