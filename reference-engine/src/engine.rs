@@ -487,7 +487,7 @@ impl Engine {
                 params.top_logprobs
             )));
         }
-        if let Some(why) = params.sampling.invalid() {
+        if let Some((_, why)) = params.sampling.invalid() {
             return Err(EngineError::InvalidRequest(why));
         }
         let mut sampler = Sampler::new(params.sampling.clone());

@@ -229,32 +229,39 @@ impl SamplingParams {
         self.repetition_penalty != 1.0
     }
 
-    /// What is wrong with these parameters, if anything (the ranges the API allows).
-    pub fn invalid(&self) -> Option<String> {
+    /// The first parameter out of its range, if any: its API name and what is wrong. The one
+    /// range check for library callers and the HTTP API (which adds only type checks).
+    pub fn invalid(&self) -> Option<(&'static str, String)> {
         let in_range = |x: f32, lo: f32, hi: f32| x.is_finite() && (lo..=hi).contains(&x);
+        let bad =
+            |param: &'static str, range: &str| Some((param, format!("{param} must be {range}")));
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return Some("temperature must be >= 0".into());
+            return bad("temperature", ">= 0");
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Some("top_p must be in (0, 1]".into());
+            return bad("top_p", "in (0, 1]");
         }
         if !in_range(self.min_p, 0.0, 1.0) {
-            return Some("min_p must be in [0, 1]".into());
+            return bad("min_p", "in [0, 1]");
         }
-        if !in_range(self.presence_penalty, -2.0, 2.0)
-            || !in_range(self.frequency_penalty, -2.0, 2.0)
-        {
-            return Some("presence_penalty and frequency_penalty must be in [-2, 2]".into());
+        if !in_range(self.presence_penalty, -2.0, 2.0) {
+            return bad("presence_penalty", "in [-2, 2]");
+        }
+        if !in_range(self.frequency_penalty, -2.0, 2.0) {
+            return bad("frequency_penalty", "in [-2, 2]");
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty <= 100.0) {
-            return Some("repetition_penalty must be in (0, 100]".into());
+            return bad("repetition_penalty", "in (0, 100]");
         }
-        if self
+        if let Some(&(token, _)) = self
             .logit_bias
             .iter()
-            .any(|&(_, b)| !in_range(b, -100.0, 100.0))
+            .find(|&&(_, b)| !in_range(b, -100.0, 100.0))
         {
-            return Some("logit_bias values must be in [-100, 100]".into());
+            return Some((
+                "logit_bias",
+                format!("logit_bias for token {token} must be in [-100, 100]"),
+            ));
         }
         None
     }

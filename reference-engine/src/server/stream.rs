@@ -191,32 +191,23 @@ impl GenRequest {
         extra: &samewise_wire::Extra,
         vocab_size: usize,
     ) -> Result<Self, ApiError> {
-        let number = |name: &'static str, ok: fn(f64) -> bool, range: &str| match extra
-            .get(name)
-            .filter(|v| !v.is_null())
-        {
+        // types here; ranges in `SamplingParams::invalid`, the library's own check, below
+        let number = |name: &'static str| match extra.get(name).filter(|v| !v.is_null()) {
             None => Ok(None),
-            Some(v) => match v.as_f64() {
-                Some(x) if ok(x) => Ok(Some(x as f32)),
-                _ => Err(ApiError::bad_request(
-                    format!("{name} must be a number {range}"),
-                    Some(name),
-                )),
-            },
+            Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| {
+                ApiError::bad_request(format!("{name} must be a number"), Some(name))
+            }),
         };
-        let penalty = |x: f64| (-2.0..=2.0).contains(&x);
-        if let Some(x) = number("presence_penalty", penalty, "between -2 and 2")? {
-            self.sampling.presence_penalty = x;
-        }
-        if let Some(x) = number("frequency_penalty", penalty, "between -2 and 2")? {
-            self.sampling.frequency_penalty = x;
-        }
-        let repetition = |x: f64| x > 0.0 && x <= 100.0;
-        if let Some(x) = number("repetition_penalty", repetition, "above 0 (at most 100)")? {
-            self.sampling.repetition_penalty = x;
-        }
-        if let Some(x) = number("min_p", |x| (0.0..=1.0).contains(&x), "between 0 and 1")? {
-            self.sampling.min_p = x;
+        let sampling = &mut self.sampling;
+        for (name, field) in [
+            ("presence_penalty", &mut sampling.presence_penalty),
+            ("frequency_penalty", &mut sampling.frequency_penalty),
+            ("repetition_penalty", &mut sampling.repetition_penalty),
+            ("min_p", &mut sampling.min_p),
+        ] {
+            if let Some(x) = number(name)? {
+                *field = x;
+            }
         }
         match extra.get("top_k").filter(|v| !v.is_null()) {
             None => {}
@@ -246,14 +237,11 @@ impl GenRequest {
                                 vocab_size.saturating_sub(1)
                             ))
                         })?;
-                    let bias = value
-                        .as_f64()
-                        .filter(|b| (-100.0..=100.0).contains(b))
-                        .ok_or_else(|| {
-                            bad(format!(
-                                "logit_bias value for token {token} must be a number between -100 and 100"
-                            ))
-                        })?;
+                    let bias = value.as_f64().ok_or_else(|| {
+                        bad(format!(
+                            "logit_bias value for token {token} must be a number"
+                        ))
+                    })?;
                     self.sampling.logit_bias.push((token, bias as f32));
                 }
                 self.sampling.logit_bias.sort_by_key(|&(t, _)| t);
@@ -263,6 +251,9 @@ impl GenRequest {
                     "logit_bias must be an object from token ids to biases".into()
                 ));
             }
+        }
+        if let Some((param, why)) = self.sampling.invalid() {
+            return Err(ApiError::bad_request(why, Some(param)));
         }
         Ok(self)
     }
