@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -23,7 +23,7 @@ use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use bytes::Bytes;
 use http_body::Frame;
-use samewise_wire::ModelList;
+use samewise_wire::{ModelList, ModelObject};
 use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
@@ -35,12 +35,13 @@ use crate::record::RequestCtx;
 use crate::state::AppState;
 
 /// The gateway's routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
-/// `/metrics`, `/healthz`; anything else is an OpenAI-shaped 404.
+/// `/v1/models/{model}`, `/metrics`, `/healthz`; anything else is an OpenAI-shaped 404.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{*model}", get(model))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .fallback(not_found)
@@ -430,30 +431,59 @@ async fn completions(State(state): State<AppState>, req: Request) -> Response {
 }
 
 async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    if let Err(e) = state.inner.auth.authenticate(&headers).await {
-        let ts_ms = samewise_store::now_ms();
-        let mut ctx = RequestCtx {
-            request_id: samewise_store::new_request_id(ts_ms, &mut state.rng()),
-            ts_ms,
-            started: tokio::time::Instant::now(),
-            key_id: None,
-            model: String::new(),
-            model_label: crate::metrics::UNKNOWN_MODEL.to_owned(),
-            route: "models",
-            stream: false,
-            prompt_chars: 0,
-            earlier: Vec::new(),
-            capture: None,
-            answer: None,
-        };
-        let rec = ctx.rejected_record(e.status_code().as_u16(), e.code());
-        crate::record::finish(&state, &mut ctx, rec);
-        return e.into_response();
+    if let Err(refused) = allowed_to_list(&state, &headers).await {
+        return refused;
     }
     let mut names: Vec<String> = state.inner.models.keys().cloned().collect();
     names.sort();
-    let list = ModelList::of(names, "samewise", 0);
-    match serde_json::to_string(&list) {
+    json_ok(&ModelList::of(names, "samewise", 0), "model list")
+}
+
+/// `GET /v1/models/{model}`: the model's entry of `/v1/models`, or an OpenAI-shaped 404
+/// (`model_not_found`). A model's name may hold slashes (`org/name`).
+async fn model(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(refused) = allowed_to_list(&state, &headers).await {
+        return refused;
+    }
+    if !state.inner.models.contains_key(&id) {
+        return ApiError::ModelNotFound { model: id }.into_response();
+    }
+    json_ok(&ModelObject::new(id, "samewise", 0), "model")
+}
+
+/// Whether `headers` carry a valid key for the model routes; a refusal is recorded as the
+/// chat routes record theirs, and comes back as the response to send.
+async fn allowed_to_list(state: &AppState, headers: &HeaderMap) -> Result<(), Response> {
+    let Err(e) = state.inner.auth.authenticate(headers).await else {
+        return Ok(());
+    };
+    let ts_ms = samewise_store::now_ms();
+    let mut ctx = RequestCtx {
+        request_id: samewise_store::new_request_id(ts_ms, &mut state.rng()),
+        ts_ms,
+        started: tokio::time::Instant::now(),
+        key_id: None,
+        model: String::new(),
+        model_label: crate::metrics::UNKNOWN_MODEL.to_owned(),
+        route: "models",
+        stream: false,
+        prompt_chars: 0,
+        earlier: Vec::new(),
+        capture: None,
+        answer: None,
+    };
+    let rec = ctx.rejected_record(e.status_code().as_u16(), e.code());
+    crate::record::finish(state, &mut ctx, rec);
+    Err(e.into_response())
+}
+
+/// `value` as a 200 JSON response (`what` names it in the 500 if it cannot be serialised).
+fn json_ok(value: &impl serde::Serialize, what: &'static str) -> Response {
+    match serde_json::to_string(value) {
         Ok(json) => (
             [(
                 header::CONTENT_TYPE,
@@ -462,7 +492,7 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
             json,
         )
             .into_response(),
-        Err(_) => ApiError::Internal { what: "model list" }.into_response(),
+        Err(_) => ApiError::Internal { what }.into_response(),
     }
 }
 

@@ -128,14 +128,21 @@ impl ModelList {
             object: "list".to_owned(),
             data: ids
                 .into_iter()
-                .map(|id| ModelObject {
-                    id,
-                    object: "model".to_owned(),
-                    created,
-                    owned_by: owner.to_owned(),
-                    extra: Extra::new(),
-                })
+                .map(|id| ModelObject::new(id, owner, created))
                 .collect(),
+        }
+    }
+}
+
+impl ModelObject {
+    /// Model `id`, owned by `owner`, with no provider-specific fields.
+    pub fn new(id: String, owner: &str, created: u64) -> Self {
+        ModelObject {
+            id,
+            object: "model".to_owned(),
+            created,
+            owned_by: owner.to_owned(),
+            extra: Extra::new(),
         }
     }
 }

@@ -272,6 +272,17 @@ async fn completions_route_and_models_list() -> Result<()> {
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], "smol");
     assert_eq!(v["data"].as_array().map(Vec::len), Some(1));
+    // OpenAI's `models.retrieve`: the list's entry, or a 404 naming the code
+    let resp = gw.get("/v1/models/smol").await?;
+    assert_eq!(resp.status(), 200);
+    let one: serde_json::Value = serde_json::from_slice(&resp.bytes().await?)?;
+    assert_eq!(one, v["data"][0]);
+    for other in ["/v1/models/gpt-4o", "/v1/models/org/smol", "/v1/models/"] {
+        let resp = gw.get(other).await?;
+        assert_eq!(resp.status(), 404, "{other}");
+        let e: serde_json::Value = serde_json::from_slice(&resp.bytes().await?)?;
+        assert!(e["error"]["message"].is_string(), "{other}: {e}");
+    }
     gw.stop().await
 }
 

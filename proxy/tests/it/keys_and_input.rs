@@ -54,8 +54,10 @@ async fn missing_or_wrong_key_is_401_and_recorded() -> Result<()> {
         );
         assert_eq!(recs[0].error_kind.as_deref(), Some("invalid_api_key"));
     }
-    let resp = gw.http.get(gw.url("/v1/models")).send().await?;
-    assert_eq!(resp.status(), 401);
+    for path in ["/v1/models", "/v1/models/smol", "/v1/models/nope"] {
+        let resp = gw.http.get(gw.url(path)).send().await?;
+        assert_eq!(resp.status(), 401, "{path}");
+    }
     assert_eq!(mock.request_count(), 0);
     gw.stop().await
 }

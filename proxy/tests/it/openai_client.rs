@@ -94,6 +94,13 @@ async fn openai_python_sdk_gets_stream_tool_call_and_logprobs_intact() -> Result
         .collect();
     assert_eq!(got["logprobs"]["logprobs"], json!(expected_lp));
     assert_eq!(got["logprobs"]["top"][0], json!(["Hello", "alt1"]));
+    // 4. the model routes, through the SDK's own types
+    assert_eq!(
+        got["models"],
+        json!({"listed": [MODEL], "retrieved": MODEL,
+               "missing": {"status": 404, "code": "model_not_found"}}),
+        "{got:#}"
+    );
 
     // the fields the app sent reached the upstream untouched (only `model` changed)
     let seen = mock.requests();

@@ -5,7 +5,9 @@ Usage: python3 openai_client.py BASE_URL API_KEY MODEL
 Runs, in this order (the Rust test scripts the mock upstream to match):
   1. a streamed chat completion with `stream_options.include_usage`;
   2. a chat completion with `tools` that comes back with a tool call;
-  3. a chat completion with `logprobs` and `top_logprobs=2`.
+  3. a chat completion with `logprobs` and `top_logprobs=2`;
+  4. `models.list()`, `models.retrieve(MODEL)`, and `models.retrieve` of an unknown name,
+     which must raise the SDK's `NotFoundError` with OpenAI's code.
 Each answer must come back intact through the SDK's own parsing; any failure raises and the
 script exits non-zero. On success it prints one JSON object summarising what came back, for
 the Rust test to compare exactly with what the mock upstream sent.
@@ -105,6 +107,17 @@ def main() -> int:
         "logprobs": [t.logprob for t in choice.logprobs.content],
         "top": [[a.token for a in t.top_logprobs] for t in choice.logprobs.content],
     }
+
+    # 4. the model routes
+    listed = [m.id for m in client.models.list()]
+    one = client.models.retrieve(model)
+    assert one.id == model and one.object == "model", f"retrieve {one!r}"
+    try:
+        client.models.retrieve("no-such-model")
+        raise AssertionError("retrieving an unknown model did not fail")
+    except openai.NotFoundError as e:
+        missing = {"status": e.status_code, "code": e.code}
+    out["models"] = {"listed": listed, "retrieved": one.id, "missing": missing}
 
     print(json.dumps(out))
     return 0

@@ -274,10 +274,12 @@ pub fn router(state: ServerState) -> Router {
         )
         .route("/v1/score", post(native::score))
         .route("/v1/models", get(native::models))
+        .route("/v1/models/{*model}", get(native::model))
         .route("/tokenize", post(native::tokenize))
         .route("/detokenize", post(native::detokenize))
         .route("/healthz", get(native::health))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
@@ -300,6 +302,15 @@ async fn not_found() -> ApiError {
         "no such route",
         "invalid_request_error",
         Some("not_found"),
+    )
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "this route does not accept that method",
+        "invalid_request_error",
+        Some("method_not_allowed"),
     )
 }
 

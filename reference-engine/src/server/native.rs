@@ -1,13 +1,14 @@
 //! The engine's own routes: `POST /v1/score` (per position logprob and top-k for token ids,
 //! text or chat messages), `POST /tokenize` and `POST /detokenize` (vLLM's shapes),
-//! `GET /v1/models` and `GET /healthz`.
+//! `GET /v1/models`, `GET /v1/models/{model}` and `GET /healthz`.
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use samewise_wire::{ModelList, ModelObject};
 use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::engine::MAX_TOP_K;
 
@@ -168,20 +169,41 @@ pub(crate) async fn detokenize(State(state): State<ServerState>, body: Bytes) ->
 }
 
 pub(crate) async fn models(State(state): State<ServerState>) -> Response {
-    let mut extra = Map::new();
-    extra.insert("max_model_len".into(), json!(state.inner.n_ctx));
-    extra.insert("profile".into(), json!(state.profile().name));
-    let list = ModelList {
+    json_response(&ModelList {
         object: "list".into(),
-        data: vec![ModelObject {
-            id: state.model_name().to_owned(),
-            object: "model".into(),
-            created: state.inner.created,
-            owned_by: "samewise".into(),
-            extra,
-        }],
-    };
-    json_response(&list)
+        data: vec![model_object(&state)],
+    })
+}
+
+/// `GET /v1/models/{model}`: the served model's entry of `/v1/models`, or an OpenAI-shaped 404
+/// (`model_not_found`) for any other name.
+pub(crate) async fn model(State(state): State<ServerState>, Path(id): Path<String>) -> Response {
+    if id != state.model_name() {
+        return ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("The model `{id}` does not exist"),
+            "invalid_request_error",
+            Some("model_not_found"),
+        )
+        .into_response();
+    }
+    json_response(&model_object(&state))
+}
+
+/// The served model as `/v1/models` lists it, with `max_model_len` and the serving profile.
+fn model_object(state: &ServerState) -> ModelObject {
+    let mut model = ModelObject::new(
+        state.model_name().to_owned(),
+        "samewise",
+        state.inner.created,
+    );
+    model
+        .extra
+        .insert("max_model_len".into(), json!(state.inner.n_ctx));
+    model
+        .extra
+        .insert("profile".into(), json!(state.profile().name));
+    model
 }
 
 pub(crate) async fn health() -> Response {

@@ -383,6 +383,16 @@ async fn models_health_tokenize_detokenize() -> anyhow::Result<()> {
     assert_eq!(s, 200);
     assert_eq!(v["data"][0]["id"], "smollm2");
     assert_eq!(v["data"][0]["max_model_len"], 8192);
+    // OpenAI's `models.retrieve`: the list's entry, or a 404 naming the code
+    assert_eq!(srv.get_ok("/v1/models/smollm2").await?, v["data"][0]);
+    for other in ["/v1/models/gpt-4o", "/v1/models/org/smollm2"] {
+        let (s, e) = srv.get(other).await?;
+        assert_eq!(
+            (s, &e["error"]["code"]),
+            (404, &json!("model_not_found")),
+            "{e}"
+        );
+    }
     let t = srv
         .ok("/tokenize", &json!({"prompt": "Hello, world! 🚀"}))
         .await?;
@@ -437,6 +447,7 @@ async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
         ("/v1/score", json!({"tokens": [1], "surprise": true}).to_string(), 400, Some("invalid_type")),
         ("/detokenize", json!({"tokens": [1, 4000000]}).to_string(), 400, Some("token_out_of_vocab")),
         ("/v1/nowhere", "{}".into(), 404, None),
+        ("/v1/models", "{}".into(), 405, Some("method_not_allowed")),
     ];
     for (path, body, status, code) in cases {
         let body = match serde_json::from_str::<Value>(&body) {
