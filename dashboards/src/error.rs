@@ -34,6 +34,9 @@ pub enum DashError {
     /// A malformed parameter.
     #[error("{0}")]
     BadRequest(String),
+    /// A route asked with a method it does not take (`GET` of an action, `DELETE` of a list).
+    #[error("this route does not accept that method")]
+    MethodNotAllowed,
     /// A named parameter with a value the server does not know (e.g. an unknown suite).
     #[error("{message}")]
     Invalid {
@@ -91,6 +94,11 @@ impl DashError {
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
                 "invalid_parameter",
+            ),
+            DashError::MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                "method_not_allowed",
             ),
             DashError::Invalid { code, .. } => {
                 (StatusCode::BAD_REQUEST, "invalid_request_error", code)

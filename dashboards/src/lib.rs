@@ -165,8 +165,9 @@ impl Dashboards {
 
 /// The dashboards' routes, without a fallback (so that it merges with the gateway's router,
 /// which owns the fallback): pages at `/`, `/endpoint`, `/compare`, `/alerts`, `/login`;
-/// assets under `/assets/`; the JSON API under `/api/v1/`. Every response gets the security
-/// headers ([`auth::security_headers`]).
+/// assets under `/assets/`; the JSON API under `/api/v1/`. A route asked with a method it does
+/// not take is a JSON 405 (`method_not_allowed`). Every response gets the security headers
+/// ([`auth::security_headers`]).
 pub fn router(state: Dashboards) -> Router {
     Router::new()
         .route("/", get(pages::overview))
@@ -192,6 +193,7 @@ pub fn router(state: Dashboards) -> Router {
         .route("/api/v1/alerts/{id}/resolve", post(api::resolve))
         .route("/api/v1/evals", get(api::eval_jobs).post(api::open_eval))
         .route("/api/v1/evals/{id}", get(api::eval_job))
+        .method_not_allowed_fallback(|| async { DashError::MethodNotAllowed })
         .layer(axum::middleware::map_response(auth::security_headers))
         .with_state(state)
 }

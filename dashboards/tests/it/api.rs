@@ -230,8 +230,19 @@ async fn alerts_list_ack_resolve() -> Result<()> {
             .status()
             == 400
     );
-    // Bearer POSTs need no CSRF token (no ambient credential)
+    // an action asked with GET, a list with DELETE: a JSON 405, with the security headers
     let id = s.unfaithful_alert;
+    for wrong in [
+        http.get(format!("{}/api/v1/alerts/{id}/ack", s.url)),
+        http.delete(format!("{}/api/v1/evals", s.url)),
+    ] {
+        let res = wrong.bearer_auth(&s.admin).send().await?;
+        ensure!(res.status() == 405, "{}", res.status());
+        ensure!(res.headers().contains_key("x-content-type-options"));
+        let e = body(res).await?;
+        ensure!(e["error"]["code"] == "method_not_allowed", "{e}");
+    }
+    // Bearer POSTs need no CSRF token (no ambient credential)
     let acked = body(
         http.post(format!("{}/api/v1/alerts/{id}/ack", s.url))
             .bearer_auth(&s.admin)
