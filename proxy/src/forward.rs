@@ -76,6 +76,24 @@ pub async fn handle(state: AppState, route: Route, headers: HeaderMap, body: Bod
     resp
 }
 
+/// A body with a `Content-Encoding` other than `identity` is refused in the client's terms:
+/// the gateway reads and forwards JSON as sent, and a compressed body would otherwise be
+/// reported as "not valid JSON".
+fn uncompressed(headers: &HeaderMap) -> Result<(), ApiError> {
+    match headers.get(header::CONTENT_ENCODING) {
+        None => Ok(()),
+        Some(v) if v.as_bytes().eq_ignore_ascii_case(b"identity") => Ok(()),
+        Some(v) => Err(ApiError::BadRequest {
+            code: "unsupported_content_encoding",
+            message: format!(
+                "the request body is compressed (`Content-Encoding: {}`); send it uncompressed",
+                String::from_utf8_lossy(v.as_bytes())
+            ),
+            param: None,
+        }),
+    }
+}
+
 /// Rejects a request before any upstream attempt, recording it.
 fn reject(state: &AppState, ctx: &mut RequestCtx, err: ApiError) -> Response {
     let rec = ctx.rejected_record(err.status_code().as_u16(), err.code());
@@ -100,6 +118,9 @@ async fn run(
         return reject(state, ctx, e);
     }
 
+    if let Err(e) = uncompressed(headers) {
+        return reject(state, ctx, e);
+    }
     let bytes = match read_limited(body, state.inner.body_limit).await {
         Ok(b) => b,
         Err(e) => return reject(state, ctx, e),

@@ -212,6 +212,26 @@ async fn bad_input_gets_openai_4xx_and_is_recorded() -> Result<()> {
     );
     assert!(!m.contains("nope"));
     assert_eq!(mock.request_count(), 0);
+    // a compressed body is named as such (it would read as "not valid JSON"); identity is fine
+    let chat = br#"{"model":"smol","messages":[{"role":"user","content":"x"}]}"#;
+    for (encoding, status) in [("gzip", 400), ("br", 400), ("Identity", 200)] {
+        let resp = gw
+            .http
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(&gw.key)
+            .header("content-encoding", encoding)
+            .body(chat.to_vec())
+            .send()
+            .await?;
+        assert_eq!(resp.status().as_u16(), status, "{encoding}");
+        if status == 400 {
+            let v = error_json(resp).await?;
+            assert_eq!(v["error"]["code"], "unsupported_content_encoding", "{v}");
+            let message = v["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains(encoding), "{v}");
+        }
+    }
+    assert_eq!(mock.request_count(), 1);
     gw.stop().await
 }
 
