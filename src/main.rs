@@ -22,7 +22,7 @@ fn main() -> std::process::ExitCode {
     match cmd::run(cli.command) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", cmd::error_line(&err));
             std::process::ExitCode::FAILURE
         }
     }

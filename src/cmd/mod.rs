@@ -60,6 +60,24 @@ pub fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
+/// `err` and its causes as one line, outermost first, separated by ": " like anyhow's `{:#}`,
+/// but leaving out a cause whose text the line already ends with: most of our error types
+/// write their source into their own message, and the line said it twice ("cannot read
+/// config file x: No such file (os error 2): No such file (os error 2)").
+pub fn error_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.is_empty() {
+            line = text;
+        } else if !line.ends_with(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+    }
+    line
+}
+
 /// Logs go to stderr, filtered by `RUST_LOG` (default `info`); `samewise demo` logs to a file
 /// of its own instead (the terminal is its summary's).
 pub fn init_tracing(command: &Command) {
@@ -98,4 +116,33 @@ pub async fn shutdown_signal() {
         () = term => {},
     }
     tracing::info!("shutdown signal received; finishing in-flight work");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_line;
+    use anyhow::Context;
+
+    #[test]
+    fn an_error_line_says_each_cause_once() {
+        let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        // a source the message already ends with is not repeated
+        let read = samewise_proxy::ProxyError::ConfigRead {
+            path: "x.toml".into(),
+            source: missing,
+        };
+        let err = Err::<(), _>(read)
+            .context("loading the gateway")
+            .unwrap_err();
+        assert_eq!(
+            error_line(&err),
+            "loading the gateway: cannot read config file x.toml: no such file"
+        );
+        // a source the message does not carry is still said
+        let plain = std::io::Error::other("disk full");
+        let err = Err::<(), _>(plain)
+            .context("writing the ladder")
+            .unwrap_err();
+        assert_eq!(error_line(&err), "writing the ladder: disk full");
+    }
 }
