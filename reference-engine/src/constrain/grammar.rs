@@ -16,7 +16,7 @@
 //! `\u` escapes of UTF-16 surrogates are not produced (astral characters are written as
 //! UTF-8). Enum and const values are matched in their compact serde_json spelling.
 
-use super::lexeme::{NumFrame, NumOut, NumSt, StrEv, StrSub, num_step, str_byte};
+use super::lexeme::{NumFrame, NumOut, StrEv, StrSub, num_step, str_byte};
 
 /// Index of a node in [`Grammar::nodes`].
 pub type NodeId = u32;
@@ -221,11 +221,7 @@ enum F {
     },
     Num {
         node: NodeId,
-        st: NumSt,
-        neg: bool,
-        digits: u8,
-        fd: u8,
-        m: u64,
+        n: NumFrame,
     },
     Arr {
         node: NodeId,
@@ -468,11 +464,7 @@ fn settle(g: &Grammar, st: &mut Vec<Frame>, alts: &mut Vec<Vec<Frame>>) -> bool 
                     },
                     Node::Num(_) => F::Num {
                         node: n,
-                        st: NumSt::Start,
-                        neg: false,
-                        digits: 0,
-                        fd: 0,
-                        m: 0,
+                        n: NumFrame::START,
                     },
                     Node::Arr { .. } => F::Arr {
                         node: n,
@@ -597,11 +589,7 @@ fn step(g: &Grammar, top: &mut Frame, inp: Option<u8>) -> Tr {
                 },
                 Some(b'-' | b'0'..=b'9') => F::Num {
                     node: n,
-                    st: NumSt::Start,
-                    neg: false,
-                    digits: 0,
-                    fd: 0,
-                    m: 0,
+                    n: NumFrame::START,
                 },
                 Some(b't') => F::Lit { node: t, pos: 0 },
                 Some(b'f') => F::Lit { node: f, pos: 0 },
@@ -634,31 +622,15 @@ fn step(g: &Grammar, top: &mut Frame, inp: Option<u8>) -> Tr {
                 StrEv::Close => Tr::Reject,
             }
         }
-        F::Num {
-            node,
-            st,
-            neg,
-            digits,
-            fd,
-            m,
-        } => {
+        F::Num { node, n } => {
             let Some(Node::Num(spec)) = g.nodes.get(*node as usize) else {
                 return Tr::Reject;
             };
-            let mut n = NumFrame {
-                st: *st,
-                neg: *neg,
-                digits: *digits,
-                fd: *fd,
-                m: *m,
-            };
-            let r = match num_step(spec, &mut n, inp) {
+            match num_step(spec, n, inp) {
                 NumOut::Reject => Tr::Reject,
                 NumOut::Stay => Tr::Stay,
                 NumOut::Pass => Tr::Pass(0),
-            };
-            (*st, *neg, *digits, *fd, *m) = (n.st, n.neg, n.digits, n.fd, n.m);
-            r
+            }
         }
         F::Arr { node, count, st } => {
             let Some(&Node::Arr { items, min, max }) = g.nodes.get(*node as usize) else {

@@ -29,8 +29,14 @@ pub(super) enum NumSt {
     Dot,
     Frac,
     E,
+    /// After `e+`.
     ESign,
+    /// Reading a positive exponent.
     Exp,
+    /// After `e-`.
+    ENeg,
+    /// Reading a negative exponent.
+    ExpNeg,
 }
 
 pub(super) enum StrEv {
@@ -144,12 +150,44 @@ pub(super) enum NumOut {
 }
 
 /// A number read so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(super) struct NumFrame {
-    pub(super) st: NumSt,
-    pub(super) neg: bool,
-    pub(super) digits: u8,
-    pub(super) fd: u8,
-    pub(super) m: u64,
+    st: NumSt,
+    neg: bool,
+    /// Digits read, integer and fraction (bounded numbers).
+    digits: u8,
+    /// Fraction digits read (bounded numbers).
+    fd: u8,
+    /// The digits read, as an integer (bounded numbers).
+    m: u64,
+    /// Integer digits read, the first not 0: the value is below `10^int_digits`.
+    int_digits: u16,
+    /// The positive exponent read so far.
+    exp: u16,
+}
+
+/// The largest decimal magnitude a number may reach: a value below `10^MAX_MAGNITUDE` is a
+/// finite f64 (`f64::MAX` is about 1.8e308), so every number the grammar lets through parses
+/// as one (serde_json, which the gateway's tool-call checks use, refuses `1e400` as "number out
+/// of range"; others read it as infinity). Negative exponents only round towards zero.
+const MAX_MAGNITUDE: u32 = 308;
+
+impl NumFrame {
+    /// Before the first byte.
+    pub(super) const START: NumFrame = NumFrame {
+        st: NumSt::Start,
+        neg: false,
+        digits: 0,
+        fd: 0,
+        m: 0,
+        int_digits: 0,
+        exp: 0,
+    };
+
+    /// Whether the value stays below `10^MAX_MAGNITUDE` with the (positive) exponent `exp`.
+    fn finite_with(&self, exp: u32) -> bool {
+        u32::from(self.int_digits) + exp <= MAX_MAGNITUDE
+    }
 }
 
 /// One input to a number reader.
@@ -170,11 +208,13 @@ pub(super) fn num_step(spec: &NumSpec, n: &mut NumFrame, inp: Option<u8>) -> Num
             n.st = NumSt::Int;
             n.m = u64::from(d - b'0');
             n.digits = 1;
+            n.int_digits = 1;
             true
         }
-        (NumSt::Int, Some(d @ b'0'..=b'9')) => {
+        (NumSt::Int, Some(d @ b'0'..=b'9')) if n.finite_with(1) => {
             n.m = n.m.saturating_mul(10).saturating_add(u64::from(d - b'0'));
             n.digits = n.digits.saturating_add(1);
+            n.int_digits += 1;
             true
         }
         (NumSt::Zero | NumSt::Int, Some(b'.'))
@@ -196,12 +236,23 @@ pub(super) fn num_step(spec: &NumSpec, n: &mut NumFrame, inp: Option<u8>) -> Num
             n.st = NumSt::E;
             true
         }
-        (NumSt::E, Some(b'+' | b'-')) => {
+        (NumSt::E, Some(b'+')) => {
             n.st = NumSt::ESign;
             true
         }
-        (NumSt::E | NumSt::ESign | NumSt::Exp, Some(b'0'..=b'9')) => {
+        (NumSt::E, Some(b'-')) => {
+            n.st = NumSt::ENeg;
+            true
+        }
+        (NumSt::E | NumSt::ESign | NumSt::Exp, Some(d @ b'0'..=b'9'))
+            if n.finite_with(u32::from(n.exp) * 10 + u32::from(d - b'0')) =>
+        {
             n.st = NumSt::Exp;
+            n.exp = n.exp * 10 + u16::from(d - b'0');
+            true
+        }
+        (NumSt::ENeg | NumSt::ExpNeg, Some(b'0'..=b'9')) => {
+            n.st = NumSt::ExpNeg;
             true
         }
         _ => false,
@@ -214,7 +265,10 @@ pub(super) fn num_step(spec: &NumSpec, n: &mut NumFrame, inp: Option<u8>) -> Num
         return NumOut::Stay;
     }
     // anything else ends the number, if it is whole and within bounds
-    let whole = matches!(n.st, NumSt::Zero | NumSt::Int | NumSt::Frac | NumSt::Exp);
+    let whole = matches!(
+        n.st,
+        NumSt::Zero | NumSt::Int | NumSt::Frac | NumSt::Exp | NumSt::ExpNeg
+    );
     if whole && (!bounded || in_bounds(spec, value(n))) {
         NumOut::Pass
     } else {
@@ -288,6 +342,6 @@ fn feasible(spec: &NumSpec, n: &NumFrame) -> bool {
             let scale = 10f64.powi(i32::from(n.fd));
             meets_mag(spec, n.neg, m / scale, (m + 1.0) / scale, false)
         }
-        NumSt::E | NumSt::ESign | NumSt::Exp => true,
+        NumSt::E | NumSt::ESign | NumSt::Exp | NumSt::ENeg | NumSt::ExpNeg => true,
     }
 }

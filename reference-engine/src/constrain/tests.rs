@@ -248,6 +248,61 @@ fn number_bounds_are_enforced_digit_by_digit() {
 }
 
 #[test]
+fn every_number_let_through_is_a_finite_f64() {
+    let big = |digits: usize| format!("1{}", "0".repeat(digits - 1));
+    let json_mode = compile(&Spec::Json { schema: None }).expect("compiles");
+    for schema in [
+        json!({"type": "number"}),
+        json!({"type": "integer"}),
+        json!({}),
+    ] {
+        let g = grammar(&schema);
+        let ok = [big(308), format!("-{}", big(308)), "7".into()];
+        for text in &ok {
+            assert!(accepts(&g, text.as_bytes()), "{schema}: {text:.20} refused");
+        }
+        let bad = [big(309), format!("-{}", big(400))];
+        for text in &bad {
+            assert!(
+                !accepts(&g, text.as_bytes()),
+                "{schema}: {text:.20} accepted"
+            );
+        }
+    }
+    let g = grammar(&json!({"type": "number"}));
+    for ok in [
+        "1e307",
+        "-9.99e307",
+        "0.5e308",
+        "1E+0000307",
+        "2e-99999",
+        "1.5e-5",
+    ] {
+        assert!(accepts(&g, ok.as_bytes()), "{ok} refused");
+        assert!(
+            serde_json::from_str::<f64>(ok).is_ok_and(f64::is_finite),
+            "{ok}"
+        );
+        let obj = format!(r#"{{"x":{ok}}}"#);
+        assert!(
+            accepts(&json_mode, obj.as_bytes()),
+            "{obj} refused in JSON mode"
+        );
+    }
+    for bad in ["1e308", "1e400", "10e307", "-1e999", "1e99999999999"] {
+        assert!(!accepts(&g, bad.as_bytes()), "{bad} accepted");
+        let obj = format!(r#"{{"x":{bad}}}"#);
+        assert!(
+            !accepts(&json_mode, obj.as_bytes()),
+            "{obj} accepted in JSON mode"
+        );
+    }
+    // refusing the digit is no dead end: the number can still end there
+    let mut s = g.start();
+    assert!(s.advance_all(&g, b"1e30") && !s.clone().advance(&g, b'9') && s.can_finish(&g));
+}
+
+#[test]
 fn objects_take_keys_in_any_order_once_with_required_ones() {
     let schema = &schemas()[0];
     let g = grammar(schema);
