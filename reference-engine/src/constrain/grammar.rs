@@ -25,6 +25,8 @@ pub type NodeId = u32;
 const ADDITIONAL: u32 = u32::MAX;
 /// Most frames on one stack (nesting depth of the output).
 pub const MAX_DEPTH: usize = 48;
+/// The height of a node that cannot be completed within [`MAX_DEPTH`] frames.
+const UNREACHABLE: u8 = MAX_DEPTH as u8 + 1;
 /// Most stacks (live readings) a state keeps.
 pub const MAX_STACKS: usize = 32;
 /// Most digits a bounded number is written with.
@@ -107,6 +109,9 @@ pub struct Grammar {
     pub root: NodeId,
     /// The nodes [`Node::Any`] dispatches to: object, array, string, number, true, false, null.
     any: [NodeId; 7],
+    /// Per node, the fewest stack frames its shortest completion needs, its own included
+    /// ([`Grammar::seal`]; [`UNREACHABLE`] when it needs more than [`MAX_DEPTH`]).
+    heights: Vec<u8>,
 }
 
 impl Grammar {
@@ -117,6 +122,7 @@ impl Grammar {
             nodes: Vec::new(),
             root: 0,
             any: [0; 7],
+            heights: Vec::new(),
         };
         let any = g.push(Node::Any);
         let obj = g.push(Node::Obj(Box::new(ObjSpec {
@@ -154,6 +160,53 @@ impl Grammar {
     pub fn push(&mut self, n: Node) -> NodeId {
         self.nodes.push(n);
         (self.nodes.len() - 1) as NodeId
+    }
+
+    /// Computes each node's height (the fewest frames its shortest completion needs); call it
+    /// once every node is pushed ([`super::compile`] does). The readers then open nothing they
+    /// could not close within [`MAX_DEPTH`]: a node starts only where its shortest completion
+    /// fits, an array takes another item and an object another key only where that value fits.
+    /// So no reading ends in a dead end (no byte allowed and the output not whole), however
+    /// deep the output nests. Recursion is resolved by iterating to the fixed point from
+    /// "unreachable"; each round settles one more level, so `MAX_DEPTH + 1` rounds suffice.
+    pub fn seal(&mut self) {
+        let mut h = vec![UNREACHABLE; self.nodes.len()];
+        for _ in 0..=MAX_DEPTH {
+            let mut changed = false;
+            for i in 0..self.nodes.len() {
+                let of = |c: NodeId| h.get(c as usize).copied().unwrap_or(UNREACHABLE);
+                let below = |c: Option<u8>| c.map_or(1, |c| c.saturating_add(1));
+                let v = match &self.nodes[i] {
+                    Node::Lit(_) | Node::Str { .. } | Node::Num(_) | Node::Any => 1,
+                    Node::Seq(cs) => below(cs.iter().map(|&c| of(c)).max()),
+                    Node::Alt(cs) => cs.iter().map(|&c| of(c)).min().unwrap_or(UNREACHABLE),
+                    Node::Arr { items, min, .. } if *min > 0 => below(Some(of(*items))),
+                    Node::Arr { .. } => 1,
+                    Node::Obj(o) => below(
+                        (0..o.keys.len())
+                            .filter(|&k| o.required & bit(k as u32) != 0)
+                            .map(|k| o.values.get(k).map_or(UNREACHABLE, |&c| of(c)))
+                            .max(),
+                    ),
+                };
+                let v = v.min(UNREACHABLE);
+                if v < h[i] {
+                    h[i] = v;
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        self.heights = h;
+    }
+
+    /// Whether node `n` can start at stack index `at` and be completed within [`MAX_DEPTH`]
+    /// frames (before [`Grammar::seal`]: whether its own frame fits).
+    fn fits(&self, n: NodeId, at: usize) -> bool {
+        let h = self.heights.get(n as usize).map_or(1, |&h| usize::from(h));
+        at + h <= MAX_DEPTH
     }
 
     /// The start state.
@@ -238,6 +291,9 @@ enum F {
         cand: u64,
         pos: u32,
         sub: StrSub,
+        /// Any key text may be written (an additional property's value fits); else only the
+        /// candidates' names.
+        free: bool,
     },
 }
 
@@ -363,10 +419,11 @@ fn feed_stack(
     forks: &mut Vec<Vec<Frame>>,
 ) -> bool {
     loop {
+        let depth = st.len();
         let Some(top) = st.last_mut() else {
             return inp.is_none();
         };
-        match step(g, top, inp) {
+        match step(g, top, inp, depth) {
             Tr::Reject => return false,
             Tr::Stay => return true,
             Tr::Redo => {}
@@ -426,6 +483,9 @@ fn settle(g: &Grammar, st: &mut Vec<Frame>, alts: &mut Vec<Vec<Frame>>) -> bool 
                 let Some(node) = g.nodes.get(n as usize) else {
                     return false;
                 };
+                if !g.fits(n, st.len() - 1) {
+                    return false;
+                }
                 let f = match node {
                     Node::Lit(b) if b.is_empty() => {
                         st.pop();
@@ -549,8 +609,8 @@ fn bit(i: u32) -> u64 {
     1u64.checked_shl(i).unwrap_or(0)
 }
 
-/// One input to the top frame.
-fn step(g: &Grammar, top: &mut Frame, inp: Option<u8>) -> Tr {
+/// One input to the top frame, `depth` frames deep (a child it starts goes at index `depth`).
+fn step(g: &Grammar, top: &mut Frame, inp: Option<u8>, depth: usize) -> Tr {
     match &mut top.0 {
         F::Start(_) | F::Seq { .. } => Tr::Reject,
         F::Lit { node, pos } => {
@@ -642,11 +702,11 @@ fn step(g: &Grammar, top: &mut Frame, inp: Option<u8>) -> Tr {
                     Tr::Stay
                 }
                 (ArrSt::First, Some(b']')) if min == 0 => Tr::Done(0),
-                (ArrSt::First, Some(b)) if b != b']' && max > 0 => {
+                (ArrSt::First, Some(b)) if b != b']' && max > 0 && g.fits(items, depth) => {
                     *st = ArrSt::ItemWait;
                     Tr::PushRedo(items)
                 }
-                (ArrSt::After, Some(b',')) if *count < max => {
+                (ArrSt::After, Some(b',')) if *count < max && g.fits(items, depth) => {
                     *st = ArrSt::ItemWait;
                     Tr::Push(items)
                 }
@@ -659,7 +719,12 @@ fn step(g: &Grammar, top: &mut Frame, inp: Option<u8>) -> Tr {
                 return Tr::Reject;
             };
             let all = all_bits(spec.keys.len());
-            let key_possible = spec.additional.is_some() || (all & !*seen) != 0;
+            // the keys that may start here: those whose value fits below this object
+            let keys = || {
+                let free = spec.additional.is_some_and(|a| g.fits(a, depth));
+                let fitting = fitting(g, spec, all & !*seen, depth);
+                (free || fitting != 0).then_some((free, fitting))
+            };
             let closable = spec.required & !*seen == 0;
             match (*st, inp) {
                 (ObjSt::Open, Some(b'{')) => {
@@ -667,21 +732,22 @@ fn step(g: &Grammar, top: &mut Frame, inp: Option<u8>) -> Tr {
                     Tr::Stay
                 }
                 (ObjSt::First | ObjSt::After, Some(b'}')) if closable => Tr::Done(0),
-                (ObjSt::First | ObjSt::NeedKey, Some(b'"')) if key_possible => {
-                    *st = ObjSt::KeyWait;
-                    let cand = if spec.additional.is_some() {
-                        all
-                    } else {
-                        all & !*seen
+                (ObjSt::First | ObjSt::NeedKey, Some(b'"')) => {
+                    let Some((free, fitting)) = keys() else {
+                        return Tr::Reject;
                     };
+                    *st = ObjSt::KeyWait;
                     Tr::PushKey(Frame(F::Key {
                         node: *node,
-                        cand,
+                        // a free key matches any declared name (a seen one is a duplicate,
+                        // refused when it ends)
+                        cand: if free { all } else { fitting },
                         pos: 0,
                         sub: StrSub::Body,
+                        free,
                     }))
                 }
-                (ObjSt::After, Some(b',')) if key_possible => {
+                (ObjSt::After, Some(b',')) if keys().is_some() => {
                     *st = ObjSt::NeedKey;
                     Tr::Stay
                 }
@@ -707,6 +773,7 @@ fn step(g: &Grammar, top: &mut Frame, inp: Option<u8>) -> Tr {
             cand,
             pos,
             sub,
+            free,
         } => {
             let Some(Node::Obj(spec)) = g.nodes.get(*node as usize) else {
                 return Tr::Reject;
@@ -719,7 +786,7 @@ fn step(g: &Grammar, top: &mut Frame, inp: Option<u8>) -> Tr {
                 (0..spec.keys.len())
                     .find(|&i| *cand & bit(i as u32) != 0 && spec.keys[i].len() == p)
             };
-            if spec.additional.is_none() {
+            if !*free {
                 if b == b'"'
                     && let Some(i) = exact()
                 {
@@ -735,7 +802,15 @@ fn step(g: &Grammar, top: &mut Frame, inp: Option<u8>) -> Tr {
             }
             match str_byte(sub, b) {
                 StrEv::Reject => Tr::Reject,
-                StrEv::Close => Tr::Done(exact().map_or(ADDITIONAL, |i| i as u32)),
+                StrEv::Close => match exact() {
+                    // a declared property's value must fit too (the key frame is on top:
+                    // the value goes where it is)
+                    Some(i) if !spec.values.get(i).is_some_and(|&v| g.fits(v, depth - 1)) => {
+                        Tr::Reject
+                    }
+                    Some(i) => Tr::Done(i as u32),
+                    None => Tr::Done(ADDITIONAL),
+                },
                 StrEv::Cont | StrEv::Char => {
                     if *cand != 0 {
                         *cand = filter(spec, *cand, p, b);
@@ -750,6 +825,20 @@ fn step(g: &Grammar, top: &mut Frame, inp: Option<u8>) -> Tr {
 
 fn all_bits(n: usize) -> u64 {
     if n >= 64 { u64::MAX } else { (1u64 << n) - 1 }
+}
+
+/// The candidates among `cand` whose value fits at stack index `at`.
+fn fitting(g: &Grammar, spec: &ObjSpec, cand: u64, at: usize) -> u64 {
+    let mut out = 0;
+    let mut rest = cand;
+    while rest != 0 {
+        let i = rest.trailing_zeros();
+        rest &= rest - 1;
+        if spec.values.get(i as usize).is_some_and(|&v| g.fits(v, at)) {
+            out |= bit(i);
+        }
+    }
+    out
 }
 
 /// The candidates among `cand` whose key has byte `b` at `p`.

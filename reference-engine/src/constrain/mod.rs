@@ -148,13 +148,17 @@ pub fn compile(spec: &Spec) -> Result<Grammar, SchemaError> {
         }
     };
     g.root = root;
+    g.seal();
     if t0.elapsed() > MAX_COMPILE_TIME {
         return Err(SchemaError(format!(
             "schema took longer than {MAX_COMPILE_TIME:?} to compile"
         )));
     }
     if g.start().is_dead() {
-        return Err(SchemaError("the schema admits no value".into()));
+        return Err(SchemaError(format!(
+            "the schema admits no value nested at most {} deep",
+            grammar::MAX_DEPTH
+        )));
     }
     Ok(g)
 }

@@ -302,6 +302,85 @@ fn every_number_let_through_is_a_finite_f64() {
     assert!(s.advance_all(&g, b"1e30") && !s.clone().advance(&g, b'9') && s.can_finish(&g));
 }
 
+/// Feeds `bytes` one at a time while they are allowed; after each, the text must be whole or
+/// able to go on (no dead end). Whether all were taken.
+fn feed_checked(g: &Grammar, st: &mut State, bytes: &[u8]) -> bool {
+    for &b in bytes {
+        if !st.advance(g, b) {
+            return false;
+        }
+        assert!(
+            st.can_continue(g) || st.can_finish(g),
+            "dead end after {:?}",
+            char::from(b)
+        );
+    }
+    true
+}
+
+#[test]
+fn nesting_to_the_depth_bound_never_paints_into_a_corner() {
+    let tree = json!({"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
+        "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["v"]}},
+        "$ref": "#/$defs/node"});
+    // each case: an opener repeated as deep as the grammar takes it, then a filler and the
+    // closer as often
+    type Case<'a> = (Option<Value>, &'a [u8], &'a [u8], &'a [u8]);
+    let cases: [Case; 4] = [
+        (None, br#"{"k":["#, b"", b"]}"),
+        (Some(json!({})), b"[", b"", b"]"),
+        (Some(json!({})), br#"{"k":"#, b"1", b"}"),
+        (Some(tree), br#"{"v":1,"kids":["#, b"", b"]}"),
+    ];
+    for (schema, opener, filler, closer) in cases {
+        let g = compile(&Spec::Json {
+            schema: schema.clone(),
+        })
+        .expect("compiles");
+        let mut st = g.start();
+        let mut depth = 0;
+        while depth < 100 {
+            let mut next = st.clone();
+            if !feed_checked(&g, &mut next, opener) {
+                break;
+            }
+            (st, depth) = (next, depth + 1);
+        }
+        assert!(depth >= 15, "{schema:?}: only {depth} levels");
+        assert!(depth < 100, "{schema:?}: no depth bound");
+        let close = [filler, &closer.repeat(depth)].concat();
+        assert!(
+            feed_checked(&g, &mut st, &close) && st.can_finish(&g),
+            "{schema:?}: {depth} levels do not close"
+        );
+    }
+    // a schema whose every instance nests without end is refused when it compiles (schema
+    // nesting is bounded at 32 levels, `$ref`s included, so only recursion gets there); a
+    // chain of required arrays that ends is not
+    let chain = |levels: usize| {
+        let mut defs = Map::new();
+        for i in 0..levels {
+            let next = json!({"$ref": format!("#/$defs/d{}", i + 1)});
+            defs.insert(
+                format!("d{i}"),
+                json!({"type": "array", "minItems": 1, "items": next}),
+            );
+        }
+        defs.insert(format!("d{levels}"), json!({"type": "integer"}));
+        json!({"$defs": defs, "$ref": "#/$defs/d0"})
+    };
+    let endless = json!({"$defs": {"n": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/n"}}},
+        "$ref": "#/$defs/n"});
+    let e = compile(&Spec::Json {
+        schema: Some(endless),
+    })
+    .expect_err("no finite instance");
+    assert!(e.0.contains("nested at most 48"), "{e:?}");
+    let g = grammar(&chain(14));
+    let text = format!("{}7{}", "[".repeat(14), "]".repeat(14));
+    assert!(accepts(&g, text.as_bytes()) && !accepts(&g, b"[[[]]]"));
+}
+
 #[test]
 fn objects_take_keys_in_any_order_once_with_required_ones() {
     let schema = &schemas()[0];
