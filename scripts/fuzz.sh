@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 MINUTES=${MINUTES:-10}
 TARGETS=("$@")
-[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(sse_decoder tool_calls request_body gguf safetensors chat_template config profile)
+[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(sse_decoder tool_calls request_body gguf safetensors chat_template config profile json_schema)
 OUT=${OUT:-../bench/out/fuzz-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT"
 for t in "${TARGETS[@]}"; do

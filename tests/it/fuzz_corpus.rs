@@ -2,9 +2,9 @@
 //! (the seeds taken from real engine streams, and what `scripts/fuzz.sh` runs found and
 //! minimised) and under `fuzz/artifacts/TARGET/` (crashes, once fixed) goes through the same
 //! property its cargo-fuzz target checks (`fuzz/fuzz_targets/`), in an ordinary test, so CI
-//! keeps every input that ever mattered without libFuzzer. The six targets added last
-//! (`request_body`, `gguf`, `safetensors`, `chat_template`, `config`, `profile`) keep their
-//! properties in `fuzz_props.rs`, a module here and the fuzz crate's library there.
+//! keeps every input that ever mattered without libFuzzer. The seven targets added last
+//! (`request_body`, `gguf`, `safetensors`, `chat_template`, `config`, `profile`, `json_schema`)
+//! keep their properties in `fuzz_props.rs`, a module here and the fuzz crate's library there.
 
 use std::path::{Path, PathBuf};
 
@@ -190,5 +190,24 @@ fn profile_corpus() -> Result<()> {
             .is_ok_and(|t| samewise_engine::Profile::from_toml(t, "corpus").is_ok())
     })?;
     ensure!(n >= 1, "no profile input is accepted");
+    Ok(())
+}
+
+#[test]
+fn json_schema_corpus() -> Result<()> {
+    replay("json_schema", props::json_schema)?;
+    let n = accepted("json_schema", |d| {
+        let mut values = serde_json::Deserializer::from_slice(d).into_iter::<serde_json::Value>();
+        values.next().and_then(Result::ok).is_some_and(|schema| {
+            let spec = samewise_engine::constrain::Spec::Json {
+                schema: Some(schema),
+            };
+            samewise_engine::constrain::compile(&spec).is_ok()
+        })
+    })?;
+    ensure!(
+        n >= 3,
+        "only {n} json_schema inputs hold a schema the engine compiles"
+    );
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! The properties of the fuzz targets `request_body`, `gguf`, `safetensors`, `chat_template`,
-//! `config` and `profile` (issue 14, item 4), one function per target. This one file is both a
+//! `config`, `profile` (issue 14, item 4) and `json_schema`, one function per target. This one file is both a
 //! module of this test binary (the corpus replay, `fuzz_corpus.rs`) and the library of the fuzz
 //! crate (`fuzz/Cargo.toml`'s `[lib]`, whose targets panic on an `Err`), so libFuzzer and CI
 //! check exactly the same thing. Each function takes one input's raw bytes and returns
@@ -326,4 +326,109 @@ pub fn profile(data: &[u8]) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Longest text [`json_schema`] writes through a grammar (each refused byte scans all 256).
+const MAX_WALK: usize = 4096;
+
+/// Constrained decoding (`samewise_engine::constrain`) under a client's JSON Schema: the input
+/// is a schema (the first JSON value) and then bytes that steer a walk through the grammar
+/// compiled from it, as `response_format` and as a tool's parameters. Compiling never panics;
+/// each byte is taken when the grammar allows it, and a refused byte picks one of the allowed
+/// bytes or the end instead, so every walk stays inside the grammar; a state that can neither
+/// continue nor end is a dead end, an error (the engine would have no token to sample). A
+/// finished walk is JSON, and an instance of the schema by an independent validator (the
+/// `jsonschema` crate, as the gateway's tool-call checks build it) whenever that compiles it;
+/// as a tool call, it is the engine's call format around such arguments.
+pub fn json_schema(data: &[u8]) -> Result<(), String> {
+    use samewise_engine::constrain::{CALL_MID, CALL_PREFIX, CALL_SUFFIX, Spec, compile};
+    let mut values = serde_json::Deserializer::from_slice(data).into_iter::<Value>();
+    let Some(Ok(schema)) = values.next() else {
+        return Ok(());
+    };
+    let walk = &data[values.byte_offset()..];
+    let validator = samewise_toolcheck::schema::compile(&schema).ok();
+    let specs = [
+        (
+            "response_format",
+            Spec::Json {
+                schema: Some(schema.clone()),
+            },
+        ),
+        (
+            "tool parameters",
+            Spec::Tools {
+                functions: vec![("f".into(), Some(schema.clone()))],
+                parallel: false,
+            },
+        ),
+    ];
+    for (as_what, spec) in specs {
+        let Ok(grammar) = compile(&spec) else {
+            continue;
+        };
+        let Some(text) = walk_grammar(&grammar, walk).map_err(|e| format!("{as_what}: {e}"))?
+        else {
+            continue;
+        };
+        let shown = String::from_utf8_lossy(&text).into_owned();
+        let json = match spec {
+            Spec::Json { .. } => &text[..],
+            Spec::Tools { .. } => {
+                let head = format!("{CALL_PREFIX}f{CALL_MID}");
+                text.strip_prefix(head.as_bytes())
+                    .and_then(|t| t.strip_suffix(CALL_SUFFIX.as_bytes()))
+                    .ok_or_else(|| format!("{as_what}: not a call of `f`: {shown:?}"))?
+            }
+        };
+        let value: Value = serde_json::from_slice(json)
+            .map_err(|e| format!("{as_what}: the grammar finished non-JSON {shown:?}: {e}"))?;
+        if let Some(v) = &validator
+            && !v.is_valid(&value)
+        {
+            return Err(format!(
+                "{as_what}: the grammar finished {shown:?}, which the schema refuses"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The text a walk steered by `walk` writes through `grammar`, None when the steering bytes
+/// (at most [`MAX_WALK`]) run out before it ends; an error at a dead end.
+fn walk_grammar(
+    grammar: &samewise_engine::constrain::Grammar,
+    walk: &[u8],
+) -> Result<Option<Vec<u8>>, String> {
+    let mut state = grammar.start();
+    let mut text = Vec::new();
+    for &b in walk.iter().take(MAX_WALK) {
+        let mut next = state.clone();
+        if next.advance(grammar, b) {
+            state = next;
+            text.push(b);
+            continue;
+        }
+        let allowed: Vec<u8> = (0..=255u8)
+            .filter(|&c| {
+                let mut s = state.clone();
+                s.advance(grammar, c)
+            })
+            .collect();
+        let can_end = state.can_finish(grammar);
+        if allowed.is_empty() && !can_end {
+            return Err(format!(
+                "dead end after {:?}: no byte allowed and the text cannot end",
+                String::from_utf8_lossy(&text)
+            ));
+        }
+        match allowed.get(usize::from(b) % (allowed.len() + usize::from(can_end))) {
+            Some(&c) => {
+                state.advance(grammar, c);
+                text.push(c);
+            }
+            None => return Ok(Some(text)),
+        }
+    }
+    Ok(state.can_finish(grammar).then_some(text))
 }
