@@ -18,6 +18,10 @@
 
 use super::lexeme::{NumFrame, NumOut, StrEv, StrSub, num_step, str_byte};
 
+mod depth;
+
+use depth::fitting;
+
 /// Index of a node in [`Grammar::nodes`].
 pub type NodeId = u32;
 
@@ -25,8 +29,6 @@ pub type NodeId = u32;
 const ADDITIONAL: u32 = u32::MAX;
 /// Most frames on one stack (nesting depth of the output).
 pub const MAX_DEPTH: usize = 48;
-/// The height of a node that cannot be completed within [`MAX_DEPTH`] frames.
-const UNREACHABLE: u8 = MAX_DEPTH as u8 + 1;
 /// Most stacks (live readings) a state keeps.
 pub const MAX_STACKS: usize = 32;
 /// Most digits a bounded number is written with.
@@ -110,7 +112,7 @@ pub struct Grammar {
     /// The nodes [`Node::Any`] dispatches to: object, array, string, number, true, false, null.
     any: [NodeId; 7],
     /// Per node, the fewest stack frames its shortest completion needs, its own included
-    /// ([`Grammar::seal`]; [`UNREACHABLE`] when it needs more than [`MAX_DEPTH`]).
+    /// ([`Grammar::seal`]; more than [`MAX_DEPTH`] when it cannot be completed within it).
     heights: Vec<u8>,
 }
 
@@ -160,53 +162,6 @@ impl Grammar {
     pub fn push(&mut self, n: Node) -> NodeId {
         self.nodes.push(n);
         (self.nodes.len() - 1) as NodeId
-    }
-
-    /// Computes each node's height (the fewest frames its shortest completion needs); call it
-    /// once every node is pushed ([`super::compile`] does). The readers then open nothing they
-    /// could not close within [`MAX_DEPTH`]: a node starts only where its shortest completion
-    /// fits, an array takes another item and an object another key only where that value fits.
-    /// So no reading ends in a dead end (no byte allowed and the output not whole), however
-    /// deep the output nests. Recursion is resolved by iterating to the fixed point from
-    /// "unreachable"; each round settles one more level, so `MAX_DEPTH + 1` rounds suffice.
-    pub fn seal(&mut self) {
-        let mut h = vec![UNREACHABLE; self.nodes.len()];
-        for _ in 0..=MAX_DEPTH {
-            let mut changed = false;
-            for i in 0..self.nodes.len() {
-                let of = |c: NodeId| h.get(c as usize).copied().unwrap_or(UNREACHABLE);
-                let below = |c: Option<u8>| c.map_or(1, |c| c.saturating_add(1));
-                let v = match &self.nodes[i] {
-                    Node::Lit(_) | Node::Str { .. } | Node::Num(_) | Node::Any => 1,
-                    Node::Seq(cs) => below(cs.iter().map(|&c| of(c)).max()),
-                    Node::Alt(cs) => cs.iter().map(|&c| of(c)).min().unwrap_or(UNREACHABLE),
-                    Node::Arr { items, min, .. } if *min > 0 => below(Some(of(*items))),
-                    Node::Arr { .. } => 1,
-                    Node::Obj(o) => below(
-                        (0..o.keys.len())
-                            .filter(|&k| o.required & bit(k as u32) != 0)
-                            .map(|k| o.values.get(k).map_or(UNREACHABLE, |&c| of(c)))
-                            .max(),
-                    ),
-                };
-                let v = v.min(UNREACHABLE);
-                if v < h[i] {
-                    h[i] = v;
-                    changed = true;
-                }
-            }
-            if !changed {
-                break;
-            }
-        }
-        self.heights = h;
-    }
-
-    /// Whether node `n` can start at stack index `at` and be completed within [`MAX_DEPTH`]
-    /// frames (before [`Grammar::seal`]: whether its own frame fits).
-    fn fits(&self, n: NodeId, at: usize) -> bool {
-        let h = self.heights.get(n as usize).map_or(1, |&h| usize::from(h));
-        at + h <= MAX_DEPTH
     }
 
     /// The start state.
@@ -825,20 +780,6 @@ fn step(g: &Grammar, top: &mut Frame, inp: Option<u8>, depth: usize) -> Tr {
 
 fn all_bits(n: usize) -> u64 {
     if n >= 64 { u64::MAX } else { (1u64 << n) - 1 }
-}
-
-/// The candidates among `cand` whose value fits at stack index `at`.
-fn fitting(g: &Grammar, spec: &ObjSpec, cand: u64, at: usize) -> u64 {
-    let mut out = 0;
-    let mut rest = cand;
-    while rest != 0 {
-        let i = rest.trailing_zeros();
-        rest &= rest - 1;
-        if spec.values.get(i as usize).is_some_and(|&v| g.fits(v, at)) {
-            out |= bit(i);
-        }
-    }
-    out
 }
 
 /// The candidates among `cand` whose key has byte `b` at `p`.

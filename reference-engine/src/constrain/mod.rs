@@ -14,9 +14,10 @@
 //! `<tool_call>{"name": "NAME", "arguments": ARGS}</tool_call>` per call, calls separated by
 //! a newline ([`CALL_PREFIX`], [`CALL_MID`], [`CALL_SUFFIX`], [`CALL_SEP`]).
 //!
-//! Layout: [`grammar`] (nodes and the byte-level pushdown automaton), `lexeme` (its string
-//! and number readers), [`schema`] (JSON Schema
-//! to nodes), [`vocab`] (the token trie and mask walk).
+//! Layout: [`grammar`] (nodes and the byte-level pushdown automaton; `grammar::depth`, the
+//! heights that keep every reading completable within its depth bound), `lexeme` (its string
+//! and number readers), [`schema`] (JSON Schema to nodes), [`vocab`] (the token trie and mask
+//! walk).
 
 pub mod grammar;
 mod lexeme;
