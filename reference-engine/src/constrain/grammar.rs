@@ -19,8 +19,10 @@
 use super::lexeme::{NumFrame, NumOut, StrEv, StrSub, num_step, str_byte};
 
 mod depth;
+mod props;
 
 use depth::fitting;
+use props::{all_bits, bit, filter};
 
 /// Index of a node in [`Grammar::nodes`].
 pub type NodeId = u32;
@@ -560,10 +562,6 @@ fn child_done(st: &mut [Frame], r: u32) -> bool {
     true
 }
 
-fn bit(i: u32) -> u64 {
-    1u64.checked_shl(i).unwrap_or(0)
-}
-
 /// One input to the top frame, `depth` frames deep (a child it starts goes at index `depth`).
 fn step(g: &Grammar, top: &mut Frame, inp: Option<u8>, depth: usize) -> Tr {
     match &mut top.0 {
@@ -776,22 +774,4 @@ fn step(g: &Grammar, top: &mut Frame, inp: Option<u8>, depth: usize) -> Tr {
             }
         }
     }
-}
-
-fn all_bits(n: usize) -> u64 {
-    if n >= 64 { u64::MAX } else { (1u64 << n) - 1 }
-}
-
-/// The candidates among `cand` whose key has byte `b` at `p`.
-fn filter(spec: &ObjSpec, cand: u64, p: usize, b: u8) -> u64 {
-    let mut out = 0;
-    let mut rest = cand;
-    while rest != 0 {
-        let i = rest.trailing_zeros();
-        rest &= rest - 1;
-        if spec.keys.get(i as usize).and_then(|k| k.get(p)) == Some(&b) {
-            out |= bit(i);
-        }
-    }
-    out
 }

@@ -15,8 +15,8 @@
 //! a newline ([`CALL_PREFIX`], [`CALL_MID`], [`CALL_SUFFIX`], [`CALL_SEP`]).
 //!
 //! Layout: [`grammar`] (nodes and the byte-level pushdown automaton; `grammar::depth`, the
-//! heights that keep every reading completable within its depth bound), `lexeme` (its string
-//! and number readers), [`schema`] (JSON Schema to nodes), [`vocab`] (the token trie and mask
+//! heights that keep every reading completable within its depth bound; `grammar::props`, an
+//! object's property sets as bits), `lexeme` (its string and number readers), [`schema`] (JSON Schema to nodes), [`vocab`] (the token trie and mask
 //! walk).
 
 pub mod grammar;

@@ -2,7 +2,8 @@
 //! readers consult [`Grammar::fits`] (and [`fitting`]) before they open anything, so that every
 //! reading can always be completed within [`MAX_DEPTH`] frames.
 
-use super::{Grammar, MAX_DEPTH, Node, NodeId, ObjSpec, bit};
+use super::props::{bit, keep};
+use super::{Grammar, MAX_DEPTH, Node, NodeId, ObjSpec};
 
 /// The height of a node that cannot be completed within [`MAX_DEPTH`] frames.
 const UNREACHABLE: u8 = MAX_DEPTH as u8 + 1;
@@ -59,14 +60,5 @@ impl Grammar {
 
 /// The candidates among `cand` whose value fits at stack index `at`.
 pub(super) fn fitting(g: &Grammar, spec: &ObjSpec, cand: u64, at: usize) -> u64 {
-    let mut out = 0;
-    let mut rest = cand;
-    while rest != 0 {
-        let i = rest.trailing_zeros();
-        rest &= rest - 1;
-        if spec.values.get(i as usize).is_some_and(|&v| g.fits(v, at)) {
-            out |= bit(i);
-        }
-    }
-    out
+    keep(cand, |i| spec.values.get(i).is_some_and(|&v| g.fits(v, at)))
 }
