@@ -197,8 +197,7 @@ fn profile_corpus() -> Result<()> {
 fn json_schema_corpus() -> Result<()> {
     replay("json_schema", props::json_schema)?;
     let n = accepted("json_schema", |d| {
-        let mut values = serde_json::Deserializer::from_slice(d).into_iter::<serde_json::Value>();
-        values.next().and_then(Result::ok).is_some_and(|schema| {
+        props::schema_and_walk(d).is_some_and(|(schema, _)| {
             let spec = samewise_engine::constrain::Spec::Json {
                 schema: Some(schema),
             };

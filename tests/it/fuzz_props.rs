@@ -1,9 +1,9 @@
 //! The properties of the fuzz targets `request_body`, `gguf`, `safetensors`, `chat_template`,
-//! `config`, `profile` (issue 14, item 4) and `json_schema`, one function per target. This one file is both a
-//! module of this test binary (the corpus replay, `fuzz_corpus.rs`) and the library of the fuzz
-//! crate (`fuzz/Cargo.toml`'s `[lib]`, whose targets panic on an `Err`), so libFuzzer and CI
-//! check exactly the same thing. Each function takes one input's raw bytes and returns
-//! `Err(what broke)`; a panic inside is a finding too.
+//! `config`, `profile` (issue 14, item 4) and `json_schema`, one function per target. This one
+//! file is both a module of this test binary (the corpus replay, `fuzz_corpus.rs`) and the
+//! library of the fuzz crate (`fuzz/Cargo.toml`'s `[lib]`, whose targets panic on an `Err`), so
+//! libFuzzer and CI check exactly the same thing. Each function takes one input's raw bytes and
+//! returns `Err(what broke)`; a panic inside is a finding too.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -342,11 +342,9 @@ const MAX_WALK: usize = 4096;
 /// as a tool call, it is the engine's call format around such arguments.
 pub fn json_schema(data: &[u8]) -> Result<(), String> {
     use samewise_engine::constrain::{CALL_MID, CALL_PREFIX, CALL_SUFFIX, Spec, compile};
-    let mut values = serde_json::Deserializer::from_slice(data).into_iter::<Value>();
-    let Some(Ok(schema)) = values.next() else {
+    let Some((schema, walk)) = schema_and_walk(data) else {
         return Ok(());
     };
-    let walk = &data[values.byte_offset()..];
     let validator = samewise_toolcheck::schema::compile(&schema).ok();
     let specs = [
         (
@@ -392,6 +390,14 @@ pub fn json_schema(data: &[u8]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A `json_schema` input split into its schema (the first JSON value) and the steering bytes
+/// after it; None when it does not start with JSON.
+pub fn schema_and_walk(data: &[u8]) -> Option<(Value, &[u8])> {
+    let mut values = serde_json::Deserializer::from_slice(data).into_iter::<Value>();
+    let schema = values.next()?.ok()?;
+    Some((schema, &data[values.byte_offset()..]))
 }
 
 /// The text a walk steered by `walk` writes through `grammar`, None when the steering bytes
