@@ -74,6 +74,13 @@ SEEDS = {
          "items": {"enum": ["a", "b", 3]}, "minItems": 2}}, "required": ["on", "tags"]},
         '{"on": false, "tags": ["a", 3, "b"]}',
     ),
+    # wider than the readings a state keeps (the engine's Switch), keys that prefix one another
+    "wide-enum": (
+        {"type": "object", "properties": {"code": {"enum": [f"c{i}" for i in range(60)]},
+         "n": {"type": "array", "items": {"enum": [1, 12, 123, 1.5, -1, "1", None, {"a": [1]}]}}},
+         "required": ["code", "n"], "additionalProperties": False},
+        '{"code": "c47", "n": [12, 1, 123, 1.5, {"a": [1]}]}',
+    ),
 }
 
 

@@ -1,10 +1,11 @@
 //! The compiled form of a constraint: a [`Grammar`] of nodes (literals, sequences,
-//! alternatives, and JSON strings, numbers, arrays and objects with their bounds), and the
-//! byte-level pushdown automaton that walks it ([`State`]).
+//! alternatives, choices among literal keys, and JSON strings, numbers, arrays and objects with
+//! their bounds), and the byte-level pushdown automaton that walks it ([`State`]).
 //!
 //! A state is a small set of stacks of [`Frame`]s: one stack per live reading of the
 //! output so far (`anyOf` branches that share a prefix are followed side by side and die
-//! when a byte rules them out). A stack's top frame always consumes bytes; frames below it
+//! when a byte rules them out; at most [`MAX_STACKS`] are kept, while an enum's values or the
+//! functions' names are one reading however many, [`Switch`]). A stack's top frame always consumes bytes; frames below it
 //! are continuations (the array waiting for its item, the object waiting for a value). The
 //! empty stack has read a whole instance and accepts only the end of input.
 //!
@@ -19,10 +20,12 @@
 use super::lexeme::{NumFrame, NumOut, StrEv, StrSub, num_step, str_byte};
 
 mod depth;
+mod object;
 mod props;
+mod switch;
 
-use depth::fitting;
-use props::{all_bits, bit, filter};
+use props::bit;
+pub use switch::Switch;
 
 /// Index of a node in [`Grammar::nodes`].
 pub type NodeId = u32;
@@ -80,6 +83,8 @@ pub enum Node {
     Seq(Box<[NodeId]>),
     /// Any one of these nodes.
     Alt(Box<[NodeId]>),
+    /// One of these literal keys, then its node ([`Grammar::switch`]).
+    Switch(Box<Switch>),
     /// Any JSON value.
     Any,
     /// A JSON string of `min..=max` characters.
@@ -224,6 +229,13 @@ enum F {
         pos: u32,
     },
     Val,
+    /// Has read `pos` bytes of the switch's keys `lo..hi`.
+    Switch {
+        node: NodeId,
+        lo: u32,
+        hi: u32,
+        pos: u32,
+    },
     Str {
         node: NodeId,
         chars: u32,
@@ -268,6 +280,12 @@ impl State {
     /// True when no reading is left (the output cannot be valid).
     pub fn is_dead(&self) -> bool {
         self.stacks.is_empty()
+    }
+
+    /// How many readings are live.
+    #[cfg(test)]
+    pub(crate) fn readings(&self) -> usize {
+        self.stacks.len()
     }
 
     /// When the only reading is inside a string body (between characters, not in an escape):
@@ -362,6 +380,10 @@ enum Tr {
     PushKey(Frame),
     /// Not consumed; a child starts and reads the input.
     PushRedo(NodeId),
+    /// Consumed; the top is replaced by this node's start.
+    Then(NodeId),
+    /// Not consumed; the top is replaced by this node's start, which reads the input.
+    ThenRedo(NodeId),
     /// Consumed; the top is complete with this result.
     Done(u32),
     /// Not consumed; the top is complete and the input goes to its parent.
@@ -394,6 +416,14 @@ fn feed_stack(
             }
             Tr::PushRedo(n) => {
                 st.push(start(n));
+                return settle_then(g, st, forks, Some(inp));
+            }
+            Tr::Then(n) => {
+                *top = start(n);
+                return settle_then(g, st, forks, None);
+            }
+            Tr::ThenRedo(n) => {
+                *top = start(n);
                 return settle_then(g, st, forks, Some(inp));
             }
             Tr::Done(r) => {
@@ -474,6 +504,12 @@ fn settle(g: &Grammar, st: &mut Vec<Frame>, alts: &mut Vec<Vec<Frame>>) -> bool 
                         }
                     }
                     Node::Any => F::Val,
+                    Node::Switch(sw) => F::Switch {
+                        node: n,
+                        lo: 0,
+                        hi: sw.keys.len() as u32,
+                        pos: 0,
+                    },
                     Node::Str { .. } => F::Str {
                         node: n,
                         chars: 0,
@@ -582,6 +618,10 @@ fn step(g: &Grammar, top: &mut Frame, inp: Option<u8>, depth: usize) -> Tr {
                 _ => Tr::Reject,
             }
         }
+        F::Switch { node, lo, hi, pos } => match g.nodes.get(*node as usize) {
+            Some(Node::Switch(sw)) => switch::step(g, sw, (lo, hi, pos), inp, depth - 1),
+            _ => Tr::Reject,
+        },
         F::Val => {
             let [obj, arr, s, n, t, f, z] = g.any;
             *top = Frame(match inp {
@@ -667,111 +707,13 @@ fn step(g: &Grammar, top: &mut Frame, inp: Option<u8>, depth: usize) -> Tr {
                 _ => Tr::Reject,
             }
         }
-        F::Obj { node, seen, st } => {
-            let Some(Node::Obj(spec)) = g.nodes.get(*node as usize) else {
-                return Tr::Reject;
-            };
-            let all = all_bits(spec.keys.len());
-            // the keys that may start here: those whose value fits below this object
-            let keys = || {
-                let free = spec.additional.is_some_and(|a| g.fits(a, depth));
-                let fitting = fitting(g, spec, all & !*seen, depth);
-                (free || fitting != 0).then_some((free, fitting))
-            };
-            let closable = spec.required & !*seen == 0;
-            match (*st, inp) {
-                (ObjSt::Open, Some(b'{')) => {
-                    *st = ObjSt::First;
-                    Tr::Stay
-                }
-                (ObjSt::First | ObjSt::After, Some(b'}')) if closable => Tr::Done(0),
-                (ObjSt::First | ObjSt::NeedKey, Some(b'"')) => {
-                    let Some((free, fitting)) = keys() else {
-                        return Tr::Reject;
-                    };
-                    *st = ObjSt::KeyWait;
-                    Tr::PushKey(Frame(F::Key {
-                        node: *node,
-                        // a free key matches any declared name (a seen one is a duplicate,
-                        // refused when it ends)
-                        cand: if free { all } else { fitting },
-                        pos: 0,
-                        sub: StrSub::Body,
-                        free,
-                    }))
-                }
-                (ObjSt::After, Some(b',')) if keys().is_some() => {
-                    *st = ObjSt::NeedKey;
-                    Tr::Stay
-                }
-                (ObjSt::Colon(i), Some(b':')) => {
-                    let child = if i == ADDITIONAL {
-                        spec.additional
-                    } else {
-                        spec.values.get(i as usize).copied()
-                    };
-                    match child {
-                        Some(c) => {
-                            *st = ObjSt::ValWait(i);
-                            Tr::Push(c)
-                        }
-                        None => Tr::Reject,
-                    }
-                }
-                _ => Tr::Reject,
-            }
-        }
+        F::Obj { node, seen, st } => object::step_obj(g, *node, seen, st, inp, depth),
         F::Key {
             node,
             cand,
             pos,
             sub,
             free,
-        } => {
-            let Some(Node::Obj(spec)) = g.nodes.get(*node as usize) else {
-                return Tr::Reject;
-            };
-            let Some(b) = inp else {
-                return Tr::Reject;
-            };
-            let p = *pos as usize;
-            let exact = || {
-                (0..spec.keys.len())
-                    .find(|&i| *cand & bit(i as u32) != 0 && spec.keys[i].len() == p)
-            };
-            if !*free {
-                if b == b'"'
-                    && let Some(i) = exact()
-                {
-                    return Tr::Done(i as u32);
-                }
-                let next = filter(spec, *cand, p, b);
-                if next == 0 {
-                    return Tr::Reject;
-                }
-                *cand = next;
-                *pos += 1;
-                return Tr::Stay;
-            }
-            match str_byte(sub, b) {
-                StrEv::Reject => Tr::Reject,
-                StrEv::Close => match exact() {
-                    // a declared property's value must fit too (the key frame is on top:
-                    // the value goes where it is)
-                    Some(i) if !spec.values.get(i).is_some_and(|&v| g.fits(v, depth - 1)) => {
-                        Tr::Reject
-                    }
-                    Some(i) => Tr::Done(i as u32),
-                    None => Tr::Done(ADDITIONAL),
-                },
-                StrEv::Cont | StrEv::Char => {
-                    if *cand != 0 {
-                        *cand = filter(spec, *cand, p, b);
-                        *pos = pos.saturating_add(1);
-                    }
-                    Tr::Stay
-                }
-            }
-        }
+        } => object::step_key(g, *node, (cand, pos, sub), *free, inp, depth),
     }
 }

@@ -103,7 +103,7 @@ pub fn compile(spec: &Spec) -> Result<Grammar, SchemaError> {
             if functions.is_empty() {
                 return Err(SchemaError("no functions to call".into()));
             }
-            let mut alts = Vec::new();
+            let mut named = Vec::new();
             for (i, (name, params)) in functions.iter().enumerate() {
                 let at = format!("tools[{i}].function.parameters");
                 let args = match params {
@@ -126,12 +126,12 @@ pub fn compile(spec: &Spec) -> Result<Grammar, SchemaError> {
                         }
                     }
                 };
-                let head = g.push(Node::Lit(format!("{name}{CALL_MID}").into_bytes().into()));
-                alts.push(g.push(Node::Seq([head, args].into())));
+                named.push((format!("{name}{CALL_MID}").into_bytes().into(), args));
             }
             let prefix = g.push(Node::Lit(CALL_PREFIX.as_bytes().into()));
             let suffix = g.push(Node::Lit(CALL_SUFFIX.as_bytes().into()));
-            let which = g.push(Node::Alt(alts.into()));
+            // one reading for all functions, however many (an Alt keeps MAX_STACKS readings)
+            let which = g.switch(named);
             let call = g.push(Node::Seq([prefix, which, suffix].into()));
             let mut calls = call;
             if *parallel {

@@ -97,12 +97,17 @@ impl<'g> Compiler<'g> {
     }
 
     fn push(&mut self, n: Node) -> Res<NodeId> {
+        self.room()?;
+        Ok(self.g.push(n))
+    }
+
+    fn room(&self) -> Res<()> {
         if self.g.nodes.len() >= MAX_NODES {
             return Err(SchemaError(format!(
                 "schema compiles to more than {MAX_NODES} states; simplify it"
             )));
         }
-        Ok(self.g.push(n))
+        Ok(())
     }
 
     fn node(&mut self, root: usize, s: &Value, at: &str, depth: usize) -> Res<NodeId> {
@@ -184,22 +189,21 @@ impl<'g> Compiler<'g> {
         }
         if let Some(values) = enum_values(o, at)? {
             let fits = |v: &Value| types.is_empty() || types.iter().any(|t| type_fits(t, v));
-            let mut alts = Vec::new();
+            let nothing = self.push(Node::Seq(Box::new([])))?;
+            let mut keys = Vec::new();
             for v in values.iter().filter(|v| fits(v)) {
                 let text =
                     serde_json::to_string(v).map_err(|e| SchemaError(format!("{at}.enum: {e}")))?;
-                alts.push(self.push(Node::Lit(text.into_bytes().into()))?);
+                keys.push((text.into_bytes().into(), nothing));
             }
-            if alts.is_empty() {
+            if keys.is_empty() {
                 return Err(SchemaError(format!(
                     "{at}: no enum/const value fits the schema's type"
                 )));
             }
-            return if alts.len() == 1 {
-                Ok(alts[0])
-            } else {
-                self.push(Node::Alt(alts.into()))
-            };
+            // one reading for all values, however many (an Alt keeps MAX_STACKS readings)
+            self.room()?;
+            return Ok(self.g.switch(keys));
         }
         if types.is_empty() {
             return Ok(Grammar::ANY);

@@ -33,6 +33,11 @@ pub(crate) fn schemas() -> Vec<Value> {
         json!({"type": "object", "properties": {"mode": {"const": "fast"}, "level": {"enum": [1, 2, 3, null]},
                "extra": {"type": "object"}}, "required": ["mode"]}),
         json!({"type": "array", "items": {"type": "number"}, "maxItems": 5}),
+        // an enum wider than the readings a state keeps, with keys that prefix one another
+        json!({"type": "object", "properties": {
+                "code": {"enum": (0..60).map(|i| format!("c{i}")).collect::<Vec<_>>()},
+                "n": {"enum": [1, 12, 123, 1.5, -1, "1", null]}},
+               "required": ["code", "n"], "additionalProperties": false}),
     ]
 }
 
@@ -492,6 +497,98 @@ fn tool_grammar_forces_declared_calls() {
         &single,
         format!("{}{CALL_SEP}{}", call("ping", "{}"), call("ping", "{}")).as_bytes()
     ));
+}
+
+#[test]
+fn wide_enums_and_long_tool_lists_reach_every_value() {
+    // more values than a state keeps readings (MAX_STACKS), sharing long prefixes
+    let codes: Vec<String> = (0..300).map(|i| format!("region-{i:03}")).collect();
+    let g = grammar(&json!({"type": "string", "enum": codes}));
+    let mut st = g.start();
+    assert!(st.advance_all(&g, b"\"region-"));
+    assert_eq!(st.readings(), 1, "one reading follows every value");
+    for c in &codes {
+        assert!(
+            accepts(&g, format!("\"{c}\"").as_bytes()),
+            "{c} unreachable"
+        );
+    }
+    for bad in ["region-300", "region-00", "region-0000", "region"] {
+        assert!(!accepts(&g, format!("\"{bad}\"").as_bytes()), "{bad}");
+    }
+    // keys that prefix one another (numbers), mixed types, duplicates, inside structures
+    let values = json!([1, 12, 123, 1.5, -1, "1", null, true, {"a": [1]}, [1, 2], 12, 0]);
+    let g = grammar(&json!({"enum": values}));
+    for ok in [
+        "1",
+        "12",
+        "123",
+        "1.5",
+        "-1",
+        "\"1\"",
+        "null",
+        "true",
+        r#"{"a":[1]}"#,
+        "[1,2]",
+        "0",
+    ] {
+        assert!(accepts(&g, ok.as_bytes()), "{ok}");
+    }
+    for bad in [
+        "2", "1.", "124", "1234", "01", "\"12\"", "tru", "[1]", "1.50",
+    ] {
+        assert!(!accepts(&g, bad.as_bytes()), "{bad}");
+    }
+    let g = grammar(&json!({"type": "array", "items": {"enum": [1, 12, 123]}}));
+    assert!(accepts(&g, b"[1,12,123,1]") && accepts(&g, b"[123,12]"));
+    assert!(!accepts(&g, b"[13]") && !accepts(&g, b"[1,]"));
+    let g = grammar(
+        &json!({"type": "object", "properties": {"k": {"enum": [1, 12]},
+        "s": {"enum": ["a", "ab"]}}, "required": ["k", "s"], "additionalProperties": false}),
+    );
+    assert!(accepts(&g, br#"{"k":12,"s":"a"}"#) && accepts(&g, br#"{"s":"ab","k":1}"#));
+    assert!(!accepts(&g, br#"{"k":123,"s":"a"}"#));
+    // 128 tools (OpenAI's most), names sharing prefixes; the last as reachable as the first
+    let functions: Vec<(String, Option<Value>)> = (0..128)
+        .map(|i| {
+            let p = json!({"type": "object", "properties": {format!("arg{i}"): {"type": "integer"}},
+                "required": [format!("arg{i}")], "additionalProperties": false});
+            (format!("get_item_{i}"), Some(p))
+        })
+        .collect();
+    let g = compile(&Spec::Tools {
+        functions: functions.clone(),
+        parallel: true,
+    })
+    .expect("compiles");
+    let call = |name: &str, args: &str| format!("{CALL_PREFIX}{name}{CALL_MID}{args}{CALL_SUFFIX}");
+    for i in [0, 1, 12, 31, 32, 33, 100, 127] {
+        let one = call(&format!("get_item_{i}"), &format!(r#"{{"arg{i}":7}}"#));
+        assert!(accepts(&g, one.as_bytes()), "tool {i} unreachable");
+        let two = format!("{one}{CALL_SEP}{}", call("get_item_5", r#"{"arg5":1}"#));
+        assert!(accepts(&g, two.as_bytes()), "tool {i}, then another");
+        // each function keeps its own arguments
+        let wrong = call(&format!("get_item_{i}"), r#"{"arg999":7}"#);
+        assert!(
+            !accepts(&g, wrong.as_bytes()),
+            "tool {i} with another's arguments"
+        );
+    }
+    assert!(!accepts(
+        &g,
+        call("get_item_128", r#"{"arg128":7}"#).as_bytes()
+    ));
+    // a name given twice takes either declaration's arguments
+    let twice = compile(&Spec::Tools {
+        functions: vec![
+            ("f".into(), Some(json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}))),
+            ("f".into(), None),
+        ],
+        parallel: false,
+    })
+    .expect("compiles");
+    assert!(accepts(&twice, call("f", r#"{"a":1}"#).as_bytes()));
+    assert!(accepts(&twice, call("f", "{}").as_bytes()));
 }
 
 #[test]

@@ -28,6 +28,8 @@ impl Grammar {
                     Node::Lit(_) | Node::Str { .. } | Node::Num(_) | Node::Any => 1,
                     Node::Seq(cs) => below(cs.iter().map(|&c| of(c)).max()),
                     Node::Alt(cs) => cs.iter().map(|&c| of(c)).min().unwrap_or(UNREACHABLE),
+                    // what follows a key replaces the switch's frame
+                    Node::Switch(sw) => sw.then.iter().map(|&c| of(c)).min().unwrap_or(UNREACHABLE),
                     Node::Arr { items, min, .. } if *min > 0 => below(Some(of(*items))),
                     Node::Arr { .. } => 1,
                     Node::Obj(o) => below(
