@@ -5,24 +5,18 @@
 //! verdicts. `resolve` notifies the webhooks of `[[probes.webhooks]]`
 //! when `--config` names a file that has them; acknowledging notifies nobody.
 
-use std::path::PathBuf;
-
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use samewise_probes::{Alerting, AlertsConfig, alerts_table};
-use samewise_proxy::Config;
 use samewise_store::utc_text as utc;
 use samewise_store::{Alert, AlertQuery, AlertState, Store};
 
 /// Arguments of `samewise alerts`.
 #[derive(Debug, Args)]
 pub struct AlertsArgs {
-    /// Take the data directory (and webhooks) from this configuration file.
-    #[arg(long, short, global = true)]
-    pub config: Option<PathBuf>,
-    /// The data directory (default: the config's `server.data_dir`, else `samewise-data`).
-    #[arg(long, global = true)]
-    pub data_dir: Option<PathBuf>,
+    /// Where the store is (and, in the config, the webhooks).
+    #[command(flatten)]
+    pub store: super::StoreArgs,
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
@@ -82,12 +76,7 @@ pub enum AlertsCommand {
 
 /// Runs `samewise alerts ...`.
 pub fn run(args: AlertsArgs) -> anyhow::Result<()> {
-    let config = args.config.as_deref().map(Config::load).transpose()?;
-    let data_dir = match (&args.data_dir, &config) {
-        (Some(d), _) => d.clone(),
-        (None, Some(c)) => c.server.data_dir.clone(),
-        (None, None) => PathBuf::from("samewise-data"),
-    };
+    let (config, data_dir) = args.store.resolve()?;
     let alerts_cfg = match config.as_ref().and_then(|c| c.probes.as_ref()) {
         None => AlertsConfig::default(),
         Some(probes) => AlertsConfig::parse(probes)?,

@@ -3,23 +3,17 @@
 //! in the data directory of `--config` (or `--data-dir`). `list` shows who was kept and why,
 //! never the bodies' text (`--json` adds it, redacted as stored); `purge` deletes them.
 
-use std::path::PathBuf;
-
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use samewise_proxy::Config;
 use samewise_store::utc_text as utc;
 use samewise_store::{BodyQuery, Store};
 
 /// Arguments of `samewise bodies`.
 #[derive(Debug, Args)]
 pub struct BodiesArgs {
-    /// Take the data directory from this configuration file.
-    #[arg(long, short, global = true)]
-    pub config: Option<PathBuf>,
-    /// The data directory (default: the config's `server.data_dir`, else `samewise-data`).
-    #[arg(long, global = true)]
-    pub data_dir: Option<PathBuf>,
+    /// Where the store is.
+    #[command(flatten)]
+    pub store: super::StoreArgs,
     /// Print JSON (with the redacted bodies) instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
@@ -75,12 +69,7 @@ fn before_ms(s: &str, now_ms: i64) -> anyhow::Result<i64> {
 
 /// Runs `samewise bodies ...`.
 pub fn run(args: BodiesArgs) -> anyhow::Result<()> {
-    let config = args.config.as_deref().map(Config::load).transpose()?;
-    let data_dir = match (&args.data_dir, &config) {
-        (Some(d), _) => d.clone(),
-        (None, Some(c)) => c.server.data_dir.clone(),
-        (None, None) => PathBuf::from("samewise-data"),
-    };
+    let (_, data_dir) = args.store.resolve()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -1,6 +1,7 @@
 //! `samewise evals run|show|worker`: targeted eval jobs (composition only; the product
 //! logic is in `samewise-evals`). The store is PostgreSQL when `DATABASE_URL` is set, else
-//! SQLite in the config's data directory. Targets come from the proxy config: each model's
+//! SQLite in the data directory of `--config` (or `--data-dir`; `show` and `cases` need no
+//! config, `run`, `capture` and `worker` do). Targets come from the proxy config: each model's
 //! endpoints (`provider/model-id`, the provider's base URL and API key from its
 //! `api_key_env`), and "reference" = `[evals] reference_url` (default: the probes' remote
 //! reference URL).
@@ -38,9 +39,10 @@ use tokio_util::task::TaskTracker;
 /// Arguments of `samewise evals`.
 #[derive(Debug, Args)]
 pub struct EvalsArgs {
-    /// The configuration file (endpoints, `[evals]`, data directory).
-    #[arg(long, short, global = true)]
-    pub config: Option<PathBuf>,
+    /// Where the store is; `run`, `capture` and `worker` also need the config (endpoints,
+    /// `[evals]`).
+    #[command(flatten)]
+    pub store: super::StoreArgs,
     /// Print JSON instead of text.
     #[arg(long, global = true)]
     pub json: bool,
@@ -237,28 +239,30 @@ pub fn start(
 
 /// Runs `samewise evals ...`.
 pub fn run(args: EvalsArgs) -> anyhow::Result<()> {
-    let path = args
-        .config
-        .clone()
-        .context("samewise evals needs --config FILE (endpoints and [evals])")?;
-    let config = Config::load(&path)?;
+    let (config, data_dir) = args.store.resolve()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let store = Store::connect_from_env(&config.server.data_dir).await?;
-        let result = evals(&config, &store, args.command, args.json).await;
+        let store = Store::connect_from_env(&data_dir).await?;
+        let result = evals(config.as_ref(), &store, args.command, args.json).await;
         store.close().await;
         result
     })
 }
 
 async fn evals(
-    config: &Config,
+    config: Option<&Config>,
     store: &Store,
     command: EvalsCommand,
     json: bool,
 ) -> anyhow::Result<()> {
+    // show and cases read the store alone
+    let config = || {
+        config.context(
+            "samewise evals run, capture and worker need --config FILE (endpoints and [evals])",
+        )
+    };
     match command {
         EvalsCommand::Run {
             endpoint,
@@ -269,6 +273,7 @@ async fn evals(
             delta,
             window,
         } => {
+            let config = config()?;
             let evals = EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref())?;
             let mut params = serde_json::Map::new();
             params.insert("opened_by".to_owned(), "cli".into());
@@ -356,6 +361,7 @@ async fn evals(
             suite,
             baseline,
         } => {
+            let config = config()?;
             let evals = EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref())?;
             let source = match (request, alert) {
                 (Some(id), _) => CaptureSource::Request(id),
@@ -397,6 +403,7 @@ async fn evals(
         }
         EvalsCommand::Cases { command } => cases(store, command, json).await,
         EvalsCommand::Worker { workers } => {
+            let config = config()?;
             let evals = EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref())?;
             let n = workers.unwrap_or(evals.workers).max(1);
             let running = start(config, store.clone(), n, true)?;

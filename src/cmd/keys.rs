@@ -3,21 +3,15 @@
 //! `--config`, or `--data-dir`). A new key is printed once; only its hash is stored. A revoked
 //! key stops working on running gateways within `limits.key_cache_ttl_ms` (default 10 s).
 
-use std::path::PathBuf;
-
 use clap::{Args, Subcommand};
-use samewise_proxy::Config;
 use samewise_store::{KeyOptions, Store};
 
 /// Arguments of `samewise keys`.
 #[derive(Debug, Args)]
 pub struct KeysArgs {
-    /// Take the data directory from this configuration file.
-    #[arg(long, short, global = true)]
-    pub config: Option<PathBuf>,
-    /// The data directory (default: the config's `server.data_dir`, else `samewise-data`).
-    #[arg(long, global = true)]
-    pub data_dir: Option<PathBuf>,
+    /// Where the store is.
+    #[command(flatten)]
+    pub store: super::StoreArgs,
     #[command(subcommand)]
     pub command: KeysCommand,
 }
@@ -47,11 +41,7 @@ pub enum KeysCommand {
 
 /// Runs `samewise keys ...`.
 pub fn run(args: KeysArgs) -> anyhow::Result<()> {
-    let data_dir = match (&args.data_dir, &args.config) {
-        (Some(d), _) => d.clone(),
-        (None, Some(c)) => Config::load(c)?.server.data_dir,
-        (None, None) => PathBuf::from("samewise-data"),
-    };
+    let (_, data_dir) = args.store.resolve()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -3,7 +3,10 @@
 //! Adding a subcommand: a module here with its clap `Args` struct and a `run(args)` function,
 //! one variant in `Command`, one arm in `run`.
 
-use clap::Subcommand;
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use samewise_proxy::Config;
 
 pub mod alerts;
 pub mod bodies;
@@ -16,6 +19,31 @@ pub mod evals;
 pub mod keys;
 pub mod probes;
 pub mod serve;
+
+/// `--config` and `--data-dir`: where a command finds its configuration and the store
+/// (PostgreSQL when `DATABASE_URL` is set, else SQLite in the data directory).
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// The configuration file (the data directory, and what else the command reads of it).
+    #[arg(long, short, global = true)]
+    pub config: Option<PathBuf>,
+    /// The data directory (default: the config's `server.data_dir`, else `samewise-data`).
+    #[arg(long, global = true)]
+    pub data_dir: Option<PathBuf>,
+}
+
+impl StoreArgs {
+    /// The configuration (with `--config`) and the data directory.
+    pub fn resolve(&self) -> anyhow::Result<(Option<Config>, PathBuf)> {
+        let config = self.config.as_deref().map(Config::load).transpose()?;
+        let data_dir = match (&self.data_dir, &config) {
+            (Some(d), _) => d.clone(),
+            (None, Some(c)) => c.server.data_dir.clone(),
+            (None, None) => PathBuf::from("samewise-data"),
+        };
+        Ok((config, data_dir))
+    }
+}
 
 /// Every subcommand of the binary.
 #[derive(Debug, Subcommand)]
@@ -34,7 +62,7 @@ pub enum Command {
     Probes(probes::ProbesArgs),
     /// Measure a model's calibration ladder (`samewise calibrate --model PATH [--out FILE]`).
     Calibrate(calibrate::CalibrateArgs),
-    /// Eval jobs (`samewise evals run|show|worker|capture --config FILE`).
+    /// Eval jobs (`samewise evals run|worker|capture --config FILE`, `evals show|cases`).
     Evals(evals::EvalsArgs),
     /// Captured request bodies (`[models.NAME.capture]`): list, purge.
     Bodies(bodies::BodiesArgs),

@@ -142,6 +142,19 @@ fn a_customer_suite_finds_tool_corrupt_degraded_and_the_reference_equivalent() -
         .map(serde_json::from_str)
         .collect::<Result<_, _>>()?;
     ensure!(rows.len() == 2 * (CALL_ITEMS + 4), "{} rows", rows.len());
+    // reading a job needs the store alone, as `alerts` does: no config
+    let out = Command::new(BIN)
+        .args(["evals", "--json", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(["show", &id.to_string()])
+        .env_remove("DATABASE_URL")
+        .output()?;
+    let shown: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| String::from_utf8_lossy(&out.stderr).into_owned())?;
+    ensure!(
+        shown["id"] == id && shown["verdict"] == job["verdict"],
+        "{shown:#}"
+    );
     let side = |item: &str, target: &str| {
         rows.iter()
             .find(|r| r["item"] == item && r["target"] == target)
@@ -258,5 +271,17 @@ fn malformed_suites_are_refused_with_their_line_and_field() -> Result<()> {
     let cfg = config(dir.path(), &[("p", "http://127.0.0.1:9")], "")?;
     let stderr = evals_fails(&cfg, &["show", "1"])?;
     ensure!(stderr.contains("no eval job 1"), "{stderr}");
+    // running a job needs the endpoints: without --config, a clear refusal
+    let out = Command::new(BIN)
+        .args(["evals", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(["run", "--endpoint", "p/smol", "--suite", "tool_calls"])
+        .env_remove("DATABASE_URL")
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success() && stderr.contains("need --config FILE"),
+        "{stderr}"
+    );
     Ok(())
 }
