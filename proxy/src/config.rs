@@ -81,8 +81,11 @@ pub struct Limits {
     /// Streamed requests one key may have open at once in this gateway; one more gets a 429
     /// `too_many_streams` (`max_streams_per_key`, default 256).
     pub max_streams_per_key: u32,
-    /// The same token or text delta this many times in a row ends a generation.
+    /// The same token or text delta this many times in a row ends a generation...
     pub degenerate_repeat: usize,
+    /// ...once the run also spans this many characters (`degenerate_min_chars`, default 128;
+    /// 0: the count alone).
+    pub degenerate_min_chars: usize,
 }
 
 /// `[breaker]`: per-endpoint circuit breaker.
@@ -312,6 +315,7 @@ struct RawLimits {
     record_queue_bytes: Option<Spanned<u64>>,
     max_streams_per_key: Option<Spanned<u32>>,
     degenerate_repeat: Option<Spanned<u64>>,
+    degenerate_min_chars: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -537,6 +541,11 @@ impl Validator<'_> {
             record_queue_bytes,
             max_streams_per_key,
             degenerate_repeat,
+            degenerate_min_chars: raw
+                .degenerate_min_chars
+                .map_or(crate::degen::DEFAULT_MIN_CHARS, |c| {
+                    usize::try_from(c).unwrap_or(usize::MAX)
+                }),
         })
     }
 

@@ -365,7 +365,10 @@ async fn commit(
         req.route,
         req.strip_usage_chunk,
         req.tools.clone(),
-        state.inner.limits.degenerate_repeat,
+        crate::degen::RepeatGuard::new(
+            state.inner.limits.degenerate_repeat,
+            state.inner.limits.degenerate_min_chars,
+        ),
     );
     if let Some(cap) = &ctx.capture {
         inspector = inspector.keep_answer(cap.config.max_body_bytes);

@@ -240,13 +240,13 @@ impl Inspector {
         route: Route,
         strip_usage_chunk: bool,
         tools: Option<std::sync::Arc<samewise_toolcheck::ToolSet>>,
-        degenerate_repeat: usize,
+        degen: crate::degen::RepeatGuard,
     ) -> Self {
         Inspector {
             route,
             strip_usage_chunk,
             obs: Observation::default(),
-            degen: crate::degen::RepeatGuard::new(degenerate_repeat),
+            degen,
             tools,
             assembler: samewise_toolcheck::ToolCallAssembler::new(),
             kept: None,
@@ -539,10 +539,11 @@ mod tests {
             }
             i.finish().answer
         };
-        let plain = Inspector::new(Route::Chat, false, None, 4);
+        let plain = Inspector::new(Route::Chat, false, None, Default::default());
         assert_eq!(run(plain), None);
         // 12 bytes: "Héllo wörld" is 13, so the cut lands before the 'd' (on a char boundary)
-        let capturing = Inspector::new(Route::Chat, false, None, 4).keep_answer(12);
+        let capturing =
+            Inspector::new(Route::Chat, false, None, Default::default()).keep_answer(12);
         let answer = run(capturing).unwrap_or_default();
         assert_eq!(answer["text"], "Héllo wörl");
         assert_eq!(answer["text_truncated"], true);

@@ -1,6 +1,7 @@
 //! The degeneration guard through the real proxy: an answer that repeats the same token N
-//! times in a row (default 4) is cut. A non-streamed one is retried once on another endpoint;
-//! a streamed one ends with an OpenAI-style error event. Both are recorded.
+//! times in a row (default 4) over at least 128 characters is cut. A non-streamed one is retried
+//! once on another endpoint; a streamed one ends with an OpenAI-style error event. Both are
+//! recorded. Numbers written digit by digit, and other short runs, pass untouched.
 
 use crate::checks;
 
@@ -28,7 +29,7 @@ fn with_logprobs(stream: bool) -> Value {
 async fn non_streamed_degenerate_answer_is_retried_once_on_another_endpoint() -> Result<()> {
     let a = MockUpstream::builder()
         .name("a")
-        .behavior(repeat(" loop", 8))
+        .behavior(repeat(" loop", 40))
         .start()
         .await?;
     let b = MockUpstream::builder().name("b").start().await?;
@@ -69,7 +70,7 @@ async fn non_streamed_degenerate_answer_is_retried_once_on_another_endpoint() ->
 async fn non_streamed_degenerate_text_without_logprobs_is_caught_by_words() -> Result<()> {
     let a = MockUpstream::builder()
         .name("a")
-        .behavior(repeat(" again", 6))
+        .behavior(repeat(" again", 40))
         .start()
         .await?;
     let b = MockUpstream::builder().name("b").start().await?;
@@ -97,17 +98,17 @@ async fn degenerate_everywhere_is_retried_only_once() -> Result<()> {
     let mocks = [
         MockUpstream::builder()
             .name("a")
-            .default_behavior(repeat(" x", 9))
+            .default_behavior(repeat(" x", 80))
             .start()
             .await?,
         MockUpstream::builder()
             .name("b")
-            .default_behavior(repeat(" y", 9))
+            .default_behavior(repeat(" y", 80))
             .start()
             .await?,
         MockUpstream::builder()
             .name("c")
-            .default_behavior(repeat(" z", 9))
+            .default_behavior(repeat(" z", 80))
             .start()
             .await?,
     ];
@@ -143,7 +144,7 @@ async fn degenerate_everywhere_is_retried_only_once() -> Result<()> {
 async fn streamed_degenerate_generation_is_cut_with_an_error_event() -> Result<()> {
     let a = MockUpstream::builder()
         .name("a")
-        .behavior(repeat(" again", 10))
+        .behavior(repeat(" again", 40))
         .start()
         .await?;
     let b = MockUpstream::builder().name("b").start().await?;
@@ -153,8 +154,8 @@ async fn streamed_degenerate_generation_is_cut_with_an_error_event() -> Result<(
     let events = sse_json(&text)?;
     assert_eq!(
         streamed_text(&events),
-        " again again again",
-        "three repeats pass, the fourth is cut: {text}"
+        " again".repeat(21),
+        "21 repeats (126 characters) pass, the 22nd (132) is cut: {text}"
     );
     let last = events.last().cloned().unwrap_or_default();
     assert_eq!(
@@ -184,23 +185,62 @@ async fn streamed_degenerate_generation_is_cut_with_an_error_event() -> Result<(
 
 #[tokio::test]
 async fn repetition_below_the_threshold_passes_untouched() -> Result<()> {
+    // "1000000" as digit-by-digit tokenizers write it (SmolLM2, Llama 2, Mistral, Qwen): six
+    // "0" deltas in a row, which the guard cut before it also asked for 128 characters
+    let million = samewise_testkit::Reply {
+        content: Some(
+            ["The answer is ", "1"]
+                .into_iter()
+                .chain(["0"; 6])
+                .map(String::from)
+                .collect(),
+        ),
+        ..Default::default()
+    };
     let a = MockUpstream::builder()
         .name("a")
-        .behavior(repeat(" ha", 3))
-        .behavior(repeat(" ha", 3))
+        .behavior(repeat(" ha", 42))
+        .behavior(repeat(" ha", 42))
+        .behavior(Behavior::Ok(million.clone()))
+        .behavior(Behavior::Ok(million))
         .start()
         .await?;
     let proxy = Proxy::start(Backend::Sqlite, &[&a], "").await?;
     let (status, text) = proxy.post("/chat/completions", &chat(true)).await?;
     assert_eq!(status, 200);
-    assert_eq!(streamed_text(&sse_json(&text)?), " ha ha ha");
+    assert_eq!(
+        streamed_text(&sse_json(&text)?),
+        " ha".repeat(42),
+        "126 characters"
+    );
     assert_eq!(sse_data(&text).last().map(String::as_str), Some("[DONE]"));
     let (status, body) = proxy
         .post_json("/chat/completions", &with_logprobs(false))
         .await?;
     assert_eq!(status, 200);
-    assert_eq!(body["choices"][0]["message"]["content"], " ha ha ha");
-    let records = proxy.records(2).await?;
+    assert_eq!(body["choices"][0]["message"]["content"], " ha".repeat(42));
+    for stream in [true, false] {
+        let (status, text) = proxy
+            .post("/chat/completions", &with_logprobs(stream))
+            .await?;
+        assert_eq!(status, 200);
+        let got = if stream {
+            assert_eq!(
+                sse_data(&text).last().map(String::as_str),
+                Some("[DONE]"),
+                "{text}"
+            );
+            streamed_text(&sse_json(&text)?)
+        } else {
+            let v: Value = serde_json::from_str(&text)?;
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert_eq!(got, "The answer is 1000000", "stream {stream}");
+    }
+    let records = proxy.records(4).await?;
     assert!(
         records
             .iter()
@@ -219,7 +259,12 @@ async fn the_threshold_comes_from_the_config() -> Result<()> {
         .behavior(repeat(" no", 2))
         .start()
         .await?;
-    let proxy = Proxy::start(Backend::Sqlite, &[&a], "degenerate_repeat = 2").await?;
+    let proxy = Proxy::start(
+        Backend::Sqlite,
+        &[&a],
+        "degenerate_repeat = 2\ndegenerate_min_chars = 0",
+    )
+    .await?;
     let (status, text) = proxy.post("/chat/completions", &chat(true)).await?;
     assert_eq!(status, 200);
     let events = sse_json(&text)?;
@@ -240,11 +285,11 @@ async fn the_threshold_comes_from_the_config() -> Result<()> {
 async fn streamed_legacy_completions_are_guarded_too() -> Result<()> {
     let a = MockUpstream::builder()
         .name("a")
-        .behavior(repeat(" na", 7))
+        .behavior(repeat(" na", 60))
         .start()
         .await?;
     let proxy = Proxy::start(Backend::Sqlite, &[&a], "").await?;
-    let body = json!({"model": checks::MODEL, "prompt": "Batman theme:", "stream": true, "max_tokens": 16});
+    let body = json!({"model": checks::MODEL, "prompt": "Batman theme:", "stream": true, "max_tokens": 64});
     let (status, text) = proxy.post("/completions", &body).await?;
     assert_eq!(status, 200);
     let events = sse_json(&text)?;
@@ -252,7 +297,11 @@ async fn streamed_legacy_completions_are_guarded_too() -> Result<()> {
         .iter()
         .filter_map(|e| e.pointer("/choices/0/text").and_then(Value::as_str))
         .collect();
-    assert_eq!(got, " na na na", "{text}");
+    assert_eq!(
+        got,
+        " na".repeat(42),
+        "the 43rd (129 characters) is cut: {text}"
+    );
     assert_eq!(
         events.last().map(|e| e["error"]["code"].clone()),
         Some(json!("degenerate")),
