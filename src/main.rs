@@ -21,6 +21,8 @@ fn main() -> std::process::ExitCode {
     cmd::init_tracing(&cli.command);
     match cmd::run(cli.command) {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // `samewise alerts list | head`: the reader has what it wanted
+        Err(err) if cmd::is_closed_pipe(&err) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {}", cmd::error_line(&err));
             std::process::ExitCode::FAILURE

@@ -123,11 +123,11 @@ async fn alerts(
             let list = store.alerts(&q).await?;
             if json {
                 let v: Vec<serde_json::Value> = list.iter().map(Alert::to_json).collect();
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&v)?);
             } else if list.is_empty() {
-                println!("no alerts");
+                outln!("no alerts");
             } else {
-                print!("{}", alerts_table(&list));
+                out!("{}", alerts_table(&list));
             }
         }
         AlertsCommand::Show { id } => {
@@ -151,9 +151,9 @@ async fn alerts(
             if json {
                 let mut v = a.to_json();
                 v["eval_jobs"] = serde_json::Value::Array(evals);
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                println!(
+                outln!(
                     "alert {}  {}  {} on {} ({})  opened {}  last seen {}",
                     a.id,
                     a.state,
@@ -163,17 +163,21 @@ async fn alerts(
                     utc(a.opened_ms),
                     utc(a.last_seen_ms)
                 );
-                println!("summary: {}", a.summary);
-                println!("evidence: {}", a.evidence);
+                outln!("summary: {}", a.summary);
+                outln!("evidence: {}", a.evidence);
                 for j in &jobs {
                     let verdict = j
                         .verdict
                         .as_ref()
                         .and_then(|v| v["verdict"].as_str())
                         .unwrap_or("-");
-                    println!(
+                    outln!(
                         "eval job {}: {} vs {}  {}  verdict {}",
-                        j.id, j.suite, j.baseline, j.state, verdict
+                        j.id,
+                        j.suite,
+                        j.baseline,
+                        j.state,
+                        verdict
                     );
                 }
             }
@@ -198,14 +202,17 @@ async fn alerts(
 
 fn show_one(a: &Alert, json: bool, verb: &str) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(&a.to_json())?);
+        outln!("{}", serde_json::to_string_pretty(&a.to_json())?);
     } else if a.state.as_str() == verb {
-        println!(
+        outln!(
             "alert {} {verb}: {} on {} ({})",
-            a.id, a.kind, a.endpoint, a.summary
+            a.id,
+            a.kind,
+            a.endpoint,
+            a.summary
         );
     } else {
-        println!("alert {} is {}; left as it is", a.id, a.state);
+        outln!("alert {} is {}; left as it is", a.id, a.state);
     }
     Ok(())
 }

@@ -109,15 +109,19 @@ async fn bodies(store: &Store, command: BodiesCommand, json: bool) -> anyhow::Re
                         })
                     })
                     .collect();
-                println!("{}", serde_json::to_string_pretty(&docs)?);
+                outln!("{}", serde_json::to_string_pretty(&docs)?);
                 return Ok(());
             }
-            println!(
+            outln!(
                 "{:<30} {:<19} {:<12} {:<28} {:>8}  flags",
-                "request", "captured (UTC)", "model", "endpoint", "bytes"
+                "request",
+                "captured (UTC)",
+                "model",
+                "endpoint",
+                "bytes"
             );
             for b in rows {
-                println!(
+                outln!(
                     "{:<30} {:<19} {:<12} {:<28} {:>8}  {}",
                     b.request_id,
                     utc(b.ts_ms),
@@ -134,7 +138,7 @@ async fn bodies(store: &Store, command: BodiesCommand, json: bool) -> anyhow::Re
             let n = store
                 .purge_captured_bodies(model.as_deref(), before)
                 .await?;
-            println!("{n} captured bodies deleted");
+            outln!("{n} captured bodies deleted");
             Ok(())
         }
     }

@@ -83,7 +83,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
     match &args.out {
         Some(path) => std::fs::write(path, json)
             .with_context(|| format!("cannot write {}", path.display()))?,
-        None => print!("{json}"),
+        None => out!("{json}"),
     }
     eprintln!(
         "calibrate: done in {:.1} s wall",

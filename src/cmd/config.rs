@@ -42,16 +42,16 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
             for (name, m) in &config.models {
                 samewise_dashboards::Slo::parse(name, m.slo.as_ref())?;
             }
-            print!("{}: ok\n{}", file.display(), config.summary());
+            out!("{}: ok\n{}", file.display(), config.summary());
             if config.evals.is_some() {
-                println!(
+                outln!(
                     "evals: {} worker(s), reference {}",
                     evals.workers,
                     evals.reference_url.as_deref().unwrap_or("none")
                 );
             }
             if let Some(p) = &probes {
-                println!(
+                outln!(
                     "probes: {} model(s), reference {}",
                     p.models.len(),
                     super::probes::reference_label(p)
@@ -61,7 +61,7 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
                 if let Some(var) = &p.api_key_env
                     && std::env::var_os(var).is_none()
                 {
-                    println!(
+                    outln!(
                         "  note: provider {name} reads its key from ${var}, which is not set here"
                     );
                 }

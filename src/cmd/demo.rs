@@ -105,15 +105,15 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let log = init_log(&data_dir)?;
     let postgres = std::env::var("DATABASE_URL").is_ok_and(|u| !u.trim().is_empty());
     if postgres {
-        println!("store: PostgreSQL from DATABASE_URL (resuming what it holds)");
+        say!("store: PostgreSQL from DATABASE_URL (resuming what it holds)");
     } else if args.resume {
-        println!(
+        say!(
             "store: SQLite in {} (resuming the previous run)",
             data_dir.display()
         );
     } else {
         clean_sqlite(&data_dir)?;
-        println!("store: SQLite in {} (started clean)", data_dir.display());
+        say!("store: SQLite in {} (started clean)", data_dir.display());
     }
     let model = samewise_demo::model::ensure()?;
     let ladder = data_dir.join("ladder.json");
@@ -133,7 +133,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let result = runtime.block_on(demo(&args, &data_dir, &model, &ladder, &sizes, started));
-    println!("log: {}", log.display());
+    say!("log: {}", log.display());
     result
 }
 
@@ -259,7 +259,7 @@ async fn demo(
             args.listen
         )
     })?;
-    println!(
+    say!(
         "loading the test model as 5 endpoints + the reference ({})",
         model.display()
     );
@@ -330,19 +330,19 @@ async fn demo(
             super::serve::serve_on(&config, store, listener, stop.cancelled_owned()).await
         })
     };
-    println!("listening on {base}");
-    println!();
-    println!("  dashboard  {base}/   (admin key: {admin_key})");
-    println!(
+    say!("listening on {base}");
+    say!();
+    say!("  dashboard  {base}/   (admin key: {admin_key})");
+    say!(
         "  gateway    {base}/v1/chat/completions   (model \"{}\", key: {user_key})",
         scenario::MODEL
     );
-    println!("  config     {}", config_path.display());
-    println!();
+    say!("  config     {}", config_path.display());
+    say!();
     for e in &ENDPOINTS {
-        println!("  {:<13} {}", e.id(), e.story);
+        say!("  {:<13} {}", e.id(), e.story);
     }
-    println!();
+    say!();
     let traffic = Traffic::spawn(TrafficConfig {
         base_url: base.clone(),
         key: user_key,
@@ -362,12 +362,12 @@ async fn demo(
         Duration::from_secs(args.refresh_s),
     );
     tokio::select! {
-        () = watched => println!("\n{} — time is up, stopping", clock(started)),
-        () = super::shutdown_signal() => println!("\n{} — stopping", clock(started)),
+        () = watched => say!("\n{} — time is up, stopping", clock(started)),
+        () = super::shutdown_signal() => say!("\n{} — stopping", clock(started)),
     }
     // the final picture, while the gateway still answers
     if let Ok(rows) = overview.rows().await {
-        print!("{}", summary::table(&rows));
+        say_raw!("{}", summary::table(&rows));
     }
     traffic.shutdown().await;
     print_traffic(&traffic);
@@ -382,12 +382,12 @@ async fn demo(
     }
     store.close().await;
     if problems.is_empty() {
-        println!(
+        say!(
             "store: consistent ({} integrity check passed); the demo's keys are revoked",
             store.backend()
         );
     } else {
-        println!(
+        say!(
             "store: {} problem(s): {}",
             problems.len(),
             problems.join("; ")
@@ -398,7 +398,7 @@ async fn demo(
         Err(e) => anyhow::bail!("the gateway task failed: {e}"),
     }
     anyhow::ensure!(problems.is_empty(), "the store failed its integrity check");
-    println!("stopped after {}", clock(started));
+    say!("stopped after {}", clock(started));
     Ok(())
 }
 
@@ -420,7 +420,7 @@ fn print_traffic(traffic: &Traffic) {
             f => format!("{n} {s} ({f} failed)"),
         })
         .collect();
-    println!(
+    say!(
         "traffic: {sent} requests ({}): {ok} answered, {failed} failed, {} in flight at the stop",
         parts.join(", "),
         sent - ok - failed
@@ -451,15 +451,15 @@ async fn watch(
             }
         };
         for line in summary::events(&before, &rows) {
-            println!("{} {line}", clock(started));
+            say!("{} {line}", clock(started));
         }
         if Instant::now() >= next_table {
-            println!(
+            say!(
                 "\n{} · traffic {} requests",
                 clock(started),
                 traffic.stats.snapshot().iter().map(|s| s.1).sum::<u64>()
             );
-            print!("{}", summary::table(&rows));
+            say_raw!("{}", summary::table(&rows));
             next_table = Instant::now() + every;
         }
         before = rows;

@@ -144,7 +144,7 @@ fn synth(args: EngineSynthArgs) -> anyhow::Result<()> {
         }
         (None, None) => anyhow::bail!("give --shape or --from"),
     };
-    println!(
+    outln!(
         "wrote {}: {} bytes, {} tensors, {} layers, in {:.1} s",
         report.path.display(),
         report.bytes,
@@ -184,7 +184,7 @@ fn serve(args: EngineServeArgs) -> anyhow::Result<()> {
         let local = listener.local_addr()?;
         tracing::info!(addr = %local, model = state.model_name(), threads = args.threads, profile = %profile_name, device = %state.engine().device(), "engine listening");
         // One line on stdout for scripts and tests that start the engine on port 0.
-        println!("listening on http://{local}");
+        outln!("listening on http://{local}");
         server::serve(listener, state, super::shutdown_signal()).await?;
         tracing::info!("stopped");
         anyhow::Ok(())

@@ -379,21 +379,21 @@ async fn evals(
                     "made": report.made.iter().map(|(id, req, kind)| serde_json::json!({"case": id, "request_id": req, "check": kind})).collect::<Vec<_>>(),
                     "skipped": report.skipped.iter().map(|(req, why)| serde_json::json!({"request_id": req, "why": why})).collect::<Vec<_>>(),
                 });
-                println!("{}", serde_json::to_string_pretty(&doc)?);
+                outln!("{}", serde_json::to_string_pretty(&doc)?);
             } else {
                 for (id, req, kind) in &report.made {
-                    println!("case {id}: request {req}, check {kind}");
+                    outln!("case {id}: request {req}, check {kind}");
                 }
                 for (req, why) in &report.skipped {
-                    println!("skipped {req}: {why}");
+                    outln!("skipped {req}: {why}");
                 }
                 if report.made.is_empty() && report.skipped.is_empty() {
-                    println!(
+                    outln!(
                         "no captured requests there: is [models.NAME.capture] enabled for the \
                          model, and was its traffic flagged (or sampled) in that window?"
                     );
                 }
-                println!(
+                outln!(
                     "{} cases made for suite {suite}, {} requests skipped",
                     report.made.len(),
                     report.skipped.len()
@@ -407,7 +407,7 @@ async fn evals(
             let evals = EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref())?;
             let n = workers.unwrap_or(evals.workers).max(1);
             let running = start(config, store.clone(), n, true)?;
-            println!("eval workers running: {n}");
+            outln!("eval workers running: {n}");
             super::shutdown_signal().await;
             running.shutdown().await;
             Ok(())
@@ -440,11 +440,11 @@ async fn cases(store: &Store, command: CasesCommand, json: bool) -> anyhow::Resu
                         })
                     })
                     .collect();
-                println!("{}", serde_json::to_string_pretty(&doc)?);
+                outln!("{}", serde_json::to_string_pretty(&doc)?);
                 return Ok(());
             }
             for c in &cases {
-                println!(
+                outln!(
                     "{}  {}  {}  check {}  request {}  endpoint {}  alert {}  {}",
                     c.id,
                     c.model,
@@ -456,7 +456,7 @@ async fn cases(store: &Store, command: CasesCommand, json: bool) -> anyhow::Resu
                     samewise_store::utc_text(c.created_ms),
                 );
             }
-            println!("{} cases", cases.len());
+            outln!("{} cases", cases.len());
             Ok(())
         }
         CasesCommand::Delete {
@@ -486,9 +486,9 @@ async fn cases(store: &Store, command: CasesCommand, json: bool) -> anyhow::Resu
                 deleted += store.delete_regression_cases(q).await?;
             }
             if json {
-                println!("{}", serde_json::json!({ "deleted": deleted }));
+                outln!("{}", serde_json::json!({ "deleted": deleted }));
             } else {
-                println!("{deleted} cases deleted");
+                outln!("{deleted} cases deleted");
             }
             Ok(())
         }
@@ -516,15 +516,21 @@ fn print_job(j: &EvalJob, json: bool) -> anyhow::Result<()> {
             "verdict": j.verdict,
             "error": j.error,
         });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "job {}  {}  suite {}  endpoint {}  baseline {}  attempts {}  tokens {}",
-        j.id, j.state, j.suite, j.endpoint, j.baseline, j.attempts, j.tokens
+        j.id,
+        j.state,
+        j.suite,
+        j.endpoint,
+        j.baseline,
+        j.attempts,
+        j.tokens
     );
     if let Some(e) = &j.error {
-        println!("error: {e}");
+        outln!("error: {e}");
     }
     if let Some(v) = &j.verdict {
         let f = |x: &serde_json::Value| {
@@ -535,26 +541,26 @@ fn print_job(j: &EvalJob, json: bool) -> anyhow::Result<()> {
             (Some(a), Some(b)) => format!("[{:.1}%, {:.1}%]", a * 100.0, b * 100.0),
             _ => "n/a".to_owned(),
         };
-        println!(
+        outln!(
             "verdict: {}  (items {} of {}, stopped: {})",
             v["verdict"].as_str().unwrap_or("?"),
             v["items"],
             v["items_total"],
             v["stopped"].as_str().unwrap_or("?")
         );
-        println!(
+        outln!(
             "suspect : {} {}  failures {}",
             f(&v["suspect"]["rate"]),
             ci(&v["suspect"]["wilson95"]),
             v["suspect"]["failures"]
         );
-        println!(
+        outln!(
             "baseline: {} {}  failures {}",
             f(&v["baseline"]["rate"]),
             ci(&v["baseline"]["wilson95"]),
             v["baseline"]["failures"]
         );
-        println!(
+        outln!(
             "paired: diff {} {} at {:.2}%, McNemar exact p = {:.3e}; δ = {}, α = {}, looks = {}",
             f(&v["diff"]),
             ci(&v["diff_interval"]),
@@ -566,7 +572,7 @@ fn print_job(j: &EvalJob, json: bool) -> anyhow::Result<()> {
         );
         let sv = &v["schema_validity"];
         if !sv.is_null() {
-            println!(
+            outln!(
                 "schema validity ({} items both sides called on): suspect {}, baseline {}, diff {} {}, McNemar exact p = {:.3e} ({})",
                 sv["items"],
                 f(&sv["suspect"]["rate"]),
@@ -578,7 +584,7 @@ fn print_job(j: &EvalJob, json: bool) -> anyhow::Result<()> {
             );
         }
         if !v["extras"].is_null() {
-            println!("extras: {}", v["extras"]);
+            outln!("extras: {}", v["extras"]);
         }
     }
     Ok(())

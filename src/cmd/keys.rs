@@ -71,22 +71,27 @@ async fn keys(store: &Store, command: KeysCommand) -> anyhow::Result<()> {
                         "{r} requests/minute"
                     ))
             );
-            println!("{plaintext}");
+            outln!("{plaintext}");
         }
         KeysCommand::List => {
             for k in store.list_api_keys().await? {
                 let rpm = k.rpm_limit.map_or("-".to_owned(), |r| r.to_string());
                 let state = if k.revoked { "revoked" } else { "active" };
                 let role = if k.admin { "admin" } else { "client" };
-                println!(
+                outln!(
                     "{}\t{}\t{}...\trpm={}\t{}\t{}",
-                    k.id, k.name, k.prefix, rpm, state, role
+                    k.id,
+                    k.name,
+                    k.prefix,
+                    rpm,
+                    state,
+                    role
                 );
             }
         }
         KeysCommand::Revoke { name } => {
             if store.revoke_api_key(&name).await? {
-                println!("revoked \"{name}\"");
+                outln!("revoked \"{name}\"");
             } else {
                 anyhow::bail!("no active key named \"{name}\"");
             }

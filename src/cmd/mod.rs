@@ -5,6 +5,40 @@
 
 use std::path::PathBuf;
 
+/// `println!` that does not panic when stdout is gone (`samewise alerts list | head`): a write
+/// error returns from the enclosing function, and `main` leaves quietly on a closed pipe.
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($t)*)?
+    }};
+}
+
+/// `print!`, as [`outln`] is `println!`.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout(), $($t)*)?
+    }};
+}
+
+/// `println!` for a run that must go on (and clean up) when stdout is gone: the demo's live
+/// summary. A write error is dropped.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
+/// `print!`, as [`say`] is `println!`.
+macro_rules! say_raw {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($t)*);
+    }};
+}
+
 use clap::{Args, Subcommand};
 use samewise_proxy::Config;
 
@@ -86,6 +120,14 @@ pub fn run(command: Command) -> anyhow::Result<()> {
         Command::Bodies(args) => bodies::run(args),
         Command::Demo(args) => demo::run(args),
     }
+}
+
+/// Whether `err` is stdout's reader having gone away (a closed pipe): not worth a word.
+pub fn is_closed_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// `err` and its causes as one line, outermost first, separated by ": " like anyhow's `{:#}`,

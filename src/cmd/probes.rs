@@ -200,7 +200,7 @@ async fn run_rounds(store: &Store, scheduler: &Scheduler, rounds: u64) -> anyhow
         for r in scheduler.run_once(round).await? {
             match r {
                 RoundResult::OverBudget { spent } => {
-                    println!("round {round}: skipped: hourly token budget spent ({spent} tokens)")
+                    outln!("round {round}: skipped: hourly token budget spent ({spent} tokens)")
                 }
                 RoundResult::Stored(runs) => {
                     for run in runs {
@@ -210,7 +210,7 @@ async fn run_rounds(store: &Store, scheduler: &Scheduler, rounds: u64) -> anyhow
                             .repeat_of
                             .map(|id| format!(" (repeat of #{id})"))
                             .unwrap_or_default();
-                        println!(
+                        outln!(
                             "#{} {} {} {verdict}{pair} tokens={} {}",
                             run.id,
                             run.endpoint,
@@ -241,12 +241,12 @@ async fn run_rounds(store: &Store, scheduler: &Scheduler, rounds: u64) -> anyhow
         .into_iter()
         .filter(|a| endpoints.contains(a.endpoint.as_str()))
         .collect();
-    println!(
+    outln!(
         "{rounds} round(s): {stored} run(s) stored, {} open alert(s)",
         open.len()
     );
     for a in open {
-        println!("alert #{} {} {}: {}", a.id, a.endpoint, a.kind, a.summary);
+        outln!("alert #{} {} {}: {}", a.id, a.endpoint, a.kind, a.summary);
     }
     Ok(())
 }

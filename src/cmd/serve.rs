@@ -40,7 +40,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             }
         };
         // One line on stdout for scripts and tests that start the gateway on port 0.
-        println!("listening on http://{}", listener.local_addr()?);
+        outln!("listening on http://{}", listener.local_addr()?);
         serve_on(&config, store, listener, super::shutdown_signal()).await
     })
 }

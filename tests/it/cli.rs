@@ -31,6 +31,36 @@ fn config(base_url: &str, data_dir: &std::path::Path) -> String {
     )
 }
 
+/// `samewise ... | head -1`: stdout's reader is gone before the first line. Before, `println!`
+/// panicked ("failed printing to stdout: Broken pipe") with a backtrace on stderr.
+#[test]
+fn a_closed_stdout_is_left_quietly() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().to_str().context("path")?;
+    for args in [
+        vec!["config", "check", "examples/samewise.toml"],
+        vec!["keys", "--data-dir", data, "list"],
+        vec!["alerts", "--data-dir", data, "list"],
+    ] {
+        let (reader, writer) = std::io::pipe()?;
+        drop(reader); // every write now fails with EPIPE
+        let out = Command::new(BIN)
+            .args(&args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env_remove("DATABASE_URL")
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !stderr.contains("panicked") && !stderr.contains("error"),
+            "{args:?}: {:?} {stderr}",
+            out.status
+        );
+    }
+    Ok(())
+}
+
 #[test]
 fn config_check_accepts_the_example_and_names_bad_keys_with_lines() -> Result<()> {
     let out = Command::new(BIN)
