@@ -46,6 +46,16 @@ fn schemas() -> Vec<(&'static str, Option<Value>, &'static str)> {
             "Plan a four-leg flight itinerary around Europe as JSON.",
         ),
         (
+            "regions (300-value enum, 5 picks)",
+            Some(
+                json!({"type": "object", "properties": {"regions": {"type": "array",
+                    "items": {"enum": (0..300).map(|i| format!("eu-region-{i:03}")).collect::<Vec<_>>()},
+                    "minItems": 5, "maxItems": 5}},
+                "required": ["regions"], "additionalProperties": false}),
+            ),
+            "Pick five data-centre regions for a European deployment as JSON.",
+        ),
+        (
             "json_object (free JSON)",
             None,
             "Describe the solar system's planets as a JSON object.",
