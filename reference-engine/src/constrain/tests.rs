@@ -592,6 +592,28 @@ fn wide_enums_and_long_tool_lists_reach_every_value() {
 }
 
 #[test]
+fn a_switch_reads_one_key_then_that_keys_node() {
+    let mut g = Grammar::new();
+    let one = g.push(Node::Lit((*b"1").into()));
+    let two = g.push(Node::Lit((*b"2").into()));
+    let key = |k: &[u8]| -> Box<[u8]> { k.into() };
+    // "a" twice (either node follows), "ab" a longer key, "" a bare node
+    g.root = g.switch(vec![
+        (key(b"a"), one),
+        (key(b"ab"), two),
+        (key(b""), two),
+        (key(b"a"), two),
+    ]);
+    g.seal();
+    for ok in ["a1", "a2", "ab2", "2"] {
+        assert!(accepts(&g, ok.as_bytes()), "{ok}");
+    }
+    for bad in ["ab1", "a", "ab", "b2", "1", "", "a12"] {
+        assert!(!accepts(&g, bad.as_bytes()), "{bad}");
+    }
+}
+
+#[test]
 fn tool_arguments_are_closed_where_json_schema_leaves_them_open() {
     // BFCL's shape: properties with descriptions, no additionalProperties, a free-form dict
     let params = json!({"type": "object", "properties": {
