@@ -5,13 +5,14 @@
 //! POST under a session carries its CSRF token in `X-CSRF-Token`.
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use samewise_store::AlertState;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::auth::Admin;
+use crate::extract::{Path, Query};
 use crate::view::{self, Range};
 use crate::{DashError, Dashboards};
 

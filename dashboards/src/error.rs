@@ -34,6 +34,10 @@ pub enum DashError {
     /// A malformed parameter.
     #[error("{0}")]
     BadRequest(String),
+    /// A request an extractor refused (a malformed query string or path, a form without its
+    /// content type), with the status axum gave it.
+    #[error("{1}")]
+    Rejected(StatusCode, String),
     /// A route asked with a method it does not take (`GET` of an action, `DELETE` of a list).
     #[error("this route does not accept that method")]
     MethodNotAllowed,
@@ -94,6 +98,16 @@ impl DashError {
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
                 "invalid_parameter",
+            ),
+            DashError::Rejected(s, _) if s.is_server_error() => (*s, "server_error", "internal"),
+            DashError::Rejected(s, _) => (
+                *s,
+                "invalid_request_error",
+                match *s {
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+                    StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+                    _ => "invalid_parameter",
+                },
             ),
             DashError::MethodNotAllowed => (
                 StatusCode::METHOD_NOT_ALLOWED,

@@ -20,7 +20,8 @@
 //!
 //! # Layout
 //! - `config`: `[dashboards]` and `[models.NAME.slo]`.
-//! - `error`: [`DashError`] and the OpenAI-shaped error responses.
+//! - `error`: [`DashError`] and the OpenAI-shaped error responses; `extract`: query, path and
+//!   form extractors whose rejections are [`DashError`]s (never axum's plain-text 400s).
 //! - `auth`: admin keys, sessions, CSRF tokens, security headers.
 //! - `view`: what a page shows, computed from the store (shared by pages and the API).
 //! - `metrics`: the dashboards' Prometheus families (probe statistics, probe runs,
@@ -34,6 +35,7 @@
 mod auth;
 mod config;
 mod error;
+mod extract;
 mod metrics;
 mod stats;
 mod view;

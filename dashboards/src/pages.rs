@@ -5,14 +5,14 @@
 
 use std::fmt::Write;
 
-use axum::Form;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use samewise_store::AlertState;
 use serde::Deserialize;
 
 use crate::auth::{self, Admin, COOKIE};
+use crate::extract::{Form, Path, Query};
 use crate::html::{esc, num, page, pct, time, url};
 use crate::svg::{Line, chart, sparkline};
 use crate::view::{self, AlertView, EndpointDetail, EndpointRow, RANGES, Range, Verdict};
@@ -82,9 +82,10 @@ pub struct OverviewQuery {
 pub async fn overview(
     State(d): State<Dashboards>,
     admin: Result<Admin, DashError>,
-    Query(q): Query<OverviewQuery>,
+    q: Result<Query<OverviewQuery>, DashError>,
 ) -> PageResult {
     admin?;
+    let Query(q) = q?;
     let range = Range::parse(q.range.as_deref())?;
     let models = view::overview(&d, q.model.as_deref(), range).await?;
     let mut b = range_picker("/", range, "");
@@ -274,9 +275,10 @@ pub struct EndpointQuery {
 pub async fn endpoint(
     State(d): State<Dashboards>,
     admin: Result<Admin, DashError>,
-    Query(q): Query<EndpointQuery>,
+    q: Result<Query<EndpointQuery>, DashError>,
 ) -> PageResult {
     let admin = admin?;
+    let Query(q) = q?;
     let e =
         q.e.ok_or_else(|| DashError::BadRequest("missing ?e=ENDPOINT".to_owned()))?;
     let range = Range::parse(q.range.as_deref())?;
@@ -481,9 +483,10 @@ pub struct CompareQuery {
 pub async fn compare(
     State(d): State<Dashboards>,
     admin: Result<Admin, DashError>,
-    Query(q): Query<CompareQuery>,
+    q: Result<Query<CompareQuery>, DashError>,
 ) -> PageResult {
     let admin = admin?;
+    let Query(q) = q?;
     let range = Range::parse(q.range.as_deref())?;
     let mut b = String::from("<form method=\"get\" action=\"/compare\" class=\"pick\">");
     for (name, chosen) in [("a", &q.a), ("b", &q.b)] {
@@ -544,9 +547,10 @@ pub struct AlertsQuery {
 pub async fn alerts(
     State(d): State<Dashboards>,
     admin: Result<Admin, DashError>,
-    Query(q): Query<AlertsQuery>,
+    q: Result<Query<AlertsQuery>, DashError>,
 ) -> PageResult {
     let admin = admin?;
+    let Query(q) = q?;
     let state = match q.state.as_deref() {
         None | Some("") | Some("all") => None,
         Some(s) => Some(
@@ -567,9 +571,10 @@ pub async fn alerts(
 pub async fn alert(
     State(d): State<Dashboards>,
     admin: Result<Admin, DashError>,
-    Path(id): Path<i64>,
+    id: Result<Path<i64>, DashError>,
 ) -> PageResult {
     let admin = admin?;
+    let Path(id) = id?;
     let a = d
         .inner
         .store
@@ -621,8 +626,8 @@ pub struct CsrfForm {
 pub async fn ack(
     State(d): State<Dashboards>,
     admin: Result<Admin, DashError>,
-    Path(id): Path<i64>,
-    Form(f): Form<CsrfForm>,
+    id: Result<Path<i64>, DashError>,
+    f: Result<Form<CsrfForm>, DashError>,
 ) -> PageResult {
     set(d, admin, id, f, false).await
 }
@@ -631,8 +636,8 @@ pub async fn ack(
 pub async fn resolve(
     State(d): State<Dashboards>,
     admin: Result<Admin, DashError>,
-    Path(id): Path<i64>,
-    Form(f): Form<CsrfForm>,
+    id: Result<Path<i64>, DashError>,
+    f: Result<Form<CsrfForm>, DashError>,
 ) -> PageResult {
     set(d, admin, id, f, true).await
 }
@@ -640,11 +645,13 @@ pub async fn resolve(
 async fn set(
     d: Dashboards,
     admin: Result<Admin, DashError>,
-    id: i64,
-    f: CsrfForm,
+    id: Result<Path<i64>, DashError>,
+    f: Result<Form<CsrfForm>, DashError>,
     resolve: bool,
 ) -> PageResult {
-    admin?.check_csrf(f.csrf.as_deref())?;
+    let admin = admin?;
+    let (Path(id), Form(f)) = (id?, f?);
+    admin.check_csrf(f.csrf.as_deref())?;
     view::set_alert(&d, id, resolve).await?;
     Ok(Redirect::to(&format!("/alerts/{id}")).into_response())
 }
@@ -666,7 +673,11 @@ pub struct LoginForm {
 }
 
 /// `POST /login`: an admin key starts a session (cookie) and goes to the overview.
-pub async fn login(State(d): State<Dashboards>, Form(f): Form<LoginForm>) -> PageResult {
+pub async fn login(
+    State(d): State<Dashboards>,
+    f: Result<Form<LoginForm>, DashError>,
+) -> PageResult {
+    let Form(f) = f?;
     let key = d.inner.store.find_api_key(f.key.trim()).await?;
     match key {
         Some(k) if k.admin => {

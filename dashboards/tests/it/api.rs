@@ -242,6 +242,50 @@ async fn alerts_list_ack_resolve() -> Result<()> {
         let e = body(res).await?;
         ensure!(e["error"]["code"] == "method_not_allowed", "{e}");
     }
+    // a malformed path or query parameter: the API's OpenAI-shaped JSON 400 naming it, the
+    // pages' error page (axum's own rejections were plain text)
+    for path in [
+        "/api/v1/alerts/abc",
+        "/api/v1/alerts/99999999999999999999",
+        "/api/v1/evals/x1",
+        "/api/v1/series?model=m",
+        "/api/v1/probe-series?endpoint=w4/m&step=soon",
+        "/api/v1/alerts?limit=-",
+    ] {
+        let res = s.get(path, Some(&s.admin)).await?;
+        ensure!(res.status() == 400, "{path}: {}", res.status());
+        ensure!(
+            res.headers().contains_key("x-content-type-options"),
+            "{path}"
+        );
+        let e = body(res).await?;
+        ensure!(
+            e["error"]["code"] == "invalid_parameter"
+                && e["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| !m.is_empty()),
+            "{path}: {e}"
+        );
+    }
+    for path in ["/alerts/abc", "/endpoint?step=x"] {
+        let res = s.get(path, Some(&s.admin)).await?;
+        ensure!(res.status() == 400, "{path}: {}", res.status());
+        let ct = res.headers()["content-type"].to_str()?.to_owned();
+        ensure!(ct.starts_with("text/html"), "{path}: {ct}");
+    }
+    // a login form sent as JSON keeps axum's 415, on the error page
+    let res = http
+        .post(format!("{}/login", s.url))
+        .header("content-type", "application/json")
+        .body(r#"{"key": "x"}"#)
+        .send()
+        .await?;
+    ensure!(res.status() == 415, "{}", res.status());
+    ensure!(
+        res.headers()["content-type"]
+            .to_str()?
+            .starts_with("text/html")
+    );
     // Bearer POSTs need no CSRF token (no ambient credential)
     let acked = body(
         http.post(format!("{}/api/v1/alerts/{id}/ack", s.url))
