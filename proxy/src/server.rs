@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::middleware::Next;
@@ -440,15 +441,23 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
 }
 
 /// `GET /v1/models/{model}`: the model's entry of `/v1/models`, or an OpenAI-shaped 404
-/// (`model_not_found`). A model's name may hold slashes (`org/name`).
+/// (`model_not_found`). A model's name may hold slashes (`org/name`); one that is not UTF-8
+/// once percent-decoded is a 400 (`invalid_path`).
 async fn model(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
 ) -> Response {
     if let Err(refused) = allowed_to_list(&state, &headers).await {
         return refused;
     }
+    let id = match id {
+        Ok(Path(id)) => id,
+        Err(e) => {
+            return ApiError::bad_request("invalid_path", e.body_text(), Some("model"))
+                .into_response();
+        }
+    };
     if !state.inner.models.contains_key(&id) {
         return ApiError::ModelNotFound { model: id }.into_response();
     }

@@ -283,6 +283,11 @@ async fn completions_route_and_models_list() -> Result<()> {
         let e: serde_json::Value = serde_json::from_slice(&resp.bytes().await?)?;
         assert!(e["error"]["message"].is_string(), "{other}: {e}");
     }
+    // a name that is not UTF-8 once decoded: OpenAI-shaped JSON, not axum's plain text
+    let resp = gw.get("/v1/models/%FF").await?;
+    assert_eq!(resp.status(), 400);
+    let e: serde_json::Value = serde_json::from_slice(&resp.bytes().await?)?;
+    assert_eq!(e["error"]["code"], "invalid_path", "{e}");
     gw.stop().await
 }
 

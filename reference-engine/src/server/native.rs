@@ -3,6 +3,7 @@
 //! `GET /v1/models`, `GET /v1/models/{model}` and `GET /healthz`.
 
 use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -176,8 +177,24 @@ pub(crate) async fn models(State(state): State<ServerState>) -> Response {
 }
 
 /// `GET /v1/models/{model}`: the served model's entry of `/v1/models`, or an OpenAI-shaped 404
-/// (`model_not_found`) for any other name.
-pub(crate) async fn model(State(state): State<ServerState>, Path(id): Path<String>) -> Response {
+/// (`model_not_found`) for any other name (a 400 `invalid_path` for one that is not UTF-8 once
+/// percent-decoded).
+pub(crate) async fn model(
+    State(state): State<ServerState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Response {
+    let id = match id {
+        Ok(Path(id)) => id,
+        Err(e) => {
+            return ApiError::new(
+                StatusCode::BAD_REQUEST,
+                e.body_text(),
+                "invalid_request_error",
+                Some("invalid_path"),
+            )
+            .into_response();
+        }
+    };
     if id != state.model_name() {
         return ApiError::new(
             StatusCode::NOT_FOUND,

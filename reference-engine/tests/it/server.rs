@@ -393,6 +393,12 @@ async fn models_health_tokenize_detokenize() -> anyhow::Result<()> {
             "{e}"
         );
     }
+    let (s, e) = srv.get("/v1/models/%FF").await?;
+    assert_eq!(
+        (s, &e["error"]["code"]),
+        (400, &json!("invalid_path")),
+        "{e}"
+    );
     let t = srv
         .ok("/tokenize", &json!({"prompt": "Hello, world! 🚀"}))
         .await?;
