@@ -5,6 +5,8 @@
 
 mod cmd;
 
+use std::io::Write as _;
+
 use clap::Parser;
 
 /// samewise keeps LLM endpoints honest: an OpenAI-compatible aggregation proxy that checks
@@ -24,7 +26,8 @@ fn main() -> std::process::ExitCode {
         // `samewise alerts list | head`: the reader has what it wanted
         Err(err) if cmd::is_closed_pipe(&err) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {}", cmd::error_line(&err));
+            // not eprintln!, which panics when stderr is gone
+            let _ = writeln!(std::io::stderr(), "error: {}", cmd::error_line(&err));
             std::process::ExitCode::FAILURE
         }
     }

@@ -50,7 +50,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
     };
     let seqs = calibrate::tokenize_corpus(&args.model, &corpus)?;
     let total: usize = seqs.iter().map(|s| s.len().saturating_sub(1)).sum();
-    eprintln!(
+    note!(
         "calibrate: {} texts, {total} positions, levels {}",
         corpus.len(),
         args.levels.join(", ")
@@ -70,7 +70,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
         &seqs,
         &opts,
         &mut |p| {
-            eprintln!(
+            note!(
                 "calibrate: {}/{} texts, {} positions, {:.0} s",
                 p.texts_done,
                 p.texts,
@@ -85,7 +85,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?,
         None => out!("{json}"),
     }
-    eprintln!(
+    note!(
         "calibrate: done in {:.1} s wall",
         start.elapsed().as_secs_f64()
     );

@@ -135,7 +135,7 @@ fn synth(args: EngineSynthArgs) -> anyhow::Result<()> {
                 threads: args.threads.unwrap_or(0),
             };
             let size = opts.file_size()?;
-            eprintln!(
+            note!(
                 "writing {}: {size} bytes ({:.2} GiB)",
                 args.out.display(),
                 size as f64 / f64::from(1u32 << 30)

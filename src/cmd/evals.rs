@@ -302,13 +302,13 @@ async fn evals(
                 .open(store, &req, 0)
                 .await?
                 .context("the job was not opened")?;
-            eprintln!("eval job {} opened", job.id);
+            note!("eval job {} opened", job.id);
             let running = start(config, store.clone(), 1, false)?;
             let done = loop {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 let j = store.eval_job(job.id).await?.context("the job vanished")?;
                 let p = store.eval_progress(job.id).await?;
-                eprintln!(
+                note!(
                     "job {}: {} — {} results of {} items × 2, {} tokens",
                     j.id,
                     j.state,

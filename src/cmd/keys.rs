@@ -61,7 +61,7 @@ async fn keys(store: &Store, command: KeysCommand) -> anyhow::Result<()> {
                 admin,
             };
             let (key, plaintext) = store.create_api_key_with(&name, opts).await?;
-            eprintln!(
+            note!(
                 "created {}key \"{}\" (id {}, {}); it is shown once, store it now:",
                 if key.admin { "admin " } else { "" },
                 key.name,

@@ -31,6 +31,15 @@ macro_rules! say {
     }};
 }
 
+/// `eprintln!` that drops a write error (a closed stderr, `2>&1 | head`): progress and error
+/// lines are worth nothing then, and `eprintln!` would panic.
+macro_rules! note {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 /// `print!`, as [`say`] is `println!`.
 macro_rules! say_raw {
     ($($t:tt)*) => {{

@@ -32,7 +32,8 @@ fn config(base_url: &str, data_dir: &std::path::Path) -> String {
 }
 
 /// `samewise ... | head -1`: stdout's reader is gone before the first line. Before, `println!`
-/// panicked ("failed printing to stdout: Broken pipe") with a backtrace on stderr.
+/// panicked ("failed printing to stdout: Broken pipe") with a backtrace on stderr, and
+/// `eprintln!` likewise when stderr was gone.
 #[test]
 fn a_closed_stdout_is_left_quietly() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -58,6 +59,15 @@ fn a_closed_stdout_is_left_quietly() -> Result<()> {
             out.status
         );
     }
+    // stderr gone too (`2>&1 | head`): the error still exits 1, not a panic's 101
+    let (reader, writer) = std::io::pipe()?;
+    drop(reader);
+    let status = Command::new(BIN)
+        .args(["config", "check", "/nonexistent/samewise.toml"])
+        .stdout(writer.try_clone()?)
+        .stderr(writer)
+        .status()?;
+    assert_eq!(status.code(), Some(1), "{status:?}");
     Ok(())
 }
 
