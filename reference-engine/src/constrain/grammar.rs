@@ -5,9 +5,10 @@
 //! A state is a small set of stacks of [`Frame`]s: one stack per live reading of the
 //! output so far (`anyOf` branches that share a prefix are followed side by side and die
 //! when a byte rules them out; at most [`MAX_STACKS`] are kept, while an enum's values or the
-//! functions' names are one reading however many, [`Switch`]). A stack's top frame always consumes bytes; frames below it
-//! are continuations (the array waiting for its item, the object waiting for a value). The
-//! empty stack has read a whole instance and accepts only the end of input.
+//! functions' names are one reading however many, [`Switch`]). A stack's top frame always
+//! consumes bytes; frames below it are continuations (the array waiting for its item, the
+//! object waiting for a value). The empty stack has read a whole instance and accepts only the
+//! end of input.
 //!
 //! The automaton accepts exactly the bytes that keep the output a prefix of some valid
 //! instance, so any token whose bytes pass is allowed, canonical tokenization or not. JSON
