@@ -27,10 +27,8 @@ pub struct RepeatGuard {
     min_chars: usize,
     /// The unit of the current run.
     last: String,
-    /// Length of the current run, in units.
+    /// Length of the current run, in units (its characters: `run` × those of `last`).
     run: usize,
-    /// Length of the current run, in characters.
-    chars: usize,
 }
 
 /// The smallest `n` the guard accepts: with 1, every unit would be a "repetition".
@@ -51,25 +49,22 @@ impl RepeatGuard {
             min_chars,
             last: String::new(),
             run: 0,
-            chars: 0,
         }
     }
 
     /// Feeds the next unit; true when it completes (or extends) a run that fires.
     pub fn push(&mut self, unit: &str) -> bool {
         if !unit.is_empty() {
-            let len = unit.chars().count();
             if self.run > 0 && self.last == unit {
                 self.run = self.run.saturating_add(1);
-                self.chars = self.chars.saturating_add(len);
             } else {
                 self.last.clear();
                 self.last.push_str(unit);
                 self.run = 1;
-                self.chars = len;
             }
         }
-        self.run >= self.n && self.chars >= self.min_chars
+        // characters are counted only once the run is long enough to matter
+        self.run >= self.n && self.run.saturating_mul(self.last.chars().count()) >= self.min_chars
     }
 }
 
