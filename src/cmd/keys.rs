@@ -71,7 +71,20 @@ async fn keys(store: &Store, command: KeysCommand) -> anyhow::Result<()> {
                         "{r} requests/minute"
                     ))
             );
-            outln!("{plaintext}");
+            // a key nobody saw is a live secret nobody holds: revoke it and say so (not the
+            // closed pipe's quiet exit 0)
+            let shown = {
+                use std::io::Write as _;
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "{plaintext}").and_then(|()| out.flush())
+            };
+            if let Err(err) = shown {
+                store.revoke_api_key(&key.name).await?;
+                anyhow::bail!(
+                    "could not print the new key ({err}); key \"{}\" was revoked, create it again",
+                    key.name
+                );
+            }
         }
         KeysCommand::List => {
             for k in store.list_api_keys().await? {

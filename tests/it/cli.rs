@@ -59,6 +59,32 @@ fn a_closed_stdout_is_left_quietly() -> Result<()> {
             out.status
         );
     }
+    // a new key that could not be shown is revoked, and the command fails: nobody holds it
+    let (reader, writer) = std::io::pipe()?;
+    drop(reader);
+    let out = Command::new(BIN)
+        .args(["keys", "--data-dir", data, "create", "unseen"])
+        .env_remove("DATABASE_URL")
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(1) && stderr.contains("\"unseen\" was revoked"),
+        "{:?} {stderr}",
+        out.status
+    );
+    let out = Command::new(BIN)
+        .args(["keys", "--data-dir", data, "list"])
+        .env_remove("DATABASE_URL")
+        .output()?;
+    let listed = String::from_utf8(out.stdout)?;
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.contains("\tunseen\t") && l.contains("\trevoked\t")),
+        "{listed}"
+    );
     // stderr gone too (`2>&1 | head`): the error still exits 1, not a panic's 101
     let (reader, writer) = std::io::pipe()?;
     drop(reader);
