@@ -440,6 +440,10 @@ async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
         ("/v1/completions", json!({"prompt": many_prompts, "max_tokens": 0}).to_string(), 400, Some("too_many_prompts")),
         ("/v1/completions", json!({"prompt": many_tokens, "max_tokens": 0}).to_string(), 400, Some("too_many_tokens")),
         ("/v1/completions", json!({"prompt": "hi", "n": 0}).to_string(), 400, None),
+        // what the engine cannot honour is refused, not ignored
+        ("/v1/completions", json!({"prompt": "def f(", "suffix": "\n    return x"}).to_string(), 400, None),
+        ("/v1/completions", json!({"prompt": "hi", "best_of": 3}).to_string(), 400, None),
+        ("/v1/completions", json!({"prompt": "hi", "best_of": 0}).to_string(), 400, None),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}).to_string(), 400, None),
         ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}).to_string(), 400, None),
         ("/v1/chat/completions", json!({"messages": []}).to_string(), 400, None),
@@ -509,6 +513,26 @@ async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
         );
         let message = err["message"].as_str().unwrap_or_default();
         assert!(message.contains(param), "{message}");
+    }
+    for (field, default) in [
+        ("suffix", json!("")),
+        ("best_of", json!(1)),
+        ("suffix", Value::Null),
+    ] {
+        let mut body = json!({"prompt": PROMPT, "max_tokens": 2, "temperature": 0});
+        body[field] = default;
+        let v = srv.ok("/v1/completions", &body).await?;
+        assert_eq!(v["choices"][0]["finish_reason"], "length", "{body}: {v}");
+    }
+    for (field, value) in [("suffix", json!("x")), ("best_of", json!(2))] {
+        let (got, v) = srv
+            .post("/v1/completions", &json!({"prompt": "hi", field: value}))
+            .await?;
+        assert_eq!(
+            (got, v["error"]["param"].as_str()),
+            (400, Some(field)),
+            "{v}"
+        );
     }
     // the server is still healthy after all that
     assert_eq!(srv.get("/healthz").await?.0, 200);
