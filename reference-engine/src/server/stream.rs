@@ -1,9 +1,9 @@
 //! Server-Sent Events responses over choice streams, and the request checks and logprob
 //! shapes the completions and chat routes share.
 //!
-//! Choices are streamed one after the other (each chunk names its `index`, so clients
-//! reassemble them as they do interleaved ones); their generations run concurrently from
-//! the start. A failure in the middle of a stream becomes one `data:` event holding OpenAI's
+//! Choices are streamed interleaved, each event as soon as its choice has it (each chunk
+//! names its `index`), as OpenAI and vLLM stream them: choice 1 does not wait for choice 0 to
+//! finish. A failure in the middle of a stream becomes one `data:` event holding OpenAI's
 //! error JSON, then the stream ends.
 
 use std::collections::VecDeque;
@@ -12,6 +12,8 @@ use std::convert::Infallible;
 use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt as _;
+use futures_util::stream::{BoxStream, SelectAll};
 use samewise_wire::sse::{encode_data, encode_json};
 use samewise_wire::{TokenLogprob, TopLogprob};
 
@@ -31,17 +33,19 @@ pub(crate) type Render =
 /// Builds the final usage chunk from the completion-token total.
 pub(crate) type Tail = Box<dyn FnOnce(u64) -> Option<serde_json::Value> + Send>;
 
-/// An SSE response: `head` chunks first, then each choice's chunks, then `tail`, then
-/// `data: [DONE]`.
+/// An SSE response: `head` chunks first, then the choices' chunks as they come, then `tail`,
+/// then `data: [DONE]`.
 pub(crate) fn sse_response(
     head: Vec<serde_json::Value>,
     choices: Vec<(u32, TextStream)>,
     render: Render,
     tail: Tail,
 ) -> Response {
+    type Choices = SelectAll<BoxStream<'static, (u32, ChoiceEvent)>>;
     struct St {
         out: VecDeque<Bytes>,
-        choices: VecDeque<(u32, TextStream)>,
+        /// Every choice's events, merged as they arrive; empty once all have ended.
+        choices: Choices,
         render: Render,
         tail: Option<Tail>,
         completion_tokens: u64,
@@ -54,7 +58,12 @@ pub(crate) fn sse_response(
     }
     let st = St {
         out,
-        choices: choices.into(),
+        choices: futures_util::stream::select_all(choices.into_iter().map(|(index, choice)| {
+            futures_util::stream::unfold(choice, move |mut c| async move {
+                c.next().await.map(|ev| ((index, ev), c))
+            })
+            .boxed()
+        })),
         render,
         tail: Some(tail),
         completion_tokens: 0,
@@ -69,25 +78,21 @@ pub(crate) fn sse_response(
             if s.done {
                 return None;
             }
-            if !s.failed
-                && let Some((index, choice)) = s.choices.front_mut()
-            {
-                let index = *index;
-                match choice.next().await {
-                    Some(ChoiceEvent::Failed(e)) => {
+            if !s.failed && !s.choices.is_empty() {
+                match s.choices.next().await {
+                    Some((_, ChoiceEvent::Failed(e))) => {
                         s.failed = true;
-                        s.choices.clear();
+                        // dropping the others cancels their generations
+                        s.choices = Choices::default();
                         s.out
                             .push_back(Bytes::from(encode_data(&e.body().to_json())));
                     }
-                    Some(ev) => {
+                    Some((index, ev)) => {
                         for v in (s.render)(index, ev, &mut s.completion_tokens) {
                             s.out.push_back(json_event(&v));
                         }
                     }
-                    None => {
-                        s.choices.pop_front();
-                    }
+                    None => {} // all ended: `is_empty` now
                 }
                 continue;
             }

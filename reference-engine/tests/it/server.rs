@@ -195,6 +195,43 @@ async fn streamed_chunks_reassemble_to_the_unstreamed_answer() -> anyhow::Result
         cfull["choices"][0]["text"].as_str().unwrap_or_default()
     );
 
+    // n choices stream interleaved, each event as its choice has it (choice 1 does not wait
+    // for choice 0 to finish), and each reassembles to its unstreamed answer
+    let nbody = json!({"messages": [{"role": "user", "content": "Tell me a story."}],
+                       "max_tokens": 24, "temperature": 1.0, "seed": 9, "n": 3});
+    let nfull = srv.ok("/v1/chat/completions", &nbody).await?;
+    let mut sbody = nbody.clone();
+    sbody["stream"] = json!(true);
+    let chunks = srv.stream("/v1/chat/completions", &sbody).await?;
+    let mut texts = vec![String::new(); 3];
+    let mut first_content = [None; 3];
+    let mut finished = [None; 3];
+    for (at, c) in chunks.iter().enumerate() {
+        for ch in c["choices"].as_array().into_iter().flatten() {
+            let i = ch["index"].as_u64().unwrap_or(99) as usize;
+            anyhow::ensure!(i < 3, "index {i} in {c}");
+            if let Some(t) = ch["delta"]["content"].as_str().filter(|t| !t.is_empty()) {
+                texts[i].push_str(t);
+                first_content[i].get_or_insert(at);
+            }
+            if !ch["finish_reason"].is_null() {
+                finished[i] = Some(at);
+            }
+        }
+    }
+    for (i, text) in texts.iter().enumerate() {
+        assert_eq!(
+            Some(text.as_str()),
+            nfull["choices"][i]["message"]["content"].as_str()
+        );
+    }
+    assert!(
+        first_content[1] < finished[0] && first_content[2] < finished[0],
+        "choices 1 and 2 began at chunks {:?}, after choice 0 finished at {:?}",
+        &first_content[1..],
+        finished[0]
+    );
+
     // streamed echo with max_tokens 0: the prompt (with its logprobs), then the end
     let ebody =
         json!({"prompt": PROMPT, "max_tokens": 0, "echo": true, "logprobs": 2, "stream": true});
