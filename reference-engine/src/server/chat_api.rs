@@ -439,7 +439,8 @@ fn stream(
                 if c.streams_calls() {
                     let (reader, pending) =
                         split.get_mut(slot).map(std::mem::take).unwrap_or_default();
-                    if !pending.is_empty() {
+                    // the tokens after the last argument piece carry only their logprobs
+                    if !pending.is_empty() && c.want_logprobs {
                         out.push(c.chunk(index, json!({}), c.logprobs(&pending), None));
                     }
                     if reader.calls().is_empty() {

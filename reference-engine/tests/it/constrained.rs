@@ -304,6 +304,19 @@ async fn streamed_forced_calls_come_name_first_then_arguments_in_pieces() -> any
         whole_tokens as u64,
         whole["usage"]["completion_tokens"].as_u64().unwrap_or(0)
     );
+    // without logprobs, no chunk but the last is empty: each says something
+    body["logprobs"] = json!(false);
+    let chunks = srv.stream("/v1/chat/completions", &body).await?;
+    if let Some((last, before)) = chunks.split_last() {
+        assert_eq!(last["choices"][0]["finish_reason"], "tool_calls", "{last}");
+        for ch in before {
+            let delta = &ch["choices"][0]["delta"];
+            assert!(
+                delta.as_object().is_some_and(|d| !d.is_empty()),
+                "an empty chunk: {ch}"
+            );
+        }
+    }
     Ok(())
 }
 
