@@ -147,9 +147,12 @@ impl ChatTemplate {
     }
 }
 
+/// What opens a tool call in generated text ([`parse_tool_calls`]).
+pub const TOOL_CALL_OPEN: &str = "<tool_call>";
+
 /// Parses tool calls from generated text (see the module doc for the accepted forms).
 pub fn parse_tool_calls(text: &str) -> ParsedOutput {
-    const OPEN: &str = "<tool_call>";
+    const OPEN: &str = TOOL_CALL_OPEN;
     const CLOSE: &str = "</tool_call>";
     let mut calls = Vec::new();
     let mut content = String::new();

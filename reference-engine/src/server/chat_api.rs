@@ -3,8 +3,10 @@
 //! `stream_options.include_usage`, and `tools`: rendered by the template when it supports
 //! them, else by the engine's system-prompt convention ([`crate::chat`]); calls found in
 //! the output become `tool_calls` with finish reason `tool_calls`. With free tools
-//! (`tool_choice` `"auto"`), a streamed answer is sent once complete (content or tool calls in
-//! one delta), since whether text is a call is only known at its end.
+//! (`tool_choice` `"auto"`), a streamed answer's content is sent as it comes, up to where it
+//! could become a call (a `<tool_call>` tag, or an answer that opens like bare JSON or a code
+//! fence, which [`parse_tool_calls`] would read as calls): the rest is held to the end, then the
+//! content not yet sent and the calls come in one delta ([`FreeText`]).
 //!
 //! With `tool_choice` `"required"` or a named function the output is constrained to calls of
 //! the declared functions whose arguments validate ([`super::constrained`]); they stream as
@@ -23,7 +25,7 @@ use samewise_wire::{
 };
 use serde_json::{Value, json};
 
-use crate::chat::parse_tool_calls;
+use crate::chat::{TOOL_CALL_OPEN, parse_tool_calls};
 use crate::engine::GeneratedToken;
 
 use super::constrained::{ToolEvent, ToolSplitter, plan};
@@ -382,6 +384,66 @@ impl Ctx {
     }
 }
 
+/// A choice's text under free tools, streamed: content is released as it comes while the
+/// text cannot (yet) be a tool call. Held back: leading and trailing whitespace (a message with
+/// calls has its content trimmed), an ending that could begin `<tool_call>`, everything from a
+/// `<tool_call>` on, and the whole answer when it opens with `{`, `[` or a code fence (a bare
+/// JSON call). So what was sent always begins the final message's content, or its trimmed
+/// start when there are calls, and the end sends the rest.
+#[derive(Default)]
+struct FreeText {
+    /// Everything generated so far.
+    text: String,
+    /// Bytes of `text` sent as content.
+    sent: usize,
+    /// Nothing more is sent before the end.
+    holding: bool,
+    /// Tokens whose logprobs have not been sent.
+    pending: Vec<GeneratedToken>,
+}
+
+impl FreeText {
+    /// Appends a piece; returns the content to send now, if any.
+    fn push(&mut self, piece: &str) -> Option<String> {
+        self.text.push_str(piece);
+        if self.holding {
+            return None;
+        }
+        if self.sent == 0 {
+            let lead = self.text.trim_start();
+            if lead.starts_with(['{', '[']) || lead.starts_with("```") {
+                self.holding = true;
+                return None;
+            }
+            if lead.is_empty() || "``".starts_with(lead) {
+                return None; // undecided yet
+            }
+        }
+        let rest = &self.text[self.sent..];
+        let end = match rest.find(TOOL_CALL_OPEN) {
+            Some(at) => {
+                self.holding = true;
+                at
+            }
+            None => {
+                // the longest ending that could begin the tag (ASCII, so a char boundary)
+                let partial = (1..TOOL_CALL_OPEN.len())
+                    .rev()
+                    .find(|&k| rest.ends_with(&TOOL_CALL_OPEN[..k]))
+                    .unwrap_or(0);
+                rest.len() - partial
+            }
+        };
+        let end = rest[..end].trim_end().len();
+        if end == 0 {
+            return None;
+        }
+        let out = rest[..end].to_owned();
+        self.sent += end;
+        Some(out)
+    }
+}
+
 fn stream(
     ctx: Ctx,
     streams: Vec<(u32, TextStream)>,
@@ -393,9 +455,15 @@ fn stream(
         .map(|(i, _)| ctx.chunk(*i, json!({"role": "assistant", "content": ""}), None, None))
         .collect();
     let render_ctx = ctx.clone();
-    // with free tools, each choice's text and tokens are held until it ends
-    let mut held: Vec<(String, Vec<GeneratedToken>)> =
-        streams.iter().map(|_| Default::default()).collect();
+    // with free tools, each choice's text: sent while it cannot be a call, then held (forced
+    // calls come here only when the profile corrupts them, which needs them whole: held)
+    let mut held: Vec<FreeText> = streams
+        .iter()
+        .map(|_| FreeText {
+            holding: ctx.forced,
+            ..FreeText::default()
+        })
+        .collect();
     // forced calls stream in pieces: per choice, the reader and tokens not yet sent
     let mut split: Vec<(ToolSplitter, Vec<GeneratedToken>)> =
         streams.iter().map(|_| Default::default()).collect();
@@ -412,11 +480,17 @@ fn stream(
                 c.call_chunks(index, events, pending)
             }
             ChoiceEvent::Piece(p) if !c.tools.is_empty() || c.forced => {
-                if let Some(h) = held.get_mut(slot) {
-                    h.0.push_str(&p.text);
-                    h.1.extend(p.tokens);
+                let Some(free) = held.get_mut(slot) else {
+                    return Vec::new();
+                };
+                free.pending.extend(p.tokens);
+                match free.push(&p.text) {
+                    Some(text) => {
+                        let tokens = std::mem::take(&mut free.pending);
+                        vec![c.chunk(index, json!({"content": text}), c.logprobs(&tokens), None)]
+                    }
+                    None => Vec::new(),
                 }
-                Vec::new()
             }
             ChoiceEvent::Piece(p) => {
                 if p.text.is_empty() && p.tokens.is_empty() {
@@ -454,12 +528,21 @@ fn stream(
                         };
                     }
                 } else if !c.tools.is_empty() || c.forced {
-                    let (text, tokens) = held.get_mut(slot).map(std::mem::take).unwrap_or_default();
-                    let (msg, r) = c.message(index, text, reason);
+                    let free = held.get_mut(slot).map(std::mem::take).unwrap_or_default();
+                    let sent = free.text[..free.sent].to_owned();
+                    let (msg, r) = c.message(index, free.text, reason);
                     reason = r;
                     let mut delta = json!({});
                     if let Some(MessageContent::Text(t)) = &msg.content {
-                        delta["content"] = json!(t);
+                        // what was sent begins the content (trimmed at the start when
+                        // there are calls; see `FreeText::push`)
+                        let rest = t
+                            .strip_prefix(sent.as_str())
+                            .or_else(|| t.strip_prefix(sent.trim_start()))
+                            .unwrap_or(t);
+                        if !rest.is_empty() {
+                            delta["content"] = json!(rest);
+                        }
                     }
                     if let Some(calls) = &msg.tool_calls {
                         delta["tool_calls"] = calls
@@ -469,7 +552,12 @@ fn stream(
                                 "function": {"name": tc.function.name, "arguments": tc.function.arguments}}))
                             .collect();
                     }
-                    out.push(c.chunk(index, delta, c.logprobs(&tokens), None));
+                    let tokens = free.pending;
+                    if delta.as_object().is_some_and(|d| !d.is_empty())
+                        || (c.want_logprobs && !tokens.is_empty())
+                    {
+                        out.push(c.chunk(index, delta, c.logprobs(&tokens), None));
+                    }
                 }
                 out.push(c.chunk(index, json!({}), None, Some(reason)));
                 out
@@ -486,4 +574,60 @@ fn stream(
         })
     });
     sse_response(head, streams, render, tail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FreeText;
+    use crate::chat::parse_tool_calls;
+
+    /// Streams `pieces` through a [`FreeText`]: what was sent before the end, and whether it
+    /// begins the final content as the end's rest assumes.
+    fn sent(pieces: &[&str]) -> (Vec<String>, bool) {
+        let mut free = FreeText::default();
+        let out: Vec<String> = pieces.iter().filter_map(|p| free.push(p)).collect();
+        assert_eq!(out.concat(), free.text[..free.sent]);
+        let parsed = parse_tool_calls(&free.text);
+        let content = parsed.content.unwrap_or_default();
+        let so_far = &free.text[..free.sent];
+        let begins = content.starts_with(so_far)
+            || (!parsed.tool_calls.is_empty() && content.starts_with(so_far.trim_start()));
+        (out, begins)
+    }
+
+    #[test]
+    fn free_tool_text_streams_until_it_could_be_a_call() {
+        let call = r#"{"name": "f", "arguments": {"a": 1}}</tool_call>"#;
+        let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+            // plain text streams, whitespace waits for what follows it
+            (
+                vec!["Hello", " there", "!", " "],
+                vec!["Hello", " there", "!"],
+            ),
+            // text, then a call split across pieces: the text up to it, trimmed
+            (
+                vec!["Let me check.", " <", "tool", "_call>", call],
+                vec!["Let me check."],
+            ),
+            // a tag-like start that is not the tag is released once it cannot be
+            (vec!["a <to", "ol> b"], vec!["a", " <tool> b"]),
+            // leading whitespace waits; a bare JSON call or a fence holds everything
+            (vec!["\n ", "Hi"], vec!["\n Hi"]),
+            (vec![" ", r#"{"name": "f", "arguments": {}}"#], vec![]),
+            (vec!["[", r#"{"name": "f", "arguments": {}}]"#], vec![]),
+            (vec!["`", "`", "`json\n{}\n```"], vec![]),
+            // one backtick is inline code, not a fence
+            (vec!["`", "x` is a variable"], vec!["`x` is a variable"]),
+            // the tag first: nothing sent
+            (vec!["<tool_call>", call], vec![]),
+        ];
+        for (pieces, want) in cases {
+            let (got, begins) = sent(&pieces);
+            assert_eq!(got, want, "{pieces:?}");
+            assert!(
+                begins,
+                "{pieces:?}: what was sent does not begin the content"
+            );
+        }
+    }
 }

@@ -395,6 +395,33 @@ async fn tool_calls_come_back_in_openai_shape() -> anyhow::Result<()> {
     assert_eq!(finish, Some(json!("tool_calls")));
     assert_eq!(streamed_calls.len(), calls.len());
     assert_eq!(streamed_calls[0]["function"], calls[0]["function"]);
+    // with tools on, an answer in words streams as it comes (not in one delta at the end),
+    // and reassembles, logprobs included, to the unstreamed one
+    let mut words = body.clone();
+    words["messages"] = json!([{"role": "user", "content": "Tell me a joke about cats."}]);
+    words["logprobs"] = json!(true);
+    let whole = srv.ok("/v1/chat/completions", &words).await?;
+    let want = &whole["choices"][0];
+    assert!(want["message"]["tool_calls"].is_null(), "{whole}");
+    words["stream"] = json!(true);
+    let chunks = srv.stream("/v1/chat/completions", &words).await?;
+    let (mut text, mut logprobs, mut pieces) = (String::new(), Vec::new(), 0);
+    for c in &chunks {
+        let ch = &c["choices"][0];
+        if let Some(t) = ch["delta"]["content"].as_str().filter(|t| !t.is_empty()) {
+            text.push_str(t);
+            pieces += 1;
+        }
+        logprobs.extend(
+            ch["logprobs"]["content"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+        );
+    }
+    assert_eq!(Some(text.as_str()), want["message"]["content"].as_str());
+    assert_eq!(Some(&logprobs), want["logprobs"]["content"].as_array());
+    assert!(pieces >= 3, "{pieces} content deltas for {text:?}"); // one delta before
     // tool_choice "none" turns tools off: plain content
     let mut none = body.clone();
     none["tool_choice"] = json!("none");
