@@ -11,7 +11,8 @@
 //!
 //! Messages are OpenAI-shaped JSON. As vLLM does, text content parts are joined into one
 //! string and a tool call's `arguments` JSON string is parsed into an object before
-//! rendering, so templates that expect `arguments` as a mapping work.
+//! rendering, so templates that expect `arguments` as a mapping work. A `developer` message is
+//! rendered as a `system` one unless the template names that role.
 //!
 //! **Tools with a template that has no tools support** (it never mentions `tools`, like
 //! SmolLM2's): the engine's documented convention is used instead. A system message is
@@ -40,6 +41,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     /// Whether the template itself renders `tools` (else the system-prompt convention is used).
     supports_tools: bool,
+    /// Whether the template names the `developer` role (else it is rendered as `system`).
+    knows_developer: bool,
     /// `bos_token` in the template context.
     bos_token: String,
     /// `eos_token` in the template context.
@@ -90,6 +93,7 @@ impl ChatTemplate {
         Ok(Self {
             env,
             supports_tools: source.contains("tools"),
+            knows_developer: source.contains("developer"),
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
         })
@@ -115,6 +119,9 @@ impl ChatTemplate {
             .iter()
             .map(normalize_message)
             .collect::<Result<Vec<_>>>()?;
+        if !self.knows_developer {
+            developer_as_system(&mut messages);
+        }
         let tools = tools.filter(|t| !t.is_empty());
         let mut ctx = Map::new();
         if let Some(extra) = extra {
@@ -223,6 +230,18 @@ fn strip_fence(s: &str) -> &str {
     };
     let inner = inner.strip_prefix("json").unwrap_or(inner);
     inner.strip_suffix("```").unwrap_or(inner).trim()
+}
+
+/// OpenAI's `developer` role is its newer name for instructions (`system`); clients such as
+/// Codex CLI send it. A template that never names it would render it as an unknown role (next
+/// to its default system prompt) or refuse it, so it is rendered as `system`, as llama.cpp's
+/// server does.
+fn developer_as_system(messages: &mut [Value]) {
+    for m in messages {
+        if m.get("role").and_then(Value::as_str) == Some("developer") {
+            m["role"] = Value::String("system".into());
+        }
+    }
 }
 
 /// Joins text parts, parses tool-call arguments; rejects what is not a message object.

@@ -195,6 +195,50 @@ fn content_parts_are_joined_and_bad_messages_rejected() -> anyhow::Result<()> {
 }
 
 #[test]
+fn the_developer_role_is_the_system_role_unless_the_template_names_it() -> anyhow::Result<()> {
+    let cases = Cases::load()?;
+    let as_role = |role: &str| {
+        vec![
+            json!({"role": role, "content": "Answer in French."}),
+            json!({"role": "user", "content": "Hello"}),
+        ]
+    };
+    for name in ["smollm2", "qwen_tools"] {
+        let t = cases.template(name)?;
+        let developer = t.render(&as_role("developer"), None, true, None)?;
+        assert_eq!(
+            developer,
+            t.render(&as_role("system"), None, true, None)?,
+            "{name}"
+        );
+        assert!(!developer.contains("developer"), "{name}: {developer}");
+    }
+    // with the tools convention too: the instructions are the system message it extends
+    let t = cases.template("smollm2")?;
+    let tool = json!({"type": "function", "function": {"name": "f"}});
+    assert_eq!(
+        t.render(
+            &as_role("developer"),
+            Some(std::slice::from_ref(&tool)),
+            true,
+            None
+        )?,
+        t.render(&as_role("system"), Some(&[tool]), true, None)?
+    );
+    // a template that knows the role gets it as sent
+    let knows = ChatTemplate::new(
+        "{% for m in messages %}{% if m.role == 'developer' %}D:{% endif %}{{ m.role }}|{% endfor %}",
+        "",
+        "",
+    )?;
+    assert_eq!(
+        knows.render(&as_role("developer"), None, false, None)?,
+        "D:developer|user|"
+    );
+    Ok(())
+}
+
+#[test]
 fn parses_tool_calls_from_output() {
     let p = parse_tool_calls(
         "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>",
