@@ -38,20 +38,24 @@ fn config(base_url: &str, data_dir: &std::path::Path) -> String {
 fn a_closed_stdout_is_left_quietly() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let data = dir.path().to_str().context("path")?;
+    // `args` run with a stdout nobody reads: every write fails with EPIPE
+    let closed_stdout = |args: &[&str]| -> Result<std::process::Output> {
+        let (reader, writer) = std::io::pipe()?;
+        drop(reader);
+        Ok(Command::new(BIN)
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env_remove("DATABASE_URL")
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()?)
+    };
     for args in [
         vec!["config", "check", "examples/samewise.toml"],
         vec!["keys", "--data-dir", data, "list"],
         vec!["alerts", "--data-dir", data, "list"],
     ] {
-        let (reader, writer) = std::io::pipe()?;
-        drop(reader); // every write now fails with EPIPE
-        let out = Command::new(BIN)
-            .args(&args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .env_remove("DATABASE_URL")
-            .stdout(writer)
-            .stderr(Stdio::piped())
-            .output()?;
+        let out = closed_stdout(&args)?;
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             out.status.success() && !stderr.contains("panicked") && !stderr.contains("error"),
@@ -60,14 +64,7 @@ fn a_closed_stdout_is_left_quietly() -> Result<()> {
         );
     }
     // a new key that could not be shown is revoked, and the command fails: nobody holds it
-    let (reader, writer) = std::io::pipe()?;
-    drop(reader);
-    let out = Command::new(BIN)
-        .args(["keys", "--data-dir", data, "create", "unseen"])
-        .env_remove("DATABASE_URL")
-        .stdout(writer)
-        .stderr(Stdio::piped())
-        .output()?;
+    let out = closed_stdout(&["keys", "--data-dir", data, "create", "unseen"])?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.code() == Some(1) && stderr.contains("\"unseen\" was revoked"),
