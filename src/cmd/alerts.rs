@@ -85,7 +85,7 @@ pub fn run(args: AlertsArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let store = Store::connect_from_env(&data_dir).await?;
+        let store = super::open_existing_store(&data_dir).await?;
         let alerting = Alerting::start(&alerts_cfg)?;
         let result = alerts(&store, &alerting, args.command, args.json).await;
         // deliver the resolution's webhooks before exiting

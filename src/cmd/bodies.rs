@@ -74,7 +74,7 @@ pub fn run(args: BodiesArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let store = Store::connect_from_env(&data_dir).await?;
+        let store = super::open_existing_store(&data_dir).await?;
         let result = bodies(&store, args.command, args.json).await;
         store.close().await;
         result

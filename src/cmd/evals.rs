@@ -244,7 +244,15 @@ pub fn run(args: EvalsArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let store = Store::connect_from_env(&data_dir).await?;
+        let store = match args.command {
+            // a job of its own, or workers beside a gateway yet to start
+            EvalsCommand::Run { .. } | EvalsCommand::Worker { .. } => {
+                Store::connect_from_env(&data_dir).await?
+            }
+            EvalsCommand::Show { .. }
+            | EvalsCommand::Capture { .. }
+            | EvalsCommand::Cases { .. } => super::open_existing_store(&data_dir).await?,
+        };
         let result = evals(config.as_ref(), &store, args.command, args.json).await;
         store.close().await;
         result

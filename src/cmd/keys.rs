@@ -46,7 +46,13 @@ pub fn run(args: KeysArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let store = Store::connect_from_env(&data_dir).await?;
+        let store = match args.command {
+            // a key may be made before the gateway first starts
+            KeysCommand::Create { .. } => Store::connect_from_env(&data_dir).await?,
+            KeysCommand::List | KeysCommand::Revoke { .. } => {
+                super::open_existing_store(&data_dir).await?
+            }
+        };
         let result = keys(&store, args.command).await;
         store.close().await;
         result

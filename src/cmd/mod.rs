@@ -3,7 +3,7 @@
 //! Adding a subcommand: a module here with its clap `Args` struct and a `run(args)` function,
 //! one variant in `Command`, one arm in `run`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// `println!` that does not panic when stdout is gone (`samewise alerts list | head`): a write
 /// error returns from the enclosing function, and `main` leaves quietly on a closed pipe.
@@ -50,6 +50,7 @@ macro_rules! say_raw {
 
 use clap::{Args, Subcommand};
 use samewise_proxy::Config;
+use samewise_store::{Store, StoreError};
 
 pub mod alerts;
 pub mod bodies;
@@ -85,6 +86,19 @@ impl StoreArgs {
             (None, None) => PathBuf::from("samewise-data"),
         };
         Ok((config, data_dir))
+    }
+}
+
+/// Opens the store that a gateway wrote, for a command that reads or changes it (`alerts`,
+/// `bodies`, `keys list`, `evals show`): with SQLite its file must exist in `data_dir`, so a
+/// wrong directory is an error that says where the gateway's data is set, not an empty answer.
+pub async fn open_existing_store(data_dir: &Path) -> anyhow::Result<Store> {
+    match Store::open_from_env(data_dir).await {
+        Err(e @ StoreError::NoDatabase { .. }) => Err(anyhow::anyhow!(
+            "{e}: the gateway creates it when it first starts; pass the gateway's --config or \
+             its data directory (--data-dir), or set DATABASE_URL as the gateway has it"
+        )),
+        other => Ok(other?),
     }
 }
 

@@ -64,12 +64,33 @@ const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long acquiring a pooled connection may take before the call fails.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// `DATABASE_URL`, where it is set and not blank.
+fn env_url() -> Option<String> {
+    std::env::var("DATABASE_URL")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+}
+
 impl Store {
     /// [`Store::connect`] with the URL from the `DATABASE_URL` environment variable (unset or
     /// empty: the SQLite file in `data_dir`), the one way every `samewise` command opens the
     /// store; the URL, which may hold a password, never comes from a file.
     pub async fn connect_from_env(data_dir: &Path) -> Result<Store, StoreError> {
-        let url = std::env::var("DATABASE_URL").ok();
+        Store::connect(env_url().as_deref(), data_dir).await
+    }
+
+    /// [`Store::connect_from_env`] for a command that reads or changes what a gateway stored
+    /// (alerts, keys, captured bodies): where that is the SQLite file in `data_dir`, the file
+    /// must exist already. A mistyped data directory is [`StoreError::NoDatabase`], not a new
+    /// empty database (and directory) that answers "no alerts".
+    pub async fn open_from_env(data_dir: &Path) -> Result<Store, StoreError> {
+        let url = env_url();
+        if url.is_none() {
+            let path = data_dir.join(DEFAULT_SQLITE_FILE);
+            if !path.try_exists().unwrap_or(true) {
+                return Err(StoreError::NoDatabase { path });
+            }
+        }
         Store::connect(url.as_deref(), data_dir).await
     }
 

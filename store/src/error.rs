@@ -23,6 +23,13 @@ pub enum StoreError {
         /// The underlying IO error.
         source: std::io::Error,
     },
+    /// A command that reads what a gateway stored found no SQLite database where it looked
+    /// ([`crate::Store::open_from_env`]).
+    #[error("no samewise database at {}", path.display())]
+    NoDatabase {
+        /// Where the SQLite file was looked for.
+        path: PathBuf,
+    },
     /// The database could not be reached or opened.
     #[error("cannot connect to {backend} at {url}: {detail}")]
     Connect {

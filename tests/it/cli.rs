@@ -50,6 +50,15 @@ fn a_closed_stdout_is_left_quietly() -> Result<()> {
             .stderr(Stdio::piped())
             .output()?)
     };
+    // a new key that could not be shown is revoked, and the command fails: nobody holds it
+    // (and the database it made is there for the readers below)
+    let out = closed_stdout(&["keys", "--data-dir", data, "create", "unseen"])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(1) && stderr.contains("\"unseen\" was revoked"),
+        "{:?} {stderr}",
+        out.status
+    );
     for args in [
         vec!["config", "check", "examples/samewise.toml"],
         vec!["keys", "--data-dir", data, "list"],
@@ -63,14 +72,6 @@ fn a_closed_stdout_is_left_quietly() -> Result<()> {
             out.status
         );
     }
-    // a new key that could not be shown is revoked, and the command fails: nobody holds it
-    let out = closed_stdout(&["keys", "--data-dir", data, "create", "unseen"])?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.code() == Some(1) && stderr.contains("\"unseen\" was revoked"),
-        "{:?} {stderr}",
-        out.status
-    );
     let out = Command::new(BIN)
         .args(["keys", "--data-dir", data, "list"])
         .env_remove("DATABASE_URL")
@@ -91,6 +92,54 @@ fn a_closed_stdout_is_left_quietly() -> Result<()> {
         .stderr(writer)
         .status()?;
     assert_eq!(status.code(), Some(1), "{status:?}");
+    Ok(())
+}
+
+/// The commands that read or change what a gateway stored, pointed at a directory the gateway
+/// never used (a typo, or the default `samewise-data` in the wrong working directory), say so
+/// and exit 1. Before, each made a new empty database there and answered "no alerts".
+#[test]
+fn readers_of_the_store_refuse_a_directory_without_one() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let missing = dir.path().join("typo");
+    let data = missing.to_str().context("path")?;
+    for args in [
+        vec!["alerts", "--data-dir", data, "list"],
+        vec!["alerts", "--data-dir", data, "resolve", "1"],
+        vec!["keys", "--data-dir", data, "list"],
+        vec!["keys", "--data-dir", data, "revoke", "me"],
+        vec!["bodies", "--data-dir", data, "list"],
+        vec!["bodies", "--data-dir", data, "purge"],
+        vec!["evals", "--data-dir", data, "show", "1"],
+        vec!["evals", "--data-dir", data, "cases", "list"],
+    ] {
+        let out = Command::new(BIN)
+            .args(&args)
+            .env_remove("DATABASE_URL")
+            .output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let expected = format!("no samewise database at {data}/samewise.db");
+        assert!(
+            out.status.code() == Some(1)
+                && stderr.contains(&expected)
+                && stderr.contains("--data-dir")
+                && out.stdout.is_empty(),
+            "{args:?}: {:?} {stderr}",
+            out.status
+        );
+        assert!(!missing.exists(), "{args:?} made {data}");
+    }
+    // a key may still be made before the gateway's first start, and then the readers read
+    let out = Command::new(BIN)
+        .args(["keys", "--data-dir", data, "create", "first"])
+        .env_remove("DATABASE_URL")
+        .output()?;
+    assert!(out.status.success(), "{out:?}");
+    let out = Command::new(BIN)
+        .args(["alerts", "--data-dir", data, "list"])
+        .env_remove("DATABASE_URL")
+        .output()?;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "no alerts\n", "{out:?}");
     Ok(())
 }
 
