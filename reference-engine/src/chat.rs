@@ -154,6 +154,69 @@ impl ChatTemplate {
     }
 }
 
+/// How a rendered chat ends ([`ChatTemplate::render_to`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptEnd {
+    /// With the template's generation prompt: a new assistant turn opened
+    /// (`add_generation_prompt`, what a chat completion asks by default).
+    NewTurn,
+    /// As the last message ends.
+    Closed,
+    /// Inside the last message: the rendered text is cut after that message's content (its
+    /// end-of-turn dropped), so a generation continues it — an assistant "prefill", vLLM's and
+    /// transformers' `continue_final_message`, cut as transformers cuts it.
+    ContinueLast,
+}
+
+impl ChatTemplate {
+    /// [`ChatTemplate::render`], ending as `end` says.
+    pub fn render_to(
+        &self,
+        messages: &[Value],
+        tools: Option<&[Value]>,
+        end: PromptEnd,
+        extra: Option<&Map<String, Value>>,
+    ) -> Result<String> {
+        let text = self.render(messages, tools, end == PromptEnd::NewTurn, extra)?;
+        if end != PromptEnd::ContinueLast {
+            return Ok(text);
+        }
+        let last = messages.last().map(normalize_message).transpose()?;
+        let content = last
+            .as_ref()
+            .and_then(|m| m.get("content"))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        cut_after(&text, content).map(str::to_owned)
+    }
+}
+
+/// `rendered` up to the end of its last occurrence of the final message's `content`: its
+/// trailing whitespace kept where the template kept it, else the text up to the stripped
+/// content (transformers' `continue_final_message`).
+fn cut_after<'a>(rendered: &'a str, content: &str) -> Result<&'a str> {
+    let stripped = content.trim();
+    if stripped.is_empty() {
+        return Err(EngineError::InvalidRequest(
+            "continue_final_message needs a final message with text to continue".into(),
+        ));
+    }
+    let Some(at) = rendered.rfind(stripped) else {
+        return Err(EngineError::InvalidRequest(
+            "continue_final_message: the final message's text does not appear in the chat as \
+             the chat template renders it, so it cannot be continued"
+                .into(),
+        ));
+    };
+    let kept = content.trim_start();
+    let end = if rendered[at..].starts_with(kept) {
+        at + kept.len()
+    } else {
+        at + stripped.len()
+    };
+    Ok(&rendered[..end])
+}
+
 /// What opens a tool call in generated text ([`parse_tool_calls`]).
 pub const TOOL_CALL_OPEN: &str = "<tool_call>";
 

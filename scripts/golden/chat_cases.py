@@ -3,7 +3,7 @@
 
 Writes reference-engine/tests/fixtures/chat_template_cases.json: templates (the test model's
 own from its GGUF, and the templates in scripts/golden/templates/) and cases (messages,
-tools, add_generation_prompt, extra variables) with the exact string HF renders, or the
+tools, add_generation_prompt or continue_final_message, extra variables) with the exact string HF renders, or the
 message of the exception the template raises. The engine's tests render the same cases with
 minijinja and compare byte for byte. Run with the golden venv (see generate.py):
 
@@ -102,6 +102,11 @@ CASES = [
         {"meta": {"zeta": 1, "alpha": [1.5, True, None, "ü<&>"], "nested": {"b": {}, "a": []}}},
     ),
     ("features", "no_generation_prompt", [{"role": "user", "content": "plain"}], None, False, {}),
+    # "continue": continue_final_message (the last message's end of turn cut: a prefill)
+    ("smollm2", "continue_prefill", [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "My favourite colour is"}], None, "continue", {}),
+    ("smollm2", "continue_trailing_space", [{"role": "user", "content": "Write a list."}, {"role": "assistant", "content": "Sure, here it is:\n1. "}], None, "continue", {}),
+    ("features", "continue_trimmed", [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "  Well,  "}], None, "continue", {}),
+    ("qwen_tools", "continue_with_tools", [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "Let me check"}], [WEATHER_TOOL], "continue", {}),
     ("features", "raise_exception", [{"role": "user", "content": "x"}, {"role": "robot", "content": "y"}], None, True, {}),
 ]
 
@@ -113,11 +118,20 @@ def main() -> int:
     for path in sorted(TEMPLATES_DIR.glob("*.jinja")):
         templates[path.stem] = path.read_text(encoding="utf-8")
     cases = []
-    for template, name, messages, tools, agp, extra in CASES:
+    for template, name, messages, tools, end, extra in CASES:
+        agp, cont = end is True, end == "continue"
         case = {"name": name, "template": template, "messages": messages, "tools": tools, "add_generation_prompt": agp, "extra": extra}
+        if cont:
+            case["continue_final_message"] = True
         try:
             case["expected"] = tok.apply_chat_template(
-                messages, tools=tools, chat_template=templates[template], tokenize=False, add_generation_prompt=agp, **extra
+                messages,
+                tools=tools,
+                chat_template=templates[template],
+                tokenize=False,
+                add_generation_prompt=agp,
+                continue_final_message=cont,
+                **extra,
             )
         except Exception as e:  # the template's raise_exception
             case["expected_error"] = str(e)

@@ -139,7 +139,11 @@ fn readers_of_the_store_refuse_a_directory_without_one() -> Result<()> {
         .args(["alerts", "--data-dir", data, "list"])
         .env_remove("DATABASE_URL")
         .output()?;
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "no alerts\n", "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "no alerts\n",
+        "{out:?}"
+    );
     Ok(())
 }
 

@@ -25,14 +25,14 @@ use samewise_wire::{
 };
 use serde_json::{Value, json};
 
-use crate::chat::{TOOL_CALL_OPEN, parse_tool_calls};
+use crate::chat::{PromptEnd, TOOL_CALL_OPEN, parse_tool_calls};
 use crate::engine::GeneratedToken;
 
 use super::constrained::{ToolEvent, ToolSplitter, plan};
 use super::faults::RequestFaults;
 use super::stream::{GenRequest, chat_logprob, check_prompt, sse_response};
 use super::text::{ChoiceEvent, TextStream};
-use super::{ApiError, ServerState, json_response, now_secs, parse_body};
+use super::{ApiError, ServerState, extra_bool, json_response, now_secs, parse_body};
 
 pub(crate) async fn handle(
     State(state): State<ServerState>,
@@ -45,13 +45,32 @@ pub(crate) async fn handle(
     }
 }
 
+/// How a chat request's prompt ends, from vLLM's `add_generation_prompt` (default true) and
+/// `continue_final_message` (default false; alone it means the first false), which cannot
+/// both be true.
+pub(crate) fn prompt_end(
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
+) -> Result<PromptEnd, ApiError> {
+    match (add_generation_prompt, continue_final_message) {
+        (Some(true), Some(true)) => Err(ApiError::bad_request(
+            "continue_final_message and add_generation_prompt cannot both be true: continue the \
+             last message, or open a new assistant turn",
+            Some("continue_final_message"),
+        )),
+        (_, Some(true)) => Ok(PromptEnd::ContinueLast),
+        (Some(false), _) => Ok(PromptEnd::Closed),
+        _ => Ok(PromptEnd::NewTurn),
+    }
+}
+
 /// Renders a chat request's messages (and tools) to prompt ids; shared with `/v1/score`
 /// and `/tokenize`.
 pub(crate) fn render_prompt(
     state: &ServerState,
     messages: &[Value],
     tools: Option<&[Value]>,
-    add_generation_prompt: bool,
+    end: PromptEnd,
     kwargs: Option<&serde_json::Map<String, Value>>,
 ) -> Result<Vec<u32>, ApiError> {
     let template = state.template().ok_or_else(|| {
@@ -67,7 +86,7 @@ pub(crate) fn render_prompt(
         ));
     }
     let messages = state.inner.faults.template_messages(messages);
-    let text = template.render(&messages, tools, add_generation_prompt, kwargs)?;
+    let text = template.render_to(&messages, tools, end, kwargs)?;
     Ok(state.tokenizer().encode(&text, false)?)
 }
 
@@ -107,7 +126,11 @@ async fn run(
             ));
         }
     };
-    let mut prompt = render_prompt(state, &messages, tools.as_deref(), true, kwargs.as_ref())?;
+    let end = prompt_end(
+        extra_bool(&req.extra, "add_generation_prompt")?,
+        extra_bool(&req.extra, "continue_final_message")?,
+    )?;
+    let mut prompt = render_prompt(state, &messages, tools.as_deref(), end, kwargs.as_ref())?;
     state.inner.faults.truncate(&mut prompt);
 
     let want_logprobs = req.logprobs.unwrap_or(false);

@@ -18,7 +18,7 @@ use crate::constrain::{
     CALL_MID, CALL_PREFIX, CALL_SEP, CALL_SUFFIX, Constraint, SchemaError, Spec, TokenTrie,
 };
 
-use super::{ApiError, ServerState};
+use super::{ApiError, ServerState, extra_bool};
 
 /// What a chat request's tool and format fields ask of the output.
 #[derive(Debug, Clone)]
@@ -86,16 +86,7 @@ pub(crate) fn plan(
             tools_off: false,
         });
     };
-    let parallel = match extra.get("parallel_tool_calls") {
-        None | Some(Value::Null) => true,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "parallel_tool_calls must be a boolean",
-                Some("parallel_tool_calls"),
-            ));
-        }
-    };
+    let parallel = extra_bool(extra, "parallel_tool_calls")?.unwrap_or(true);
     let mut functions = Vec::with_capacity(forced.len());
     for t in tools {
         let Some(name) = t.pointer("/function/name").and_then(Value::as_str) else {

@@ -13,8 +13,9 @@ use serde_json::{Value, json};
 
 use crate::engine::MAX_TOP_K;
 
-use super::chat_api::render_prompt;
+use super::chat_api::{prompt_end, render_prompt};
 use super::{ApiError, ServerState, json_response, parse_body};
+use crate::chat::PromptEnd;
 
 /// `POST /v1/score` body: exactly one of `tokens`, `text`, `messages`.
 #[derive(Debug, Deserialize)]
@@ -70,7 +71,11 @@ async fn run_score(state: &ServerState, body: &[u8]) -> Result<Response, ApiErro
             state,
             &messages,
             req.tools.as_deref(),
-            req.add_generation_prompt,
+            if req.add_generation_prompt {
+                PromptEnd::NewTurn
+            } else {
+                PromptEnd::Closed
+            },
             None,
         )?,
         _ => {
@@ -118,6 +123,9 @@ struct TokenizeRequest {
     tools: Option<Vec<Value>>,
     #[serde(default)]
     add_generation_prompt: Option<bool>,
+    /// With `messages`: end inside the last message, as a chat request with it would.
+    #[serde(default)]
+    continue_final_message: Option<bool>,
     #[serde(default)]
     add_special_tokens: Option<bool>,
 }
@@ -133,7 +141,7 @@ pub(crate) async fn tokenize(State(state): State<ServerState>, body: Bytes) -> R
                 &state,
                 &m,
                 req.tools.as_deref(),
-                req.add_generation_prompt.unwrap_or(true),
+                prompt_end(req.add_generation_prompt, req.continue_final_message)?,
                 None,
             )?,
             _ => {

@@ -5,7 +5,7 @@
 use crate::common;
 
 use samewise_engine::GgufFile;
-use samewise_engine::chat::{self, ChatTemplate, TOOLS_PREAMBLE, parse_tool_calls};
+use samewise_engine::chat::{self, ChatTemplate, PromptEnd, TOOLS_PREAMBLE, parse_tool_calls};
 use serde_json::{Value, json};
 
 struct Cases {
@@ -40,18 +40,28 @@ fn render_case(t: &ChatTemplate, case: &Value) -> samewise_engine::Result<String
     let messages = case["messages"].as_array().cloned().unwrap_or_default();
     let tools = case["tools"].as_array().cloned();
     let extra = case["extra"].as_object().cloned();
-    t.render(
-        &messages,
-        tools.as_deref(),
-        case["add_generation_prompt"].as_bool().unwrap_or(false),
-        extra.as_ref(),
-    )
+    let end = if case["continue_final_message"].as_bool().unwrap_or(false) {
+        PromptEnd::ContinueLast
+    } else if case["add_generation_prompt"].as_bool().unwrap_or(false) {
+        PromptEnd::NewTurn
+    } else {
+        PromptEnd::Closed
+    };
+    t.render_to(&messages, tools.as_deref(), end, extra.as_ref())
 }
 
 #[test]
 fn renders_exactly_what_hf_renders() -> anyhow::Result<()> {
     let cases = Cases::load()?;
-    assert!(cases.cases().len() >= 10);
+    assert!(cases.cases().len() >= 16);
+    assert!(
+        cases
+            .cases()
+            .iter()
+            .filter(|c| c["continue_final_message"] == true)
+            .count()
+            >= 4
+    );
     for case in cases.cases() {
         let name = case["name"].as_str().unwrap_or_default();
         let t = cases.template(case["template"].as_str().unwrap_or_default())?;
@@ -234,6 +244,49 @@ fn the_developer_role_is_the_system_role_unless_the_template_names_it() -> anyho
     assert_eq!(
         knows.render(&as_role("developer"), None, false, None)?,
         "D:developer|user|"
+    );
+    Ok(())
+}
+
+/// A prefill that cannot be continued is the request's error: no text to continue, or a
+/// template that does not render the final message's text (transformers raises the second;
+/// for the first it keeps the whole closed chat, which would answer a new turn instead).
+#[test]
+fn a_final_message_that_cannot_be_continued_is_refused() -> anyhow::Result<()> {
+    let t = Cases::load()?.template("smollm2")?;
+    let chat = |last: Value| vec![json!({"role": "user", "content": "Hi"}), last];
+    for last in [
+        json!({"role": "assistant", "content": ""}),
+        json!({"role": "assistant", "content": "  \n"}),
+    ] {
+        let e = t
+            .render_to(&chat(last.clone()), None, PromptEnd::ContinueLast, None)
+            .err()
+            .ok_or_else(|| anyhow::anyhow!("{last} was continued"))?;
+        assert!(
+            e.is_client_error() && e.to_string().contains("text to continue"),
+            "{e}"
+        );
+    }
+    let hides = ChatTemplate::new("{% for m in messages %}{{ m.role }};{% endfor %}", "", "")?;
+    let e = hides
+        .render_to(
+            &chat(json!({"role": "assistant", "content": "Sure"})),
+            None,
+            PromptEnd::ContinueLast,
+            None,
+        )
+        .err()
+        .ok_or_else(|| anyhow::anyhow!("continued text the template never rendered"))?;
+    assert!(
+        e.is_client_error() && e.to_string().contains("cannot be continued"),
+        "{e}"
+    );
+    // content parts are continued as the template sees them: joined
+    let parts = json!({"role": "assistant", "content": [{"type": "text", "text": "One"}, {"type": "text", "text": "two"}]});
+    assert!(
+        t.render_to(&chat(parts), None, PromptEnd::ContinueLast, None)?
+            .ends_with("<|im_start|>assistant\nOne\ntwo")
     );
     Ok(())
 }

@@ -484,6 +484,129 @@ async fn models_health_tokenize_detokenize() -> anyhow::Result<()> {
     srv.shutdown().await
 }
 
+/// vLLM's `continue_final_message` (an assistant prefill) and `add_generation_prompt` on a
+/// chat request: the answer continues the last message's text, exactly as a completion of the
+/// prompt `/tokenize` renders for the same flags. Before, both were ignored: a new assistant
+/// turn was opened after the prefill, and the answer began anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_assistant_prefill_is_continued_not_answered_anew() -> anyhow::Result<()> {
+    let srv = TestServer::start("reference").await?;
+    let messages = json!([
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "My favourite colour is"},
+    ]);
+    let tokens = |flags: Value| {
+        let mut body = json!({"messages": messages});
+        if let (Some(b), Some(f)) = (body.as_object_mut(), flags.as_object()) {
+            b.extend(f.clone());
+        }
+        let srv = &srv;
+        async move {
+            let t = srv.ok("/tokenize", &body).await?;
+            anyhow::Ok(serde_json::from_value::<Vec<u32>>(t["tokens"].clone())?)
+        }
+    };
+    let chat = |flags: Value| {
+        let mut body = json!({"model": "smollm2", "messages": messages, "max_tokens": 8,
+                              "temperature": 0});
+        if let (Some(b), Some(f)) = (body.as_object_mut(), flags.as_object()) {
+            b.extend(f.clone());
+        }
+        body
+    };
+    for flags in [
+        json!({"continue_final_message": true, "add_generation_prompt": false}),
+        // alone it means what it says; vLLM would answer 400 until add_generation_prompt is false
+        json!({"continue_final_message": true}),
+    ] {
+        let ids = tokens(flags.clone()).await?;
+        let text = srv.state.tokenizer().decode(&ids, false)?;
+        assert!(
+            text.ends_with("<|im_start|>assistant\nMy favourite colour is"),
+            "{text:?}"
+        );
+        let answer = srv.ok("/v1/chat/completions", &chat(flags.clone())).await?;
+        let completion = srv
+            .ok(
+                "/v1/completions",
+                &json!({"model": "smollm2", "prompt": ids, "max_tokens": 8, "temperature": 0}),
+            )
+            .await?;
+        assert_eq!(answer["usage"]["prompt_tokens"], ids.len(), "{flags}");
+        assert_eq!(
+            answer["choices"][0]["message"]["content"], completion["choices"][0]["text"],
+            "{flags}"
+        );
+    }
+    // the default opens a new assistant turn after the last message, as before
+    let opened = tokens(json!({})).await?;
+    let text = srv.state.tokenizer().decode(&opened, false)?;
+    assert!(
+        text.ends_with("My favourite colour is<|im_end|>\n<|im_start|>assistant\n"),
+        "{text:?}"
+    );
+    let answer = srv.ok("/v1/chat/completions", &chat(json!({}))).await?;
+    assert_eq!(answer["usage"]["prompt_tokens"], opened.len());
+    // without a generation prompt the chat ends as its last message ends
+    let closed = tokens(json!({"add_generation_prompt": false})).await?;
+    assert_eq!(closed.len() + 4, opened.len(), "<|im_start|>assistant\\n is 4 tokens");
+    let answer = srv
+        .ok(
+            "/v1/chat/completions",
+            &chat(json!({"add_generation_prompt": false})),
+        )
+        .await?;
+    assert_eq!(answer["usage"]["prompt_tokens"], closed.len());
+    // contradictory or mistyped flags, and nothing to continue, are 400s naming the problem
+    for (flags, param, says) in [
+        (
+            json!({"continue_final_message": true, "add_generation_prompt": true}),
+            json!("continue_final_message"),
+            "cannot both be true",
+        ),
+        (
+            json!({"continue_final_message": "yes"}),
+            json!("continue_final_message"),
+            "must be a boolean",
+        ),
+        (
+            json!({"add_generation_prompt": 0}),
+            json!("add_generation_prompt"),
+            "must be a boolean",
+        ),
+    ] {
+        let (status, e) = srv
+            .post("/v1/chat/completions", &chat(flags.clone()))
+            .await?;
+        assert_eq!(
+            (status, &e["error"]["param"]),
+            (400, &param),
+            "{flags}: {e}"
+        );
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(says)),
+            "{e}"
+        );
+    }
+    let (status, e) = srv
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}],
+                    "continue_final_message": true, "max_tokens": 2}),
+        )
+        .await?;
+    assert_eq!(status, 400, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("text to continue")),
+        "{e}"
+    );
+    srv.shutdown().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
     let srv = TestServer::start("reference").await?;
