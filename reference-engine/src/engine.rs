@@ -108,6 +108,9 @@ pub struct GenerateParams {
     pub max_tokens: usize,
     /// Generation stops when one of these is sampled (it is not part of the output).
     pub stop_token_ids: Vec<u32>,
+    /// None of `stop_token_ids` is chosen before this many tokens are generated (vLLM's
+    /// `min_tokens`): they are masked from the choice, not from the reported logprobs.
+    pub min_tokens: usize,
     /// Alternatives to report per generated token (at most [`MAX_TOP_K`]).
     pub top_logprobs: usize,
 }
@@ -118,6 +121,7 @@ impl Default for GenerateParams {
             sampling: SamplingParams::default(),
             max_tokens: 16,
             stop_token_ids: Vec::new(),
+            min_tokens: 0,
             top_logprobs: 0,
         }
     }
@@ -728,8 +732,23 @@ impl Engine {
                     prompt_tokens: *prompt_len,
                     completion_tokens: count,
                 };
+                // the choice's row: the stop tokens masked until `min_tokens` (`l` stays the
+                // model's own, for the logprobs)
+                let unstoppable;
+                let row = if *count < params.min_tokens && !params.stop_token_ids.is_empty() {
+                    let mut r = l.to_vec();
+                    for &t in &params.stop_token_ids {
+                        if let Some(x) = r.get_mut(t as usize) {
+                            *x = f32::NEG_INFINITY;
+                        }
+                    }
+                    unstoppable = r;
+                    &unstoppable[..]
+                } else {
+                    l
+                };
                 let t = match matcher {
-                    None => sampler.pick(l),
+                    None => sampler.pick(row),
                     Some(m) => {
                         let allowed = m.allowed();
                         if allowed.is_empty() {
@@ -738,7 +757,7 @@ impl Engine {
                             *finish = Some(end(FinishReason::Stop, None, *count));
                             return;
                         }
-                        let masked: Vec<f32> = l
+                        let masked: Vec<f32> = row
                             .iter()
                             .enumerate()
                             .map(|(i, &x)| {

@@ -111,7 +111,7 @@ impl InProcess {
             },
             max_tokens,
             stop_token_ids: self.tokenizer().stop_ids().iter().copied().collect(),
-            top_logprobs: 0,
+            ..GenerateParams::default()
         };
         let mut rx = self.handle.generate(prompt, params).map_err(rerr)?;
         let mut ids = Vec::new();

@@ -136,6 +136,7 @@ async fn run(
     let want_logprobs = req.logprobs.unwrap_or(false);
     let (gen_req, max_tokens) = sampling(state, &faults, &req, prompt.len())?;
     check_prompt(state, &prompt, max_tokens)?;
+    gen_req.check_max_tokens(max_tokens)?;
 
     let mut streams = Vec::new();
     for j in 0..gen_req.n {

@@ -86,6 +86,7 @@ async fn run(
     )?
     .with_adjustments(&req.extra, state.inner.vocab_size)?;
     let gen_req = faults.sampling(gen_req);
+    gen_req.check_max_tokens(max_tokens)?;
     let tok = state.tokenizer();
     for p in &mut prompts {
         if state.inner.faults.truncate(&mut p.ids) {

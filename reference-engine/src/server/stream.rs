@@ -20,8 +20,8 @@ use samewise_wire::{TokenLogprob, TopLogprob};
 use crate::engine::{GenerateParams, GeneratedToken, MAX_TOP_K};
 use crate::sample::{SamplingParams, TokenLogprob as EngineLogprob};
 
-use super::text::{ChoiceEvent, TextStream};
-use super::{ApiError, ServerState};
+use super::text::{ChoiceEvent, StopStrings, TextStream};
+use super::{ApiError, ServerState, extra_bool};
 
 /// Most choices (`n`) one request may ask for.
 pub(crate) const MAX_N: u32 = 16;
@@ -126,8 +126,14 @@ pub(crate) struct GenRequest {
     /// Every choice's sampling (choice j's seed is `seed + j`).
     pub sampling: SamplingParams,
     pub n: u32,
-    pub stops: Vec<String>,
+    pub stops: StopStrings,
     pub top_logprobs: usize,
+    /// vLLM's `stop_token_ids`: stop tokens besides the model's own.
+    pub stop_token_ids: Vec<u32>,
+    /// vLLM's `ignore_eos`: the model's own stop tokens do not end the answer.
+    pub ignore_eos: bool,
+    /// vLLM's `min_tokens`: no stop token or stop string ends the answer before this many.
+    pub min_tokens: usize,
 }
 
 impl GenRequest {
@@ -181,8 +187,14 @@ impl GenRequest {
                 ..SamplingParams::default()
             },
             n,
-            stops,
+            stops: StopStrings {
+                strings: stops,
+                ..StopStrings::default()
+            },
             top_logprobs,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            min_tokens: 0,
         })
     }
 
@@ -260,7 +272,76 @@ impl GenRequest {
         if let Some((param, why)) = self.sampling.invalid() {
             return Err(ApiError::bad_request(why, Some(param)));
         }
+        self.with_stopping(extra, vocab_size)
+    }
+
+    /// vLLM's stopping extensions, checked: `stop_token_ids` (ids in the vocabulary),
+    /// `ignore_eos`, `min_tokens` (a whole number; [`GenRequest::check_max_tokens`] bounds it
+    /// by `max_tokens`) and `include_stop_str_in_output`. `null` is absent.
+    fn with_stopping(
+        mut self,
+        extra: &samewise_wire::Extra,
+        vocab_size: usize,
+    ) -> Result<Self, ApiError> {
+        match extra.get("stop_token_ids").filter(|v| !v.is_null()) {
+            None => {}
+            Some(serde_json::Value::Array(ids)) => {
+                for id in ids {
+                    let t = id
+                        .as_u64()
+                        .and_then(|t| u32::try_from(t).ok())
+                        .filter(|&t| (t as usize) < vocab_size)
+                        .ok_or_else(|| {
+                            ApiError::bad_request(
+                                format!(
+                                    "stop_token_ids: {id} is not a token id of this model (0 to {})",
+                                    vocab_size.saturating_sub(1)
+                                ),
+                                Some("stop_token_ids"),
+                            )
+                        })?;
+                    self.stop_token_ids.push(t);
+                }
+            }
+            Some(_) => {
+                return Err(ApiError::bad_request(
+                    "stop_token_ids must be an array of token ids",
+                    Some("stop_token_ids"),
+                ));
+            }
+        }
+        self.ignore_eos = extra_bool(extra, "ignore_eos")?.unwrap_or(false);
+        self.stops.include = extra_bool(extra, "include_stop_str_in_output")?.unwrap_or(false);
+        match extra.get("min_tokens").filter(|v| !v.is_null()) {
+            None => {}
+            Some(v) => {
+                self.min_tokens = v
+                    .as_u64()
+                    .and_then(|m| usize::try_from(m).ok())
+                    .ok_or_else(|| {
+                        ApiError::bad_request(
+                            "min_tokens must be a whole number",
+                            Some("min_tokens"),
+                        )
+                    })?;
+                self.stops.after_tokens = self.min_tokens;
+            }
+        }
         Ok(self)
+    }
+
+    /// `min_tokens` cannot exceed the request's `max_tokens` (vLLM's rule).
+    pub(crate) fn check_max_tokens(&self, max_tokens: usize) -> Result<(), ApiError> {
+        if self.min_tokens > max_tokens {
+            return Err(ApiError::bad_request(
+                format!(
+                    "min_tokens ({}) must be at most max_tokens ({max_tokens})",
+                    self.min_tokens
+                ),
+                Some("min_tokens"),
+            ));
+        }
+        Ok(())
     }
 
     /// Engine parameters for choice `j` (seeded choices get seeds `seed + j`, so `n`
@@ -272,7 +353,12 @@ impl GenRequest {
                 ..self.sampling.clone()
             },
             max_tokens,
-            stop_token_ids: state.tokenizer().stop_ids().iter().copied().collect(),
+            stop_token_ids: (state.tokenizer().stop_ids().iter())
+                .filter(|_| !self.ignore_eos)
+                .chain(&self.stop_token_ids)
+                .copied()
+                .collect(),
+            min_tokens: self.min_tokens,
             top_logprobs: self.top_logprobs,
         }
     }

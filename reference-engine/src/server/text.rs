@@ -13,6 +13,17 @@ use crate::tokenizer::Utf8Stream;
 use super::faults::GenSource;
 use super::{ApiError, ServerState};
 
+/// Where a choice's text ends at a stop string.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StopStrings {
+    /// The stop strings as asked (empty ones are ignored).
+    pub strings: Vec<String>,
+    /// The match stays at the end of the text (vLLM's `include_stop_str_in_output`).
+    pub include: bool,
+    /// Not looked for until more than this many tokens are generated (vLLM's `min_tokens`).
+    pub after_tokens: usize,
+}
+
 /// A piece of one choice's output.
 #[derive(Debug, Default)]
 pub(crate) struct Piece {
@@ -48,6 +59,10 @@ pub(crate) struct TextStream {
     utf8: Utf8Stream,
     /// Stop strings (non-empty ones).
     stops: Vec<String>,
+    /// A match stays in the text.
+    include_stop: bool,
+    /// Stop strings are looked for once more tokens than this are generated.
+    stops_after: usize,
     /// Chars held back so a stop string split across tokens is still found.
     hold_chars: usize,
     /// Text not yet released.
@@ -78,7 +93,7 @@ impl TextStream {
         prompt: Vec<u32>,
         params: GenerateParams,
         constraint: Option<Constraint>,
-        stops: Vec<String>,
+        stops: StopStrings,
         repeat_at: Option<usize>,
     ) -> Result<Self, ApiError> {
         let (max_tokens, prompt_tokens) = (params.max_tokens, prompt.len());
@@ -88,7 +103,12 @@ impl TextStream {
             max_tokens,
             prompt_tokens,
         );
-        let stops: Vec<String> = stops.into_iter().filter(|s| !s.is_empty()).collect();
+        let StopStrings {
+            strings,
+            include: include_stop,
+            after_tokens: stops_after,
+        } = stops;
+        let stops: Vec<String> = strings.into_iter().filter(|s| !s.is_empty()).collect();
         let hold_chars = stops
             .iter()
             .map(|s| s.chars().count())
@@ -100,6 +120,8 @@ impl TextStream {
             rx: Some(rx),
             utf8: Utf8Stream::default(),
             stops,
+            include_stop,
+            stops_after,
             hold_chars,
             held: String::new(),
             tokens: Vec::new(),
@@ -207,12 +229,17 @@ impl TextStream {
         });
     }
 
-    /// Byte offset of the earliest stop-string match in the held text.
+    /// Where the held text ends at its earliest stop-string match (before the match, or after
+    /// it with `include_stop`); none before `stops_after` tokens.
     fn find_stop(&self) -> Option<usize> {
+        if self.count <= self.stops_after {
+            return None;
+        }
         self.stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
+            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s.len())))
             .min()
+            .map(|(at, len)| if self.include_stop { at + len } else { at })
     }
 
     /// Bytes of held text that can be released: all but the last `hold_chars` chars.

@@ -73,8 +73,8 @@ fn greedy(max_tokens: usize) -> GenerateParams {
     GenerateParams {
         sampling: SamplingParams::default(),
         max_tokens,
-        stop_token_ids: Vec::new(),
         top_logprobs: 5,
+        ..GenerateParams::default()
     }
 }
 

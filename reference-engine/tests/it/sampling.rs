@@ -1,7 +1,9 @@
 //! The sampling parameters over the API against the real test model: OpenAI's `logit_bias`,
 //! `presence_penalty` and `frequency_penalty` and vLLM's `top_k`, `min_p` and
 //! `repetition_penalty` change which token is chosen, by their definitions, and never the
-//! logprobs reported; bad values are a 400 naming the parameter.
+//! logprobs reported; vLLM's `ignore_eos`, `stop_token_ids`, `min_tokens` and
+//! `include_stop_str_in_output` end the answer where they say; bad values are a 400 naming the
+//! parameter.
 
 use samewise_engine::GenerateParams;
 use samewise_engine::sample::SamplingParams;
@@ -34,6 +36,7 @@ fn library_generation(
         max_tokens,
         stop_token_ids: state.tokenizer().stop_ids().iter().copied().collect(),
         top_logprobs: 20,
+        ..GenerateParams::default()
     };
     Ok(state
         .engine()
@@ -243,6 +246,184 @@ async fn logit_bias_penalties_and_vllm_sampling_steer_the_choice_not_the_logprob
             assert_eq!(status, 400, "{path} {extra}: {v}");
             assert_eq!(v["error"]["param"], param, "{path} {extra}: {v}");
             assert_eq!(v["error"]["type"], "invalid_request_error");
+        }
+    }
+    Ok(())
+}
+
+/// vLLM's stopping extensions over the API: `ignore_eos` generates past the model's stop
+/// token, `stop_token_ids` ends at a token of the caller's, `min_tokens` masks the stop
+/// tokens and holds back stop strings until that many tokens (the reported logprobs stay the
+/// model's own: the stop token it wanted still tops the list), and
+/// `include_stop_str_in_output` keeps the matched stop string. Before, all four were ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_stopping_extensions_end_the_answer_where_they_say() -> anyhow::Result<()> {
+    let srv = TestServer::start("reference").await?;
+    let tok = srv.state.tokenizer();
+    let q = "Hi";
+    let prompt = chat_prompt(&srv.state, q)?;
+    let plain = library_generation(&srv.state, &prompt, 60, SamplingParams::default())?;
+    let natural = plain.len();
+    assert!((4..40).contains(&natural), "{natural} tokens");
+    let text: String = plain
+        .iter()
+        .map(|t| tok.token_str(t.token).map(str::to_owned))
+        .collect::<Result<_, _>>()?;
+    let request = |max_tokens: u32, extra: Value| {
+        let mut b = chat_body(q, max_tokens);
+        b["logprobs"] = json!(true);
+        b["top_logprobs"] = json!(3);
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let answer = |v: &Value| {
+        (
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            v["choices"][0]["finish_reason"].clone(),
+            v["usage"]["completion_tokens"].as_u64().unwrap_or(0) as usize,
+        )
+    };
+    let eos = tok
+        .token_str(*tok.stop_ids().first().unwrap_or(&0))?
+        .to_owned();
+
+    // the plain answer stops by itself; ignore_eos runs to max_tokens through the same start
+    let v = srv
+        .ok("/v1/chat/completions", &request(60, json!({})))
+        .await?;
+    assert_eq!(answer(&v), (text.clone(), json!("stop"), natural), "{v}");
+    let long = (natural + 8) as u32;
+    let v = srv
+        .ok(
+            "/v1/chat/completions",
+            &request(long, json!({"ignore_eos": true})),
+        )
+        .await?;
+    let (t, finish, n) = answer(&v);
+    assert_eq!((&finish, n), (&json!("length"), natural + 8), "{v}");
+    assert!(t.starts_with(&text), "{t:?}");
+    // the completions route too
+    let completion = |extra: Value| {
+        let mut b = json!({"prompt": prompt, "max_tokens": long, "temperature": 0});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let v = srv
+        .ok("/v1/completions", &completion(json!({"ignore_eos": true})))
+        .await?;
+    assert_eq!(v["usage"]["completion_tokens"], natural + 8, "{v}");
+    let v = srv.ok("/v1/completions", &completion(json!({}))).await?;
+    assert_eq!(v["usage"]["completion_tokens"], natural, "{v}");
+
+    // stop_token_ids: the answer ends before the first generated token that is one of them
+    let at = (1..natural)
+        .find(|&i| plain[..i].iter().all(|t| t.token != plain[i].token))
+        .ok_or_else(|| anyhow::anyhow!("no token new at its place"))?;
+    let v = srv
+        .ok(
+            "/v1/chat/completions",
+            &request(60, json!({"stop_token_ids": [plain[at].token]})),
+        )
+        .await?;
+    let before: String = plain[..at]
+        .iter()
+        .map(|t| tok.token_str(t.token).map(str::to_owned))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(answer(&v), (before, json!("stop"), at), "{v}");
+
+    // min_tokens: the model's stop token is not chosen before it, though it is still reported
+    // as the model's first choice where the plain answer ended
+    let v = srv
+        .ok(
+            "/v1/chat/completions",
+            &request(60, json!({"min_tokens": natural + 4})),
+        )
+        .await?;
+    let (t, _, n) = answer(&v);
+    assert!(n >= natural + 4 && t.starts_with(&text), "{v}");
+    let top = &v["choices"][0]["logprobs"]["content"][natural]["top_logprobs"][0];
+    assert_eq!(top["token"], json!(eos), "{v}");
+    // ... and a stop string is looked for only after it
+    let first_word = text
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let v = srv
+        .ok(
+            "/v1/chat/completions",
+            &request(60, json!({"stop": [first_word]})),
+        )
+        .await?;
+    assert_eq!(answer(&v).0, "", "{v}");
+    let v = srv
+        .ok(
+            "/v1/chat/completions",
+            &request(60, json!({"stop": [first_word], "min_tokens": 2})),
+        )
+        .await?;
+    assert!(answer(&v).0.starts_with(&first_word), "{v}");
+
+    // include_stop_str_in_output keeps the match
+    let last_word = text
+        .split_whitespace()
+        .last()
+        .unwrap_or_default()
+        .to_owned();
+    let cut = text.rfind(&last_word).unwrap_or_default();
+    let v = srv
+        .ok(
+            "/v1/chat/completions",
+            &request(
+                60,
+                json!({"stop": [last_word], "include_stop_str_in_output": true}),
+            ),
+        )
+        .await?;
+    assert_eq!(answer(&v).0, text[..cut + last_word.len()], "{v}");
+    let v = srv
+        .ok(
+            "/v1/chat/completions",
+            &request(60, json!({"stop": [last_word]})),
+        )
+        .await?;
+    assert_eq!(answer(&v).0, text[..cut], "{v}");
+
+    // bad values: a 400 naming the parameter, on both routes
+    for (extra, param) in [
+        (json!({"min_tokens": 61}), "min_tokens"),
+        (json!({"min_tokens": -1}), "min_tokens"),
+        (json!({"min_tokens": 1.5}), "min_tokens"),
+        (json!({"stop_token_ids": [49152]}), "stop_token_ids"),
+        (json!({"stop_token_ids": [-1]}), "stop_token_ids"),
+        (json!({"stop_token_ids": 2}), "stop_token_ids"),
+        (json!({"ignore_eos": "yes"}), "ignore_eos"),
+        (
+            json!({"include_stop_str_in_output": 1}),
+            "include_stop_str_in_output",
+        ),
+    ] {
+        for (path, body) in [
+            ("/v1/chat/completions", request(60, extra.clone())),
+            ("/v1/completions", {
+                let mut b = completion(extra.clone());
+                b["max_tokens"] = json!(60);
+                b
+            }),
+        ] {
+            let (status, v) = srv.post(path, &body).await?;
+            assert_eq!(
+                (status, &v["error"]["param"]),
+                (400, &json!(param)),
+                "{path} {extra}: {v}"
+            );
         }
     }
     Ok(())

@@ -93,6 +93,7 @@ fn library_greedy(
         max_tokens,
         stop_token_ids: srv.state.tokenizer().stop_ids().iter().copied().collect(),
         top_logprobs: top,
+        ..GenerateParams::default()
     };
     let g = srv
         .state
@@ -549,7 +550,11 @@ async fn an_assistant_prefill_is_continued_not_answered_anew() -> anyhow::Result
     assert_eq!(answer["usage"]["prompt_tokens"], opened.len());
     // without a generation prompt the chat ends as its last message ends
     let closed = tokens(json!({"add_generation_prompt": false})).await?;
-    assert_eq!(closed.len() + 4, opened.len(), "<|im_start|>assistant\\n is 4 tokens");
+    assert_eq!(
+        closed.len() + 4,
+        opened.len(),
+        "<|im_start|>assistant\\n is 4 tokens"
+    );
     let answer = srv
         .ok(
             "/v1/chat/completions",
