@@ -30,7 +30,7 @@ use crate::engine::GeneratedToken;
 
 use super::constrained::{ToolEvent, ToolSplitter, plan};
 use super::faults::RequestFaults;
-use super::stream::{GenRequest, chat_logprob, check_prompt, sse_response};
+use super::stream::{GenRequest, chat_logprob, check_prompt, refuse_unsupported, sse_response};
 use super::text::{ChoiceEvent, TextStream};
 use super::{ApiError, ServerState, extra_bool, json_response, now_secs, parse_body};
 
@@ -96,6 +96,7 @@ async fn run(
     body: &[u8],
 ) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(body)?;
+    refuse_unsupported(&req.extra)?;
     faults.check_logprobs(req.logprobs.unwrap_or(false))?;
     let messages = req
         .messages

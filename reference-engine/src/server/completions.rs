@@ -18,7 +18,7 @@ use crate::engine::{GeneratedToken, ScoredSequence};
 use crate::sample::TokenLogprob as EngineLogprob;
 
 use super::faults::RequestFaults;
-use super::stream::{GenRequest, check_prompt, sse_response};
+use super::stream::{GenRequest, check_prompt, refuse_unsupported, sse_response};
 use super::text::{ChoiceEvent, Collected, TextStream};
 use super::{ApiError, ServerState, json_response, now_secs, parse_body};
 
@@ -128,34 +128,6 @@ async fn run(
         collected.push((r.0, r.1?));
     }
     Ok(json_response(&whole_response(state, prepared, collected)))
-}
-
-/// `suffix` (insertion) and `best_of` above 1 (ranking extra candidates) change what the
-/// answer means; an engine that cannot honour them refuses them, as vLLM does, rather than
-/// answering a different question. `null`, `""` and `best_of: 1` are the defaults.
-fn refuse_unsupported(extra: &samewise_wire::Extra) -> Result<(), ApiError> {
-    match extra.get("suffix") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s.is_empty() => {}
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "suffix is not supported by this engine",
-                Some("suffix"),
-            ));
-        }
-    }
-    match extra.get("best_of") {
-        None | Some(Value::Null) => Ok(()),
-        Some(v) if v.as_u64() == Some(1) => Ok(()),
-        Some(v) if v.as_u64().is_some_and(|b| b > 1) => Err(ApiError::bad_request(
-            "best_of above 1 is not supported by this engine; ask for n choices instead",
-            Some("best_of"),
-        )),
-        Some(_) => Err(ApiError::bad_request(
-            "best_of must be a positive integer",
-            Some("best_of"),
-        )),
-    }
 }
 
 /// The request's prompts as ids, within the server's limits on their number and tokens.

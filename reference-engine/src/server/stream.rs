@@ -16,6 +16,7 @@ use futures_util::StreamExt as _;
 use futures_util::stream::{BoxStream, SelectAll};
 use samewise_wire::sse::{encode_data, encode_json};
 use samewise_wire::{TokenLogprob, TopLogprob};
+use serde_json::Value;
 
 use crate::engine::{GenerateParams, GeneratedToken, MAX_TOP_K};
 use crate::sample::{SamplingParams, TokenLogprob as EngineLogprob};
@@ -362,6 +363,76 @@ impl GenRequest {
             top_logprobs: self.top_logprobs,
         }
     }
+}
+
+/// Request fields that would change what the answer means, which this engine does not do
+/// (OpenAI's `suffix` and `best_of`, vLLM's beam search, guided decoding, prompt truncation,
+/// token filters, per-request templates): each with whether a value is the default (absent and
+/// `null` always are) and what to ask instead.
+const UNSUPPORTED: [(&str, IsDefault, &str); 14] = [
+    ("suffix", |v| v == "", ""),
+    ("best_of", |v| v == 1, "; ask for n choices instead"),
+    ("use_beam_search", |v| v == false, ""),
+    (
+        "length_penalty",
+        |v| v.as_f64() == Some(1.0),
+        " (it applies to beam search)",
+    ),
+    (
+        "prompt_logprobs",
+        |_| false,
+        "; ask /v1/completions with echo and logprobs, or /v1/score",
+    ),
+    (
+        "guided_json",
+        |_| false,
+        "; use response_format json_schema",
+    ),
+    ("guided_regex", |_| false, ""),
+    (
+        "guided_choice",
+        |_| false,
+        "; use response_format json_schema with an enum",
+    ),
+    ("guided_grammar", |_| false, ""),
+    (
+        "structured_outputs",
+        |_| false,
+        "; use response_format json_schema",
+    ),
+    ("truncate_prompt_tokens", |_| false, ""),
+    ("allowed_token_ids", |_| false, "; use logit_bias"),
+    (
+        "bad_words",
+        |v| v.as_array().is_some_and(Vec::is_empty),
+        "; use logit_bias",
+    ),
+    (
+        "chat_template",
+        |_| false,
+        " (the model's own template is used)",
+    ),
+];
+
+/// Whether a field's value is its default.
+type IsDefault = fn(&Value) -> bool;
+
+/// Refuses a field of [`UNSUPPORTED`] with a value other than its default (a 400 naming it),
+/// as vLLM refuses what it cannot do, rather than answering a different question.
+pub(crate) fn refuse_unsupported(extra: &samewise_wire::Extra) -> Result<(), ApiError> {
+    for (name, is_default, instead) in UNSUPPORTED {
+        match extra.get(name) {
+            None | Some(Value::Null) => {}
+            Some(v) if is_default(v) => {}
+            Some(_) => {
+                return Err(ApiError::bad_request(
+                    format!("{name} is not supported by this engine{instead}"),
+                    Some(name),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Rejects prompts (plus the tokens to generate) longer than the context, and ids outside

@@ -485,133 +485,6 @@ async fn models_health_tokenize_detokenize() -> anyhow::Result<()> {
     srv.shutdown().await
 }
 
-/// vLLM's `continue_final_message` (an assistant prefill) and `add_generation_prompt` on a
-/// chat request: the answer continues the last message's text, exactly as a completion of the
-/// prompt `/tokenize` renders for the same flags. Before, both were ignored: a new assistant
-/// turn was opened after the prefill, and the answer began anew.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_assistant_prefill_is_continued_not_answered_anew() -> anyhow::Result<()> {
-    let srv = TestServer::start("reference").await?;
-    let messages = json!([
-        {"role": "user", "content": "Name a colour."},
-        {"role": "assistant", "content": "My favourite colour is"},
-    ]);
-    let tokens = |flags: Value| {
-        let mut body = json!({"messages": messages});
-        if let (Some(b), Some(f)) = (body.as_object_mut(), flags.as_object()) {
-            b.extend(f.clone());
-        }
-        let srv = &srv;
-        async move {
-            let t = srv.ok("/tokenize", &body).await?;
-            anyhow::Ok(serde_json::from_value::<Vec<u32>>(t["tokens"].clone())?)
-        }
-    };
-    let chat = |flags: Value| {
-        let mut body = json!({"model": "smollm2", "messages": messages, "max_tokens": 8,
-                              "temperature": 0});
-        if let (Some(b), Some(f)) = (body.as_object_mut(), flags.as_object()) {
-            b.extend(f.clone());
-        }
-        body
-    };
-    for flags in [
-        json!({"continue_final_message": true, "add_generation_prompt": false}),
-        // alone it means what it says; vLLM would answer 400 until add_generation_prompt is false
-        json!({"continue_final_message": true}),
-    ] {
-        let ids = tokens(flags.clone()).await?;
-        let text = srv.state.tokenizer().decode(&ids, false)?;
-        assert!(
-            text.ends_with("<|im_start|>assistant\nMy favourite colour is"),
-            "{text:?}"
-        );
-        let answer = srv.ok("/v1/chat/completions", &chat(flags.clone())).await?;
-        let completion = srv
-            .ok(
-                "/v1/completions",
-                &json!({"model": "smollm2", "prompt": ids, "max_tokens": 8, "temperature": 0}),
-            )
-            .await?;
-        assert_eq!(answer["usage"]["prompt_tokens"], ids.len(), "{flags}");
-        assert_eq!(
-            answer["choices"][0]["message"]["content"], completion["choices"][0]["text"],
-            "{flags}"
-        );
-    }
-    // the default opens a new assistant turn after the last message, as before
-    let opened = tokens(json!({})).await?;
-    let text = srv.state.tokenizer().decode(&opened, false)?;
-    assert!(
-        text.ends_with("My favourite colour is<|im_end|>\n<|im_start|>assistant\n"),
-        "{text:?}"
-    );
-    let answer = srv.ok("/v1/chat/completions", &chat(json!({}))).await?;
-    assert_eq!(answer["usage"]["prompt_tokens"], opened.len());
-    // without a generation prompt the chat ends as its last message ends
-    let closed = tokens(json!({"add_generation_prompt": false})).await?;
-    assert_eq!(
-        closed.len() + 4,
-        opened.len(),
-        "<|im_start|>assistant\\n is 4 tokens"
-    );
-    let answer = srv
-        .ok(
-            "/v1/chat/completions",
-            &chat(json!({"add_generation_prompt": false})),
-        )
-        .await?;
-    assert_eq!(answer["usage"]["prompt_tokens"], closed.len());
-    // contradictory or mistyped flags, and nothing to continue, are 400s naming the problem
-    for (flags, param, says) in [
-        (
-            json!({"continue_final_message": true, "add_generation_prompt": true}),
-            json!("continue_final_message"),
-            "cannot both be true",
-        ),
-        (
-            json!({"continue_final_message": "yes"}),
-            json!("continue_final_message"),
-            "must be a boolean",
-        ),
-        (
-            json!({"add_generation_prompt": 0}),
-            json!("add_generation_prompt"),
-            "must be a boolean",
-        ),
-    ] {
-        let (status, e) = srv
-            .post("/v1/chat/completions", &chat(flags.clone()))
-            .await?;
-        assert_eq!(
-            (status, &e["error"]["param"]),
-            (400, &param),
-            "{flags}: {e}"
-        );
-        assert!(
-            e["error"]["message"]
-                .as_str()
-                .is_some_and(|m| m.contains(says)),
-            "{e}"
-        );
-    }
-    let (status, e) = srv
-        .post(
-            "/v1/chat/completions",
-            &json!({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}],
-                    "continue_final_message": true, "max_tokens": 2}),
-        )
-        .await?;
-    assert_eq!(status, 400, "{e}");
-    assert!(
-        e["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("text to continue")),
-        "{e}"
-    );
-    srv.shutdown().await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
     let srv = TestServer::start("reference").await?;
@@ -706,25 +579,62 @@ async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
         let message = err["message"].as_str().unwrap_or_default();
         assert!(message.contains(param), "{message}");
     }
-    for (field, default) in [
-        ("suffix", json!("")),
-        ("best_of", json!(1)),
-        ("suffix", Value::Null),
-    ] {
-        let mut body = json!({"prompt": PROMPT, "max_tokens": 2, "temperature": 0});
-        body[field] = default;
-        let v = srv.ok("/v1/completions", &body).await?;
-        assert_eq!(v["choices"][0]["finish_reason"], "length", "{body}: {v}");
-    }
-    for (field, value) in [("suffix", json!("x")), ("best_of", json!(2))] {
-        let (got, v) = srv
-            .post("/v1/completions", &json!({"prompt": "hi", field: value}))
-            .await?;
-        assert_eq!(
-            (got, v["error"]["param"].as_str()),
-            (400, Some(field)),
-            "{v}"
-        );
+    // what the engine does not do is refused by name on both routes (it was answered as if
+    // not asked: a beam search, guided decoding, a truncated prompt, a template of the
+    // client's), and the defaults pass
+    let on = |path: &str, field: &str, value: &Value| {
+        let mut body = if path == "/v1/completions" {
+            json!({"prompt": PROMPT})
+        } else {
+            json!({"messages": [{"role": "user", "content": "Hi"}]})
+        };
+        body["max_tokens"] = json!(2);
+        body["temperature"] = json!(0);
+        body[field] = value.clone();
+        body
+    };
+    for path in ["/v1/completions", "/v1/chat/completions"] {
+        for (field, default) in [
+            ("suffix", json!("")),
+            ("best_of", json!(1)),
+            ("suffix", Value::Null),
+            ("use_beam_search", json!(false)),
+            ("length_penalty", json!(1.0)),
+            ("bad_words", json!([])),
+            ("guided_json", Value::Null),
+        ] {
+            let v = srv.ok(path, &on(path, field, &default)).await?;
+            assert_eq!(
+                v["choices"][0]["finish_reason"], "length",
+                "{path} {field}: {v}"
+            );
+        }
+        for (field, value) in [
+            ("suffix", json!("x")),
+            ("best_of", json!(2)),
+            ("best_of", json!(0)),
+            ("use_beam_search", json!(true)),
+            ("length_penalty", json!(0.5)),
+            ("prompt_logprobs", json!(1)),
+            ("guided_json", json!({"type": "object"})),
+            ("guided_regex", json!("[a-z]+")),
+            ("guided_choice", json!(["yes", "no"])),
+            ("guided_grammar", json!("root ::= \"x\"")),
+            ("structured_outputs", json!({"choice": ["a"]})),
+            ("truncate_prompt_tokens", json!(10)),
+            ("allowed_token_ids", json!([1, 2])),
+            ("bad_words", json!(["the"])),
+            ("chat_template", json!("{{ messages }}")),
+        ] {
+            let (got, v) = srv.post(path, &on(path, field, &value)).await?;
+            assert_eq!(
+                (got, v["error"]["param"].as_str()),
+                (400, Some(field)),
+                "{path} {field}: {v}"
+            );
+            let message = v["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains("not supported"), "{message}");
+        }
     }
     // the server is still healthy after all that
     assert_eq!(srv.get("/healthz").await?.0, 200);
