@@ -164,6 +164,7 @@ async fn run(
         want_logprobs,
         tools: tools.unwrap_or_default().into(),
         forced: plan.forced_tools,
+        parallel: plan.parallel,
         faults,
     };
 
@@ -277,6 +278,8 @@ struct Ctx {
     tools: std::sync::Arc<[Value]>,
     /// The output is forced tool calls (constrained), read with [`ToolSplitter`].
     forced: bool,
+    /// `parallel_tool_calls`: false keeps only the first call parsed from free text.
+    parallel: bool,
     /// For tool-call corruption.
     faults: RequestFaults,
 }
@@ -321,9 +324,11 @@ impl Ctx {
         if !self.tools.is_empty() {
             let parsed = parse_tool_calls(&text);
             if !parsed.tool_calls.is_empty() {
+                let keep = if self.parallel { usize::MAX } else { 1 };
                 let mut calls: Vec<ToolCall> = parsed
                     .tool_calls
                     .into_iter()
+                    .take(keep)
                     .enumerate()
                     .map(|(i, c)| self.tool_call(index, i, c.name, c.arguments))
                     .collect();

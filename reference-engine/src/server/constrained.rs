@@ -29,6 +29,9 @@ pub(crate) struct Plan {
     pub forced_tools: bool,
     /// Tools are off (`tool_choice: "none"`): not rendered, not parsed.
     pub tools_off: bool,
+    /// `parallel_tool_calls` (default true): false allows at most one call, by the grammar
+    /// when calls are forced, else by keeping the first call parsed (as vLLM does).
+    pub parallel: bool,
 }
 
 /// Reads `tool_choice`, `parallel_tool_calls` and `response_format`; `tools` are the
@@ -40,6 +43,7 @@ pub(crate) fn plan(
     extra: &Extra,
 ) -> Result<Plan, ApiError> {
     let bad = |m: &str| ApiError::bad_request(m, Some("tool_choice"));
+    let parallel = extra_bool(extra, "parallel_tool_calls")?.unwrap_or(true);
     let names: Vec<&str> = tools
         .iter()
         .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str))
@@ -52,6 +56,7 @@ pub(crate) fn plan(
                     constraint: json_constraint(state, extra)?,
                     forced_tools: false,
                     tools_off: true,
+                    parallel,
                 });
             }
             "auto" => None,
@@ -84,9 +89,9 @@ pub(crate) fn plan(
             constraint: json_constraint(state, extra)?,
             forced_tools: false,
             tools_off: false,
+            parallel,
         });
     };
-    let parallel = extra_bool(extra, "parallel_tool_calls")?.unwrap_or(true);
     let mut functions = Vec::with_capacity(forced.len());
     for t in tools {
         let Some(name) = t.pointer("/function/name").and_then(Value::as_str) else {
@@ -120,6 +125,7 @@ pub(crate) fn plan(
         constraint: Some(constraint(state, &spec, "tools")?),
         forced_tools: true,
         tools_off: false,
+        parallel,
     })
 }
 

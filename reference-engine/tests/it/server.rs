@@ -339,6 +339,73 @@ fn strip_volatile(mut v: Value) -> Value {
     v
 }
 
+/// `parallel_tool_calls: false` with free tools (`tool_choice` auto): at most one call, the
+/// first the model wrote, whole and streamed (as vLLM keeps it). Before, both calls came back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_parallel_tool_calls_keeps_the_first_free_call() -> anyhow::Result<()> {
+    let srv = TestServer::start("reference").await?;
+    // two turns of two calls each: SmolLM2-135M answers the third with two calls
+    let call = |id: &str, city: &str| {
+        json!({"id": id, "type": "function",
+               "function": {"name": "get_weather", "arguments": json!({"city": city}).to_string()}})
+    };
+    let two = |a: &str, b: &str| format!("What is the weather in {a} and in {b}?");
+    let mut body = json!({
+        "messages": [
+            {"role": "user", "content": two("Oslo", "Rome")},
+            {"role": "assistant", "content": null, "tool_calls": [call("c1", "Oslo"), call("c2", "Rome")]},
+            {"role": "user", "content": two("Lima", "Cairo")},
+            {"role": "assistant", "content": null, "tool_calls": [call("c3", "Lima"), call("c4", "Cairo")]},
+            {"role": "user", "content": two("Paris", "Madrid")},
+        ],
+        "tools": [{"type": "function", "function": {"name": "get_weather",
+                   "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+        "temperature": 0, "max_tokens": 60,
+    });
+    let args = |calls: &Value| -> Vec<String> {
+        calls
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                c["function"]["arguments"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect()
+    };
+    let v = srv.ok("/v1/chat/completions", &body).await?;
+    let both = args(&v["choices"][0]["message"]["tool_calls"]);
+    assert_eq!(both.len(), 2, "{v}");
+    body["parallel_tool_calls"] = json!(false);
+    let v = srv.ok("/v1/chat/completions", &body).await?;
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(
+        args(&v["choices"][0]["message"]["tool_calls"]),
+        both[..1],
+        "{v}"
+    );
+    // streamed: one call delta, the same call
+    body["stream"] = json!(true);
+    let chunks = srv.stream("/v1/chat/completions", &body).await?;
+    let streamed: Vec<String> = chunks
+        .iter()
+        .flat_map(|c| args(&c["choices"][0]["delta"]["tool_calls"]))
+        .collect();
+    assert_eq!(streamed, both[..1], "{chunks:?}");
+    // a value that is not a boolean is refused with free tools too (it was ignored)
+    body["stream"] = json!(false);
+    body["parallel_tool_calls"] = json!("no");
+    let (status, e) = srv.post("/v1/chat/completions", &body).await?;
+    assert_eq!(
+        (status, &e["error"]["param"]),
+        (400, &json!("parallel_tool_calls")),
+        "{e}"
+    );
+    srv.shutdown().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_calls_come_back_in_openai_shape() -> anyhow::Result<()> {
     let srv = TestServer::start("reference").await?;
