@@ -47,6 +47,10 @@ const MAX_UPSTREAM_BODY: usize = 64 * 1024 * 1024;
 /// Header carrying samewise's request id (also the records' `request_id`).
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
+/// Header of an answer naming the endpoint that gave it (`provider/model`, as the records and
+/// dashboards name it): the last attempt's, after any failover or hedge.
+pub const ENDPOINT_HEADER: &str = "x-samewise-endpoint";
+
 /// Header that pins a conversation to one endpoint under cache affinity.
 pub const SESSION_HEADER: &str = "x-session-id";
 
@@ -401,6 +405,9 @@ async fn commit(
             HeaderValue::from_static("text/event-stream"),
         );
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        if let Some(v) = &ep.id_header {
+            h.insert(ENDPOINT_HEADER, v.clone());
+        }
         return Outcome::Answered(out);
     }
 
@@ -444,6 +451,9 @@ async fn commit(
         header::CONTENT_TYPE,
         upstream_ct.unwrap_or_else(|| HeaderValue::from_static("application/json")),
     );
+    if let Some(v) = &ep.id_header {
+        out.headers_mut().insert(ENDPOINT_HEADER, v.clone());
+    }
     if obs.degenerate {
         ctx.earlier.push(rec);
         return Outcome::Degenerate(out);

@@ -40,6 +40,9 @@ pub struct Endpoint {
     pub quantization: Option<String>,
     /// Health shared by every request.
     pub health: Arc<EndpointHealth>,
+    /// `id` as the value of the answer's [`crate::forward::ENDPOINT_HEADER`] (None: not a
+    /// valid header value).
+    pub id_header: Option<http::HeaderValue>,
 }
 
 /// A logical model and its endpoints.
@@ -362,6 +365,7 @@ mod tests {
             data_collection: dc,
             quantization: q.map(str::to_owned),
             health: Arc::new(EndpointHealth::new(BreakerConfig::default())),
+            id_header: None,
         })
     }
 

@@ -242,8 +242,10 @@ impl AppState {
                         message: format!("names unknown provider \"{}\"", e.provider),
                     });
                 };
+                let id = e.id().into_string();
                 let ep = Arc::new(Endpoint {
-                    id: e.id().into_string(),
+                    id_header: http::HeaderValue::from_str(&id).ok(),
+                    id,
                     provider: e.provider.clone(),
                     upstream_model: e.model.clone(),
                     weight: e.weight,

@@ -49,6 +49,8 @@ async fn server_error_fails_over_to_the_next_endpoint() -> Result<()> {
     let gw = Gateway::start(&two(&a.base_url(), &b.base_url(), "", "")).await?;
     let resp = gw.chat(&ordered(false)).await?;
     assert_eq!(resp.status(), 200);
+    // the answer names the endpoint that gave it, after the failover
+    assert_eq!(endpoint_of(&resp), "b/sb");
     let id = request_id(&resp);
     let body = resp.text().await?;
     assert!(body.contains("from b"), "answered by b: {body}");
@@ -61,7 +63,23 @@ async fn server_error_fails_over_to_the_next_endpoint() -> Result<()> {
     assert_eq!((recs[1].attempt, recs[1].final_attempt), (2, true));
     assert_eq!(recs[1].endpoint.as_deref(), Some("b/sb"));
     assert!(recs.iter().all(|r| r.attempts == 2));
+    // a's one failure is spent: it answers the next request, a stream
+    let resp = gw.chat(&ordered(true)).await?;
+    assert_eq!(
+        (resp.status().as_u16(), endpoint_of(&resp)),
+        (200, "a/sa".to_owned())
+    );
+    assert!(resp.text().await?.contains("[DONE]"));
     gw.stop().await
+}
+
+/// The `x-samewise-endpoint` of a response.
+fn endpoint_of(resp: &reqwest::Response) -> String {
+    resp.headers()
+        .get("x-samewise-endpoint")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
 }
 
 #[tokio::test]
@@ -250,6 +268,8 @@ async fn every_attempt_failing_gives_an_openai_error_and_a_record_each() -> Resu
     let gw = Gateway::start(&two(&a.base_url(), &b.base_url(), "", "")).await?;
     let resp = gw.chat(&ordered(false)).await?;
     assert_eq!(resp.status(), 502);
+    // the gateway's own answer: no endpoint gave it
+    assert_eq!(endpoint_of(&resp), "");
     let id = request_id(&resp);
     let text = resp.text().await?;
     assert!(!text.contains(PROVIDER_SECRET));
@@ -482,7 +502,10 @@ async fn upstream_client_errors_pass_through_without_failover() -> Result<()> {
     let b = MockUpstream::builder().name("b").start().await?;
     let gw = Gateway::start(&two(&a.base_url(), &b.base_url(), "", "")).await?;
     let resp = gw.chat(&ordered(false)).await?;
-    assert_eq!(resp.status(), 400);
+    assert_eq!(
+        (resp.status().as_u16(), endpoint_of(&resp)),
+        (400, "a/sa".to_owned())
+    );
     let id = request_id(&resp);
     assert_eq!(resp.text().await?, body);
     let recs = gw.records(&id).await?;
