@@ -363,12 +363,18 @@ impl Lp {
         }
     }
 
-    fn finish(self) -> CompletionLogprobs {
+    fn finish(mut self) -> CompletionLogprobs {
+        self.take()
+    }
+
+    /// The positions pushed since the last take; the text's length carries on, so a stream's
+    /// `text_offset`s index the choice's whole text, as the unstreamed answer's do.
+    fn take(&mut self) -> CompletionLogprobs {
         CompletionLogprobs {
-            tokens: self.tokens,
-            token_logprobs: self.token_logprobs,
-            top_logprobs: Some(self.top),
-            text_offset: self.offsets,
+            tokens: std::mem::take(&mut self.tokens),
+            token_logprobs: std::mem::take(&mut self.token_logprobs),
+            top_logprobs: Some(std::mem::take(&mut self.top)),
+            text_offset: std::mem::take(&mut self.offsets),
             extra: Extra::new(),
         }
     }
@@ -404,15 +410,22 @@ fn stream(
         }
     };
     let mut head = Vec::new();
+    // each choice's logprobs so far (its text's length), by index
+    let mut running: Vec<Lp> = (0..prompts.len() * n as usize)
+        .map(|_| Lp::default())
+        .collect();
     if req.echo.unwrap_or(false) {
         for (pi, p) in prompts.iter().enumerate() {
             for j in 0..n {
-                let lp = scored[pi].as_ref().map(|s| {
-                    let mut lp = Lp::default();
-                    lp.push_scored(state, s, k.unwrap_or(0));
-                    lp.finish()
-                });
-                head.push(chunk(pi as u32 * n + j, p.text.clone(), lp, None));
+                let index = pi as u32 * n + j;
+                let lp = match (scored[pi].as_ref(), running.get_mut(index as usize)) {
+                    (Some(s), Some(lp)) => {
+                        lp.push_scored(state, s, k.unwrap_or(0));
+                        Some(lp.take())
+                    }
+                    _ => None,
+                };
+                head.push(chunk(index, p.text.clone(), lp, None));
             }
         }
     }
@@ -432,10 +445,9 @@ fn stream(
     let render = Box::new(
         move |index: u32, ev: ChoiceEvent, total: &mut u64| match ev {
             ChoiceEvent::Piece(p) => {
-                let lp = k.map(|k| {
-                    let mut lp = Lp::default();
+                let lp = k.zip(running.get_mut(index as usize)).map(|(k, lp)| {
                     lp.push_generated(&st, &p.tokens, k);
-                    lp.finish()
+                    lp.take()
                 });
                 vec![render_chunk(index, p.text, lp, None)]
             }

@@ -182,19 +182,34 @@ async fn streamed_chunks_reassemble_to_the_unstreamed_answer() -> anyhow::Result
         .unwrap_or_default();
     assert_eq!(usage, full["usage"], "the last chunk carries the usage");
 
-    // completions streaming reassembles too
-    let cbody = json!({"prompt": PROMPT, "max_tokens": 12, "temperature": 0});
-    let cfull = srv.ok("/v1/completions", &cbody).await?;
-    let mut sbody = cbody.clone();
-    sbody["stream"] = json!(true);
-    let mut ctext = String::new();
-    for c in srv.stream("/v1/completions", &sbody).await? {
-        ctext.push_str(c["choices"][0]["text"].as_str().unwrap_or_default());
+    // completions streaming reassembles too, with and without the echo: the text and every
+    // logprobs array (a chunk's text_offsets index the whole text, as unstreamed; they
+    // restarted at 0 in every chunk)
+    for echo in [false, true] {
+        let cbody = json!({"prompt": PROMPT, "max_tokens": 12, "temperature": 0,
+                           "logprobs": 2, "echo": echo});
+        let cfull = srv.ok("/v1/completions", &cbody).await?;
+        let mut sbody = cbody.clone();
+        sbody["stream"] = json!(true);
+        let mut ctext = String::new();
+        let mut lp =
+            json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
+        for c in srv.stream("/v1/completions", &sbody).await? {
+            let choice = &c["choices"][0];
+            ctext.push_str(choice["text"].as_str().unwrap_or_default());
+            for field in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+                if let (Some(all), Some(more)) = (
+                    lp[field].as_array_mut(),
+                    choice["logprobs"][field].as_array(),
+                ) {
+                    all.extend(more.iter().cloned());
+                }
+            }
+        }
+        let whole = &cfull["choices"][0];
+        assert_eq!(ctext, whole["text"].as_str().unwrap_or_default());
+        assert_eq!(lp, whole["logprobs"], "echo {echo}");
     }
-    assert_eq!(
-        ctext,
-        cfull["choices"][0]["text"].as_str().unwrap_or_default()
-    );
 
     // n choices stream interleaved, each event as its choice has it (choice 1 does not wait
     // for choice 0 to finish), and each reassembles to its unstreamed answer
