@@ -369,7 +369,7 @@ impl GenRequest {
 /// (OpenAI's `suffix` and `best_of`, vLLM's beam search, guided decoding, prompt truncation,
 /// token filters, per-request templates): each with whether a value is the default (absent and
 /// `null` always are) and what to ask instead.
-const UNSUPPORTED: [(&str, IsDefault, &str); 14] = [
+const UNSUPPORTED: [(&str, IsDefault, &str); 15] = [
     ("suffix", |v| v == "", ""),
     ("best_of", |v| v == 1, "; ask for n choices instead"),
     ("use_beam_search", |v| v == false, ""),
@@ -412,6 +412,8 @@ const UNSUPPORTED: [(&str, IsDefault, &str); 14] = [
         |_| false,
         " (the model's own template is used)",
     ),
+    // vLLM's chat echo (a completion's `echo` is its own field, never here)
+    ("echo", |v| v == false, " on chat completions"),
 ];
 
 /// Whether a field's value is its default.

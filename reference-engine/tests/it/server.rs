@@ -718,6 +718,15 @@ async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
             assert!(message.contains("not supported"), "{message}");
         }
     }
+    // vLLM's chat `echo` (a completion's own `echo` is answered)
+    let chat = "/v1/chat/completions";
+    srv.ok(chat, &on(chat, "echo", &json!(false))).await?;
+    let (got, v) = srv.post(chat, &on(chat, "echo", &json!(true))).await?;
+    assert_eq!(
+        (got, v["error"]["param"].as_str()),
+        (400, Some("echo")),
+        "{v}"
+    );
     // the server is still healthy after all that
     assert_eq!(srv.get("/healthz").await?.0, 200);
     srv.shutdown().await
