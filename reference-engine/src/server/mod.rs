@@ -278,6 +278,8 @@ pub fn router(state: ServerState) -> Router {
         .route("/tokenize", post(native::tokenize))
         .route("/detokenize", post(native::detokenize))
         .route("/healthz", get(native::health))
+        // vLLM's and llama.cpp's name, for probes and tools written for them
+        .route("/health", get(native::health))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -524,8 +524,10 @@ async fn models_health_tokenize_detokenize() -> anyhow::Result<()> {
         )
         .await?;
     assert_eq!(s, 200, "{v}");
-    let (s, v) = srv.get("/healthz").await?;
-    assert_eq!((s, v["status"].as_str()), (200, Some("ok")));
+    for path in ["/healthz", "/health"] {
+        let (s, v) = srv.get(path).await?;
+        assert_eq!((s, v["status"].as_str()), (200, Some("ok")), "{path}");
+    }
     let (s, v) = srv.get("/v1/models").await?;
     assert_eq!(s, 200);
     assert_eq!(v["data"][0]["id"], "smollm2");
