@@ -286,7 +286,7 @@ impl GenRequest {
     ) -> Result<Self, ApiError> {
         match extra.get("stop_token_ids").filter(|v| !v.is_null()) {
             None => {}
-            Some(serde_json::Value::Array(ids)) => {
+            Some(Value::Array(ids)) => {
                 for id in ids {
                     let t = id
                         .as_u64()
@@ -303,6 +303,9 @@ impl GenRequest {
                         })?;
                     self.stop_token_ids.push(t);
                 }
+                // at most one per vocabulary entry, however long the list sent
+                self.stop_token_ids.sort_unstable();
+                self.stop_token_ids.dedup();
             }
             Some(_) => {
                 return Err(ApiError::bad_request(

@@ -1,7 +1,7 @@
 //! From generated tokens to response text: incremental detokenisation that never splits a
-//! UTF-8 character, stop strings (the text ends before the first match; text that could be
-//! the start of a match is held back until it cannot), and the tokens behind each piece of
-//! text (for logprobs).
+//! UTF-8 character, stop strings (the text ends before the first match, or after it when
+//! asked; text that could be the start of a match is held back until it cannot), and the
+//! tokens behind each piece of text (for logprobs).
 
 use std::collections::VecDeque;
 
