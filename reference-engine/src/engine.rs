@@ -732,21 +732,11 @@ impl Engine {
                     prompt_tokens: *prompt_len,
                     completion_tokens: count,
                 };
-                // the choice's row: the stop tokens masked until `min_tokens` (`l` stays the
-                // model's own, for the logprobs)
-                let unstoppable;
-                let row = if *count < params.min_tokens && !params.stop_token_ids.is_empty() {
-                    let mut r = l.to_vec();
-                    for &t in &params.stop_token_ids {
-                        if let Some(x) = r.get_mut(t as usize) {
-                            *x = f32::NEG_INFINITY;
-                        }
-                    }
-                    unstoppable = r;
-                    &unstoppable[..]
-                } else {
-                    l
-                };
+                // the stop tokens masked from the choice until `min_tokens` (the logprobs are
+                // still `l`'s, the model's own)
+                let banned =
+                    (*count < params.min_tokens).then(|| sample::masked(l, &params.stop_token_ids));
+                let row = banned.as_deref().unwrap_or(l);
                 let t = match matcher {
                     None => sampler.pick(row),
                     Some(m) => {

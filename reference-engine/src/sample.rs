@@ -412,6 +412,17 @@ impl Sampler {
     }
 }
 
+/// `logits` with the `tokens` (those within the row) set to −∞: never chosen.
+pub fn masked(logits: &[f32], tokens: &[u32]) -> Vec<f32> {
+    let mut row = logits.to_vec();
+    for &t in tokens {
+        if let Some(x) = row.get_mut(t as usize) {
+            *x = f32::NEG_INFINITY;
+        }
+    }
+    row
+}
+
 /// The index of the largest logit (lowest index on ties).
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
