@@ -446,8 +446,6 @@ pub(crate) fn json_response<T: serde::Serialize>(value: &T) -> Response {
     }
 }
 
-/// Parses a request body as `T`, or a 400 saying what is wrong. A missing `model` reads
-/// as the empty name (one model is served; vLLM allows omitting it too).
 /// A boolean extension field of a request body (`None` when absent or null), or a 400 naming it.
 pub(crate) fn extra_bool(
     extra: &serde_json::Map<String, serde_json::Value>,
@@ -463,6 +461,8 @@ pub(crate) fn extra_bool(
     }
 }
 
+/// Parses a request body as `T`, or a 400 saying what is wrong. A missing `model` reads
+/// as the empty name (one model is served; vLLM allows omitting it too).
 pub(crate) fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let mut v: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| ApiError::bad_json(&e))?;
