@@ -124,6 +124,11 @@ pub enum ApiError {
     MethodNotAllowed,
     /// 404: no such route.
     RouteNotFound,
+    /// 403: a browser's preflight from an origin `[server] cors_allow_origins` does not list.
+    OriginNotAllowed {
+        /// The request's `Origin`.
+        origin: String,
+    },
     /// 500: something of ours failed; `what` is a fixed text, never an internal message.
     Internal {
         /// What could not be done.
@@ -166,6 +171,7 @@ impl ApiError {
             } => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::OriginNotAllowed { .. } => StatusCode::FORBIDDEN,
             ApiError::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -178,6 +184,7 @@ impl ApiError {
             | ApiError::ModelNotFound { .. }
             | ApiError::NoEndpointsMatch
             | ApiError::MethodNotAllowed
+            | ApiError::OriginNotAllowed { .. }
             | ApiError::RouteNotFound => "invalid_request_error",
             ApiError::MissingApiKey | ApiError::InvalidApiKey => "authentication_error",
             ApiError::KeyRateLimited { .. }
@@ -212,6 +219,7 @@ impl ApiError {
             ApiError::ShuttingDown => "shutting_down",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::RouteNotFound => "not_found",
+            ApiError::OriginNotAllowed { .. } => "origin_not_allowed",
             ApiError::Internal { .. } => "internal",
         }
     }
@@ -260,6 +268,10 @@ impl ApiError {
             ApiError::ShuttingDown => "the gateway is shutting down; try again".to_owned(),
             ApiError::MethodNotAllowed => "this route does not accept that method".to_owned(),
             ApiError::RouteNotFound => "no such route".to_owned(),
+            ApiError::OriginNotAllowed { origin } => format!(
+                "pages of the origin {origin} may not call this gateway: \
+                 its operator lists the origins allowed in [server] cors_allow_origins"
+            ),
             ApiError::Internal { what } => (*what).to_owned(),
         }
     }

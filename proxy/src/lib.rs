@@ -38,12 +38,14 @@
 //! - [`degen`]: the repeated-output guard.
 //! - [`capture`]: captured bodies of flagged requests (opt-in per model), redacted, riding
 //!   the record queue.
+//! - [`cors`]: cross-origin calls from browser pages to the OpenAI routes (opt-in per origin).
 
 mod auth;
 mod body;
 mod capture;
 /// A namespace of the API (ARCHITECTURE.md): the configuration other crates read.
 pub mod config;
+mod cors;
 mod degen;
 mod error;
 mod forward;
@@ -63,6 +65,7 @@ mod streams;
 
 pub use body::{ClientRequest, Route, ToolsCache};
 pub use config::{Config, EndpointTarget, OnDrift};
+pub use cors::Cors;
 pub use error::{ApiError, ProxyError};
 pub use health::Quality;
 pub use metrics::{SharedRegistry, new_registry};

@@ -30,6 +30,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::body::Route;
 use crate::config::Config;
+use crate::cors::Cors;
 use crate::error::ApiError;
 use crate::forward;
 use crate::record::RequestCtx;
@@ -60,7 +61,7 @@ const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 /// How [`serve_router_with`] serves: `[server] drain_timeout_ms` and `[server] threads`, and
 /// the period of each serving thread's [`TimerAnchor`].
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Serving {
     /// After shutdown, how long open requests and streams have to finish.
     pub drain: Duration,
@@ -69,6 +70,9 @@ pub struct Serving {
     /// The period of the timer each serving thread keeps armed while it serves requests: at
     /// most the shortest timer a request arms (see [`TimerAnchor`]); None keeps none.
     pub timer_anchor: Option<Duration>,
+    /// The origins whose browser pages may call the OpenAI routes (`[server]
+    /// cors_allow_origins`), if any.
+    pub cors: Option<Arc<Cors>>,
 }
 
 /// The shortest period a [`TimerAnchor`] ticks at: a gateway configured with shorter request
@@ -92,6 +96,7 @@ impl Serving {
             drain: config.server.drain_timeout,
             threads: config.server.threads,
             timer_anchor: Some(shortest.clamp(ANCHOR_MIN, ANCHOR_MAX)),
+            cors: config.server.cors.clone(),
         }
     }
 }
@@ -167,7 +172,7 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), crate::ProxyError> {
-    let opts = state.inner.serving;
+    let opts = state.inner.serving.clone();
     serve_router_with(listener, || Ok(router(state.for_shard()?)), shutdown, opts).await
 }
 
@@ -208,6 +213,7 @@ pub async fn serve_router_with(
             // a child per thread: its requests lock that thread's token, not one both share
             cut: cut.child_token(),
             anchor: anchor.clone(),
+            cors: opts.cors.clone(),
         };
         // each thread makes its runtime and registers its listener there (a runtime must not
         // be dropped on an async thread), and says whether that worked before it serves
@@ -339,7 +345,9 @@ async fn run_on(
 
 /// What a serving thread serves: its router, with what each request does first: touch the
 /// thread's [`TimerAnchor`], and, once `cut` fires (the drain deadline), answer a request still
-/// waiting for its answer with a 503 and end a response body still open with an error.
+/// waiting for its answer with a 503 and end a response body still open with an error; with
+/// [`Cors`] on, a browser's preflight to an OpenAI route is answered here, before the router,
+/// and an allowed origin's answers are marked readable.
 ///
 /// A service around the whole router rather than a per-route middleware
 /// (`axum::middleware::from_fn`), which boxes its inner service and clones a route per request.
@@ -350,6 +358,8 @@ struct PerRequest {
     cut: CancellationToken,
     /// The thread's timer anchor, if it keeps one.
     anchor: Option<Arc<TimerAnchor>>,
+    /// The origins allowed to call the OpenAI routes, if any.
+    cors: Option<Arc<Cors>>,
 }
 
 impl tower_service::Service<Request> for PerRequest {
@@ -366,16 +376,28 @@ impl tower_service::Service<Request> for PerRequest {
         if let Some(a) = &self.anchor {
             a.touch();
         }
+        let cors = match &self.cors {
+            Some(cors) if Cors::covers(req.uri().path()) => {
+                if let Some(answer) = cors.preflight(req.method(), req.headers()) {
+                    return Box::pin(std::future::ready(Ok(answer)));
+                }
+                (req.headers().get(header::ORIGIN).cloned()).map(|o| (cors.clone(), o))
+            }
+            _ => None,
+        };
         let answer = tower_service::Service::call(&mut self.router, req);
         let cut = self.cut.clone();
         Box::pin(async move {
-            let resp = tokio::select! {
+            let mut resp = tokio::select! {
                 resp = answer => match resp {
                     Ok(resp) => resp,
                     Err(never) => match never {},
                 },
                 () = cut.cancelled() => return Ok(ApiError::ShuttingDown.into_response()),
             };
+            if let Some((cors, origin)) = cors {
+                cors.expose(&origin, &mut resp);
+            }
             Ok(resp.map(|inner| {
                 Body::new(CutBody {
                     inner,

@@ -17,6 +17,7 @@ mod evals_custom_e2e;
 mod evals_e2e;
 mod fuzz_corpus;
 mod fuzz_props;
+mod gateway_browser;
 mod passive_drift_e2e;
 mod probes_e2e;
 mod probes_rounds;

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -10,6 +11,7 @@ use toml::Spanned;
 
 use super::Validator;
 use crate::ProxyError;
+use crate::cors::Cors;
 
 /// Most serving threads `[server] threads` may ask for.
 const MAX_THREADS: u64 = 1024;
@@ -40,6 +42,9 @@ pub struct ServerConfig {
     /// single-threaded runtime and accepts on the shared listener, so a request is served on
     /// one thread from accept to answer (see [`crate::serve_router_with`]).
     pub threads: usize,
+    /// The origins whose browser pages may call the OpenAI routes (`cors_allow_origins`,
+    /// default none; `"*"` for every origin): see [`crate::cors`].
+    pub cors: Option<Arc<Cors>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -51,6 +56,15 @@ pub(super) struct RawServer {
     alert_poll_ms: Option<Spanned<u64>>,
     drain_timeout_ms: Option<u64>,
     threads: Option<Spanned<u64>>,
+    cors_allow_origins: Option<Spanned<Origins>>,
+}
+
+/// `cors_allow_origins`: a list, or one origin as a string.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Origins {
+    One(String),
+    Many(Vec<String>),
 }
 
 impl Validator<'_> {
@@ -94,6 +108,22 @@ impl Validator<'_> {
             }
             Some(s) => usize::try_from(*s.get_ref()).unwrap_or(1),
         };
+        let cors = match raw.cors_allow_origins {
+            None => None,
+            Some(s) => match Cors::from_list(match s.get_ref() {
+                Origins::One(o) => std::slice::from_ref(o),
+                Origins::Many(list) => list,
+            }) {
+                Ok(cors) => cors.map(Arc::new),
+                Err((i, why)) => {
+                    return self.err(
+                        format!("server.cors_allow_origins[{i}]"),
+                        Some(s.span()),
+                        why,
+                    );
+                }
+            },
+        };
         Ok(ServerConfig {
             listen,
             body_limit_bytes,
@@ -101,6 +131,7 @@ impl Validator<'_> {
             alert_poll,
             drain_timeout,
             threads,
+            cors,
         })
     }
 }

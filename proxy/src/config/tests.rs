@@ -77,6 +77,19 @@ fn good_config_parses_with_defaults() {
     let two = GOOD.replace("[server]\n", "[server]\nthreads = 2\n");
     let c2 = Config::from_toml_str(&two).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c2.server.threads, 2);
+    // no cross-origin calls unless origins are listed
+    assert_eq!(c.server.cors, None);
+    let listed = GOOD.replace("[server]\n", "[server]\ncors_allow_origins = [\"*\"]\n");
+    let c3 = Config::from_toml_str(&listed).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c3.server.cors.as_deref(), Some(&crate::cors::Cors::Any));
+    // one origin may be given as a string
+    let one = GOOD.replace(
+        "[server]\n",
+        "[server]\ncors_allow_origins = \"http://a.example\"\n",
+    );
+    let c4 = Config::from_toml_str(&one).unwrap_or_else(|e| panic!("{e}"));
+    let only = crate::cors::Cors::Only(vec!["http://a.example".to_owned()]);
+    assert_eq!(c4.server.cors.as_deref(), Some(&only));
     assert!(c.summary().contains("model m"));
     let none = format!("{GOOD}\n[limits]\nmax_streams_per_key = 0\n");
     let err = Config::from_toml_str(&none)
@@ -155,6 +168,11 @@ fn bad_values_are_rejected() {
             "listen = \"127.0.0.1:0\"",
             "listen = \"127.0.0.1:0\"\nthreads = 1025",
             "server.threads",
+        ),
+        (
+            "listen = \"127.0.0.1:0\"",
+            "listen = \"127.0.0.1:0\"\ncors_allow_origins = [\"http://a.example\", \"a.example/\"]",
+            "server.cors_allow_origins[1]",
         ),
     ] {
         let src = GOOD.replace(from, to);

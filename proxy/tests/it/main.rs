@@ -5,11 +5,12 @@
 //! Layout: `common` and `checks` are the two rigs; every other module is one area (forwarding,
 //! failover, the hung provider (ejection, adaptive timeout, hedging), routing, quality routing,
 //! keys and input, lifecycle, the store going away under load (outage), tool calls,
-//! degeneration, the official openai client).
+//! degeneration, the official openai client, browsers on other origins (cors)).
 
 mod checks;
 mod common;
 
+mod cors;
 mod degeneration;
 mod failover;
 mod forwarding;
