@@ -30,7 +30,9 @@ use crate::engine::GeneratedToken;
 
 use super::constrained::{ToolEvent, ToolSplitter, plan};
 use super::faults::RequestFaults;
-use super::stream::{GenRequest, chat_logprob, check_prompt, refuse_unsupported, sse_response};
+use super::stream::{
+    GenRequest, chat_logprob, check_prompt, check_stream_options, refuse_unsupported, sse_response,
+};
 use super::text::{ChoiceEvent, TextStream};
 use super::{ApiError, ServerState, extra_bool, json_response, now_secs, parse_body};
 
@@ -97,6 +99,7 @@ async fn run(
 ) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(body)?;
     refuse_unsupported(&req.extra)?;
+    check_stream_options(req.stream, req.stream_options.is_some())?;
     faults.check_logprobs(req.logprobs.unwrap_or(false))?;
     let messages = req
         .messages

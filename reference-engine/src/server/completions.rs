@@ -18,7 +18,9 @@ use crate::engine::{GeneratedToken, ScoredSequence};
 use crate::sample::TokenLogprob as EngineLogprob;
 
 use super::faults::RequestFaults;
-use super::stream::{GenRequest, check_prompt, refuse_unsupported, sse_response};
+use super::stream::{
+    GenRequest, check_prompt, check_stream_options, refuse_unsupported, sse_response,
+};
 use super::text::{ChoiceEvent, Collected, TextStream};
 use super::{ApiError, ServerState, json_response, now_secs, parse_body};
 
@@ -66,6 +68,7 @@ async fn run(
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_body(body)?;
     refuse_unsupported(&req.extra)?;
+    check_stream_options(req.stream, req.stream_options.is_some())?;
     faults.check_logprobs(req.logprobs.is_some())?;
     let mut prompts = read_prompts(state, &req.prompt)?;
     let max_tokens = req.max_tokens.map_or(DEFAULT_MAX_TOKENS, |m| m as usize);

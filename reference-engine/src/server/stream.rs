@@ -440,6 +440,21 @@ pub(crate) fn refuse_unsupported(extra: &samewise_wire::Extra) -> Result<(), Api
     Ok(())
 }
 
+/// Refuses `stream_options` on a request that does not stream, as OpenAI and vLLM do (it
+/// would otherwise be ignored: a client asking for usage chunks gets none and is not told).
+pub(crate) fn check_stream_options(
+    stream: Option<bool>,
+    has_options: bool,
+) -> Result<(), ApiError> {
+    if has_options && stream != Some(true) {
+        return Err(ApiError::bad_request(
+            "stream_options is only allowed when stream is true",
+            Some("stream_options"),
+        ));
+    }
+    Ok(())
+}
+
 /// Rejects prompts (plus the tokens to generate) longer than the context, and ids outside
 /// the vocabulary, before any work starts.
 pub(crate) fn check_prompt(

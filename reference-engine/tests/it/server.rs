@@ -729,6 +729,18 @@ async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
         (400, Some("echo")),
         "{v}"
     );
+    // stream_options on a request that does not stream (it was ignored: no usage chunk came)
+    for path in ["/v1/completions", chat] {
+        for stream in [Value::Null, json!(false)] {
+            let mut body = on(path, "stream_options", &json!({"include_usage": true}));
+            body["stream"] = stream;
+            let (got, v) = srv.post(path, &body).await?;
+            let param = v["error"]["param"].as_str();
+            assert_eq!((got, param), (400, Some("stream_options")), "{path}: {v}");
+        }
+        srv.ok(path, &on(path, "stream_options", &Value::Null))
+            .await?;
+    }
     // the server is still healthy after all that
     assert_eq!(srv.get("/healthz").await?.0, 200);
     srv.shutdown().await
