@@ -66,6 +66,21 @@ pub(crate) fn prompt_end(
     }
 }
 
+/// vLLM's `chat_template_kwargs` (the template's own variables, such as a Qwen3 template's
+/// `enable_thinking`), as a chat request or `/tokenize` sends it: an object, or absent.
+pub(crate) fn template_kwargs(
+    sent: Option<&Value>,
+) -> Result<Option<&serde_json::Map<String, Value>>, ApiError> {
+    match sent {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(m)) => Ok(Some(m)),
+        Some(_) => Err(ApiError::bad_request(
+            "chat_template_kwargs must be an object",
+            Some("chat_template_kwargs"),
+        )),
+    }
+}
+
 /// Renders a chat request's messages (and tools) to prompt ids; shared with `/v1/score`
 /// and `/tokenize`.
 pub(crate) fn render_prompt(
@@ -120,21 +135,12 @@ async fn run(
         .collect::<Result<_, _>>()?;
     let plan = plan(state, &all_tools, req.tool_choice.as_ref(), &req.extra)?;
     let tools: Option<Vec<Value>> = (!all_tools.is_empty() && !plan.tools_off).then_some(all_tools);
-    let kwargs = match req.extra.get("chat_template_kwargs") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(m)) => Some(m.clone()),
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "chat_template_kwargs must be an object",
-                Some("chat_template_kwargs"),
-            ));
-        }
-    };
+    let kwargs = template_kwargs(req.extra.get("chat_template_kwargs"))?;
     let end = prompt_end(
         extra_bool(&req.extra, "add_generation_prompt")?,
         extra_bool(&req.extra, "continue_final_message")?,
     )?;
-    let mut prompt = render_prompt(state, &messages, tools.as_deref(), end, kwargs.as_ref())?;
+    let mut prompt = render_prompt(state, &messages, tools.as_deref(), end, kwargs)?;
     state.inner.faults.truncate(&mut prompt);
 
     let want_logprobs = req.logprobs.unwrap_or(false);

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::engine::MAX_TOP_K;
 
-use super::chat_api::{prompt_end, render_prompt};
+use super::chat_api::{prompt_end, render_prompt, template_kwargs};
 use super::{ApiError, ServerState, json_response, parse_body};
 use crate::chat::PromptEnd;
 
@@ -43,6 +43,9 @@ struct ScoreRequest {
     /// With `text`: add the tokenizer's special tokens (default true).
     #[serde(default)]
     add_special_tokens: Option<bool>,
+    /// With `messages`: the template's own variables, as a chat request sends them.
+    #[serde(default)]
+    chat_template_kwargs: Option<Value>,
     /// Alternatives per position, 0..=20.
     #[serde(default)]
     top_k: usize,
@@ -76,7 +79,7 @@ async fn run_score(state: &ServerState, body: &[u8]) -> Result<Response, ApiErro
             } else {
                 PromptEnd::Closed
             },
-            None,
+            template_kwargs(req.chat_template_kwargs.as_ref())?,
         )?,
         _ => {
             return Err(ApiError::bad_request(
@@ -128,6 +131,9 @@ struct TokenizeRequest {
     continue_final_message: Option<bool>,
     #[serde(default)]
     add_special_tokens: Option<bool>,
+    /// With `messages`: the template's own variables, as a chat request sends them.
+    #[serde(default)]
+    chat_template_kwargs: Option<Value>,
 }
 
 pub(crate) async fn tokenize(State(state): State<ServerState>, body: Bytes) -> Response {
@@ -142,7 +148,7 @@ pub(crate) async fn tokenize(State(state): State<ServerState>, body: Bytes) -> R
                 &m,
                 req.tools.as_deref(),
                 prompt_end(req.add_generation_prompt, req.continue_final_message)?,
-                None,
+                template_kwargs(req.chat_template_kwargs.as_ref())?,
             )?,
             _ => {
                 return Err(ApiError::bad_request(

@@ -465,3 +465,51 @@ async fn an_assistant_prefill_is_continued_not_answered_anew() -> anyhow::Result
     );
     srv.shutdown().await
 }
+
+/// vLLM's `chat_template_kwargs`: the template's own variables (a Qwen3 template's
+/// `enable_thinking`) beside the messages, which they cannot replace. `/tokenize` and
+/// `/v1/score` take them as a chat request does (both refused the field before: unknown), and
+/// anything but an object is a 400 naming it on each route. (SmolLM2's template reads no
+/// variable of its own, so over the API they leave its prompt as it was.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_template_kwargs_reach_the_template_on_every_route() -> anyhow::Result<()> {
+    let t = ChatTemplate::new(
+        "{% if enable_thinking is defined and not enable_thinking %}/no_think\n{% endif %}\
+         {% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
+        "",
+        "",
+    )?;
+    let msgs = [json!({"role": "user", "content": "Hi"})];
+    let kwargs = json!({"enable_thinking": false, "messages": []});
+    let rendered = t.render(&msgs, None, false, kwargs.as_object())?;
+    assert_eq!(rendered, "/no_think\nuser: Hi\n");
+    assert_eq!(t.render(&msgs, None, false, None)?, "user: Hi\n");
+
+    let srv = TestServer::start("reference").await?;
+    let messages = json!([{"role": "user", "content": "Hi"}]);
+    let kwargs = json!({"enable_thinking": false});
+    let plain = srv.ok("/tokenize", &json!({"messages": messages})).await?;
+    let with = (srv.ok(
+        "/tokenize",
+        &json!({"messages": messages, "chat_template_kwargs": kwargs}),
+    ))
+    .await?;
+    assert_eq!(plain["tokens"], with["tokens"]);
+    let body = json!({"messages": messages, "chat_template_kwargs": kwargs, "max_tokens": 1});
+    let chat = srv.ok("/v1/chat/completions", &body).await?;
+    assert_eq!(chat["usage"]["prompt_tokens"], with["count"]);
+    let body = json!({"messages": messages, "chat_template_kwargs": kwargs});
+    let scored = srv.ok("/v1/score", &body).await?;
+    assert!(scored.is_object(), "{scored}");
+    for path in ["/tokenize", "/v1/score", "/v1/chat/completions"] {
+        let body = json!({"messages": messages, "chat_template_kwargs": ["enable_thinking"]});
+        let (got, v) = srv.post(path, &body).await?;
+        let param = v["error"]["param"].as_str();
+        assert_eq!(
+            (got, param),
+            (400, Some("chat_template_kwargs")),
+            "{path}: {v}"
+        );
+    }
+    srv.shutdown().await
+}
