@@ -1,5 +1,6 @@
 //! A tiny W3C WebDriver client over `reqwest`, enough for browser tests of the dashboards:
-//! [`ChromeDriver`] starts Debian's `chromedriver --port=N` (killed when dropped), and
+//! [`ChromeDriver`] starts Debian's `chromedriver --port=N` (killed when dropped, with the
+//! browsers it started: a failing test leaves no Chromium behind), and
 //! [`Browser`] is one headless Chromium session (navigate, find by CSS, text, click, type,
 //! run a script, read the browser console log, take a screenshot).
 //!
@@ -8,6 +9,7 @@
 //! `--user-data-dir`, so it contacts nothing but the pages it is sent to; the console log is
 //! captured through `goog:loggingPrefs` (all levels).
 
+use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -40,6 +42,9 @@ impl ChromeDriver {
             .port();
         let child = Command::new("chromedriver")
             .arg(format!("--port={port}"))
+            // a process group of its own, which the browsers it starts join: dropping the
+            // driver kills them all, even when a failing test never quit its session
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -100,6 +105,11 @@ impl ChromeDriver {
 
 impl Drop for ChromeDriver {
     fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .stderr(Stdio::null())
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
