@@ -86,7 +86,7 @@ pub mod sequential;
 mod vocab;
 mod webhook;
 
-pub use alerting::{Alerting, AlertsConfig, alerts_table};
+pub use alerting::{Alerting, AlertsConfig};
 pub use align::ReferenceVocab;
 pub use config::{
     ExternalFlavour, ModelProbes, ProbeKind, ProbesConfig, PromptSetPaths, ReferenceConfig,

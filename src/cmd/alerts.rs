@@ -7,7 +7,7 @@
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
-use samewise_probes::{Alerting, AlertsConfig, alerts_table};
+use samewise_probes::{Alerting, AlertsConfig};
 use samewise_store::utc_text as utc;
 use samewise_store::{Alert, AlertQuery, AlertState, Store};
 
@@ -215,4 +215,34 @@ fn show_one(a: &Alert, json: bool, verb: &str) -> anyhow::Result<()> {
         outln!("alert {} is {}; left as it is", a.id, a.state);
     }
     Ok(())
+}
+
+/// The alerts as `alerts list` prints them: one aligned row each.
+fn alerts_table(list: &[Alert]) -> String {
+    let header = [
+        "ID",
+        "STATE",
+        "KIND",
+        "MODEL",
+        "ENDPOINT",
+        "OPENED (UTC)",
+        "LAST SEEN (UTC)",
+        "SUMMARY",
+    ];
+    let rows = list
+        .iter()
+        .map(|a| {
+            vec![
+                a.id.to_string(),
+                a.state.to_string(),
+                a.kind.clone(),
+                a.model.clone(),
+                a.endpoint.clone(),
+                utc(a.opened_ms),
+                utc(a.last_seen_ms),
+                a.summary.clone(),
+            ]
+        })
+        .collect();
+    super::text_table(&header, rows)
 }

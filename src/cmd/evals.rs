@@ -1,7 +1,7 @@
-//! `samewise evals run|show|worker`: targeted eval jobs (composition only; the product
-//! logic is in `samewise-evals`). The store is PostgreSQL when `DATABASE_URL` is set, else
-//! SQLite in the data directory of `--config` (or `--data-dir`; `show` and `cases` need no
-//! config, `run`, `capture` and `worker` do). Targets come from the proxy config: each model's
+//! `samewise evals run|list|show|worker|capture|cases`: targeted eval jobs (composition only;
+//! the product logic is in `samewise-evals`). The store is PostgreSQL when `DATABASE_URL` is
+//! set, else SQLite in the data directory of `--config` (or `--data-dir`; `list`, `show` and
+//! `cases` need no config, `run`, `capture` and `worker` do). Targets come from the proxy config: each model's
 //! endpoints (`provider/model-id`, the provider's base URL and API key from its
 //! `api_key_env`), and "reference" = `[evals] reference_url` (default: the probes' remote
 //! reference URL).
@@ -10,6 +10,7 @@
 //!   opens a job (no cooldown; checked by [`samewise_evals::Opener`], as `POST /api/v1/evals`
 //!   is), runs it with an in-process worker (other queued jobs may run first), prints
 //!   progress on stderr and the verdict on stdout.
+//! - `list [--endpoint E] [--alert ID] [--limit N]`: jobs, newest first, with their verdicts.
 //! - `show JOB [--json] [--export FILE]`: the job and its verdict; `--export` writes the
 //!   per-item records as JSONL.
 //! - `worker [--workers N]`: job workers and the alert watcher until SIGINT/SIGTERM.
@@ -82,6 +83,19 @@ pub enum EvalsCommand {
         /// window` (default: the model's).
         #[arg(long)]
         window: Option<u32>,
+    },
+    /// List jobs, newest first: id, state, suite, endpoint, baseline, verdict, when opened,
+    /// and the alert that opened it.
+    List {
+        /// Only this endpoint's (`provider/model-id`).
+        #[arg(long)]
+        endpoint: Option<String>,
+        /// Only the jobs this alert opened.
+        #[arg(long)]
+        alert: Option<i64>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
     },
     /// Show a job and its verdict.
     Show {
@@ -249,7 +263,8 @@ pub fn run(args: EvalsArgs) -> anyhow::Result<()> {
             EvalsCommand::Run { .. } | EvalsCommand::Worker { .. } => {
                 Store::connect_from_env(&data_dir).await?
             }
-            EvalsCommand::Show { .. }
+            EvalsCommand::List { .. }
+            | EvalsCommand::Show { .. }
             | EvalsCommand::Capture { .. }
             | EvalsCommand::Cases { .. } => super::open_existing_store(&data_dir).await?,
         };
@@ -265,7 +280,7 @@ async fn evals(
     command: EvalsCommand,
     json: bool,
 ) -> anyhow::Result<()> {
-    // show and cases read the store alone
+    // list, show and cases read the store alone
     let config = || {
         config.context(
             "samewise evals run, capture and worker need --config FILE (endpoints and [evals])",
@@ -337,6 +352,22 @@ async fn evals(
                 done.state,
                 done.error.as_deref().unwrap_or("")
             );
+            Ok(())
+        }
+        EvalsCommand::List {
+            endpoint,
+            alert,
+            limit,
+        } => {
+            let jobs = store.eval_jobs(alert, endpoint.as_deref(), limit).await?;
+            if json {
+                let v: Vec<serde_json::Value> = jobs.iter().map(job_json).collect();
+                outln!("{}", serde_json::to_string_pretty(&v)?);
+            } else if jobs.is_empty() {
+                outln!("no eval jobs");
+            } else {
+                out!("{}", jobs_table(&jobs));
+            }
             Ok(())
         }
         EvalsCommand::Show { job, export } => {
@@ -503,28 +534,63 @@ async fn cases(store: &Store, command: CasesCommand, json: bool) -> anyhow::Resu
     }
 }
 
+/// A job as `--json` prints it.
+fn job_json(j: &EvalJob) -> serde_json::Value {
+    serde_json::json!({
+        "id": j.id,
+        "model": j.model,
+        "endpoint": j.endpoint,
+        "suite": j.suite,
+        "baseline": j.baseline,
+        "alert_id": j.alert_id,
+        "state": j.state.as_str(),
+        "attempts": j.attempts,
+        "worker": j.worker,
+        "items_total": j.items_total,
+        "tokens": j.tokens,
+        "created_ms": j.created_ms,
+        "started_ms": j.started_ms,
+        "finished_ms": j.finished_ms,
+        "params": j.params,
+        "verdict": j.verdict,
+        "error": j.error,
+    })
+}
+
+/// Jobs as `evals list` prints them: one aligned row each.
+fn jobs_table(jobs: &[EvalJob]) -> String {
+    let rows = jobs
+        .iter()
+        .map(|j| {
+            let verdict = j.verdict.as_ref().and_then(|v| v["verdict"].as_str());
+            vec![
+                j.id.to_string(),
+                j.state.to_string(),
+                j.suite.clone(),
+                j.endpoint.clone(),
+                j.baseline.clone(),
+                verdict.unwrap_or("-").to_owned(),
+                samewise_store::utc_text(j.created_ms),
+                j.alert_id.map_or("-".to_owned(), |a| a.to_string()),
+            ]
+        })
+        .collect();
+    let header = [
+        "ID",
+        "STATE",
+        "SUITE",
+        "ENDPOINT",
+        "BASELINE",
+        "VERDICT",
+        "OPENED (UTC)",
+        "ALERT",
+    ];
+    super::text_table(&header, rows)
+}
+
 fn print_job(j: &EvalJob, json: bool) -> anyhow::Result<()> {
     if json {
-        let doc = serde_json::json!({
-            "id": j.id,
-            "model": j.model,
-            "endpoint": j.endpoint,
-            "suite": j.suite,
-            "baseline": j.baseline,
-            "alert_id": j.alert_id,
-            "state": j.state.as_str(),
-            "attempts": j.attempts,
-            "worker": j.worker,
-            "items_total": j.items_total,
-            "tokens": j.tokens,
-            "created_ms": j.created_ms,
-            "started_ms": j.started_ms,
-            "finished_ms": j.finished_ms,
-            "params": j.params,
-            "verdict": j.verdict,
-            "error": j.error,
-        });
-        outln!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&job_json(j))?);
         return Ok(());
     }
     outln!(

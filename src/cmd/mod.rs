@@ -48,6 +48,39 @@ macro_rules! say_raw {
     }};
 }
 
+/// Rows under a header as an aligned text table, as the list commands print them: columns
+/// two spaces apart, the last one unpadded, line breaks and tabs in a cell made spaces (a
+/// cell's text never breaks its row).
+pub(crate) fn text_table(header: &[&str], rows: Vec<Vec<String>>) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .into_iter()
+        .map(|r| {
+            r.into_iter()
+                .map(|c| c.replace(['\n', '\r', '\t'], " "))
+                .collect()
+        })
+        .collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut s = String::new();
+        for (c, w) in cells.zip(&widths) {
+            s.push_str(c);
+            s.push_str(&" ".repeat(w - c.chars().count() + 2));
+        }
+        s.trim_end().to_owned() + "\n"
+    };
+    let mut out = line(&mut header.iter().copied());
+    for r in &rows {
+        out.push_str(&line(&mut r.iter().map(String::as_str)));
+    }
+    out
+}
+
 use clap::{Args, Subcommand};
 use samewise_proxy::Config;
 use samewise_store::{Store, StoreError};

@@ -114,6 +114,15 @@ pub fn utc_text(ms: i64) -> String {
     )
 }
 
+#[cfg(test)]
+#[test]
+fn utc_text_formats_known_instants() {
+    assert_eq!(utc_text(0), "1970-01-01 00:00:00");
+    assert_eq!(utc_text(951_782_400_000), "2000-02-29 00:00:00");
+    assert_eq!(utc_text(1_798_761_599_999), "2026-12-31 23:59:59");
+    assert_eq!(utc_text(-1_000), "1969-12-31 23:59:59");
+}
+
 /// The current time as unix milliseconds, the unit of every timestamp in the store.
 pub fn now_ms() -> i64 {
     let since_epoch = std::time::SystemTime::now()

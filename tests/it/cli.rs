@@ -110,6 +110,7 @@ fn readers_of_the_store_refuse_a_directory_without_one() -> Result<()> {
         vec!["keys", "--data-dir", data, "revoke", "me"],
         vec!["bodies", "--data-dir", data, "list"],
         vec!["bodies", "--data-dir", data, "purge"],
+        vec!["evals", "--data-dir", data, "list"],
         vec!["evals", "--data-dir", data, "show", "1"],
         vec!["evals", "--data-dir", data, "cases", "list"],
     ] {
@@ -142,6 +143,15 @@ fn readers_of_the_store_refuse_a_directory_without_one() -> Result<()> {
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         "no alerts\n",
+        "{out:?}"
+    );
+    let out = Command::new(BIN)
+        .args(["evals", "--data-dir", data, "list"])
+        .env_remove("DATABASE_URL")
+        .output()?;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "no eval jobs\n",
         "{out:?}"
     );
     Ok(())

@@ -198,7 +198,63 @@ fn a_customer_suite_finds_tool_corrupt_degraded_and_the_reference_equivalent() -
     let job = evals_run_suite(&cfg, "nothing", &["--endpoint", "bad/smol"])?;
     ensure!(job["verdict"]["verdict"] == "n/a", "{:#}", job["verdict"]);
     ensure!(job["verdict"]["items"] == 0);
+
+    // the three jobs listed, newest first, from the store alone
+    let data = dir.path().join("data");
+    let list = evals_list(&data, &[])?;
+    let rows: Vec<Vec<&str>> = list
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    ensure!(
+        rows.len() == 4 && rows[0][..3] == ["ID", "STATE", "SUITE"],
+        "{list}"
+    );
+    let seen: Vec<(&str, &str, &str, &str)> =
+        rows[1..].iter().map(|r| (r[2], r[3], r[4], r[5])).collect();
+    ensure!(
+        seen == [
+            ("nothing", "bad/smol", "reference", "n/a"),
+            ("calls", "good/smol", "reference", "equivalent"),
+            ("file:calls.jsonl", "bad/smol", "reference", "degraded"),
+        ] && rows[1..].iter().all(|r| r[1] == "succeeded" && r[8] == "-"),
+        "{list}"
+    );
+    let ids: Vec<i64> = rows[1..]
+        .iter()
+        .map(|r| r[0].parse())
+        .collect::<Result<_, _>>()?;
+    ensure!(ids.windows(2).all(|w| w[0] > w[1]), "{list}");
+    let listed: Value = serde_json::from_str(&evals_list(
+        &data,
+        &["--json", "--endpoint", "bad/smol", "--limit", "1"],
+    )?)?;
+    ensure!(
+        listed.as_array().map(Vec::len) == Some(1) && listed[0]["id"] == ids[0],
+        "{listed:#}"
+    );
+    ensure!(listed[0]["verdict"]["verdict"] == "n/a", "{listed:#}");
+    ensure!(evals_list(&data, &["--alert", "1"])? == "no eval jobs\n");
     Ok(())
+}
+
+/// `samewise evals --data-dir DATA ... list ARGS`'s stdout (it must succeed).
+fn evals_list(data: &Path, args: &[&str]) -> Result<String> {
+    let (global, own): (Vec<&str>, Vec<&str>) = args.iter().partition(|a| **a == "--json");
+    let out = Command::new(BIN)
+        .args(["evals", "--data-dir"])
+        .arg(data)
+        .args(global)
+        .arg("list")
+        .args(own)
+        .env_remove("DATABASE_URL")
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
 }
 
 /// `samewise evals ARGS` (SQLite); its stderr, failing unless the command fails.
