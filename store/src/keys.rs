@@ -8,6 +8,7 @@ use sha2::{Digest, Sha256};
 use sqlx::Row;
 
 use crate::connect::Pool;
+use crate::probe_runs::{on_pool, sql};
 use crate::{Store, StoreError};
 
 /// A stored API key (never its plaintext).
@@ -28,6 +29,29 @@ pub struct ApiKey {
     /// True for an admin key: it opens the dashboards and their JSON API (and still works
     /// on the gateway routes).
     pub admin: bool,
+}
+
+/// What one key's requests used over a time window ([`Store::key_usage`]), from the request
+/// records.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct KeyUsage {
+    /// The key's id ([`ApiKey::id`]).
+    pub key_id: i64,
+    /// Client requests: each request's final attempt, or its refusal (rate limited, bad input).
+    pub requests: i64,
+    /// Of those, the ones that ended in an error (the client's answer an error status, or a
+    /// stream cut by one).
+    pub failed: i64,
+    /// Upstream attempts, failovers and hedges included.
+    pub attempts: i64,
+    /// Prompt tokens over every attempt (what the providers were paid for).
+    pub prompt_tokens: i64,
+    /// Completion tokens over every attempt.
+    pub completion_tokens: i64,
+    /// Cost from the configured prices over every attempt, US dollars.
+    pub cost_usd: f64,
+    /// When its last request in the window came, unix milliseconds.
+    pub last_ms: i64,
 }
 
 /// What a new key is allowed ([`Store::create_api_key_with`]).
@@ -181,6 +205,47 @@ impl Store {
                 rows.iter().map(key_from_row).collect()
             }
         }
+    }
+
+    /// What each key's requests used since `since_ms` (records at or after it), by key id;
+    /// keys without a request there are left out.
+    pub async fn key_usage(&self, since_ms: i64) -> Result<Vec<KeyUsage>, StoreError> {
+        const OP: &str = "summing usage by key";
+        let stmt = sql(
+            self.backend(),
+            "SELECT key_id, \
+             CAST(COALESCE(SUM(CASE WHEN final_attempt THEN 1 ELSE 0 END), 0) AS BIGINT), \
+             CAST(COALESCE(SUM(CASE WHEN final_attempt AND (error_kind IS NOT NULL \
+                 OR status IS NULL OR status >= 400) THEN 1 ELSE 0 END), 0) AS BIGINT), \
+             CAST(COALESCE(SUM(CASE WHEN attempt > 0 THEN 1 ELSE 0 END), 0) AS BIGINT), \
+             CAST(COALESCE(SUM(prompt_tokens), 0) AS BIGINT), \
+             CAST(COALESCE(SUM(completion_tokens), 0) AS BIGINT), \
+             CAST(COALESCE(SUM(cost_usd), 0) AS DOUBLE PRECISION), MAX(ts_ms) \
+             FROM request_records WHERE ts_ms >= $1 AND key_id IS NOT NULL \
+             GROUP BY key_id ORDER BY key_id",
+        )
+        .into_owned();
+        type Row = (i64, i64, i64, i64, i64, i64, f64, i64);
+        let rows: Vec<Row> = on_pool!(&self.pool, |p| {
+            sqlx::query_as(&stmt)
+                .bind(since_ms)
+                .fetch_all(p)
+                .await
+                .map_err(StoreError::query(OP))?
+        });
+        Ok(rows
+            .into_iter()
+            .map(|r| KeyUsage {
+                key_id: r.0,
+                requests: r.1,
+                failed: r.2,
+                attempts: r.3,
+                prompt_tokens: r.4,
+                completion_tokens: r.5,
+                cost_usd: r.6,
+                last_ms: r.7,
+            })
+            .collect())
     }
 
     /// Revokes the live key named `name`; false when there is none.

@@ -59,7 +59,7 @@ pub use connect::{Backend, DEFAULT_SQLITE_FILE, Store};
 pub use error::StoreError;
 pub use error_kind::{ErrorKind, refuses_the_request};
 pub use evals::{EvalJob, EvalResult, JobProgress, JobState, Lease, NewEvalJob};
-pub use keys::{ApiKey, KeyOptions, hash_key, key_digest};
+pub use keys::{ApiKey, KeyOptions, KeyUsage, hash_key, key_digest};
 pub use probe_runs::{ProbeRun, ProbeRunCount, ProbeRunQuery};
 pub use records::{MAX_QUERY_LIMIT, RecordQuery, RequestRecord, new_request_id};
 pub use rollups::{EndpointRollup, Rollup, RollupPoint, RollupQuery};

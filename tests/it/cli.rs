@@ -9,8 +9,9 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 use samewise_testkit::MockUpstream;
+use serde_json::json;
 
 use crate::common;
 use common::{BIN, spawn_listening, test_model};
@@ -108,6 +109,7 @@ fn readers_of_the_store_refuse_a_directory_without_one() -> Result<()> {
         vec!["alerts", "--data-dir", data, "resolve", "1"],
         vec!["keys", "--data-dir", data, "list"],
         vec!["keys", "--data-dir", data, "revoke", "me"],
+        vec!["keys", "--data-dir", data, "usage"],
         vec!["bodies", "--data-dir", data, "list"],
         vec!["bodies", "--data-dir", data, "purge"],
         vec!["evals", "--data-dir", data, "list"],
@@ -349,6 +351,53 @@ async fn serve_end_to_end(database_url: Option<&str>) -> Result<()> {
     assert_eq!(recs[0].endpoint.as_deref(), Some("mock/up-smol"));
     assert!(recs[0].final_attempt);
     store.close().await;
+
+    // the key's usage: the one request it made (the keyless 401 is no key's)
+    let usage = |json: bool| -> Result<String> {
+        let out = Command::new(BIN)
+            .args(["keys", "--config"])
+            .arg(&cfg)
+            .args(["usage", "--hours", "1"])
+            .args(json.then_some("--json"))
+            .env_remove("DATABASE_URL")
+            .envs(database_url.map(|u| ("DATABASE_URL", u)))
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?)
+    };
+    let v: serde_json::Value = serde_json::from_str(&usage(true)?)?;
+    let k = &v["keys"][0];
+    assert_eq!(v["keys"].as_array().map(Vec::len), Some(1), "{v:#}");
+    assert_eq!(
+        (&k["key"], &k["requests"], &k["failed"], &k["attempts"]),
+        (&json!("cli-test"), &json!(1), &json!(0), &json!(1)),
+        "{v:#}"
+    );
+    assert_eq!(
+        k["prompt_tokens"],
+        json!(recs[0].prompt_tokens.unwrap_or(0))
+    );
+    assert_eq!(
+        k["completion_tokens"],
+        json!(recs[0].completion_tokens.unwrap_or(0))
+    );
+    assert_eq!(k["last_ms"], json!(recs[0].ts_ms), "{v:#}");
+    let text = usage(false)?;
+    let row: Vec<&str> = text
+        .lines()
+        .nth(2)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        row[..6],
+        ["cli-test", "1", "active", "1", "0", "1"],
+        "{text}"
+    );
     Ok(())
 }
 

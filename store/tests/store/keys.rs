@@ -1,9 +1,10 @@
-//! API keys: create, find by plaintext, wrong keys, revoke, names; only the hash is stored.
+//! API keys: create, find by plaintext, wrong keys, revoke, names; only the hash is stored;
+//! each key's usage summed from the request records.
 
 use super::*;
 use anyhow::Context;
 
-both!(api_key_lifecycle, api_key_names);
+both!(api_key_lifecycle, api_key_names, usage_by_key);
 
 /// The text columns of the live key `name`, read with plain SQL behind the store's back.
 async fn stored_key_columns(db: &TestDb, name: &str) -> Result<Vec<String>> {
@@ -110,5 +111,82 @@ async fn api_key_names(db: TestDb) -> Result<()> {
         db.store.create_api_key(&"x".repeat(201), None).await,
         Err(StoreError::InvalidInput(_))
     ));
+    Ok(())
+}
+
+/// A served attempt of key `key` (`final_attempt` as given), 10 prompt and 5 completion
+/// tokens, a cent.
+fn served(id: &str, attempt: u32, last: bool, key: i64, ts_ms: i64) -> RequestRecord {
+    RequestRecord {
+        final_attempt: last,
+        key_id: Some(key),
+        status: Some(200),
+        error_kind: None,
+        prompt_tokens: Some(10),
+        completion_tokens: Some(5),
+        cost_usd: Some(0.01),
+        ..full_record(id, attempt, ts_ms)
+    }
+}
+
+async fn usage_by_key(db: TestDb) -> Result<()> {
+    let t = 1_700_000_000_000;
+    let mut failed_over = served("r2", 1, false, 1, t + 2);
+    (failed_over.status, failed_over.error_kind) = (Some(503), Some("upstream_5xx".into()));
+    (failed_over.prompt_tokens, failed_over.completion_tokens) = (None, None);
+    failed_over.cost_usd = None;
+    let mut cut = served("r3", 1, true, 1, t + 3);
+    cut.error_kind = Some("degenerate".into());
+    let mut limited = bare_record("r4", t + 4);
+    (limited.key_id, limited.status) = (Some(1), Some(429));
+    let rows = vec![
+        served("r0", 1, true, 1, t - 1), // before the window
+        served("r1", 1, true, 1, t),
+        failed_over,
+        served("r2", 2, true, 1, t + 2),
+        cut,
+        limited,
+        served("r5", 1, true, 2, t + 5),
+        bare_record("r6", t + 6), // no key: refused before auth
+    ];
+    db.store.insert_request_records(&rows).await?;
+    let got = db.store.key_usage(t).await?;
+    let want = vec![
+        KeyUsage {
+            key_id: 1,
+            requests: 4,
+            failed: 2,
+            attempts: 4,
+            prompt_tokens: 30,
+            completion_tokens: 15,
+            cost_usd: 0.03,
+            last_ms: t + 4,
+        },
+        KeyUsage {
+            key_id: 2,
+            requests: 1,
+            failed: 0,
+            attempts: 1,
+            prompt_tokens: 10,
+            completion_tokens: 5,
+            cost_usd: 0.01,
+            last_ms: t + 5,
+        },
+    ];
+    let close = |a: &KeyUsage, b: &KeyUsage| {
+        (a.cost_usd - b.cost_usd).abs() < 1e-12
+            && KeyUsage {
+                cost_usd: 0.0,
+                ..a.clone()
+            } == KeyUsage {
+                cost_usd: 0.0,
+                ..b.clone()
+            }
+    };
+    ensure!(
+        got.len() == 2 && got.iter().zip(&want).all(|(a, b)| close(a, b)),
+        "got {got:#?}\nwant {want:#?}"
+    );
+    ensure!(db.store.key_usage(t + 7).await?.is_empty());
     Ok(())
 }

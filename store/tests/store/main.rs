@@ -13,7 +13,8 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use samewise_store::testing::TestDb;
 use samewise_store::{
-    Backend, RecordQuery, RecordWriter, RecordWriterConfig, RequestRecord, Store, StoreError,
+    Backend, KeyUsage, RecordQuery, RecordWriter, RecordWriterConfig, RequestRecord, Store,
+    StoreError,
 };
 
 /// Runs each named `async fn(TestDb) -> Result<()>` on both backends.
