@@ -19,24 +19,9 @@ use samewise_testkit::webdriver::{Browser, ChromeDriver};
 use serde_json::Value;
 
 use crate::common::probes::{config, engine, probes_run};
-use crate::common::{BIN, spawn_listening};
+use crate::common::{create_key, spawn_listening};
 
 const XSS: &str = "<script>window.__pwned=1</script><img src=x onerror=\"window.__pwned=2\">";
-
-fn keys_create(cfg: &Path, cwd: &Path, name: &str, admin: bool) -> Result<String> {
-    let mut cmd = std::process::Command::new(BIN);
-    cmd.args(["keys", "create", name, "--config"]).arg(cfg);
-    if admin {
-        cmd.arg("--admin");
-    }
-    let out = cmd.current_dir(cwd).env_remove("DATABASE_URL").output()?;
-    ensure!(
-        out.status.success(),
-        "keys create: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8(out.stdout)?.trim().to_owned())
-}
 
 async fn api(url: &str, key: &str, path: &str) -> Result<Value> {
     let text = reqwest::Client::new()
@@ -121,8 +106,8 @@ async fn dashboards_in_a_real_browser() -> Result<()> {
         + "\n[models.smol.slo]\nttft_ms = 2000\ntpot_ms = 200\n";
     std::fs::write(&cfg, text)?;
     probes_run(&["--rounds", "2"], &cfg, dir.path())?;
-    let admin = keys_create(&cfg, dir.path(), "ops", true)?;
-    let client = keys_create(&cfg, dir.path(), "app", false)?;
+    let admin = create_key(&cfg, dir.path(), "ops", true)?;
+    let client = create_key(&cfg, dir.path(), "app", false)?;
     let cfg_s = cfg.to_str().context("path")?.to_owned();
     let (gw, url) = spawn_listening(
         &["serve", "--config", &cfg_s, "--listen", "127.0.0.1:0"],

@@ -14,8 +14,8 @@ use std::process::Command;
 use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 
-use crate::common::BIN;
 use crate::common::probes::engine;
+use crate::common::{BIN, run_ok};
 use crate::evals_e2e::{config, evals_run_args, evals_run_suite};
 
 /// Forced calls of a tool without parameters: the engine's constrained decoding answers
@@ -238,23 +238,11 @@ fn a_customer_suite_finds_tool_corrupt_degraded_and_the_reference_equivalent() -
     Ok(())
 }
 
-/// `samewise evals --data-dir DATA ... list ARGS`'s stdout (it must succeed).
+/// `samewise evals --data-dir DATA list ARGS`'s stdout (it must succeed).
 fn evals_list(data: &Path, args: &[&str]) -> Result<String> {
-    let (global, own): (Vec<&str>, Vec<&str>) = args.iter().partition(|a| **a == "--json");
-    let out = Command::new(BIN)
-        .args(["evals", "--data-dir"])
-        .arg(data)
-        .args(global)
-        .arg("list")
-        .args(own)
-        .env_remove("DATABASE_URL")
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8(out.stdout)?)
+    let data = data.to_str().context("path")?;
+    let head = ["evals", "--data-dir", data, "list"];
+    run_ok(&[&head[..], args].concat(), Path::new("."))
 }
 
 /// `samewise evals ARGS` (SQLite); its stderr, failing unless the command fails.

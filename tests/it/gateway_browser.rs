@@ -12,7 +12,7 @@ use samewise_testkit::MockUpstream;
 use samewise_testkit::webdriver::ChromeDriver;
 use serde_json::{Value, json};
 
-use crate::common::{BIN, spawn_listening};
+use crate::common::{create_key, spawn_listening};
 
 /// What the page runs: `arguments` are the gateway's URL and a key; it calls the gateway four
 /// ways and returns what it could read (or the error that kept it from reading).
@@ -60,17 +60,7 @@ async fn a_page_on_a_listed_origin_calls_the_gateway_and_others_cannot() -> Resu
             upstream.base_url(),
         ),
     )?;
-    let out = std::process::Command::new(BIN)
-        .args(["keys", "create", "page", "--config"])
-        .arg(&cfg)
-        .env_remove("DATABASE_URL")
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let key = String::from_utf8(out.stdout)?.trim().to_owned();
+    let key = create_key(&cfg, dir.path(), "page", false)?;
     let cfg_s = cfg.to_str().context("path")?.to_owned();
     let (gw, gw_url) = spawn_listening(
         &["serve", "--config", &cfg_s, "--listen", "127.0.0.1:0"],

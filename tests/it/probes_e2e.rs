@@ -15,7 +15,7 @@ use samewise_store::{ProbeRun, Store};
 
 use crate::common;
 use common::probes::{alerts, config, engine, probes_run, runs, stat};
-use common::{BIN, spawn_listening};
+use common::{BIN, create_key, spawn_listening};
 
 /// An unmodified endpoint: every actual-token logprob and every top-1 identical to the
 /// reference's; KL ~0 (compare's KL of identical inputs is 0 up to exp/ln rounding, and
@@ -264,18 +264,7 @@ async fn flagged_endpoint_stops_receiving_traffic_with_on_drift_exclude() -> Res
         "policy = \"weighted\"\non_drift = \"exclude\"\n",
     );
     std::fs::write(&cfg, text)?;
-    let out = Command::new(BIN)
-        .args(["keys", "create", "me", "--config"])
-        .arg(&cfg)
-        .current_dir(dir.path())
-        .env_remove("DATABASE_URL")
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let key = String::from_utf8(out.stdout)?.trim().to_owned();
+    let key = create_key(&cfg, dir.path(), "me", false)?;
     let cfg = cfg.to_str().context("path")?.to_owned();
     let (gw, url) = spawn_listening(
         &["serve", "--config", &cfg, "--listen", "127.0.0.1:0"],

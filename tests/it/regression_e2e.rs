@@ -14,14 +14,13 @@
 //!   ends "n/a" again.
 
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
 use samewise_store::{BodyQuery, NewAlert, Store};
 use serde_json::{Value, json};
 
 use crate::common::probes::engine;
-use crate::common::{BIN, spawn_listening};
+use crate::common::{run_ok, spawn_listening};
 
 /// One forced tool call per city; 8 cases all lost by the corrupting endpoint give McNemar's
 /// exact p = 2/2^8 = 0.0078 < α = 0.01 (one look).
@@ -42,19 +41,8 @@ fn tools() -> Value {
 
 /// `samewise ARGS --config CFG` on SQLite; fails unless it succeeds; its stdout.
 fn samewise(args: &[&str], cfg: &Path) -> Result<String> {
-    let out = Command::new(BIN)
-        .args(args)
-        .arg("--config")
-        .arg(cfg)
-        .env_remove("DATABASE_URL")
-        .output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    ensure!(
-        out.status.success(),
-        "samewise {args:?}: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(stdout)
+    let cfg = cfg.to_str().context("path")?;
+    run_ok(&[args, &["--config", cfg]].concat(), Path::new("."))
 }
 
 /// A client key for the gateway of `cfg`.

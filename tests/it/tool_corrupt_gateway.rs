@@ -6,14 +6,13 @@
 //! non-streamed answers, and the faithful endpoint's calls as valid.
 
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
 use samewise_store::{RecordQuery, RequestRecord, Store};
 use serde_json::{Value, json};
 
 use crate::common::probes::engine;
-use crate::common::{BIN, spawn_listening};
+use crate::common::{create_key, spawn_listening};
 
 /// Requests per endpoint: the corruption mode is drawn per request from the profile's seed
 /// and the request's arrival number, so the classes seen are the same on every run.
@@ -77,17 +76,7 @@ async fn the_gateway_classifies_real_corrupted_tool_calls() -> Result<()> {
     let (bad_engine, bad) = engine("tool-corrupt", dir.path())?;
     let cfg = dir.path().join("samewise.toml");
     std::fs::write(&cfg, config(&data, &good, &bad))?;
-    let out = Command::new(BIN)
-        .args(["keys", "create", "tools", "--config"])
-        .arg(&cfg)
-        .env_remove("DATABASE_URL")
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let key = String::from_utf8(out.stdout)?.trim().to_owned();
+    let key = create_key(&cfg, dir.path(), "tools", false)?;
     let cfg_arg = cfg.to_str().context("config path is not UTF-8")?;
     let (gateway, url) = spawn_listening(&["serve", "--config", cfg_arg], dir.path())?;
 

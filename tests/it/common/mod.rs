@@ -70,6 +70,38 @@ impl Drop for Proc {
     }
 }
 
+/// Runs `samewise ARGS` to its end in `cwd` (no `DATABASE_URL`, so SQLite): its stdout, or an
+/// error with its stderr when it fails.
+pub fn run_ok<S: AsRef<OsStr> + std::fmt::Debug>(args: &[S], cwd: &Path) -> Result<String> {
+    let out = Command::new(BIN)
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("DATABASE_URL")
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    anyhow::ensure!(
+        out.status.success(),
+        "samewise {args:?}: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(stdout)
+}
+
+/// `samewise keys create NAME --config CFG [--admin]` in `cwd`: the new key.
+pub fn create_key(cfg: &Path, cwd: &Path, name: &str, admin: bool) -> Result<String> {
+    let mut args = vec![
+        "keys".as_ref(),
+        "create".as_ref(),
+        name.as_ref(),
+        "--config".as_ref(),
+    ];
+    args.push(cfg.as_os_str());
+    if admin {
+        args.push("--admin".as_ref());
+    }
+    Ok(run_ok::<&OsStr>(&args, cwd)?.trim().to_owned())
+}
+
 /// Spawns `samewise ARGS` in `cwd` (no `DATABASE_URL`, so SQLite) and returns it with the URL
 /// of its first line, "listening on URL" (waited for up to 120 s: an engine loads its model
 /// first). Its stdout keeps being drained so it never blocks on a full pipe.

@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use samewise_store::{ProbeRun, ProbeRunQuery, Store};
 
-use super::{BIN, Proc, spawn_listening, test_model};
+use super::{Proc, spawn_listening, test_model};
 
 /// `samewise engine serve` on the test model under `profile`, listening on `listen`
 /// (`127.0.0.1:0` for any port).
@@ -34,21 +34,10 @@ pub fn engine_on(profile: &str, listen: &str, cwd: &Path) -> Result<(Proc, Strin
 /// `samewise probes run ARGS --config CFG` in `cwd` on SQLite (no `DATABASE_URL`); fails unless
 /// it succeeds; returns its stdout.
 pub fn probes_run(args: &[&str], cfg: &Path, cwd: &Path) -> Result<String> {
-    let out = std::process::Command::new(BIN)
-        .args(["probes", "run"])
-        .args(args)
-        .arg("--config")
-        .arg(cfg)
-        .current_dir(cwd)
-        .env_remove("DATABASE_URL")
-        .output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    anyhow::ensure!(
-        out.status.success(),
-        "probes run failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(stdout)
+    let mut all: Vec<&std::ffi::OsStr> = vec!["probes".as_ref(), "run".as_ref()];
+    all.extend(args.iter().map(std::ffi::OsStr::new));
+    all.extend(["--config".as_ref(), cfg.as_os_str()]);
+    super::run_ok(&all, cwd)
 }
 
 /// `samewise engine serve` on the test model under `profile`, on any free port.
