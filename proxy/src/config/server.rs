@@ -61,7 +61,11 @@ pub(super) struct RawServer {
 
 /// `cors_allow_origins`: a list, or one origin as a string.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "server.cors_allow_origins: a list of origins such as [\"https://chat.example.com\"], \
+                 or one origin as a string"
+)]
 enum Origins {
     One(String),
     Many(Vec<String>),

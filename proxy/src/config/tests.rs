@@ -90,6 +90,16 @@ fn good_config_parses_with_defaults() {
     let c4 = Config::from_toml_str(&one).unwrap_or_else(|e| panic!("{e}"));
     let only = crate::cors::Cors::Only(vec!["http://a.example".to_owned()]);
     assert_eq!(c4.server.cors.as_deref(), Some(&only));
+    // neither a list nor a string: the error says what is expected, and where
+    let wrong = GOOD.replace("[server]\n", "[server]\ncors_allow_origins = 3\n");
+    let err = Config::from_toml_str(&wrong)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("line 3") && err.contains("server.cors_allow_origins: a list of origins"),
+        "{err}"
+    );
     assert!(c.summary().contains("model m"));
     let none = format!("{GOOD}\n[limits]\nmax_streams_per_key = 0\n");
     let err = Config::from_toml_str(&none)
