@@ -12,8 +12,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-/// Spin iterations before a worker goes to sleep.
-const SPIN: u32 = 20_000;
+/// Spin iterations before a worker goes to sleep: about 50 µs on a 2-vCPU AMD EPYC, long
+/// enough to catch the next call of a forward pass (no process alone got slower, below) and
+/// short enough that a worker whose caller was descheduled gives the core back soon. Measured
+/// there (the `bench` example, 2 threads, 512-token scoring, 64-token generation and the prefix
+/// jobs): one process alone took 21.6–23.0 s either way, two side by side 39.8–40.2 s against
+/// 46.7–47.7 s with 20,000 (about 500 µs), which spent one core's slices spinning while the
+/// other process needed it — the test suite, the demo's six engines and any reference sharing
+/// its cores run that way.
+const SPIN: u32 = 2_000;
 
 type Job = dyn Fn(Range<usize>) + Sync;
 
