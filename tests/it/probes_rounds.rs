@@ -1,6 +1,6 @@
 //! The probe path over many rounds, end to end on real `samewise engine serve` processes
 //! against the in-process reference, with the test model's committed calibration ladder:
-//! - 50 rounds (`samewise probes run --rounds 50`) never flag the unmodified endpoint or the
+//! - 32 rounds (`samewise probes run --rounds 32`) never flag the unmodified endpoint or the
 //!   8-bit-activation one, unfaithful or changed;
 //! - an endpoint whose engine is replaced mid-run (same address) by one serving 4-bit weights
 //!   raises a "changed" alert from the scheduler inside `samewise serve`, against a baseline
@@ -43,8 +43,11 @@ fn rounds_of<'a>(all: &'a [ProbeRun], endpoint: &str) -> Vec<&'a ProbeRun> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fifty_rounds_never_flag_the_unmodified_or_the_8bit_activation_endpoint() -> Result<()> {
-    const ROUNDS: usize = 50;
+async fn thirty_two_rounds_never_flag_the_unmodified_or_the_8bit_activation_endpoint() -> Result<()>
+{
+    // every shipped text (16) judged twice; 50 rounds took 142 s of the suite's 2 cores, and the
+    // null rate is measured at scale by the probes' own simulations (probes/README.md)
+    const ROUNDS: usize = 32;
     let dir = tempfile::tempdir()?;
     let (e_ref, u_ref) = engine("reference", dir.path())?;
     let (e_a8, u_a8) = engine("a8", dir.path())?;
@@ -55,8 +58,8 @@ async fn fifty_rounds_never_flag_the_unmodified_or_the_8bit_activation_endpoint(
         ladder_config(&data, &[("exact", &u_ref), ("a8", &u_a8)], "")?,
     )?;
     let stdout = probes_run(&["--rounds", &ROUNDS.to_string()], &cfg, dir.path())?;
-    // 50 rounds per endpoint plus a noise-floor repeat every 5th round (the first included)
-    let stored = 2 * (ROUNDS + ROUNDS / 5);
+    // 32 rounds per endpoint plus a noise-floor repeat every 5th round (the first included)
+    let stored = 2 * (ROUNDS + ROUNDS.div_ceil(5));
     ensure!(
         stdout.contains(&format!(
             "{ROUNDS} round(s): {stored} run(s) stored, 0 open alert(s)"
@@ -83,7 +86,7 @@ async fn fifty_rounds_never_flag_the_unmodified_or_the_8bit_activation_endpoint(
             r.error
         );
     }
-    // the rounds rotate over every shipped text (16), so every text was judged three times
+    // the rounds rotate over every shipped text (16), so every text was judged twice
     let texts: std::collections::BTreeSet<String> = a8
         .iter()
         .filter_map(|r| r.stats.get("texts").map(|t| t.to_string()))

@@ -157,7 +157,8 @@ async fn shifted_echo_a_different_template_ignored_sampling_and_capped_top_logpr
 /// diagnosed as `different_model` over the 16 prompt-logprob texts: its distribution moved,
 /// but the texts' actual tokens did not get less likely. Weights re-quantized to 5 bits (the
 /// ladder level closest to the line: KL of the same size, but noise the text knows nothing
-/// of) move it as far and are not; nor is the faithful engine.
+/// of) move it as far and are not. (The faithful engine over the same 16 texts is diagnosed
+/// with nothing: `probes_engine::every_shipped_text_of_the_unmodified_engine_is_exact`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_different_model_behind_the_name_is_diagnosed_and_weight_drift_is_not() -> Result<()> {
     use samewise_engine::profile::Profile;
@@ -175,7 +176,6 @@ async fn a_different_model_behind_the_name_is_diagnosed_and_weight_drift_is_not(
         },
     )?);
     let w5 = profiled_server(w5_engine, w5, &stop, &tasks).await?;
-    let exact = engine_server(&stop, &tasks).await?;
     let reference = cached_reference()?;
     let mut h = Harness::new("")?;
     let texts = h.sets.logprob_texts.len();
@@ -228,19 +228,6 @@ async fn a_different_model_behind_the_name_is_diagnosed_and_weight_drift_is_not(
         "{}",
         o.stats
     );
-    let o = h
-        .probe(
-            &reference,
-            ProbeKind::PromptLogprobs,
-            &target(&exact, "exact/smol"),
-        )
-        .await;
-    ensure!(
-        o.ok && o.stats.get("diagnosis").is_none() && stat(&o, "kl_mean")? == 0.0,
-        "{}",
-        o.stats
-    );
-
     stop.cancel();
     tasks.close();
     tasks.wait().await;
