@@ -242,9 +242,13 @@ impl Config {
 
     /// Parses and validates TOML text.
     pub fn from_toml_str(src: &str) -> Result<Config, ProxyError> {
-        let raw: RawConfig = toml::from_str(src).map_err(|e| ProxyError::ConfigParse {
-            line: e.span().map(|s| line_of(src, &s)),
-            message: e.message().to_owned(),
+        let raw: RawConfig = toml::from_str(src).map_err(|e| {
+            let line = e.span().map(|s| line_of(src, &s));
+            ProxyError::ConfigParse {
+                line,
+                text: line.and_then(|l| line_in_table(src, l)),
+                message: e.message().to_owned(),
+            }
         })?;
         Validator { src }.config(raw)
     }
@@ -272,6 +276,36 @@ impl Config {
         }
         out
     }
+}
+
+/// Line `line` (1-based) of `src` as an error quotes it: trimmed, cut at 100 characters, with
+/// the header of the table it is in (`[server] body_limit_bytes = "lots"`): the parser's type
+/// errors name neither the key nor the table. None for a blank line.
+fn line_in_table(src: &str, line: usize) -> Option<String> {
+    const MOST: usize = 100;
+    let lines: Vec<&str> = src.lines().collect();
+    let text = lines.get(line.checked_sub(1)?)?.trim();
+    if text.is_empty() {
+        return None;
+    }
+    let mut out = String::new();
+    if !text.starts_with('[') {
+        let header = lines[..line - 1]
+            .iter()
+            .rev()
+            .map(|l| l.trim())
+            .find(|l| l.starts_with('['));
+        if let Some(h) = header {
+            out.push_str(h);
+            out.push(' ');
+        }
+    }
+    out.push_str(text);
+    if let Some((cut, _)) = out.char_indices().nth(MOST) {
+        out.truncate(cut);
+        out.push('…');
+    }
+    Some(out)
 }
 
 /// The 1-based line of a byte offset range's start.

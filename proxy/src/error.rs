@@ -19,11 +19,17 @@ pub enum ProxyError {
         source: std::io::Error,
     },
     /// The configuration is not valid TOML or has a key of the wrong type or name.
-    #[error("config error{}: {message}", line.map(|l| format!(" at line {l}")).unwrap_or_default())]
+    #[error(
+        "config error{}{}: {message}",
+        line.map(|l| format!(" at line {l}")).unwrap_or_default(),
+        text.as_ref().map(|t| format!(" (`{t}`)")).unwrap_or_default()
+    )]
     ConfigParse {
         /// The line the parser stopped at.
         line: Option<usize>,
-        /// The parser's message (it names the key).
+        /// That line as written, after the header of its table.
+        text: Option<String>,
+        /// The parser's message (an unknown key is named; a value of the wrong type is not).
         message: String,
     },
     /// A value is well-formed but unusable.

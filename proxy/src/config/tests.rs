@@ -125,6 +125,40 @@ fn good_config_parses_with_defaults() {
     assert_eq!(c.limits.record_queue_bytes, 1 << 20);
 }
 
+/// The parser names neither the key nor the table of a value of the wrong type ("invalid type:
+/// string \"lots\", expected u64"): the error quotes the line after its table's header.
+#[test]
+fn a_value_of_the_wrong_type_is_quoted_with_its_table() {
+    let err = |src: &str| {
+        Config::from_toml_str(src)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    let e = err(&GOOD.replace(
+        "price_input_per_mtok = 0.5",
+        "price_input_per_mtok = \"cheap\"",
+    ));
+    assert!(
+        e.starts_with("config error at line 7 (`[providers.a] price_input_per_mtok = \"cheap\"`): invalid type"),
+        "{e}"
+    );
+    let e = err(&GOOD.replace("provider = \"a\"", "provider = 7"));
+    assert!(
+        e.contains("at line 13 (`[[models.m.endpoints]] provider = 7`)"),
+        "{e}"
+    );
+    // a long line is cut; a header's own error quotes only the header
+    let long = format!("x{}", "y".repeat(300));
+    let e = err(&GOOD.replace(
+        "price_input_per_mtok = 0.5",
+        &format!("price_input_per_mtok = \"{long}\""),
+    ));
+    assert!(e.contains("yyyy…`)"), "{e}");
+    let e = err(&GOOD.replace("[models.m]", "[models.m]]"));
+    assert!(e.contains("(`[models.m]]`)"), "{e}");
+}
+
 #[test]
 fn unknown_key_names_key_and_line() {
     let src = GOOD.replace(
