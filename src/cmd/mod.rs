@@ -152,7 +152,7 @@ pub enum Command {
     Probes(probes::ProbesArgs),
     /// Measure a model's calibration ladder (`samewise calibrate --model PATH [--out FILE]`).
     Calibrate(calibrate::CalibrateArgs),
-    /// Eval jobs (`samewise evals run|worker|capture --config FILE`, `evals show|cases`).
+    /// Eval jobs (`samewise evals run|worker|capture --config FILE`, `evals list|show|cases`).
     Evals(evals::EvalsArgs),
     /// Captured request bodies (`[models.NAME.capture]`): list, purge.
     Bodies(bodies::BodiesArgs),
