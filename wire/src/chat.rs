@@ -146,10 +146,12 @@ impl MessageContent {
     }
 }
 
-/// A tool the model may call (`{"type":"function","function":{...}}`).
+/// A tool the model may call (`{"type":"function","function":{...}}`). Another type (OpenAI's
+/// `"custom"` tools, whose input is free text) is an error naming it, as vLLM refuses it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "ToolFields")]
 pub struct Tool {
-    /// Always `"function"` today.
+    /// Always `"function"`.
     #[serde(rename = "type", default = "function_kind")]
     pub kind: String,
     /// The function.
@@ -157,6 +159,35 @@ pub struct Tool {
     /// Anything else.
     #[serde(flatten)]
     pub extra: Extra,
+}
+
+/// A [`Tool`] as sent, before its type is checked.
+#[derive(Deserialize)]
+struct ToolFields {
+    #[serde(rename = "type", default = "function_kind")]
+    kind: String,
+    function: Option<FunctionDef>,
+    #[serde(flatten)]
+    extra: Extra,
+}
+
+impl TryFrom<ToolFields> for Tool {
+    type Error = String;
+
+    fn try_from(t: ToolFields) -> Result<Self, String> {
+        if t.kind != "function" {
+            return Err(format!(
+                "only \"function\" tools are supported, not {:?}",
+                t.kind
+            ));
+        }
+        let function = t.function.ok_or("missing field `function`")?;
+        Ok(Tool {
+            kind: t.kind,
+            function,
+            extra: t.extra,
+        })
+    }
 }
 
 /// A callable function: its name, description and JSON Schema of its arguments.
@@ -438,6 +469,34 @@ mod tests {
         assert!(serde_json::from_str::<ChatCompletionRequest>(r#"{"model":"m"}"#).is_err());
         assert!(
             serde_json::from_str::<ChatCompletionRequest>(r#"{"model":1,"messages":[]}"#).is_err()
+        );
+    }
+
+    #[test]
+    fn only_function_tools_are_tools() {
+        let tool = |t: &str| serde_json::from_str::<Tool>(t).map_err(|e| e.to_string());
+        let f = r#"{"name":"get_weather","parameters":{"type":"object"}}"#;
+        let ok = tool(&format!(r#"{{"type":"function","function":{f},"x":1}}"#));
+        let ok = ok.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (ok.kind.as_str(), ok.function.name.as_str()),
+            ("function", "get_weather")
+        );
+        assert_eq!(ok.extra.get("x"), Some(&serde_json::json!(1)));
+        // the type defaults to function, and round-trips
+        let bare = tool(&format!(r#"{{"function":{f}}}"#)).unwrap_or_else(|e| panic!("{e}"));
+        let back = serde_json::to_value(&bare).unwrap_or_default();
+        assert_eq!(back["type"], "function");
+        let e = tool(r#"{"type":"custom","custom":{"name":"code_exec"}}"#).err();
+        assert!(
+            e.as_deref().is_some_and(|e| e.contains(r#"only "function" tools are supported, not "custom""#)),
+            "{e:?}"
+        );
+        let e = tool(r#"{"type":"function"}"#).err();
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.contains("missing field `function`")),
+            "{e:?}"
         );
     }
 }

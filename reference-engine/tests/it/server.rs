@@ -650,6 +650,11 @@ async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
             "echo",
         ),
         ("/v1/score", json!({"tokens": [1, -2]}), "tokens[1]"),
+        (
+            "/v1/chat/completions",
+            json!({"messages": user, "tools": [{"type": "custom", "custom": {"name": "run"}}]}),
+            "tools[0]",
+        ),
     ];
     for (path, body, param) in wrong_types {
         let (got, v) = srv.post(path, &body).await?;
