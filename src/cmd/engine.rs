@@ -183,9 +183,11 @@ fn serve(args: EngineServeArgs) -> anyhow::Result<()> {
             tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
         let local = listener.local_addr()?;
         tracing::info!(addr = %local, model = state.model_name(), threads = args.threads, profile = %profile_name, device = %state.engine().device(), "engine listening");
+        // before the line below: a SIGTERM sent on reading it stops the engine cleanly
+        let shutdown = super::shutdown_signal();
         // One line on stdout for scripts and tests that start the engine on port 0.
         outln!("listening on http://{local}");
-        server::serve(listener, state, super::shutdown_signal()).await?;
+        server::serve(listener, state, shutdown).await?;
         tracing::info!("stopped");
         anyhow::Ok(())
     })

@@ -446,8 +446,9 @@ async fn evals(
             let evals = EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref())?;
             let n = workers.unwrap_or(evals.workers).max(1);
             let running = start(config, store.clone(), n, true)?;
+            let shutdown = super::shutdown_signal();
             outln!("eval workers running: {n}");
-            super::shutdown_signal().await;
+            shutdown.await;
             running.shutdown().await;
             Ok(())
         }

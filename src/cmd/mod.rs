@@ -218,30 +218,37 @@ pub fn init_tracing(command: &Command) {
         .try_init();
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %e, "cannot listen for SIGINT");
-            std::future::pending::<()>().await;
-        }
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called, not when the
+/// future is first polled: callers call it before they say they are ready ("listening on …"),
+/// or a SIGTERM sent as soon as they say so finds no handler and kills the process with the
+/// default action instead of draining it (seen: a gateway restarted by the crash test on a busy
+/// machine exited "signal: 15"). Needs the Tokio runtime it runs on.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    use tokio::signal::unix::{Signal, SignalKind, signal};
+    let listen = |kind: SignalKind, name: &str| {
+        signal(kind)
+            .inspect_err(|e| tracing::error!(error = %e, "cannot listen for {name}"))
+            .ok()
     };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
+    async fn on(s: Option<Signal>) {
+        match s {
+            Some(mut s) => {
                 s.recv().await;
             }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
+            None => std::future::pending::<()>().await,
         }
-    };
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
     }
-    tracing::info!("shutdown signal received; finishing in-flight work");
+    let (int, term) = (
+        listen(SignalKind::interrupt(), "SIGINT"),
+        listen(SignalKind::terminate(), "SIGTERM"),
+    );
+    async move {
+        tokio::select! {
+            () = on(int) => {},
+            () = on(term) => {},
+        }
+        tracing::info!("shutdown signal received; finishing in-flight work");
+    }
 }
 
 #[cfg(test)]

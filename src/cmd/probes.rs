@@ -252,6 +252,7 @@ async fn run_rounds(store: &Store, scheduler: &Scheduler, rounds: u64) -> anyhow
 }
 
 async fn run_forever(scheduler: Arc<Scheduler>) -> anyhow::Result<()> {
+    let shutdown = super::shutdown_signal();
     let stop = CancellationToken::new();
     let tasks = TaskTracker::new();
     tracing::info!(
@@ -260,7 +261,7 @@ async fn run_forever(scheduler: Arc<Scheduler>) -> anyhow::Result<()> {
     );
     tasks.spawn(scheduler.run(stop.clone()));
     tasks.close();
-    super::shutdown_signal().await;
+    shutdown.await;
     stop.cancel();
     tasks.wait().await;
     tracing::info!("probe scheduler stopped");

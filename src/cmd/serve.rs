@@ -39,9 +39,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 return Err(anyhow::Error::new(e).context(format!("cannot listen on {addr}")));
             }
         };
+        // before the line below: a SIGTERM sent on reading it drains the gateway
+        let shutdown = super::shutdown_signal();
         // One line on stdout for scripts and tests that start the gateway on port 0.
         outln!("listening on http://{}", listener.local_addr()?);
-        serve_on(&config, store, listener, super::shutdown_signal()).await
+        serve_on(&config, store, listener, shutdown).await
     })
 }
 

@@ -210,3 +210,36 @@ async fn crash(backend: Backend) -> Result<()> {
     drop(pg);
     Ok(())
 }
+
+/// A SIGTERM sent the moment `samewise serve` or `samewise engine serve` prints its "listening
+/// on" line drains it and exits 0: the signal handlers are installed before the line. (They were
+/// installed when the shutdown future was first polled, after the gateway's start-up, so a
+/// signal in between killed it with the default action: the PostgreSQL crash test's restarted
+/// gateway exited "signal: 15" on a busy machine, and this test in its first round.)
+#[test]
+fn sigterm_right_after_the_listening_line_drains_and_exits_0() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cfg = dir.path().join("samewise.toml");
+    std::fs::write(
+        &cfg,
+        config(
+            &dir.path().join("data"),
+            "http://127.0.0.1:9",
+            "http://127.0.0.1:9",
+        ),
+    )?;
+    let cfg = cfg.to_str().context("path")?;
+    for round in 0..3 {
+        let (gateway, _) =
+            spawn_listening_with(&["serve", "--config", cfg], dir.path(), &Spawn::default())?;
+        let status = gateway.stop()?;
+        ensure!(
+            status.success(),
+            "round {round}: samewise serve exited {status}"
+        );
+    }
+    let (engine, _) = crate::common::probes::engine("reference", dir.path())?;
+    let status = engine.stop()?;
+    ensure!(status.success(), "samewise engine serve exited {status}");
+    Ok(())
+}
