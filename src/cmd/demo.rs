@@ -330,6 +330,9 @@ async fn demo(
             super::serve::serve_on(&config, store, listener, stop.cancelled_owned()).await
         })
     };
+    // from the line below on, Ctrl-C stops the demo in order (a signal before it still ends
+    // the process at once: loading the engines is not worth waiting for)
+    let interrupted = super::shutdown_signal();
     say!("listening on {base}");
     say!();
     say!("  dashboard  {base}/   (admin key: {admin_key})");
@@ -363,7 +366,7 @@ async fn demo(
     );
     tokio::select! {
         () = watched => say!("\n{} — time is up, stopping", clock(started)),
-        () = super::shutdown_signal() => say!("\n{} — stopping", clock(started)),
+        () = interrupted => say!("\n{} — stopping", clock(started)),
     }
     // the final picture, while the gateway still answers
     if let Ok(rows) = overview.rows().await {
