@@ -204,9 +204,11 @@ pub fn error_line(err: &anyhow::Error) -> String {
     line
 }
 
-/// Logs go to stderr, filtered by `RUST_LOG` (default `info`); `samewise demo` logs to a file
-/// of its own instead (the terminal is its summary's).
+/// Logs go to stderr, filtered by `RUST_LOG` (default `info`), in colour only on a terminal (a
+/// log file, journald or `docker logs` gets plain text, not escape codes); `samewise demo` logs
+/// to a file of its own instead (the terminal is its summary's).
 pub fn init_tracing(command: &Command) {
+    use std::io::IsTerminal;
     if matches!(command, Command::Demo(_)) {
         return;
     }
@@ -214,6 +216,7 @@ pub fn init_tracing(command: &Command) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .try_init();
 }
