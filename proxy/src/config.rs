@@ -17,6 +17,7 @@ use toml::Spanned;
 use crate::ProxyError;
 
 mod capture;
+mod retention;
 mod server;
 mod targets;
 
@@ -32,6 +33,8 @@ pub use capture::{
     CAPTURE_AGE_LIMIT_HOURS, CAPTURE_MAX_AGE_HOURS, CAPTURE_MAX_BODY_BYTES, CAPTURE_MAX_BYTES,
     CaptureConfig,
 };
+pub use retention::MAX_RETENTION_DAYS;
+use retention::RawRetention;
 use server::RawServer;
 pub use server::ServerConfig;
 pub use targets::EndpointTarget;
@@ -45,6 +48,8 @@ pub struct Config {
     pub limits: Limits,
     /// Circuit-breaker tuning, shared by every endpoint.
     pub breaker: BreakerConfig,
+    /// `[retention]`: how long the store keeps request records and rollups.
+    pub retention: samewise_store::RetentionConfig,
     /// Providers by name.
     pub providers: BTreeMap<String, ProviderConfig>,
     /// Logical models by the name clients send in `model`.
@@ -328,6 +333,8 @@ struct RawConfig {
     #[serde(default)]
     breaker: RawBreaker,
     #[serde(default)]
+    retention: RawRetention,
+    #[serde(default)]
     providers: BTreeMap<String, RawProvider>,
     #[serde(default)]
     models: BTreeMap<String, RawModel>,
@@ -473,6 +480,7 @@ impl Validator<'_> {
         let server = self.server(raw.server)?;
         let limits = self.limits(raw.limits)?;
         let breaker = self.breaker(raw.breaker)?;
+        let retention = self.retention(raw.retention)?;
         let mut providers = BTreeMap::new();
         for (name, p) in raw.providers {
             let checked = self.provider(&name, p)?;
@@ -490,6 +498,7 @@ impl Validator<'_> {
             server,
             limits,
             breaker,
+            retention,
             providers,
             models,
             probes: raw.probes,

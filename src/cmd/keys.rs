@@ -43,7 +43,8 @@ pub enum KeysCommand {
     /// prompt and completion tokens, cost at the configured prices, the last request (every live
     /// key, and revoked keys with requests in the window).
     Usage {
-        /// The window, in hours back from now.
+        /// The window, in hours back from now (records older than `[retention] records_days`,
+        /// 30 by default, are no longer there to sum).
         #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u32).range(1..=24 * 366))]
         hours: u32,
         /// Print JSON instead of text.

@@ -47,8 +47,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
-/// Runs the gateway, its probe scheduler, eval workers and dashboards on `listener` over
-/// `store` until `shutdown` resolves; then drains everything in order and closes the store
+/// Runs the gateway, its probe scheduler, eval workers, dashboards and retention on `listener`
+/// over `store` until `shutdown` resolves; then drains everything in order and closes the store
 /// (also when start-up fails). `samewise serve` and `samewise demo` both run this.
 pub async fn serve_on(
     config: &Config,
@@ -143,8 +143,13 @@ pub async fn serve_on(
     }
     // drift alerts demote or exclude endpoints (each model's on_drift), re-read every poll
     let quality = samewise_proxy::QualityWatcher::spawn(config, state.clone(), store.clone());
+    // deletes the records and rollups older than [retention] keeps: now, then every hour
+    let retention = samewise_store::RetentionTask::spawn(store.clone(), config.retention.clone());
     let serving = samewise_proxy::Serving::of(config);
     let served = samewise_proxy::serve_router_with(listener, app, shutdown, serving).await;
+    if let Some(r) = retention {
+        r.shutdown().await;
+    }
     if let Some(p) = probes {
         tracing::info!("stopping the probe scheduler");
         p.shutdown().await;

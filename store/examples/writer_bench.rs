@@ -8,17 +8,26 @@
 //! `random` the fully random ids the gateway gave before (`req-` and 24 random hex digits),
 //! which scatter the primary key's index inserts over its leaves.
 //!
-//! Run: `cargo run -p samewise-store --example writer_bench -- [ROWS] [sqlite|postgres|both] [timed|random] [BATCH]`
+//! With `retention` (the gateway's ids) the ROWS records, all older than the default retention,
+//! are then deleted by one [`Store::retention_pass`] with the default steps while a second
+//! writer stores new records at 1,000 a second, as a gateway under load would: it reports the
+//! pass (rows a second, steps, the longest step) and the new records' writes: the longest time
+//! between two commits (a batch a second, later when a write waits for the database) in the
+//! pass against the same time before it, and that none was dropped.
+//!
+//! Run: `cargo run -p samewise-store --example writer_bench -- [ROWS] [sqlite|postgres|both] [timed|random|retention] [BATCH]`
 //! (BATCH: the writer's `max_batch`, default the writer's default). The CPU reported is the
 //! whole process's (the writer's task and sqlx's SQLite worker thread) from the first record
 //! queued to the last committed, over the rows: what a record costs the gateway's process.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use rand::{Rng, SeedableRng};
 use samewise_store::testing::TestDb;
-use samewise_store::{Backend, RecordQuery, RecordWriter, RecordWriterConfig, RequestRecord};
+use samewise_store::{
+    Backend, RecordQuery, RecordWriter, RecordWriterConfig, RequestRecord, RetentionConfig, Store,
+};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
@@ -36,8 +45,8 @@ async fn main() -> Result<()> {
     };
     let ids = args.next().unwrap_or_else(|| "timed".to_owned());
     anyhow::ensure!(
-        ids == "timed" || ids == "random",
-        "unknown ids {ids:?}: timed or random"
+        ["timed", "random", "retention"].contains(&ids.as_str()),
+        "unknown mode {ids:?}: timed, random or retention"
     );
     let max_batch = match args.next() {
         Some(n) => n.parse().context("BATCH must be a number")?,
@@ -51,7 +60,7 @@ async fn main() -> Result<()> {
         let records: Vec<RequestRecord> = (0..rows)
             .map(|i| {
                 let ts_ms = 1_700_000_000_000 + i as i64;
-                let id = if ids == "timed" {
+                let id = if ids != "random" {
                     samewise_store::new_request_id(ts_ms, &mut rng)
                 } else {
                     format!(
@@ -101,7 +110,93 @@ async fn main() -> Result<()> {
             cpu * 1e6 / rows as f64,
             enqueue.as_nanos() as f64 / rows as f64,
         );
+        if ids == "retention" {
+            retention(&db.store, rows).await?;
+        }
     }
+    Ok(())
+}
+
+/// Deletes the `rows` old records with the default retention while new ones are written at
+/// 1,000 a second, and reports both.
+async fn retention(store: &Store, rows: usize) -> Result<()> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let (tx, writer) = RecordWriter::spawn(store.clone(), RecordWriterConfig::default());
+    let on = Arc::new(AtomicBool::new(true));
+    // the longest time between two of the writer's commits (µs): a batch a second, later when
+    // a write waited for the database
+    let gap = Arc::new(AtomicU64::new(0));
+    let feeder = {
+        let (tx, on, gap) = (tx.clone(), on.clone(), gap.clone());
+        tokio::spawn(async move {
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(2);
+            let mut tick = tokio::time::interval(Duration::from_millis(1));
+            let mut sent = 0usize;
+            let (mut written, mut since) = (0, None::<Instant>);
+            while on.load(Ordering::Relaxed) {
+                tick.tick().await;
+                let ts_ms = samewise_store::now_ms();
+                let id = samewise_store::new_request_id(ts_ms, &mut rng);
+                tx.try_send(record(sent, ts_ms, id));
+                sent += 1;
+                if tx.written() != written {
+                    written = tx.written();
+                    if let Some(t) = since {
+                        let us = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
+                        gap.fetch_max(us, Ordering::Relaxed);
+                    }
+                    since = Some(Instant::now());
+                }
+            }
+            sent
+        })
+    };
+    // the same time without a pass, for the usual gap between commits (a second)
+    let before = Duration::from_secs(5);
+    tokio::time::sleep(before).await;
+    let usual = gap.swap(0, Ordering::Relaxed);
+    let cfg = RetentionConfig::default();
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    let start = Instant::now();
+    let pass = store
+        .retention_pass(&cfg, samewise_store::now_ms(), &stopped)
+        .await?;
+    let took = start.elapsed();
+    // one more commit after the pass ends the gap it was in
+    let written = tx.written();
+    while tx.written() == written {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let in_pass = gap.swap(0, Ordering::Relaxed);
+    on.store(false, Ordering::Relaxed);
+    let sent = feeder.await?;
+    writer.shutdown().await;
+    anyhow::ensure!(
+        pass.records == rows as u64,
+        "deleted {} of {rows}",
+        pass.records
+    );
+    anyhow::ensure!(
+        tx.dropped() == 0 && tx.written() == sent as u64,
+        "new records: {} written, {} dropped of {sent}",
+        tx.written(),
+        tx.dropped()
+    );
+    println!(
+        "{:>10}: retention deleted {} records in {:.3} s = {:.0} rows/s, {} steps of {} (longest {:.1} ms); \
+         meanwhile {sent} new records at 1,000/s, none dropped, the longest time between two commits {:.1} ms in the pass against {:.1} ms in {} s before it",
+        store.backend(),
+        pass.records,
+        took.as_secs_f64(),
+        pass.records as f64 / took.as_secs_f64(),
+        pass.steps,
+        cfg.chunk_rows,
+        pass.longest_step.as_secs_f64() * 1e3,
+        in_pass as f64 / 1e3,
+        usual as f64 / 1e3,
+        before.as_secs(),
+    );
     Ok(())
 }
 

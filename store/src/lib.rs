@@ -17,7 +17,9 @@
 //! - `records`: [`RequestRecord`] (one row per upstream attempt) and its queries.
 //! - `rollups`: [`Rollup`] per endpoint per minute, upserted with the records; the
 //!   summaries and time series dashboards read.
-//! - `partitions`: daily partitions of `request_records` on PostgreSQL, and retention.
+//! - `partitions`: daily partitions of `request_records` on PostgreSQL, and deleting old ones.
+//! - `retention`: [`RetentionConfig`] (how long records and rollups are kept) and
+//!   [`RetentionTask`], which deletes what is older at start and every hour, in short steps.
 //! - `keys`: [`ApiKey`]; keys are stored as SHA-256 hashes only.
 //! - `writer`: [`RecordWriter`] / [`RecordSender`], the bounded queue and batched writes.
 //! - `probe_runs`: [`ProbeRun`], one probe of one endpoint, and its queries.
@@ -45,6 +47,7 @@ mod migrate;
 mod partitions;
 mod probe_runs;
 mod records;
+mod retention;
 mod rollups;
 mod scheduler_lock;
 mod sqlite_records;
@@ -62,6 +65,7 @@ pub use evals::{EvalJob, EvalResult, JobProgress, JobState, Lease, NewEvalJob};
 pub use keys::{ApiKey, KeyOptions, KeyUsage, hash_key, key_digest};
 pub use probe_runs::{ProbeRun, ProbeRunCount, ProbeRunQuery};
 pub use records::{MAX_QUERY_LIMIT, RecordQuery, RequestRecord, new_request_id};
+pub use retention::{RetentionConfig, RetentionPass, RetentionTask, retention_cut};
 pub use rollups::{EndpointRollup, Rollup, RollupPoint, RollupQuery};
 pub use scheduler_lock::SchedulerLock;
 pub use writer::{DEFAULT_MAX_QUEUED_RECORD_BYTES, RecordSender, RecordWriter, RecordWriterConfig};

@@ -22,6 +22,7 @@ mod passive_drift_e2e;
 mod probes_e2e;
 mod probes_rounds;
 mod regression_e2e;
+mod retention;
 mod secrets;
 mod tidy;
 mod tool_corrupt_gateway;

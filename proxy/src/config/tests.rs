@@ -323,3 +323,41 @@ fn capture_is_off_by_default_and_its_bounds_are_checked() {
         assert!(err.contains("line"), "{extra}: {err}");
     }
 }
+
+/// `[retention]`: 30 days of records and 400 of rollups unless set; 0 keeps them for ever; a
+/// value past 100 years or an unknown key is an error naming it and its line.
+#[test]
+fn retention_days_default_zero_keeps_and_bounds_name_the_key() {
+    const DAY: Duration = Duration::from_secs(86_400);
+    let c = Config::from_toml_str(GOOD).expect("the good config parses");
+    assert_eq!(c.retention.records, Some(DAY * 30));
+    assert_eq!(c.retention.rollups, Some(DAY * 400));
+    let c = Config::from_toml_str(&format!(
+        "{GOOD}\n[retention]\nrecords_days = 0\nrollups_days = 7\n"
+    ))
+    .expect("retention parses");
+    assert_eq!(
+        (c.retention.records, c.retention.rollups),
+        (None, Some(DAY * 7))
+    );
+    let src = format!("{GOOD}\n[retention]\nrecords_days = 36501\n");
+    let line = src
+        .lines()
+        .position(|l| l.starts_with("records_days"))
+        .map(|i| i + 1);
+    let err = Config::from_toml_str(&src).err().map(|e| e.to_string());
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.contains("retention.records_days")
+                && e.contains("at most 36500")
+                && e.contains(&format!("line {}", line.unwrap_or(0)))),
+        "{err:?}"
+    );
+    let err = Config::from_toml_str(&format!("{GOOD}\n[retention]\nrecords = 3\n"))
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        err.as_deref().is_some_and(|e| e.contains("records")),
+        "{err:?}"
+    );
+}

@@ -1,5 +1,5 @@
 //! Request records: every field round-trips (Some and None), batches, query filters and
-//! order, duplicates, retention and day partitions.
+//! order, duplicates, retention (stepped passes) and day partitions.
 
 use super::*;
 
@@ -12,6 +12,7 @@ both!(
     duplicate_attempts_are_skipped,
     retention_deletes_old_records,
     retention_drops_day_partitions,
+    retention_pass_goes_in_steps_keeps_whole_days_and_stops_when_asked,
 );
 
 async fn round_trip_every_field(db: TestDb) -> Result<()> {
@@ -225,6 +226,107 @@ async fn retention_drops_day_partitions(db: TestDb) -> Result<()> {
             .is_empty()
     );
     ensure!(db.store.request_records(&by_id("late")).await?.len() == 1);
+    Ok(())
+}
+
+/// A retention pass deletes the records before the start of the UTC day that holds `now - keep`
+/// (so at least `keep` is kept), in steps of `chunk_rows` on SQLite, and the rollups of the
+/// days before their own cut; a pass asked to stop deletes nothing more.
+async fn retention_pass_goes_in_steps_keeps_whole_days_and_stops_when_asked(
+    db: TestDb,
+) -> Result<()> {
+    use samewise_store::{DAY_MS, RetentionConfig, RetentionPass, RollupQuery, retention_cut};
+    let day = 20_100i64; // "today" of this test: 2025-01-12
+    let now = day * DAY_MS + 15 * 3_600_000; // 15:00
+    // 7 records 3 days back (one at 00:00:00.000, the rest later that day), 5 two days back at
+    // 14:00 (an hour short of two whole days), 2 today
+    let mut rows = Vec::new();
+    for i in 0..7 {
+        rows.push(full_record(
+            &format!("d3-{i}"),
+            1,
+            (day - 3) * DAY_MS + i * 60_000,
+        ));
+    }
+    for i in 0..5 {
+        rows.push(full_record(
+            &format!("d2-{i}"),
+            1,
+            (day - 2) * DAY_MS + 14 * 3_600_000 + i,
+        ));
+    }
+    rows.push(full_record("d0-0", 1, now - 1000));
+    rows.push(full_record("d0-1", 1, now));
+    db.store.insert_request_records(&rows).await?;
+    // keep 2 days: now - 2 d falls on day - 2 at 15:00, so that whole day stays
+    let keep = Duration::from_secs(2 * 86_400);
+    ensure!(retention_cut(now, keep) == (day - 2) * DAY_MS);
+    let cfg = RetentionConfig {
+        records: Some(keep),
+        rollups: Some(Duration::from_secs(3 * 86_400)),
+        chunk_rows: 3,
+        pause: Duration::from_millis(1),
+        ..RetentionConfig::default()
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(true);
+    let deleted = |p: RetentionPass| (p.records, p.rollup_minutes);
+    // asked to stop before it began: nothing goes
+    let pass = db.store.retention_pass(&cfg, now, &stopped).await?;
+    ensure!(deleted(pass) == (0, 0) && pass.steps == 0, "{pass:?}");
+    ensure!(db.store.request_records(&all(100)).await?.len() == 14);
+    stop.send(false)?;
+    let pass = db.store.retention_pass(&cfg, now, &stopped).await?;
+    // steps of 3: 3, 3, 1 (PostgreSQL: everything in the first, then none)
+    let steps = if db.backend() == Backend::Sqlite {
+        3
+    } else {
+        2
+    };
+    ensure!(pass.records == 7 && pass.steps == steps, "{pass:?}");
+    let left = db.store.request_records(&all(100)).await?;
+    ensure!(
+        left.len() == 7 && left.iter().all(|r| !r.request_id.starts_with("d3-")),
+        "{:?}",
+        left.iter().map(|r| &r.request_id).collect::<Vec<_>>()
+    );
+    // rollups keep 3 days: now - 3 d is day - 3 at 15:00, so day - 3 stays and nothing goes
+    ensure!(pass.rollup_minutes == 0, "{pass:?}");
+    let requests = |since: i64, until: i64| {
+        let store = db.store.clone();
+        async move {
+            let q = RollupQuery {
+                model: None,
+                endpoint: None,
+                since_ms: since,
+                until_ms: until,
+            };
+            Ok::<i64, anyhow::Error>(
+                store
+                    .endpoint_rollups(&q)
+                    .await?
+                    .iter()
+                    .map(|e| e.totals.requests)
+                    .sum(),
+            )
+        }
+    };
+    ensure!(requests((day - 3) * DAY_MS, (day - 2) * DAY_MS).await? == 7);
+    // a day later the rollups of day - 3 go (its minutes: 7, one a minute), the records of
+    // day - 2 too
+    let pass = db
+        .store
+        .retention_pass(&cfg, now + DAY_MS, &stopped)
+        .await?;
+    ensure!(deleted(pass) == (5, 7), "{pass:?}");
+    ensure!(requests((day - 3) * DAY_MS, (day - 2) * DAY_MS).await? == 0);
+    ensure!(requests((day - 2) * DAY_MS, (day + 1) * DAY_MS).await? == 7);
+    ensure!(db.store.request_records(&all(100)).await?.len() == 2);
+    // nothing left to delete: a pass deletes nothing
+    let pass = db
+        .store
+        .retention_pass(&cfg, now + DAY_MS, &stopped)
+        .await?;
+    ensure!(deleted(pass) == (0, 0) && pass.steps == 1, "{pass:?}");
     Ok(())
 }
 

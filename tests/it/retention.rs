@@ -1,0 +1,200 @@
+//! Retention through the gateway: `samewise serve` with `[retention]` deletes the request
+//! records and rollups older than it keeps when it starts (and every hour after), on SQLite and
+//! on PostgreSQL, and leaves the younger ones and what it records meanwhile alone.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use samewise_store::testing::TestDb;
+use samewise_store::{
+    Backend, DAY_MS, RecordQuery, RequestRecord, RollupQuery, Store, now_ms, retention_cut,
+};
+use samewise_testkit::MockUpstream;
+use serde_json::json;
+
+use crate::common::{Spawn, spawn_listening_with};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_deletes_what_is_older_than_it_keeps_on_sqlite() -> Result<()> {
+    retention(Backend::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_deletes_what_is_older_than_it_keeps_on_postgres() -> Result<()> {
+    retention(Backend::Postgres).await
+}
+
+/// A served request's record at `ts_ms` (its rollup minute comes with it).
+fn record(id: &str, ts_ms: i64) -> RequestRecord {
+    RequestRecord {
+        request_id: id.to_owned(),
+        attempt: 1,
+        final_attempt: true,
+        ts_ms,
+        model: "m".to_owned(),
+        provider: Some("up".to_owned()),
+        endpoint: Some("up/m".to_owned()),
+        route: "chat".to_owned(),
+        status: Some(200),
+        attempts: 1,
+        latency_ms: 10.0,
+        usage_counted: true,
+        ..RequestRecord::default()
+    }
+}
+
+fn config(data: &Path, upstream: &str) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n\
+         [retention]\nrecords_days = 5\nrollups_days = 20\n\n\
+         [providers.up]\nbase_url = \"{upstream}\"\n\n\
+         [models.m]\n[[models.m.endpoints]]\nprovider = \"up\"\nmodel = \"m\"\n",
+        data.display()
+    )
+}
+
+/// The requests each rollup day holds, by the day's start.
+async fn rollup_requests(store: &Store, day_ms: i64) -> Result<i64> {
+    let q = RollupQuery {
+        model: Some("m".to_owned()),
+        endpoint: None,
+        since_ms: day_ms,
+        until_ms: day_ms + DAY_MS,
+    };
+    Ok(store
+        .endpoint_rollups(&q)
+        .await?
+        .iter()
+        .map(|e| e.totals.requests)
+        .sum())
+}
+
+async fn retention(backend: Backend) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    let pg = match backend {
+        Backend::Postgres => Some(TestDb::postgres().await?),
+        Backend::Sqlite => None,
+    };
+    let db_url = pg.as_ref().map(|db| db.url().to_owned());
+    let store = Store::connect(db_url.as_deref(), &data).await?;
+    let (_, key) = store.create_api_key("retention", None).await?;
+
+    // records 40, 10 and 2 days old (5 each): the gateway keeps 5 days of records and 20 of
+    // rollups, so the first go with their rollups, the second lose their records only
+    let now = now_ms();
+    let days = [40i64, 10, 2];
+    let mut old = Vec::new();
+    for age in days {
+        for i in 0..5 {
+            old.push(record(
+                &format!("age{age}-{i}"),
+                now - age * DAY_MS + i * 1000,
+            ));
+        }
+    }
+    store.insert_request_records(&old).await?;
+    let day_of = |age: i64| (now - age * DAY_MS).div_euclid(DAY_MS) * DAY_MS;
+    for age in days {
+        ensure!(
+            rollup_requests(&store, day_of(age)).await? == 5,
+            "day {age} before"
+        );
+    }
+
+    let upstream = MockUpstream::builder().record(false).start().await?;
+    let cfg = dir.path().join("samewise.toml");
+    std::fs::write(&cfg, config(&data, &upstream.base_url()))?;
+    let cfg_arg = cfg.to_str().context("config path is not UTF-8")?;
+    let log = dir.path().join("gateway.log");
+    let spawn = Spawn {
+        env: db_url.iter().map(|u| ("DATABASE_URL", u.clone())).collect(),
+        log_level: Some("info"),
+        log: Some(log.clone()),
+    };
+    let (gateway, url) = spawn_listening_with(&["serve", "--config", cfg_arg], dir.path(), &spawn)?;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    for _ in 0..3 {
+        let r = client
+            .post(format!("{url}/v1/chat/completions"))
+            .bearer_auth(&key)
+            .header("content-type", "application/json")
+            .body(
+                json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string(),
+            )
+            .send()
+            .await?;
+        ensure!(r.status() == 200, "{}", r.status());
+        r.bytes().await?;
+    }
+
+    // the first pass runs at start; the three new records reach the store within a second
+    let all = RecordQuery {
+        limit: 1000,
+        ..RecordQuery::default()
+    };
+    let records_cut = retention_cut(now, Duration::from_secs(5 * 86_400));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let left = loop {
+        let left = store.request_records(&all).await?;
+        if left.len() == 5 + 3 && left.iter().all(|r| r.ts_ms >= records_cut) {
+            break left;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "after 30 s: {} records, {} before the cut; log:\n{}",
+            left.len(),
+            left.iter().filter(|r| r.ts_ms < records_cut).count(),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    ensure!(
+        left.iter()
+            .filter(|r| r.request_id.starts_with("age2-"))
+            .count()
+            == 5,
+        "a record younger than the cut went"
+    );
+    // rollups: the 40-day-old day went, the 10-day-old day is kept (20 days), and the minutes
+    // since the start hold the three new requests
+    ensure!(
+        rollup_requests(&store, day_of(40)).await? == 0,
+        "day 40 kept"
+    );
+    ensure!(
+        rollup_requests(&store, day_of(10)).await? == 5,
+        "day 10 lost"
+    );
+    ensure!(rollup_requests(&store, day_of(2)).await? == 5, "day 2 lost");
+    let since_start = RollupQuery {
+        model: Some("m".to_owned()),
+        endpoint: None,
+        since_ms: now.div_euclid(60_000) * 60_000,
+        until_ms: now_ms() + 60_000,
+    };
+    let new: i64 = store
+        .endpoint_rollups(&since_start)
+        .await?
+        .iter()
+        .map(|e| e.totals.requests)
+        .sum();
+    ensure!(new == 3, "{new} requests rolled up since the start");
+    // the pass's line, in plain text (stderr is a file, not a terminal: no colour codes)
+    let logged = std::fs::read_to_string(&log)?;
+    ensure!(
+        logged
+            .lines()
+            .any(|l| l.contains("retention deleted old rows")
+                && l.contains(" records=10 ")
+                && l.contains(" steps=")),
+        "{logged:?}"
+    );
+    ensure!(!logged.contains('\x1b'), "{logged:?}");
+    drop(gateway);
+    store.close().await;
+    Ok(())
+}
