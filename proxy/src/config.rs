@@ -279,6 +279,16 @@ impl Config {
                 eps.join(", ")
             ));
         }
+        let days = |d: Option<Duration>| {
+            d.map_or("for ever".to_owned(), |d| {
+                format!("{} days", d.as_secs() / 86_400)
+            })
+        };
+        out.push_str(&format!(
+            "retention: records {}, rollups {}\n",
+            days(self.retention.records),
+            days(self.retention.rollups)
+        ));
         out
     }
 }

@@ -340,6 +340,12 @@ fn retention_days_default_zero_keeps_and_bounds_name_the_key() {
         (c.retention.records, c.retention.rollups),
         (None, Some(DAY * 7))
     );
+    assert!(
+        c.summary()
+            .contains("retention: records for ever, rollups 7 days\n"),
+        "{}",
+        c.summary()
+    );
     let src = format!("{GOOD}\n[retention]\nrecords_days = 36501\n");
     let line = src
         .lines()
