@@ -97,7 +97,8 @@ impl Store {
     }
 
     /// Deletes records older than `ts_ms` (retention); returns how many were deleted. On
-    /// PostgreSQL, day partitions that end at or before `ts_ms` are dropped whole.
+    /// PostgreSQL, day partitions that end at or before `ts_ms` are dropped whole (under the
+    /// partition lock, so gateways sharing the database may run this at the same time).
     pub async fn delete_request_records_before(&self, ts_ms: i64) -> Result<u64, StoreError> {
         const OP: &str = "deleting old request records";
         match &self.pool {
@@ -116,6 +117,10 @@ impl Store {
                         .execute(&mut *tx)
                         .await
                         .map_err(StoreError::query(OP))?;
+                    // another gateway's pass may have dropped it since the listing
+                    if !list_partitions(&mut tx).await?.contains(&name) {
+                        continue;
+                    }
                     let count: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {name}"))
                         .fetch_one(&mut *tx)
                         .await

@@ -197,11 +197,14 @@ async fn retention_drops_day_partitions(db: TestDb) -> Result<()> {
             "{partitions:?}"
         );
     }
-    // cut in the middle of day d+2: days d and d+1 go whole, plus "old" and one row of d+2
-    let deleted = db
-        .store
-        .delete_request_records_before((d + 2) * DAY_MS + 500)
-        .await?;
+    // cut in the middle of day d+2: days d and d+1 go whole, plus "old" and one row of d+2;
+    // two at once (gateways sharing the database), each row counted by one of them
+    let cut = (d + 2) * DAY_MS + 500;
+    let (a, b) = tokio::join!(
+        db.store.delete_request_records_before(cut),
+        db.store.delete_request_records_before(cut)
+    );
+    let deleted = a? + b?;
     ensure!(deleted == 3 + 3 + 1 + 1, "deleted {deleted}");
     let left = db.store.request_records(&all(100)).await?;
     ensure!(left.len() == 2 && left.iter().all(|r| r.ts_ms >= (d + 2) * DAY_MS + 500));
