@@ -13,12 +13,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use samewise_store::testing::TestDb;
-use samewise_store::{Backend, RecordQuery, Store};
+use samewise_store::{Backend, RecordQuery};
 use samewise_testkit::{Behavior, MockUpstream, Reply};
 use serde_json::json;
 
-use crate::common::{Spawn, spawn_listening_with};
+use crate::common::{Spawn, gateway_store, spawn_listening_with};
 
 /// Requests answered (and stored) before the kill.
 const BEFORE: usize = 20;
@@ -66,14 +65,8 @@ async fn post(
 async fn crash(backend: Backend) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let data = dir.path().join("data");
-    // PostgreSQL: a fresh database on the shared server, dropped at the end; SQLite: the file in
-    // the data dir, as `samewise serve` opens it without DATABASE_URL
-    let pg = match backend {
-        Backend::Postgres => Some(TestDb::postgres().await?),
-        Backend::Sqlite => None,
-    };
+    let (store, pg) = gateway_store(backend, &data).await?;
     let db_url = pg.as_ref().map(|db| db.url().to_owned());
-    let store = Store::connect(db_url.as_deref(), &data).await?;
     let (_, key) = store.create_api_key("crash", None).await?;
 
     let fast = MockUpstream::builder().record(false).start().await?;

@@ -6,14 +6,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use samewise_store::testing::TestDb;
 use samewise_store::{
     Backend, DAY_MS, RecordQuery, RequestRecord, RollupQuery, Store, now_ms, retention_cut,
 };
 use samewise_testkit::MockUpstream;
 use serde_json::json;
 
-use crate::common::{Spawn, spawn_listening_with};
+use crate::common::{Spawn, gateway_store, spawn_listening_with};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_deletes_what_is_older_than_it_keeps_on_sqlite() -> Result<()> {
@@ -73,12 +72,8 @@ async fn rollup_requests(store: &Store, day_ms: i64) -> Result<i64> {
 async fn retention(backend: Backend) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let data = dir.path().join("data");
-    let pg = match backend {
-        Backend::Postgres => Some(TestDb::postgres().await?),
-        Backend::Sqlite => None,
-    };
+    let (store, pg) = gateway_store(backend, &data).await?;
     let db_url = pg.as_ref().map(|db| db.url().to_owned());
-    let store = Store::connect(db_url.as_deref(), &data).await?;
     let (_, key) = store.create_api_key("retention", None).await?;
 
     // records 40, 10 and 2 days old (5 each): the gateway keeps 5 days of records and 20 of

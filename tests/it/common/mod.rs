@@ -1,5 +1,5 @@
 //! Helpers shared by the end-to-end tests that start the real `samewise` binary: where the
-//! test model is, and child processes that print "listening on URL" and are stopped with
+//! test model is, the store a gateway on either backend uses, and child processes that print "listening on URL" and are stopped with
 //! SIGTERM (or killed when dropped, so a failing test leaves none behind).
 
 #![allow(dead_code)]
@@ -13,9 +13,23 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use samewise_store::testing::TestDb;
+use samewise_store::{Backend, Store};
 
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_samewise");
+
+/// The store a `samewise serve` on `backend` with `data_dir = data` uses, opened by the test: on
+/// PostgreSQL a fresh database on the shared server (dropped with the [`TestDb`]; its URL is the
+/// gateway's `DATABASE_URL`), on SQLite the file in `data`, as the gateway opens it without one.
+pub async fn gateway_store(backend: Backend, data: &Path) -> Result<(Store, Option<TestDb>)> {
+    let pg = match backend {
+        Backend::Postgres => Some(TestDb::postgres().await?),
+        Backend::Sqlite => None,
+    };
+    let store = Store::connect(pg.as_ref().map(TestDb::url), data).await?;
+    Ok((store, pg))
+}
 
 /// The test model: `$SAMEWISE_MODEL`, else where `scripts/fetch-model.sh` puts it. Missing is
 /// an error (a test that needs the model fails without it; it never skips).
