@@ -55,7 +55,8 @@ impl BreakerState {
     }
 }
 
-/// Quality verdict on an endpoint, set by the probe path's alerts (none yet set it).
+/// Quality verdict on an endpoint, set from its active alerts (probes, passive checks, eval
+/// verdicts) and its model's `on_drift` by [`crate::QualityWatcher`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Quality {
     /// Routed normally.
@@ -519,7 +520,7 @@ impl EndpointHealth {
         }
     }
 
-    /// Sets the quality verdict (for the probe path's alerts).
+    /// Sets the quality verdict ([`crate::QualityWatcher`], from the endpoint's active alerts).
     pub fn set_quality(&self, q: Quality) {
         let v = match q {
             Quality::Ok => 0,
