@@ -1,6 +1,6 @@
 //! `samewise keys create NAME [--rpm N] [--admin]`, `keys list`, `keys revoke NAME`,
 //! `keys usage [--hours N] [--json]` (each key's requests, failures, tokens and cost over the
-//! last N hours, from the request records): samewise API keys
+//! last N hours, from each key's hourly sums and the records of the partial hour): samewise API keys
 //! in the store (an `--admin` key also opens the dashboards and their API) (PostgreSQL when `DATABASE_URL` is set, else SQLite in the data directory of
 //! `--config`, or `--data-dir`). A new key is printed once; only its hash is stored. A revoked
 //! key stops working on running gateways within `limits.key_cache_ttl_ms` (default 10 s).
@@ -43,8 +43,8 @@ pub enum KeysCommand {
     /// prompt and completion tokens, cost at the configured prices, the last request (every live
     /// key, and revoked keys with requests in the window).
     Usage {
-        /// The window, in hours back from now (records older than `[retention] records_days`,
-        /// 30 by default, are no longer there to sum).
+        /// The window, in hours back from now (each key's hourly sums are kept as long as the
+        /// rollups, `[retention] rollups_days`, 400 days by default).
         #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u32).range(1..=24 * 366))]
         hours: u32,
         /// Print JSON instead of text.

@@ -15,7 +15,12 @@
 //! between two commits (a batch a second, later when a write waits for the database) in the
 //! pass against the same time before it, and that none was dropped.
 //!
-//! Run: `cargo run -p samewise-store --example writer_bench -- [ROWS] [sqlite|postgres|both] [timed|random|retention] [BATCH]`
+//! With `usage` the ROWS records are spread over the last 24 hours among 20 keys, and `keys
+//! usage`'s read for those 24 hours ([`Store::key_usage`]: whole hours from `key_hours`, the
+//! partial one from the records) is timed beside the scan of every record in the window that it
+//! replaced, three times each; both must give the same sums.
+//!
+//! Run: `cargo run -p samewise-store --example writer_bench -- [ROWS] [sqlite|postgres|both] [timed|random|retention|usage] [BATCH]`
 //! (BATCH: the writer's `max_batch`, default the writer's default). The CPU reported is the
 //! whole process's (the writer's task and sqlx's SQLite worker thread) from the first record
 //! queued to the last committed, over the rows: what a record costs the gateway's process.
@@ -45,8 +50,8 @@ async fn main() -> Result<()> {
     };
     let ids = args.next().unwrap_or_else(|| "timed".to_owned());
     anyhow::ensure!(
-        ["timed", "random", "retention"].contains(&ids.as_str()),
-        "unknown mode {ids:?}: timed, random or retention"
+        ["timed", "random", "retention", "usage"].contains(&ids.as_str()),
+        "unknown mode {ids:?}: timed, random, retention or usage"
     );
     let max_batch = match args.next() {
         Some(n) => n.parse().context("BATCH must be a number")?,
@@ -57,9 +62,14 @@ async fn main() -> Result<()> {
             .await
             .with_context(|| format!("opening {backend}"))?;
         let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        let day_ago = samewise_store::now_ms() - 86_400_000;
         let records: Vec<RequestRecord> = (0..rows)
             .map(|i| {
-                let ts_ms = 1_700_000_000_000 + i as i64;
+                let ts_ms = if ids == "usage" {
+                    day_ago + (i as i64 * 86_400_000) / rows as i64
+                } else {
+                    1_700_000_000_000 + i as i64
+                };
                 let id = if ids != "random" {
                     samewise_store::new_request_id(ts_ms, &mut rng)
                 } else {
@@ -69,7 +79,11 @@ async fn main() -> Result<()> {
                         rng.random::<u32>()
                     )
                 };
-                record(i, ts_ms, id)
+                let mut r = record(i, ts_ms, id);
+                if ids == "usage" {
+                    r.key_id = Some(1 + (i % 20) as i64);
+                }
+                r
             })
             .collect();
         let cfg = RecordWriterConfig {
@@ -112,6 +126,9 @@ async fn main() -> Result<()> {
         );
         if ids == "retention" {
             retention(&db.store, rows).await?;
+        }
+        if ids == "usage" {
+            usage(&db, day_ago).await?;
         }
     }
     Ok(())
@@ -248,4 +265,68 @@ fn record(i: usize, ts_ms: i64, request_id: String) -> RequestRecord {
         tool_errored: false,
         degenerate: false,
     }
+}
+
+/// What `keys usage` read before `key_hours`: every record of the window, summed per key.
+const SCAN: &str = "SELECT key_id, \
+     CAST(COALESCE(SUM(CASE WHEN final_attempt THEN 1 ELSE 0 END), 0) AS BIGINT), \
+     CAST(COALESCE(SUM(CASE WHEN final_attempt AND (error_kind IS NOT NULL \
+         OR status IS NULL OR status >= 400) THEN 1 ELSE 0 END), 0) AS BIGINT), \
+     CAST(COALESCE(SUM(CASE WHEN attempt > 0 THEN 1 ELSE 0 END), 0) AS BIGINT), \
+     CAST(COALESCE(SUM(prompt_tokens), 0) AS BIGINT), \
+     CAST(COALESCE(SUM(completion_tokens), 0) AS BIGINT), \
+     CAST(COALESCE(SUM(cost_usd), 0) AS DOUBLE PRECISION), MAX(ts_ms) \
+     FROM request_records WHERE ts_ms >= $1 AND key_id IS NOT NULL \
+     GROUP BY key_id ORDER BY key_id";
+
+/// Times `keys usage`'s read of the last 24 hours against the scan it replaced.
+async fn usage(db: &TestDb, since_ms: i64) -> Result<()> {
+    type Row = (i64, i64, i64, i64, i64, i64, f64, i64);
+    let (mut now, mut before) = (Vec::new(), Vec::new());
+    let mut scanned: Vec<Row> = Vec::new();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let got = db.store.key_usage(since_ms).await?;
+        now.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        scanned = match db.backend() {
+            Backend::Postgres => {
+                let pool = sqlx::PgPool::connect(db.url()).await?;
+                let rows = sqlx::query_as(SCAN).bind(since_ms).fetch_all(&pool).await?;
+                pool.close().await;
+                rows
+            }
+            Backend::Sqlite => {
+                let pool = sqlx::SqlitePool::connect(db.url()).await?;
+                let rows = sqlx::query_as(&SCAN.replace('$', "?"))
+                    .bind(since_ms)
+                    .fetch_all(&pool)
+                    .await?;
+                pool.close().await;
+                rows
+            }
+        };
+        before.push(t.elapsed().as_secs_f64() * 1e3);
+        let same = got.len() == scanned.len()
+            && got.iter().zip(&scanned).all(|(u, r)| {
+                (u.key_id, u.requests, u.failed, u.attempts, u.prompt_tokens)
+                    == (r.0, r.1, r.2, r.3, r.4)
+                    && (u.completion_tokens, u.last_ms) == (r.5, r.7)
+                    && (u.cost_usd - r.6).abs() < 1e-6
+            });
+        anyhow::ensure!(same, "key_usage {got:?}\nscan {scanned:?}");
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "{:>10}: keys usage over 24 h of {} records, 20 keys: {:.1} ms (median of 3) against {:.1} ms for the scan of the window, {:.0}x",
+        db.backend(),
+        scanned.iter().map(|r| r.3).sum::<i64>(),
+        median(&mut now),
+        median(&mut before),
+        median(&mut before) / median(&mut now),
+    );
+    Ok(())
 }

@@ -54,6 +54,30 @@ pub struct KeyUsage {
     pub last_ms: i64,
 }
 
+impl KeyUsage {
+    /// Counts one stored record of this key (as `key_hours` sums them, and as the window's
+    /// partial hour is summed from the records in SQL).
+    pub(crate) fn add(&mut self, r: &crate::RequestRecord) {
+        if r.final_attempt {
+            self.requests += 1;
+            if r.error_kind.is_some() || r.status.is_none_or(|s| s >= 400) {
+                self.failed += 1;
+            }
+        }
+        if r.attempt > 0 {
+            self.attempts += 1;
+        }
+        self.prompt_tokens = self
+            .prompt_tokens
+            .saturating_add(r.prompt_tokens.unwrap_or(0));
+        self.completion_tokens = self
+            .completion_tokens
+            .saturating_add(r.completion_tokens.unwrap_or(0));
+        self.cost_usd += r.cost_usd.unwrap_or(0.0);
+        self.last_ms = self.last_ms.max(r.ts_ms);
+    }
+}
+
 /// What a new key is allowed ([`Store::create_api_key_with`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct KeyOptions {
@@ -208,27 +232,44 @@ impl Store {
     }
 
     /// What each key's requests used since `since_ms` (records at or after it), by key id;
-    /// keys without a request there are left out.
+    /// keys without a request there are left out. The whole hours of the window are read from
+    /// `key_hours` (per key and UTC hour, upserted with the records and kept as long as the
+    /// rollups), and only the records of the partial hour at its start from `request_records`,
+    /// so a window of any length reads at most an hour of records.
     pub async fn key_usage(&self, since_ms: i64) -> Result<Vec<KeyUsage>, StoreError> {
         const OP: &str = "summing usage by key";
+        let hour = crate::rollups::HOUR_MS;
+        // the first whole hour of the window
+        let whole_from = since_ms.div_euclid(hour) * hour
+            + if since_ms.rem_euclid(hour) == 0 {
+                0
+            } else {
+                hour
+            };
         let stmt = sql(
             self.backend(),
-            "SELECT key_id, \
-             CAST(COALESCE(SUM(CASE WHEN final_attempt THEN 1 ELSE 0 END), 0) AS BIGINT), \
-             CAST(COALESCE(SUM(CASE WHEN final_attempt AND (error_kind IS NOT NULL \
-                 OR status IS NULL OR status >= 400) THEN 1 ELSE 0 END), 0) AS BIGINT), \
-             CAST(COALESCE(SUM(CASE WHEN attempt > 0 THEN 1 ELSE 0 END), 0) AS BIGINT), \
-             CAST(COALESCE(SUM(prompt_tokens), 0) AS BIGINT), \
-             CAST(COALESCE(SUM(completion_tokens), 0) AS BIGINT), \
-             CAST(COALESCE(SUM(cost_usd), 0) AS DOUBLE PRECISION), MAX(ts_ms) \
-             FROM request_records WHERE ts_ms >= $1 AND key_id IS NOT NULL \
-             GROUP BY key_id ORDER BY key_id",
+            "SELECT key_id, CAST(SUM(requests) AS BIGINT), CAST(SUM(failed) AS BIGINT), \
+             CAST(SUM(attempts) AS BIGINT), CAST(SUM(prompt_tokens) AS BIGINT), \
+             CAST(SUM(completion_tokens) AS BIGINT), CAST(SUM(cost_usd) AS DOUBLE PRECISION), \
+             MAX(last_ms) FROM (\
+             SELECT key_id, requests, failed, attempts, prompt_tokens, completion_tokens, \
+             cost_usd, last_ms FROM key_hours WHERE hour_ms >= $2 \
+             UNION ALL \
+             SELECT key_id, CASE WHEN final_attempt THEN 1 ELSE 0 END, \
+             CASE WHEN final_attempt AND (error_kind IS NOT NULL OR status IS NULL \
+                 OR status >= 400) THEN 1 ELSE 0 END, \
+             CASE WHEN attempt > 0 THEN 1 ELSE 0 END, \
+             COALESCE(prompt_tokens, 0), COALESCE(completion_tokens, 0), \
+             COALESCE(cost_usd, 0), ts_ms \
+             FROM request_records WHERE ts_ms >= $1 AND ts_ms < $2 AND key_id IS NOT NULL\
+             ) AS used GROUP BY key_id ORDER BY key_id",
         )
         .into_owned();
         type Row = (i64, i64, i64, i64, i64, i64, f64, i64);
         let rows: Vec<Row> = on_pool!(&self.pool, |p| {
             sqlx::query_as(&stmt)
                 .bind(since_ms)
+                .bind(whole_from)
                 .fetch_all(p)
                 .await
                 .map_err(StoreError::query(OP))?

@@ -62,6 +62,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "captured bodies and regression cases",
         sql: include_str!("../migrations/postgres/0007_captured_bodies.sql"),
     },
+    Migration {
+        version: 8,
+        name: "per-key hourly usage",
+        sql: include_str!("../migrations/postgres/0008_key_hours.sql"),
+    },
 ];
 
 /// SQLite migrations, in order (the same versions as [`POSTGRES`]).
@@ -100,6 +105,11 @@ pub const SQLITE: &[Migration] = &[
         version: 7,
         name: "captured bodies and regression cases",
         sql: include_str!("../migrations/sqlite/0007_captured_bodies.sql"),
+    },
+    Migration {
+        version: 8,
+        name: "per-key hourly usage",
+        sql: include_str!("../migrations/sqlite/0008_key_hours.sql"),
     },
 ];
 

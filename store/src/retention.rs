@@ -3,8 +3,8 @@
 //!
 //! Request records are the bulk of the database (a row per upstream attempt: at 1,000
 //! requests a second, 86 million a day), so they are kept for a bounded time
-//! ([`RetentionConfig::records`], 30 days by default) and the per-minute rollups the dashboards
-//! read for longer ([`RetentionConfig::rollups`], 400 days). Both are cut at whole UTC days:
+//! ([`RetentionConfig::records`], 30 days by default) and the rollups the dashboards read, with
+//! each key's hourly usage, for longer ([`RetentionConfig::rollups`], 400 days). Both are cut at whole UTC days:
 //! a pass deletes what lies before the start of the day that holds `now - keep`, so at least
 //! `keep` is always kept (and at most a day more), and a rollup range reads the same in every
 //! grain (see [`Store::delete_rollups_before`]).
@@ -31,7 +31,8 @@ use crate::{Store, StoreError};
 pub struct RetentionConfig {
     /// How long request records are kept (`None`: for ever).
     pub records: Option<Duration>,
-    /// How long the rollups (every grain, with their labels) are kept (`None`: for ever).
+    /// How long the rollups (every grain, with their labels) and each key's hours are kept
+    /// (`None`: for ever).
     pub rollups: Option<Duration>,
     /// Time between two passes.
     pub every: Duration,

@@ -588,7 +588,7 @@ impl Store {
     }
 
     /// Deletes the rollups of the whole UTC days before `ts_ms` (their own retention, longer
-    /// than raw rows'), in every grain: the cut is rounded down to a day so that the days,
+    /// than raw rows'), in every grain and each key's hours (`key_hours`): the cut is rounded down to a day so that the days,
     /// hours and minutes kept always agree (a range over the cut sums the same whichever grain
     /// covers it). Returns how many minute rows were deleted.
     pub async fn delete_rollups_before(&self, ts_ms: i64) -> Result<u64, StoreError> {
@@ -620,6 +620,16 @@ impl Store {
             });
             minutes = n;
         }
+        // each key's hours (`keys usage`) are kept as long as the rollups
+        let keys = sql(self.backend(), "DELETE FROM key_hours WHERE hour_ms < $1");
+        on_pool!(&self.pool, |p| {
+            sqlx::query(&keys)
+                .bind(cut)
+                .execute(p)
+                .await
+                .map_err(StoreError::query(OP))?
+                .rows_affected()
+        });
         Ok(minutes)
     }
 }

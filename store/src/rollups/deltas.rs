@@ -1,6 +1,7 @@
 //! What a batch of inserted records adds to the rollups: each record summed once, into its
 //! minute; the hours and days summed from those minutes (a minute lies in one hour, an hour in
-//! one UTC day); the upsert statements for every grain, run in the records' transaction.
+//! one UTC day); each key's usage per hour (`key_hours`, what `keys usage` reads); the upsert
+//! statements for every grain, run in the records' transaction.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -8,9 +9,9 @@ use std::collections::HashMap;
 use sqlx::{Database, QueryBuilder};
 
 use super::{DAYS, Grain, HOURS, MAX_LABEL_CHARS, MINUTES, ROWS_PER_UPSERT, Rollup, value_columns};
-use crate::RequestRecord;
 use crate::probe_runs::text;
 use crate::records::pow2_chunks;
+use crate::{KeyUsage, RequestRecord};
 
 /// A label as stored: at most [`MAX_LABEL_CHARS`] characters, NUL replaced (borrowed when
 /// that changes nothing).
@@ -24,9 +25,11 @@ fn label(s: &str) -> Cow<'_, str> {
     }
 }
 
-/// The minute, hour and day rows and labelled counts that `rows` add.
+/// The minute, hour and day rows and labelled counts that `rows` add, and each key's hours.
 pub(crate) struct Deltas<'a> {
     grains: Vec<GrainDeltas<'a>>,
+    /// (hour, the key's usage in it), sorted by key then hour.
+    keys: Vec<(i64, KeyUsage)>,
 }
 
 /// The rows one grain's tables get: (endpoint, start, model, sums) and (endpoint, start,
@@ -47,15 +50,34 @@ impl<'a> Deltas<'a> {
     /// hashed once, not once per grain: in `writer_bench` the rollups' share of the writer's
     /// instructions fell from 25% to ~9% (README, "Store writer").
     pub(crate) fn of(rows: impl IntoIterator<Item = &'a RequestRecord>) -> Deltas<'a> {
-        let minutes = Sums::of(rows, MINUTES.ms);
+        let mut keys: HashMap<(i64, i64), KeyUsage> = HashMap::new();
+        let minutes = Sums::of(
+            rows.into_iter().inspect(|r| {
+                if let Some(key_id) = r.key_id {
+                    let hour = r.ts_ms.div_euclid(HOURS.ms) * HOURS.ms;
+                    keys.entry((key_id, hour))
+                        .or_insert_with(|| KeyUsage {
+                            key_id,
+                            last_ms: r.ts_ms,
+                            ..KeyUsage::default()
+                        })
+                        .add(r);
+                }
+            }),
+            MINUTES.ms,
+        );
         let hours = minutes.coarser(HOURS.ms);
         let days = hours.coarser(DAYS.ms);
+        let mut keys: Vec<(i64, KeyUsage)> =
+            keys.into_iter().map(|((_, hour), u)| (hour, u)).collect();
+        keys.sort_by_key(|(hour, u)| (u.key_id, *hour));
         Deltas {
             grains: vec![
                 minutes.into_grain(MINUTES),
                 hours.into_grain(HOURS),
                 days.into_grain(DAYS),
             ],
+            keys,
         }
     }
 
@@ -65,11 +87,43 @@ impl<'a> Deltas<'a> {
         DB: Database,
         &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
         i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        f64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     {
-        self.grains
+        let mut out: Vec<QueryBuilder<'q, DB>> = self
+            .grains
             .iter()
             .flat_map(GrainDeltas::statements)
-            .collect()
+            .collect();
+        for chunk in pow2_chunks(&self.keys, ROWS_PER_UPSERT) {
+            let mut qb = QueryBuilder::<DB>::new(
+                "INSERT INTO key_hours (key_id, hour_ms, requests, failed, attempts, \
+                 prompt_tokens, completion_tokens, cost_usd, last_ms) ",
+            );
+            qb.push_values(chunk, |mut b, (hour, u)| {
+                b.push_bind(u.key_id)
+                    .push_bind(*hour)
+                    .push_bind(u.requests)
+                    .push_bind(u.failed)
+                    .push_bind(u.attempts)
+                    .push_bind(u.prompt_tokens)
+                    .push_bind(u.completion_tokens)
+                    .push_bind(u.cost_usd)
+                    .push_bind(u.last_ms);
+            });
+            qb.push(
+                " ON CONFLICT (key_id, hour_ms) DO UPDATE SET \
+                 requests = key_hours.requests + excluded.requests, \
+                 failed = key_hours.failed + excluded.failed, \
+                 attempts = key_hours.attempts + excluded.attempts, \
+                 prompt_tokens = key_hours.prompt_tokens + excluded.prompt_tokens, \
+                 completion_tokens = key_hours.completion_tokens + excluded.completion_tokens, \
+                 cost_usd = key_hours.cost_usd + excluded.cost_usd, \
+                 last_ms = CASE WHEN excluded.last_ms > key_hours.last_ms \
+                 THEN excluded.last_ms ELSE key_hours.last_ms END",
+            );
+            out.push(qb);
+        }
+        out
     }
 }
 

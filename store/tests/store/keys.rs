@@ -1,10 +1,18 @@
 //! API keys: create, find by plaintext, wrong keys, revoke, names; only the hash is stored;
-//! each key's usage summed from the request records.
+//! each key's usage: its whole hours from `key_hours` (upserted with the records, filled from
+//! stored records by the migration, kept after the records are deleted), the partial hour at
+//! the window's start from the records.
 
 use super::*;
 use anyhow::Context;
 
-both!(api_key_lifecycle, api_key_names, usage_by_key);
+both!(
+    api_key_lifecycle,
+    api_key_names,
+    usage_by_key,
+    usage_over_hours_reads_whole_hours_and_the_partial_one,
+    key_hours_are_filled_from_stored_records_when_migrated,
+);
 
 /// The text columns of the live key `name`, read with plain SQL behind the store's back.
 async fn stored_key_columns(db: &TestDb, name: &str) -> Result<Vec<String>> {
@@ -173,20 +181,156 @@ async fn usage_by_key(db: TestDb) -> Result<()> {
             last_ms: t + 5,
         },
     ];
-    let close = |a: &KeyUsage, b: &KeyUsage| {
-        (a.cost_usd - b.cost_usd).abs() < 1e-12
-            && KeyUsage {
-                cost_usd: 0.0,
-                ..a.clone()
-            } == KeyUsage {
-                cost_usd: 0.0,
-                ..b.clone()
-            }
-    };
-    ensure!(
-        got.len() == 2 && got.iter().zip(&want).all(|(a, b)| close(a, b)),
-        "got {got:#?}\nwant {want:#?}"
-    );
+    ensure!(same_usage(&got, &want), "got {got:#?}\nwant {want:#?}");
     ensure!(db.store.key_usage(t + 7).await?.is_empty());
+    Ok(())
+}
+
+/// Equal usage lists, the costs within rounding (summed in another order).
+fn same_usage(a: &[KeyUsage], b: &[KeyUsage]) -> bool {
+    let cost_free = |u: &KeyUsage| KeyUsage {
+        cost_usd: 0.0,
+        ..u.clone()
+    };
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(a, b)| (a.cost_usd - b.cost_usd).abs() < 1e-9 && cost_free(a) == cost_free(b))
+}
+
+/// 240 records of three keys (and some without one) over about six and a half hours, in mixed
+/// shapes: final and failed-over attempts, refusals, errors, with and without usage.
+fn hours_of_records(t0: i64) -> Vec<RequestRecord> {
+    (0..240i64)
+        .map(|i| {
+            let mut r = served(
+                &format!("h{i}"),
+                if i % 4 == 0 { 2 } else { 1 },
+                i % 5 != 0,
+                1 + i % 3,
+                t0 + i * 97_000,
+            );
+            if i % 7 == 0 {
+                r.key_id = None;
+            }
+            if i % 6 == 0 {
+                (r.status, r.error_kind) = (Some(502), Some("upstream_5xx".into()));
+            }
+            if i % 11 == 0 {
+                (r.prompt_tokens, r.completion_tokens, r.cost_usd) = (None, None, None);
+            } else {
+                r.prompt_tokens = Some(i);
+                r.cost_usd = Some(i as f64 * 0.001);
+            }
+            if i % 13 == 0 {
+                (r.attempt, r.status) = (0, Some(429));
+            }
+            r
+        })
+        .collect()
+}
+
+/// Usage since `since_ms` summed straight from `rows`, by key id.
+fn usage_of(rows: &[RequestRecord], since_ms: i64) -> Vec<KeyUsage> {
+    let mut by_key = std::collections::BTreeMap::<i64, KeyUsage>::new();
+    for r in rows.iter().filter(|r| r.ts_ms >= since_ms) {
+        let Some(key) = r.key_id else { continue };
+        let u = by_key.entry(key).or_insert_with(|| KeyUsage {
+            key_id: key,
+            ..KeyUsage::default()
+        });
+        if r.final_attempt {
+            u.requests += 1;
+            if r.error_kind.is_some() || r.status.is_none_or(|s| s >= 400) {
+                u.failed += 1;
+            }
+        }
+        u.attempts += i64::from(r.attempt > 0);
+        u.prompt_tokens += r.prompt_tokens.unwrap_or(0);
+        u.completion_tokens += r.completion_tokens.unwrap_or(0);
+        u.cost_usd += r.cost_usd.unwrap_or(0.0);
+        u.last_ms = u.last_ms.max(r.ts_ms);
+    }
+    by_key.into_values().collect()
+}
+
+/// Windows starting on an hour, inside one, and past the last record read what the records
+/// say; a batch stored twice counts once; the whole hours outlive the records' deletion and go
+/// with the rollups'.
+async fn usage_over_hours_reads_whole_hours_and_the_partial_one(db: TestDb) -> Result<()> {
+    use samewise_store::{DAY_MS, HOUR_MS};
+    let t0 = 20_000 * DAY_MS;
+    let rows = hours_of_records(t0);
+    for batch in rows.chunks(80) {
+        db.store.insert_request_records(batch).await?;
+    }
+    db.store.insert_request_records(&rows[80..160]).await?; // again: skipped
+    for since in [
+        t0,
+        t0 + 1,
+        t0 + 90 * 60_000,
+        t0 + 3 * HOUR_MS + 17_000,
+        t0 + 6 * HOUR_MS,
+        t0 + 7 * HOUR_MS,
+    ] {
+        let (got, want) = (db.store.key_usage(since).await?, usage_of(&rows, since));
+        ensure!(
+            same_usage(&got, &want),
+            "since t0 + {} ms:\n got {got:#?}\nwant {want:#?}",
+            since - t0
+        );
+    }
+    ensure!(db.store.key_usage(t0 + 7 * HOUR_MS).await?.is_empty());
+    // the records before t0 + 4 h deleted: a window from t0 + 3 h reads whole hours only
+    let before = db.store.key_usage(t0 + 3 * HOUR_MS).await?;
+    ensure!(!before.is_empty());
+    db.store
+        .delete_request_records_before(t0 + 4 * HOUR_MS)
+        .await?;
+    ensure!(same_usage(
+        &db.store.key_usage(t0 + 3 * HOUR_MS).await?,
+        &before
+    ));
+    // the rollups' retention takes the hours with it
+    db.store.delete_rollups_before(t0 + DAY_MS).await?;
+    ensure!(db.store.key_usage(t0).await?.is_empty());
+    Ok(())
+}
+
+/// A database migrated to version 8 with records already stored gets their hours: migration 8
+/// undone behind the store's back (its table dropped, its version forgotten), then run again by
+/// a new connection, gives the same usage.
+async fn key_hours_are_filled_from_stored_records_when_migrated(db: TestDb) -> Result<()> {
+    use samewise_store::DAY_MS;
+    let t0 = 20_000 * DAY_MS;
+    let rows = hours_of_records(t0);
+    db.store.insert_request_records(&rows).await?;
+    let want = usage_of(&rows, t0);
+    ensure!(same_usage(&db.store.key_usage(t0).await?, &want));
+    const UNDO: [&str; 2] = [
+        "DROP TABLE key_hours",
+        "DELETE FROM schema_migrations WHERE version = 8",
+    ];
+    match db.backend() {
+        Backend::Postgres => {
+            let pool = sqlx::PgPool::connect(db.url()).await?;
+            for stmt in UNDO {
+                sqlx::query(stmt).execute(&pool).await?;
+            }
+            pool.close().await;
+        }
+        Backend::Sqlite => {
+            let pool = sqlx::SqlitePool::connect(db.url()).await?;
+            for stmt in UNDO {
+                sqlx::query(stmt).execute(&pool).await?;
+            }
+            pool.close().await;
+        }
+    }
+    let again = Store::connect(Some(db.url()), db.data_dir()).await?;
+    ensure!(again.schema_version().await? == 8);
+    let got = again.key_usage(t0).await?;
+    ensure!(same_usage(&got, &want), "got {got:#?}\nwant {want:#?}");
+    again.close().await;
     Ok(())
 }
