@@ -15,8 +15,9 @@
 //! - `migrate`: the migration runner over the SQL files embedded from `migrations/`.
 //! - `error_kind`: [`ErrorKind`], the closed set of `error_kind` names a record carries.
 //! - `records`: [`RequestRecord`] (one row per upstream attempt) and its queries.
-//! - `rollups`: [`Rollup`] per endpoint per minute, upserted with the records; the
-//!   summaries and time series dashboards read.
+//! - `rollups`: [`Rollup`] per endpoint per minute (hours and days summed from the minutes)
+//!   and each API key's usage per hour (`key_hours`), upserted with the records; the
+//!   summaries and time series dashboards read, and what `keys usage` reads.
 //! - `partitions`: daily partitions of `request_records` on PostgreSQL, and deleting old ones.
 //! - `retention`: [`RetentionConfig`] (how long records and rollups are kept) and
 //!   [`RetentionTask`], which deletes what is older at start and every hour, in short steps.
