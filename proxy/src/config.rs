@@ -48,7 +48,7 @@ pub struct Config {
     pub limits: Limits,
     /// Circuit-breaker tuning, shared by every endpoint.
     pub breaker: BreakerConfig,
-    /// `[retention]`: how long the store keeps request records and rollups.
+    /// `[retention]`: how long the store keeps request records, rollups and probe runs.
     pub retention: samewise_store::RetentionConfig,
     /// Providers by name.
     pub providers: BTreeMap<String, ProviderConfig>,
@@ -285,9 +285,10 @@ impl Config {
             })
         };
         out.push_str(&format!(
-            "retention: records {}, rollups {}\n",
+            "retention: records {}, rollups and probe runs {}, probe runs' raw data {}\n",
             days(self.retention.records),
-            days(self.retention.rollups)
+            days(self.retention.rollups),
+            days(self.retention.probe_raw)
         ));
         out
     }

@@ -20,7 +20,13 @@
 //! partial one from the records) is timed beside the scan of every record in the window that it
 //! replaced, three times each; both must give the same sums.
 //!
-//! Run: `cargo run -p samewise-store --example writer_bench -- [ROWS] [sqlite|postgres|both] [timed|random|retention|usage] [BATCH]`
+//! With `probes` ROWS is a number of probe runs, each with `RAW_BYTES` (default 100,000) of raw
+//! data, spread over 31 to 500 days back: one default pass (records kept) deletes those before
+//! the rollups' 400 days and clears the raw data of the rest, while new records are written at
+//! 1,000 a second as with `retention` — the first pass of a gateway upgraded over a year of
+//! probe runs.
+//!
+//! Run: `cargo run -p samewise-store --example writer_bench -- [ROWS] [sqlite|postgres|both] [timed|random|retention|usage|probes] [BATCH]`
 //! (BATCH: the writer's `max_batch`, default the writer's default). The CPU reported is the
 //! whole process's (the writer's task and sqlx's SQLite worker thread) from the first record
 //! queued to the last committed, over the rows: what a record costs the gateway's process.
@@ -31,7 +37,8 @@ use anyhow::{Context, Result};
 use rand::{Rng, SeedableRng};
 use samewise_store::testing::TestDb;
 use samewise_store::{
-    Backend, RecordQuery, RecordWriter, RecordWriterConfig, RequestRecord, RetentionConfig, Store,
+    Backend, DAY_MS, ProbeRun, RecordQuery, RecordWriter, RecordWriterConfig, RequestRecord,
+    RetentionConfig, RetentionPass, Store, retention_cut,
 };
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -50,8 +57,8 @@ async fn main() -> Result<()> {
     };
     let ids = args.next().unwrap_or_else(|| "timed".to_owned());
     anyhow::ensure!(
-        ["timed", "random", "retention", "usage"].contains(&ids.as_str()),
-        "unknown mode {ids:?}: timed, random, retention or usage"
+        ["timed", "random", "retention", "usage", "probes"].contains(&ids.as_str()),
+        "unknown mode {ids:?}: timed, random, retention, usage or probes"
     );
     let max_batch = match args.next() {
         Some(n) => n.parse().context("BATCH must be a number")?,
@@ -61,6 +68,10 @@ async fn main() -> Result<()> {
         let db = TestDb::new(backend)
             .await
             .with_context(|| format!("opening {backend}"))?;
+        if ids == "probes" {
+            probe_retention(&db.store, rows).await?;
+            continue;
+        }
         let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
         let day_ago = samewise_store::now_ms() - 86_400_000;
         let records: Vec<RequestRecord> = (0..rows)
@@ -137,6 +148,52 @@ async fn main() -> Result<()> {
 /// Deletes the `rows` old records with the default retention while new ones are written at
 /// 1,000 a second, and reports both.
 async fn retention(store: &Store, rows: usize) -> Result<()> {
+    let cfg = RetentionConfig::default();
+    let load = under_load(store, &cfg).await?;
+    anyhow::ensure!(
+        load.pass.records == rows as u64,
+        "deleted {} of {rows}",
+        load.pass.records
+    );
+    println!(
+        "{:>10}: retention deleted {} records in {:.3} s = {:.0} rows/s, {} steps of {} (longest {:.1} ms); {}",
+        store.backend(),
+        load.pass.records,
+        load.took.as_secs_f64(),
+        load.pass.records as f64 / load.took.as_secs_f64(),
+        load.pass.steps,
+        cfg.chunk_rows,
+        load.pass.longest_step.as_secs_f64() * 1e3,
+        load.meanwhile(),
+    );
+    Ok(())
+}
+
+/// A retention pass run while a second writer stores new records at 1,000 a second.
+struct UnderLoad {
+    pass: RetentionPass,
+    took: Duration,
+    /// New records sent (all written, none dropped).
+    sent: usize,
+    /// The longest time between two of the writer's commits in the pass, and in 5 s before it.
+    in_pass: Duration,
+    usual: Duration,
+}
+
+impl UnderLoad {
+    fn meanwhile(&self) -> String {
+        format!(
+            "meanwhile {} new records at 1,000/s, none dropped, the longest time between two commits {:.1} ms in the pass against {:.1} ms in 5 s before it",
+            self.sent,
+            self.in_pass.as_secs_f64() * 1e3,
+            self.usual.as_secs_f64() * 1e3,
+        )
+    }
+}
+
+/// Runs one [`Store::retention_pass`] with `cfg` while new records are written at 1,000 a
+/// second, as a gateway under load would, after 5 s of the same load alone.
+async fn under_load(store: &Store, cfg: &RetentionConfig) -> Result<UnderLoad> {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let (tx, writer) = RecordWriter::spawn(store.clone(), RecordWriterConfig::default());
@@ -170,14 +227,12 @@ async fn retention(store: &Store, rows: usize) -> Result<()> {
         })
     };
     // the same time without a pass, for the usual gap between commits (a second)
-    let before = Duration::from_secs(5);
-    tokio::time::sleep(before).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let usual = gap.swap(0, Ordering::Relaxed);
-    let cfg = RetentionConfig::default();
     let (_stop, stopped) = tokio::sync::watch::channel(false);
     let start = Instant::now();
     let pass = store
-        .retention_pass(&cfg, samewise_store::now_ms(), &stopped)
+        .retention_pass(cfg, samewise_store::now_ms(), &stopped)
         .await?;
     let took = start.elapsed();
     // one more commit after the pass ends the gap it was in
@@ -190,29 +245,90 @@ async fn retention(store: &Store, rows: usize) -> Result<()> {
     let sent = feeder.await?;
     writer.shutdown().await;
     anyhow::ensure!(
-        pass.records == rows as u64,
-        "deleted {} of {rows}",
-        pass.records
-    );
-    anyhow::ensure!(
         tx.dropped() == 0 && tx.written() == sent as u64,
         "new records: {} written, {} dropped of {sent}",
         tx.written(),
         tx.dropped()
     );
+    Ok(UnderLoad {
+        pass,
+        took,
+        sent,
+        in_pass: Duration::from_micros(in_pass),
+        usual: Duration::from_micros(usual),
+    })
+}
+
+/// `runs` probe runs of `RAW_BYTES` (default 100,000) random bytes of raw data each, spread
+/// over 31 to 500 days back: the default retention deletes those before 400 days and clears
+/// the raw data of the rest (the first pass after an upgrade) while new records are written at
+/// 1,000 a second.
+async fn probe_retention(store: &Store, runs: usize) -> Result<()> {
+    let raw_bytes: usize = match std::env::var("RAW_BYTES") {
+        Ok(v) => v.parse().context("RAW_BYTES must be a number")?,
+        Err(_) => 100_000,
+    };
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+    let now = samewise_store::now_ms();
+    let cfg = RetentionConfig {
+        records: None,
+        ..RetentionConfig::default()
+    };
+    let (runs_cut, raw_cut) = (
+        retention_cut(now, cfg.rollups.context("rollups kept for ever")?),
+        retention_cut(now, cfg.probe_raw.context("raw kept for ever")?),
+    );
+    let (mut to_delete, mut to_clear) = (0u64, 0u64);
+    let start = Instant::now();
+    for i in 0..runs {
+        let started_ms = now - 31 * DAY_MS - (i as i64 * 469 * DAY_MS) / runs as i64;
+        let mut raw = vec![0u8; raw_bytes];
+        rng.fill(&mut raw[..]);
+        store
+            .insert_probe_run(&ProbeRun {
+                model: "smollm2-135m".to_owned(),
+                endpoint: format!("provider-{}/smollm2", i % 4),
+                kind: "prompt_logprobs".to_owned(),
+                started_ms,
+                finished_ms: started_ms + 2_000,
+                ok: true,
+                tokens: 1_000,
+                stats: serde_json::json!({"kl_mean": 0.01, "top1_same": 0.99, "positions": 1000}),
+                raw: Some(raw),
+                ..ProbeRun::default()
+            })
+            .await?;
+        if started_ms < runs_cut {
+            to_delete += 1;
+        } else if started_ms < raw_cut {
+            to_clear += 1;
+        }
+    }
     println!(
-        "{:>10}: retention deleted {} records in {:.3} s = {:.0} rows/s, {} steps of {} (longest {:.1} ms); \
-         meanwhile {sent} new records at 1,000/s, none dropped, the longest time between two commits {:.1} ms in the pass against {:.1} ms in {} s before it",
+        "{:>10}: {runs} probe runs of {raw_bytes} bytes of raw data stored in {:.1} s",
         store.backend(),
-        pass.records,
-        took.as_secs_f64(),
-        pass.records as f64 / took.as_secs_f64(),
-        pass.steps,
-        cfg.chunk_rows,
-        pass.longest_step.as_secs_f64() * 1e3,
-        in_pass as f64 / 1e3,
-        usual as f64 / 1e3,
-        before.as_secs(),
+        start.elapsed().as_secs_f64()
+    );
+    let load = under_load(store, &cfg).await?;
+    let p = load.pass;
+    anyhow::ensure!(
+        (p.probe_runs, p.probe_raw) == (to_delete, to_clear),
+        "deleted {} of {to_delete} runs, cleared {} of {to_clear}",
+        p.probe_runs,
+        p.probe_raw
+    );
+    println!(
+        "{:>10}: retention deleted {} probe runs and cleared the raw data of {} ({:.1} MB) in {:.3} s = {:.0} runs/s, {} steps of {} (longest {:.1} ms); {}",
+        store.backend(),
+        p.probe_runs,
+        p.probe_raw,
+        ((p.probe_runs + p.probe_raw) * raw_bytes as u64) as f64 / 1e6,
+        load.took.as_secs_f64(),
+        (p.probe_runs + p.probe_raw) as f64 / load.took.as_secs_f64(),
+        p.steps,
+        cfg.chunk_runs,
+        p.longest_step.as_secs_f64() * 1e3,
+        load.meanwhile(),
     );
     Ok(())
 }

@@ -19,8 +19,9 @@
 //!   and each API key's usage per hour (`key_hours`), upserted with the records; the
 //!   summaries and time series dashboards read, and what `keys usage` reads.
 //! - `partitions`: daily partitions of `request_records` on PostgreSQL, and deleting old ones.
-//! - `retention`: [`RetentionConfig`] (how long records and rollups are kept) and
-//!   [`RetentionTask`], which deletes what is older at start and every hour, in short steps.
+//! - `retention`: [`RetentionConfig`] (how long records, rollups, probe runs and their raw data
+//!   are kept) and [`RetentionTask`], which deletes what is older at start and every hour, in
+//!   short steps.
 //! - `keys`: [`ApiKey`]; keys are stored as SHA-256 hashes only.
 //! - `writer`: [`RecordWriter`] / [`RecordSender`], the bounded queue and batched writes.
 //! - `probe_runs`: [`ProbeRun`], one probe of one endpoint, and its queries.

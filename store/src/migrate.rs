@@ -67,6 +67,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "per-key hourly usage",
         sql: include_str!("../migrations/postgres/0008_key_hours.sql"),
     },
+    Migration {
+        version: 9,
+        name: "probe-run retention indexes",
+        sql: include_str!("../migrations/postgres/0009_probe_run_retention.sql"),
+    },
 ];
 
 /// SQLite migrations, in order (the same versions as [`POSTGRES`]).
@@ -110,6 +115,11 @@ pub const SQLITE: &[Migration] = &[
         version: 8,
         name: "per-key hourly usage",
         sql: include_str!("../migrations/sqlite/0008_key_hours.sql"),
+    },
+    Migration {
+        version: 9,
+        name: "probe-run retention indexes",
+        sql: include_str!("../migrations/sqlite/0009_probe_run_retention.sql"),
     },
 ];
 

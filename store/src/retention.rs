@@ -1,21 +1,29 @@
-//! Retention: how long the store keeps request records and rollups, and the task that
-//! deletes what is older.
+//! Retention: how long the store keeps request records, probe runs and rollups, and the task
+//! that deletes what is older.
 //!
 //! Request records are the bulk of the database (a row per upstream attempt: at 1,000
 //! requests a second, 86 million a day), so they are kept for a bounded time
 //! ([`RetentionConfig::records`], 30 days by default) and the rollups the dashboards read, with
-//! each key's hourly usage, for longer ([`RetentionConfig::rollups`], 400 days). Both are cut at whole UTC days:
-//! a pass deletes what lies before the start of the day that holds `now - keep`, so at least
-//! `keep` is always kept (and at most a day more), and a rollup range reads the same in every
-//! grain (see [`Store::delete_rollups_before`]).
+//! each key's hourly usage, for longer ([`RetentionConfig::rollups`], 400 days). A probe run's
+//! per-position data (`raw`: about 94 bytes a scored token at the default top-5, so megabytes
+//! an endpoint an hour at the default token budget) is what the detectors read of recent runs
+//! (noise floors, pooled diagnoses over the last `history_runs`); it is cleared after
+//! [`RetentionConfig::probe_raw`] (30 days), and the run itself — its statistics, which the
+//! dashboards chart — is deleted with the rollups. Everything is cut at whole UTC days: a pass
+//! deletes what lies before the start of the day that holds `now - keep`, so at least `keep`
+//! is always kept (and at most a day more), and a rollup range reads the same in every grain
+//! (see [`Store::delete_rollups_before`]). Alerts, eval jobs and the all-time probe-run counts
+//! (`probe_run_latest`) are kept.
 //!
 //! [`RetentionTask`] runs a pass when it starts and then every [`RetentionConfig::every`].
 //! On PostgreSQL the old records' day partitions are dropped whole
 //! ([`Store::delete_request_records_before`]). On SQLite they are deleted in steps of at most
 //! [`RetentionConfig::chunk_rows`] rows, each its own short transaction, with a pause between
 //! them: the record writer, which needs the same database's one write lock, waits at most one
-//! step, never a whole day's delete. SQLite keeps the freed pages and reuses them for new rows,
-//! so the file stops growing once retention deletes as much as the gateway writes.
+//! step, never a whole day's delete. Probe runs go the same way on both backends, at most
+//! [`RetentionConfig::chunk_runs`] a step (a run's raw data can be a megabyte). SQLite keeps
+//! the freed pages and reuses them for new rows, so the file stops growing once retention
+//! deletes as much as the gateway writes.
 
 use std::time::Duration;
 
@@ -24,6 +32,7 @@ use tokio::task::JoinHandle;
 
 use crate::connect::Pool;
 use crate::partitions::DAY_MS;
+use crate::probe_runs::{on_pool, sql};
 use crate::{Store, StoreError};
 
 /// What to keep, and how the deleting is paced.
@@ -31,13 +40,18 @@ use crate::{Store, StoreError};
 pub struct RetentionConfig {
     /// How long request records are kept (`None`: for ever).
     pub records: Option<Duration>,
-    /// How long the rollups (every grain, with their labels) and each key's hours are kept
-    /// (`None`: for ever).
+    /// How long the rollups (every grain, with their labels), each key's hours and the probe
+    /// runs are kept (`None`: for ever).
     pub rollups: Option<Duration>,
+    /// How long a probe run keeps its per-position data (`None`: for ever); then `raw` is
+    /// cleared and the run's statistics stay.
+    pub probe_raw: Option<Duration>,
     /// Time between two passes.
     pub every: Duration,
     /// Most records one SQLite step deletes.
     pub chunk_rows: u32,
+    /// Most probe runs one step clears or deletes.
+    pub chunk_runs: u32,
     /// Pause between two SQLite steps, in which the record writer gets the write lock.
     pub pause: Duration,
 }
@@ -47,8 +61,10 @@ impl Default for RetentionConfig {
         RetentionConfig {
             records: Some(Duration::from_secs(30 * 86_400)),
             rollups: Some(Duration::from_secs(400 * 86_400)),
+            probe_raw: Some(Duration::from_secs(30 * 86_400)),
             every: Duration::from_secs(3600),
             chunk_rows: 10_000,
+            chunk_runs: 100,
             pause: Duration::from_millis(20),
         }
     }
@@ -61,10 +77,22 @@ pub struct RetentionPass {
     pub records: u64,
     /// Per-minute rollup rows (the hours, days and labels of the same days go with them).
     pub rollup_minutes: u64,
-    /// Record-deleting steps (the last one finds fewer than `chunk_rows`).
+    /// Probe runs whose per-position data was cleared.
+    pub probe_raw: u64,
+    /// Probe runs deleted.
+    pub probe_runs: u64,
+    /// Deleting or clearing steps, records' and probe runs' (the last of each kind finds fewer
+    /// than a whole step).
     pub steps: u32,
     /// The longest step: on SQLite, the longest the record writer can have waited for it.
     pub longest_step: Duration,
+}
+
+impl RetentionPass {
+    /// Whether the pass deleted or cleared anything.
+    pub fn did_anything(&self) -> bool {
+        self.records + self.rollup_minutes + self.probe_raw + self.probe_runs > 0
+    }
 }
 
 /// The start of the UTC day that holds `now_ms - keep`: a pass deletes what lies before it.
@@ -98,8 +126,59 @@ impl Store {
         }
     }
 
-    /// One retention pass at `now_ms`: the records, step by step, then the rollups. Stops
-    /// between two steps once `stop` holds true (what is left goes in the next pass).
+    /// Clears the per-position data (`raw`) of probe runs started before `ts_ms`, at most
+    /// `max_runs` of them, oldest first, in one short transaction; returns how many (fewer than
+    /// `max_runs`: none are left). The runs and their statistics stay.
+    pub async fn clear_probe_raw_step(&self, ts_ms: i64, max_runs: u32) -> Result<u64, StoreError> {
+        self.probe_runs_step(
+            "UPDATE probe_runs SET raw = NULL WHERE id IN (SELECT id FROM probe_runs \
+             WHERE raw IS NOT NULL AND started_ms < $1 ORDER BY started_ms LIMIT $2)",
+            ts_ms,
+            max_runs,
+            "clearing old probe runs' raw data",
+        )
+        .await
+    }
+
+    /// Deletes probe runs started before `ts_ms`, at most `max_runs` of them, oldest first, in
+    /// one short transaction; returns how many went. A kept run that repeated a deleted one
+    /// (a noise-floor pair cut in two) keeps its data with `repeat_of` set to NULL.
+    pub async fn delete_probe_runs_step(
+        &self,
+        ts_ms: i64,
+        max_runs: u32,
+    ) -> Result<u64, StoreError> {
+        self.probe_runs_step(
+            "DELETE FROM probe_runs WHERE id IN (SELECT id FROM probe_runs \
+             WHERE started_ms < $1 ORDER BY started_ms LIMIT $2)",
+            ts_ms,
+            max_runs,
+            "deleting old probe runs",
+        )
+        .await
+    }
+
+    async fn probe_runs_step(
+        &self,
+        stmt: &str,
+        ts_ms: i64,
+        max_runs: u32,
+        op: &'static str,
+    ) -> Result<u64, StoreError> {
+        let stmt = sql(self.backend(), stmt);
+        let limit = i64::from(max_runs.max(1));
+        on_pool!(&self.pool, |p| Ok(sqlx::query(&stmt)
+            .bind(ts_ms)
+            .bind(limit)
+            .execute(p)
+            .await
+            .map_err(StoreError::query(op))?
+            .rows_affected()))
+    }
+
+    /// One retention pass at `now_ms`: the records, the probe runs, the probe runs' raw data
+    /// (each step by step), then the rollups. Stops between two steps once `stop` holds true
+    /// (what is left goes in the next pass).
     pub async fn retention_pass(
         &self,
         cfg: &RetentionConfig,
@@ -107,30 +186,74 @@ impl Store {
         stop: &watch::Receiver<bool>,
     ) -> Result<RetentionPass, StoreError> {
         let mut pass = RetentionPass::default();
-        if let Some(keep) = cfg.records {
-            let cut = retention_cut(now_ms, keep);
-            let step = cfg.chunk_rows.max(1);
-            while !*stop.borrow() {
-                let started = std::time::Instant::now();
-                let n = self.delete_request_records_step(cut, step).await?;
-                pass.steps += 1;
-                pass.longest_step = pass.longest_step.max(started.elapsed());
-                pass.records += n;
-                if n < u64::from(step) {
-                    break;
-                }
-                tokio::time::sleep(cfg.pause).await;
-            }
+        let cut = |keep: Option<Duration>| keep.map(|k| retention_cut(now_ms, k));
+        if let Some(ts) = cut(cfg.records) {
+            pass.records = self
+                .in_steps(cfg, Step::Records, ts, stop, &mut pass)
+                .await?;
         }
-        if let Some(keep) = cfg.rollups
+        // the runs first, so that none has its raw data cleared only to be deleted
+        let rollups = cut(cfg.rollups);
+        if let Some(ts) = rollups {
+            pass.probe_runs = self
+                .in_steps(cfg, Step::ProbeRuns, ts, stop, &mut pass)
+                .await?;
+        }
+        if let Some(ts) = cut(cfg.probe_raw) {
+            pass.probe_raw = self
+                .in_steps(cfg, Step::ProbeRaw, ts, stop, &mut pass)
+                .await?;
+        }
+        if let Some(ts) = rollups
             && !*stop.borrow()
         {
-            pass.rollup_minutes = self
-                .delete_rollups_before(retention_cut(now_ms, keep))
-                .await?;
+            pass.rollup_minutes = self.delete_rollups_before(ts).await?;
         }
         Ok(pass)
     }
+
+    /// Runs `step` on what lies before `ts_ms` until a step finds less than a whole one or
+    /// `stop` holds true, pausing [`RetentionConfig::pause`] between two; counts the steps and
+    /// the longest into `pass` and returns the rows.
+    async fn in_steps(
+        &self,
+        cfg: &RetentionConfig,
+        step: Step,
+        ts_ms: i64,
+        stop: &watch::Receiver<bool>,
+        pass: &mut RetentionPass,
+    ) -> Result<u64, StoreError> {
+        let size = match step {
+            Step::Records => cfg.chunk_rows,
+            Step::ProbeRuns | Step::ProbeRaw => cfg.chunk_runs,
+        }
+        .max(1);
+        let mut total = 0;
+        while !*stop.borrow() {
+            let started = std::time::Instant::now();
+            let n = match step {
+                Step::Records => self.delete_request_records_step(ts_ms, size).await?,
+                Step::ProbeRuns => self.delete_probe_runs_step(ts_ms, size).await?,
+                Step::ProbeRaw => self.clear_probe_raw_step(ts_ms, size).await?,
+            };
+            pass.steps += 1;
+            pass.longest_step = pass.longest_step.max(started.elapsed());
+            total += n;
+            if n < u64::from(size) {
+                break;
+            }
+            tokio::time::sleep(cfg.pause).await;
+        }
+        Ok(total)
+    }
+}
+
+/// What a retention step deletes or clears.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Records,
+    ProbeRuns,
+    ProbeRaw,
 }
 
 /// The background task that runs [`Store::retention_pass`] at start and every
@@ -142,9 +265,9 @@ pub struct RetentionTask {
 }
 
 impl RetentionTask {
-    /// Starts the task; `None` when nothing is to be deleted (both kept for ever).
+    /// Starts the task; `None` when nothing is to be deleted (everything kept for ever).
     pub fn spawn(store: Store, cfg: RetentionConfig) -> Option<RetentionTask> {
-        if cfg.records.is_none() && cfg.rollups.is_none() {
+        if cfg.records.is_none() && cfg.rollups.is_none() && cfg.probe_raw.is_none() {
             return None;
         }
         let (stop, rx) = watch::channel(false);
@@ -165,8 +288,10 @@ async fn run(store: Store, cfg: RetentionConfig, mut stop: watch::Receiver<bool>
     loop {
         let started = std::time::Instant::now();
         match store.retention_pass(&cfg, crate::now_ms(), &stop).await {
-            Ok(p) if p.records + p.rollup_minutes > 0 => tracing::info!(
+            Ok(p) if p.did_anything() => tracing::info!(
                 records = p.records,
+                probe_raw = p.probe_raw,
+                probe_runs = p.probe_runs,
                 rollup_minutes = p.rollup_minutes,
                 steps = p.steps,
                 longest_step_ms = p.longest_step.as_millis(),

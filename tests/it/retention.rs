@@ -1,13 +1,15 @@
 //! Retention through the gateway: `samewise serve` with `[retention]` deletes the request
-//! records and rollups older than it keeps when it starts (and every hour after), on SQLite and
-//! on PostgreSQL, and leaves the younger ones and what it records meanwhile alone.
+//! records, rollups and probe runs older than it keeps, and clears the probe runs' raw data,
+//! when it starts (and every hour after), on SQLite and on PostgreSQL, and leaves the younger
+//! ones and what it records meanwhile alone.
 
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use samewise_store::{
-    Backend, DAY_MS, RecordQuery, RequestRecord, RollupQuery, Store, now_ms, retention_cut,
+    Backend, DAY_MS, ProbeRun, ProbeRunQuery, RecordQuery, RequestRecord, RollupQuery, Store,
+    now_ms, retention_cut,
 };
 use samewise_testkit::MockUpstream;
 use serde_json::json;
@@ -46,7 +48,7 @@ fn record(id: &str, ts_ms: i64) -> RequestRecord {
 fn config(data: &Path, upstream: &str) -> String {
     format!(
         "[server]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n\
-         [retention]\nrecords_days = 5\nrollups_days = 20\n\n\
+         [retention]\nrecords_days = 5\nrollups_days = 20\nprobe_raw_days = 5\n\n\
          [providers.up]\nbase_url = \"{upstream}\"\n\n\
          [models.m]\n[[models.m.endpoints]]\nprovider = \"up\"\nmodel = \"m\"\n",
         data.display()
@@ -77,7 +79,8 @@ async fn retention(backend: Backend) -> Result<()> {
     let (_, key) = store.create_api_key("retention", None).await?;
 
     // records 40, 10 and 2 days old (5 each): the gateway keeps 5 days of records and 20 of
-    // rollups, so the first go with their rollups, the second lose their records only
+    // rollups, so the first go with their rollups, the second lose their records only; probe
+    // runs of the same ages (2 each): the first go, the second lose their raw data only
     let now = now_ms();
     let days = [40i64, 10, 2];
     let mut old = Vec::new();
@@ -87,6 +90,22 @@ async fn retention(backend: Backend) -> Result<()> {
                 &format!("age{age}-{i}"),
                 now - age * DAY_MS + i * 1000,
             ));
+        }
+        for i in 0..2 {
+            store
+                .insert_probe_run(&ProbeRun {
+                    model: "m".to_owned(),
+                    endpoint: "up/m".to_owned(),
+                    kind: "prompt_logprobs".to_owned(),
+                    started_ms: now - age * DAY_MS + i * 1000,
+                    finished_ms: now - age * DAY_MS + i * 1000 + 500,
+                    ok: true,
+                    tokens: 100,
+                    stats: json!({"kl_mean": 0.01, "age_days": age}),
+                    raw: Some(vec![age as u8; 4096]),
+                    ..ProbeRun::default()
+                })
+                .await?;
         }
     }
     store.insert_request_records(&old).await?;
@@ -131,22 +150,44 @@ async fn retention(backend: Backend) -> Result<()> {
         limit: 1000,
         ..RecordQuery::default()
     };
+    let runs = ProbeRunQuery {
+        limit: 100,
+        ..ProbeRunQuery::default()
+    };
     let records_cut = retention_cut(now, Duration::from_secs(5 * 86_400));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let left = loop {
+    let (left, runs_left) = loop {
         let left = store.request_records(&all).await?;
-        if left.len() == 5 + 3 && left.iter().all(|r| r.ts_ms >= records_cut) {
-            break left;
+        let runs_left = store.probe_runs(&runs).await?;
+        let with_raw = runs_left.iter().filter(|r| r.raw.is_some()).count();
+        if left.len() == 5 + 3
+            && left.iter().all(|r| r.ts_ms >= records_cut)
+            && runs_left.len() == 4
+            && with_raw == 2
+        {
+            break (left, runs_left);
         }
         ensure!(
             tokio::time::Instant::now() < deadline,
-            "after 30 s: {} records, {} before the cut; log:\n{}",
+            "after 30 s: {} records, {} before the cut; {} probe runs, {with_raw} with raw data; log:\n{}",
             left.len(),
             left.iter().filter(|r| r.ts_ms < records_cut).count(),
+            runs_left.len(),
             std::fs::read_to_string(&log).unwrap_or_default()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    // the 40-day-old runs went; the 10-day-old ones kept their statistics, not their raw data
+    for r in &runs_left {
+        let age = r.stats["age_days"].as_i64();
+        let kept_raw = r.raw.as_ref().map(|b| (b.len(), b[0]));
+        match age {
+            Some(10) => ensure!(kept_raw.is_none(), "{r:?}"),
+            Some(2) => ensure!(kept_raw == Some((4096, 2)), "{r:?}"),
+            _ => anyhow::bail!("a run of {age:?} days kept: {r:?}"),
+        }
+        ensure!(r.stats["kl_mean"] == 0.01 && r.tokens == 100, "{r:?}");
+    }
     ensure!(
         left.iter()
             .filter(|r| r.request_id.starts_with("age2-"))
@@ -185,6 +226,8 @@ async fn retention(backend: Backend) -> Result<()> {
             .lines()
             .any(|l| l.contains("retention deleted old rows")
                 && l.contains(" records=10 ")
+                && l.contains(" probe_raw=2 ")
+                && l.contains(" probe_runs=2 ")
                 && l.contains(" steps=")),
         "{logged:?}"
     );

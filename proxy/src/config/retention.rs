@@ -1,5 +1,5 @@
-//! `[retention]`: how many days the store keeps request records and rollups (whole UTC days;
-//! 0 keeps them for ever). The store's [`RetentionConfig`] is what the gateway runs with.
+//! `[retention]`: how many days the store keeps request records, rollups (with the probe runs)
+//! and the probe runs' per-position data (whole UTC days; 0 keeps them for ever). The store's [`RetentionConfig`] is what the gateway runs with.
 
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ pub const MAX_RETENTION_DAYS: u64 = 36_500;
 pub(super) struct RawRetention {
     records_days: Option<Spanned<u64>>,
     rollups_days: Option<Spanned<u64>>,
+    probe_raw_days: Option<Spanned<u64>>,
 }
 
 impl Validator<'_> {
@@ -26,6 +27,7 @@ impl Validator<'_> {
         Ok(RetentionConfig {
             records: self.days("retention.records_days", raw.records_days, d.records)?,
             rollups: self.days("retention.rollups_days", raw.rollups_days, d.rollups)?,
+            probe_raw: self.days("retention.probe_raw_days", raw.probe_raw_days, d.probe_raw)?,
             ..d
         })
     }

@@ -324,7 +324,8 @@ fn capture_is_off_by_default_and_its_bounds_are_checked() {
     }
 }
 
-/// `[retention]`: 30 days of records and 400 of rollups unless set; 0 keeps them for ever; a
+/// `[retention]`: 30 days of records, 400 of rollups and probe runs and 30 of the runs' raw
+/// data unless set; 0 keeps them for ever; a
 /// value past 100 years or an unknown key is an error naming it and its line.
 #[test]
 fn retention_days_default_zero_keeps_and_bounds_name_the_key() {
@@ -332,17 +333,23 @@ fn retention_days_default_zero_keeps_and_bounds_name_the_key() {
     let c = Config::from_toml_str(GOOD).expect("the good config parses");
     assert_eq!(c.retention.records, Some(DAY * 30));
     assert_eq!(c.retention.rollups, Some(DAY * 400));
+    assert_eq!(c.retention.probe_raw, Some(DAY * 30));
     let c = Config::from_toml_str(&format!(
-        "{GOOD}\n[retention]\nrecords_days = 0\nrollups_days = 7\n"
+        "{GOOD}\n[retention]\nrecords_days = 0\nrollups_days = 7\nprobe_raw_days = 2\n"
     ))
     .expect("retention parses");
     assert_eq!(
-        (c.retention.records, c.retention.rollups),
-        (None, Some(DAY * 7))
+        (
+            c.retention.records,
+            c.retention.rollups,
+            c.retention.probe_raw
+        ),
+        (None, Some(DAY * 7), Some(DAY * 2))
     );
     assert!(
-        c.summary()
-            .contains("retention: records for ever, rollups 7 days\n"),
+        c.summary().contains(
+            "retention: records for ever, rollups and probe runs 7 days, probe runs' raw data 2 days\n"
+        ),
         "{}",
         c.summary()
     );

@@ -1,5 +1,6 @@
 //! Probe runs: round trip of every field, filters and newest-first order, the hourly token
-//! sum, and the scheduler lock (one holder per PostgreSQL database).
+//! sum, retention (raw data cleared, then runs deleted), and the scheduler lock (one holder
+//! per PostgreSQL database).
 
 use super::*;
 use anyhow::Context;
@@ -8,6 +9,7 @@ use samewise_store::{ProbeRun, ProbeRunQuery};
 both!(
     probe_run_round_trip,
     probe_run_filters_and_tokens,
+    retention_clears_old_raw_data_then_deletes_old_runs,
     scheduler_lock_one_holder
 );
 
@@ -188,5 +190,111 @@ async fn scheduler_lock_one_holder(db: TestDb) -> Result<()> {
         }
     }
     other.close().await;
+    Ok(())
+}
+
+/// Retention on probe runs: a run older than `probe_raw` (whole days) loses its raw data and
+/// keeps its statistics; one older than `rollups` is deleted, and a kept run that repeated it
+/// keeps its data with `repeat_of` cleared; both in steps of `chunk_runs`, oldest first; the
+/// all-time counts stay; a pass asked to stop changes nothing.
+async fn retention_clears_old_raw_data_then_deletes_old_runs(db: TestDb) -> Result<()> {
+    use samewise_store::{DAY_MS, RetentionConfig, RetentionPass};
+    let day = 20_100i64;
+    let now = day * DAY_MS + 15 * 3_600_000;
+    let at = |days_back: i64, i: i64| (day - days_back) * DAY_MS + i * 60_000;
+    // 5 runs 40 days back, 4 ten days back (one repeating the last of the 40-day ones, one a
+    // run without raw data), 3 today
+    let mut ids = std::collections::BTreeMap::new();
+    for i in 0..5 {
+        ids.insert(
+            ("d40", i),
+            db.store
+                .insert_probe_run(&run("p/a", "prompt_logprobs", at(40, i), 10))
+                .await?,
+        );
+    }
+    for i in 0..4 {
+        let mut r = run(
+            if i % 2 == 0 { "p/a" } else { "p/b" },
+            "prompt_logprobs",
+            at(10, i),
+            10,
+        );
+        if i == 0 {
+            r.repeat_of = Some(ids[&("d40", 4)]);
+        }
+        if i == 3 {
+            r.raw = None;
+        }
+        ids.insert(("d10", i), db.store.insert_probe_run(&r).await?);
+    }
+    for i in 0..3 {
+        ids.insert(
+            ("d0", i),
+            db.store
+                .insert_probe_run(&run("p/b", "samples", now - 60_000 * (3 - i), 10))
+                .await?,
+        );
+    }
+    let counts_before = db.store.probe_run_counts().await?;
+    let cfg = RetentionConfig {
+        records: None,
+        rollups: Some(Duration::from_secs(20 * 86_400)),
+        probe_raw: Some(Duration::from_secs(5 * 86_400)),
+        chunk_runs: 2,
+        pause: Duration::from_millis(1),
+        ..RetentionConfig::default()
+    };
+    let everything = || {
+        let store = db.store.clone();
+        async move {
+            let mut all = store
+                .probe_runs(&ProbeRunQuery {
+                    limit: 100,
+                    ..ProbeRunQuery::default()
+                })
+                .await?;
+            all.reverse();
+            Ok::<Vec<ProbeRun>, anyhow::Error>(all)
+        }
+    };
+    let before = everything().await?;
+    ensure!(before.len() == 12);
+    let (stop, stopped) = tokio::sync::watch::channel(true);
+    let pass = db.store.retention_pass(&cfg, now, &stopped).await?;
+    ensure!(pass == RetentionPass::default(), "{pass:?}");
+    ensure!(everything().await? == before);
+    stop.send(false)?;
+    let pass = db.store.retention_pass(&cfg, now, &stopped).await?;
+    // the 5 runs of 40 days back deleted in steps of 2 (2, 2, 1), then the raw data of the 3
+    // of 10 days back that had it cleared (2, 1)
+    ensure!(
+        (pass.probe_runs, pass.probe_raw, pass.steps) == (5, 3, 5) && pass.records == 0,
+        "{pass:?}"
+    );
+    let after = everything().await?;
+    let kept: Vec<i64> = after.iter().map(|r| r.id).collect();
+    let want: Vec<i64> = before.iter().skip(5).map(|r| r.id).collect();
+    ensure!(kept == want, "kept {kept:?}, want {want:?}");
+    for (a, b) in after.iter().zip(before.iter().skip(5)) {
+        let today = a.started_ms >= day * DAY_MS;
+        // statistics, tokens and times kept; raw only today's; the repeat of a deleted run
+        // cut loose
+        let expect = ProbeRun {
+            raw: if today { b.raw.clone() } else { None },
+            repeat_of: None,
+            ..b.clone()
+        };
+        ensure!(*a == expect, "after {a:?}\nwant {expect:?}");
+    }
+    ensure!(after.iter().filter(|r| r.raw.is_some()).count() == 3);
+    ensure!(db.store.probe_run_counts().await? == counts_before);
+    // nothing left: one step of each finds nothing
+    let pass = db.store.retention_pass(&cfg, now, &stopped).await?;
+    ensure!(
+        (pass.probe_raw, pass.probe_runs, pass.steps) == (0, 0, 2),
+        "{pass:?}"
+    );
+    ensure!(everything().await? == after);
     Ok(())
 }
