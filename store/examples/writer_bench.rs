@@ -20,8 +20,8 @@
 //! partial one from the records) is timed beside the scan of every record in the window that it
 //! replaced, three times each; both must give the same sums.
 //!
-//! With `probes` ROWS is a number of probe runs, each with `RAW_BYTES` (default 100,000) of raw
-//! data, spread over 31 to 500 days back: one default pass (records kept) deletes those before
+//! With `probes` ROWS is a number of probe runs, each with `RAW_BYTES` (default 55,000) of raw
+//! data, spread over 8 to 500 days back: one default pass (records kept) deletes those before
 //! the rollups' 400 days and clears the raw data of the rest, while new records are written at
 //! 1,000 a second as with `retention` — the first pass of a gateway upgraded over a year of
 //! probe runs.
@@ -259,14 +259,14 @@ async fn under_load(store: &Store, cfg: &RetentionConfig) -> Result<UnderLoad> {
     })
 }
 
-/// `runs` probe runs of `RAW_BYTES` (default 100,000) random bytes of raw data each, spread
-/// over 31 to 500 days back: the default retention deletes those before 400 days and clears
+/// `runs` probe runs of `RAW_BYTES` (default 55,000, a prompt-logprobs run's at the default
+/// top-5) random bytes of raw data each, spread over 8 to 500 days back: the default retention deletes those before 400 days and clears
 /// the raw data of the rest (the first pass after an upgrade) while new records are written at
 /// 1,000 a second.
 async fn probe_retention(store: &Store, runs: usize) -> Result<()> {
     let raw_bytes: usize = match std::env::var("RAW_BYTES") {
         Ok(v) => v.parse().context("RAW_BYTES must be a number")?,
-        Err(_) => 100_000,
+        Err(_) => 55_000,
     };
     let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
     let now = samewise_store::now_ms();
@@ -281,7 +281,7 @@ async fn probe_retention(store: &Store, runs: usize) -> Result<()> {
     let (mut to_delete, mut to_clear) = (0u64, 0u64);
     let start = Instant::now();
     for i in 0..runs {
-        let started_ms = now - 31 * DAY_MS - (i as i64 * 469 * DAY_MS) / runs as i64;
+        let started_ms = now - 8 * DAY_MS - (i as i64 * 492 * DAY_MS) / runs as i64;
         let mut raw = vec![0u8; raw_bytes];
         rng.fill(&mut raw[..]);
         store

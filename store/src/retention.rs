@@ -5,11 +5,12 @@
 //! requests a second, 86 million a day), so they are kept for a bounded time
 //! ([`RetentionConfig::records`], 30 days by default) and the rollups the dashboards read, with
 //! each key's hourly usage, for longer ([`RetentionConfig::rollups`], 400 days). A probe run's
-//! per-position data (`raw`: about 94 bytes a scored token at the default top-5, so megabytes
-//! an endpoint an hour at the default token budget) is what the detectors read of recent runs
-//! (noise floors, pooled diagnoses over the last `history_runs`); it is cleared after
-//! [`RetentionConfig::probe_raw`] (30 days), and the run itself — its statistics, which the
-//! dashboards chart — is deleted with the rollups. Everything is cut at whole UTC days: a pass
+//! per-position data (`raw`: about 110 bytes a scored token at the default top-5; a
+//! prompt-logprobs run about 55 kB, 0.7 MB an endpoint an hour at the default interval, 6 GB a
+//! year) is what the detectors read of recent runs (noise floors, pooled diagnoses over the
+//! last `history_runs`, 500: under two days at the default interval); it is cleared after
+//! [`RetentionConfig::probe_raw`] (7 days), and the run itself — its statistics, a few hundred
+//! bytes, which the dashboards chart — is deleted with the rollups. Everything is cut at whole UTC days: a pass
 //! deletes what lies before the start of the day that holds `now - keep`, so at least `keep`
 //! is always kept (and at most a day more), and a rollup range reads the same in every grain
 //! (see [`Store::delete_rollups_before`]). Alerts, eval jobs and the all-time probe-run counts
@@ -61,7 +62,7 @@ impl Default for RetentionConfig {
         RetentionConfig {
             records: Some(Duration::from_secs(30 * 86_400)),
             rollups: Some(Duration::from_secs(400 * 86_400)),
-            probe_raw: Some(Duration::from_secs(30 * 86_400)),
+            probe_raw: Some(Duration::from_secs(7 * 86_400)),
             every: Duration::from_secs(3600),
             chunk_rows: 10_000,
             chunk_runs: 100,

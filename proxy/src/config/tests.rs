@@ -324,7 +324,7 @@ fn capture_is_off_by_default_and_its_bounds_are_checked() {
     }
 }
 
-/// `[retention]`: 30 days of records, 400 of rollups and probe runs and 30 of the runs' raw
+/// `[retention]`: 30 days of records, 400 of rollups and probe runs and 7 of the runs' raw
 /// data unless set; 0 keeps them for ever; a
 /// value past 100 years or an unknown key is an error naming it and its line.
 #[test]
@@ -333,7 +333,7 @@ fn retention_days_default_zero_keeps_and_bounds_name_the_key() {
     let c = Config::from_toml_str(GOOD).expect("the good config parses");
     assert_eq!(c.retention.records, Some(DAY * 30));
     assert_eq!(c.retention.rollups, Some(DAY * 400));
-    assert_eq!(c.retention.probe_raw, Some(DAY * 30));
+    assert_eq!(c.retention.probe_raw, Some(DAY * 7));
     let c = Config::from_toml_str(&format!(
         "{GOOD}\n[retention]\nrecords_days = 0\nrollups_days = 7\nprobe_raw_days = 2\n"
     ))
