@@ -68,7 +68,7 @@ pub use config::{Config, EndpointTarget, OnDrift};
 pub use cors::Cors;
 pub use error::{ApiError, ProxyError};
 pub use health::Quality;
-pub use metrics::{SharedRegistry, new_registry};
+pub use metrics::{SharedRegistry, new_registry, register_retention};
 pub use quality::QualityWatcher;
 pub use server::{DEFAULT_DRAIN_TIMEOUT, Serving, on_runtime, router, serve, serve_router_with};
 pub use state::AppState;

@@ -12,7 +12,7 @@ use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use samewise_store::RecordSender;
+use samewise_store::{RecordSender, RetentionStats};
 
 use crate::routing::{Endpoint, ModelRoute};
 
@@ -101,6 +101,65 @@ pub type SharedRegistry = Arc<RwLock<Registry>>;
 /// A fresh registry with the `samewise` prefix.
 pub fn new_registry() -> SharedRegistry {
     Arc::new(RwLock::new(Registry::with_prefix("samewise")))
+}
+
+/// Registers the retention task's series in `shared`, read from `stats` at each scrape:
+/// `samewise_retention_passes_total{outcome}` (`ok`, `failed`),
+/// `samewise_retention_rows_total{what}` (`records`, `probe_runs`, `rollup_minutes` deleted;
+/// `probe_raw`: probe runs whose raw data was cleared), and the last finished pass's end
+/// (`samewise_retention_last_pass_timestamp_seconds`, unix time; absent before the first) and
+/// longest step (`samewise_retention_last_pass_longest_step_seconds`): a gateway whose
+/// retention stopped working shows it here, not only in its log.
+pub fn register_retention(shared: &SharedRegistry, stats: Arc<RetentionStats>) {
+    let mut registry = shared.write().unwrap_or_else(|p| p.into_inner());
+    registry.register_collector(Box::new(RetentionCollector(stats)));
+}
+
+#[derive(Debug)]
+struct RetentionCollector(Arc<RetentionStats>);
+
+impl Collector for RetentionCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use prometheus_client::metrics::MetricType;
+        let (ok, failed) = self.0.passes();
+        let mut family = encoder.encode_descriptor(
+            "retention_passes",
+            "Retention passes, by outcome (a failed pass is tried again an hour later)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (outcome, n) in [("ok", ok), ("failed", failed)] {
+            ConstCounter::new(n).encode(family.encode_family(&[("outcome", outcome)])?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "retention_rows",
+            "Rows retention deleted (records, probe_runs, rollup_minutes) or cleared (probe_raw: probe runs whose raw data went)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (what, n) in self.0.rows() {
+            ConstCounter::new(n).encode(family.encode_family(&[("what", what)])?)?;
+        }
+        if let Some((ended_ms, longest)) = self.0.last_pass() {
+            for (name, help, v) in [
+                (
+                    "retention_last_pass_timestamp_seconds",
+                    "When the last finished retention pass ended, unix time",
+                    ended_ms as f64 / 1e3,
+                ),
+                (
+                    "retention_last_pass_longest_step_seconds",
+                    "The last finished retention pass's longest step (on SQLite, the longest the record writer waited for it)",
+                    longest.as_secs_f64(),
+                ),
+            ] {
+                let g = ConstGauge::new(v);
+                let me = encoder.encode_descriptor(name, help, None, g.metric_type())?;
+                g.encode(me)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Every metric the request path updates, and the registry that renders them.

@@ -143,8 +143,12 @@ pub async fn serve_on(
     }
     // drift alerts demote or exclude endpoints (each model's on_drift), re-read every poll
     let quality = samewise_proxy::QualityWatcher::spawn(config, state.clone(), store.clone());
-    // deletes the records and rollups older than [retention] keeps: now, then every hour
+    // deletes the records, probe runs and rollups older than [retention] keeps: now, then every
+    // hour; /metrics shows what it did
     let retention = samewise_store::RetentionTask::spawn(store.clone(), config.retention.clone());
+    if let Some(r) = &retention {
+        samewise_proxy::register_retention(&registry, r.stats());
+    }
     let serving = samewise_proxy::Serving::of(config);
     let served = samewise_proxy::serve_router_with(listener, app, shutdown, serving).await;
     if let Some(r) = retention {

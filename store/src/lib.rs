@@ -67,7 +67,7 @@ pub use evals::{EvalJob, EvalResult, JobProgress, JobState, Lease, NewEvalJob};
 pub use keys::{ApiKey, KeyOptions, KeyUsage, hash_key, key_digest};
 pub use probe_runs::{ProbeRun, ProbeRunCount, ProbeRunQuery};
 pub use records::{MAX_QUERY_LIMIT, RecordQuery, RequestRecord, new_request_id};
-pub use retention::{RetentionConfig, RetentionPass, RetentionTask, retention_cut};
+pub use retention::{RetentionConfig, RetentionPass, RetentionStats, RetentionTask, retention_cut};
 pub use rollups::{EndpointRollup, Rollup, RollupPoint, RollupQuery};
 pub use scheduler_lock::SchedulerLock;
 pub use writer::{DEFAULT_MAX_QUEUED_RECORD_BYTES, RecordSender, RecordWriter, RecordWriterConfig};

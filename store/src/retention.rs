@@ -26,6 +26,8 @@
 //! the freed pages and reuses them for new rows, so the file stops growing once retention
 //! deletes as much as the gateway writes.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -257,12 +259,75 @@ enum Step {
     ProbeRaw,
 }
 
+/// What a [`RetentionTask`] has done since it started, shared with whoever reports it (the
+/// gateway's `/metrics`): passes by outcome, what they deleted or cleared, and the last good
+/// pass's end and longest step.
+#[derive(Debug, Default)]
+pub struct RetentionStats {
+    passes: AtomicU64,
+    failed: AtomicU64,
+    records: AtomicU64,
+    probe_runs: AtomicU64,
+    probe_raw: AtomicU64,
+    rollup_minutes: AtomicU64,
+    last_pass_ms: AtomicI64,
+    longest_step_us: AtomicU64,
+}
+
+impl RetentionStats {
+    fn add(&self, pass: &RetentionPass, ended_ms: i64) {
+        self.passes.fetch_add(1, Ordering::Relaxed);
+        self.records.fetch_add(pass.records, Ordering::Relaxed);
+        self.probe_runs
+            .fetch_add(pass.probe_runs, Ordering::Relaxed);
+        self.probe_raw.fetch_add(pass.probe_raw, Ordering::Relaxed);
+        self.rollup_minutes
+            .fetch_add(pass.rollup_minutes, Ordering::Relaxed);
+        let us = u64::try_from(pass.longest_step.as_micros()).unwrap_or(u64::MAX);
+        self.longest_step_us.store(us, Ordering::Relaxed);
+        self.last_pass_ms.store(ended_ms, Ordering::Relaxed);
+    }
+
+    /// Passes that finished, and passes that failed (each tried again at the next).
+    pub fn passes(&self) -> (u64, u64) {
+        (
+            self.passes.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Rows the finished passes deleted or cleared, in all, by what: `records`, `probe_runs`,
+    /// `probe_raw` (runs whose raw data was cleared), `rollup_minutes`.
+    pub fn rows(&self) -> [(&'static str, u64); 4] {
+        [
+            ("records", self.records.load(Ordering::Relaxed)),
+            ("probe_runs", self.probe_runs.load(Ordering::Relaxed)),
+            ("probe_raw", self.probe_raw.load(Ordering::Relaxed)),
+            (
+                "rollup_minutes",
+                self.rollup_minutes.load(Ordering::Relaxed),
+            ),
+        ]
+    }
+
+    /// When the last finished pass ended (unix milliseconds) and its longest step; `None`
+    /// before the first.
+    pub fn last_pass(&self) -> Option<(i64, Duration)> {
+        let ms = self.last_pass_ms.load(Ordering::Relaxed);
+        (ms > 0).then(|| {
+            let us = self.longest_step_us.load(Ordering::Relaxed);
+            (ms, Duration::from_micros(us))
+        })
+    }
+}
+
 /// The background task that runs [`Store::retention_pass`] at start and every
-/// [`RetentionConfig::every`]. A failed pass is logged and tried again at the next.
+/// [`RetentionConfig::every`]. A failed pass is logged, counted and tried again at the next.
 #[derive(Debug)]
 pub struct RetentionTask {
     task: JoinHandle<()>,
     stop: watch::Sender<bool>,
+    stats: Arc<RetentionStats>,
 }
 
 impl RetentionTask {
@@ -272,8 +337,14 @@ impl RetentionTask {
             return None;
         }
         let (stop, rx) = watch::channel(false);
-        let task = tokio::spawn(run(store, cfg, rx));
-        Some(RetentionTask { task, stop })
+        let stats = Arc::new(RetentionStats::default());
+        let task = tokio::spawn(run(store, cfg, rx, stats.clone()));
+        Some(RetentionTask { task, stop, stats })
+    }
+
+    /// What the task has done so far (updated after every pass).
+    pub fn stats(&self) -> Arc<RetentionStats> {
+        self.stats.clone()
     }
 
     /// Stops the task (between two steps of a pass) and waits for it.
@@ -285,22 +356,36 @@ impl RetentionTask {
     }
 }
 
-async fn run(store: Store, cfg: RetentionConfig, mut stop: watch::Receiver<bool>) {
+async fn run(
+    store: Store,
+    cfg: RetentionConfig,
+    mut stop: watch::Receiver<bool>,
+    stats: Arc<RetentionStats>,
+) {
     loop {
         let started = std::time::Instant::now();
         match store.retention_pass(&cfg, crate::now_ms(), &stop).await {
-            Ok(p) if p.did_anything() => tracing::info!(
-                records = p.records,
-                probe_raw = p.probe_raw,
-                probe_runs = p.probe_runs,
-                rollup_minutes = p.rollup_minutes,
-                steps = p.steps,
-                longest_step_ms = p.longest_step.as_millis(),
-                ms = started.elapsed().as_millis(),
-                "retention deleted old rows"
-            ),
-            Ok(_) => tracing::debug!("retention: nothing to delete"),
-            Err(e) => tracing::warn!(error = %e, "retention pass failed; tried again at the next"),
+            Ok(p) => {
+                stats.add(&p, crate::now_ms());
+                if p.did_anything() {
+                    tracing::info!(
+                        records = p.records,
+                        probe_raw = p.probe_raw,
+                        probe_runs = p.probe_runs,
+                        rollup_minutes = p.rollup_minutes,
+                        steps = p.steps,
+                        longest_step_ms = p.longest_step.as_millis(),
+                        ms = started.elapsed().as_millis(),
+                        "retention deleted old rows"
+                    );
+                } else {
+                    tracing::debug!("retention: nothing to delete");
+                }
+            }
+            Err(e) => {
+                stats.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "retention pass failed; tried again at the next");
+            }
         }
         tokio::select! {
             changed = stop.changed() => if changed.is_err() || *stop.borrow() { return },

@@ -156,27 +156,87 @@ async fn retention(backend: Backend) -> Result<()> {
     };
     let records_cut = retention_cut(now, Duration::from_secs(5 * 86_400));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let (left, runs_left) = loop {
+    // the pass is over once /metrics counts it
+    let pass_done = "samewise_retention_passes_total{outcome=\"ok\"} 1\n";
+    let (left, runs_left, metrics) = loop {
         let left = store.request_records(&all).await?;
         let runs_left = store.probe_runs(&runs).await?;
         let with_raw = runs_left.iter().filter(|r| r.raw.is_some()).count();
+        let metrics = client
+            .get(format!("{url}/metrics"))
+            .send()
+            .await?
+            .text()
+            .await?;
         if left.len() == 5 + 3
             && left.iter().all(|r| r.ts_ms >= records_cut)
             && runs_left.len() == 4
             && with_raw == 2
+            && metrics.contains(pass_done)
         {
-            break (left, runs_left);
+            break (left, runs_left, metrics);
         }
         ensure!(
             tokio::time::Instant::now() < deadline,
-            "after 30 s: {} records, {} before the cut; {} probe runs, {with_raw} with raw data; log:\n{}",
+            "after 30 s: {} records, {} before the cut; {} probe runs, {with_raw} with raw data; \
+             the pass counted: {}; log:\n{}",
             left.len(),
             left.iter().filter(|r| r.ts_ms < records_cut).count(),
             runs_left.len(),
+            metrics.contains(pass_done),
             std::fs::read_to_string(&log).unwrap_or_default()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    // what the pass did, on /metrics: 10 records, 2 probe runs deleted and 2 cleared, the
+    // 40-day-old records' rollup minutes (4 s of them: 1, or 2 across a minute's end); no
+    // failed pass; its end within the test's time
+    let value = |series: &str| {
+        metrics.lines().find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .parse::<f64>()
+                .ok()
+        })
+    };
+    for (series, want) in [
+        (
+            "samewise_retention_passes_total{outcome=\"failed\"}",
+            0.0..=0.0,
+        ),
+        (
+            "samewise_retention_rows_total{what=\"records\"}",
+            10.0..=10.0,
+        ),
+        (
+            "samewise_retention_rows_total{what=\"probe_runs\"}",
+            2.0..=2.0,
+        ),
+        (
+            "samewise_retention_rows_total{what=\"probe_raw\"}",
+            2.0..=2.0,
+        ),
+        (
+            "samewise_retention_rows_total{what=\"rollup_minutes\"}",
+            1.0..=2.0,
+        ),
+    ] {
+        let got = value(series);
+        ensure!(
+            got.is_some_and(|v| want.contains(&v)),
+            "{series} is {got:?}, not {want:?}, in\n{metrics}"
+        );
+    }
+    let ended = value("samewise_retention_last_pass_timestamp_seconds");
+    ensure!(
+        ended.is_some_and(|t| t * 1e3 >= now as f64 && t * 1e3 <= now_ms() as f64),
+        "last pass at {ended:?}, the test began at {now} ms"
+    );
+    let longest = value("samewise_retention_last_pass_longest_step_seconds");
+    ensure!(
+        longest.is_some_and(|s| (0.0..30.0).contains(&s)),
+        "{longest:?}"
+    );
     // the 40-day-old runs went; the 10-day-old ones kept their statistics, not their raw data
     for r in &runs_left {
         let age = r.stats["age_days"].as_i64();

@@ -1,5 +1,5 @@
 //! Request records: every field round-trips (Some and None), batches, query filters and
-//! order, duplicates, retention (stepped passes) and day partitions.
+//! order, duplicates, retention (stepped passes, the task's counts) and day partitions.
 
 use super::*;
 
@@ -13,6 +13,7 @@ both!(
     retention_deletes_old_records,
     retention_drops_day_partitions,
     retention_pass_goes_in_steps_keeps_whole_days_and_stops_when_asked,
+    retention_task_counts_its_passes_and_failures,
 );
 
 async fn round_trip_every_field(db: TestDb) -> Result<()> {
@@ -406,5 +407,62 @@ async fn sqlite_inserts_on_a_multi_threaded_runtime() -> Result<()> {
         .insert_request_records(&[full_record("mt-next", 1, 1_700_000_002_000)])
         .await?;
     ensure!(db.store.request_records(&all(1000)).await?.len() == 401);
+    Ok(())
+}
+
+/// The retention task counts what its passes did and when the last ended ([`RetentionStats`],
+/// what `/metrics` shows), and a pass that fails (the store closed under it) as failed.
+async fn retention_task_counts_its_passes_and_failures(db: TestDb) -> Result<()> {
+    use anyhow::Context;
+    use samewise_store::{RetentionConfig, RetentionTask};
+    let now = samewise_store::now_ms();
+    let rows: Vec<RequestRecord> = (0..4)
+        .map(|i| full_record(&format!("old-{i}"), 1, now - 50 * 86_400_000 + i))
+        .collect();
+    db.store.insert_request_records(&rows).await?;
+    let cfg = RetentionConfig {
+        every: Duration::from_millis(50),
+        ..RetentionConfig::default()
+    };
+    let task = RetentionTask::spawn(db.store.clone(), cfg.clone()).context("a task")?;
+    let stats = task.stats();
+    eventually(Duration::from_secs(10), "two passes", || {
+        let stats = stats.clone();
+        async move { Ok(stats.passes().0 >= 2) }
+    })
+    .await?;
+    task.shutdown().await;
+    ensure!(stats.passes().1 == 0, "{stats:?}");
+    // the first pass deleted the 4 records (their rollups are kept 400 days), the next nothing
+    let rows = stats.rows();
+    let want = [
+        ("records", 4),
+        ("probe_runs", 0),
+        ("probe_raw", 0),
+        ("rollup_minutes", 0),
+    ];
+    ensure!(rows == want, "{rows:?}");
+    let (ended, _) = stats.last_pass().context("a finished pass")?;
+    ensure!(
+        ended >= now && ended <= samewise_store::now_ms(),
+        "{ended} vs {now}"
+    );
+    ensure!(db.store.request_records(&all(10)).await?.is_empty());
+
+    // a store closed under the task: its passes fail and are counted, none finishes
+    let closed = Store::connect(Some(db.url()), db.data_dir()).await?;
+    closed.close().await;
+    let task = RetentionTask::spawn(closed, cfg).context("a task")?;
+    let stats = task.stats();
+    eventually(Duration::from_secs(10), "a failed pass", || {
+        let stats = stats.clone();
+        async move { Ok(stats.passes().1 >= 1) }
+    })
+    .await?;
+    task.shutdown().await;
+    ensure!(
+        stats.passes().0 == 0 && stats.last_pass().is_none(),
+        "{stats:?}"
+    );
     Ok(())
 }
