@@ -16,29 +16,29 @@
 //!
 //! # Layout
 //! - [`config`]: the TOML configuration and its validation.
-//! - [`error`]: [`ProxyError`] (set-up) and [`ApiError`] (OpenAI-shaped client errors).
-//! - [`state`]: [`AppState`], built once: routes, provider clients, auth, records, metrics.
-//! - [`server`]: [`router`] and [`serve`]; thin handlers.
-//! - [`forward`]: the completion path — auth, body checks, plan, attempts and failover.
-//! - [`head`]: one attempt up to a usable response head, under adaptive first-byte deadlines
+//! - `error`: [`ProxyError`] (set-up) and [`ApiError`] (OpenAI-shaped client errors).
+//! - `state`: [`AppState`], built once: routes, provider clients, auth, records, metrics.
+//! - `server`: [`router`] and [`serve`]; thin handlers.
+//! - `forward`: the completion path — auth, body checks, plan, attempts and failover.
+//! - `head`: one attempt up to a usable response head, under adaptive first-byte deadlines
 //!   (overdue attempts count against their endpoint while in flight).
-//! - [`hedge`]: the optional second attempt on another endpoint; the first head wins.
-//! - [`body`]: the client's body as raw JSON values; per-endpoint rewriting.
-//! - [`routing`]: endpoints, policies, the `provider` preferences, plans.
-//! - [`health`]: circuit breaker, peak-EWMA latency, first-byte estimates and deadlines,
+//! - `hedge`: the optional second attempt on another endpoint; the first head wins.
+//! - `body`: the client's body as raw JSON values; per-endpoint rewriting.
+//! - `routing`: endpoints, policies, the `provider` preferences, plans.
+//! - `health`: circuit breaker, peak-EWMA latency, first-byte estimates and deadlines,
 //!   Retry-After and quality flags.
-//! - [`relay`]: the streaming body with side reading and error events.
-//! - [`frames`]: byte-exact SSE event blocks for the relay.
-//! - [`inspect`]: the side reader (usage, timing, finish reason, tool calls, degeneration).
-//! - [`quality`]: the alert poller that demotes or excludes endpoints with drift alerts.
-//! - [`record`]: request records and request metrics.
-//! - [`auth`]: key lookup cache and per-key rate limits.
-//! - [`metrics`]: the gateway's metric families, registered in the process's one
+//! - `relay`: the streaming body with side reading and error events.
+//! - `frames`: byte-exact SSE event blocks for the relay.
+//! - `inspect`: the side reader (usage, timing, finish reason, tool calls, degeneration).
+//! - `quality`: the alert poller that demotes or excludes endpoints with drift alerts.
+//! - `record`: request records and request metrics.
+//! - `auth`: key lookup cache and per-key rate limits.
+//! - `metrics`: the gateway's metric families, registered in the process's one
 //!   [`SharedRegistry`] (created at composition; `/metrics` renders it).
-//! - [`degen`]: the repeated-output guard.
-//! - [`capture`]: captured bodies of flagged requests (opt-in per model), redacted, riding
+//! - `degen`: the repeated-output guard.
+//! - `capture`: captured bodies of flagged requests (opt-in per model), redacted, riding
 //!   the record queue.
-//! - [`cors`]: cross-origin calls from browser pages to the OpenAI routes (opt-in per origin).
+//! - `cors`: cross-origin calls from browser pages to the OpenAI routes (opt-in per origin).
 
 mod auth;
 mod body;

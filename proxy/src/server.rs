@@ -60,7 +60,7 @@ pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 /// How [`serve_router_with`] serves: `[server] drain_timeout_ms` and `[server] threads`, and
-/// the period of each serving thread's [`TimerAnchor`].
+/// the period of each serving thread's `TimerAnchor`.
 #[derive(Debug, Clone)]
 pub struct Serving {
     /// After shutdown, how long open requests and streams have to finish.
@@ -68,7 +68,7 @@ pub struct Serving {
     /// Serving threads (at least one is used).
     pub threads: usize,
     /// The period of the timer each serving thread keeps armed while it serves requests: at
-    /// most the shortest timer a request arms (see [`TimerAnchor`]); None keeps none.
+    /// most the shortest timer a request arms (see `TimerAnchor`); None keeps none.
     pub timer_anchor: Option<Duration>,
     /// The origins whose browser pages may call the OpenAI routes (`[server]
     /// cors_allow_origins`), if any.
@@ -84,7 +84,7 @@ const ANCHOR_MAX: Duration = Duration::from_secs(1);
 impl Serving {
     /// How `config` serves: its `[server]` settings, and an anchor period no longer than any
     /// timer a request arms (first-byte floors, idle timeouts, hedging delays), within
-    /// [`ANCHOR_MIN`]..=[`ANCHOR_MAX`].
+    /// `ANCHOR_MIN`..=`ANCHOR_MAX`.
     pub fn of(config: &Config) -> Serving {
         let providers = config
             .providers
@@ -190,7 +190,7 @@ pub async fn serve(
 ///
 /// Shutdown: after `shutdown` resolves, open requests and streams have `opts.drain` to
 /// finish; then each is cut, its connection closes, and this returns (waiting at most a
-/// further [`CLOSE_GRACE`] for the connections to go). Dropping the returned future stops the
+/// further `CLOSE_GRACE` for the connections to go). Dropping the returned future stops the
 /// serving threads too.
 pub async fn serve_router_with(
     listener: tokio::net::TcpListener,

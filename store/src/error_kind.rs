@@ -128,7 +128,7 @@ impl ErrorKind {
 const ENDPOINT_4XX: [u16; 4] = [401, 403, 407, 408];
 
 /// Whether an answer with `status` refused the request itself (400, 404, 413, 422, ...: any
-/// 4xx but 429 and [`ENDPOINT_4XX`]): the client's fault, not the endpoint's.
+/// 4xx but 429 and `ENDPOINT_4XX`): the client's fault, not the endpoint's.
 pub fn refuses_the_request(status: Option<u16>) -> bool {
     status.is_some_and(|s| (400..500).contains(&s) && s != 429 && !ENDPOINT_4XX.contains(&s))
 }

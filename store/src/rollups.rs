@@ -135,9 +135,9 @@ pub struct Rollup {
     pub prompt_tokens: i64,
     /// Completion tokens.
     pub completion_tokens: i64,
-    /// Attempts per TTFT bucket ([`TTFT_BOUNDS_MS`]).
+    /// Attempts per TTFT bucket (`TTFT_BOUNDS_MS`).
     pub ttft_hist: [i64; BUCKETS],
-    /// Attempts per TPOT bucket ([`TPOT_BOUNDS_MS`]).
+    /// Attempts per TPOT bucket (`TPOT_BOUNDS_MS`).
     pub tpot_hist: [i64; BUCKETS],
 }
 

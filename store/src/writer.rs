@@ -241,7 +241,7 @@ impl RecordSender {
     }
 
     /// True while the writer's batch waits for the database: a write in flight for over
-    /// [`STALL_AFTER`], or a failed one being tried again (a database that is away is tried
+    /// `STALL_AFTER`, or a failed one being tried again (a database that is away is tried
     /// until it returns; meanwhile new records fill the queue, then are dropped).
     pub fn stalled(&self) -> bool {
         self.counters.stalled.load(Ordering::Relaxed)

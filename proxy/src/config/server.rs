@@ -43,7 +43,7 @@ pub struct ServerConfig {
     /// one thread from accept to answer (see [`crate::serve_router_with`]).
     pub threads: usize,
     /// The origins whose browser pages may call the OpenAI routes (`cors_allow_origins`,
-    /// default none; `"*"` for every origin): see [`crate::cors`].
+    /// default none; `"*"` for every origin): see `crate::cors`.
     pub cors: Option<Arc<Cors>>,
 }
 
