@@ -35,7 +35,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::common::{Spawn, spawn_listening_with, test_model};
+use crate::common::{Spawn, scrape, spawn_listening_with, test_model};
 
 /// The gateway's timeouts under chaos (the `[limits]` and provider keys below).
 const FIRST_BYTE_CAP_MS: u64 = 1_500;
@@ -175,12 +175,7 @@ async fn chaos_burst_no_hang_no_leak_every_attempt_recorded() -> Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let end = proc_stats(pid)?;
     let hanging: usize = mocks.iter().map(MockUpstream::hanging).sum();
-    let metrics = client
-        .get(format!("{url}/metrics"))
-        .send()
-        .await?
-        .text()
-        .await?;
+    let metrics = scrape(&client, &url).await?;
     // close every connection the gateway has a peer for: what stays open is its own
     drop(client);
     let mock_attempts: u64 = mocks.iter().map(MockUpstream::completion_count).sum();

@@ -19,7 +19,7 @@ use samewise_testkit::webdriver::{Browser, ChromeDriver};
 use serde_json::Value;
 
 use crate::common::probes::{config, engine, probes_run};
-use crate::common::{create_key, spawn_listening};
+use crate::common::{create_key, scrape, spawn_listening};
 
 const XSS: &str = "<script>window.__pwned=1</script><img src=x onerror=\"window.__pwned=2\">";
 
@@ -184,12 +184,7 @@ async fn dashboards_in_a_real_browser() -> Result<()> {
     // are refreshed every 15 s, so the routing state may take one refresh to show)
     let deadline = std::time::Instant::now() + Duration::from_secs(40);
     let metrics = loop {
-        let m = http
-            .get(format!("{url}/metrics"))
-            .send()
-            .await?
-            .text()
-            .await?;
+        let m = scrape(&http, &url).await?;
         if m.contains("state=\"demoted\"} 1") || std::time::Instant::now() > deadline {
             break m;
         }

@@ -14,7 +14,7 @@ use samewise_store::{
 use samewise_testkit::MockUpstream;
 use serde_json::json;
 
-use crate::common::{Spawn, gateway_store, spawn_listening_with};
+use crate::common::{Spawn, gateway_store, scrape, spawn_listening_with};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_deletes_what_is_older_than_it_keeps_on_sqlite() -> Result<()> {
@@ -162,12 +162,7 @@ async fn retention(backend: Backend) -> Result<()> {
         let left = store.request_records(&all).await?;
         let runs_left = store.probe_runs(&runs).await?;
         let with_raw = runs_left.iter().filter(|r| r.raw.is_some()).count();
-        let metrics = client
-            .get(format!("{url}/metrics"))
-            .send()
-            .await?
-            .text()
-            .await?;
+        let metrics = scrape(&client, &url).await?;
         if left.len() == 5 + 3
             && left.iter().all(|r| r.ts_ms >= records_cut)
             && runs_left.len() == 4

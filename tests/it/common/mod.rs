@@ -31,6 +31,17 @@ pub async fn gateway_store(backend: Backend, data: &Path) -> Result<(Store, Opti
     Ok((store, pg))
 }
 
+/// The text of the gateway at `url`'s `/metrics` (Prometheus' text format).
+pub async fn scrape(client: &reqwest::Client, url: &str) -> Result<String> {
+    Ok(client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await?
+        .error_for_status()?
+        .text()
+        .await?)
+}
+
 /// The test model: `$SAMEWISE_MODEL`, else where `scripts/fetch-model.sh` puts it. Missing is
 /// an error (a test that needs the model fails without it; it never skips).
 pub fn test_model() -> Result<PathBuf> {
