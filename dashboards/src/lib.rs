@@ -169,7 +169,7 @@ impl Dashboards {
 /// which owns the fallback): pages at `/`, `/endpoint`, `/compare`, `/alerts`, `/login`;
 /// assets under `/assets/`; the JSON API under `/api/v1/`. A route asked with a method it does
 /// not take is a JSON 405 (`method_not_allowed`). Every response gets the security headers
-/// ([`auth::security_headers`]).
+/// (`auth::security_headers`).
 pub fn router(state: Dashboards) -> Router {
     Router::new()
         .route("/", get(pages::overview))

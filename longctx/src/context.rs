@@ -9,6 +9,11 @@
 //!   a lost quarter of the needles is.
 //! - [`RULER_THRESHOLD`]: RULER's fixed rule (the Llama-2-7B score at 4K, 85.6%).
 //! - [`one_doubling_below`]: the probe detector's rule.
+//!
+//! [`effective_context`]: crate::context::effective_context
+//! [`below_reference`]: crate::context::below_reference
+//! [`RULER_THRESHOLD`]: crate::context::RULER_THRESHOLD
+//! [`one_doubling_below`]: crate::context::one_doubling_below
 
 /// RULER's fixed threshold on a length's pass rate.
 pub const RULER_THRESHOLD: f64 = 0.856;

@@ -13,6 +13,8 @@
 //! model, a kept needle puts its number 5 to 19 nats above random numbers of the same form,
 //! while lost ones land within about 2 nats of them; [`DEFAULT_MARGIN`] = ln 20 keeps every
 //! kept needle passing and makes a lost one pass by chance rarely.
+//!
+//! [`DEFAULT_MARGIN`]: crate::score::DEFAULT_MARGIN
 
 use std::ops::Range;
 

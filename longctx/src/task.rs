@@ -22,6 +22,9 @@
 //! two-phase, so this module stays free of IO: [`Draft::texts`] lists what to count with the
 //! model's tokenizer; [`Draft::build`] fills each haystack with whole filler sentences up to
 //! the length minus the group's fixed text (header, needles, question, answers).
+//!
+//! [`Draft::texts`]: crate::task::Draft::texts
+//! [`Draft::build`]: crate::task::Draft::build
 
 use serde::Deserialize;
 

@@ -15,6 +15,10 @@
 //!
 //! The corpus ships in the repository (`probes/data/calibration/*.txt`, compiled in:
 //! [`builtin_corpus`]); a user's own is a directory of `.txt` files ([`read_corpus`]).
+//!
+//! [`Ladder`]: crate::ladder::Ladder
+//! [`builtin_corpus`]: crate::calibrate::builtin_corpus
+//! [`read_corpus`]: crate::calibrate::read_corpus
 
 use std::path::Path;
 

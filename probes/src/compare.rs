@@ -3,7 +3,7 @@
 //!
 //! A probe run yields, per scored position, the reference's and the endpoint's logprob of the
 //! actual token and each side's top-k alternatives (ids already mapped to the reference
-//! vocabulary by [`crate::align`]). [`compare_position`] turns one position into
+//! vocabulary by `crate::align`). [`compare_position`] turns one position into
 //! [`PositionMetrics`]; [`summarize`] aggregates a run into a [`RunSummary`];
 //! [`kl_full`] is the full-vocabulary KL used by the calibration ladder when both sides have
 //! all logits; [`position_from_full_logprobs`] cuts full distributions down to the same top-k
@@ -27,6 +27,16 @@
 //! (rounding can make a top-k sum exceed 1, and a provider may report `-inf`), so the
 //! statistic is always finite and identical inputs give exactly 0; a negative result from
 //! rounding is clamped to 0.
+//!
+//! [`compare_position`]: crate::compare::compare_position
+//! [`PositionMetrics`]: crate::compare::PositionMetrics
+//! [`summarize`]: crate::compare::summarize
+//! [`RunSummary`]: crate::compare::RunSummary
+//! [`kl_full`]: crate::compare::kl_full
+//! [`position_from_full_logprobs`]: crate::compare::position_from_full_logprobs
+//! [`encode_positions`]: crate::compare::encode_positions
+//! [`decode_positions`]: crate::compare::decode_positions
+//! [`TAIL_EPSILON`]: crate::compare::TAIL_EPSILON
 
 use base64::Engine as _;
 

@@ -65,6 +65,9 @@
 //! ```
 //! Every alert carries its evidence (statistic, value, threshold, p-value, probe run ids) and
 //! a one-line summary.
+//!
+//! [`changed_chart`]: crate::detect::changed_chart
+//! [`changed_chart_config`]: crate::detect::changed_chart_config
 
 use std::collections::BTreeMap;
 
@@ -664,7 +667,7 @@ pub fn changed_chart_config(cfg: &DetectorConfig, min_sd: f64) -> Result<CusumCo
 
 /// The changed? chart of one statistic over an endpoint's series of per-run values (oldest
 /// first, runs after the last accepted change): [`changed_chart_config`] fed the values in
-/// order. [`Detectors::changed`] raises "changed" when the newest run's observation alarms;
+/// order. `Detectors::changed` raises "changed" when the newest run's observation alarms;
 /// the benchmark (`probes/examples/detection_power/`) calls this same function.
 pub fn changed_chart(
     cfg: &DetectorConfig,

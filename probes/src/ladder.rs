@@ -27,6 +27,9 @@
 //! [`Ladder::judge`] flags an endpoint unfaithful when its badness exceeds that of a chosen
 //! level ([`DEFAULT_UNFAITHFUL_LEVEL`] = `"w6"`: worse than 6-bit weights). The noise-floor
 //! rule in [`crate::noise`] raises the threshold for endpoints that are noisy on their own.
+//!
+//! [`Ladder::judge`]: crate::ladder::Ladder::judge
+//! [`DEFAULT_UNFAITHFUL_LEVEL`]: crate::ladder::DEFAULT_UNFAITHFUL_LEVEL
 
 use std::fmt;
 

@@ -39,7 +39,7 @@
 //! - `prompts`: the built-in prompt sets of `probes/data/` and parsers for users' own.
 //! - `config`: the typed probes configuration (reference backend, per-model kinds,
 //!   schedule, budgets, prompt sets) parsed from the gateway config's raw tables.
-//! - [`reference`]: the reference client — one trait, three backends (in-process engine,
+//! - [`mod@reference`]: the reference client — one trait, three backends (in-process engine,
 //!   remote `samewise engine serve`, external vLLM/SGLang); `vocab`: the engine tokenizer
 //!   as `align::ReferenceVocab`.
 //! - [`kinds`]: the probe kinds (prompt_logprobs, completion_logprobs, samples, tool_calls,

@@ -36,6 +36,10 @@
 //! two tests' dependence. The log-likelihood test carries the power on quantized weights (see
 //! the README's detection benchmark, part C); the MMD stays for what the reference's
 //! likelihood cannot see.
+//!
+//! [`HAMMING_LENGTH`]: crate::mmd::HAMMING_LENGTH
+//! [`loglik_test`]: crate::mmd::loglik_test
+//! [`samples_p_value`]: crate::mmd::samples_p_value
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;

@@ -21,6 +21,10 @@
 //! `3 · floor` leaves a six-fold margin for a faithful endpoint, while a systematically
 //! degraded one (quantized weights: a fixed bias, small repeat noise) still exceeds it. The
 //! tests check both cases by simulation.
+//!
+//! [`repeat_summary`]: crate::noise::repeat_summary
+//! [`NoiseFloor`]: crate::noise::NoiseFloor
+//! [`DEFAULT_FLOOR_FACTOR`]: crate::noise::DEFAULT_FLOOR_FACTOR
 
 use std::collections::VecDeque;
 

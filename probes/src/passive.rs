@@ -17,6 +17,13 @@
 //!   at false-discovery rate `q` (valid under independence or positive dependence).
 //!
 //! Distributions come from `statrs`.
+//!
+//! [`two_proportion_z`]: crate::passive::two_proportion_z
+//! [`proportions_vs_rest`]: crate::passive::proportions_vs_rest
+//! [`mann_whitney_u`]: crate::passive::mann_whitney_u
+//! [`chi_square_independence`]: crate::passive::chi_square_independence
+//! [`counts_vs_rest`]: crate::passive::counts_vs_rest
+//! [`benjamini_hochberg`]: crate::passive::benjamini_hochberg
 
 use statrs::distribution::{ChiSquared, ContinuousCDF, Normal};
 

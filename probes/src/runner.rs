@@ -17,6 +17,8 @@
 //! lost. It runs beside the gateway (inside `samewise serve`) or alone (`samewise probes
 //! run`), never on the request path. Every task it starts is tracked and drained when the
 //! shutdown token fires.
+//!
+//! [`Scheduler::run_once`]: crate::runner::Scheduler::run_once
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -65,6 +65,14 @@
 //! The ARL0 is per chart. An endpoint watched on several statistics alarms on any of them:
 //! with three charts its in-control ARL is about a third of the per-chart one (less than
 //! that when the statistics move together).
+//!
+//! [`CusumConfig::baseline_rounds`]: crate::sequential::CusumConfig::baseline_rounds
+//! [`siegmund_arl`]: crate::sequential::siegmund_arl
+//! [`CusumConfig::for_arl0`]: crate::sequential::CusumConfig::for_arl0
+//! [`CusumConfig::default`]: crate::sequential::CusumConfig::default
+//! [`CusumConfig::e_detector`]: crate::sequential::CusumConfig::e_detector
+//! [`estimated_baseline_alarm_rate`]: crate::sequential::estimated_baseline_alarm_rate
+//! [`CusumConfig::for_estimated_baseline`]: crate::sequential::CusumConfig::for_estimated_baseline
 
 use crate::{Result, invalid};
 

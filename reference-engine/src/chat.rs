@@ -23,6 +23,9 @@
 //! template whether or not the request has tools (it could not render them otherwise).
 //! [`parse_tool_calls`] reads calls back from `<tool_call>` blocks or from a bare JSON
 //! object (or array of objects) with `name` and `arguments` (or `parameters`).
+//!
+//! [`TOOLS_PREAMBLE`]: crate::chat::TOOLS_PREAMBLE
+//! [`parse_tool_calls`]: crate::chat::parse_tool_calls
 
 use minijinja::value::{Kwargs, Value as JValue, ValueKind};
 use minijinja::{Environment, Error as JError, ErrorKind};

@@ -517,7 +517,7 @@ impl Engine {
     /// Scores sequences: for each, per position the logprob of the token given those before
     /// it (None at position 0) and the `top_k` alternatives (k ≤ 20). Sequences are batched,
     /// and a sequence sharing a prefix with another is computed only past it
-    /// ([`ScoreJob`]).
+    /// (`ScoreJob`).
     pub fn score(&self, seqs: &[Vec<u32>], top_k: usize) -> Result<Vec<ScoredSequence>> {
         if seqs.is_empty() {
             return Err(EngineError::EmptyInput("no sequences".into()));

@@ -8,6 +8,9 @@
 //! --disable-background-networking --disable-component-update --disable-sync` and its own
 //! `--user-data-dir`, so it contacts nothing but the pages it is sent to; the console log is
 //! captured through `goog:loggingPrefs` (all levels).
+//!
+//! [`ChromeDriver`]: crate::webdriver::ChromeDriver
+//! [`Browser`]: crate::webdriver::Browser
 
 use std::os::unix::process::CommandExt as _;
 use std::path::Path;

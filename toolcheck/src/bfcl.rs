@@ -14,6 +14,8 @@
 //!
 //! A failure lands in exactly one [`ErrorType`] bucket, the first rule broken in the order
 //! above.
+//!
+//! [`ErrorType`]: crate::bfcl::ErrorType
 
 use serde_json::{Map, Value};
 

@@ -4,12 +4,15 @@
 //! and `patternProperties` regexes run on the `regex` crate, in time linear in the input
 //! whatever the pattern. A pattern that needs a backtracking engine (backreferences,
 //! look-around) does not compile: such a schema cannot be checked, and the caller treats it
-//! as it treats any schema that does not compile (see [`crate::classify`]).
+//! as it treats any schema that does not compile (see `crate::classify`).
 //!
 //! (`jsonschema`'s default engine is `fancy-regex`, which backtracks: a client's
 //! `^(a+)+\1$` costs it a million steps per string before its backtrack limit gives up, and a
 //! given-up match reads as "does not match" — the endpoint's call would be blamed for the
 //! client's pattern.)
+//!
+//! [`check_size`]: crate::schema::check_size
+//! [`compile`]: crate::schema::compile
 
 use serde_json::Value;
 

@@ -109,7 +109,7 @@ fn cfg_err(key: &str, msg: impl std::fmt::Display) -> ProbesError {
 impl DetectorConfig {
     /// Parses the detectors' part of the probes config (`ProbesConfig::detectors`: the
     /// `[probes.detectors]` keys; its `alerts` and `webhooks` entries belong to
-    /// [`AlertsConfig`] and are skipped here).
+    /// [`AlertsConfig`](crate::AlertsConfig) and are skipped here).
     pub fn parse(detectors: &toml::Table) -> Result<DetectorConfig> {
         let mut table = detectors.clone();
         table.remove("alerts");

@@ -5,15 +5,17 @@
 //! aggregate statistics, and compact per-position data where there is any.
 //!
 //! # Layout
-//! - [`prompt_logprobs`]: `/v1/completions` with `echo` + `logprobs` on fixed texts.
-//! - [`completion_logprobs`]: greedy chat completion with `logprobs`, re-scored by the
+//! - `prompt_logprobs`: `/v1/completions` with `echo` + `logprobs` on fixed texts.
+//! - `completion_logprobs`: greedy chat completion with `logprobs`, re-scored by the
 //!   reference under teacher forcing.
-//! - [`samples`]: n samples at temperature 1 from both sides; MMD and log-likelihood tests.
-//! - [`tool_calls`]: trigger F1 and schema accuracy against the reference's own answers.
-//! - [`long_context`]: multi-query needle retrieval at doubling lengths, scored by answer
+//! - `samples`: n samples at temperature 1 from both sides; MMD and log-likelihood tests.
+//! - `tool_calls`: trigger F1 and schema accuracy against the reference's own answers.
+//! - `long_context`: multi-query needle retrieval at doubling lengths, scored by answer
 //!   likelihood on the endpoint and the reference; the effective context.
-//! - [`diagnose`]: fault signatures (shifted logprobs, prompt token counts) the logprob kinds
+//! - `diagnose`: fault signatures (shifted logprobs, prompt token counts) the logprob kinds
 //!   write into their statistics as `diagnosis`.
+//!
+//! [`Outcome`]: crate::kinds::Outcome
 
 use std::path::Path;
 use std::time::Duration;

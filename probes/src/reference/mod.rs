@@ -9,6 +9,12 @@
 //! the f32 the engines compute in (widened to f64), so every backend over the same engine
 //! returns the same numbers bit for bit. Nothing here blocks the async runtime: the
 //! in-process engine runs on its batcher's worker thread.
+//!
+//! [`Reference`]: crate::reference::Reference
+//! [`InProcess`]: crate::reference::InProcess
+//! [`Remote`]: crate::reference::Remote
+//! [`External`]: crate::reference::External
+//! [`Cached`]: crate::reference::Cached
 
 use std::sync::Arc;
 

@@ -14,10 +14,25 @@
 //! `<tool_call>{"name": "NAME", "arguments": ARGS}</tool_call>` per call, calls separated by
 //! a newline ([`CALL_PREFIX`], [`CALL_MID`], [`CALL_SUFFIX`], [`CALL_SEP`]).
 //!
-//! Layout: [`grammar`] (nodes and the byte-level pushdown automaton; `grammar::depth`, the
-//! heights that keep every reading completable within its depth bound; `grammar::props`, an
-//! object's property sets as bits), `lexeme` (its string and number readers), [`schema`] (JSON Schema to nodes), [`vocab`] (the token trie and mask
-//! walk).
+//! Layout: [`grammar`](crate::constrain::grammar) (nodes and the byte-level pushdown
+//! automaton; `grammar::depth`, the heights that keep every reading completable within its
+//! depth bound; `grammar::props`, an object's property sets as bits), `lexeme` (its string
+//! and number readers), [`schema`] (JSON Schema to nodes), [`vocab`] (the token trie and
+//! mask walk).
+//!
+//! [`Spec`]: crate::constrain::Spec
+//! [`compile`]: crate::constrain::compile
+//! [`schema`]: crate::constrain::schema
+//! [`Grammar`]: crate::constrain::Grammar
+//! [`GrammarCache`]: crate::constrain::GrammarCache
+//! [`Constraint`]: crate::constrain::Constraint
+//! [`TokenTrie`]: crate::constrain::TokenTrie
+//! [`Matcher`]: crate::constrain::Matcher
+//! [`CALL_PREFIX`]: crate::constrain::CALL_PREFIX
+//! [`CALL_MID`]: crate::constrain::CALL_MID
+//! [`CALL_SUFFIX`]: crate::constrain::CALL_SUFFIX
+//! [`CALL_SEP`]: crate::constrain::CALL_SEP
+//! [`vocab`]: crate::constrain::vocab
 
 pub mod grammar;
 mod lexeme;

@@ -9,9 +9,11 @@
 //! The unmodified profile (`reference`) is the plain engine, bit for bit.
 //!
 //! # Layout
-//! - [`requant`]: the number-format functions (weights, activations, KV cache).
-//! - [`numerics`]: [`Numerics`], the numeric knobs as the forward pass applies them.
+//! - `requant`: the number-format functions (weights, activations, KV cache).
+//! - `numerics`: [`Numerics`], the numeric knobs as the forward pass applies them.
 //! - this module: [`Profile`] and its sections, parsing, validation, the built-in set.
+//!
+//! [`Numerics`]: crate::profile::Numerics
 
 pub(crate) mod numerics;
 pub(crate) mod requant;

@@ -70,8 +70,8 @@ impl WeightQuant {
     /// the row is not a whole number of groups; the caller then keeps f32 values.
     ///
     /// One pass per group and no allocation but the result's: the scale comes from the same
-    /// [`symmetric_params`] / [`asymmetric_params`] as `apply`'s, and each code is
-    /// [`code`], the exact `clamp(round(v))` without a libm call (this runs once per weight
+    /// `symmetric_params` / `asymmetric_params` as `apply`'s, and each code is
+    /// `code`, the exact `clamp(round(v))` without a libm call (this runs once per weight
     /// and level when `samewise calibrate` loads its engines).
     pub fn codes(&self, row: &[f32]) -> Option<Codes> {
         let g = self.group_size.max(1);

@@ -11,11 +11,11 @@
 //! shift another's. Faults are decided per request and per value, never from what else is
 //! in the batch, so the engine's batch invariance is untouched.
 //!
-//! Wiring: [`middleware`] wraps `/v1/completions` and `/v1/chat/completions`: it numbers the
+//! Wiring: `middleware` wraps `/v1/completions` and `/v1/chat/completions`: it numbers the
 //! request, sleeps the drawn latency, answers an injected 500 or 429, hands the handler a
-//! [`RequestFaults`] (request extension), and cuts an SSE body after the drawn number of
-//! events. The handlers call [`RequestFaults`] (logprob refusal and cap, echo shift,
-//! repeat point, tool-call corruption) and [`Faults`] (template variant, truncation).
+//! `RequestFaults` (request extension), and cuts an SSE body after the drawn number of
+//! events. The handlers call `RequestFaults` (logprob refusal and cap, echo shift,
+//! repeat point, tool-call corruption) and `Faults` (template variant, truncation).
 
 use std::borrow::Cow;
 use std::sync::Arc;

@@ -10,7 +10,7 @@
 //!
 //! Handlers are thin: they parse the body themselves (so a malformed request gets an
 //! OpenAI-shaped 400, not axum's plain-text rejection), then call the tokenizer, the chat
-//! template and the [`backend`]. Every error a client can cause is an OpenAI error JSON with a
+//! template and the `backend`. Every error a client can cause is an OpenAI error JSON with a
 //! 4xx status; nothing on a request path panics. The `model` field of requests is accepted
 //! whatever it names, or absent (the proxy in front rewrites it); responses carry the
 //! served name.
@@ -18,11 +18,14 @@
 //! A serving [`Profile`] ([`ServerState::with_profile`]) adds a provider's behavioural
 //! faults on the OpenAI routes ([`faults`]); the reference profile changes nothing.
 //!
-//! Layout: [`backend`] (the batching worker), `text` (stop strings and streamed text),
+//! Layout: `backend` (the batching worker), `text` (stop strings and streamed text),
 //! `stream` (SSE responses and shared request checks),
 //! `completions`, `chat_api`, `constrained` (tool_choice and response_format as
 //! constraints; forced tool calls read back as they stream), `native` (score, tokenize, detokenize, models, health),
 //! [`faults`] (the profile's behavioural faults).
+//!
+//! [`ServerState::with_profile`]: crate::server::ServerState::with_profile
+//! [`faults`]: crate::server::faults
 
 mod backend;
 mod chat_api;
