@@ -48,7 +48,7 @@ fn record(id: &str, ts_ms: i64) -> RequestRecord {
 fn config(data: &Path, upstream: &str) -> String {
     format!(
         "[server]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n\
-         [retention]\nrecords_days = 5\nrollups_days = 20\nprobe_raw_days = 5\n\n\
+         [retention]\nrecords_days = 5\nrollups_days = 20\nprobe_raw_days = 1\n\n\
          [providers.up]\nbase_url = \"{upstream}\"\n\n\
          [models.m]\n[[models.m.endpoints]]\nprovider = \"up\"\nmodel = \"m\"\n",
         data.display()
@@ -80,7 +80,9 @@ async fn retention(backend: Backend) -> Result<()> {
 
     // records 40, 10 and 2 days old (5 each): the gateway keeps 5 days of records and 20 of
     // rollups, so the first go with their rollups, the second lose their records only; probe
-    // runs of the same ages (2 each): the first go, the second lose their raw data only
+    // runs 40, 10, 2 and 0 days old (2 each) under `probe_raw_days = 1`: the first go, the
+    // next two lose their raw data only (the default, 7 days, would keep the 2-day-old ones'),
+    // today's keep theirs
     let now = now_ms();
     let days = [40i64, 10, 2];
     let mut old = Vec::new();
@@ -91,6 +93,8 @@ async fn retention(backend: Backend) -> Result<()> {
                 now - age * DAY_MS + i * 1000,
             ));
         }
+    }
+    for age in [40i64, 10, 2, 0] {
         for i in 0..2 {
             store
                 .insert_probe_run(&ProbeRun {
@@ -165,7 +169,7 @@ async fn retention(backend: Backend) -> Result<()> {
         let metrics = scrape(&client, &url).await?;
         if left.len() == 5 + 3
             && left.iter().all(|r| r.ts_ms >= records_cut)
-            && runs_left.len() == 4
+            && runs_left.len() == 6
             && with_raw == 2
             && metrics.contains(pass_done)
         {
@@ -183,7 +187,7 @@ async fn retention(backend: Backend) -> Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    // what the pass did, on /metrics: 10 records, 2 probe runs deleted and 2 cleared, the
+    // what the pass did, on /metrics: 10 records, 2 probe runs deleted and 4 cleared, the
     // 40-day-old records' rollup minutes (4 s of them: 1, or 2 across a minute's end); no
     // failed pass; its end within the test's time
     let value = |series: &str| {
@@ -209,7 +213,7 @@ async fn retention(backend: Backend) -> Result<()> {
         ),
         (
             "samewise_retention_rows_total{what=\"probe_raw\"}",
-            2.0..=2.0,
+            4.0..=4.0,
         ),
         (
             "samewise_retention_rows_total{what=\"rollup_minutes\"}",
@@ -232,13 +236,14 @@ async fn retention(backend: Backend) -> Result<()> {
         longest.is_some_and(|s| (0.0..30.0).contains(&s)),
         "{longest:?}"
     );
-    // the 40-day-old runs went; the 10-day-old ones kept their statistics, not their raw data
+    // the 40-day-old runs went; the 10- and 2-day-old ones kept their statistics, not their raw
+    // data; today's kept both
     for r in &runs_left {
         let age = r.stats["age_days"].as_i64();
         let kept_raw = r.raw.as_ref().map(|b| (b.len(), b[0]));
         match age {
-            Some(10) => ensure!(kept_raw.is_none(), "{r:?}"),
-            Some(2) => ensure!(kept_raw == Some((4096, 2)), "{r:?}"),
+            Some(10 | 2) => ensure!(kept_raw.is_none(), "{r:?}"),
+            Some(0) => ensure!(kept_raw == Some((4096, 0)), "{r:?}"),
             _ => anyhow::bail!("a run of {age:?} days kept: {r:?}"),
         }
         ensure!(r.stats["kl_mean"] == 0.01 && r.tokens == 100, "{r:?}");
@@ -281,7 +286,7 @@ async fn retention(backend: Backend) -> Result<()> {
             .lines()
             .any(|l| l.contains("retention deleted old rows")
                 && l.contains(" records=10 ")
-                && l.contains(" probe_raw=2 ")
+                && l.contains(" probe_raw=4 ")
                 && l.contains(" probe_runs=2 ")
                 && l.contains(" steps=")),
         "{logged:?}"
