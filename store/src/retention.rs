@@ -10,10 +10,10 @@
 //! year) is what the detectors read of recent runs (noise floors, pooled diagnoses over the
 //! last `history_runs`, 500: under two days at the default interval); it is cleared after
 //! [`RetentionConfig::probe_raw`] (7 days), and the run itself — its statistics, a few hundred
-//! bytes, which the dashboards chart — is deleted with the rollups. Everything is cut at whole UTC days: a pass
-//! deletes what lies before the start of the day that holds `now - keep`, so at least `keep`
-//! is always kept (and at most a day more), and a rollup range reads the same in every grain
-//! (see [`Store::delete_rollups_before`]). Alerts, eval jobs and the all-time probe-run counts
+//! bytes, which the dashboards chart — is deleted with the rollups. Everything is cut at whole
+//! UTC days: a pass deletes what lies before the start of the day that holds `now - keep`, so
+//! at least `keep` is always kept (and at most a day more), and a rollup range reads the same
+//! in every grain (see [`Store::delete_rollups_before`]). Alerts, eval jobs and the all-time probe-run counts
 //! (`probe_run_latest`) are kept.
 //!
 //! [`RetentionTask`] runs a pass when it starts and then every [`RetentionConfig::every`].

@@ -1,5 +1,6 @@
 //! `[retention]`: how many days the store keeps request records, rollups (with the probe runs)
-//! and the probe runs' per-position data (whole UTC days; 0 keeps them for ever). The store's [`RetentionConfig`] is what the gateway runs with.
+//! and the probe runs' per-position data (whole UTC days; 0 keeps them for ever). The store's
+//! [`RetentionConfig`] is what the gateway runs with.
 
 use std::time::Duration;
 
