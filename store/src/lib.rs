@@ -25,6 +25,8 @@
 //! - `keys`: [`ApiKey`]; keys are stored as SHA-256 hashes only.
 //! - `writer`: [`RecordWriter`] / [`RecordSender`], the bounded queue and batched writes.
 //! - `probe_runs`: [`ProbeRun`], one probe of one endpoint, and its queries.
+//! - `baselines`: [`ProbeBaseline`], the changed? detector's fixed baseline of one statistic
+//!   of an endpoint's probe kind, kept apart from the runs (retention does not cut it).
 //! - `alerts`: [`Alert`] and its lifecycle (open, acknowledged, resolved), deduplicated
 //!   per model, endpoint and kind.
 //! - `evals`: [`EvalJob`] queue (claim with a lease, heartbeat, take-over, bounded
@@ -39,6 +41,7 @@
 //! `testing`; the modules are private.
 
 mod alerts;
+mod baselines;
 mod bodies;
 mod connect;
 mod error;
@@ -59,6 +62,7 @@ pub mod testing;
 mod writer;
 
 pub use alerts::{Alert, AlertQuery, AlertState, NewAlert};
+pub use baselines::{BaselineRun, ProbeBaseline};
 pub use bodies::{BodyQuery, BodyWrite, CapturedBody, CaseQuery, NewCapturedBody, RegressionCase};
 pub use connect::{Backend, DEFAULT_SQLITE_FILE, Store};
 pub use error::StoreError;

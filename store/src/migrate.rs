@@ -72,6 +72,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "probe-run retention indexes",
         sql: include_str!("../migrations/postgres/0009_probe_run_retention.sql"),
     },
+    Migration {
+        version: 10,
+        name: "changed? baselines",
+        sql: include_str!("../migrations/postgres/0010_probe_baselines.sql"),
+    },
 ];
 
 /// SQLite migrations, in order (the same versions as [`POSTGRES`]).
@@ -120,6 +125,11 @@ pub const SQLITE: &[Migration] = &[
         version: 9,
         name: "probe-run retention indexes",
         sql: include_str!("../migrations/sqlite/0009_probe_run_retention.sql"),
+    },
+    Migration {
+        version: 10,
+        name: "changed? baselines",
+        sql: include_str!("../migrations/sqlite/0010_probe_baselines.sql"),
     },
 ];
 

@@ -79,6 +79,15 @@ pub const MAX_ERROR_CHARS: usize = 2_000;
 const COLUMNS: &str =
     "id, model, endpoint, kind, started_ms, finished_ms, ok, error, tokens, stats, raw, repeat_of";
 
+/// [`COLUMNS`] with `raw` read as NULL: the statistics without the per-position data.
+fn columns_without_raw(backend: Backend) -> String {
+    let no_raw = match backend {
+        Backend::Postgres => "CAST(NULL AS BYTEA)",
+        Backend::Sqlite => "NULL",
+    };
+    COLUMNS.replace(" raw,", &format!(" {no_raw},"))
+}
+
 /// `stmt` in the dialect of `backend`: PostgreSQL's `$n` placeholders become SQLite's `?n`
 /// (SQLite numbers `?n` parameters exactly as PostgreSQL numbers `$n`). Statements passed
 /// here hold no other `$`.
@@ -210,11 +219,7 @@ impl Store {
     /// statistics series that dashboards draw.
     pub async fn probe_run_stats(&self, q: &ProbeRunQuery) -> Result<Vec<ProbeRun>, StoreError> {
         const OP: &str = "reading probe run statistics";
-        let no_raw = match self.backend() {
-            Backend::Postgres => "CAST(NULL AS BYTEA)",
-            Backend::Sqlite => "NULL",
-        };
-        let columns = COLUMNS.replace(" raw,", &format!(" {no_raw},"));
+        let columns = columns_without_raw(self.backend());
         on_pool!(&self.pool, |p| {
             let mut qb = QueryBuilder::new(format!("SELECT {columns} FROM probe_runs WHERE 1=1"));
             if let Some(m) = &q.model {
@@ -240,6 +245,43 @@ impl Store {
         })
     }
 
+    /// The oldest runs of `endpoint`'s `kind` for `model` that the changed? detector charts —
+    /// those that ran (`ok`) and are not the repeat of a noise-floor pair — started after
+    /// `after_ms` (all with `None`), at most `limit`, oldest first (by start time, then id),
+    /// without raw data: where its fixed baseline comes from.
+    pub async fn first_series_runs(
+        &self,
+        model: &str,
+        endpoint: &str,
+        kind: &str,
+        after_ms: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<ProbeRun>, StoreError> {
+        const OP: &str = "reading an endpoint's first probe runs";
+        let stmt = sql(
+            self.backend(),
+            &format!(
+                "SELECT {} FROM probe_runs WHERE model = $1 AND endpoint = $2 AND kind = $3 \
+                 AND ok AND repeat_of IS NULL AND started_ms > $4 \
+                 ORDER BY started_ms, id LIMIT $5",
+                columns_without_raw(self.backend())
+            ),
+        )
+        .into_owned();
+        on_pool!(&self.pool, |p| {
+            let rows = sqlx::query(&stmt)
+                .bind(text(model))
+                .bind(text(endpoint))
+                .bind(text(kind))
+                .bind(after_ms.unwrap_or(i64::MIN))
+                .bind(i64::from(limit))
+                .fetch_all(p)
+                .await
+                .map_err(StoreError::query(OP))?;
+            rows.iter().map(run_from_row).collect()
+        })
+    }
+
     /// The newest run of each (endpoint, kind, outcome) started at or after `since_ms`, of
     /// `model` if given, without raw data, newest first: what a long range's overview needs
     /// (the latest verdict-bearing runs) without reading every run of the range. Read through
@@ -250,11 +292,7 @@ impl Store {
         since_ms: i64,
     ) -> Result<Vec<ProbeRun>, StoreError> {
         const OP: &str = "reading the latest probe runs";
-        let no_raw = match self.backend() {
-            Backend::Postgres => "CAST(NULL AS BYTEA)",
-            Backend::Sqlite => "NULL",
-        };
-        let columns = COLUMNS.replace(" raw,", &format!(" {no_raw},"));
+        let columns = columns_without_raw(self.backend());
         on_pool!(&self.pool, |p| {
             let mut qb = QueryBuilder::new(format!(
                 "SELECT {columns} FROM probe_runs WHERE id IN (SELECT run_id FROM \

@@ -13,8 +13,8 @@
 //! bytes, which the dashboards chart — is deleted with the rollups. Everything is cut at whole
 //! UTC days: a pass deletes what lies before the start of the day that holds `now - keep`, so
 //! at least `keep` is always kept (and at most a day more), and a rollup range reads the same
-//! in every grain (see [`Store::delete_rollups_before`]). Alerts, eval jobs and the all-time probe-run counts
-//! (`probe_run_latest`) are kept.
+//! in every grain (see [`Store::delete_rollups_before`]). Alerts, eval jobs, the all-time probe-run counts
+//! (`probe_run_latest`) and the changed? detector's baselines (`probe_baselines`) are kept.
 //!
 //! [`RetentionTask`] runs a pass when it starts and then every [`RetentionConfig::every`].
 //! On PostgreSQL the old records' day partitions are dropped whole

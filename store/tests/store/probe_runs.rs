@@ -1,6 +1,7 @@
 //! Probe runs: round trip of every field, filters and newest-first order, the hourly token
-//! sum, retention (raw data cleared, then runs deleted), and the scheduler lock (one holder
-//! per PostgreSQL database).
+//! sum, retention (raw data cleared, then runs deleted), the changed? detector's baselines
+//! and the first runs they come from, and the scheduler lock (one holder per PostgreSQL
+//! database).
 
 use super::*;
 use anyhow::Context;
@@ -10,6 +11,8 @@ both!(
     probe_run_round_trip,
     probe_run_filters_and_tokens,
     retention_clears_old_raw_data_then_deletes_old_runs,
+    baselines_round_trip_replace_and_outlive_their_runs,
+    first_series_runs_are_the_oldest_that_ran_and_are_no_repeats,
     scheduler_lock_one_holder
 );
 
@@ -296,5 +299,131 @@ async fn retention_clears_old_raw_data_then_deletes_old_runs(db: TestDb) -> Resu
         "{pass:?}"
     );
     ensure!(everything().await? == after);
+    Ok(())
+}
+
+async fn baselines_round_trip_replace_and_outlive_their_runs(db: TestDb) -> Result<()> {
+    use samewise_store::{BaselineRun, ProbeBaseline, RetentionConfig, StoreError};
+    let base = |statistic: &str, after_ms: Option<i64>, values: &[f64]| ProbeBaseline {
+        model: "smollm2".to_owned(),
+        endpoint: "p/a".to_owned(),
+        kind: "prompt_logprobs".to_owned(),
+        statistic: statistic.to_owned(),
+        after_ms,
+        runs: values
+            .iter()
+            .enumerate()
+            .map(|(i, &value)| BaselineRun {
+                id: 10 + i as i64,
+                started_ms: 1_000 * i as i64,
+                value,
+            })
+            .collect(),
+        created_ms: 77,
+    };
+    let get = |kind: &'static str| {
+        let store = db.store.clone();
+        async move { store.probe_baselines("smollm2", "p/a", kind).await }
+    };
+    ensure!(get("prompt_logprobs").await?.is_empty());
+    let kl = base("kl_mean", None, &[0.0123, 1e-12, 0.5, 0.0]);
+    db.store.put_probe_baseline(&kl).await?;
+    let top1 = base("top1_same", None, &[0.98, 0.97]);
+    db.store.put_probe_baseline(&top1).await?;
+    // every field back as written, by statistic; other kinds and endpoints have none
+    ensure!(get("prompt_logprobs").await? == vec![kl.clone(), top1.clone()]);
+    ensure!(get("samples").await?.is_empty());
+    ensure!(
+        db.store
+            .probe_baselines("smollm2", "p/b", "prompt_logprobs")
+            .await?
+            .is_empty()
+    );
+    // a new baseline (after an accepted change) replaces the statistic's old one
+    let kl2 = ProbeBaseline {
+        created_ms: 99,
+        ..base("kl_mean", Some(5_000), &[0.1, 0.104])
+    };
+    db.store.put_probe_baseline(&kl2).await?;
+    ensure!(get("prompt_logprobs").await? == vec![kl2.clone(), top1.clone()]);
+    // refused, nothing stored
+    for bad in [
+        base("", None, &[0.1]),
+        base("kl_p99", None, &[0.1, f64::NAN]),
+        base("kl_p99", None, &[f64::INFINITY]),
+    ] {
+        match db.store.put_probe_baseline(&bad).await {
+            Err(StoreError::InvalidInput(msg)) => ensure!(!msg.is_empty()),
+            other => anyhow::bail!("{bad:?} gave {other:?}"),
+        }
+    }
+    ensure!(get("prompt_logprobs").await?.len() == 2);
+    // retention deletes the runs a baseline came from, never the baseline
+    for i in 0..3 {
+        db.store
+            .insert_probe_run(&run("p/a", "prompt_logprobs", 1_000 * i, 10))
+            .await?;
+    }
+    let cfg = RetentionConfig {
+        records: None,
+        rollups: Some(Duration::from_secs(86_400)),
+        ..RetentionConfig::default()
+    };
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    let pass = db
+        .store
+        .retention_pass(&cfg, 10 * samewise_store::DAY_MS, &stopped)
+        .await?;
+    ensure!(pass.probe_runs == 3, "{pass:?}");
+    ensure!(get("prompt_logprobs").await? == vec![kl2, top1]);
+    Ok(())
+}
+
+async fn first_series_runs_are_the_oldest_that_ran_and_are_no_repeats(db: TestDb) -> Result<()> {
+    let mut ids = Vec::new();
+    // inserted newest first: the order comes from the start times, then the ids
+    for t in [5_000, 3_000, 3_000, 1_000] {
+        ids.push(
+            db.store
+                .insert_probe_run(&run("p/a", "prompt_logprobs", t, 10))
+                .await?,
+        );
+    }
+    let mut failed = run("p/a", "prompt_logprobs", 500, 0);
+    failed.ok = false;
+    db.store.insert_probe_run(&failed).await?;
+    let mut repeat = run("p/a", "prompt_logprobs", 1_500, 10);
+    repeat.repeat_of = Some(ids[3]);
+    db.store.insert_probe_run(&repeat).await?;
+    db.store
+        .insert_probe_run(&run("p/b", "prompt_logprobs", 100, 10))
+        .await?;
+    db.store
+        .insert_probe_run(&run("p/a", "samples", 100, 10))
+        .await?;
+    let first = |after: Option<i64>, limit: u32| {
+        let store = db.store.clone();
+        async move {
+            let runs = store
+                .first_series_runs("smollm2", "p/a", "prompt_logprobs", after, limit)
+                .await?;
+            ensure!(runs.iter().all(|r| r.raw.is_none() && r.ok), "{runs:?}");
+            Ok::<Vec<i64>, anyhow::Error>(runs.iter().map(|r| r.id).collect())
+        }
+    };
+    // 1,000, then the two of 3,000 by id, then 5,000
+    ensure!(first(None, 10).await? == vec![ids[3], ids[1], ids[2], ids[0]]);
+    ensure!(first(None, 2).await? == vec![ids[3], ids[1]]);
+    // after: strictly later starts
+    ensure!(first(Some(1_000), 10).await? == vec![ids[1], ids[2], ids[0]]);
+    ensure!(first(Some(5_000), 10).await?.is_empty());
+    let one = db
+        .store
+        .first_series_runs("smollm2", "p/a", "prompt_logprobs", None, 1)
+        .await?;
+    ensure!(
+        one.len() == 1 && one[0].stats == run("p/a", "prompt_logprobs", 0, 0).stats,
+        "{one:?}"
+    );
     Ok(())
 }
