@@ -15,8 +15,11 @@
 //!   "effective_context"`, both values, the per-length passes).
 //! - **changed?** ([`Detectors::after_run`]): a two-sided CUSUM per endpoint, probe kind and
 //!   statistic over the endpoint's stored runs, oldest first; its first
-//!   `cusum_baseline_rounds` runs are the baseline. The chart is rebuilt from the store on
-//!   every run (so a restart loses nothing); an alarm on the newest run raises "changed".
+//!   `cusum_baseline_rounds` runs are the baseline, stored apart once complete
+//!   (`Store::put_probe_baseline`), so it stays fixed however many runs follow and when
+//!   retention deletes its runs. The chart is rebuilt on every run (so a restart loses
+//!   nothing) from the baseline and the newest `history_runs` runs after it; an alarm on the
+//!   newest run raises "changed", and a lasting shift keeps alarming however long it lasts.
 //!   Resolving a "changed" alert accepts the new behaviour: the chart then starts over from
 //!   the runs after the resolution (a new baseline). The chart logic is the pure
 //!   [`changed_chart`]; its `h` is raised for the estimated 30-round baseline
@@ -71,7 +74,7 @@
 
 use std::collections::BTreeMap;
 
-use samewise_store::{Alert, NewAlert, ProbeRun, ProbeRunQuery, Store};
+use samewise_store::{Alert, BaselineRun, NewAlert, ProbeBaseline, ProbeRun, ProbeRunQuery, Store};
 
 use crate::alerting::{Alerting, AlertsConfig};
 use crate::compare::{RunSummary, decode_positions};
@@ -325,7 +328,8 @@ impl Detectors {
             .filter(|a| a.kind == KIND_CHANGED)
             .filter_map(|a| a.resolved_ms)
             .max();
-        if let Some(finding) = self.changed(run, &history, &floors, accepted_ms)? {
+        let baselines = self.baselines(store, run, accepted_ms).await?;
+        if let Some(finding) = self.changed(run, &history, &floors, accepted_ms, &baselines)? {
             out.push(self.alerting.raise(store, &finding).await?.0);
         }
         Ok(out)
@@ -515,15 +519,84 @@ impl Detectors {
         ))
     }
 
+    /// The changed? charts' fixed baselines for `run`'s endpoint and kind, by statistic: the
+    /// stored baseline that follows the last accepted change (`accepted_ms`), and for a
+    /// statistic without one the first `cusum_baseline_rounds` series runs after that change
+    /// that carry it, read from the store (oldest first, whatever `history_runs` holds) and
+    /// stored once there are that many. Until then the baseline is the runs there are.
+    async fn baselines(
+        &self,
+        store: &Store,
+        run: &ProbeRun,
+        accepted_ms: Option<i64>,
+    ) -> Result<BTreeMap<String, Vec<BaselineRun>>> {
+        let rounds = self.cfg.cusum.baseline_rounds;
+        let mut out: BTreeMap<String, Vec<BaselineRun>> = store
+            .probe_baselines(&run.model, &run.endpoint, &run.kind)
+            .await
+            .map_err(store_err)?
+            .into_iter()
+            .filter(|b| b.after_ms == accepted_ms && b.runs.len() == rounds)
+            .map(|b| (b.statistic, b.runs))
+            .collect();
+        let missing: Vec<&String> = self
+            .cfg
+            .cusum_statistics
+            .iter()
+            .filter(|key| !out.contains_key(*key) && stat(&run.stats, key).is_some())
+            .collect();
+        if missing.is_empty() {
+            return Ok(out);
+        }
+        // twice the rounds: a statistic that a few early runs lack still finds its baseline
+        let limit = u32::try_from(rounds.saturating_mul(2)).unwrap_or(u32::MAX);
+        let first = store
+            .first_series_runs(&run.model, &run.endpoint, &run.kind, accepted_ms, limit)
+            .await
+            .map_err(store_err)?;
+        for key in missing {
+            let runs: Vec<BaselineRun> = first
+                .iter()
+                .filter_map(|r| {
+                    stat(&r.stats, key).map(|value| BaselineRun {
+                        id: r.id,
+                        started_ms: r.started_ms,
+                        value,
+                    })
+                })
+                .take(rounds)
+                .collect();
+            if runs.len() == rounds {
+                store
+                    .put_probe_baseline(&ProbeBaseline {
+                        model: run.model.clone(),
+                        endpoint: run.endpoint.clone(),
+                        kind: run.kind.clone(),
+                        statistic: key.clone(),
+                        after_ms: accepted_ms,
+                        runs: runs.clone(),
+                        created_ms: samewise_store::now_ms(),
+                    })
+                    .await
+                    .map_err(store_err)?;
+            }
+            out.insert(key.clone(), runs);
+        }
+        Ok(out)
+    }
+
     /// The changed? finding: a CUSUM per watched statistic over the endpoint's runs of this
     /// kind (noise-floor repeats excluded, and only runs started after `accepted_ms`, when
-    /// the endpoint's last "changed" alert was resolved), alarming on `run`.
+    /// the endpoint's last "changed" alert was resolved), alarming on `run`. Each chart runs
+    /// over the statistic's fixed baseline (`baselines`), then the runs of `history` after
+    /// the baseline's last.
     fn changed(
         &self,
         run: &ProbeRun,
         history: &[ProbeRun],
         floors: &BTreeMap<String, NoiseFloor>,
         accepted_ms: Option<i64>,
+        baselines: &BTreeMap<String, Vec<BaselineRun>>,
     ) -> Result<Option<NewAlert>> {
         if run.repeat_of.is_some() {
             return Ok(None);
@@ -547,9 +620,17 @@ impl Detectors {
                 }
             });
             let min_sd = floor.map_or(self.cfg.cusum.min_sd, |f| f.max(self.cfg.cusum.min_sd));
-            let (ids, values): (Vec<i64>, Vec<f64>) = series
+            let baseline = baselines.get(key).map_or(&[][..], Vec::as_slice);
+            let after = baseline.last().map(|b| (b.started_ms, b.id));
+            let (ids, values): (Vec<i64>, Vec<f64>) = baseline
                 .iter()
-                .filter_map(|r| stat(&r.stats, key).map(|x| (r.id, x)))
+                .map(|b| (b.id, b.value))
+                .chain(
+                    series
+                        .iter()
+                        .filter(|r| after.is_none_or(|a| (r.started_ms, r.id) > a))
+                        .filter_map(|r| stat(&r.stats, key).map(|x| (r.id, x))),
+                )
                 .unzip();
             let (chart, observations) = changed_chart(&self.cfg, min_sd, &values)?;
             let last = ids

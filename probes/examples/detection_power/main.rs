@@ -18,8 +18,8 @@
 //! B. changed? (CUSUM) after a switch of the endpoint from P0 to P1 mid-run: the detector's
 //!    own `detect::changed_chart` with `DetectorConfig::default()` (one chart per watched
 //!    statistic the run has, `min_sd` from the config since the deterministic endpoints' noise
-//!    floor is 0, the chart rebuilt over the newest `history_runs` runs, an alarm on any chart
-//!    = "changed").
+//!    floor is 0, the chart rebuilt from the fixed baseline over the newest `history_runs`
+//!    runs, an alarm on any chart = "changed").
 //! C. samples (MMD, Model Equality Testing, and the reference log-likelihood test): pools of
 //!    samples per completion prompt from the endpoints (`/v1/chat/completions`, as
 //!    `kinds/samples.rs` asks) and from the reference, every sample scored once by the
@@ -251,15 +251,17 @@ fn role(profile: &str) -> &'static str {
 }
 
 /// Which rounds of `series` each watched statistic's chart alarms on, as
-/// `Detectors::changed` sees them: the product's own `detect::changed_chart` over the newest
-/// `window` runs (history_runs) ending at every round, with the configured `min_sd` (the
-/// deterministic endpoints' noise floor is 0), alarm on the newest. Up to `window` rounds the
-/// window starts at run 0, so one pass over the series gives the rebuilt charts' answers.
+/// `Detectors::changed` sees them: the product's own `detect::changed_chart` over the fixed
+/// baseline (the first `cusum_baseline_rounds` rounds, stored once complete) and the newest
+/// `window` runs (history_runs) after it, ending at every round, with the configured `min_sd`
+/// (the deterministic endpoints' noise floor is 0), alarm on the newest. Up to `window` rounds
+/// the window starts at run 0, so one pass over the series gives the rebuilt charts' answers.
 fn alarms_with_window(
     det: &DetectorConfig,
     series: &[[f64; 3]],
     window: usize,
 ) -> Result<Vec<[bool; 3]>> {
+    let base = det.cusum.baseline_rounds;
     let mut out = vec![[false; 3]; series.len()];
     for c in 0..3 {
         let values: Vec<f64> = series.iter().map(|x| x[c]).collect();
@@ -269,8 +271,13 @@ fn alarms_with_window(
             out[t][c] = o.alarm.is_some();
         }
         for t in head..values.len() {
-            let (_, obs) =
-                detect::changed_chart(det, det.cusum.min_sd, &values[t + 1 - window..=t])?;
+            let from = (t + 1 - window).max(base);
+            let chart: Vec<f64> = values[..base]
+                .iter()
+                .chain(&values[from..=t])
+                .copied()
+                .collect();
+            let (_, obs) = detect::changed_chart(det, det.cusum.min_sd, &chart)?;
             out[t][c] = obs.last().is_some_and(|o| o.alarm.is_some());
         }
     }

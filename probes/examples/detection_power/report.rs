@@ -206,7 +206,7 @@ pub(crate) fn render_tables(r: &Value) -> Result<String> {
                 .unwrap_or_default();
             writeln!(
                 t,
-                "\nIn control (a8, {} rounds, {} × {} rounds, charts rebuilt over the newest {} runs as the detector does): any-chart alarm rate {} of {} monitored rounds ({}); per chart {}; documented ARL0 {:.0} rounds per chart (rate {:.4}); median rounds to the first alarm {}, {} of {} worlds without an alarm.",
+                "\nIn control (a8, {} rounds, {} × {} rounds, charts rebuilt from the fixed baseline over the newest {} runs as the detector does): any-chart alarm rate {} of {} monitored rounds ({}); per chart {}; documented ARL0 {:.0} rounds per chart (rate {:.4}); median rounds to the first alarm {}, {} of {} worlds without an alarm.",
                 x["rounds"].as_str().unwrap_or("?"),
                 x["worlds"],
                 x["rounds_per_world"],

@@ -36,7 +36,8 @@ pub struct DetectorConfig {
     pub cusum_baseline_correction: bool,
     /// Run statistics watched by the CUSUM (those a run lacks are skipped).
     pub cusum_statistics: Vec<String>,
-    /// Most runs per endpoint and kind read to rebuild a chart or a noise floor.
+    /// Most runs per endpoint and kind read to rebuild a chart (after its fixed baseline) or
+    /// a noise floor.
     pub history_runs: u32,
     /// False-discovery rate of the passive tests.
     pub passive_q: f64,
