@@ -87,7 +87,7 @@ use crate::{ProbesError, Result};
 
 mod diagnosis;
 mod findings;
-use diagnosis::{diagnosed, pooled_diagnosis};
+use diagnosis::{diagnosed, pooled_candidates, pooled_diagnosis};
 use findings::{long_context_finding, signature_finding, unfaithful};
 
 mod detector_config;
@@ -294,8 +294,10 @@ impl Detectors {
         if !run.ok {
             return Ok(Vec::new());
         }
+        // the statistics only: the raw data (tens of kB a run) is read for the few runs that
+        // need it, below
         let mut history = store
-            .probe_runs(&ProbeRunQuery {
+            .probe_run_stats(&ProbeRunQuery {
                 model: Some(run.model.clone()),
                 endpoint: Some(run.endpoint.clone()),
                 kind: Some(run.kind.clone()),
@@ -308,9 +310,24 @@ impl Detectors {
         if !history.iter().any(|r| r.id == run.id) {
             history.push(run.clone());
         }
+        let pairs = pairs_needing_raw(&history);
+        load_raw(store, &mut history, &pairs).await?;
+        if let Some(last) = history.iter_mut().find(|r| r.id == run.id) {
+            last.raw.clone_from(&run.raw);
+        }
         let floors = noise_floors(&history);
         let mut out = Vec::new();
-        if let Some(finding) = self.faithful(run, &history, &floors)? {
+        let mut finding = self.faithful(run, &history, &floors)?;
+        // a flagged run names its fault over the runs pooled since the endpoint went over
+        // the threshold: their raw data is read only then
+        if finding.is_some() {
+            let pooled = pooled_candidates(run, &history);
+            if !pooled.is_empty() {
+                load_raw(store, &mut history, &pooled).await?;
+                finding = self.faithful(run, &history, &floors)?;
+            }
+        }
+        if let Some(finding) = finding {
             out.push(self.alerting.raise(store, &finding).await?.0);
         }
         // a resolved "changed" alert accepts the new behaviour: the chart restarts after it
@@ -758,9 +775,37 @@ pub fn changed_chart(
     run_chart(changed_chart_config(cfg, min_sd)?, values)
 }
 
+/// The run-stats keys a noise floor is kept for.
+const FLOOR_KEYS: [&str; 5] = [
+    "kl_mean",
+    "kl_p99",
+    "dlogprob_mean",
+    "top1_same",
+    "topk_overlap",
+];
+
+/// A noise-floor pair's statistics (a run and its repeat, compared position by position from
+/// their raw data) under [`FLOOR_KEYS`]: what the scheduler stores in the repeat's
+/// `stats.noise_pair`, so that the detectors read noise floors from the runs' statistics
+/// without their raw data. An error when the data do not line up (different generated
+/// tokens).
+pub fn noise_pair_stats(first_raw: &[u8], repeat_raw: &[u8]) -> Result<serde_json::Value> {
+    let summary = repeat_summary(
+        &decode_positions(first_raw)?,
+        &decode_positions(repeat_raw)?,
+    )?;
+    Ok(serde_json::Value::Object(
+        FLOOR_KEYS
+            .iter()
+            .filter_map(|&k| summary_stat(&summary, k).map(|v| (k.to_owned(), v.into())))
+            .collect(),
+    ))
+}
+
 /// Noise floors per run-stats key, from the noise-floor pairs in `history` (a run with
-/// `repeat_of` and its first run, both with raw per-position data). Pairs whose data do not
-/// line up (different generated tokens) are skipped.
+/// `repeat_of` and its first run): the pair's `stats.noise_pair`, or, for a pair stored
+/// without it, the pair's statistics from both runs' raw data. Pairs whose data do not line
+/// up (different generated tokens) are skipped.
 fn noise_floors(history: &[ProbeRun]) -> BTreeMap<String, NoiseFloor> {
     let mut floors: BTreeMap<String, NoiseFloor> = BTreeMap::new();
     for b in history.iter().filter(|r| r.ok) {
@@ -768,31 +813,54 @@ fn noise_floors(history: &[ProbeRun]) -> BTreeMap<String, NoiseFloor> {
         let Some(a) = history.iter().find(|r| r.id == first && r.ok) else {
             continue;
         };
-        let (Some(raw_a), Some(raw_b)) = (&a.raw, &b.raw) else {
-            continue;
+        let pair = match (b.stats.get("noise_pair"), &a.raw, &b.raw) {
+            (Some(pair), _, _) => Ok(pair.clone()),
+            (None, Some(raw_a), Some(raw_b)) => noise_pair_stats(raw_a, raw_b),
+            (None, _, _) => continue,
         };
-        let summary = decode_positions(raw_a)
-            .and_then(|pa| decode_positions(raw_b).map(|pb| (pa, pb)))
-            .and_then(|(pa, pb)| repeat_summary(&pa, &pb));
-        let summary = match summary {
-            Ok(s) => s,
+        let pair = match pair {
+            Ok(p) => p,
             Err(e) => {
                 tracing::debug!(run = b.id, error = %e, "noise-floor pair skipped");
                 continue;
             }
         };
-        for key in [
-            "kl_mean",
-            "kl_p99",
-            "dlogprob_mean",
-            "top1_same",
-            "topk_overlap",
-        ] {
-            if let Some(v) = summary_stat(&summary, key) {
+        for key in FLOOR_KEYS {
+            if let Some(v) = stat(&pair, key) {
                 // a non-finite value is refused by record() and simply not counted
                 let _ = floors.entry(key.to_owned()).or_default().record(v);
             }
         }
     }
     floors
+}
+
+/// The ids of the runs of `history` whose raw data `noise_floors` needs: both runs of each
+/// noise-floor pair stored without `stats.noise_pair`.
+fn pairs_needing_raw(history: &[ProbeRun]) -> Vec<i64> {
+    history
+        .iter()
+        .filter(|b| b.ok && b.stats.get("noise_pair").is_none())
+        .filter_map(|b| b.repeat_of.map(|a| [a, b.id]))
+        .flatten()
+        .collect()
+}
+
+/// Fills in the raw data of the runs of `history` with these ids (those that have it).
+async fn load_raw(store: &Store, history: &mut [ProbeRun], ids: &[i64]) -> Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let raw: BTreeMap<i64, Vec<u8>> = store
+        .probe_run_raw(ids)
+        .await
+        .map_err(store_err)?
+        .into_iter()
+        .collect();
+    for r in history.iter_mut() {
+        if let Some(bytes) = raw.get(&r.id) {
+            r.raw = Some(bytes.clone());
+        }
+    }
+    Ok(())
 }

@@ -4,7 +4,7 @@
 //! "faithful?" and "changed?" detectors after it, and sweeps the passive detectors
 //! periodically. Every `noise_pair_every`-th round of a kind with per-position data (the
 //! first included) is a noise-floor pair: the same probe twice, the second stored with
-//! `repeat_of`. The reference's scores are memoized ([`crate::reference::Cached`], `reference_cache_positions`): rounds
+//! `repeat_of` and the pair's statistics (`stats.noise_pair`, [`crate::detect::noise_pair_stats`]). The reference's scores are memoized ([`crate::reference::Cached`], `reference_cache_positions`): rounds
 //! re-send the same sequences, and the reference's answer to one never changes.
 //!
 //! Probe runs are concurrent across endpoints, at most `concurrency` in flight (a semaphore
@@ -170,7 +170,7 @@ impl Scheduler {
         // a repeat measures a noise floor only from per-position data (logprob kinds)
         if pair && out[0].ok && out[0].raw.is_some() {
             let second = self
-                .probe_and_store(&ctx, target, kind, Some(out[0].id))
+                .probe_and_store(&ctx, target, kind, Some(&out[0]))
                 .await?;
             out.push(second);
         }
@@ -182,7 +182,7 @@ impl Scheduler {
         ctx: &ProbeCtx<'_>,
         target: &Target,
         kind: ProbeKind,
-        repeat_of: Option<i64>,
+        repeat_of: Option<&ProbeRun>,
     ) -> Result<ProbeRun> {
         // the semaphore is never closed, so acquiring only waits
         let slot = self.slots.acquire().await.ok();
@@ -201,8 +201,26 @@ impl Scheduler {
             tokens: o.tokens,
             stats: o.stats,
             raw: o.raw,
-            repeat_of,
+            repeat_of: repeat_of.map(|first| first.id),
         };
+        // a noise-floor pair's statistics go with the repeat, so that the detectors read the
+        // floor without either run's raw data
+        if let (Some(first_raw), Some(raw), true) = (
+            repeat_of.and_then(|f| f.raw.as_deref()),
+            run.raw.as_deref(),
+            run.ok,
+        ) {
+            match crate::detect::noise_pair_stats(first_raw, raw) {
+                Ok(pair) => {
+                    if let Some(stats) = run.stats.as_object_mut() {
+                        stats.insert("noise_pair".to_owned(), pair);
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(endpoint = %target.endpoint, error = %e, "noise-floor pair does not line up")
+                }
+            }
+        }
         if let Some(e) = &run.error {
             tracing::warn!(endpoint = %target.endpoint, kind = kind.name(), error = %e, "probe could not run");
         }

@@ -245,6 +245,39 @@ impl Store {
         })
     }
 
+    /// The raw per-position data of the runs with these ids that have it, by id (in no
+    /// particular order): what the detectors read of the few runs whose data they need,
+    /// beside [`Store::probe_run_stats`].
+    pub async fn probe_run_raw(&self, ids: &[i64]) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
+        const OP: &str = "reading probe runs' raw data";
+        let mut out = Vec::new();
+        // bounded statements: SQLite binds at most 32,766 parameters
+        for chunk in ids.chunks(1_000) {
+            on_pool!(&self.pool, |p| {
+                let mut qb = QueryBuilder::new(
+                    "SELECT id, raw FROM probe_runs WHERE raw IS NOT NULL AND id IN (",
+                );
+                let mut list = qb.separated(", ");
+                for &id in chunk {
+                    list.push_bind(id);
+                }
+                qb.push(")");
+                let rows = qb
+                    .build()
+                    .fetch_all(p)
+                    .await
+                    .map_err(StoreError::query(OP))?;
+                for r in &rows {
+                    out.push((
+                        r.try_get(0).map_err(StoreError::query(OP))?,
+                        r.try_get(1).map_err(StoreError::query(OP))?,
+                    ));
+                }
+            });
+        }
+        Ok(out)
+    }
+
     /// The oldest runs of `endpoint`'s `kind` for `model` that the changed? detector charts —
     /// those that ran (`ok`) and are not the repeat of a noise-floor pair — started after
     /// `after_ms` (all with `None`), at most `limit`, oldest first (by start time, then id),

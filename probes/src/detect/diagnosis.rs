@@ -50,6 +50,31 @@ pub(super) fn diagnosed(
     )
 }
 
+/// The runs of `history` that [`pooled_diagnosis`] may pool with `run`, newest first: the
+/// earlier ones that ran and are not repeats, at most [`POOLED_RUNS`] - 1.
+fn earlier<'a>(run: &'a ProbeRun, history: &'a [ProbeRun]) -> impl Iterator<Item = &'a ProbeRun> {
+    history
+        .iter()
+        .rev()
+        .filter(move |r| r.id != run.id && r.ok && r.repeat_of.is_none())
+        .take(POOLED_RUNS - 1)
+}
+
+/// The ids of the runs whose raw data [`pooled_diagnosis`] reads for `run`, when `run` is
+/// flagged: none unless it would pool at all.
+pub(super) fn pooled_candidates(run: &ProbeRun, history: &[ProbeRun]) -> Vec<i64> {
+    if !pools(run) {
+        return Vec::new();
+    }
+    earlier(run, history).map(|r| r.id).collect()
+}
+
+/// Whether [`pooled_diagnosis`] pools for `run`: a prompt_logprobs run without a signature of
+/// its own.
+fn pools(run: &ProbeRun) -> bool {
+    run.kind == "prompt_logprobs" && run.stats.get("diagnosis").is_none()
+}
+
 /// The `different_model` diagnosis of an unfaithful prompt_logprobs run that has none of its
 /// own, over its positions and those of the endpoint's runs just before it that were over the
 /// threshold too (`over`), back to the first that was not, carried another signature, had
@@ -64,7 +89,7 @@ pub(super) fn pooled_diagnosis(
     history: &[ProbeRun],
     over: impl Fn(&ProbeRun) -> bool,
 ) -> Option<serde_json::Value> {
-    if run.kind != "prompt_logprobs" || run.stats.get("diagnosis").is_some() {
+    if !pools(run) {
         return None;
     }
     let mut ids = Vec::new();
@@ -72,11 +97,7 @@ pub(super) fn pooled_diagnosis(
     // each text counted once: a deterministic endpoint scores a text the same every round,
     // and a repeat would shrink the standard error without adding evidence
     let mut texts: Vec<&str> = Vec::new();
-    let earlier = history
-        .iter()
-        .rev()
-        .filter(|r| r.id != run.id && r.ok && r.repeat_of.is_none());
-    for r in std::iter::once(run).chain(earlier) {
+    for r in std::iter::once(run).chain(earlier(run, history)) {
         let other_signature = r
             .stats
             .pointer("/diagnosis/signature")

@@ -138,40 +138,61 @@ fn positions(n: usize, noise: f64, phase: usize) -> Vec<PositionInput> {
 async fn noise_floor_keeps_a_noisy_faithful_endpoint_unflagged() -> Result<()> {
     let db = TestDb::new(Backend::Sqlite).await?;
     let d = detectors(DetectorConfig::default(), Some(test_only_ladder()?))?;
-    // a noisy endpoint: its two repeats differ from each other a lot
-    let mut first = logprob_run("p/noisy", 1_000, 0.02, 0.97);
-    first.raw = Some(encode_positions(&positions(64, 0.1, 0))?);
-    let first = store_run(&db.store, &first).await?;
-    // before the floor is known, 0.02 (> 6-bit's 0.012) is flagged
-    ensure!(
-        d.after_run(&db.store, &first).await?.len() == 1,
-        "no alert without a floor"
-    );
-    let resolved = db.store.active_alerts().await?;
-    db.store.resolve_alert(resolved[0].id).await?;
-    let mut second = logprob_run("p/noisy", 2_000, 0.02, 0.97);
-    second.raw = Some(encode_positions(&positions(64, 0.1, 1))?);
-    second.repeat_of = Some(first.id);
-    let second = store_run(&db.store, &second).await?;
-    let alerts = d.after_run(&db.store, &second).await?;
-    ensure!(
-        alerts.is_empty(),
-        "flagged despite its noise floor: {alerts:?}"
-    );
-    // the floor raises the bar, but a systematic drift far above it is still flagged
-    let drifted = store_run(&db.store, &logprob_run("p/noisy", 3_000, 5.0, 0.3)).await?;
-    let alerts = d.after_run(&db.store, &drifted).await?;
-    ensure!(alerts.iter().any(|a| a.kind == "unfaithful"), "{alerts:?}");
-    let e = &alerts
-        .iter()
-        .find(|a| a.kind == "unfaithful")
-        .context("unfaithful")?
-        .evidence;
-    let floor = e["noise_floor"].as_f64().context("floor recorded")?;
-    ensure!(
-        floor > 0.0 && e["threshold"].as_f64() == Some(3.0 * floor).map(|t| t.max(0.012)),
-        "{e}"
-    );
+    // the pair as an older store holds it (both runs' raw data), and as the scheduler stores
+    // it now, with the pair's statistics on the repeat (`stats.noise_pair`) and, once
+    // retention has cleared it, no raw data: the same floor either way
+    let mut floors = Vec::new();
+    for (i, pair_stats) in [false, true].into_iter().enumerate() {
+        let endpoint = if pair_stats {
+            "p/noisy-stats"
+        } else {
+            "p/noisy-raw"
+        };
+        let t = i as i64 * 10_000;
+        // a noisy endpoint: its two repeats differ from each other a lot
+        let (raw_a, raw_b) = (
+            encode_positions(&positions(64, 0.1, 0))?,
+            encode_positions(&positions(64, 0.1, 1))?,
+        );
+        let mut first = logprob_run(endpoint, t + 1_000, 0.02, 0.97);
+        first.raw = Some(raw_a.clone());
+        let first = store_run(&db.store, &first).await?;
+        // before the floor is known, 0.02 (> 6-bit's 0.012) is flagged
+        let alerts = d.after_run(&db.store, &first).await?;
+        ensure!(alerts.len() == 1, "no alert without a floor");
+        db.store.resolve_alert(alerts[0].id).await?;
+        let mut second = logprob_run(endpoint, t + 2_000, 0.02, 0.97);
+        second.raw = Some(raw_b.clone());
+        second.repeat_of = Some(first.id);
+        if pair_stats {
+            second.stats["noise_pair"] = samewise_probes::detect::noise_pair_stats(&raw_a, &raw_b)?;
+        }
+        let second = store_run(&db.store, &second).await?;
+        let alerts = d.after_run(&db.store, &second).await?;
+        ensure!(
+            alerts.is_empty(),
+            "{endpoint}: flagged despite its noise floor: {alerts:?}"
+        );
+        if pair_stats {
+            let cleared = db.store.clear_probe_raw_step(i64::MAX, 100).await?;
+            ensure!(cleared >= 2, "{cleared}");
+        }
+        // the floor raises the bar, but a systematic drift far above it is still flagged
+        let drifted = store_run(&db.store, &logprob_run(endpoint, t + 3_000, 5.0, 0.3)).await?;
+        let alerts = d.after_run(&db.store, &drifted).await?;
+        let e = &alerts
+            .iter()
+            .find(|a| a.kind == "unfaithful")
+            .with_context(|| format!("{endpoint}: {alerts:?}"))?
+            .evidence;
+        let floor = e["noise_floor"].as_f64().context("floor recorded")?;
+        ensure!(
+            floor > 0.0 && e["threshold"].as_f64() == Some(3.0 * floor).map(|t| t.max(0.012)),
+            "{e}"
+        );
+        floors.push(floor);
+    }
+    ensure!(floors[0] == floors[1], "{floors:?}");
     Ok(())
 }
 

@@ -71,6 +71,19 @@ async fn scheduler_stores_runs_with_noise_pairs_and_respects_the_budget() -> Res
             "{r:?}"
         );
     }
+    // the repeat (stored first of the two, newest first) carries the pair's statistics,
+    // from both runs' raw data: the detectors' noise floor needs no raw data
+    let (first, repeat) = (&stored[1], &stored[0]);
+    ensure!(repeat.repeat_of == Some(first.id) && first.stats.get("noise_pair").is_none());
+    let pair = samewise_probes::detect::noise_pair_stats(
+        first.raw.as_deref().context("raw")?,
+        repeat.raw.as_deref().context("raw")?,
+    )?;
+    ensure!(
+        repeat.stats["noise_pair"] == pair && pair["kl_mean"].as_f64().is_some(),
+        "{}",
+        repeat.stats
+    );
     // the two runs spent more than the 400-token budget: the next round is skipped
     let spent: i64 = stored.iter().map(|r| r.tokens).sum();
     ensure!(spent >= 400, "spent {spent}");

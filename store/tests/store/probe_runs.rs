@@ -1,4 +1,4 @@
-//! Probe runs: round trip of every field, filters and newest-first order, the hourly token
+//! Probe runs: round trip of every field (and of the raw data alone), filters and newest-first order, the hourly token
 //! sum, retention (raw data cleared, then runs deleted), the changed? detector's baselines
 //! and the first runs they come from, and the scheduler lock (one holder per PostgreSQL
 //! database).
@@ -69,6 +69,12 @@ async fn probe_run_round_trip(db: TestDb) -> Result<()> {
     for (g, e) in got.iter().zip(expect.iter()) {
         ensure!(g == e, "read back {g:?}, wrote {e:?}");
     }
+    // the raw data of the runs asked for that have it (the second has none; no run 999999)
+    let mut raw = db.store.probe_run_raw(&[id3, id2, id1, 999_999]).await?;
+    raw.sort();
+    let want = vec![(id1, vec![0, 1, 2, 255, 0]), (id3, vec![0, 1, 2, 255, 0])];
+    ensure!(raw == want, "{raw:?}");
+    ensure!(db.store.probe_run_raw(&[]).await?.is_empty());
     // a run needs its identity
     let bad = db.store.insert_probe_run(&run("", "samples", 1, 1)).await;
     ensure!(matches!(bad, Err(StoreError::InvalidInput(_))), "{bad:?}");
