@@ -34,8 +34,11 @@
 //!   length (Mann–Whitney) and finish reasons (chi-square); Benjamini–Hochberg over all of a
 //!   model's tests at `passive_q`. The sweep also auto-resolves quiet alerts.
 //!
-//! Files: this one (faithful?, changed?, orchestration), `detect_config.rs`
-//! ([`DetectorConfig`]), `detect_passive.rs` (the passive tests).
+//! Files: this one (faithful?, orchestration), `detect/changed.rs` (changed?: the fixed
+//! baselines and the charts), `detect/floors.rs` (noise floors, and the raw data read for
+//! the few runs that need it), `detect/diagnosis.rs` and `detect/findings.rs` (fault
+//! signatures, pooled diagnosis, the findings), `detect/detector_config.rs`
+//! ([`DetectorConfig`]), `detect/passive_sweep.rs` (the passive tests).
 //!
 //! Alert kinds: `unfaithful`, `changed`, `passive` (one active alert per endpoint and kind).
 //!
@@ -74,15 +77,13 @@
 
 use std::collections::BTreeMap;
 
-use samewise_store::{Alert, BaselineRun, NewAlert, ProbeBaseline, ProbeRun, ProbeRunQuery, Store};
+use samewise_store::{Alert, NewAlert, ProbeRun, ProbeRunQuery, Store};
 
 use crate::alerting::{Alerting, AlertsConfig};
-use crate::compare::{RunSummary, decode_positions};
 use crate::config::ProbesConfig;
 use crate::ladder::{Equivalent, Ladder, Metric};
 use crate::mmd::{SamplesTest, samples_p_value};
-use crate::noise::{NoiseFloor, repeat_summary};
-use crate::sequential::{Cusum, CusumConfig, Observation, Shift, run_chart};
+use crate::noise::NoiseFloor;
 use crate::{ProbesError, Result};
 
 mod diagnosis;
@@ -90,10 +91,15 @@ mod findings;
 use diagnosis::{diagnosed, pooled_candidates, pooled_diagnosis};
 use findings::{long_context_finding, signature_finding, unfaithful};
 
+mod changed;
 mod detector_config;
+mod floors;
 mod passive_sweep;
 
+pub use changed::{changed_chart, changed_chart_config};
 pub use detector_config::DetectorConfig;
+pub use floors::noise_pair_stats;
+use floors::{load_raw, noise_floors, pairs_needing_raw};
 
 /// Alert kind of the faithful? detector.
 pub const KIND_UNFAITHFUL: &str = "unfaithful";
@@ -151,18 +157,6 @@ pub fn stat(stats: &serde_json::Value, key: &str) -> Option<f64> {
                 .flatten()
         })?;
     v.is_finite().then_some(v)
-}
-
-/// The value of run-stats key `key` in a repeat summary, if it has one.
-fn summary_stat(s: &RunSummary, key: &str) -> Option<f64> {
-    match key {
-        "kl_mean" => Some(s.kl_mean),
-        "kl_p99" => Some(s.kl_p99),
-        "dlogprob_mean" => Some(s.abs_dlogprob_mean),
-        "top1_same" => Some(s.top1_same),
-        "topk_overlap" => Some(s.topk_overlap),
-        _ => None,
-    }
 }
 
 /// Whether larger values of run-stats key `key` are better.
@@ -536,191 +530,6 @@ impl Detectors {
         ))
     }
 
-    /// The changed? charts' fixed baselines for `run`'s endpoint and kind, by statistic: the
-    /// stored baseline that follows the last accepted change (`accepted_ms`), and for a
-    /// statistic without one the first `cusum_baseline_rounds` series runs after that change
-    /// that carry it, read from the store (oldest first, whatever `history_runs` holds) and
-    /// stored once there are that many. Until then the baseline is the runs there are.
-    async fn baselines(
-        &self,
-        store: &Store,
-        run: &ProbeRun,
-        accepted_ms: Option<i64>,
-    ) -> Result<BTreeMap<String, Vec<BaselineRun>>> {
-        let rounds = self.cfg.cusum.baseline_rounds;
-        let mut out: BTreeMap<String, Vec<BaselineRun>> = store
-            .probe_baselines(&run.model, &run.endpoint, &run.kind)
-            .await
-            .map_err(store_err)?
-            .into_iter()
-            .filter(|b| b.after_ms == accepted_ms && b.runs.len() == rounds)
-            .map(|b| (b.statistic, b.runs))
-            .collect();
-        let missing: Vec<&String> = self
-            .cfg
-            .cusum_statistics
-            .iter()
-            .filter(|key| !out.contains_key(*key) && stat(&run.stats, key).is_some())
-            .collect();
-        if missing.is_empty() {
-            return Ok(out);
-        }
-        // twice the rounds: a statistic that a few early runs lack still finds its baseline
-        let limit = u32::try_from(rounds.saturating_mul(2)).unwrap_or(u32::MAX);
-        let first = store
-            .first_series_runs(&run.model, &run.endpoint, &run.kind, accepted_ms, limit)
-            .await
-            .map_err(store_err)?;
-        for key in missing {
-            let runs: Vec<BaselineRun> = first
-                .iter()
-                .filter_map(|r| {
-                    stat(&r.stats, key).map(|value| BaselineRun {
-                        id: r.id,
-                        started_ms: r.started_ms,
-                        value,
-                    })
-                })
-                .take(rounds)
-                .collect();
-            if runs.len() == rounds {
-                store
-                    .put_probe_baseline(&ProbeBaseline {
-                        model: run.model.clone(),
-                        endpoint: run.endpoint.clone(),
-                        kind: run.kind.clone(),
-                        statistic: key.clone(),
-                        after_ms: accepted_ms,
-                        runs: runs.clone(),
-                        created_ms: samewise_store::now_ms(),
-                    })
-                    .await
-                    .map_err(store_err)?;
-            }
-            out.insert(key.clone(), runs);
-        }
-        Ok(out)
-    }
-
-    /// The changed? finding: a CUSUM per watched statistic over the endpoint's runs of this
-    /// kind (noise-floor repeats excluded, and only runs started after `accepted_ms`, when
-    /// the endpoint's last "changed" alert was resolved), alarming on `run`. Each chart runs
-    /// over the statistic's fixed baseline (`baselines`), then the runs of `history` after
-    /// the baseline's last.
-    fn changed(
-        &self,
-        run: &ProbeRun,
-        history: &[ProbeRun],
-        floors: &BTreeMap<String, NoiseFloor>,
-        accepted_ms: Option<i64>,
-        baselines: &BTreeMap<String, Vec<BaselineRun>>,
-    ) -> Result<Option<NewAlert>> {
-        if run.repeat_of.is_some() {
-            return Ok(None);
-        }
-        let series: Vec<&ProbeRun> = history
-            .iter()
-            .filter(|r| r.ok && r.repeat_of.is_none())
-            .filter(|r| accepted_ms.is_none_or(|t| r.started_ms > t))
-            .collect();
-        let mut alarms = Vec::new();
-        let mut threshold = self.cfg.cusum.h;
-        for key in &self.cfg.cusum_statistics {
-            if stat(&run.stats, key).is_none() {
-                continue;
-            }
-            let floor = floors.get(key.as_str()).and_then(|f| {
-                if higher_is_better(key) {
-                    f.floor_rate().map(|r| 1.0 - r)
-                } else {
-                    f.floor()
-                }
-            });
-            let min_sd = floor.map_or(self.cfg.cusum.min_sd, |f| f.max(self.cfg.cusum.min_sd));
-            let baseline = baselines.get(key).map_or(&[][..], Vec::as_slice);
-            let after = baseline.last().map(|b| (b.started_ms, b.id));
-            let (ids, values): (Vec<i64>, Vec<f64>) = baseline
-                .iter()
-                .map(|b| (b.id, b.value))
-                .chain(
-                    series
-                        .iter()
-                        .filter(|r| after.is_none_or(|a| (r.started_ms, r.id) > a))
-                        .filter_map(|r| stat(&r.stats, key).map(|x| (r.id, x))),
-                )
-                .unzip();
-            let (chart, observations) = changed_chart(&self.cfg, min_sd, &values)?;
-            let last = ids
-                .iter()
-                .rposition(|&id| id == run.id)
-                .map(|i| (values[i], observations[i]));
-            let Some((x, obs)) = last else { continue };
-            let Some(shift) = obs.alarm else { continue };
-            let Some((mean, sd)) = chart.baseline() else {
-                continue;
-            };
-            threshold = chart.config().h;
-            let baseline_ids: Vec<i64> = ids
-                .iter()
-                .take(self.cfg.cusum.baseline_rounds)
-                .copied()
-                .collect();
-            alarms.push(serde_json::json!({
-                "statistic": key,
-                "value": x,
-                "shift": match shift { Shift::Up => "up", Shift::Down => "down" },
-                "z": obs.z,
-                "cusum": obs.s_hi.max(obs.s_lo),
-                "threshold": chart.config().h,
-                "k": self.cfg.cusum.k,
-                "arl0": self.cfg.cusum.arl0(),
-                "baseline_mean": mean,
-                "baseline_sd": sd,
-                "baseline_runs": baseline_ids,
-            }));
-        }
-        if alarms.is_empty() {
-            return Ok(None);
-        }
-        let parts: Vec<String> = alarms
-            .iter()
-            .map(|a| {
-                let key = a["statistic"].as_str().unwrap_or("?");
-                let dir = if a["shift"] == "up" { "rose" } else { "fell" };
-                format!(
-                    "{key} {dir} to {} from baseline {}",
-                    fmt_num(a["value"].as_f64().unwrap_or(f64::NAN)),
-                    fmt_num(a["baseline_mean"].as_f64().unwrap_or(f64::NAN))
-                )
-            })
-            .collect();
-        let summary = format!(
-            "endpoint {} changed ({}): {} (CUSUM > {:.2}, in-control ARL ≈ {:.0} rounds per chart)",
-            run.endpoint,
-            run.kind,
-            parts.join("; "),
-            threshold,
-            self.cfg.cusum.arl0()
-        );
-        Ok(Some(NewAlert {
-            model: run.model.clone(),
-            endpoint: run.endpoint.clone(),
-            kind: KIND_CHANGED.to_owned(),
-            summary,
-            evidence: serde_json::json!({
-                "detector": "changed",
-                "probe_kind": run.kind,
-                "statistic": alarms.first().map(|a| a["statistic"].clone()),
-                "value": alarms.first().map(|a| a["value"].clone()),
-                "threshold": threshold,
-                "p_value": serde_json::Value::Null,
-                "alarms": alarms,
-                "probe_runs": [run.id],
-            }),
-            now_ms: run.finished_ms,
-        }))
-    }
-
     /// Called every sweep interval: the passive cross-endpoint tests over each model's
     /// recent request records, then auto-resolve of quiet alerts. Returns the alerts opened
     /// or refreshed, then those resolved.
@@ -741,126 +550,4 @@ impl Detectors {
         out.extend(self.alerting.auto_resolve(store, now_ms).await?);
         Ok(out)
     }
-}
-
-/// The faithful? finding of a long_context run: its effective context one doubling or more
-/// below the reference's (`samewise_longctx::context::one_doubling_below`), with the
-/// per-length passes of both sides as evidence.
-/// The chart configuration the changed? detector uses for one statistic: the configured
-/// chart with `min_sd` (the configured minimum, raised by the statistic's noise floor) and,
-/// with `cusum_baseline_correction` (the default), `h` raised for the estimated baseline
-/// ([`CusumConfig::for_estimated_baseline`]) so that the in-control false-alarm rate per
-/// chart is the documented `1/cusum_arl0`.
-pub fn changed_chart_config(cfg: &DetectorConfig, min_sd: f64) -> Result<CusumConfig> {
-    let chart = CusumConfig {
-        min_sd,
-        ..cfg.cusum
-    };
-    if cfg.cusum_baseline_correction {
-        chart.for_estimated_baseline()
-    } else {
-        Ok(chart)
-    }
-}
-
-/// The changed? chart of one statistic over an endpoint's series of per-run values (oldest
-/// first, runs after the last accepted change): [`changed_chart_config`] fed the values in
-/// order. `Detectors::changed` raises "changed" when the newest run's observation alarms;
-/// the benchmark (`probes/examples/detection_power/`) calls this same function.
-pub fn changed_chart(
-    cfg: &DetectorConfig,
-    min_sd: f64,
-    values: &[f64],
-) -> Result<(Cusum, Vec<Observation>)> {
-    run_chart(changed_chart_config(cfg, min_sd)?, values)
-}
-
-/// The run-stats keys a noise floor is kept for.
-const FLOOR_KEYS: [&str; 5] = [
-    "kl_mean",
-    "kl_p99",
-    "dlogprob_mean",
-    "top1_same",
-    "topk_overlap",
-];
-
-/// A noise-floor pair's statistics (a run and its repeat, compared position by position from
-/// their raw data) under [`FLOOR_KEYS`]: what the scheduler stores in the repeat's
-/// `stats.noise_pair`, so that the detectors read noise floors from the runs' statistics
-/// without their raw data. An error when the data do not line up (different generated
-/// tokens).
-pub fn noise_pair_stats(first_raw: &[u8], repeat_raw: &[u8]) -> Result<serde_json::Value> {
-    let summary = repeat_summary(
-        &decode_positions(first_raw)?,
-        &decode_positions(repeat_raw)?,
-    )?;
-    Ok(serde_json::Value::Object(
-        FLOOR_KEYS
-            .iter()
-            .filter_map(|&k| summary_stat(&summary, k).map(|v| (k.to_owned(), v.into())))
-            .collect(),
-    ))
-}
-
-/// Noise floors per run-stats key, from the noise-floor pairs in `history` (a run with
-/// `repeat_of` and its first run): the pair's `stats.noise_pair`, or, for a pair stored
-/// without it, the pair's statistics from both runs' raw data. Pairs whose data do not line
-/// up (different generated tokens) are skipped.
-fn noise_floors(history: &[ProbeRun]) -> BTreeMap<String, NoiseFloor> {
-    let mut floors: BTreeMap<String, NoiseFloor> = BTreeMap::new();
-    for b in history.iter().filter(|r| r.ok) {
-        let Some(first) = b.repeat_of else { continue };
-        let Some(a) = history.iter().find(|r| r.id == first && r.ok) else {
-            continue;
-        };
-        let pair = match (b.stats.get("noise_pair"), &a.raw, &b.raw) {
-            (Some(pair), _, _) => Ok(pair.clone()),
-            (None, Some(raw_a), Some(raw_b)) => noise_pair_stats(raw_a, raw_b),
-            (None, _, _) => continue,
-        };
-        let pair = match pair {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::debug!(run = b.id, error = %e, "noise-floor pair skipped");
-                continue;
-            }
-        };
-        for key in FLOOR_KEYS {
-            if let Some(v) = stat(&pair, key) {
-                // a non-finite value is refused by record() and simply not counted
-                let _ = floors.entry(key.to_owned()).or_default().record(v);
-            }
-        }
-    }
-    floors
-}
-
-/// The ids of the runs of `history` whose raw data `noise_floors` needs: both runs of each
-/// noise-floor pair stored without `stats.noise_pair`.
-fn pairs_needing_raw(history: &[ProbeRun]) -> Vec<i64> {
-    history
-        .iter()
-        .filter(|b| b.ok && b.stats.get("noise_pair").is_none())
-        .filter_map(|b| b.repeat_of.map(|a| [a, b.id]))
-        .flatten()
-        .collect()
-}
-
-/// Fills in the raw data of the runs of `history` with these ids (those that have it).
-async fn load_raw(store: &Store, history: &mut [ProbeRun], ids: &[i64]) -> Result<()> {
-    if ids.is_empty() {
-        return Ok(());
-    }
-    let raw: BTreeMap<i64, Vec<u8>> = store
-        .probe_run_raw(ids)
-        .await
-        .map_err(store_err)?
-        .into_iter()
-        .collect();
-    for r in history.iter_mut() {
-        if let Some(bytes) = raw.get(&r.id) {
-            r.raw = Some(bytes.clone());
-        }
-    }
-    Ok(())
 }

@@ -7,8 +7,9 @@
 //! each key's hourly usage, for longer ([`RetentionConfig::rollups`], 400 days). A probe run's
 //! per-position data (`raw`: about 110 bytes a scored token at the default top-5; a
 //! prompt-logprobs run about 55 kB, 0.7 MB an endpoint an hour at the default interval, 6 GB a
-//! year) is what the detectors read of recent runs (noise floors, pooled diagnoses over the
-//! last `history_runs`, 500: under two days at the default interval); it is cleared after
+//! year) is what a flagged run's pooled diagnosis reads of the runs before it (and the noise
+//! floor of a pair stored without its statistics, of the last `history_runs`, 500: under two
+//! days at the default interval); it is cleared after
 //! [`RetentionConfig::probe_raw`] (7 days), and the run itself — its statistics, a few hundred
 //! bytes, which the dashboards chart — is deleted with the rollups. Everything is cut at whole
 //! UTC days: a pass deletes what lies before the start of the day that holds `now - keep`, so

@@ -8,6 +8,7 @@
 mod common;
 
 mod calibrate;
+mod changed;
 mod detectors;
 mod diagnoses;
 mod long_context;

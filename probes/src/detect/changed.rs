@@ -1,0 +1,229 @@
+//! changed?: the CUSUM charts over an endpoint's runs of a kind, from the fixed baseline
+//! (stored apart, `Store::put_probe_baseline`) over the newest `history_runs` runs after it.
+
+use std::collections::BTreeMap;
+
+use samewise_store::{BaselineRun, NewAlert, ProbeBaseline, ProbeRun, Store};
+
+use super::{Detectors, KIND_CHANGED, fmt_num, higher_is_better, stat, store_err};
+use crate::Result;
+use crate::noise::NoiseFloor;
+use crate::sequential::{Cusum, CusumConfig, Observation, Shift, run_chart};
+
+use super::DetectorConfig;
+
+impl Detectors {
+    /// The changed? charts' fixed baselines for `run`'s endpoint and kind, by statistic: the
+    /// stored baseline that follows the last accepted change (`accepted_ms`), and for a
+    /// statistic without one the first `cusum_baseline_rounds` series runs after that change
+    /// that carry it, read from the store (oldest first, whatever `history_runs` holds) and
+    /// stored once there are that many. Until then the baseline is the runs there are.
+    pub(super) async fn baselines(
+        &self,
+        store: &Store,
+        run: &ProbeRun,
+        accepted_ms: Option<i64>,
+    ) -> Result<BTreeMap<String, Vec<BaselineRun>>> {
+        let rounds = self.cfg.cusum.baseline_rounds;
+        let mut out: BTreeMap<String, Vec<BaselineRun>> = store
+            .probe_baselines(&run.model, &run.endpoint, &run.kind)
+            .await
+            .map_err(store_err)?
+            .into_iter()
+            .filter(|b| b.after_ms == accepted_ms && b.runs.len() == rounds)
+            .map(|b| (b.statistic, b.runs))
+            .collect();
+        let missing: Vec<&String> = self
+            .cfg
+            .cusum_statistics
+            .iter()
+            .filter(|key| !out.contains_key(*key) && stat(&run.stats, key).is_some())
+            .collect();
+        if missing.is_empty() {
+            return Ok(out);
+        }
+        // twice the rounds: a statistic that a few early runs lack still finds its baseline
+        let limit = u32::try_from(rounds.saturating_mul(2)).unwrap_or(u32::MAX);
+        let first = store
+            .first_series_runs(&run.model, &run.endpoint, &run.kind, accepted_ms, limit)
+            .await
+            .map_err(store_err)?;
+        for key in missing {
+            let runs: Vec<BaselineRun> = first
+                .iter()
+                .filter_map(|r| {
+                    stat(&r.stats, key).map(|value| BaselineRun {
+                        id: r.id,
+                        started_ms: r.started_ms,
+                        value,
+                    })
+                })
+                .take(rounds)
+                .collect();
+            if runs.len() == rounds {
+                store
+                    .put_probe_baseline(&ProbeBaseline {
+                        model: run.model.clone(),
+                        endpoint: run.endpoint.clone(),
+                        kind: run.kind.clone(),
+                        statistic: key.clone(),
+                        after_ms: accepted_ms,
+                        runs: runs.clone(),
+                        created_ms: samewise_store::now_ms(),
+                    })
+                    .await
+                    .map_err(store_err)?;
+            }
+            out.insert(key.clone(), runs);
+        }
+        Ok(out)
+    }
+
+    /// The changed? finding: a CUSUM per watched statistic over the endpoint's runs of this
+    /// kind (noise-floor repeats excluded, and only runs started after `accepted_ms`, when
+    /// the endpoint's last "changed" alert was resolved), alarming on `run`. Each chart runs
+    /// over the statistic's fixed baseline (`baselines`), then the runs of `history` after
+    /// the baseline's last.
+    pub(super) fn changed(
+        &self,
+        run: &ProbeRun,
+        history: &[ProbeRun],
+        floors: &BTreeMap<String, NoiseFloor>,
+        accepted_ms: Option<i64>,
+        baselines: &BTreeMap<String, Vec<BaselineRun>>,
+    ) -> Result<Option<NewAlert>> {
+        if run.repeat_of.is_some() {
+            return Ok(None);
+        }
+        let series: Vec<&ProbeRun> = history
+            .iter()
+            .filter(|r| r.ok && r.repeat_of.is_none())
+            .filter(|r| accepted_ms.is_none_or(|t| r.started_ms > t))
+            .collect();
+        let mut alarms = Vec::new();
+        let mut threshold = self.cfg.cusum.h;
+        for key in &self.cfg.cusum_statistics {
+            if stat(&run.stats, key).is_none() {
+                continue;
+            }
+            let floor = floors.get(key.as_str()).and_then(|f| {
+                if higher_is_better(key) {
+                    f.floor_rate().map(|r| 1.0 - r)
+                } else {
+                    f.floor()
+                }
+            });
+            let min_sd = floor.map_or(self.cfg.cusum.min_sd, |f| f.max(self.cfg.cusum.min_sd));
+            let baseline = baselines.get(key).map_or(&[][..], Vec::as_slice);
+            let after = baseline.last().map(|b| (b.started_ms, b.id));
+            let (ids, values): (Vec<i64>, Vec<f64>) = baseline
+                .iter()
+                .map(|b| (b.id, b.value))
+                .chain(
+                    series
+                        .iter()
+                        .filter(|r| after.is_none_or(|a| (r.started_ms, r.id) > a))
+                        .filter_map(|r| stat(&r.stats, key).map(|x| (r.id, x))),
+                )
+                .unzip();
+            let (chart, observations) = changed_chart(&self.cfg, min_sd, &values)?;
+            let last = ids
+                .iter()
+                .rposition(|&id| id == run.id)
+                .map(|i| (values[i], observations[i]));
+            let Some((x, obs)) = last else { continue };
+            let Some(shift) = obs.alarm else { continue };
+            let Some((mean, sd)) = chart.baseline() else {
+                continue;
+            };
+            threshold = chart.config().h;
+            let baseline_ids: Vec<i64> = ids
+                .iter()
+                .take(self.cfg.cusum.baseline_rounds)
+                .copied()
+                .collect();
+            alarms.push(serde_json::json!({
+                "statistic": key,
+                "value": x,
+                "shift": match shift { Shift::Up => "up", Shift::Down => "down" },
+                "z": obs.z,
+                "cusum": obs.s_hi.max(obs.s_lo),
+                "threshold": chart.config().h,
+                "k": self.cfg.cusum.k,
+                "arl0": self.cfg.cusum.arl0(),
+                "baseline_mean": mean,
+                "baseline_sd": sd,
+                "baseline_runs": baseline_ids,
+            }));
+        }
+        if alarms.is_empty() {
+            return Ok(None);
+        }
+        let parts: Vec<String> = alarms
+            .iter()
+            .map(|a| {
+                let key = a["statistic"].as_str().unwrap_or("?");
+                let dir = if a["shift"] == "up" { "rose" } else { "fell" };
+                format!(
+                    "{key} {dir} to {} from baseline {}",
+                    fmt_num(a["value"].as_f64().unwrap_or(f64::NAN)),
+                    fmt_num(a["baseline_mean"].as_f64().unwrap_or(f64::NAN))
+                )
+            })
+            .collect();
+        let summary = format!(
+            "endpoint {} changed ({}): {} (CUSUM > {:.2}, in-control ARL ≈ {:.0} rounds per chart)",
+            run.endpoint,
+            run.kind,
+            parts.join("; "),
+            threshold,
+            self.cfg.cusum.arl0()
+        );
+        Ok(Some(NewAlert {
+            model: run.model.clone(),
+            endpoint: run.endpoint.clone(),
+            kind: KIND_CHANGED.to_owned(),
+            summary,
+            evidence: serde_json::json!({
+                "detector": "changed",
+                "probe_kind": run.kind,
+                "statistic": alarms.first().map(|a| a["statistic"].clone()),
+                "value": alarms.first().map(|a| a["value"].clone()),
+                "threshold": threshold,
+                "p_value": serde_json::Value::Null,
+                "alarms": alarms,
+                "probe_runs": [run.id],
+            }),
+            now_ms: run.finished_ms,
+        }))
+    }
+}
+
+/// The chart configuration the changed? detector uses for one statistic: the configured
+/// chart with `min_sd` (the configured minimum, raised by the statistic's noise floor) and,
+/// with `cusum_baseline_correction` (the default), `h` raised for the estimated baseline
+/// ([`CusumConfig::for_estimated_baseline`]) so that the in-control false-alarm rate per
+/// chart is the documented `1/cusum_arl0`.
+pub fn changed_chart_config(cfg: &DetectorConfig, min_sd: f64) -> Result<CusumConfig> {
+    let chart = CusumConfig {
+        min_sd,
+        ..cfg.cusum
+    };
+    if cfg.cusum_baseline_correction {
+        chart.for_estimated_baseline()
+    } else {
+        Ok(chart)
+    }
+}
+
+/// The changed? chart of one statistic over an endpoint's series of per-run values (oldest
+/// first, runs after the last accepted change): [`changed_chart_config`] fed the values in
+/// order. `Detectors::changed` raises "changed" when the newest run's observation alarms;
+/// the benchmark (`probes/examples/detection_power/`) calls this same function.
+pub fn changed_chart(
+    cfg: &DetectorConfig,
+    min_sd: f64,
+    values: &[f64],
+) -> Result<(Cusum, Vec<Observation>)> {
+    run_chart(changed_chart_config(cfg, min_sd)?, values)
+}

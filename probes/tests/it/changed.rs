@@ -1,0 +1,190 @@
+//! changed? over a real store (SQLite file and PostgreSQL): the CUSUM raises "changed"
+//! after a switch, keeps it while the endpoint stays changed, starts over after a resolution,
+//! and keeps the endpoint's first runs as its baseline for good.
+
+use anyhow::{Context, Result, ensure};
+use samewise_probes::detect::DetectorConfig;
+use samewise_store::Backend;
+use samewise_store::testing::TestDb;
+
+use crate::detectors::{detectors, logprob_run, store_run};
+
+/// The default detectors with an 8-round CUSUM baseline.
+fn eight_round_baseline() -> DetectorConfig {
+    DetectorConfig {
+        cusum: samewise_probes::sequential::CusumConfig {
+            baseline_rounds: 8,
+            ..DetectorConfig::default().cusum
+        },
+        ..DetectorConfig::default()
+    }
+}
+
+/// A wobbling but stable statistic: 8 rounds that never alarm.
+const WOBBLE: [f64; 8] = [0.010, 0.012, 0.009, 0.011, 0.013, 0.010, 0.008, 0.012];
+
+#[tokio::test]
+async fn cusum_raises_changed_after_a_switch_on_postgres_and_sqlite() -> Result<()> {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let db = TestDb::new(backend).await?;
+        let cfg = eight_round_baseline();
+        // no ladder: only changed? runs
+        let d = detectors(cfg, None)?;
+        // in control: a wobbling but stable statistic, 40 rounds, never alarms
+        for i in 0..40 {
+            let r = store_run(
+                &db.store,
+                &logprob_run("p/a", i * 1000, WOBBLE[i as usize % 8], 0.98),
+            )
+            .await?;
+            let alerts = d.after_run(&db.store, &r).await?;
+            ensure!(
+                alerts.is_empty(),
+                "{backend}: false alarm in control at round {i}: {alerts:?}"
+            );
+        }
+        // the endpoint switches to a degraded model: alarm within 3 rounds
+        let mut raised = None;
+        for i in 40..43 {
+            let r = store_run(&db.store, &logprob_run("p/a", i * 1000, 0.1, 0.9)).await?;
+            if let Some(a) = d
+                .after_run(&db.store, &r)
+                .await?
+                .into_iter()
+                .find(|a| a.kind == "changed")
+            {
+                raised = Some((i, a));
+                break;
+            }
+        }
+        let (round, alert) = raised.context("no changed alert within 3 rounds of the switch")?;
+        ensure!(
+            alert.summary.contains("kl_mean rose to 0.100"),
+            "{}",
+            alert.summary
+        );
+        let alarms = alert.evidence["alarms"].as_array().context("alarms")?;
+        ensure!(
+            alarms
+                .iter()
+                .any(|a| a["statistic"] == "top1_same" && a["shift"] == "down")
+                || round == 40
+        );
+        ensure!(alarms[0]["baseline_runs"].as_array().map(Vec::len) == Some(8));
+        // still changed: the alert stays (refreshed)
+        let r = store_run(&db.store, &logprob_run("p/a", 50_000, 0.1, 0.9)).await?;
+        let later = d.after_run(&db.store, &r).await?;
+        ensure!(later.iter().all(|a| a.id == alert.id), "{later:?}");
+        // the operator resolves it: the new behaviour becomes the baseline, no re-alert
+        db.store.resolve_alert(alert.id).await?;
+        // runs after the resolution carry real clock times, as the scheduler's do
+        let t0 = samewise_store::now_ms() + 1;
+        for i in 0..20 {
+            let x = [0.10, 0.104, 0.097, 0.101][i % 4];
+            let r = store_run(&db.store, &logprob_run("p/a", t0 + i as i64 * 1000, x, 0.9)).await?;
+            let alerts = d.after_run(&db.store, &r).await?;
+            ensure!(
+                alerts.is_empty(),
+                "{backend}: re-alerted after the change was accepted (round {i}): {alerts:?}"
+            );
+        }
+        // and a change away from the new baseline is caught again
+        let r = store_run(&db.store, &logprob_run("p/a", t0 + 30_000, 0.5, 0.6)).await?;
+        let again = d.after_run(&db.store, &r).await?;
+        ensure!(
+            again
+                .iter()
+                .any(|a| a.kind == "changed" && a.id != alert.id),
+            "{again:?}"
+        );
+    }
+    Ok(())
+}
+
+/// The changed? chart's baseline is the endpoint's first runs for good: a shift that lasts
+/// longer than the `history_runs` window keeps alarming against it (a sliding baseline would
+/// have absorbed it), the baseline outlives the deletion of its runs, and an endpoint whose
+/// runs were stored before any baseline was gets its first runs as the baseline, not the
+/// oldest of the window.
+#[tokio::test]
+async fn changed_keeps_the_first_runs_as_its_baseline_on_postgres_and_sqlite() -> Result<()> {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let db = TestDb::new(backend).await?;
+        let cfg = DetectorConfig {
+            history_runs: 20,
+            ..eight_round_baseline()
+        };
+        let d = detectors(cfg, None)?;
+        let mut first = Vec::new();
+        for (i, &x) in WOBBLE.iter().enumerate() {
+            let r = store_run(&db.store, &logprob_run("p/a", i as i64 * 1000, x, 0.98)).await?;
+            ensure!(d.after_run(&db.store, &r).await?.is_empty());
+            first.push(r.id);
+        }
+        let stored = db
+            .store
+            .probe_baselines("smol", "p/a", "prompt_logprobs")
+            .await?;
+        let kl = stored
+            .iter()
+            .find(|b| b.statistic == "kl_mean")
+            .context("no kl_mean baseline stored")?;
+        ensure!(kl.after_ms.is_none() && kl.runs.iter().map(|r| r.id).eq(first.iter().copied()));
+        ensure!(kl.runs.iter().map(|r| r.value).eq(WOBBLE.iter().copied()));
+        // 40 shifted rounds, twice the window: every one still alarms against the first runs
+        let check = |alerts: Vec<samewise_store::Alert>, round: i64| -> Result<()> {
+            let alert = alerts
+                .iter()
+                .find(|a| a.kind == "changed")
+                .with_context(|| format!("{backend}: round {round} did not alarm"))?;
+            let kl = alert.evidence["alarms"]
+                .as_array()
+                .context("alarms")?
+                .iter()
+                .find(|a| a["statistic"] == "kl_mean")
+                .context("no kl_mean alarm")?;
+            let base: Vec<i64> = kl["baseline_runs"]
+                .as_array()
+                .context("baseline_runs")?
+                .iter()
+                .filter_map(serde_json::Value::as_i64)
+                .collect();
+            ensure!(base == first, "{backend}: round {round}: baseline {base:?}");
+            let mean = kl["baseline_mean"].as_f64().context("baseline_mean")?;
+            ensure!((mean - 0.010_625).abs() < 1e-9, "{mean}");
+            Ok(())
+        };
+        for i in 8..48 {
+            let r = store_run(&db.store, &logprob_run("p/a", i * 1000, 0.1, 0.9)).await?;
+            check(d.after_run(&db.store, &r).await?, i)?;
+        }
+        // retention takes the baseline's runs; the baseline stays
+        let gone = db.store.delete_probe_runs_step(8 * 1000, 100).await?;
+        ensure!(gone == 8, "{gone}");
+        let r = store_run(&db.store, &logprob_run("p/a", 48_000, 0.1, 0.9)).await?;
+        check(d.after_run(&db.store, &r).await?, 48)?;
+
+        // runs stored before any baseline was (an upgraded store): 8 calm, 30 shifted; the
+        // detector's first look reads the endpoint's first runs, beyond its 20-run window
+        let mut calm = Vec::new();
+        for i in 0..38 {
+            let x = if i < 8 { WOBBLE[i as usize] } else { 0.1 };
+            let r = store_run(&db.store, &logprob_run("p/b", 100_000 + i * 1000, x, 0.9)).await?;
+            if i < 8 {
+                calm.push(r.id);
+            }
+        }
+        let r = store_run(&db.store, &logprob_run("p/b", 140_000, 0.1, 0.9)).await?;
+        let alerts = d.after_run(&db.store, &r).await?;
+        let alert = alerts
+            .iter()
+            .find(|a| a.kind == "changed" && a.endpoint == "p/b")
+            .with_context(|| format!("{backend}: p/b not changed: {alerts:?}"))?;
+        ensure!(
+            alert.evidence["alarms"][0]["baseline_runs"] == serde_json::json!(calm),
+            "{}",
+            alert.evidence
+        );
+    }
+    Ok(())
+}
