@@ -7,7 +7,8 @@
 //! records them. With `--rounds N` (`--once` is `--rounds 1`), N rounds of every enabled kind
 //! on every endpoint run back to back (the database lock is still required), one line per
 //! stored run and a summary of the open alerts are printed, and the command exits; otherwise
-//! the scheduler runs on its schedule until SIGINT/SIGTERM.
+//! the scheduler runs on its schedule until SIGINT/SIGTERM, with the `[retention]` task
+//! `samewise serve` runs (so a scheduler without a gateway does not grow its store for ever).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -178,7 +179,7 @@ async fn run_probes(config: Config, rounds: Option<u64>) -> anyhow::Result<()> {
         let (scheduler, detectors) = build(&config, probes, store.clone()).await?;
         let r = match rounds {
             Some(n) => run_rounds(&store, &scheduler, n).await,
-            None => run_forever(scheduler).await,
+            None => run_forever(scheduler, &store, &config).await,
         };
         detectors.shutdown().await;
         r
@@ -251,10 +252,18 @@ async fn run_rounds(store: &Store, scheduler: &Scheduler, rounds: u64) -> anyhow
     Ok(())
 }
 
-async fn run_forever(scheduler: Arc<Scheduler>) -> anyhow::Result<()> {
+/// The scheduler on its schedule until SIGINT/SIGTERM, with the configured retention (as
+/// `samewise serve` keeps it): a scheduler running without a gateway still deletes its old
+/// probe runs and clears their raw data.
+async fn run_forever(
+    scheduler: Arc<Scheduler>,
+    store: &Store,
+    config: &Config,
+) -> anyhow::Result<()> {
     let shutdown = super::shutdown_signal();
     let stop = CancellationToken::new();
     let tasks = TaskTracker::new();
+    let retention = samewise_store::RetentionTask::spawn(store.clone(), config.retention.clone());
     tracing::info!(
         endpoints = scheduler.targets().len(),
         "probe scheduler starting"
@@ -264,6 +273,9 @@ async fn run_forever(scheduler: Arc<Scheduler>) -> anyhow::Result<()> {
     shutdown.await;
     stop.cancel();
     tasks.wait().await;
+    if let Some(r) = retention {
+        r.shutdown().await;
+    }
     tracing::info!("probe scheduler stopped");
     Ok(())
 }

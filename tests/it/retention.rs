@@ -1,7 +1,8 @@
 //! Retention through the gateway: `samewise serve` with `[retention]` deletes the request
 //! records, rollups and probe runs older than it keeps, and clears the probe runs' raw data,
 //! when it starts (and every hour after), on SQLite and on PostgreSQL, and leaves the younger
-//! ones and what it records meanwhile alone.
+//! ones and what it records meanwhile alone; `samewise probes run` on its own (no gateway)
+//! keeps the same retention of its probe runs.
 
 use std::path::Path;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use samewise_store::{
 use samewise_testkit::MockUpstream;
 use serde_json::json;
 
-use crate::common::{Spawn, gateway_store, scrape, spawn_listening_with};
+use crate::common::{Spawn, gateway_store, scrape, spawn_listening_with, spawn_logged};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_deletes_what_is_older_than_it_keeps_on_sqlite() -> Result<()> {
@@ -294,5 +295,79 @@ async fn retention(backend: Backend) -> Result<()> {
     ensure!(!logged.contains('\x1b'), "{logged:?}");
     drop(gateway);
     store.close().await;
+    Ok(())
+}
+
+/// The probe scheduler without a gateway (`samewise probes run`, on its schedule) runs the
+/// configured retention: probe runs 40 days old are deleted, 2 days old lose their raw data,
+/// today's keep it; SIGTERM stops it cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_run_alone_keeps_the_retention_of_its_probe_runs() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    let store = Store::connect(None, &data).await?;
+    let now = now_ms();
+    for age in [40i64, 2, 0] {
+        store
+            .insert_probe_run(&ProbeRun {
+                model: "smol".to_owned(),
+                endpoint: "down/smol".to_owned(),
+                kind: "prompt_logprobs".to_owned(),
+                started_ms: now - age * DAY_MS,
+                finished_ms: now - age * DAY_MS + 500,
+                ok: true,
+                tokens: 100,
+                stats: json!({"kl_mean": 0.01, "age_days": age}),
+                raw: Some(vec![age as u8; 4096]),
+                ..ProbeRun::default()
+            })
+            .await?;
+    }
+    // an endpoint nothing listens on: its probes fail, which does not matter here
+    let cfg = dir.path().join("samewise.toml");
+    let config = crate::common::probes::config(&data, &[("down", "http://127.0.0.1:9")], "")?
+        + "\n[retention]\nrollups_days = 20\nprobe_raw_days = 1\n";
+    std::fs::write(&cfg, config)?;
+    let cfg_arg = cfg.to_str().context("config path is not UTF-8")?;
+    let log = dir.path().join("probes.log");
+    let probes = spawn_logged(&["probes", "run", "--config", cfg_arg], dir.path(), &log)?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let ages = |runs: &[ProbeRun], raw: bool| -> Vec<i64> {
+        let mut v: Vec<i64> = runs
+            .iter()
+            .filter(|r| r.raw.is_some() == raw)
+            .filter_map(|r| r.stats["age_days"].as_i64())
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    loop {
+        let runs = store
+            .probe_runs(&ProbeRunQuery {
+                endpoint: Some("down/smol".to_owned()),
+                limit: 100,
+                ..ProbeRunQuery::default()
+            })
+            .await?;
+        // the scheduler's own failed runs carry no age
+        if ages(&runs, true) == [0] && ages(&runs, false) == [2] {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "after 60 s: with raw data {:?}, without {:?}; log:\n{}",
+            ages(&runs, true),
+            ages(&runs, false),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    store.close().await;
+    let status = probes.stop()?;
+    ensure!(
+        status.success(),
+        "probes run exited {status}; log:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
     Ok(())
 }

@@ -137,6 +137,30 @@ pub fn spawn_listening<S: AsRef<OsStr> + std::fmt::Debug>(
     spawn_listening_with(args, cwd, &Spawn::default())
 }
 
+/// Starts `samewise ARGS` in `cwd` (no `DATABASE_URL`, so SQLite; `RUST_LOG=info`), its
+/// stdout and stderr appended to `log`, for a command that prints no listening line.
+pub fn spawn_logged<S: AsRef<OsStr> + std::fmt::Debug>(
+    args: &[S],
+    cwd: &Path,
+    log: &Path,
+) -> Result<Proc> {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let child = Command::new(BIN)
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "info")
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .with_context(|| format!("starting samewise {args:?}"))?;
+    Ok(Proc(Some(child)))
+}
+
 /// What [`spawn_listening_with`] adds to a plain spawn.
 #[derive(Debug, Default)]
 pub struct Spawn<'a> {
