@@ -46,6 +46,23 @@ fn record(id: &str, ts_ms: i64) -> RequestRecord {
     }
 }
 
+/// A probe run of `endpoint` started `age` days before `now_ms`, with 4 kB of raw data and
+/// its age in its statistics.
+fn aged_run(model: &str, endpoint: &str, now_ms: i64, age: i64) -> ProbeRun {
+    ProbeRun {
+        model: model.to_owned(),
+        endpoint: endpoint.to_owned(),
+        kind: "prompt_logprobs".to_owned(),
+        started_ms: now_ms - age * DAY_MS,
+        finished_ms: now_ms - age * DAY_MS + 500,
+        ok: true,
+        tokens: 100,
+        stats: json!({"kl_mean": 0.01, "age_days": age}),
+        raw: Some(vec![age as u8; 4096]),
+        ..ProbeRun::default()
+    }
+}
+
 fn config(data: &Path, upstream: &str) -> String {
     format!(
         "[server]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n\
@@ -98,18 +115,7 @@ async fn retention(backend: Backend) -> Result<()> {
     for age in [40i64, 10, 2, 0] {
         for i in 0..2 {
             store
-                .insert_probe_run(&ProbeRun {
-                    model: "m".to_owned(),
-                    endpoint: "up/m".to_owned(),
-                    kind: "prompt_logprobs".to_owned(),
-                    started_ms: now - age * DAY_MS + i * 1000,
-                    finished_ms: now - age * DAY_MS + i * 1000 + 500,
-                    ok: true,
-                    tokens: 100,
-                    stats: json!({"kl_mean": 0.01, "age_days": age}),
-                    raw: Some(vec![age as u8; 4096]),
-                    ..ProbeRun::default()
-                })
+                .insert_probe_run(&aged_run("m", "up/m", now + i * 1000, age))
                 .await?;
         }
     }
@@ -309,18 +315,7 @@ async fn probes_run_alone_keeps_the_retention_of_its_probe_runs() -> Result<()> 
     let now = now_ms();
     for age in [40i64, 2, 0] {
         store
-            .insert_probe_run(&ProbeRun {
-                model: "smol".to_owned(),
-                endpoint: "down/smol".to_owned(),
-                kind: "prompt_logprobs".to_owned(),
-                started_ms: now - age * DAY_MS,
-                finished_ms: now - age * DAY_MS + 500,
-                ok: true,
-                tokens: 100,
-                stats: json!({"kl_mean": 0.01, "age_days": age}),
-                raw: Some(vec![age as u8; 4096]),
-                ..ProbeRun::default()
-            })
+            .insert_probe_run(&aged_run("smol", "down/smol", now, age))
             .await?;
     }
     // an endpoint nothing listens on: its probes fail, which does not matter here

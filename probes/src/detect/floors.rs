@@ -34,10 +34,10 @@ const FLOOR_KEYS: [&str; 5] = [
 ];
 
 /// A noise-floor pair's statistics (a run and its repeat, compared position by position from
-/// their raw data) under [`FLOOR_KEYS`]: what the scheduler stores in the repeat's
-/// `stats.noise_pair`, so that the detectors read noise floors from the runs' statistics
-/// without their raw data. An error when the data do not line up (different generated
-/// tokens).
+/// their raw data: `kl_mean`, `kl_p99`, `dlogprob_mean`, `top1_same`, `topk_overlap`): what
+/// the scheduler stores in the repeat's `stats.noise_pair`, so that the detectors read noise
+/// floors from the runs' statistics without their raw data. An error when the data do not
+/// line up (different generated tokens).
 pub fn noise_pair_stats(first_raw: &[u8], repeat_raw: &[u8]) -> Result<serde_json::Value> {
     let summary = repeat_summary(
         &decode_positions(first_raw)?,
