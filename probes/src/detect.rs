@@ -306,9 +306,6 @@ impl Detectors {
         }
         let pairs = pairs_needing_raw(&history);
         load_raw(store, &mut history, &pairs).await?;
-        if let Some(last) = history.iter_mut().find(|r| r.id == run.id) {
-            last.raw.clone_from(&run.raw);
-        }
         let floors = noise_floors(&history);
         let mut out = Vec::new();
         let mut finding = self.faithful(run, &history, &floors)?;

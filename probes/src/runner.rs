@@ -217,7 +217,11 @@ impl Scheduler {
                     }
                 }
                 Err(e) => {
-                    tracing::debug!(endpoint = %target.endpoint, error = %e, "noise-floor pair does not line up")
+                    // null: the pair measures no floor, and its raw data need not be read
+                    tracing::debug!(endpoint = %target.endpoint, error = %e, "noise-floor pair does not line up");
+                    if let Some(stats) = run.stats.as_object_mut() {
+                        stats.insert("noise_pair".to_owned(), serde_json::Value::Null);
+                    }
                 }
             }
         }

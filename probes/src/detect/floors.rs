@@ -54,7 +54,7 @@ pub fn noise_pair_stats(first_raw: &[u8], repeat_raw: &[u8]) -> Result<serde_jso
 /// Noise floors per run-stats key, from the noise-floor pairs in `history` (a run with
 /// `repeat_of` and its first run): the pair's `stats.noise_pair`, or, for a pair stored
 /// without it, the pair's statistics from both runs' raw data. Pairs whose data do not line
-/// up (different generated tokens) are skipped.
+/// up (different generated tokens; the scheduler stores `noise_pair: null`) are skipped.
 pub(super) fn noise_floors(history: &[ProbeRun]) -> BTreeMap<String, NoiseFloor> {
     let mut floors: BTreeMap<String, NoiseFloor> = BTreeMap::new();
     for b in history.iter().filter(|r| r.ok) {

@@ -193,6 +193,23 @@ async fn noise_floor_keeps_a_noisy_faithful_endpoint_unflagged() -> Result<()> {
         floors.push(floor);
     }
     ensure!(floors[0] == floors[1], "{floors:?}");
+    // a pair the scheduler found not to line up (`noise_pair: null`) measures no floor, even
+    // with both runs' raw data at hand: the first run of a 0.02 KL is flagged again
+    let mut first = logprob_run("p/unaligned", 30_000, 0.02, 0.97);
+    first.raw = Some(encode_positions(&positions(64, 0.1, 0))?);
+    let first = store_run(&db.store, &first).await?;
+    let mut second = logprob_run("p/unaligned", 31_000, 0.02, 0.97);
+    second.raw = Some(encode_positions(&positions(64, 0.1, 1))?);
+    second.repeat_of = Some(first.id);
+    second.stats["noise_pair"] = serde_json::Value::Null;
+    let second = store_run(&db.store, &second).await?;
+    let alerts = d.after_run(&db.store, &second).await?;
+    let e = &alerts
+        .iter()
+        .find(|a| a.kind == "unfaithful")
+        .with_context(|| format!("p/unaligned not flagged: {alerts:?}"))?
+        .evidence;
+    ensure!(e["noise_floor"].is_null(), "{e}");
     Ok(())
 }
 
