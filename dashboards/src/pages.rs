@@ -449,6 +449,22 @@ fn alerts_table(b: &mut String, alerts: &[AlertView], admin: &Admin) {
     b.push_str("</tbody></table></div>");
 }
 
+/// The alert page's "Resolved" row: when, and by whom; empty while the alert is active.
+fn resolution(a: &AlertView) -> String {
+    let Some(ms) = a.resolved_ms else {
+        return String::new();
+    };
+    let by = match a.resolved_by {
+        Some("operator") => " by an operator",
+        Some("quiet") => " automatically, after its quiet period",
+        _ => "",
+    };
+    format!(
+        "<dt>Resolved</dt><dd class=\"resolved\">{}{by}</dd>",
+        esc(&time(ms))
+    )
+}
+
 fn alert_forms(a: &AlertView, admin: &Admin) -> String {
     let csrf = esc(admin.csrf());
     let mut f = String::new();
@@ -600,7 +616,7 @@ pub async fn alert(
     }
     let b = format!(
         "<dl><dt>Endpoint</dt><dd><a href=\"/endpoint?e={u}\">{e}</a> ({m})</dd><dt>Kind</dt><dd>{k}</dd>\
-         <dt>State</dt><dd class=\"state\">{s}</dd><dt>Opened</dt><dd>{o}</dd><dt>Last seen</dt><dd>{l}</dd>\
+         <dt>State</dt><dd class=\"state\">{s}</dd><dt>Opened</dt><dd>{o}</dd><dt>Last seen</dt><dd>{l}</dd>{r}\
          <dt>Summary</dt><dd class=\"summary\">{sum}</dd></dl>{jobs}<h2>Evidence</h2><pre class=\"evidence\">{ev}</pre>{f}",
         u = url(&a.endpoint),
         e = esc(&a.endpoint),
@@ -609,6 +625,7 @@ pub async fn alert(
         s = esc(a.state),
         o = esc(&time(a.opened_ms)),
         l = esc(&time(a.last_seen_ms)),
+        r = resolution(&a),
         sum = esc(&a.summary),
         ev = esc(&evidence),
         f = alert_forms(&a, &admin)

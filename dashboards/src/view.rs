@@ -138,6 +138,9 @@ pub struct AlertView {
     pub last_seen_ms: i64,
     /// Resolved, unix milliseconds.
     pub resolved_ms: Option<i64>,
+    /// Who resolved it: "operator" | "quiet" (auto-resolved after its quiet period); null
+    /// while active or when not recorded (resolved before schema v11).
+    pub resolved_by: Option<&'static str>,
     /// One line.
     pub summary: String,
     /// The finding's evidence.
@@ -287,6 +290,7 @@ impl AlertView {
             updated_ms: a.updated_ms,
             last_seen_ms: a.last_seen_ms,
             resolved_ms: a.resolved_ms,
+            resolved_by: a.resolved_by.map(samewise_store::Resolver::as_str),
             summary: a.summary.clone(),
             evidence: a.evidence.clone(),
         }

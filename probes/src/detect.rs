@@ -20,8 +20,11 @@
 //!   retention deletes its runs. The chart is rebuilt on every run (so a restart loses
 //!   nothing) from the baseline and the newest `history_runs` runs after it; an alarm on the
 //!   newest run raises "changed", and a lasting shift keeps alarming however long it lasts.
-//!   Resolving a "changed" alert accepts the new behaviour: the chart then starts over from
-//!   the runs after the resolution (a new baseline). The chart logic is the pure
+//!   An operator's resolution of a "changed" alert (`samewise alerts resolve`, the API, the
+//!   dashboard) accepts the new behaviour: the chart then starts over from the runs after the
+//!   resolution (a new baseline). An auto-resolution after the quiet period accepts nothing:
+//!   the baseline stays, so a shift small enough to alarm less often than once per quiet
+//!   period is raised again (a new alert) instead of becoming the baseline. The chart logic is the pure
 //!   [`changed_chart`]; its `h` is raised for the estimated 30-round baseline
 //!   ([`changed_chart_config`], `crate::sequential`), which keeps the in-control false-alarm
 //!   rate at the documented `1/cusum_arl0` per chart (without it the probe benchmark
@@ -321,21 +324,12 @@ impl Detectors {
         if let Some(finding) = finding {
             out.push(self.alerting.raise(store, &finding).await?.0);
         }
-        // a resolved "changed" alert accepts the new behaviour: the chart restarts after it
+        // an operator's resolution of a "changed" alert accepts the new behaviour: the chart
+        // restarts after it; an auto-resolution after the quiet period accepts nothing
         let accepted_ms = store
-            .alerts(&samewise_store::AlertQuery {
-                state: Some(samewise_store::AlertState::Resolved),
-                active_only: false,
-                model: Some(run.model.clone()),
-                endpoint: Some(run.endpoint.clone()),
-                limit: 100,
-            })
+            .last_operator_resolution(&run.model, &run.endpoint, KIND_CHANGED)
             .await
-            .map_err(store_err)?
-            .iter()
-            .filter(|a| a.kind == KIND_CHANGED)
-            .filter_map(|a| a.resolved_ms)
-            .max();
+            .map_err(store_err)?;
         let baselines = self.baselines(store, run, accepted_ms).await?;
         if let Some(finding) = self.changed(run, &history, &floors, accepted_ms, &baselines)? {
             out.push(self.alerting.raise(store, &finding).await?.0);

@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use samewise_probes::{Alerting, AlertsConfig};
 use samewise_store::utc_text as utc;
-use samewise_store::{Alert, AlertQuery, AlertState, Store};
+use samewise_store::{Alert, AlertQuery, AlertState, Resolver, Store};
 
 /// Arguments of `samewise alerts`.
 #[derive(Debug, Args)]
@@ -163,6 +163,13 @@ async fn alerts(
                     utc(a.opened_ms),
                     utc(a.last_seen_ms)
                 );
+                if let Some(ms) = a.resolved_ms {
+                    let by = a.resolved_by.map_or("", |r| match r {
+                        Resolver::Operator => " by an operator",
+                        Resolver::Quiet => " automatically, after its quiet period",
+                    });
+                    outln!("resolved {}{by}", utc(ms));
+                }
                 outln!("summary: {}", a.summary);
                 outln!("evidence: {}", a.evidence);
                 for j in &jobs {

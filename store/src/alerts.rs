@@ -42,6 +42,34 @@ impl AlertState {
     }
 }
 
+/// Who resolved an alert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Resolver {
+    /// A person: the CLI, the admin API or the dashboard ([`Store::resolve_alert`]).
+    Operator,
+    /// The detectors, after its quiet period passed without a new confirmation
+    /// ([`Store::resolve_quiet_alerts`]).
+    Quiet,
+}
+
+impl Resolver {
+    /// The stored (and displayed) name: "operator" | "quiet".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Resolver::Operator => "operator",
+            Resolver::Quiet => "quiet",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Resolver> {
+        match s {
+            "operator" => Some(Resolver::Operator),
+            "quiet" => Some(Resolver::Quiet),
+            _ => None,
+        }
+    }
+}
+
 impl std::fmt::Display for AlertState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.pad(self.as_str())
@@ -84,6 +112,9 @@ pub struct Alert {
     pub updated_ms: i64,
     /// When it was resolved.
     pub resolved_ms: Option<i64>,
+    /// Who resolved it; None while it is active, and for an alert resolved before schema
+    /// v11 (which recorded no resolver).
+    pub resolved_by: Option<Resolver>,
     /// When a detector last confirmed it; auto-resolve counts quiet time from here.
     pub last_seen_ms: i64,
     /// One line for people (the latest finding's).
@@ -105,6 +136,7 @@ impl Alert {
             "opened_ms": self.opened_ms,
             "updated_ms": self.updated_ms,
             "resolved_ms": self.resolved_ms,
+            "resolved_by": self.resolved_by.map(Resolver::as_str),
             "last_seen_ms": self.last_seen_ms,
             "summary": self.summary,
             "evidence": self.evidence,
@@ -132,7 +164,7 @@ pub struct AlertQuery {
 pub(crate) const CAS_ATTEMPTS: u64 = 20;
 
 const COLUMNS: &str = "id, model, endpoint, kind, state, opened_ms, updated_ms, resolved_ms, \
-                       last_seen_ms, summary, evidence";
+                       last_seen_ms, summary, evidence, resolved_by";
 
 impl Store {
     /// Opens an alert for `a`, or refreshes the active (open or acknowledged) alert of the
@@ -333,16 +365,46 @@ impl Store {
         .await
     }
 
-    /// Resolves the active alert `id`. An alert already resolved is returned unchanged;
-    /// None when there is no such alert.
+    /// Resolves the active alert `id` as an operator ([`Resolver::Operator`]). An alert
+    /// already resolved is returned unchanged; None when there is no such alert.
     pub async fn resolve_alert(&self, id: i64) -> Result<Option<Alert>, StoreError> {
         self.transition_alert(
             id,
             "resolving an alert",
-            "SET state = 'resolved', updated_ms = $1, resolved_ms = $1 \
+            "SET state = 'resolved', updated_ms = $1, resolved_ms = $1, resolved_by = 'operator' \
              WHERE id = $2 AND state <> 'resolved'",
         )
         .await
+    }
+
+    /// When the newest alert of `model`, `endpoint` and `kind` that was resolved other than
+    /// by its quiet period ([`Resolver::Quiet`]) was resolved: by an operator, or before
+    /// schema v11 recorded who. The changed? detector's acceptance of a new behaviour.
+    pub async fn last_operator_resolution(
+        &self,
+        model: &str,
+        endpoint: &str,
+        kind: &str,
+    ) -> Result<Option<i64>, StoreError> {
+        const OP: &str = "reading an endpoint's last resolution";
+        let stmt = sql(
+            self.backend(),
+            "SELECT MAX(resolved_ms) FROM alerts WHERE model = $1 AND endpoint = $2 \
+             AND kind = $3 AND state = 'resolved' \
+             AND (resolved_by IS NULL OR resolved_by <> 'quiet')",
+        )
+        .into_owned();
+        on_pool!(&self.pool, |p| {
+            let row = sqlx::query(&stmt)
+                .bind(text(model))
+                .bind(text(endpoint))
+                .bind(text(kind))
+                .fetch_one(p)
+                .await
+                .map_err(StoreError::query(OP))?;
+            row.try_get::<Option<i64>, _>(0)
+                .map_err(StoreError::query(OP))
+        })
     }
 
     /// One lifecycle step: `UPDATE alerts <set_where>` with `$1` = now and `$2` = id; when no
@@ -375,7 +437,8 @@ impl Store {
     }
 
     /// Auto-resolve: resolves every active alert that no detector has confirmed since
-    /// `quiet_before_ms` (its `last_seen_ms` is earlier) and returns them, resolved.
+    /// `quiet_before_ms` (its `last_seen_ms` is earlier) and returns them, resolved
+    /// ([`Resolver::Quiet`]).
     pub async fn resolve_quiet_alerts(
         &self,
         quiet_before_ms: i64,
@@ -384,8 +447,9 @@ impl Store {
         let stmt = sql(
             self.backend(),
             &format!(
-                "UPDATE alerts SET state = 'resolved', updated_ms = $1, resolved_ms = $1 \
-                 WHERE state <> 'resolved' AND last_seen_ms < $2 RETURNING {COLUMNS}"
+                "UPDATE alerts SET state = 'resolved', updated_ms = $1, resolved_ms = $1, \
+                 resolved_by = 'quiet' WHERE state <> 'resolved' AND last_seen_ms < $2 \
+                 RETURNING {COLUMNS}"
             ),
         )
         .into_owned();
@@ -426,6 +490,7 @@ where
     String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     Option<i64>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Option<String>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     const OP: &str = "decoding an alert";
     let state: String = row.try_get(4).map_err(StoreError::query(OP))?;
@@ -438,6 +503,15 @@ where
         column: "alerts.evidence",
         detail: e.to_string(),
     })?;
+    let resolved_by: Option<String> = row.try_get(11).map_err(StoreError::query(OP))?;
+    let resolved_by = resolved_by
+        .map(|s| {
+            Resolver::parse(&s).ok_or_else(|| StoreError::Corrupt {
+                column: "alerts.resolved_by",
+                detail: format!("{s:?} is not a resolver"),
+            })
+        })
+        .transpose()?;
     Ok(Alert {
         id: row.try_get(0).map_err(StoreError::query(OP))?,
         model: row.try_get(1).map_err(StoreError::query(OP))?,
@@ -447,6 +521,7 @@ where
         opened_ms: row.try_get(5).map_err(StoreError::query(OP))?,
         updated_ms: row.try_get(6).map_err(StoreError::query(OP))?,
         resolved_ms: row.try_get(7).map_err(StoreError::query(OP))?,
+        resolved_by,
         last_seen_ms: row.try_get(8).map_err(StoreError::query(OP))?,
         summary: row.try_get(9).map_err(StoreError::query(OP))?,
         evidence,

@@ -61,7 +61,7 @@ mod sqlite_records;
 pub mod testing;
 mod writer;
 
-pub use alerts::{Alert, AlertQuery, AlertState, NewAlert};
+pub use alerts::{Alert, AlertQuery, AlertState, NewAlert, Resolver};
 pub use baselines::{BaselineRun, ProbeBaseline};
 pub use bodies::{BodyQuery, BodyWrite, CapturedBody, CaseQuery, NewCapturedBody, RegressionCase};
 pub use connect::{Backend, DEFAULT_SQLITE_FILE, Store};

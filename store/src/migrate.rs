@@ -77,6 +77,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "changed? baselines",
         sql: include_str!("../migrations/postgres/0010_probe_baselines.sql"),
     },
+    Migration {
+        version: 11,
+        name: "who resolved an alert",
+        sql: include_str!("../migrations/postgres/0011_alert_resolved_by.sql"),
+    },
 ];
 
 /// SQLite migrations, in order (the same versions as [`POSTGRES`]).
@@ -130,6 +135,11 @@ pub const SQLITE: &[Migration] = &[
         version: 10,
         name: "changed? baselines",
         sql: include_str!("../migrations/sqlite/0010_probe_baselines.sql"),
+    },
+    Migration {
+        version: 11,
+        name: "who resolved an alert",
+        sql: include_str!("../migrations/sqlite/0011_alert_resolved_by.sql"),
     },
 ];
 

@@ -82,7 +82,17 @@ async fn list_ack_resolve(backend: Backend) -> Result<()> {
     let v: serde_json::Value = serde_json::from_str(&stdout(
         &cli(&db, &["resolve", &b.id.to_string(), "--json"]).await?,
     )?)?;
-    ensure!(v["state"] == "resolved" && v["resolved_ms"].is_i64(), "{v}");
+    ensure!(
+        v["state"] == "resolved" && v["resolved_ms"].is_i64() && v["resolved_by"] == "operator",
+        "{v}"
+    );
+    let shown = stdout(&cli(&db, &["show", &b.id.to_string()]).await?)?;
+    ensure!(
+        shown
+            .lines()
+            .any(|l| l.starts_with("resolved ") && l.ends_with(" by an operator")),
+        "{shown}"
+    );
     let v: serde_json::Value =
         serde_json::from_str(&stdout(&cli(&db, &["list", "--json"]).await?)?)?;
     ensure!(

@@ -304,7 +304,16 @@ async fn alerts_list_ack_resolve() -> Result<()> {
             .await?,
     )
     .await?;
-    ensure!(resolved["state"] == "resolved");
+    ensure!(resolved["state"] == "resolved" && resolved["resolved_by"] == "operator");
+    // the alert's page says when and by whom
+    let res = s.get(&format!("/alerts/{id}"), Some(&s.admin)).await?;
+    ensure!(res.status() == 200);
+    let html = res.text().await?;
+    ensure!(
+        html.contains("<dt>Resolved</dt><dd class=\"resolved\">")
+            && html.contains(" by an operator</dd>"),
+        "{html}"
+    );
     // once resolved, the overview no longer counts it
     let o = s.json("/api/v1/overview").await?;
     ensure!(row(&o, "w4/m")?["faithful"]["answer"] == "yes");

@@ -81,7 +81,7 @@ impl Detectors {
 
     /// The changed? finding: a CUSUM per watched statistic over the endpoint's runs of this
     /// kind (noise-floor repeats excluded, and only runs started after `accepted_ms`, when
-    /// the endpoint's last "changed" alert was resolved), alarming on `run`. Each chart runs
+    /// an operator last resolved the endpoint's "changed" alert), alarming on `run`. Each chart runs
     /// over the statistic's fixed baseline (`baselines`), then the runs of `history` after
     /// the baseline's last.
     pub(super) fn changed(

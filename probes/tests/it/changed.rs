@@ -1,6 +1,7 @@
 //! changed? over a real store (SQLite file and PostgreSQL): the CUSUM raises "changed"
-//! after a switch, keeps it while the endpoint stays changed, starts over after a resolution,
-//! and keeps the endpoint's first runs as its baseline for good.
+//! after a switch, keeps it while the endpoint stays changed, starts over after an operator's
+//! resolution (not after an auto-resolution), and keeps the endpoint's first runs as its
+//! baseline for good.
 
 use anyhow::{Context, Result, ensure};
 use samewise_probes::detect::DetectorConfig;
@@ -185,6 +186,60 @@ async fn changed_keeps_the_first_runs_as_its_baseline_on_postgres_and_sqlite() -
             "{}",
             alert.evidence
         );
+    }
+    Ok(())
+}
+
+/// Only an operator's resolution accepts a change: a "changed" alert auto-resolved after its
+/// quiet period leaves the baseline where it was, so the endpoint, still shifted, is raised
+/// again (a new alert, against the same first runs) instead of its shifted runs becoming the
+/// new baseline. Then the operator resolves it, and the shifted runs are the baseline.
+#[tokio::test]
+async fn an_auto_resolved_change_is_not_accepted_on_postgres_and_sqlite() -> Result<()> {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let db = TestDb::new(backend).await?;
+        let d = detectors(eight_round_baseline(), None)?;
+        let mut first = Vec::new();
+        for (i, &x) in WOBBLE.iter().enumerate() {
+            let r = store_run(&db.store, &logprob_run("p/a", i as i64 * 1000, x, 0.98)).await?;
+            ensure!(d.after_run(&db.store, &r).await?.is_empty());
+            first.push(r.id);
+        }
+        let changed =
+            |alerts: Vec<samewise_store::Alert>| alerts.into_iter().find(|a| a.kind == "changed");
+        let r = store_run(&db.store, &logprob_run("p/a", 8_000, 0.1, 0.9)).await?;
+        let alert = changed(d.after_run(&db.store, &r).await?)
+            .with_context(|| format!("{backend}: the shift did not alarm"))?;
+        // nothing confirms it for longer than the quiet period: auto-resolved
+        let quiet = d
+            .alerting()
+            .auto_resolve(&db.store, samewise_store::now_ms())
+            .await?;
+        ensure!(quiet.iter().any(|a| a.id == alert.id), "{quiet:?}");
+        // still shifted: the next round alarms again, against the first runs
+        let t0 = samewise_store::now_ms() + 1;
+        let r = store_run(&db.store, &logprob_run("p/a", t0, 0.1, 0.9)).await?;
+        let again = changed(d.after_run(&db.store, &r).await?).with_context(|| {
+            format!("{backend}: the auto-resolution accepted the shift as the baseline")
+        })?;
+        ensure!(again.id != alert.id);
+        let base = &again.evidence["alarms"][0]["baseline_runs"];
+        ensure!(
+            *base == serde_json::json!(first),
+            "{backend}: baseline {base}"
+        );
+        // the operator resolves it: the shifted runs after that are the new baseline
+        d.alerting().resolve(&db.store, again.id).await?;
+        let t1 = samewise_store::now_ms() + 1;
+        for i in 0..12 {
+            let x = [0.10, 0.104, 0.097, 0.101][i % 4];
+            let r = store_run(&db.store, &logprob_run("p/a", t1 + i as i64 * 1000, x, 0.9)).await?;
+            let alerts = d.after_run(&db.store, &r).await?;
+            ensure!(
+                alerts.is_empty(),
+                "{backend}: re-alerted after the operator accepted (round {i}): {alerts:?}"
+            );
+        }
     }
     Ok(())
 }

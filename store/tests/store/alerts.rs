@@ -3,11 +3,12 @@
 
 use super::*;
 use anyhow::Context;
-use samewise_store::{AlertQuery, AlertState, NewAlert};
+use samewise_store::{AlertQuery, AlertState, NewAlert, Resolver};
 
 both!(
     alert_lifecycle_and_dedupe,
     alert_auto_resolve_and_filters,
+    alert_resolver_and_the_last_operator_resolution,
     alert_concurrent_upserts
 );
 
@@ -71,6 +72,8 @@ async fn alert_lifecycle_and_dedupe(db: TestDb) -> Result<()> {
         .await?
         .context("resolve: no alert")?;
     ensure!(resolved.state == AlertState::Resolved && resolved.resolved_ms.is_some());
+    ensure!(resolved.resolved_by == Some(Resolver::Operator) && acked.resolved_by.is_none());
+    ensure!(resolved.to_json()["resolved_by"] == "operator");
     let again = db
         .store
         .resolve_alert(a.id)
@@ -120,7 +123,11 @@ async fn alert_auto_resolve_and_filters(db: TestDb) -> Result<()> {
     let quiet = db.store.resolve_quiet_alerts(4_000).await?;
     let ids: Vec<i64> = quiet.iter().map(|a| a.id).collect();
     ensure!(ids == [old.id, acked.id], "auto-resolved {ids:?}");
-    ensure!(quiet.iter().all(|a| a.state == AlertState::Resolved));
+    ensure!(
+        quiet
+            .iter()
+            .all(|a| a.state == AlertState::Resolved && a.resolved_by == Some(Resolver::Quiet))
+    );
     ensure!(
         db.store.resolve_quiet_alerts(4_000).await?.is_empty(),
         "resolved twice"
@@ -170,9 +177,71 @@ async fn alert_auto_resolve_and_filters(db: TestDb) -> Result<()> {
     );
     let json = fresh.to_json();
     ensure!(
-        json["id"] == fresh.id && json["state"] == "open" && json["evidence"] == fresh.evidence,
+        json["id"] == fresh.id
+            && json["state"] == "open"
+            && json["evidence"] == fresh.evidence
+            && json["resolved_by"].is_null(),
         "{json}"
     );
+    Ok(())
+}
+
+/// An operator's resolution counts for `last_operator_resolution`, an auto-resolution after
+/// the quiet period does not, nor does another kind, endpoint or model; an alert resolved
+/// before schema v11 (no resolver recorded) counts as an operator's.
+async fn alert_resolver_and_the_last_operator_resolution(db: TestDb) -> Result<()> {
+    let last = || {
+        db.store
+            .last_operator_resolution("smollm2", "p/a", "changed")
+    };
+    ensure!(last().await?.is_none());
+    let (first, _) = db
+        .store
+        .upsert_alert(&finding("p/a", "changed", 1_000, 0.3))
+        .await?;
+    let by_hand = db.store.resolve_alert(first.id).await?.context("resolve")?;
+    ensure!(last().await? == by_hand.resolved_ms && by_hand.resolved_ms.is_some());
+    // a later alert of the same kind, auto-resolved: the operator's resolution stays the last
+    db.store
+        .upsert_alert(&finding("p/a", "changed", 2_000, 0.3))
+        .await?;
+    let quiet = db.store.resolve_quiet_alerts(i64::MAX).await?;
+    ensure!(quiet.len() == 1 && quiet[0].resolved_ms >= by_hand.resolved_ms);
+    ensure!(last().await? == by_hand.resolved_ms, "{:?}", last().await?);
+    // other kinds, endpoints and models resolved by hand do not count
+    for (model, endpoint, kind) in [
+        ("smollm2", "p/a", "unfaithful"),
+        ("smollm2", "p/b", "changed"),
+        ("other", "p/a", "changed"),
+    ] {
+        let (a, _) = db
+            .store
+            .upsert_alert(&NewAlert {
+                model: model.to_owned(),
+                ..finding(endpoint, kind, 3_000, 0.3)
+            })
+            .await?;
+        db.store.resolve_alert(a.id).await?;
+    }
+    ensure!(last().await? == by_hand.resolved_ms);
+    // an alert resolved before the resolver was recorded counts as an operator's
+    let (legacy, _) = db
+        .store
+        .upsert_alert(&finding("p/a", "changed", 4_000, 0.3))
+        .await?;
+    let resolved = db
+        .store
+        .resolve_alert(legacy.id)
+        .await?
+        .context("resolve")?;
+    let undo = format!(
+        "UPDATE alerts SET resolved_by = NULL WHERE id = {}",
+        legacy.id
+    );
+    behind_the_back(&db, &[&undo]).await?;
+    let stored = db.store.alert(legacy.id).await?.context("legacy")?;
+    ensure!(stored.resolved_by.is_none() && stored.state == AlertState::Resolved);
+    ensure!(last().await? == resolved.resolved_ms);
     Ok(())
 }
 

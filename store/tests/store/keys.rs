@@ -311,22 +311,7 @@ async fn key_hours_are_filled_from_stored_records_when_migrated(db: TestDb) -> R
         "DROP TABLE key_hours",
         "DELETE FROM schema_migrations WHERE version = 8",
     ];
-    match db.backend() {
-        Backend::Postgres => {
-            let pool = sqlx::PgPool::connect(db.url()).await?;
-            for stmt in UNDO {
-                sqlx::query(stmt).execute(&pool).await?;
-            }
-            pool.close().await;
-        }
-        Backend::Sqlite => {
-            let pool = sqlx::SqlitePool::connect(db.url()).await?;
-            for stmt in UNDO {
-                sqlx::query(stmt).execute(&pool).await?;
-            }
-            pool.close().await;
-        }
-    }
+    behind_the_back(&db, &UNDO).await?;
     let again = Store::connect(Some(db.url()), db.data_dir()).await?;
     let latest = samewise_store::POSTGRES_MIGRATIONS
         .iter()

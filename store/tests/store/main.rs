@@ -49,6 +49,28 @@ mod records;
 mod rollups;
 mod writer;
 
+/// Runs `stmts` on `db`'s database over a connection of its own, behind the store's back (to
+/// set up what the store's API cannot: an older schema's rows, say).
+async fn behind_the_back(db: &TestDb, stmts: &[&str]) -> Result<()> {
+    match db.backend() {
+        Backend::Postgres => {
+            let pool = sqlx::PgPool::connect(db.url()).await?;
+            for stmt in stmts {
+                sqlx::query(stmt).execute(&pool).await?;
+            }
+            pool.close().await;
+        }
+        Backend::Sqlite => {
+            let pool = sqlx::SqlitePool::connect(db.url()).await?;
+            for stmt in stmts {
+                sqlx::query(stmt).execute(&pool).await?;
+            }
+            pool.close().await;
+        }
+    }
+    Ok(())
+}
+
 /// A record with every optional field set, distinct per `i`.
 fn full_record(request_id: &str, attempt: u32, ts_ms: i64) -> RequestRecord {
     RequestRecord {
