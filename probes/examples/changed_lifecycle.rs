@@ -3,13 +3,15 @@
 //! rounds; the product's own chart (`detect::changed_chart_config` with the default detector
 //! settings: k 1, h for the estimated 30-round baseline, ARL0 1,000, two-sided) runs over them
 //! while an alert opens on an alarm, is confirmed by each later alarm, and is auto-resolved
-//! once `QUIET` (12: an hour of 5-minute rounds) rounds pass without one. Two policies:
+//! once `QUIET` (12: an hour of 5-minute rounds) rounds pass without one. Three policies:
 //! "quiet accepts" (before schema v11: any resolution started a new baseline from the runs
-//! after it) and "operator only" (now: only an operator's resolution does, and none happens
-//! here). Per δ and policy over `WORLDS` (200) seeded worlds: the worlds whose shift became the
+//! after it), "operator only" (only an operator's resolution does, and none happens here) and
+//! "operator only, held" (now: also, a round on which the chart is still out of control since
+//! its alarm, `Observation::out_of_control`, confirms the active alert). Per δ and policy over `WORLDS` (200) seeded worlds: the worlds whose shift became the
 //! baseline unseen, the share of post-switch rounds with a "changed" alert active, the worlds
 //! still showing it at the last round, and the alerts opened after the switch (each a
-//! webhook). 500 rounds fit the detector's `history_runs` window, so one pass per baseline is
+//! webhook). Then a shift of `TRANSIENT` (50) rounds that ends: the rounds from the endpoint's
+//! return until no alert is active, with and without the hold. 500 rounds fit the detector's `history_runs` window, so one pass per baseline is
 //! the chart the detector rebuilds each round. Not a test: it prints numbers.
 //!
 //!   cargo run --release -p samewise-probes --example changed_lifecycle
@@ -50,14 +52,17 @@ struct World {
     opened_after: usize,
     /// Alerts opened before the switch (false alarms).
     opened_before: usize,
+    /// Rounds from the endpoint's return (`back_at`) to the first without an active alert.
+    cleared_after: Option<usize>,
 }
 
 fn run_world(
     det: &DetectorConfig,
     values: &[f64],
-    switch_at: usize,
+    (switch_at, back_at): (usize, usize),
     quiet: usize,
     quiet_accepts: bool,
+    hold: bool,
 ) -> Result<World> {
     let config = changed_chart_config(det, det.cusum.min_sd)?;
     let mut chart = Cusum::new(config)?;
@@ -73,7 +78,12 @@ fn run_world(
                 w.accepted |= t >= switch_at;
             }
         }
-        if chart.observe(x)?.alarm.is_some() {
+        let obs = chart.observe(x)?;
+        // held: a run on which the chart is still out of control confirms the active alert
+        if hold && last_seen.is_some() && obs.out_of_control.is_some() {
+            last_seen = Some(t);
+        }
+        if obs.alarm.is_some() {
             if last_seen.is_none() {
                 if t >= switch_at {
                     w.opened_after += 1;
@@ -85,6 +95,9 @@ fn run_world(
         }
         if t >= switch_at && last_seen.is_some() {
             w.active_rounds += 1;
+        }
+        if t >= back_at && last_seen.is_none() && w.cleared_after.is_none() {
+            w.cleared_after = Some(t - back_at);
         }
     }
     w.active_at_end = last_seen.is_some();
@@ -106,6 +119,12 @@ fn main() -> Result<()> {
                 .context("SHIFTS: a comma-separated list of σ")
         })
         .collect::<Result<_>>()?;
+    let transient: usize = env_or("TRANSIENT", 50)?;
+    let transient_shifts: Vec<f64> = std::env::var("TRANSIENT_SHIFTS")
+        .unwrap_or_else(|_| "1.5,3,10,50".to_owned())
+        .split(',')
+        .map(|s| s.trim().parse().context("TRANSIENT_SHIFTS: a list of σ"))
+        .collect::<Result<_>>()?;
     let det = DetectorConfig::default();
     let h = changed_chart_config(&det, det.cusum.min_sd)?.h;
     println!(
@@ -118,16 +137,36 @@ fn main() -> Result<()> {
          | active at the last round | alerts opened after the switch (mean, max) | false alerts before it |"
     );
     println!("|---|---|---|---|---|---|---|");
-    for &delta in &shifts {
-        for quiet_accepts in [true, false] {
-            let mut all = Vec::with_capacity(worlds);
-            for w in 0..worlds {
+    let policies = [
+        ("quiet accepts", true, false),
+        ("operator only", false, false),
+        ("operator only, held", false, true),
+    ];
+    // every world's rounds: standard normal, shifted by δ from `switch_at` to `back_at`
+    let worlds_of = |delta: f64, back_at: usize, quiet_accepts: bool, hold: bool| {
+        (0..worlds)
+            .map(|w| {
                 let mut rng = StdRng::seed_from_u64(seed ^ (w as u64).wrapping_mul(0x9E37_79B9));
                 let values: Vec<f64> = (0..switch_at + after)
-                    .map(|t| normal(&mut rng) + if t >= switch_at { delta } else { 0.0 })
+                    .map(|t| {
+                        let shifted = (switch_at..back_at).contains(&t);
+                        normal(&mut rng) + if shifted { delta } else { 0.0 }
+                    })
                     .collect();
-                all.push(run_world(&det, &values, switch_at, quiet, quiet_accepts)?);
-            }
+                run_world(
+                    &det,
+                    &values,
+                    (switch_at, back_at),
+                    quiet,
+                    quiet_accepts,
+                    hold,
+                )
+            })
+            .collect::<Result<Vec<World>>>()
+    };
+    for &delta in &shifts {
+        for (name, quiet_accepts, hold) in policies {
+            let all = worlds_of(delta, switch_at + after, quiet_accepts, hold)?;
             let accepted = all.iter().filter(|w| w.accepted).count();
             let active: usize = all.iter().map(|w| w.active_rounds).sum();
             let at_end = all.iter().filter(|w| w.active_at_end).count();
@@ -135,15 +174,27 @@ fn main() -> Result<()> {
             let max_opened = all.iter().map(|w| w.opened_after).max().unwrap_or(0);
             let before: usize = all.iter().map(|w| w.opened_before).sum();
             println!(
-                "| {delta} | {} | {accepted} of {worlds} | {:.1}% | {at_end} of {worlds} | {:.2}, {max_opened} | {before} |",
-                if quiet_accepts {
-                    "quiet accepts"
-                } else {
-                    "operator only"
-                },
+                "| {delta} | {name} | {accepted} of {worlds} | {:.1}% | {at_end} of {worlds} | {:.2}, {max_opened} | {before} |",
                 100.0 * active as f64 / (worlds * after) as f64,
                 opened as f64 / worlds as f64,
             );
+        }
+    }
+    println!(
+        "\nA shift of {transient} rounds, then the endpoint back at its baseline: rounds from the \
+         return until no alert is active (median, max; worlds still active at the end)"
+    );
+    println!("| shift (σ) | policy | rounds to clear: median, max | never cleared |");
+    println!("|---|---|---|---|");
+    for &delta in &transient_shifts {
+        for (name, quiet_accepts, hold) in &policies[1..] {
+            let all = worlds_of(delta, switch_at + transient, *quiet_accepts, *hold)?;
+            let mut cleared: Vec<usize> = all.iter().filter_map(|w| w.cleared_after).collect();
+            cleared.sort_unstable();
+            let never = worlds - cleared.len();
+            let median = cleared.get(cleared.len() / 2).copied().unwrap_or(0);
+            let max = cleared.last().copied().unwrap_or(0);
+            println!("| {delta} | {name} | {median}, {max} | {never} |");
         }
     }
     Ok(())

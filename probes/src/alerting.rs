@@ -98,6 +98,13 @@ impl Alerting {
         Ok((alert, opened))
     }
 
+    /// Confirms the active alert of `finding`'s endpoint and kind with it (its evidence and
+    /// `last_seen_ms`, so its quiet period starts over); opens none, notifies nobody. None
+    /// when no such alert is active.
+    pub async fn confirm(&self, store: &Store, finding: &NewAlert) -> Result<Option<Alert>> {
+        store.refresh_alert(finding).await.map_err(store_err)
+    }
+
     /// Acknowledges alert `id` (no notification).
     pub async fn acknowledge(&self, store: &Store, id: i64) -> Result<Option<Alert>> {
         store.ack_alert(id).await.map_err(store_err)

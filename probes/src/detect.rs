@@ -24,7 +24,10 @@
 //!   dashboard) accepts the new behaviour: the chart then starts over from the runs after the
 //!   resolution (a new baseline). An auto-resolution after the quiet period accepts nothing:
 //!   the baseline stays, so a shift small enough to alarm less often than once per quiet
-//!   period is raised again (a new alert) instead of becoming the baseline. The chart logic is the pure
+//!   period is raised again (a new alert) instead of becoming the baseline. Between alarms,
+//!   a run on which a chart is still out of control (its sums without the restart after an
+//!   alarm over `h`, `Observation::out_of_control`) confirms the active alert without
+//!   opening one, so a lasting shift keeps one alert open instead of one per alarm. The chart logic is the pure
 //!   [`changed_chart`]; its `h` is raised for the estimated 30-round baseline
 //!   ([`changed_chart_config`], `crate::sequential`), which keeps the in-control false-alarm
 //!   rate at the documented `1/cusum_arl0` per chart (without it the probe benchmark
@@ -331,8 +334,14 @@ impl Detectors {
             .await
             .map_err(store_err)?;
         let baselines = self.baselines(store, run, accepted_ms).await?;
-        if let Some(finding) = self.changed(run, &history, &floors, accepted_ms, &baselines)? {
-            out.push(self.alerting.raise(store, &finding).await?.0);
+        match self.changed(run, &history, &floors, accepted_ms, &baselines)? {
+            Some(changed::Changed::Alarm(finding)) => {
+                out.push(self.alerting.raise(store, &finding).await?.0);
+            }
+            Some(changed::Changed::Held(finding)) => {
+                out.extend(self.alerting.confirm(store, &finding).await?);
+            }
+            None => {}
         }
         Ok(out)
     }

@@ -196,6 +196,10 @@ pub fn h_for_arl0_estimated(
     Ok(h)
 }
 
+/// The cap on the sums kept without restarts, in units of `h`
+/// ([`Observation::out_of_control`]).
+pub const HELD_CAP: f64 = 2.0;
+
 /// Configuration of one CUSUM chart.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CusumConfig {
@@ -349,6 +353,14 @@ pub struct Observation {
     pub s_lo: f64,
     /// Set on the round the chart fires; the sums then restart from 0.
     pub alarm: Option<Shift>,
+    /// Set while the sums kept without those restarts (and capped at [`HELD_CAP`] × `h`) are
+    /// over `h`: the statistic has not come back since the chart went out of control. The
+    /// same as `alarm` up to the first alarm; after it, a lasting shift larger than `k` keeps
+    /// it set every round, while the restarted sums need rounds to fire again; the cap makes
+    /// a chart whose statistic is back at the baseline clear it within about `h/k` rounds,
+    /// however large the shift was. `Detectors::changed` keeps an active "changed" alert
+    /// confirmed while it holds.
+    pub out_of_control: Option<Shift>,
 }
 
 /// One CUSUM chart; serializable so a scheduler can persist it between rounds.
@@ -360,6 +372,11 @@ pub struct Cusum {
     fitted: Option<(f64, f64)>,
     s_hi: f64,
     s_lo: f64,
+    /// The sums without the restart after an alarm ([`Observation::out_of_control`]).
+    #[serde(default)]
+    held_hi: f64,
+    #[serde(default)]
+    held_lo: f64,
     /// Rounds seen since monitoring started.
     monitored: u64,
 }
@@ -374,6 +391,8 @@ impl Cusum {
             fitted: None,
             s_hi: 0.0,
             s_lo: 0.0,
+            held_hi: 0.0,
+            held_lo: 0.0,
             monitored: 0,
         })
     }
@@ -422,26 +441,34 @@ impl Cusum {
                 s_hi: 0.0,
                 s_lo: 0.0,
                 alarm: None,
+                out_of_control: None,
             });
         };
         let z = (x - mean) / sd;
         self.monitored += 1;
-        self.s_hi = (self.s_hi + z - self.config.k).max(0.0);
+        let (k, cap) = (self.config.k, HELD_CAP * self.config.h);
+        self.s_hi = (self.s_hi + z - k).max(0.0);
+        self.held_hi = (self.held_hi + z - k).clamp(0.0, cap);
         if self.config.two_sided {
-            self.s_lo = (self.s_lo - z - self.config.k).max(0.0);
+            self.s_lo = (self.s_lo - z - k).max(0.0);
+            self.held_lo = (self.held_lo - z - k).clamp(0.0, cap);
         }
-        let alarm = if self.s_hi > self.config.h {
-            Some(Shift::Up)
-        } else if self.s_lo > self.config.h {
-            Some(Shift::Down)
-        } else {
-            None
+        let over = |hi: f64, lo: f64| {
+            if hi > self.config.h {
+                Some(Shift::Up)
+            } else if lo > self.config.h {
+                Some(Shift::Down)
+            } else {
+                None
+            }
         };
+        let alarm = over(self.s_hi, self.s_lo);
         let obs = Observation {
             z: Some(z),
             s_hi: self.s_hi,
             s_lo: self.s_lo,
             alarm,
+            out_of_control: over(self.held_hi, self.held_lo),
         };
         if alarm.is_some() {
             self.s_hi = 0.0;
@@ -457,6 +484,8 @@ impl Cusum {
         self.fitted = None;
         self.s_hi = 0.0;
         self.s_lo = 0.0;
+        self.held_hi = 0.0;
+        self.held_lo = 0.0;
         self.monitored = 0;
     }
 }

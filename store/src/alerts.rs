@@ -171,6 +171,29 @@ impl Store {
     /// same model, endpoint and kind with `a`'s summary and evidence. Returns the alert and
     /// whether it was newly opened.
     pub async fn upsert_alert(&self, a: &NewAlert) -> Result<(Alert, bool), StoreError> {
+        match self.refresh_or_open(a, true).await? {
+            Some(found) => Ok(found),
+            None => Err(StoreError::InvalidInput(
+                "an alert was neither refreshed nor opened".to_owned(),
+            )),
+        }
+    }
+
+    /// Refreshes the active alert of `a`'s model, endpoint and kind with `a`'s summary and
+    /// evidence, as [`Store::upsert_alert`] does, but never opens one: None when there is no
+    /// active alert. A confirmation that must not outlive an alert resolved meanwhile.
+    pub async fn refresh_alert(&self, a: &NewAlert) -> Result<Option<Alert>, StoreError> {
+        Ok(self
+            .refresh_or_open(a, false)
+            .await?
+            .map(|(alert, _)| alert))
+    }
+
+    async fn refresh_or_open(
+        &self,
+        a: &NewAlert,
+        open: bool,
+    ) -> Result<Option<(Alert, bool)>, StoreError> {
         const OP: &str = "opening or refreshing an alert";
         if a.model.is_empty() || a.endpoint.is_empty() || a.kind.is_empty() {
             return Err(StoreError::InvalidInput(
@@ -235,9 +258,12 @@ impl Store {
                     row.as_ref().map(alert_from_row).transpose()?
                 });
                 if let Some(alert) = refreshed {
-                    return Ok((alert, false));
+                    return Ok(Some((alert, false)));
                 }
                 continue;
+            }
+            if !open {
+                return Ok(None);
             }
             let evidence = to_text(&a.evidence)?;
             let inserted = on_pool!(&self.pool, |p| {
@@ -254,7 +280,7 @@ impl Store {
                 row.as_ref().map(alert_from_row).transpose()?
             });
             if let Some(alert) = inserted {
-                return Ok((alert, true));
+                return Ok(Some((alert, true)));
             }
         }
         Err(StoreError::InvalidInput(format!(

@@ -81,9 +81,11 @@ impl Detectors {
 
     /// The changed? finding: a CUSUM per watched statistic over the endpoint's runs of this
     /// kind (noise-floor repeats excluded, and only runs started after `accepted_ms`, when
-    /// an operator last resolved the endpoint's "changed" alert), alarming on `run`. Each chart runs
-    /// over the statistic's fixed baseline (`baselines`), then the runs of `history` after
-    /// the baseline's last.
+    /// an operator last resolved the endpoint's "changed" alert), on `run`: an alarm, or,
+    /// without one, a chart still out of control since its last alarm
+    /// ([`Observation::out_of_control`](crate::sequential::Observation::out_of_control)). Each
+    /// chart runs over the statistic's fixed baseline (`baselines`), then the runs of
+    /// `history` after the baseline's last.
     pub(super) fn changed(
         &self,
         run: &ProbeRun,
@@ -91,7 +93,7 @@ impl Detectors {
         floors: &BTreeMap<String, NoiseFloor>,
         accepted_ms: Option<i64>,
         baselines: &BTreeMap<String, Vec<BaselineRun>>,
-    ) -> Result<Option<NewAlert>> {
+    ) -> Result<Option<Changed>> {
         if run.repeat_of.is_some() {
             return Ok(None);
         }
@@ -100,7 +102,7 @@ impl Detectors {
             .filter(|r| r.ok && r.repeat_of.is_none())
             .filter(|r| accepted_ms.is_none_or(|t| r.started_ms > t))
             .collect();
-        let mut alarms = Vec::new();
+        let (mut alarms, mut held) = (Vec::new(), Vec::new());
         let mut threshold = self.cfg.cusum.h;
         for key in &self.cfg.cusum_statistics {
             if stat(&run.stats, key).is_none() {
@@ -132,7 +134,11 @@ impl Detectors {
                 .rposition(|&id| id == run.id)
                 .map(|i| (values[i], observations[i]));
             let Some((x, obs)) = last else { continue };
-            let Some(shift) = obs.alarm else { continue };
+            let (shift, still) = match (obs.alarm, obs.out_of_control) {
+                (Some(shift), _) => (shift, false),
+                (None, Some(shift)) => (shift, true),
+                (None, None) => continue,
+            };
             let Some((mean, sd)) = chart.baseline() else {
                 continue;
             };
@@ -142,10 +148,11 @@ impl Detectors {
                 .take(self.cfg.cusum.baseline_rounds)
                 .copied()
                 .collect();
-            alarms.push(serde_json::json!({
+            let entry = serde_json::json!({
                 "statistic": key,
                 "value": x,
                 "shift": match shift { Shift::Up => "up", Shift::Down => "down" },
+                "held": still,
                 "z": obs.z,
                 "cusum": obs.s_hi.max(obs.s_lo),
                 "threshold": chart.config().h,
@@ -154,32 +161,46 @@ impl Detectors {
                 "baseline_mean": mean,
                 "baseline_sd": sd,
                 "baseline_runs": baseline_ids,
-            }));
+            });
+            if still {
+                held.push(entry);
+            } else {
+                alarms.push(entry);
+            }
         }
-        if alarms.is_empty() {
-            return Ok(None);
-        }
-        let parts: Vec<String> = alarms
+        let (still, entries) = match (alarms.is_empty(), held.is_empty()) {
+            (true, true) => return Ok(None),
+            (true, false) => (true, held),
+            (false, _) => (false, alarms),
+        };
+        let parts: Vec<String> = entries
             .iter()
             .map(|a| {
                 let key = a["statistic"].as_str().unwrap_or("?");
+                let value = fmt_num(a["value"].as_f64().unwrap_or(f64::NAN));
+                let base = fmt_num(a["baseline_mean"].as_f64().unwrap_or(f64::NAN));
                 let dir = if a["shift"] == "up" { "rose" } else { "fell" };
-                format!(
-                    "{key} {dir} to {} from baseline {}",
-                    fmt_num(a["value"].as_f64().unwrap_or(f64::NAN)),
-                    fmt_num(a["baseline_mean"].as_f64().unwrap_or(f64::NAN))
-                )
+                if still {
+                    format!("{key} at {value}, still {dir} from baseline {base}")
+                } else {
+                    format!("{key} {dir} to {value} from baseline {base}")
+                }
             })
             .collect();
         let summary = format!(
-            "endpoint {} changed ({}): {} (CUSUM > {:.2}, in-control ARL ≈ {:.0} rounds per chart)",
+            "endpoint {} {} ({}): {} ({}, in-control ARL ≈ {:.0} rounds per chart)",
             run.endpoint,
+            if still { "still changed" } else { "changed" },
             run.kind,
             parts.join("; "),
-            threshold,
+            if still {
+                format!("CUSUM without restarts > {threshold:.2} since its alarm")
+            } else {
+                format!("CUSUM > {threshold:.2}")
+            },
             self.cfg.cusum.arl0()
         );
-        Ok(Some(NewAlert {
+        let finding = NewAlert {
             model: run.model.clone(),
             endpoint: run.endpoint.clone(),
             kind: KIND_CHANGED.to_owned(),
@@ -187,16 +208,32 @@ impl Detectors {
             evidence: serde_json::json!({
                 "detector": "changed",
                 "probe_kind": run.kind,
-                "statistic": alarms.first().map(|a| a["statistic"].clone()),
-                "value": alarms.first().map(|a| a["value"].clone()),
+                "statistic": entries.first().map(|a| a["statistic"].clone()),
+                "value": entries.first().map(|a| a["value"].clone()),
                 "threshold": threshold,
                 "p_value": serde_json::Value::Null,
-                "alarms": alarms,
+                "held": still,
+                "alarms": entries,
                 "probe_runs": [run.id],
             }),
             now_ms: run.finished_ms,
+        };
+        Ok(Some(if still {
+            Changed::Held(finding)
+        } else {
+            Changed::Alarm(finding)
         }))
     }
+}
+
+/// What changed? found on a run.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Changed {
+    /// A chart alarmed: raise "changed" (open it, or refresh the active one).
+    Alarm(NewAlert),
+    /// No alarm, but a chart has stayed out of control since its last one: confirm the active
+    /// "changed" alert (its quiet period starts over), open none.
+    Held(NewAlert),
 }
 
 /// The chart configuration the changed? detector uses for one statistic: the configured

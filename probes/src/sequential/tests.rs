@@ -75,9 +75,27 @@ fn baseline_then_monitoring_by_hand() {
     assert_eq!((o.z, o.s_hi, o.s_lo, o.alarm), (Some(1.5), 1.0, 0.0, None));
     let o = c.observe(3.6).unwrap(); // z = 1.6 → S⁺ = 2.1 > 2 → alarm, then reset
     assert!((o.s_hi - 2.1).abs() < 1e-12);
-    assert_eq!(o.alarm, Some(Shift::Up));
-    let o = c.observe(2.0 - 2.6).unwrap(); // z = −2.6 → S⁻ = 2.1 → alarm down
-    assert_eq!(o.alarm, Some(Shift::Down));
+    assert_eq!(
+        (o.alarm, o.out_of_control),
+        (Some(Shift::Up), Some(Shift::Up))
+    );
+    // z = 1.2: the restarted S⁺ = 0.7, no alarm; without the restart 2.8 > 2: still out
+    let o = c.observe(3.2).unwrap();
+    assert!((o.s_hi - 0.7).abs() < 1e-12);
+    assert_eq!((o.alarm, o.out_of_control), (None, Some(Shift::Up)));
+    let o = c.observe(2.0 - 2.6).unwrap(); // z = −2.6 → S⁻ = 2.1 → alarm down, both sums
+    assert_eq!(
+        (o.alarm, o.out_of_control),
+        (Some(Shift::Down), Some(Shift::Down))
+    );
+    let o = c.observe(2.0).unwrap(); // z = 0: S⁻ restarted, 0; held 1.6 < 2: back in control
+    assert_eq!((o.alarm, o.out_of_control), (None, None));
+    // a chart serialized before the held sums existed reads back with them at 0
+    let mut old = serde_json::to_value(&c).unwrap();
+    let obj = old.as_object_mut().unwrap();
+    assert!(obj.remove("held_hi").is_some() && obj.remove("held_lo").is_some());
+    let back: Cusum = serde_json::from_value(old).unwrap();
+    assert_eq!(back.monitored_rounds(), c.monitored_rounds());
     // a perfectly constant baseline uses the floor
     let mut c = Cusum::new(cfg).unwrap();
     for _ in 0..3 {

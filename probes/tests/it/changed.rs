@@ -243,3 +243,114 @@ async fn an_auto_resolved_change_is_not_accepted_on_postgres_and_sqlite() -> Res
     }
     Ok(())
 }
+
+/// A lasting shift keeps one "changed" alert open: between the chart's alarms every run on
+/// which it is still out of control confirms the alert, so its quiet period (an hour, six
+/// 10-minute rounds here) never resolves it and no second alert opens; once the endpoint
+/// comes back, the alert goes quiet and is auto-resolved, soon even after a large shift.
+#[tokio::test]
+async fn a_lasting_shift_keeps_one_changed_alert_open_on_postgres_and_sqlite() -> Result<()> {
+    const ROUND_MS: i64 = 600_000;
+    let cfg = eight_round_baseline();
+    let h = samewise_probes::detect::changed_chart_config(&cfg, cfg.cusum.min_sd)?.h;
+    // every shifted round is z = 1.5 over the baseline: the restarted sums gain 0.5 a round,
+    // so the chart alarms every `gap` rounds, longer than the quiet period
+    let gap = (h / 0.5).ceil() as i64;
+    ensure!(gap > 7, "h {h}: alarms every {gap} rounds");
+    let mean = WOBBLE.iter().sum::<f64>() / 8.0;
+    let sd = (WOBBLE.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / 7.0).sqrt();
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let db = TestDb::new(backend).await?;
+        let d = detectors(cfg.clone(), None)?;
+        let mut t = 0;
+        let mut round = |kl: f64| {
+            t += ROUND_MS;
+            logprob_run("p/a", t, kl, 0.98)
+        };
+        for &x in &WOBBLE {
+            let r = store_run(&db.store, &round(x)).await?;
+            ensure!(d.after_run(&db.store, &r).await?.is_empty());
+        }
+        let (mut opened, mut held, mut alarmed, mut first) = (Vec::new(), 0, 0, None);
+        for i in 0..3 * gap {
+            let r = store_run(&db.store, &round(mean + 1.5 * sd)).await?;
+            for a in d.after_run(&db.store, &r).await? {
+                if a.kind != "changed" {
+                    continue;
+                }
+                if !opened.contains(&a.id) {
+                    opened.push(a.id);
+                }
+                first.get_or_insert(i);
+                if a.evidence["held"] == true {
+                    ensure!(a.summary.contains("still changed"), "{}", a.summary);
+                    held += 1;
+                } else {
+                    alarmed += 1;
+                }
+            }
+            let quiet = d.alerting().auto_resolve(&db.store, r.finished_ms).await?;
+            ensure!(
+                quiet.is_empty(),
+                "{backend}: round {i}: auto-resolved while still shifted: {quiet:?}"
+            );
+        }
+        // one alert, confirmed on every round from its opening: by the alarms, and by the
+        // held chart on the rounds between them
+        let first = first.with_context(|| format!("{backend}: the shift never alarmed"))?;
+        ensure!(
+            opened.len() == 1 && alarmed >= 2 && alarmed + held == 3 * gap - first,
+            "{backend}: alerts {opened:?}, {alarmed} alarms and {held} held rounds from round \
+             {first} (gap {gap})"
+        );
+        // back to the baseline's behaviour: the held sums fall, the alert goes quiet
+        let mut resolved = None;
+        for i in 0..40 {
+            let r = store_run(&db.store, &round(WOBBLE[i % 8])).await?;
+            d.after_run(&db.store, &r).await?;
+            let quiet = d.alerting().auto_resolve(&db.store, r.finished_ms).await?;
+            if let Some(a) = quiet.into_iter().find(|a| a.id == opened[0]) {
+                resolved = Some(a);
+                break;
+            }
+        }
+        let a = resolved.with_context(|| format!("{backend}: never auto-resolved"))?;
+        ensure!(a.resolved_by == Some(samewise_store::Resolver::Quiet));
+
+        // a large shift (z ≈ 53 a round for 30 rounds) that is then rolled back: the sums kept
+        // without restarts are capped at 2h, so the alert goes quiet about h/k rounds after
+        // the return, not after the thousands of rounds the uncapped sum would need
+        let mut t = 0;
+        let mut round = |kl: f64| {
+            t += ROUND_MS;
+            logprob_run("p/b", t, kl, 0.98)
+        };
+        for &x in &WOBBLE {
+            let r = store_run(&db.store, &round(x)).await?;
+            ensure!(d.after_run(&db.store, &r).await?.is_empty());
+        }
+        for _ in 0..30 {
+            let r = store_run(&db.store, &round(0.1)).await?;
+            d.after_run(&db.store, &r).await?;
+        }
+        let mut back = None;
+        for i in 0..3 * gap {
+            let r = store_run(&db.store, &round(WOBBLE[i as usize % 8])).await?;
+            d.after_run(&db.store, &r).await?;
+            let quiet = d.alerting().auto_resolve(&db.store, r.finished_ms).await?;
+            if quiet
+                .iter()
+                .any(|a| a.endpoint == "p/b" && a.kind == "changed")
+            {
+                back = Some(i);
+                break;
+            }
+        }
+        let back = back.with_context(|| format!("{backend}: the rolled-back shift stayed open"))?;
+        ensure!(
+            back <= 2 * gap,
+            "{backend}: resolved {back} rounds after the return"
+        );
+    }
+    Ok(())
+}
