@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use samewise_store::Alert;
+use samewise_store::{Alert, Resolver};
 use serde::Deserialize;
 use tokio::sync::{Mutex, mpsc};
 use tokio::task::JoinHandle;
@@ -153,9 +153,13 @@ pub fn payload(format: WebhookFormat, event: AlertEvent, alert: &Alert) -> serde
             "alert": alert.to_json(),
         }),
         WebhookFormat::Slack => {
-            let verb = match event {
-                AlertEvent::Opened => "opened",
-                AlertEvent::Resolved => "resolved",
+            let verb = match (event, alert.resolved_by) {
+                (AlertEvent::Opened, _) => "opened",
+                (AlertEvent::Resolved, Some(Resolver::Operator)) => "resolved by an operator",
+                (AlertEvent::Resolved, Some(Resolver::Quiet)) => {
+                    "auto-resolved after its quiet period"
+                }
+                (AlertEvent::Resolved, None) => "resolved",
             };
             serde_json::json!({
                 "text": format!(

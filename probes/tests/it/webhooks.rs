@@ -127,6 +127,9 @@ async fn lifecycle_notifies_open_and_resolve_once_with_retries() -> Result<()> {
     // after resolution the same finding opens a new alert, notified again
     let (b, opened) = alerting.raise(&db.store, &finding(3_000)).await?;
     ensure!(opened && b.id != a.id);
+    // quiet for longer than the quiet period: auto-resolved, notified as such
+    let quiet = alerting.auto_resolve(&db.store, 100_000).await?;
+    ensure!(quiet.len() == 1 && quiet[0].id == b.id);
     // shutdown waits for the queue to drain
     alerting.shutdown().await;
     let bodies = rx.bodies.lock().await.clone();
@@ -144,7 +147,8 @@ async fn lifecycle_notifies_open_and_resolve_once_with_retries() -> Result<()> {
             == [
                 ("opened".to_owned(), a.id),
                 ("resolved".to_owned(), a.id),
-                ("opened".to_owned(), b.id)
+                ("opened".to_owned(), b.id),
+                ("resolved".to_owned(), b.id)
             ],
         "{events:?}"
     );
@@ -152,15 +156,18 @@ async fn lifecycle_notifies_open_and_resolve_once_with_retries() -> Result<()> {
         bodies[0]["alert"]["evidence"]["value"] == 0.3 && bodies[0]["alert"]["state"] == "open"
     );
     ensure!(
-        bodies[1]["alert"]["state"] == "resolved" && bodies[1]["alert"]["resolved_ms"].is_i64()
+        bodies[1]["alert"]["state"] == "resolved"
+            && bodies[1]["alert"]["resolved_ms"].is_i64()
+            && bodies[1]["alert"]["resolved_by"] == "operator"
     );
+    ensure!(bodies[3]["alert"]["resolved_by"] == "quiet");
     ensure!(
-        rx.hits.load(Ordering::SeqCst) == 5,
+        rx.hits.load(Ordering::SeqCst) == 6,
         "hits {}",
         rx.hits.load(Ordering::SeqCst)
     );
     let slack = slack_rx.bodies.lock().await.clone();
-    ensure!(slack.len() == 3);
+    ensure!(slack.len() == 4);
     for v in &slack {
         let obj = v.as_object().context("slack body")?;
         ensure!(obj.len() == 1, "slack body has only text: {v}");
@@ -173,11 +180,20 @@ async fn lifecycle_notifies_open_and_resolve_once_with_retries() -> Result<()> {
     ensure!(
         slack[1]["text"]
             .as_str()
-            .is_some_and(|t| t.contains("resolved"))
+            .is_some_and(|t| t.contains(" resolved by an operator: ")),
+        "{}",
+        slack[1]
+    );
+    ensure!(
+        slack[3]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains(" auto-resolved after its quiet period: ")),
+        "{}",
+        slack[3]
     );
     let stats = alerting.webhook_stats();
     ensure!(
-        stats.delivered == 6 && stats.retries == 2 && stats.failed == 0 && stats.dropped == 0,
+        stats.delivered == 8 && stats.retries == 2 && stats.failed == 0 && stats.dropped == 0,
         "{stats:?}"
     );
     server.abort();
