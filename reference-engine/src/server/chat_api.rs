@@ -113,6 +113,7 @@ async fn run(
     body: &[u8],
 ) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(body)?;
+    state.check_model(&req.model)?;
     refuse_unsupported(&req.extra)?;
     check_stream_options(req.stream, req.stream_options.is_some())?;
     faults.check_logprobs(req.logprobs.unwrap_or(false))?;

@@ -67,6 +67,7 @@ async fn run(
     body: &[u8],
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_body(body)?;
+    state.check_model(&req.model)?;
     refuse_unsupported(&req.extra)?;
     check_stream_options(req.stream, req.stream_options.is_some())?;
     faults.check_logprobs(req.logprobs.is_some())?;

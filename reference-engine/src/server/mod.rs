@@ -240,6 +240,22 @@ impl ServerState {
         &self.inner.model_name
     }
 
+    /// A request's `model` checked against the served name, as vLLM does: any other name is an
+    /// OpenAI-shaped 404 `model_not_found`, so a gateway configured with the wrong model id
+    /// finds out on its first request instead of being served whatever is loaded. A request
+    /// without one (empty) means the served model.
+    pub(crate) fn check_model(&self, requested: &str) -> Result<(), ApiError> {
+        if requested.is_empty() || requested == self.model_name() {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            format!("The model `{requested}` does not exist"),
+            "invalid_request_error",
+            Some("model_not_found"),
+        ))
+    }
+
     /// The tokenizer (tests compare against the library with it).
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.inner.tokenizer

@@ -21,9 +21,8 @@ use crate::chat::PromptEnd;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ScoreRequest {
-    /// Accepted and ignored (one model is served).
+    /// Optional; when given, the served name.
     #[serde(default)]
-    #[allow(dead_code)]
     model: Option<String>,
     /// Token ids to score.
     #[serde(default)]
@@ -60,6 +59,9 @@ pub(crate) async fn score(State(state): State<ServerState>, body: Bytes) -> Resp
 
 async fn run_score(state: &ServerState, body: &[u8]) -> Result<Response, ApiError> {
     let req: ScoreRequest = parse_body(body)?;
+    if let Some(m) = &req.model {
+        state.check_model(m)?;
+    }
     if req.top_k > MAX_TOP_K {
         return Err(ApiError::bad_request(
             format!("top_k must be at most {MAX_TOP_K}"),
@@ -116,7 +118,6 @@ async fn run_score(state: &ServerState, body: &[u8]) -> Result<Response, ApiErro
 #[serde(deny_unknown_fields)]
 struct TokenizeRequest {
     #[serde(default)]
-    #[allow(dead_code)]
     model: Option<String>,
     #[serde(default)]
     prompt: Option<String>,
@@ -139,6 +140,9 @@ struct TokenizeRequest {
 pub(crate) async fn tokenize(State(state): State<ServerState>, body: Bytes) -> Response {
     let run = || -> Result<Response, ApiError> {
         let req: TokenizeRequest = parse_body(&body)?;
+        if let Some(m) = &req.model {
+            state.check_model(m)?;
+        }
         let ids = match (req.prompt, req.messages) {
             (Some(p), None) => state
                 .tokenizer()
@@ -169,7 +173,6 @@ pub(crate) async fn tokenize(State(state): State<ServerState>, body: Bytes) -> R
 #[serde(deny_unknown_fields)]
 struct DetokenizeRequest {
     #[serde(default)]
-    #[allow(dead_code)]
     model: Option<String>,
     tokens: Vec<u32>,
 }
@@ -177,6 +180,9 @@ struct DetokenizeRequest {
 pub(crate) async fn detokenize(State(state): State<ServerState>, body: Bytes) -> Response {
     let run = || -> Result<Response, ApiError> {
         let req: DetokenizeRequest = parse_body(&body)?;
+        if let Some(m) = &req.model {
+            state.check_model(m)?;
+        }
         let text = state.tokenizer().decode(&req.tokens, false)?;
         Ok(json_response(&json!({"prompt": text})))
     };
@@ -209,16 +215,10 @@ pub(crate) async fn model(
             .into_response();
         }
     };
-    if id != state.model_name() {
-        return ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("The model `{id}` does not exist"),
-            "invalid_request_error",
-            Some("model_not_found"),
-        )
-        .into_response();
+    match state.check_model(&id) {
+        Ok(()) => json_response(&model_object(&state)),
+        Err(e) => e.into_response(),
     }
-    json_response(&model_object(&state))
 }
 
 /// The served model as `/v1/models` lists it, with `max_model_len` and the serving profile.

@@ -30,7 +30,12 @@ async fn echo_logprobs_equal_the_library_score() -> anyhow::Result<()> {
         .score(std::slice::from_ref(&ids), 5)?
         .remove(0);
     for prompt in [json!(PROMPT), json!(ids)] {
-        let v = srv.ok("/v1/completions", &json!({"model": "x", "prompt": prompt, "echo": true, "logprobs": 5, "max_tokens": 0})).await?;
+        let v = srv
+            .ok(
+                "/v1/completions",
+                &json!({"prompt": prompt, "echo": true, "logprobs": 5, "max_tokens": 0}),
+            )
+            .await?;
         let choice = &v["choices"][0];
         assert_eq!(choice["text"], PROMPT);
         let lp = &choice["logprobs"];
@@ -605,6 +610,12 @@ async fn bad_input_gets_openai_shaped_4xx() -> anyhow::Result<()> {
         ("/v1/score", json!({"tokens": []}).to_string(), 400, None),
         ("/v1/score", json!({"tokens": [1], "surprise": true}).to_string(), 400, Some("invalid_type")),
         ("/detokenize", json!({"tokens": [1, 4000000]}).to_string(), 400, Some("token_out_of_vocab")),
+        // another model's name, as vLLM answers it: a gateway configured with the wrong id
+        ("/v1/completions", json!({"model": "gpt-4o", "prompt": "hi"}).to_string(), 404, Some("model_not_found")),
+        ("/v1/chat/completions", json!({"model": "smollm2-1.7b", "messages": [{"role": "user", "content": "x"}]}).to_string(), 404, Some("model_not_found")),
+        ("/tokenize", json!({"model": "gpt-4o", "prompt": "hi"}).to_string(), 404, Some("model_not_found")),
+        ("/detokenize", json!({"model": "gpt-4o", "tokens": [1]}).to_string(), 404, Some("model_not_found")),
+        ("/v1/score", json!({"model": "gpt-4o", "tokens": [1, 2]}).to_string(), 404, Some("model_not_found")),
         ("/v1/nowhere", "{}".into(), 404, None),
         ("/v1/models", "{}".into(), 405, Some("method_not_allowed")),
     ];
