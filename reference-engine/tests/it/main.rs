@@ -18,5 +18,6 @@ mod profiles_numerics;
 mod profiles_server;
 mod sampling;
 mod server;
+mod server_models;
 mod synth;
 mod tokenizer;
