@@ -154,7 +154,8 @@ impl Detectors {
                 "shift": match shift { Shift::Up => "up", Shift::Down => "down" },
                 "held": still,
                 "z": obs.z,
-                "cusum": obs.s_hi.max(obs.s_lo),
+                // the restarted sums that alarm; a held entry is over h only without restarts
+                "cusum": if still { serde_json::Value::Null } else { obs.s_hi.max(obs.s_lo).into() },
                 "threshold": chart.config().h,
                 "k": self.cfg.cusum.k,
                 "arl0": self.cfg.cusum.arl0(),

@@ -284,6 +284,7 @@ async fn a_lasting_shift_keeps_one_changed_alert_open_on_postgres_and_sqlite() -
                 first.get_or_insert(i);
                 if a.evidence["held"] == true {
                     ensure!(a.summary.contains("still changed"), "{}", a.summary);
+                    ensure!(a.evidence["alarms"][0]["cusum"].is_null(), "{}", a.evidence);
                     held += 1;
                 } else {
                     alarmed += 1;
