@@ -7,7 +7,8 @@
 //! lease_ms = 30000             # a claimed job's lease; heartbeats renew it every lease/3
 //! poll_ms = 2000               # idle workers and the alert watcher look this often
 //! max_attempts = 3             # claims per job before it is failed
-//! cooldown_ms = 3600000        # per endpoint and suite, kept in the database
+//! cooldown_ms = 3600000        # per endpoint and suite, kept in the database (an alert
+//!                              # opens each suite once; alerts on an endpoint share it)
 //! budget_tokens = 200000       # per job, both targets together
 //! concurrency = 4              # items in flight per job
 //! delta = 0.05                 # verdict margin δ (5 points)

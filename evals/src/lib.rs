@@ -28,7 +28,9 @@
 //!   the probes), per-length pass rates and effective context lengths.
 //! - `report`: the verdict document from a job's stored results.
 //! - `worker`: [`Worker`] (claim, run items on both targets, heartbeat, stop early,
-//!   finish) and the alert watcher that opens jobs.
+//!   finish, publish the verdict).
+//! - `watcher`: [`AlertWatcher`], which opens each suite an active alert maps to once, and
+//!   holds the `eval_degraded` alert of a degraded verdict while its alert stays active.
 
 //!
 //! The API is what this root re-exports; the modules are private.
@@ -42,6 +44,7 @@ mod report;
 mod stats;
 mod target;
 mod tool_calls;
+mod watcher;
 mod worker;
 
 pub use capture::{CaptureReport, CaptureSource, Capturer, DEFAULT_WINDOW_MS};
@@ -53,7 +56,8 @@ pub use stats::{
 };
 pub use target::{Answer, REFERENCE, Target, Targets};
 pub use tool_calls::schema_valid;
-pub use worker::{AlertWatcher, Worker, WorkerSettings};
+pub use watcher::{AlertWatcher, KIND_EVAL_DEGRADED};
+pub use worker::{Worker, WorkerSettings};
 
 /// Everything that can go wrong in an eval.
 #[derive(Debug, thiserror::Error)]

@@ -1,4 +1,4 @@
-//! The job worker and the alert watcher.
+//! The job worker.
 //!
 //! [`Worker::run`] claims jobs (a lease, renewed by heartbeats every lease/3 while the job
 //! runs), runs each item on the suspect and the baseline (items already stored — a job
@@ -8,12 +8,9 @@
 //! soon as the verdict is decided or
 //! the token budget is spent, then finishes the job with its verdict document, attaches it
 //! to the alert that opened the job and POSTs it to the webhooks; a "degraded" verdict also
-//! raises an `eval_degraded` alert on the endpoint, which routing honours (`on_drift`). A worker that loses its
-//! lease stops at once; a cancelled worker stops and leaves its lease to expire.
-//!
-//! [`AlertWatcher::run`] polls the store's active alerts and opens the suites the rules map
-//! each one to, against the reference; the per-endpoint cooldown is taken in the database,
-//! so several gateways open one job.
+//! raises an `eval_degraded` alert on the endpoint, which routing honours (`on_drift`; the
+//! alert watcher holds it while the alert that opened the job stays active). A worker that
+//! loses its lease stops at once; a cancelled worker stops and leaves its lease to expire.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,7 +22,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{EvalsConfig, LongContextConfig};
 use crate::long_context::{self, Scoring};
-use crate::open::{OpenRequest, Opener, SuiteRef};
 use crate::report::{Stop, document, paired, schema_block, schema_paired};
 use crate::stats::{
     Decision, Verdict, VerdictParams, decide, decide_all, look_points, plan_looks, stop_reason,
@@ -90,7 +86,8 @@ pub struct Worker {
     settings: WorkerSettings,
 }
 
-fn ms(d: Duration) -> i64 {
+/// `d` in milliseconds, as the store takes times.
+pub(crate) fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
@@ -592,7 +589,7 @@ impl Worker {
             let alert = samewise_store::NewAlert {
                 model: job.model.clone(),
                 endpoint: job.endpoint.clone(),
-                kind: "eval_degraded".to_owned(),
+                kind: crate::watcher::KIND_EVAL_DEGRADED.to_owned(),
                 summary: format!(
                     "eval {} degraded against {} (job {})",
                     job.suite, job.baseline, job.id
@@ -638,73 +635,4 @@ fn tables(order: &[String], results: &[samewise_store::EvalResult]) -> [crate::s
 
 fn role_name(is_suspect: bool) -> &'static str {
     if is_suspect { "suspect" } else { "baseline" }
-}
-
-/// Opens jobs for active alerts, per the `[evals]` rules.
-#[derive(Debug, Clone)]
-pub struct AlertWatcher {
-    store: Store,
-    opener: Opener,
-}
-
-impl AlertWatcher {
-    /// A watcher over `store`, opening jobs through `opener` (whose config holds the rules).
-    pub fn new(store: Store, opener: Opener) -> AlertWatcher {
-        AlertWatcher { store, opener }
-    }
-
-    /// One pass: the jobs opened. An alert on an endpoint this config does not know opens
-    /// nothing (logged).
-    pub async fn poll_once(&self) -> Result<Vec<EvalJob>, EvalsError> {
-        let config = self.opener.config();
-        let mut opened = Vec::new();
-        for a in self.store.active_alerts().await? {
-            for suite in config.suites_for(&a.kind, &a.evidence) {
-                let mut params = serde_json::Map::new();
-                params.insert(
-                    "opened_by".to_owned(),
-                    json!({"alert": a.id, "kind": a.kind}),
-                );
-                if let Some(n) = config.max_items {
-                    params.insert("max_items".to_owned(), n.into());
-                }
-                let req = OpenRequest {
-                    endpoint: a.endpoint.clone(),
-                    suite: SuiteRef::Named(suite),
-                    baseline: None,
-                    params,
-                    alert_id: Some(a.id),
-                };
-                match self
-                    .opener
-                    .open(&self.store, &req, ms(config.cooldown))
-                    .await
-                {
-                    Ok(Some(j)) => {
-                        tracing::info!(job = j.id, alert = a.id, suite = %j.suite, endpoint = %j.endpoint, "eval job opened by an alert");
-                        opened.push(j);
-                    }
-                    Ok(None) => {}
-                    Err(EvalsError::Store(e)) => return Err(EvalsError::Store(e)),
-                    Err(e) => {
-                        tracing::warn!(alert = a.id, error = %e, "no eval job for the alert");
-                    }
-                }
-            }
-        }
-        Ok(opened)
-    }
-
-    /// Polls until `cancel`.
-    pub async fn run(&self, cancel: CancellationToken) {
-        loop {
-            if let Err(e) = self.poll_once().await {
-                tracing::warn!(error = %e, "eval alert watcher");
-            }
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                () = tokio::time::sleep(self.opener.config().poll) => {}
-            }
-        }
-    }
 }

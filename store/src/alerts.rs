@@ -403,6 +403,19 @@ impl Store {
         .await
     }
 
+    /// Marks the active alert `id` as seen now, its summary and evidence unchanged, so that
+    /// its quiet period starts again: a finding that another active alert holds (an eval's
+    /// `eval_degraded` while the alert that opened the eval stays active). A resolved alert
+    /// is returned unchanged (a confirmation never reopens); None when there is no such alert.
+    pub async fn confirm_alert(&self, id: i64) -> Result<Option<Alert>, StoreError> {
+        self.transition_alert(
+            id,
+            "confirming an alert",
+            "SET last_seen_ms = $1 WHERE id = $2 AND state <> 'resolved' AND last_seen_ms < $1",
+        )
+        .await
+    }
+
     /// When the newest alert of `model`, `endpoint` and `kind` that was resolved other than
     /// by its quiet period ([`Resolver::Quiet`]) was resolved: by an operator, or before
     /// schema v11 recorded who. The changed? detector's acceptance of a new behaviour.

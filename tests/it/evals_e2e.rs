@@ -573,7 +573,7 @@ async fn a_probe_alert_opens_a_job_whose_verdict_reaches_the_alert_and_the_webho
         "interval_ms = 1000\njitter = 0.0",
     )? + &format!(
         "\n[evals]\nreference_url = \"{u_ref}\"\nreference_model = \"smol\"\nworkers = 1\n\
-         poll_ms = 300\nmax_items = 4\nlooks = 1\nwebhooks = [\"{hook}\"]\n"
+         poll_ms = 300\nmax_items = 4\nlooks = 1\nwebhooks = [\"{hook}\"]\ncooldown_ms = 500\n"
     );
     std::fs::write(&cfg, text)?;
     let cfg_s = cfg.to_str().context("path")?.to_owned();
@@ -619,6 +619,16 @@ async fn a_probe_alert_opens_a_job_whose_verdict_reaches_the_alert_and_the_webho
         "{:?}",
         a.evidence
     );
+    // the alert stays active for many polls past the 500 ms cooldown and still has one
+    // tool_calls job: an alert opens each suite once
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ensure!(
+        alerts(&data)
+            .await?
+            .iter()
+            .any(|a| a.id == alert_id && a.resolved_ms.is_none()),
+        "the w4 alert was resolved"
+    );
     // `samewise alerts show ID` lists the job and its verdict
     let out = Command::new(BIN)
         .args([
@@ -642,6 +652,10 @@ async fn a_probe_alert_opens_a_job_whose_verdict_reaches_the_alert_and_the_webho
         jobs.iter()
             .any(|j| j["job"] == job_id && j["verdict"]["verdict"] == verdict),
         "{shown:#}"
+    );
+    ensure!(
+        jobs.iter().filter(|j| j["suite"] == "tool_calls").count() == 1,
+        "the active alert reopened its suite: {shown:#}"
     );
     gw.stop()?;
     hooks.abort();

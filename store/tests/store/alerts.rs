@@ -9,6 +9,7 @@ both!(
     alert_lifecycle_and_dedupe,
     alert_auto_resolve_and_filters,
     alert_resolver_and_the_last_operator_resolution,
+    alert_confirmation_restarts_the_quiet_period,
     alert_concurrent_upserts
 );
 
@@ -242,6 +243,39 @@ async fn alert_resolver_and_the_last_operator_resolution(db: TestDb) -> Result<(
     let stored = db.store.alert(legacy.id).await?.context("legacy")?;
     ensure!(stored.resolved_by.is_none() && stored.state == AlertState::Resolved);
     ensure!(last().await? == resolved.resolved_ms);
+    Ok(())
+}
+
+async fn alert_confirmation_restarts_the_quiet_period(db: TestDb) -> Result<()> {
+    let s = &db.store;
+    let (held, _) = s
+        .upsert_alert(&finding("p/a", "eval_degraded", 1_000, 0.3))
+        .await?;
+    let (acked, _) = s
+        .upsert_alert(&finding("p/b", "eval_degraded", 1_000, 0.3))
+        .await?;
+    s.ack_alert(acked.id).await?;
+    let before = samewise_store::now_ms();
+    for id in [held.id, acked.id] {
+        let a = s.confirm_alert(id).await?.context("no alert")?;
+        // seen now; nothing else changes (state, summary, evidence, updated)
+        ensure!(a.last_seen_ms >= before && a.resolved_ms.is_none(), "{a:?}");
+        let was = if id == held.id { &held } else { &acked };
+        ensure!(a.evidence == was.evidence && a.summary == was.summary && a.opened_ms == 1_000);
+    }
+    ensure!(
+        s.alert(acked.id)
+            .await?
+            .is_some_and(|a| a.state == AlertState::Acknowledged)
+    );
+    let swept = s.resolve_quiet_alerts(before).await?;
+    ensure!(swept.is_empty(), "confirmed alerts swept: {swept:?}");
+    // a resolved alert stays resolved; an unknown id is None
+    s.resolve_alert(held.id).await?;
+    let after = s.confirm_alert(held.id).await?.context("alert gone")?;
+    ensure!(after.state == AlertState::Resolved && after.resolved_by == Some(Resolver::Operator));
+    ensure!(s.active_alerts().await?.iter().all(|a| a.id != held.id));
+    ensure!(s.confirm_alert(held.id + acked.id + 1).await?.is_none());
     Ok(())
 }
 

@@ -1,0 +1,299 @@
+//! The alert watcher: what an active alert asks of the eval queue.
+//!
+//! [`AlertWatcher::run`] polls the store's active alerts. Each one opens the suites the rules
+//! map it to, against the reference, once: again only after that job failed (it gave no
+//! verdict; a cancelled job is not reopened), however long the alert stays active, so an
+//! alert held open for a day costs one run of each suite, not one per cooldown. The
+//! per-endpoint-and-suite cooldown is taken in the database, so several gateways open one
+//! job and alerts raised together on one endpoint share it.
+//!
+//! A degraded verdict raises an [`KIND_EVAL_DEGRADED`] alert (the worker does), which routing
+//! honours. The watcher holds it — confirms it every poll, so its quiet period does not
+//! resolve it — while an active alert has a job of that endpoint whose verdict is degraded
+//! and no later job of the same endpoint and suite ended with another verdict. Once the
+//! alert that opened the eval is resolved (the probes found the endpoint faithful again, or
+//! an operator said so) or a later eval of the suite passes, it goes quiet and is resolved
+//! after the quiet period like any other alert; an operator may resolve it at any time (a
+//! confirmation never reopens).
+
+use std::collections::BTreeSet;
+
+use samewise_store::{Alert, EvalJob, JobState, Store};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::EvalsError;
+use crate::open::{OpenRequest, Opener, SuiteRef};
+use crate::worker::ms;
+
+/// The kind of the alert a degraded verdict raises.
+pub const KIND_EVAL_DEGRADED: &str = "eval_degraded";
+
+/// Jobs of one alert or endpoint the watcher reads (newest first).
+const JOBS_READ: u32 = 100;
+
+/// Opens jobs for active alerts, per the `[evals]` rules, and holds the `eval_degraded`
+/// alerts of their degraded verdicts.
+#[derive(Debug, Clone)]
+pub struct AlertWatcher {
+    store: Store,
+    opener: Opener,
+}
+
+fn is_degraded(job: &EvalJob) -> bool {
+    job.state == JobState::Succeeded
+        && job
+            .verdict
+            .as_ref()
+            .is_some_and(|v| v["verdict"] == "degraded")
+}
+
+impl AlertWatcher {
+    /// A watcher over `store`, opening jobs through `opener` (whose config holds the rules).
+    pub fn new(store: Store, opener: Opener) -> AlertWatcher {
+        AlertWatcher { store, opener }
+    }
+
+    /// One pass: the jobs opened. An alert on an endpoint this config does not know opens
+    /// nothing (logged).
+    pub async fn poll_once(&self) -> Result<Vec<EvalJob>, EvalsError> {
+        let active = self.store.active_alerts().await?;
+        let mut opened = Vec::new();
+        let mut held = BTreeSet::new();
+        for a in active.iter().filter(|a| a.kind != KIND_EVAL_DEGRADED) {
+            let jobs = self.store.eval_jobs(Some(a.id), None, JOBS_READ).await?;
+            self.open_suites(a, &jobs, &mut opened).await?;
+            for job in jobs.iter().filter(|j| is_degraded(j)) {
+                let Some(d) = active.iter().find(|d| {
+                    d.kind == KIND_EVAL_DEGRADED
+                        && d.model == job.model
+                        && d.endpoint == job.endpoint
+                }) else {
+                    continue;
+                };
+                if !held.contains(&d.id) && self.still_degraded(job).await? {
+                    self.store.confirm_alert(d.id).await?;
+                    held.insert(d.id);
+                }
+            }
+        }
+        Ok(opened)
+    }
+
+    /// Opens the suites alert `a` maps to that none of its `jobs` has run or is running.
+    async fn open_suites(
+        &self,
+        a: &Alert,
+        jobs: &[EvalJob],
+        opened: &mut Vec<EvalJob>,
+    ) -> Result<(), EvalsError> {
+        let config = self.opener.config();
+        let evaluated: Vec<&str> = jobs
+            .iter()
+            .filter(|j| j.state != JobState::Failed)
+            .map(|j| j.suite.as_str())
+            .collect();
+        for suite in config.suites_for(&a.kind, &a.evidence) {
+            if evaluated.contains(&suite.as_str()) {
+                continue;
+            }
+            let mut params = serde_json::Map::new();
+            params.insert(
+                "opened_by".to_owned(),
+                json!({"alert": a.id, "kind": a.kind}),
+            );
+            if let Some(n) = config.max_items {
+                params.insert("max_items".to_owned(), n.into());
+            }
+            let req = OpenRequest {
+                endpoint: a.endpoint.clone(),
+                suite: SuiteRef::Named(suite),
+                baseline: None,
+                params,
+                alert_id: Some(a.id),
+            };
+            match self
+                .opener
+                .open(&self.store, &req, ms(config.cooldown))
+                .await
+            {
+                Ok(Some(j)) => {
+                    tracing::info!(job = j.id, alert = a.id, suite = %j.suite, endpoint = %j.endpoint, "eval job opened by an alert");
+                    opened.push(j);
+                }
+                Ok(None) => {}
+                Err(EvalsError::Store(e)) => return Err(EvalsError::Store(e)),
+                Err(e) => {
+                    tracing::warn!(alert = a.id, error = %e, "no eval job for the alert");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the newest finished job of `job`'s endpoint and suite is degraded (`job`
+    /// itself, or a later degraded one): a later pass ends the hold.
+    async fn still_degraded(&self, job: &EvalJob) -> Result<bool, EvalsError> {
+        let of_endpoint = self
+            .store
+            .eval_jobs(None, Some(&job.endpoint), JOBS_READ)
+            .await?;
+        Ok(of_endpoint
+            .iter()
+            .find(|j| j.suite == job.suite && j.state == JobState::Succeeded)
+            .is_none_or(is_degraded))
+    }
+
+    /// Polls until `cancel`.
+    pub async fn run(&self, cancel: CancellationToken) {
+        loop {
+            if let Err(e) = self.poll_once().await {
+                tracing::warn!(error = %e, "eval alert watcher");
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(self.opener.config().poll) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anyhow::{Context, Result, ensure};
+    use samewise_store::testing::TestDb;
+    use samewise_store::{NewAlert, NewEvalJob, now_ms};
+
+    const HOUR_MS: i64 = 3_600_000;
+
+    /// A watcher with the default rules, no cooldown (so only the once-per-alert rule
+    /// keeps an alert from opening a suite again) and one endpoint, `a/m`.
+    fn watcher(store: &Store) -> Result<AlertWatcher> {
+        let t: toml::Table = "reference_url = \"http://127.0.0.1:9\"\ncooldown_ms = 0".parse()?;
+        let cfg = crate::EvalsConfig::parse(Some(&t), None)?;
+        let opener = Opener::new(cfg, [("a/m".to_owned(), "m".to_owned())]);
+        Ok(AlertWatcher::new(store.clone(), opener))
+    }
+
+    async fn raise(
+        store: &Store,
+        kind: &str,
+        evidence: serde_json::Value,
+        at: i64,
+    ) -> Result<Alert> {
+        let a = NewAlert {
+            model: "m".to_owned(),
+            endpoint: "a/m".to_owned(),
+            kind: kind.to_owned(),
+            summary: format!("{kind} on a/m"),
+            evidence,
+            now_ms: at,
+        };
+        Ok(store.upsert_alert(&a).await?.0)
+    }
+
+    /// Claims the oldest queued job and finishes it with `verdict` (None: failed).
+    async fn finish(store: &Store, verdict: Option<&str>) -> Result<EvalJob> {
+        let (job, lease) = store
+            .claim_eval_job("w", now_ms(), 60_000)
+            .await?
+            .context("no job to claim")?;
+        let (state, doc) = match verdict {
+            Some(v) => (JobState::Succeeded, Some(json!({"verdict": v}))),
+            None => (JobState::Failed, None),
+        };
+        let error = verdict.is_none().then_some("the endpoint did not answer");
+        ensure!(
+            store
+                .finish_eval_job(&lease, state, doc.as_ref(), error, now_ms())
+                .await?
+        );
+        Ok(job)
+    }
+
+    async fn opened(w: &AlertWatcher) -> Result<Vec<(String, Option<i64>)>> {
+        Ok(w.poll_once()
+            .await?
+            .into_iter()
+            .map(|j| (j.suite, j.alert_id))
+            .collect())
+    }
+
+    async fn last_seen(store: &Store, id: i64) -> Result<i64> {
+        Ok(store.alert(id).await?.context("alert gone")?.last_seen_ms)
+    }
+
+    #[tokio::test]
+    async fn an_alert_opens_each_suite_once_and_holds_its_degraded_verdict() -> Result<()> {
+        let db = TestDb::sqlite().await?;
+        let store = &db.store;
+        let w = watcher(store)?;
+        let now = now_ms();
+        let a = raise(store, "unfaithful", json!({"bits": 4}), now).await?;
+        let tool_calls = || vec![("tool_calls".to_owned(), Some(a.id))];
+        ensure!(opened(&w).await? == tool_calls());
+        // still active, no cooldown: not again while its job is queued, running or done
+        ensure!(opened(&w).await?.is_empty(), "reopened while queued");
+        finish(store, None).await?;
+        // a failed job gave no verdict: opened again, then not
+        ensure!(
+            opened(&w).await? == tool_calls(),
+            "not reopened after a failure"
+        );
+        ensure!(opened(&w).await?.is_empty());
+        let degraded = finish(store, Some("degraded")).await?;
+        ensure!(opened(&w).await?.is_empty(), "reopened after a verdict");
+
+        // the verdict's eval_degraded alert, last seen ten hours ago, is held by the active
+        // alert: the quiet sweep of an hour leaves it
+        let evidence = json!({"signal": "eval", "job_id": degraded.id, "suite": "tool_calls"});
+        let d = raise(store, KIND_EVAL_DEGRADED, evidence, now - 10 * HOUR_MS).await?;
+        ensure!(d.last_seen_ms == now - 10 * HOUR_MS);
+        let before = now_ms();
+        ensure!(opened(&w).await?.is_empty());
+        ensure!(last_seen(store, d.id).await? >= before, "not held");
+        let swept = store.resolve_quiet_alerts(now_ms() - HOUR_MS).await?;
+        ensure!(swept.is_empty(), "swept: {swept:?}");
+
+        // a later job of the suite on the endpoint (opened by hand) passes: no longer held
+        let job = NewEvalJob {
+            model: "m".to_owned(),
+            endpoint: "a/m".to_owned(),
+            suite: "tool_calls".to_owned(),
+            baseline: "reference".to_owned(),
+            alert_id: None,
+            params: json!({}),
+            max_attempts: 1,
+            now_ms: now_ms(),
+        };
+        store
+            .enqueue_eval_job(&job, 0)
+            .await?
+            .context("not opened")?;
+        finish(store, Some("equivalent")).await?;
+        let seen = last_seen(store, d.id).await?;
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        ensure!(opened(&w).await?.is_empty());
+        ensure!(last_seen(store, d.id).await? == seen, "held after a pass");
+
+        // another alert on the endpoint opens its own job; cancelled, it is not reopened
+        let b = raise(store, "passive", json!({"signal": "tool_call_errors"}), now).await?;
+        ensure!(opened(&w).await? == vec![("tool_calls".to_owned(), Some(b.id))]);
+        let queued = store.eval_jobs(Some(b.id), None, 10).await?;
+        let first = queued.first().context("no job of b")?;
+        store.cancel_eval_job(first.id).await?;
+        ensure!(opened(&w).await?.is_empty(), "a cancelled job was reopened");
+
+        // a confirmation never reopens: an operator's resolution stands
+        store.resolve_alert(d.id).await?;
+        ensure!(
+            store
+                .confirm_alert(d.id)
+                .await?
+                .is_some_and(|x| x.resolved_ms.is_some())
+        );
+        ensure!(store.confirm_alert(i64::MAX).await?.is_none());
+        Ok(())
+    }
+}
