@@ -27,7 +27,8 @@
 //!   period is raised again (a new alert) instead of becoming the baseline. Between alarms,
 //!   a run on which a chart is still out of control (its sums without the restart after an
 //!   alarm over `h`, `Observation::out_of_control`) confirms the active alert without
-//!   opening one, so a lasting shift keeps one alert open instead of one per alarm. The chart logic is the pure
+//!   opening one, so a lasting shift keeps one alert open instead of one per alarm; its
+//!   evidence is then the held chart's, with the last alarm kept as `last_alarm`. The chart logic is the pure
 //!   [`changed_chart`]; its `h` is raised for the estimated 30-round baseline
 //!   ([`changed_chart_config`], `crate::sequential`), which keeps the in-control false-alarm
 //!   rate at the documented `1/cusum_arl0` per chart (without it the probe benchmark
@@ -338,8 +339,16 @@ impl Detectors {
             Some(changed::Changed::Alarm(finding)) => {
                 out.push(self.alerting.raise(store, &finding).await?.0);
             }
-            Some(changed::Changed::Held(finding)) => {
-                out.extend(self.alerting.confirm(store, &finding).await?);
+            Some(changed::Changed::Held(mut finding)) => {
+                let active = store
+                    .active_alert(&finding.model, &finding.endpoint, KIND_CHANGED)
+                    .await
+                    .map_err(store_err)?;
+                // nothing to confirm when no alert is active (resolved meanwhile)
+                if let Some(active) = active {
+                    changed::keep_last_alarm(&mut finding, &active);
+                    out.extend(self.alerting.confirm(store, &finding).await?);
+                }
             }
             None => {}
         }

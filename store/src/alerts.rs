@@ -308,7 +308,8 @@ impl Store {
     }
 
     /// The active alert of `model`, `endpoint` and `kind`, if any.
-    async fn active_alert(
+    /// The active (open or acknowledged) alert of `model`, `endpoint` and `kind`, if any.
+    pub async fn active_alert(
         &self,
         model: &str,
         endpoint: &str,

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use samewise_store::{BaselineRun, NewAlert, ProbeBaseline, ProbeRun, Store};
+use samewise_store::{Alert, BaselineRun, NewAlert, ProbeBaseline, ProbeRun, Store};
 
 use super::{Detectors, KIND_CHANGED, fmt_num, higher_is_better, stat, store_err};
 use crate::Result;
@@ -235,6 +235,27 @@ pub(super) enum Changed {
     /// No alarm, but a chart has stayed out of control since its last one: confirm the active
     /// "changed" alert (its quiet period starts over), open none.
     Held(NewAlert),
+}
+
+/// A held confirmation replaces the alert's evidence with how the chart stands now; it keeps
+/// the alarm that last raised or refreshed the alert beside it, so the alert still shows what
+/// alarmed: `evidence.last_alarm` is the active alert's evidence when that was an alarm's
+/// (without the verdicts the store keeps apart), with `at_ms` when it was seen, or else the
+/// `last_alarm` the held evidence already carries.
+pub(super) fn keep_last_alarm(finding: &mut NewAlert, active: &Alert) {
+    let alarm = if active.evidence["held"] == true {
+        active.evidence.get("last_alarm").cloned()
+    } else {
+        let mut e = active.evidence.clone();
+        if let Some(o) = e.as_object_mut() {
+            o.remove("evals");
+            o.insert("at_ms".to_owned(), active.last_seen_ms.into());
+        }
+        Some(e)
+    };
+    if let (Some(alarm), Some(o)) = (alarm, finding.evidence.as_object_mut()) {
+        o.insert("last_alarm".to_owned(), alarm);
+    }
 }
 
 /// The chart configuration the changed? detector uses for one statistic: the configured

@@ -272,6 +272,7 @@ async fn a_lasting_shift_keeps_one_changed_alert_open_on_postgres_and_sqlite() -
             ensure!(d.after_run(&db.store, &r).await?.is_empty());
         }
         let (mut opened, mut held, mut alarmed, mut first) = (Vec::new(), 0, 0, None);
+        let mut last_alarm = None;
         for i in 0..3 * gap {
             let r = store_run(&db.store, &round(mean + 1.5 * sd)).await?;
             for a in d.after_run(&db.store, &r).await? {
@@ -285,8 +286,20 @@ async fn a_lasting_shift_keeps_one_changed_alert_open_on_postgres_and_sqlite() -
                 if a.evidence["held"] == true {
                     ensure!(a.summary.contains("still changed"), "{}", a.summary);
                     ensure!(a.evidence["alarms"][0]["cusum"].is_null(), "{}", a.evidence);
+                    // the alarm that last raised it stays beside the held chart
+                    let kept = &a.evidence["last_alarm"];
+                    ensure!(
+                        kept["held"] == false
+                            && kept["alarms"][0]["cusum"].as_f64().is_some_and(|c| c > h)
+                            && kept["probe_runs"][0].as_i64() == last_alarm
+                            && kept["at_ms"].as_i64().is_some_and(|t| t < r.finished_ms),
+                        "{backend}: round {i}: last alarm run {last_alarm:?}, held evidence {}",
+                        a.evidence
+                    );
                     held += 1;
                 } else {
+                    ensure!(a.evidence.get("last_alarm").is_none(), "{}", a.evidence);
+                    last_alarm = Some(r.id);
                     alarmed += 1;
                 }
             }
