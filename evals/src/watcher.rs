@@ -5,7 +5,9 @@
 //! verdict; a cancelled job is not reopened), however long the alert stays active, so an
 //! alert held open for a day costs one run of each suite, not one per cooldown. The
 //! per-endpoint-and-suite cooldown is taken in the database, so several gateways open one
-//! job and alerts raised together on one endpoint share it.
+//! job and alerts raised together on one endpoint share it. A job the opener refuses (an
+//! endpoint or baseline this config does not know) is logged once per alert and suite, not
+//! on every poll.
 //!
 //! A degraded verdict raises an [`KIND_EVAL_DEGRADED`] alert (the worker does), which routing
 //! honours. The watcher holds it — confirms it every poll, so its quiet period does not
@@ -17,6 +19,7 @@
 //! confirmation never reopens).
 
 use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use samewise_store::{Alert, EvalJob, JobState, Store};
 use serde_json::json;
@@ -38,6 +41,9 @@ const JOBS_READ: u32 = 100;
 pub struct AlertWatcher {
     store: Store,
     opener: Opener,
+    /// (alert, suite) pairs whose job the opener refused (an endpoint or baseline this
+    /// config does not know): logged once, not on every poll, while the alert stays active.
+    refused: Arc<Mutex<BTreeSet<(i64, String)>>>,
 }
 
 fn is_degraded(job: &EvalJob) -> bool {
@@ -51,13 +57,27 @@ fn is_degraded(job: &EvalJob) -> bool {
 impl AlertWatcher {
     /// A watcher over `store`, opening jobs through `opener` (whose config holds the rules).
     pub fn new(store: Store, opener: Opener) -> AlertWatcher {
-        AlertWatcher { store, opener }
+        AlertWatcher {
+            store,
+            opener,
+            refused: Arc::default(),
+        }
+    }
+
+    /// Whether alert `id`'s `suite` was refused before; records it.
+    fn refused_before(&self, id: i64, suite: &str) -> bool {
+        let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        !refused.insert((id, suite.to_owned()))
     }
 
     /// One pass: the jobs opened. An alert on an endpoint this config does not know opens
     /// nothing (logged).
     pub async fn poll_once(&self) -> Result<Vec<EvalJob>, EvalsError> {
         let active = self.store.active_alerts().await?;
+        self.refused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(id, _)| active.iter().any(|a| a.id == *id));
         let mut opened = Vec::new();
         let mut held = BTreeSet::new();
         for a in active.iter().filter(|a| a.kind != KIND_EVAL_DEGRADED) {
@@ -107,7 +127,7 @@ impl AlertWatcher {
             }
             let req = OpenRequest {
                 endpoint: a.endpoint.clone(),
-                suite: SuiteRef::Named(suite),
+                suite: SuiteRef::Named(suite.clone()),
                 baseline: None,
                 params,
                 alert_id: Some(a.id),
@@ -124,7 +144,9 @@ impl AlertWatcher {
                 Ok(None) => {}
                 Err(EvalsError::Store(e)) => return Err(EvalsError::Store(e)),
                 Err(e) => {
-                    tracing::warn!(alert = a.id, error = %e, "no eval job for the alert");
+                    if !self.refused_before(a.id, &suite) {
+                        tracing::warn!(alert = a.id, suite = %suite, error = %e, "no eval job for the alert");
+                    }
                 }
             }
         }
@@ -178,15 +200,15 @@ mod tests {
 
     async fn raise(
         store: &Store,
-        kind: &str,
+        (endpoint, kind): (&str, &str),
         evidence: serde_json::Value,
         at: i64,
     ) -> Result<Alert> {
         let a = NewAlert {
             model: "m".to_owned(),
-            endpoint: "a/m".to_owned(),
+            endpoint: endpoint.to_owned(),
             kind: kind.to_owned(),
-            summary: format!("{kind} on a/m"),
+            summary: format!("{kind} on {endpoint}"),
             evidence,
             now_ms: at,
         };
@@ -230,7 +252,7 @@ mod tests {
         let store = &db.store;
         let w = watcher(store)?;
         let now = now_ms();
-        let a = raise(store, "unfaithful", json!({"bits": 4}), now).await?;
+        let a = raise(store, ("a/m", "unfaithful"), json!({"bits": 4}), now).await?;
         let tool_calls = || vec![("tool_calls".to_owned(), Some(a.id))];
         ensure!(opened(&w).await? == tool_calls());
         // still active, no cooldown: not again while its job is queued, running or done
@@ -248,7 +270,13 @@ mod tests {
         // the verdict's eval_degraded alert, last seen ten hours ago, is held by the active
         // alert: the quiet sweep of an hour leaves it
         let evidence = json!({"signal": "eval", "job_id": degraded.id, "suite": "tool_calls"});
-        let d = raise(store, KIND_EVAL_DEGRADED, evidence, now - 10 * HOUR_MS).await?;
+        let d = raise(
+            store,
+            ("a/m", KIND_EVAL_DEGRADED),
+            evidence,
+            now - 10 * HOUR_MS,
+        )
+        .await?;
         ensure!(d.last_seen_ms == now - 10 * HOUR_MS);
         let before = now_ms();
         ensure!(opened(&w).await?.is_empty());
@@ -278,12 +306,33 @@ mod tests {
         ensure!(last_seen(store, d.id).await? == seen, "held after a pass");
 
         // another alert on the endpoint opens its own job; cancelled, it is not reopened
-        let b = raise(store, "passive", json!({"signal": "tool_call_errors"}), now).await?;
+        let b = raise(
+            store,
+            ("a/m", "passive"),
+            json!({"signal": "tool_call_errors"}),
+            now,
+        )
+        .await?;
         ensure!(opened(&w).await? == vec![("tool_calls".to_owned(), Some(b.id))]);
         let queued = store.eval_jobs(Some(b.id), None, 10).await?;
         let first = queued.first().context("no job of b")?;
         store.cancel_eval_job(first.id).await?;
         ensure!(opened(&w).await?.is_empty(), "a cancelled job was reopened");
+
+        // an alert on an endpoint this config does not know: refused, logged once while it
+        // stays active, forgotten once resolved
+        let lost = raise(store, ("gone/m", "unfaithful"), json!({}), now).await?;
+        ensure!(opened(&w).await?.is_empty());
+        ensure!(
+            w.refused_before(lost.id, "tool_calls"),
+            "the refusal was not recorded"
+        );
+        store.resolve_alert(lost.id).await?;
+        ensure!(opened(&w).await?.is_empty());
+        ensure!(
+            !w.refused_before(lost.id, "tool_calls"),
+            "kept after the resolution"
+        );
 
         // a confirmation never reopens: an operator's resolution stands
         store.resolve_alert(d.id).await?;
