@@ -1,24 +1,27 @@
 //! The alert watcher: what an active alert asks of the eval queue.
 //!
-//! [`AlertWatcher::run`] polls the store's active alerts. Each one opens the suites the rules
-//! map it to, against the reference, once: again only after that job failed (it gave no
-//! verdict; a cancelled job is not reopened), however long the alert stays active, so an
-//! alert held open for a day costs one run of each suite, not one per cooldown. The
+//! [`AlertWatcher::run`] polls the store's active alerts. Each one needs the suites the rules
+//! map it to, run against the reference, once: the jobs that answer an alert are its own
+//! (but a failed one, which gave no verdict; a cancelled one counts, so it is not reopened)
+//! and its endpoint's reference jobs of the suite opened since `cooldown_ms` before the
+//! alert (by another alert of the same incident, or an operator), queued, running or with a
+//! verdict. A suite nothing answers is opened, once, however long the alert stays active: an
+//! alert held open for a day costs one run of each suite, not one per cooldown, and two
+//! alerts raised together on an endpoint share one run, after the cooldown too. The
 //! per-endpoint-and-suite cooldown is taken in the database, so several gateways open one
-//! job and alerts raised together on one endpoint share it. A job the opener refuses (an
-//! endpoint or baseline this config does not know) is logged once per alert and suite, not
-//! on every poll.
+//! job. A job the opener refuses (an endpoint or baseline this config does not know) is
+//! logged once per alert and suite, not on every poll.
 //!
 //! A degraded verdict raises an [`KIND_EVAL_DEGRADED`] alert (the worker does), which routing
 //! honours. The watcher holds it — confirms it every poll, so its quiet period does not
-//! resolve it — while an active alert has a job of that endpoint whose verdict is degraded
-//! and no later job of the same endpoint and suite ended with another verdict. Once the
-//! alert that opened the eval is resolved (the probes found the endpoint faithful again, or
-//! an operator said so) or a later eval of the suite passes, it goes quiet and is resolved
-//! after the quiet period like any other alert; an operator may resolve it at any time (a
-//! confirmation never reopens).
+//! resolve it — while a job answering an active alert has that degraded verdict and no later
+//! job of the same endpoint, suite and baseline ended with another one. Once the alerts it
+//! answers are resolved (the probes found the endpoint faithful again, or an operator said
+//! so) or a later eval of the suite passes, it goes quiet and is resolved after the quiet
+//! period like any other alert; an operator may resolve it at any time (a confirmation
+//! never reopens).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use samewise_store::{Alert, EvalJob, JobState, Store};
@@ -27,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::EvalsError;
 use crate::open::{OpenRequest, Opener, SuiteRef};
+use crate::target::REFERENCE;
 use crate::worker::ms;
 
 /// The kind of the alert a degraded verdict raises.
@@ -44,6 +48,45 @@ pub struct AlertWatcher {
     /// (alert, suite) pairs whose job the opener refused (an endpoint or baseline this
     /// config does not know): logged once, not on every poll, while the alert stays active.
     refused: Arc<Mutex<BTreeSet<(i64, String)>>>,
+}
+
+/// The jobs that answer alert `a`: its own (but failed ones, which gave no verdict), and
+/// those of its endpoint (`endpoint_jobs`) against the reference, queued, running or
+/// finished with a verdict, that were opened since `cooldown_ms` before the alert — by
+/// another alert or an operator —, so that two alerts of one incident share a suite's run.
+fn answering(
+    a: &Alert,
+    own: &[EvalJob],
+    endpoint_jobs: &[EvalJob],
+    cooldown_ms: i64,
+) -> Vec<EvalJob> {
+    let since = a.opened_ms.saturating_sub(cooldown_ms);
+    let shared = endpoint_jobs.iter().filter(|j| {
+        j.alert_id != Some(a.id)
+            && j.baseline == REFERENCE
+            && j.created_ms >= since
+            && matches!(
+                j.state,
+                JobState::Queued | JobState::Running | JobState::Succeeded
+            )
+    });
+    own.iter()
+        .filter(|j| j.state != JobState::Failed)
+        .chain(shared)
+        .cloned()
+        .collect()
+}
+
+/// Whether the newest finished job of `job`'s endpoint and suite in `endpoint_jobs` (newest
+/// first) against the same baseline is degraded (`job` itself, or a later degraded one): a
+/// later pass ends the hold.
+fn still_degraded(endpoint_jobs: &[EvalJob], job: &EvalJob) -> bool {
+    endpoint_jobs
+        .iter()
+        .find(|j| {
+            j.suite == job.suite && j.baseline == job.baseline && j.state == JobState::Succeeded
+        })
+        .is_none_or(is_degraded)
 }
 
 fn is_degraded(job: &EvalJob) -> bool {
@@ -71,19 +114,35 @@ impl AlertWatcher {
     }
 
     /// One pass: the jobs opened. An alert on an endpoint this config does not know opens
-    /// nothing (logged).
+    /// nothing (logged once).
     pub async fn poll_once(&self) -> Result<Vec<EvalJob>, EvalsError> {
         let active = self.store.active_alerts().await?;
         self.refused
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|(id, _)| active.iter().any(|a| a.id == *id));
+        let cooldown = ms(self.opener.config().cooldown);
+        // each endpoint's newest jobs, read once per pass (newest first)
+        let mut of_endpoint: BTreeMap<String, Vec<EvalJob>> = BTreeMap::new();
         let mut opened = Vec::new();
         let mut held = BTreeSet::new();
         for a in active.iter().filter(|a| a.kind != KIND_EVAL_DEGRADED) {
-            let jobs = self.store.eval_jobs(Some(a.id), None, JOBS_READ).await?;
-            self.open_suites(a, &jobs, &mut opened).await?;
-            for job in jobs.iter().filter(|j| is_degraded(j)) {
+            if !of_endpoint.contains_key(&a.endpoint) {
+                let jobs = self
+                    .store
+                    .eval_jobs(None, Some(&a.endpoint), JOBS_READ)
+                    .await?;
+                of_endpoint.insert(a.endpoint.clone(), jobs);
+            }
+            let endpoint_jobs = of_endpoint.entry(a.endpoint.clone()).or_default();
+            let own = self.store.eval_jobs(Some(a.id), None, JOBS_READ).await?;
+            let answering = answering(a, &own, endpoint_jobs, cooldown);
+            let new = self.open_suites(a, &answering).await?;
+            for j in new.iter().rev() {
+                endpoint_jobs.insert(0, j.clone());
+            }
+            opened.extend(new);
+            for job in answering.iter().filter(|j| is_degraded(j)) {
                 let Some(d) = active.iter().find(|d| {
                     d.kind == KIND_EVAL_DEGRADED
                         && d.model == job.model
@@ -91,7 +150,7 @@ impl AlertWatcher {
                 }) else {
                     continue;
                 };
-                if !held.contains(&d.id) && self.still_degraded(job).await? {
+                if !held.contains(&d.id) && still_degraded(endpoint_jobs, job) {
                     self.store.confirm_alert(d.id).await?;
                     held.insert(d.id);
                 }
@@ -100,21 +159,17 @@ impl AlertWatcher {
         Ok(opened)
     }
 
-    /// Opens the suites alert `a` maps to that none of its `jobs` has run or is running.
+    /// Opens the suites alert `a` maps to that none of the jobs `answering` it runs or ran;
+    /// returns the jobs opened.
     async fn open_suites(
         &self,
         a: &Alert,
-        jobs: &[EvalJob],
-        opened: &mut Vec<EvalJob>,
-    ) -> Result<(), EvalsError> {
+        answering: &[EvalJob],
+    ) -> Result<Vec<EvalJob>, EvalsError> {
         let config = self.opener.config();
-        let evaluated: Vec<&str> = jobs
-            .iter()
-            .filter(|j| j.state != JobState::Failed)
-            .map(|j| j.suite.as_str())
-            .collect();
+        let mut opened = Vec::new();
         for suite in config.suites_for(&a.kind, &a.evidence) {
-            if evaluated.contains(&suite.as_str()) {
+            if answering.iter().any(|j| j.suite == suite) {
                 continue;
             }
             let mut params = serde_json::Map::new();
@@ -150,20 +205,7 @@ impl AlertWatcher {
                 }
             }
         }
-        Ok(())
-    }
-
-    /// Whether the newest finished job of `job`'s endpoint and suite is degraded (`job`
-    /// itself, or a later degraded one): a later pass ends the hold.
-    async fn still_degraded(&self, job: &EvalJob) -> Result<bool, EvalsError> {
-        let of_endpoint = self
-            .store
-            .eval_jobs(None, Some(&job.endpoint), JOBS_READ)
-            .await?;
-        Ok(of_endpoint
-            .iter()
-            .find(|j| j.suite == job.suite && j.state == JobState::Succeeded)
-            .is_none_or(is_degraded))
+        Ok(opened)
     }
 
     /// Polls until `cancel`.
@@ -189,13 +231,17 @@ mod tests {
 
     const HOUR_MS: i64 = 3_600_000;
 
-    /// A watcher with the default rules, no cooldown (so only the once-per-alert rule
-    /// keeps an alert from opening a suite again) and one endpoint, `a/m`.
-    fn watcher(store: &Store) -> Result<AlertWatcher> {
-        let t: toml::Table = "reference_url = \"http://127.0.0.1:9\"\ncooldown_ms = 0".parse()?;
+    /// A watcher with the default rules, `cooldown_ms`, and two endpoints, `a/m` and `b/m`.
+    fn watcher(store: &Store, cooldown_ms: i64) -> Result<AlertWatcher> {
+        let t: toml::Table =
+            format!("reference_url = \"http://127.0.0.1:9\"\ncooldown_ms = {cooldown_ms}")
+                .parse()?;
         let cfg = crate::EvalsConfig::parse(Some(&t), None)?;
-        let opener = Opener::new(cfg, [("a/m".to_owned(), "m".to_owned())]);
-        Ok(AlertWatcher::new(store.clone(), opener))
+        let endpoints = ["a/m", "b/m"].map(|e| (e.to_owned(), "m".to_owned()));
+        Ok(AlertWatcher::new(
+            store.clone(),
+            Opener::new(cfg, endpoints),
+        ))
     }
 
     async fn raise(
@@ -246,21 +292,26 @@ mod tests {
         Ok(store.alert(id).await?.context("alert gone")?.last_seen_ms)
     }
 
+    fn tool_calls(a: &Alert) -> Vec<(String, Option<i64>)> {
+        vec![("tool_calls".to_owned(), Some(a.id))]
+    }
+
+    /// With no cooldown, only the once-per-alert rule keeps an alert from opening a suite
+    /// again.
     #[tokio::test]
     async fn an_alert_opens_each_suite_once_and_holds_its_degraded_verdict() -> Result<()> {
         let db = TestDb::sqlite().await?;
         let store = &db.store;
-        let w = watcher(store)?;
+        let w = watcher(store, 0)?;
         let now = now_ms();
         let a = raise(store, ("a/m", "unfaithful"), json!({"bits": 4}), now).await?;
-        let tool_calls = || vec![("tool_calls".to_owned(), Some(a.id))];
-        ensure!(opened(&w).await? == tool_calls());
+        ensure!(opened(&w).await? == tool_calls(&a));
         // still active, no cooldown: not again while its job is queued, running or done
         ensure!(opened(&w).await?.is_empty(), "reopened while queued");
         finish(store, None).await?;
         // a failed job gave no verdict: opened again, then not
         ensure!(
-            opened(&w).await? == tool_calls(),
+            opened(&w).await? == tool_calls(&a),
             "not reopened after a failure"
         );
         ensure!(opened(&w).await?.is_empty());
@@ -305,15 +356,16 @@ mod tests {
         ensure!(opened(&w).await?.is_empty());
         ensure!(last_seen(store, d.id).await? == seen, "held after a pass");
 
-        // another alert on the endpoint opens its own job; cancelled, it is not reopened
+        // another alert on the endpoint, raised after every job there: its own job; once
+        // cancelled, not reopened
         let b = raise(
             store,
             ("a/m", "passive"),
             json!({"signal": "tool_call_errors"}),
-            now,
+            now_ms(),
         )
         .await?;
-        ensure!(opened(&w).await? == vec![("tool_calls".to_owned(), Some(b.id))]);
+        ensure!(opened(&w).await? == tool_calls(&b));
         let queued = store.eval_jobs(Some(b.id), None, 10).await?;
         let first = queued.first().context("no job of b")?;
         store.cancel_eval_job(first.id).await?;
@@ -343,6 +395,57 @@ mod tests {
                 .is_some_and(|x| x.resolved_ms.is_some())
         );
         ensure!(store.confirm_alert(i64::MAX).await?.is_none());
+        Ok(())
+    }
+
+    /// Two alerts of one incident on an endpoint: the second, raised within the cooldown of
+    /// the first one's job, shares it — after the cooldown too — and holds its verdict once
+    /// the first is resolved.
+    #[tokio::test]
+    async fn alerts_of_one_incident_share_a_suites_run_and_its_verdict() -> Result<()> {
+        const COOLDOWN_MS: i64 = 300;
+        let db = TestDb::sqlite().await?;
+        let store = &db.store;
+        let w = watcher(store, COOLDOWN_MS)?;
+        let first = raise(store, ("b/m", "unfaithful"), json!({"bits": 4}), now_ms()).await?;
+        ensure!(opened(&w).await? == tool_calls(&first));
+        let second = raise(
+            store,
+            ("b/m", "passive"),
+            json!({"signal": "tool"}),
+            now_ms(),
+        )
+        .await?;
+        // past the cooldown the store would open another job; the second alert shares the
+        // first one's instead
+        tokio::time::sleep(std::time::Duration::from_millis(COOLDOWN_MS as u64 + 50)).await;
+        ensure!(
+            opened(&w).await?.is_empty(),
+            "the second alert ran the suite again"
+        );
+        let degraded = finish(store, Some("degraded")).await?;
+        ensure!(degraded.alert_id == Some(first.id));
+        let evidence = json!({"signal": "eval", "job_id": degraded.id, "suite": "tool_calls"});
+        let d = raise(
+            store,
+            ("b/m", KIND_EVAL_DEGRADED),
+            evidence,
+            now_ms() - HOUR_MS,
+        )
+        .await?;
+        store.resolve_alert(first.id).await?;
+        let before = now_ms();
+        ensure!(opened(&w).await?.is_empty());
+        ensure!(
+            last_seen(store, d.id).await? >= before,
+            "the second alert does not hold it"
+        );
+
+        // a third alert raised well after that job (more than the cooldown) runs its own
+        store.resolve_alert(second.id).await?;
+        tokio::time::sleep(std::time::Duration::from_millis(COOLDOWN_MS as u64 + 50)).await;
+        let third = raise(store, ("b/m", "unfaithful"), json!({"bits": 3}), now_ms()).await?;
+        ensure!(opened(&w).await? == tool_calls(&third));
         Ok(())
     }
 }
