@@ -597,14 +597,27 @@ pub async fn alert(
         .alert(id)
         .await?
         .ok_or_else(|| DashError::NotFound(format!("no alert {id}")))?;
+    // the jobs that answer it: its own, and its endpoint's of the same incident (as the
+    // alert watcher counts them)
+    let cooldown = d
+        .inner
+        .evals
+        .as_ref()
+        .map_or(samewise_evals::DEFAULT_COOLDOWN, |o| o.config().cooldown);
+    let answering = samewise_evals::jobs_answering(&d.inner.store, &a, cooldown).await?;
     let a = AlertView::of(&a);
     let evidence = serde_json::to_string_pretty(&a.evidence).unwrap_or_default();
     let mut jobs = String::new();
-    for j in d.inner.store.eval_jobs(Some(id), None, 50).await? {
-        let j = view::EvalView::of(&j);
+    for j in &answering {
+        let by = match j.alert_id {
+            Some(x) if x == id => String::new(),
+            Some(x) => format!(" (opened by <a href=\"/alerts/{x}\">alert {x}</a>)"),
+            None => " (opened by hand)".to_owned(),
+        };
+        let j = view::EvalView::of(j);
         let _ = write!(
             jobs,
-            "<li><a href=\"/evals/{}\">{}: {}</a> <span class=\"muted\">{}</span></li>",
+            "<li><a href=\"/evals/{}\">{}: {}</a>{by} <span class=\"muted\">{}</span></li>",
             j.id,
             esc(&j.suite),
             esc(j.verdict.as_deref().unwrap_or(j.state)),
@@ -612,7 +625,7 @@ pub async fn alert(
         );
     }
     if !jobs.is_empty() {
-        jobs = format!("<h2>Eval jobs it opened</h2><ul class=\"jobs\">{jobs}</ul>");
+        jobs = format!("<h2>Eval jobs that answer it</h2><ul class=\"jobs\">{jobs}</ul>");
     }
     let b = format!(
         "<dl><dt>Endpoint</dt><dd><a href=\"/endpoint?e={u}\">{e}</a> ({m})</dd><dt>Kind</dt><dd>{k}</dd>\

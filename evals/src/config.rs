@@ -47,6 +47,9 @@ use serde::Deserialize;
 use crate::EvalsError;
 use crate::stats::VerdictParams;
 
+/// `[evals] cooldown_ms` when unset: an hour.
+pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(3_600);
+
 /// The built-in suites.
 pub const KNOWN_SUITES: &[&str] = &["tool_calls", "long_context", "regression"];
 
@@ -410,7 +413,9 @@ impl EvalsConfig {
             lease,
             poll: ms(raw.poll_ms, 2_000),
             max_attempts: raw.max_attempts.unwrap_or(3).max(1),
-            cooldown: ms(raw.cooldown_ms, 3_600_000),
+            cooldown: raw
+                .cooldown_ms
+                .map_or(DEFAULT_COOLDOWN, Duration::from_millis),
             budget_tokens: raw.budget_tokens.unwrap_or(200_000),
             concurrency,
             verdict: VerdictParams {

@@ -48,7 +48,9 @@ mod watcher;
 mod worker;
 
 pub use capture::{CaptureReport, CaptureSource, Capturer, DEFAULT_WINDOW_MS};
-pub use config::{EvalsConfig, LongContextConfig, Rule, SuiteFile, is_regression};
+pub use config::{
+    DEFAULT_COOLDOWN, EvalsConfig, LongContextConfig, Rule, SuiteFile, is_regression,
+};
 pub use open::{OpenRequest, Opener, SuiteRef};
 pub use stats::{
     Decision, Paired, Verdict, VerdictParams, decide, decide_all, look_alpha, look_points,
@@ -56,7 +58,7 @@ pub use stats::{
 };
 pub use target::{Answer, REFERENCE, Target, Targets};
 pub use tool_calls::schema_valid;
-pub use watcher::{AlertWatcher, KIND_EVAL_DEGRADED};
+pub use watcher::{AlertWatcher, KIND_EVAL_DEGRADED, jobs_answering};
 pub use worker::{Worker, WorkerSettings};
 
 /// Everything that can go wrong in an eval.

@@ -23,8 +23,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
-use samewise_store::{Alert, EvalJob, JobState, Store};
+use samewise_store::{Alert, EvalJob, JobState, Store, StoreError};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -50,10 +51,22 @@ pub struct AlertWatcher {
     refused: Arc<Mutex<BTreeSet<(i64, String)>>>,
 }
 
-/// The jobs that answer alert `a`: its own (but failed ones, which gave no verdict), and
-/// those of its endpoint (`endpoint_jobs`) against the reference, queued, running or
-/// finished with a verdict, that were opened since `cooldown_ms` before the alert — by
-/// another alert or an operator —, so that two alerts of one incident share a suite's run.
+/// The eval jobs that answer alert `a`, newest first: every job it opened, and its
+/// endpoint's jobs against the reference, queued, running or finished with a verdict, that
+/// were opened since `cooldown` (`[evals] cooldown_ms`) before the alert — by another alert
+/// of the same incident or by hand. What the alert watcher goes by, and what the alert's
+/// page and `samewise alerts show` list.
+pub async fn jobs_answering(
+    store: &Store,
+    a: &Alert,
+    cooldown: Duration,
+) -> Result<Vec<EvalJob>, StoreError> {
+    let own = store.eval_jobs(Some(a.id), None, JOBS_READ).await?;
+    let of_endpoint = store.eval_jobs(None, Some(&a.endpoint), JOBS_READ).await?;
+    Ok(answering(a, &own, &of_endpoint, ms(cooldown)))
+}
+
+/// [`jobs_answering`] over jobs already read: `own` (the alert's) and `endpoint_jobs`.
 fn answering(
     a: &Alert,
     own: &[EvalJob],
@@ -70,11 +83,9 @@ fn answering(
                 JobState::Queued | JobState::Running | JobState::Succeeded
             )
     });
-    own.iter()
-        .filter(|j| j.state != JobState::Failed)
-        .chain(shared)
-        .cloned()
-        .collect()
+    let mut out: Vec<EvalJob> = own.iter().chain(shared).cloned().collect();
+    out.sort_by_key(|j| std::cmp::Reverse(j.id));
+    out
 }
 
 /// Whether the newest finished job of `job`'s endpoint and suite in `endpoint_jobs` (newest
@@ -159,8 +170,8 @@ impl AlertWatcher {
         Ok(opened)
     }
 
-    /// Opens the suites alert `a` maps to that none of the jobs `answering` it runs or ran;
-    /// returns the jobs opened.
+    /// Opens the suites alert `a` maps to that none of the jobs `answering` it runs or ran
+    /// (a failed one gave no verdict: its suite is opened again); returns the jobs opened.
     async fn open_suites(
         &self,
         a: &Alert,
@@ -169,7 +180,10 @@ impl AlertWatcher {
         let config = self.opener.config();
         let mut opened = Vec::new();
         for suite in config.suites_for(&a.kind, &a.evidence) {
-            if answering.iter().any(|j| j.suite == suite) {
+            if answering
+                .iter()
+                .any(|j| j.suite == suite && j.state != JobState::Failed)
+            {
                 continue;
             }
             let mut params = serde_json::Map::new();
@@ -317,6 +331,13 @@ mod tests {
         ensure!(opened(&w).await?.is_empty());
         let degraded = finish(store, Some("degraded")).await?;
         ensure!(opened(&w).await?.is_empty(), "reopened after a verdict");
+        // both jobs answer it, newest first, the failed one too
+        let answering = jobs_answering(store, &a, Duration::ZERO).await?;
+        let states: Vec<JobState> = answering.iter().map(|j| j.state).collect();
+        ensure!(
+            states == [JobState::Succeeded, JobState::Failed],
+            "{answering:?}"
+        );
 
         // the verdict's eval_degraded alert, last seen ten hours ago, is held by the active
         // alert: the quiet sweep of an hour leaves it
@@ -352,7 +373,7 @@ mod tests {
             .context("not opened")?;
         finish(store, Some("equivalent")).await?;
         let seen = last_seen(store, d.id).await?;
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
         ensure!(opened(&w).await?.is_empty());
         ensure!(last_seen(store, d.id).await? == seen, "held after a pass");
 
@@ -418,11 +439,18 @@ mod tests {
         .await?;
         // past the cooldown the store would open another job; the second alert shares the
         // first one's instead
-        tokio::time::sleep(std::time::Duration::from_millis(COOLDOWN_MS as u64 + 50)).await;
+        tokio::time::sleep(Duration::from_millis(COOLDOWN_MS as u64 + 50)).await;
         ensure!(
             opened(&w).await?.is_empty(),
             "the second alert ran the suite again"
         );
+        // the first one's job answers both; the alert pages and `alerts show` list it
+        let cooldown = Duration::from_millis(COOLDOWN_MS as u64);
+        for a in [&first, &second] {
+            let jobs = jobs_answering(store, a, cooldown).await?;
+            let by: Vec<Option<i64>> = jobs.iter().map(|j| j.alert_id).collect();
+            ensure!(by == [Some(first.id)], "alert {}: {jobs:?}", a.id);
+        }
         let degraded = finish(store, Some("degraded")).await?;
         ensure!(degraded.alert_id == Some(first.id));
         let evidence = json!({"signal": "eval", "job_id": degraded.id, "suite": "tool_calls"});
@@ -443,7 +471,7 @@ mod tests {
 
         // a third alert raised well after that job (more than the cooldown) runs its own
         store.resolve_alert(second.id).await?;
-        tokio::time::sleep(std::time::Duration::from_millis(COOLDOWN_MS as u64 + 50)).await;
+        tokio::time::sleep(Duration::from_millis(COOLDOWN_MS as u64 + 50)).await;
         let third = raise(store, ("b/m", "unfaithful"), json!({"bits": 3}), now_ms()).await?;
         ensure!(opened(&w).await? == tool_calls(&third));
         Ok(())

@@ -1,12 +1,14 @@
 //! `samewise alerts list|show ID|ack ID|resolve ID`: the drift alerts in the store (PostgreSQL when
 //! `DATABASE_URL` is set, else SQLite in the data directory of `--config`, or `--data-dir`),
 //! as a table or, with `--json`, as JSON. `list` shows active alerts (open and acknowledged)
-//! unless `--state` says otherwise; `show` adds the eval jobs the alert opened, with their
-//! verdicts. `resolve` notifies the webhooks of `[[probes.webhooks]]`
+//! unless `--state` says otherwise; `show` adds the eval jobs that answer the alert (those
+//! it opened, and its endpoint's of the same incident: `samewise_evals::jobs_answering`),
+//! with their verdicts. `resolve` notifies the webhooks of `[[probes.webhooks]]`
 //! when `--config` names a file that has them; acknowledging notifies nobody.
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
+use samewise_evals::EvalsConfig;
 use samewise_probes::{Alerting, AlertsConfig};
 use samewise_store::utc_text as utc;
 use samewise_store::{Alert, AlertQuery, AlertState, Resolver, Store};
@@ -57,7 +59,7 @@ pub enum AlertsCommand {
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
-    /// Show one alert with its evidence and the verdicts of the eval jobs it opened.
+    /// Show one alert with its evidence and the verdicts of the eval jobs that answer it.
     Show {
         /// The alert's id.
         id: i64,
@@ -81,13 +83,18 @@ pub fn run(args: AlertsArgs) -> anyhow::Result<()> {
         None => AlertsConfig::default(),
         Some(probes) => AlertsConfig::parse(probes)?,
     };
+    // which eval jobs answer an alert depends on the evals' cooldown (`show`)
+    let cooldown = config
+        .as_ref()
+        .and_then(|c| EvalsConfig::parse(c.evals.as_ref(), c.probes.as_ref()).ok())
+        .map_or(samewise_evals::DEFAULT_COOLDOWN, |e| e.cooldown);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
         let store = super::open_existing_store(&data_dir).await?;
         let alerting = Alerting::start(&alerts_cfg)?;
-        let result = alerts(&store, &alerting, args.command, args.json).await;
+        let result = alerts(&store, &alerting, cooldown, args.command, args.json).await;
         // deliver the resolution's webhooks before exiting
         alerting.shutdown().await;
         store.close().await;
@@ -98,6 +105,7 @@ pub fn run(args: AlertsArgs) -> anyhow::Result<()> {
 async fn alerts(
     store: &Store,
     alerting: &Alerting,
+    cooldown: std::time::Duration,
     command: AlertsCommand,
     json: bool,
 ) -> anyhow::Result<()> {
@@ -135,7 +143,7 @@ async fn alerts(
                 .alert(id)
                 .await?
                 .with_context(|| format!("no alert with id {id}"))?;
-            let jobs = store.eval_jobs(Some(id), None, 100).await?;
+            let jobs = samewise_evals::jobs_answering(store, &a, cooldown).await?;
             let evals: Vec<serde_json::Value> = jobs
                 .iter()
                 .map(|j| {
@@ -145,6 +153,7 @@ async fn alerts(
                         "baseline": j.baseline,
                         "state": j.state.as_str(),
                         "verdict": j.verdict,
+                        "opened_by_alert": j.alert_id,
                     })
                 })
                 .collect();
@@ -178,8 +187,13 @@ async fn alerts(
                         .as_ref()
                         .and_then(|v| v["verdict"].as_str())
                         .unwrap_or("-");
+                    let by = match j.alert_id {
+                        Some(x) if x == id => String::new(),
+                        Some(x) => format!("  (opened by alert {x})"),
+                        None => "  (opened by hand)".to_owned(),
+                    };
                     outln!(
-                        "eval job {}: {} vs {}  {}  verdict {}",
+                        "eval job {}: {} vs {}  {}  verdict {}{by}",
                         j.id,
                         j.suite,
                         j.baseline,

@@ -649,8 +649,9 @@ async fn a_probe_alert_opens_a_job_whose_verdict_reaches_the_alert_and_the_webho
     let shown: Value = serde_json::from_slice(&out.stdout)?;
     let jobs = shown["eval_jobs"].as_array().context("no eval_jobs")?;
     ensure!(
-        jobs.iter()
-            .any(|j| j["job"] == job_id && j["verdict"]["verdict"] == verdict),
+        jobs.iter().any(|j| j["job"] == job_id
+            && j["verdict"]["verdict"] == verdict
+            && j["opened_by_alert"] == alert_id),
         "{shown:#}"
     );
     ensure!(

@@ -111,8 +111,15 @@ async fn alerts_and_compare_pages_escape_and_compare() -> Result<()> {
     let one = page(&s, &format!("/alerts/{}", s.xss_alert)).await?;
     ensure!(one.contains("tool_name") && one.contains("&lt;img src=x onerror="));
     ensure!(
-        one.contains("<h2>Eval jobs it opened</h2>") && one.contains("tool_calls: degraded</a>"),
+        one.contains("<h2>Eval jobs that answer it</h2>")
+            && one.contains("tool_calls: degraded</a>"),
         "{one}"
+    );
+    // w4's alert opened none, but the job opened by hand on w4 since answers it
+    let w4 = page(&s, &format!("/alerts/{}", s.unfaithful_alert)).await?;
+    ensure!(
+        w4.contains("tool_calls: queued</a> (opened by hand)"),
+        "{w4}"
     );
     let cmp = page(&s, "/compare?a=ref/m&b=w4/m").await?;
     ensure!(
