@@ -21,6 +21,7 @@
 //! period like any other alert; an operator may resolve it at any time (a confirmation
 //! never reopens).
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -138,14 +139,13 @@ impl AlertWatcher {
         let mut opened = Vec::new();
         let mut held = BTreeSet::new();
         for a in active.iter().filter(|a| a.kind != KIND_EVAL_DEGRADED) {
-            if !of_endpoint.contains_key(&a.endpoint) {
-                let jobs = self
-                    .store
-                    .eval_jobs(None, Some(&a.endpoint), JOBS_READ)
-                    .await?;
-                of_endpoint.insert(a.endpoint.clone(), jobs);
-            }
-            let endpoint_jobs = of_endpoint.entry(a.endpoint.clone()).or_default();
+            let endpoint_jobs = match of_endpoint.entry(a.endpoint.clone()) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(v) => {
+                    let read = self.store.eval_jobs(None, Some(&a.endpoint), JOBS_READ);
+                    v.insert(read.await?)
+                }
+            };
             let own = self.store.eval_jobs(Some(a.id), None, JOBS_READ).await?;
             let answering = answering(a, &own, endpoint_jobs, cooldown);
             let new = self.open_suites(a, &answering).await?;
