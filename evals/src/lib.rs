@@ -30,7 +30,8 @@
 //! - `worker`: [`Worker`] (claim, run items on both targets, heartbeat, stop early,
 //!   finish, publish the verdict).
 //! - `watcher`: [`AlertWatcher`], which opens each suite an active alert maps to once, and
-//!   holds the `eval_degraded` alert of a degraded verdict while its alert stays active.
+//!   holds the `eval_degraded` alert of a degraded verdict while an alert it answers stays
+//!   active; [`jobs_answering`], which jobs answer an alert.
 
 //!
 //! The API is what this root re-exports; the modules are private.

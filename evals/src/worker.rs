@@ -9,7 +9,7 @@
 //! the token budget is spent, then finishes the job with its verdict document, attaches it
 //! to the alert that opened the job and POSTs it to the webhooks; a "degraded" verdict also
 //! raises an `eval_degraded` alert on the endpoint, which routing honours (`on_drift`; the
-//! alert watcher holds it while the alert that opened the job stays active). A worker that
+//! alert watcher holds it while an alert the job answers stays active). A worker that
 //! loses its lease stops at once; a cancelled worker stops and leaves its lease to expire.
 
 use std::sync::Arc;

@@ -83,11 +83,15 @@ pub fn run(args: AlertsArgs) -> anyhow::Result<()> {
         None => AlertsConfig::default(),
         Some(probes) => AlertsConfig::parse(probes)?,
     };
-    // which eval jobs answer an alert depends on the evals' cooldown (`show`)
-    let cooldown = config
-        .as_ref()
-        .and_then(|c| EvalsConfig::parse(c.evals.as_ref(), c.probes.as_ref()).ok())
-        .map_or(samewise_evals::DEFAULT_COOLDOWN, |e| e.cooldown);
+    // which eval jobs answer an alert depends on the evals' cooldown (`show` alone reads
+    // the section, whose customer suites are files)
+    let cooldown = match args.command {
+        AlertsCommand::Show { .. } => config
+            .as_ref()
+            .and_then(|c| EvalsConfig::parse(c.evals.as_ref(), c.probes.as_ref()).ok())
+            .map_or(samewise_evals::DEFAULT_COOLDOWN, |e| e.cooldown),
+        _ => samewise_evals::DEFAULT_COOLDOWN,
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
