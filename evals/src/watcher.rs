@@ -13,8 +13,9 @@
 //! logged once per alert and suite, not on every poll.
 //!
 //! A degraded verdict raises an [`KIND_EVAL_DEGRADED`] alert (the worker does), which routing
-//! honours. The watcher holds it — confirms it every poll, so its quiet period does not
-//! resolve it — while a job answering an active alert has that degraded verdict and no later
+//! honours. The watcher holds it — confirms it once it was last seen `hold_every` ago (every
+//! poll by default; the gateway passes a quarter of the alerts' quiet period), so its quiet
+//! period does not resolve it — while a job answering an active alert has that degraded verdict and no later
 //! job of the same endpoint, suite and baseline ended with another one. Once the alerts it
 //! answers are resolved (the probes found the endpoint faithful again, or an operator said
 //! so) or a later eval of the suite passes, it goes quiet and is resolved after the quiet
@@ -26,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use samewise_store::{Alert, EvalJob, JobState, Store, StoreError};
+use samewise_store::{Alert, EvalJob, JobState, Store, StoreError, now_ms};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -50,6 +51,8 @@ pub struct AlertWatcher {
     /// (alert, suite) pairs whose job the opener refused (an endpoint or baseline this
     /// config does not know): logged once, not on every poll, while the alert stays active.
     refused: Arc<Mutex<BTreeSet<(i64, String)>>>,
+    /// A held `eval_degraded` alert is confirmed once it was last seen this long ago.
+    hold_every: Duration,
 }
 
 /// The eval jobs that answer alert `a`, newest first: every job it opened, and its
@@ -116,7 +119,17 @@ impl AlertWatcher {
             store,
             opener,
             refused: Arc::default(),
+            hold_every: Duration::ZERO,
         }
+    }
+
+    /// Confirms a held `eval_degraded` alert only once it was last seen `every` ago, not on
+    /// every poll: one write per alert per `every`. It must stay well under the quiet period
+    /// that resolves unconfirmed alerts (the gateway passes a quarter of it).
+    #[must_use]
+    pub fn hold_every(mut self, every: Duration) -> AlertWatcher {
+        self.hold_every = every;
+        self
     }
 
     /// Whether alert `id`'s `suite` was refused before; records it.
@@ -138,6 +151,7 @@ impl AlertWatcher {
         let mut of_endpoint: BTreeMap<String, Vec<EvalJob>> = BTreeMap::new();
         let mut opened = Vec::new();
         let mut held = BTreeSet::new();
+        let stale_before = now_ms().saturating_sub(ms(self.hold_every));
         for a in active.iter().filter(|a| a.kind != KIND_EVAL_DEGRADED) {
             let endpoint_jobs = match of_endpoint.entry(a.endpoint.clone()) {
                 Entry::Occupied(e) => e.into_mut(),
@@ -162,8 +176,10 @@ impl AlertWatcher {
                     continue;
                 };
                 if !held.contains(&d.id) && still_degraded(endpoint_jobs, job) {
-                    self.store.confirm_alert(d.id).await?;
                     held.insert(d.id);
+                    if d.last_seen_ms <= stale_before {
+                        self.store.confirm_alert(d.id).await?;
+                    }
                 }
             }
         }
@@ -474,6 +490,48 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(COOLDOWN_MS as u64 + 50)).await;
         let third = raise(store, ("b/m", "unfaithful"), json!({"bits": 3}), now_ms()).await?;
         ensure!(opened(&w).await? == tool_calls(&third));
+        Ok(())
+    }
+
+    /// With `hold_every`, a held verdict's alert is written once per period, not every poll.
+    #[tokio::test]
+    async fn a_held_verdict_is_confirmed_once_per_hold_every() -> Result<()> {
+        const EVERY_MS: u64 = 600;
+        let db = TestDb::sqlite().await?;
+        let store = &db.store;
+        let w = watcher(store, 0)?.hold_every(Duration::from_millis(EVERY_MS));
+        let a = raise(store, ("a/m", "unfaithful"), json!({"bits": 4}), now_ms()).await?;
+        ensure!(opened(&w).await? == tool_calls(&a));
+        let degraded = finish(store, Some("degraded")).await?;
+        let evidence = json!({"signal": "eval", "job_id": degraded.id, "suite": "tool_calls"});
+        let d = raise(
+            store,
+            ("a/m", KIND_EVAL_DEGRADED),
+            evidence,
+            now_ms() - HOUR_MS,
+        )
+        .await?;
+        // last seen an hour ago: confirmed at once
+        let before = now_ms();
+        ensure!(opened(&w).await?.is_empty());
+        let first = last_seen(store, d.id).await?;
+        ensure!(first >= before, "a stale held alert was not confirmed");
+        // seen just now: the next polls leave it
+        for _ in 0..3 {
+            ensure!(opened(&w).await?.is_empty());
+        }
+        let polled = now_ms();
+        ensure!(
+            polled - first >= i64::try_from(EVERY_MS)? || last_seen(store, d.id).await? == first,
+            "confirmed again within hold_every"
+        );
+        // once the period has passed, confirmed again
+        tokio::time::sleep(Duration::from_millis(EVERY_MS + 50)).await;
+        ensure!(opened(&w).await?.is_empty());
+        ensure!(
+            last_seen(store, d.id).await? > first,
+            "not confirmed after hold_every"
+        );
         Ok(())
     }
 }

@@ -76,13 +76,20 @@ pub enum AlertsCommand {
     },
 }
 
+/// The alerts' settings in `config`'s `[probes]` (the defaults without one).
+pub(crate) fn alerts_config(
+    config: Option<&samewise_proxy::Config>,
+) -> anyhow::Result<AlertsConfig> {
+    Ok(match config.and_then(|c| c.probes.as_ref()) {
+        None => AlertsConfig::default(),
+        Some(probes) => AlertsConfig::parse(probes)?,
+    })
+}
+
 /// Runs `samewise alerts ...`.
 pub fn run(args: AlertsArgs) -> anyhow::Result<()> {
     let (config, data_dir) = args.store.resolve()?;
-    let alerts_cfg = match config.as_ref().and_then(|c| c.probes.as_ref()) {
-        None => AlertsConfig::default(),
-        Some(probes) => AlertsConfig::parse(probes)?,
-    };
+    let alerts_cfg = alerts_config(config.as_ref())?;
     // which eval jobs answer an alert depends on the evals' cooldown (`show` alone reads
     // the section, whose customer suites are files)
     let cooldown = match args.command {

@@ -244,7 +244,10 @@ pub fn start(
         tracker.spawn(async move { w.run(c).await });
     }
     if watch_alerts {
-        let watcher = AlertWatcher::new(store, opener(config, &evals));
+        // a held verdict's alert is confirmed four times per quiet period, which resolves
+        // alerts nobody confirmed
+        let quiet = super::alerts::alerts_config(Some(config))?.quiet_period;
+        let watcher = AlertWatcher::new(store, opener(config, &evals)).hold_every(quiet / 4);
         let c = cancel.clone();
         tracker.spawn(async move { watcher.run(c).await });
     }
