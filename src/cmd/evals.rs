@@ -224,12 +224,12 @@ impl Running {
 /// Starts `workers` job workers and, when `watch_alerts`, the alert watcher.
 pub fn start(
     config: &Config,
+    evals: &EvalsConfig,
     store: Store,
     workers: u32,
     watch_alerts: bool,
 ) -> anyhow::Result<Running> {
-    let evals = EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref())?;
-    let targets = Arc::new(targets(config, &evals)?);
+    let targets = Arc::new(targets(config, evals)?);
     let cancel = CancellationToken::new();
     let tracker = TaskTracker::new();
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "local".to_owned());
@@ -238,7 +238,7 @@ pub fn start(
         let w = Worker::new(
             store.clone(),
             targets.clone(),
-            WorkerSettings::from_config(&evals, id),
+            WorkerSettings::from_config(evals, id),
         );
         let c = cancel.clone();
         tracker.spawn(async move { w.run(c).await });
@@ -247,7 +247,7 @@ pub fn start(
         // a held verdict's alert is confirmed four times per quiet period, which resolves
         // alerts nobody confirmed
         let quiet = super::alerts::alerts_config(Some(config))?.quiet_period;
-        let watcher = AlertWatcher::new(store, opener(config, &evals)).hold_every(quiet / 4);
+        let watcher = AlertWatcher::new(store, opener(config, evals)).hold_every(quiet / 4);
         let c = cancel.clone();
         tracker.spawn(async move { watcher.run(c).await });
     }
@@ -329,7 +329,7 @@ async fn evals(
                 .await?
                 .context("the job was not opened")?;
             note!("eval job {} opened", job.id);
-            let running = start(config, store.clone(), 1, false)?;
+            let running = start(config, &evals, store.clone(), 1, false)?;
             let done = loop {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 let j = store.eval_job(job.id).await?.context("the job vanished")?;
@@ -448,7 +448,7 @@ async fn evals(
             let config = config()?;
             let evals = EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref())?;
             let n = workers.unwrap_or(evals.workers).max(1);
-            let running = start(config, store.clone(), n, true)?;
+            let running = start(config, &evals, store.clone(), n, true)?;
             let shutdown = super::shutdown_signal();
             outln!("eval workers running: {n}");
             shutdown.await;

@@ -86,7 +86,7 @@ pub async fn serve_on(
         samewise_evals::EvalsConfig::parse(config.evals.as_ref(), config.probes.as_ref());
     let evals = match evals_cfg.map_err(anyhow::Error::from).and_then(|c| {
         (c.workers > 0)
-            .then(|| super::evals::start(config, store.clone(), c.workers, true))
+            .then(|| super::evals::start(config, &c, store.clone(), c.workers, true))
             .transpose()
     }) {
         Ok(e) => e,
