@@ -245,9 +245,13 @@ pub fn start(
     }
     if watch_alerts {
         // a held verdict's alert is confirmed four times per quiet period, which resolves
-        // alerts nobody confirmed
+        // alerts nobody confirmed: the probe scheduler's sweep, or without [probes] the
+        // watcher's own
         let quiet = super::alerts::alerts_config(Some(config))?.quiet_period;
-        let watcher = AlertWatcher::new(store, opener(config, evals)).hold_every(quiet / 4);
+        let mut watcher = AlertWatcher::new(store, opener(config, evals)).hold_every(quiet / 4);
+        if config.probes.is_none() {
+            watcher = watcher.sweep_quiet(quiet);
+        }
         let c = cancel.clone();
         tracker.spawn(async move { watcher.run(c).await });
     }
