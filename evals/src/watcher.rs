@@ -331,6 +331,31 @@ mod tests {
         Ok(store.upsert_alert(&a).await?.0)
     }
 
+    /// Opens a `tool_calls` job against the reference on `endpoint` by hand.
+    async fn open_by_hand(store: &Store, endpoint: &str) -> Result<()> {
+        let job = NewEvalJob {
+            model: "m".to_owned(),
+            endpoint: endpoint.to_owned(),
+            suite: "tool_calls".to_owned(),
+            baseline: "reference".to_owned(),
+            alert_id: None,
+            params: json!({}),
+            max_attempts: 1,
+            now_ms: now_ms(),
+        };
+        store
+            .enqueue_eval_job(&job, 0)
+            .await?
+            .context("not opened")?;
+        Ok(())
+    }
+
+    /// The `eval_degraded` alert of `job`'s verdict on `endpoint`, last seen `at`.
+    async fn verdict_alert(store: &Store, endpoint: &str, job: &EvalJob, at: i64) -> Result<Alert> {
+        let evidence = json!({"signal": "eval", "job_id": job.id, "suite": "tool_calls"});
+        raise(store, (endpoint, KIND_EVAL_DEGRADED), evidence, at).await
+    }
+
     /// Claims the oldest queued job and finishes it with `verdict` (None: failed).
     async fn finish(store: &Store, verdict: Option<&str>) -> Result<EvalJob> {
         let (job, lease) = store
@@ -397,14 +422,7 @@ mod tests {
 
         // the verdict's eval_degraded alert, last seen ten hours ago, is held by the active
         // alert: the quiet sweep of an hour leaves it
-        let evidence = json!({"signal": "eval", "job_id": degraded.id, "suite": "tool_calls"});
-        let d = raise(
-            store,
-            ("a/m", KIND_EVAL_DEGRADED),
-            evidence,
-            now - 10 * HOUR_MS,
-        )
-        .await?;
+        let d = verdict_alert(store, "a/m", &degraded, now - 10 * HOUR_MS).await?;
         ensure!(d.last_seen_ms == now - 10 * HOUR_MS);
         let before = now_ms();
         ensure!(opened(&w).await?.is_empty());
@@ -413,20 +431,7 @@ mod tests {
         ensure!(swept.is_empty(), "swept: {swept:?}");
 
         // a later job of the suite on the endpoint (opened by hand) passes: no longer held
-        let job = NewEvalJob {
-            model: "m".to_owned(),
-            endpoint: "a/m".to_owned(),
-            suite: "tool_calls".to_owned(),
-            baseline: "reference".to_owned(),
-            alert_id: None,
-            params: json!({}),
-            max_attempts: 1,
-            now_ms: now_ms(),
-        };
-        store
-            .enqueue_eval_job(&job, 0)
-            .await?
-            .context("not opened")?;
+        open_by_hand(store, "a/m").await?;
         finish(store, Some("equivalent")).await?;
         let seen = last_seen(store, d.id).await?;
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -509,14 +514,7 @@ mod tests {
         }
         let degraded = finish(store, Some("degraded")).await?;
         ensure!(degraded.alert_id == Some(first.id));
-        let evidence = json!({"signal": "eval", "job_id": degraded.id, "suite": "tool_calls"});
-        let d = raise(
-            store,
-            ("b/m", KIND_EVAL_DEGRADED),
-            evidence,
-            now_ms() - HOUR_MS,
-        )
-        .await?;
+        let d = verdict_alert(store, "b/m", &degraded, now_ms() - HOUR_MS).await?;
         store.resolve_alert(first.id).await?;
         let before = now_ms();
         ensure!(opened(&w).await?.is_empty());
@@ -543,14 +541,7 @@ mod tests {
         let a = raise(store, ("a/m", "unfaithful"), json!({"bits": 4}), now_ms()).await?;
         ensure!(opened(&w).await? == tool_calls(&a));
         let degraded = finish(store, Some("degraded")).await?;
-        let evidence = json!({"signal": "eval", "job_id": degraded.id, "suite": "tool_calls"});
-        let d = raise(
-            store,
-            ("a/m", KIND_EVAL_DEGRADED),
-            evidence,
-            now_ms() - HOUR_MS,
-        )
-        .await?;
+        let d = verdict_alert(store, "a/m", &degraded, now_ms() - HOUR_MS).await?;
         // last seen an hour ago: confirmed at once
         let before = now_ms();
         ensure!(opened(&w).await?.is_empty());
@@ -587,41 +578,14 @@ mod tests {
             .sweep_quiet(Duration::from_millis(HOUR_MS as u64));
         // a job opened by hand on b/m, degraded: its alert, last seen two hours ago, answers
         // no active alert
-        let job = NewEvalJob {
-            model: "m".to_owned(),
-            endpoint: "b/m".to_owned(),
-            suite: "tool_calls".to_owned(),
-            baseline: "reference".to_owned(),
-            alert_id: None,
-            params: json!({}),
-            max_attempts: 1,
-            now_ms: now_ms(),
-        };
-        store
-            .enqueue_eval_job(&job, 0)
-            .await?
-            .context("not opened")?;
+        open_by_hand(store, "b/m").await?;
         let by_hand = finish(store, Some("degraded")).await?;
-        let evidence = json!({"signal": "eval", "job_id": by_hand.id, "suite": "tool_calls"});
-        let unheld = raise(
-            store,
-            ("b/m", KIND_EVAL_DEGRADED),
-            evidence,
-            now_ms() - 2 * HOUR_MS,
-        )
-        .await?;
+        let unheld = verdict_alert(store, "b/m", &by_hand, now_ms() - 2 * HOUR_MS).await?;
         // on a/m an active alert's own job was degraded: that verdict's alert is held
         let a = raise(store, ("a/m", "unfaithful"), json!({"bits": 4}), now_ms()).await?;
         ensure!(opened(&w).await? == tool_calls(&a));
         let degraded = finish(store, Some("degraded")).await?;
-        let evidence = json!({"signal": "eval", "job_id": degraded.id, "suite": "tool_calls"});
-        let held = raise(
-            store,
-            ("a/m", KIND_EVAL_DEGRADED),
-            evidence,
-            now_ms() - 2 * HOUR_MS,
-        )
-        .await?;
+        let held = verdict_alert(store, "a/m", &degraded, now_ms() - 2 * HOUR_MS).await?;
 
         ensure!(
             plain.sweep_once().await?.is_empty(),
