@@ -15,13 +15,14 @@
 //! A degraded verdict raises an [`KIND_EVAL_DEGRADED`] alert (the worker does), which routing
 //! honours. The watcher holds it — confirms it once it was last seen `hold_every` ago (every
 //! poll by default; the gateway passes a quarter of the alerts' quiet period), so its quiet
-//! period does not resolve it — while a job answering an active alert has that degraded verdict and no later
-//! job of the same endpoint, suite and baseline ended with another one. Once the alerts it
-//! answers are resolved (the probes found the endpoint faithful again, or an operator said
-//! so) or a later eval of the suite passes, it goes quiet and is resolved after the quiet
-//! period like any other alert; an operator may resolve it at any time (a confirmation
-//! never reopens). The probe scheduler sweeps quiet alerts; in a gateway without `[probes]`
-//! the watcher does ([`AlertWatcher::sweep_quiet`]), so a verdict's alert there ends too.
+//! period does not resolve it — while a job answering an active alert has that degraded
+//! verdict and no later job of the same endpoint, suite and baseline ended with another one.
+//! Once the alerts it answers are resolved (the probes found the endpoint faithful again, or
+//! an operator said so) or a later eval of the suite passes, it goes quiet and is resolved
+//! after the quiet period like any other alert; an operator may resolve it at any time (a
+//! confirmation never reopens). The probe scheduler sweeps quiet alerts; in a gateway
+//! without `[probes]` the watcher does ([`AlertWatcher::sweep_quiet`]), so a verdict's alert
+//! there ends too.
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
