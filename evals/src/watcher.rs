@@ -20,9 +20,7 @@
 //! Once the alerts it answers are resolved (the probes found the endpoint faithful again, or
 //! an operator said so) or a later eval of the suite passes, it goes quiet and is resolved
 //! after the quiet period like any other alert; an operator may resolve it at any time (a
-//! confirmation never reopens). The probe scheduler sweeps quiet alerts; in a gateway
-//! without `[probes]` the watcher does ([`AlertWatcher::sweep_quiet`]), so a verdict's alert
-//! there ends too.
+//! confirmation never reopens).
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
@@ -55,8 +53,6 @@ pub struct AlertWatcher {
     refused: Arc<Mutex<BTreeSet<(i64, String)>>>,
     /// A held `eval_degraded` alert is confirmed once it was last seen this long ago.
     hold_every: Duration,
-    /// Resolve alerts nobody confirmed for this long (None: the probe scheduler does).
-    quiet_period: Option<Duration>,
 }
 
 /// The eval jobs that answer alert `a`, newest first: every job it opened, and its
@@ -124,18 +120,7 @@ impl AlertWatcher {
             opener,
             refused: Arc::default(),
             hold_every: Duration::ZERO,
-            quiet_period: None,
         }
-    }
-
-    /// Also resolves, about once a minute, every active alert nobody confirmed within
-    /// `quiet_period` — the probe scheduler's sweep, for a gateway without `[probes]`, where
-    /// the alerts are the evals' own (a verdict's `eval_degraded`, from a job opened by hand)
-    /// and nothing else would resolve them.
-    #[must_use]
-    pub fn sweep_quiet(mut self, quiet_period: Duration) -> AlertWatcher {
-        self.quiet_period = Some(quiet_period);
-        self
     }
 
     /// Confirms a held `eval_degraded` alert only once it was last seen `every` ago, not on
@@ -253,37 +238,11 @@ impl AlertWatcher {
         Ok(opened)
     }
 
-    /// With [`AlertWatcher::sweep_quiet`], resolves the active alerts nobody confirmed within
-    /// the quiet period and returns them; without it, none.
-    pub async fn sweep_once(&self) -> Result<Vec<Alert>, EvalsError> {
-        let Some(quiet) = self.quiet_period else {
-            return Ok(Vec::new());
-        };
-        let resolved = self
-            .store
-            .resolve_quiet_alerts(now_ms().saturating_sub(ms(quiet)))
-            .await?;
-        for a in &resolved {
-            tracing::info!(alert = a.id, endpoint = %a.endpoint, kind = %a.kind, "alert auto-resolved after its quiet period");
-        }
-        Ok(resolved)
-    }
-
-    /// Polls until `cancel` (and sweeps, with [`AlertWatcher::sweep_quiet`]).
+    /// Polls until `cancel`.
     pub async fn run(&self, cancel: CancellationToken) {
-        let sweep_every = self.quiet_period.map(|q| q.min(Duration::from_secs(60)));
-        let mut next_sweep = tokio::time::Instant::now();
         loop {
             if let Err(e) = self.poll_once().await {
                 tracing::warn!(error = %e, "eval alert watcher");
-            }
-            if let Some(every) = sweep_every
-                && tokio::time::Instant::now() >= next_sweep
-            {
-                next_sweep = tokio::time::Instant::now() + every;
-                if let Err(e) = self.sweep_once().await {
-                    tracing::warn!(error = %e, "quiet alert sweep");
-                }
             }
             tokio::select! {
                 () = cancel.cancelled() => return,
@@ -564,43 +523,6 @@ mod tests {
             last_seen(store, d.id).await? > first,
             "not confirmed after hold_every"
         );
-        Ok(())
-    }
-
-    /// Without `[probes]` the watcher sweeps: an unheld verdict's alert is resolved after
-    /// the quiet period, a held one is not; without `sweep_quiet` nothing is.
-    #[tokio::test]
-    async fn with_sweep_quiet_the_watcher_resolves_alerts_nobody_confirmed() -> Result<()> {
-        let db = TestDb::sqlite().await?;
-        let store = &db.store;
-        let plain = watcher(store, 0)?;
-        let w = plain
-            .clone()
-            .sweep_quiet(Duration::from_millis(HOUR_MS as u64));
-        // a job opened by hand on b/m, degraded: its alert, last seen two hours ago, answers
-        // no active alert
-        open_by_hand(store, "b/m").await?;
-        let by_hand = finish(store, Some("degraded")).await?;
-        let unheld = verdict_alert(store, "b/m", &by_hand, now_ms() - 2 * HOUR_MS).await?;
-        // on a/m an active alert's own job was degraded: that verdict's alert is held
-        let a = raise(store, ("a/m", "unfaithful"), json!({"bits": 4}), now_ms()).await?;
-        ensure!(opened(&w).await? == tool_calls(&a));
-        let degraded = finish(store, Some("degraded")).await?;
-        let held = verdict_alert(store, "a/m", &degraded, now_ms() - 2 * HOUR_MS).await?;
-
-        ensure!(
-            plain.sweep_once().await?.is_empty(),
-            "swept without a quiet period"
-        );
-        ensure!(opened(&w).await?.is_empty());
-        let swept: Vec<i64> = w.sweep_once().await?.iter().map(|x| x.id).collect();
-        ensure!(swept == [unheld.id], "swept {swept:?}, not [{}]", unheld.id);
-        let after = store.alert(unheld.id).await?.context("gone")?;
-        ensure!(after.resolved_ms.is_some());
-        for id in [a.id, held.id] {
-            let x = store.alert(id).await?.context("gone")?;
-            ensure!(x.resolved_ms.is_none(), "alert {id} resolved");
-        }
         Ok(())
     }
 }

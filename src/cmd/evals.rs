@@ -32,6 +32,7 @@ use samewise_evals::{
     AlertWatcher, CaptureSource, Capturer, EvalsConfig, OpenRequest, Opener, SuiteRef, Target,
     Targets, Worker, WorkerSettings,
 };
+use samewise_probes::Alerting;
 use samewise_proxy::Config;
 use samewise_store::{CaseQuery, EvalJob, Store};
 use tokio_util::sync::CancellationToken;
@@ -245,17 +246,44 @@ pub fn start(
     }
     if watch_alerts {
         // a held verdict's alert is confirmed four times per quiet period, which resolves
-        // alerts nobody confirmed: the probe scheduler's sweep, or without [probes] the
-        // watcher's own
-        let quiet = super::alerts::alerts_config(Some(config))?.quiet_period;
-        let mut watcher = AlertWatcher::new(store, opener(config, evals)).hold_every(quiet / 4);
-        if config.probes.is_none() {
-            watcher = watcher.sweep_quiet(quiet);
-        }
+        // alerts nobody confirmed
+        let alerts = super::alerts::alerts_config(Some(config))?;
+        let quiet = alerts.quiet_period;
+        let watcher = AlertWatcher::new(store.clone(), opener(config, evals)).hold_every(quiet / 4);
         let c = cancel.clone();
         tracker.spawn(async move { watcher.run(c).await });
+        // the probe scheduler sweeps quiet alerts; without [probes] there is none, and a
+        // verdict's alert (from a job opened by hand) would stay until an operator resolved it
+        if config.probes.is_none() {
+            let alerting = Alerting::start(&alerts)?;
+            let every = quiet.min(Duration::from_secs(60));
+            tracker.spawn(sweep_quiet_alerts(alerting, store, every, cancel.clone()));
+        }
     }
     Ok(Running { cancel, tracker })
+}
+
+/// Resolves the alerts nobody confirmed within the quiet period every `every` until
+/// `cancel`, as the probe scheduler's sweep does.
+async fn sweep_quiet_alerts(
+    alerting: Alerting,
+    store: Store,
+    every: Duration,
+    cancel: CancellationToken,
+) {
+    loop {
+        if let Err(e) = alerting
+            .auto_resolve(&store, samewise_store::now_ms())
+            .await
+        {
+            tracing::warn!(error = %e, "quiet alert sweep");
+        }
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
+    alerting.shutdown().await;
 }
 
 /// Runs `samewise evals ...`.

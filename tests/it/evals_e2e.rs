@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use samewise_store::testing::TestDb;
-use samewise_store::{Backend, JobState, NewEvalJob};
+use samewise_store::{Backend, JobState, NewAlert, NewEvalJob, Resolver};
 use serde_json::Value;
 
 use crate::common::probes::{alerts, engine};
@@ -513,6 +513,61 @@ async fn sigkilled_worker_is_taken_over_sqlite() -> Result<()> {
 #[tokio::test]
 async fn sigkilled_worker_is_taken_over_postgres() -> Result<()> {
     sigkill_takeover(Backend::Postgres).await
+}
+
+/// Without `[probes]` there is no probe scheduler to resolve quiet alerts: the process that
+/// runs the alert watcher (here `samewise evals worker`, as `samewise serve`) sweeps them, so a
+/// hand-run verdict's alert last seen two hours ago (past the default hour) is resolved as
+/// quiet, and an alert seen just now stays.
+#[tokio::test]
+async fn without_probes_the_watchers_process_resolves_quiet_alerts() -> Result<()> {
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let dir = tempfile::tempdir()?;
+    // no engine answers there: nothing here opens a job
+    let cfg = config(
+        dir.path(),
+        &[("good", "http://127.0.0.1:9")],
+        "poll_ms = 200",
+    )?;
+    let now = samewise_store::now_ms();
+    let alert = |kind: &str, at: i64| NewAlert {
+        model: "smol".into(),
+        endpoint: "good/smol".into(),
+        kind: kind.into(),
+        summary: format!("{kind} on good/smol"),
+        evidence: serde_json::json!({"signal": "eval"}),
+        now_ms: at,
+    };
+    let (quiet, _) = db
+        .store
+        .upsert_alert(&alert("eval_degraded", now - 2 * 3_600_000))
+        .await?;
+    let (fresh, _) = db.store.upsert_alert(&alert("operator_note", now)).await?;
+    let mut worker = spawn_worker(&cfg, db.url())?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let resolved = loop {
+        let a = db.store.alert(quiet.id).await?.context("alert gone")?;
+        if a.resolved_ms.is_some() {
+            break a;
+        }
+        if Instant::now() > deadline {
+            worker.kill()?;
+            anyhow::bail!("the quiet alert was not resolved: {a:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    worker.kill()?;
+    worker.wait()?;
+    ensure!(
+        resolved.resolved_by == Some(Resolver::Quiet),
+        "{resolved:?}"
+    );
+    let fresh = db.store.alert(fresh.id).await?.context("alert gone")?;
+    ensure!(
+        fresh.resolved_ms.is_none(),
+        "a fresh alert was resolved: {fresh:?}"
+    );
+    Ok(())
 }
 
 /// A webhook receiver: every POST body, answered 200.
