@@ -59,7 +59,7 @@ pub use stats::{
 };
 pub use target::{Answer, REFERENCE, Target, Targets};
 pub use tool_calls::schema_valid;
-pub use watcher::{AlertWatcher, KIND_EVAL_DEGRADED, jobs_answering};
+pub use watcher::{AlertWatcher, KIND_EVAL_DEGRADED, holders, jobs_answering};
 pub use worker::{Worker, WorkerSettings};
 
 /// Everything that can go wrong in an eval.

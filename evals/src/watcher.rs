@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use samewise_store::{Alert, EvalJob, JobState, Store, StoreError, now_ms};
+use samewise_store::{Alert, AlertQuery, AlertState, EvalJob, JobState, Store, StoreError, now_ms};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -104,6 +104,49 @@ fn still_degraded(endpoint_jobs: &[EvalJob], job: &EvalJob) -> bool {
         .is_none_or(is_degraded)
 }
 
+/// The job among `answering` (an alert's, newest first) whose degraded verdict holds its
+/// endpoint's `eval_degraded` alert: one no later job of the same endpoint, suite and
+/// baseline in `endpoint_jobs` ended with another verdict.
+fn holding_job<'a>(answering: &'a [EvalJob], endpoint_jobs: &[EvalJob]) -> Option<&'a EvalJob> {
+    answering
+        .iter()
+        .find(|j| is_degraded(j) && still_degraded(endpoint_jobs, j))
+}
+
+/// The active alerts that hold `d`, an `eval_degraded` alert (what the watcher confirms it
+/// for): those of its model and endpoint with a job answering them (per `cooldown`, as
+/// [`jobs_answering`]) whose degraded verdict no later one ended. Empty for an alert of
+/// another kind, a resolved one, or one nothing holds (it is resolved after its quiet period).
+pub async fn holders(
+    store: &Store,
+    d: &Alert,
+    cooldown: Duration,
+) -> Result<Vec<Alert>, StoreError> {
+    if d.kind != KIND_EVAL_DEGRADED || d.state == AlertState::Resolved {
+        return Ok(Vec::new());
+    }
+    let q = AlertQuery {
+        state: None,
+        active_only: true,
+        model: Some(d.model.clone()),
+        endpoint: Some(d.endpoint.clone()),
+        limit: JOBS_READ,
+    };
+    let endpoint_jobs = store.eval_jobs(None, Some(&d.endpoint), JOBS_READ).await?;
+    let mut out = Vec::new();
+    for a in store.alerts(&q).await? {
+        if a.kind == KIND_EVAL_DEGRADED {
+            continue;
+        }
+        let own = store.eval_jobs(Some(a.id), None, JOBS_READ).await?;
+        let answering = answering(&a, &own, &endpoint_jobs, ms(cooldown));
+        if holding_job(&answering, &endpoint_jobs).is_some() {
+            out.push(a);
+        }
+    }
+    Ok(out)
+}
+
 fn is_degraded(job: &EvalJob) -> bool {
     job.state == JobState::Succeeded
         && job
@@ -167,20 +210,17 @@ impl AlertWatcher {
                 endpoint_jobs.insert(0, j.clone());
             }
             opened.extend(new);
-            for job in answering.iter().filter(|j| is_degraded(j)) {
-                let Some(d) = active.iter().find(|d| {
-                    d.kind == KIND_EVAL_DEGRADED
-                        && d.model == job.model
-                        && d.endpoint == job.endpoint
-                }) else {
-                    continue;
-                };
-                if !held.contains(&d.id) && still_degraded(endpoint_jobs, job) {
-                    held.insert(d.id);
-                    if d.last_seen_ms <= stale_before {
-                        self.store.confirm_alert(d.id).await?;
-                    }
-                }
+            let Some(job) = holding_job(&answering, endpoint_jobs) else {
+                continue;
+            };
+            let held_alert = active.iter().find(|d| {
+                d.kind == KIND_EVAL_DEGRADED && d.model == job.model && d.endpoint == job.endpoint
+            });
+            if let Some(d) = held_alert
+                && held.insert(d.id)
+                && d.last_seen_ms <= stale_before
+            {
+                self.store.confirm_alert(d.id).await?;
             }
         }
         Ok(opened)
@@ -343,6 +383,10 @@ mod tests {
             .collect())
     }
 
+    fn ids(alerts: &[Alert]) -> Vec<i64> {
+        alerts.iter().map(|a| a.id).collect()
+    }
+
     async fn last_seen(store: &Store, id: i64) -> Result<i64> {
         Ok(store.alert(id).await?.context("alert gone")?.last_seen_ms)
     }
@@ -387,6 +431,11 @@ mod tests {
         let before = now_ms();
         ensure!(opened(&w).await?.is_empty());
         ensure!(last_seen(store, d.id).await? >= before, "not held");
+        ensure!(ids(&holders(store, &d, Duration::ZERO).await?) == [a.id]);
+        ensure!(
+            holders(store, &a, Duration::ZERO).await?.is_empty(),
+            "not a verdict's alert"
+        );
         let swept = store.resolve_quiet_alerts(now_ms() - HOUR_MS).await?;
         ensure!(swept.is_empty(), "swept: {swept:?}");
 
@@ -397,6 +446,8 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(5)).await;
         ensure!(opened(&w).await?.is_empty());
         ensure!(last_seen(store, d.id).await? == seen, "held after a pass");
+        let held = holders(store, &d, Duration::ZERO).await?;
+        ensure!(held.is_empty(), "held after a pass by {:?}", ids(&held));
 
         // another alert on the endpoint, raised after every job there: its own job; once
         // cancelled, not reopened
@@ -482,6 +533,7 @@ mod tests {
             last_seen(store, d.id).await? >= before,
             "the second alert does not hold it"
         );
+        ensure!(ids(&holders(store, &d, cooldown).await?) == [second.id]);
 
         // a third alert raised well after that job (more than the cooldown) runs its own
         store.resolve_alert(second.id).await?;

@@ -155,6 +155,14 @@ async fn alerts(
                 .await?
                 .with_context(|| format!("no alert with id {id}"))?;
             let jobs = samewise_evals::jobs_answering(store, &a, cooldown).await?;
+            // a verdict's alert: the active alerts that keep it from going quiet
+            let verdict_alert =
+                a.kind == samewise_evals::KIND_EVAL_DEGRADED && a.state != AlertState::Resolved;
+            let held_by: Vec<(i64, String)> = samewise_evals::holders(store, &a, cooldown)
+                .await?
+                .into_iter()
+                .map(|h| (h.id, h.kind))
+                .collect();
             let evals: Vec<serde_json::Value> = jobs
                 .iter()
                 .map(|j| {
@@ -171,6 +179,9 @@ async fn alerts(
             if json {
                 let mut v = a.to_json();
                 v["eval_jobs"] = serde_json::Value::Array(evals);
+                if verdict_alert {
+                    v["held_by"] = held_by.iter().map(|(id, _)| *id).collect();
+                }
                 outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 outln!(
@@ -192,6 +203,19 @@ async fn alerts(
                 }
                 outln!("summary: {}", a.summary);
                 outln!("evidence: {}", a.evidence);
+                if verdict_alert {
+                    let list: Vec<String> = held_by
+                        .iter()
+                        .map(|(id, kind)| format!("alert {id} ({kind})"))
+                        .collect();
+                    if list.is_empty() {
+                        outln!(
+                            "held by: no active alert (resolved after its quiet period unless a verdict raises it again)"
+                        );
+                    } else {
+                        outln!("held by: {}", list.join(", "));
+                    }
+                }
                 for j in &jobs {
                     let verdict = j
                         .verdict

@@ -1,4 +1,4 @@
-//! `samewise alerts list|ack|resolve` as a real process over a real store (the SQLite file of
+//! `samewise alerts list|show|ack|resolve` as a real process over a real store (the SQLite file of
 //! a data directory, and PostgreSQL through `DATABASE_URL`): table and `--json` output, state
 //! filters, unknown ids, and a resolution notifying `[[probes.webhooks]]` of `--config` (a
 //! local HTTP receiver stands in for the third-party webhook).
@@ -118,10 +118,66 @@ async fn list_ack_resolve(backend: Backend) -> Result<()> {
     );
     let out = cli(&db, &["ack", "not-a-number"]).await?;
     ensure!(!out.status.success());
+    // a degraded verdict's alert names the active alert that holds it, until it is resolved
+    let d = degraded_verdict(&db.store, &a).await?;
+    let shown = stdout(&cli(&db, &["show", &d.to_string()]).await?)?;
+    let by = format!("held by: alert {} (unfaithful)", a.id);
+    ensure!(shown.lines().any(|l| l == by), "{shown}");
+    let v: serde_json::Value = serde_json::from_str(&stdout(
+        &cli(&db, &["show", &d.to_string(), "--json"]).await?,
+    )?)?;
+    ensure!(v["held_by"] == serde_json::json!([a.id]), "{v}");
+    let v: serde_json::Value = serde_json::from_str(&stdout(
+        &cli(&db, &["show", &a.id.to_string(), "--json"]).await?,
+    )?)?;
+    ensure!(v.get("held_by").is_none(), "not a verdict's alert: {v}");
     // nothing active after resolving the rest
     stdout(&cli(&db, &["resolve", &a.id.to_string()]).await?)?;
+    let shown = stdout(&cli(&db, &["show", &d.to_string()]).await?)?;
+    ensure!(shown.contains("held by: no active alert"), "{shown}");
+    stdout(&cli(&db, &["resolve", &d.to_string()]).await?)?;
     ensure!(stdout(&cli(&db, &["list"]).await?)?.trim() == "no alerts");
     Ok(())
+}
+
+/// A `tool_calls` job opened by alert `a` and finished "degraded", and the `eval_degraded`
+/// alert its verdict raises on `a`'s endpoint (as the eval worker writes them); its id.
+async fn degraded_verdict(store: &Store, a: &samewise_store::Alert) -> Result<i64> {
+    let now = samewise_store::now_ms();
+    let job = samewise_store::NewEvalJob {
+        model: a.model.clone(),
+        endpoint: a.endpoint.clone(),
+        suite: "tool_calls".to_owned(),
+        baseline: "reference".to_owned(),
+        alert_id: Some(a.id),
+        params: serde_json::json!({}),
+        max_attempts: 1,
+        now_ms: now,
+    };
+    let job = store
+        .enqueue_eval_job(&job, 0)
+        .await?
+        .context("not opened")?;
+    let (_, lease) = store
+        .claim_eval_job("w", now, 60_000)
+        .await?
+        .context("not claimed")?;
+    let verdict = serde_json::json!({"verdict": "degraded", "items": 24});
+    let state = samewise_store::JobState::Succeeded;
+    ensure!(
+        store
+            .finish_eval_job(&lease, state, Some(&verdict), None, now)
+            .await?
+    );
+    let evidence = serde_json::json!({"signal": "eval", "job_id": job.id, "suite": "tool_calls"});
+    let d = NewAlert {
+        kind: "eval_degraded".to_owned(),
+        summary: "tool_calls degraded".to_owned(),
+        evidence,
+        now_ms: now,
+        ..finding(&a.endpoint, "eval_degraded")
+    };
+    Ok(store.upsert_alert(&d).await?.0.id)
 }
 
 #[tokio::test]

@@ -134,6 +134,40 @@ async fn alerts_and_compare_pages_escape_and_compare() -> Result<()> {
     s.stop().await
 }
 
+/// A verdict's `eval_degraded` alert names the active alert that holds it (tool/m's passive
+/// alert opened the degraded job), and says when none does.
+#[tokio::test]
+async fn a_verdict_alert_page_names_the_alert_that_holds_it() -> Result<()> {
+    let s = Server::start().await?;
+    let (d, _) =
+        s.db.store
+            .upsert_alert(&samewise_store::NewAlert {
+                model: "m".to_owned(),
+                endpoint: "tool/m".to_owned(),
+                kind: "eval_degraded".to_owned(),
+                summary: "tool_calls degraded".to_owned(),
+                evidence: serde_json::json!({ "signal": "eval", "suite": "tool_calls" }),
+                now_ms: samewise_store::now_ms(),
+            })
+            .await?;
+    let held = page(&s, &format!("/alerts/{}", d.id)).await?;
+    let by = format!(
+        "<dt>Held by</dt><dd class=\"held\"><a href=\"/alerts/{x}\">alert {x}</a> (passive)</dd>",
+        x = s.xss_alert
+    );
+    ensure!(held.contains(&by), "{held}");
+    // other alerts have no such row
+    let other = page(&s, &format!("/alerts/{}", s.xss_alert)).await?;
+    ensure!(!other.contains("Held by"), "{other}");
+    s.db.store.resolve_alert(s.xss_alert).await?;
+    let free = page(&s, &format!("/alerts/{}", d.id)).await?;
+    ensure!(
+        free.contains("<dd class=\"held\">no active alert: resolved after its quiet period"),
+        "{free}"
+    );
+    s.stop().await
+}
+
 #[tokio::test]
 async fn eval_job_page_shows_the_verdict_and_the_failing_item_first() -> Result<()> {
     let s = Server::start().await?;
