@@ -2,6 +2,10 @@
 //! keeps: the top-level `[probes]` table (reference backend, ladder, scheduler settings) and
 //! each model's `[models.NAME.probes]` table (kinds, schedule, budgets, prompt sets).
 //!
+//! Without `[probes.reference]` no model may have a `probes` table: the scheduler then runs
+//! only its sweeps (the passive detectors over live traffic, which need no weights, and the
+//! alerts' quiet sweep), with `[probes.detectors]`, `[probes.alerts]` and the webhooks.
+//!
 //! Every table is read with `deny_unknown_fields`; an error names the key at fault
 //! (`probes.reference.backend`, `models.smol.probes.interval_ms`, ...). Durations are
 //! milliseconds (`*_ms`), as in the rest of the gateway's configuration.
@@ -134,8 +138,9 @@ pub enum ReferenceConfig {
 /// The whole probes configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProbesConfig {
-    /// The reference backend.
-    pub reference: ReferenceConfig,
+    /// The reference backend; None: no model is probed, and the scheduler runs only the
+    /// passive detectors' sweep over live traffic and the alerts' quiet sweep.
+    pub reference: Option<ReferenceConfig>,
     /// Calibration ladder JSON (`samewise calibrate`), if any.
     pub ladder: Option<PathBuf>,
     /// A noise-floor pair (the same probe twice) every this many rounds of a kind.
@@ -276,6 +281,14 @@ fn cfg_err(key: &str, msg: impl std::fmt::Display) -> ProbesError {
     ProbesError::Config(format!("{key}: {msg}"))
 }
 
+/// Model `model` has probes but `[probes]` names no reference backend.
+pub(crate) fn missing_reference(model: &str) -> ProbesError {
+    cfg_err(
+        "probes.reference",
+        format!("missing (the reference backend the probes of models.{model} score against)"),
+    )
+}
+
 /// serde's message already names the unknown or mistyped field; prefix the table.
 fn from_table<T: serde::de::DeserializeOwned>(table: &toml::Table, key: &str) -> Result<T> {
     T::deserialize(toml::Value::Table(table.clone())).map_err(|e| cfg_err(key, e.message()))
@@ -288,12 +301,13 @@ impl ProbesConfig {
         let raw: RawProbes = from_table(probes, "probes")?;
         let reference = match &raw.reference {
             None => {
-                return Err(cfg_err(
-                    "probes.reference",
-                    "missing (the reference backend)",
-                ));
+                // passive detectors and alerts only: no probe kind runs without the weights
+                if let Some(model) = models.keys().next() {
+                    return Err(missing_reference(model));
+                }
+                None
             }
-            Some(t) => parse_reference(t)?,
+            Some(t) => Some(parse_reference(t)?),
         };
         let noise_pair_every = raw.noise_pair_every.unwrap_or(10);
         if noise_pair_every == 0 {

@@ -50,7 +50,8 @@ pub fn now_ms() -> i64 {
 pub struct Scheduler {
     cfg: Arc<ProbesConfig>,
     store: Store,
-    reference: Arc<dyn Reference>,
+    /// None only when no model is probed (passive detectors and alerts only).
+    reference: Option<Arc<dyn Reference>>,
     detectors: Option<Arc<Detectors>>,
     targets: Vec<Target>,
     sets: BTreeMap<String, Arc<PromptSets>>,
@@ -84,11 +85,12 @@ pub enum RoundResult {
 
 impl Scheduler {
     /// A scheduler over `targets` (the endpoints of the models that have probes; endpoints of
-    /// other models are ignored). Loads every model's prompt sets.
+    /// other models are ignored). Loads every model's prompt sets. Without a `reference` no
+    /// model may have probes: the scheduler only sweeps (passive detectors, quiet alerts).
     pub fn new(
         cfg: Arc<ProbesConfig>,
         store: Store,
-        reference: Arc<dyn Reference>,
+        reference: Option<Arc<dyn Reference>>,
         detectors: Option<Arc<Detectors>>,
         targets: Vec<Target>,
     ) -> Result<Self> {
@@ -103,10 +105,17 @@ impl Scheduler {
             .into_iter()
             .filter(|t| cfg.models.contains_key(&t.model))
             .collect();
-        let reference: Arc<dyn Reference> = match cfg.reference_cache_positions {
-            0 => reference,
-            n => Arc::new(Cached::new(reference, n)),
-        };
+        if reference.is_none()
+            && let Some(model) = cfg.models.keys().next()
+        {
+            return Err(crate::config::missing_reference(model));
+        }
+        let reference = reference.map(|r| -> Arc<dyn Reference> {
+            match cfg.reference_cache_positions {
+                0 => r,
+                n => Arc::new(Cached::new(r, n)),
+            }
+        });
         Ok(Self {
             http: kinds::endpoint_client(cfg.request_timeout),
             slots: tokio::sync::Semaphore::new(cfg.concurrency),
@@ -157,7 +166,10 @@ impl Scheduler {
         }
         let seed = self.cfg.seed ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (kind as u64);
         let ctx = ProbeCtx {
-            reference: self.reference.as_ref(),
+            reference: self
+                .reference
+                .as_deref()
+                .ok_or_else(|| crate::config::missing_reference(&target.model))?,
             cfg: mcfg,
             sets,
             http: &self.http,

@@ -71,9 +71,14 @@ pub fn probes_config(config: &Config) -> anyhow::Result<Option<ProbesConfig>> {
 pub fn reference_label(p: &ProbesConfig) -> String {
     use samewise_probes::ReferenceConfig;
     match &p.reference {
-        ReferenceConfig::InProcess { model, .. } => format!("in-process ({})", model.display()),
-        ReferenceConfig::Remote { url, .. } => format!("remote ({url})"),
-        ReferenceConfig::External { url, flavour, .. } => format!("external {flavour:?} ({url})"),
+        None => "none (passive detectors and alerts only)".to_owned(),
+        Some(ReferenceConfig::InProcess { model, .. }) => {
+            format!("in-process ({})", model.display())
+        }
+        Some(ReferenceConfig::Remote { url, .. }) => format!("remote ({url})"),
+        Some(ReferenceConfig::External { url, flavour, .. }) => {
+            format!("external {flavour:?} ({url})")
+        }
     }
 }
 
@@ -124,9 +129,14 @@ async fn build(
 ) -> anyhow::Result<(Arc<Scheduler>, Arc<Detectors>)> {
     let targets = targets(config, &probes)?;
     let detectors = Arc::new(Detectors::from_config(&probes)?);
-    let reference = samewise_probes::reference::connect(&probes.reference)
-        .await
-        .context("starting the probes' reference")?;
+    let reference = match &probes.reference {
+        Some(r) => Some(
+            samewise_probes::reference::connect(r)
+                .await
+                .context("starting the probes' reference")?,
+        ),
+        None => None,
+    };
     let scheduler = Scheduler::new(
         Arc::new(probes),
         store,
@@ -178,7 +188,7 @@ async fn run_probes(config: Config, rounds: Option<u64>) -> anyhow::Result<()> {
     let result = async {
         let (scheduler, detectors) = build(&config, probes, store.clone()).await?;
         let r = match rounds {
-            Some(n) => run_rounds(&store, &scheduler, n).await,
+            Some(n) => run_rounds(&store, &scheduler, &config, n).await,
             None => run_forever(scheduler, &store, &config).await,
         };
         detectors.shutdown().await;
@@ -190,8 +200,14 @@ async fn run_probes(config: Config, rounds: Option<u64>) -> anyhow::Result<()> {
 }
 
 /// `--rounds N`: N rounds back to back under the scheduler lock, one line per stored run,
-/// then one line per open alert of the probed endpoints.
-async fn run_rounds(store: &Store, scheduler: &Scheduler, rounds: u64) -> anyhow::Result<()> {
+/// then one line per open alert of the probed endpoints (of every endpoint of `config` when
+/// none is probed: the passive detectors' sweep watches them all).
+async fn run_rounds(
+    store: &Store,
+    scheduler: &Scheduler,
+    config: &Config,
+    rounds: u64,
+) -> anyhow::Result<()> {
     let lock = store
         .try_scheduler_lock()
         .await?
@@ -225,11 +241,13 @@ async fn run_rounds(store: &Store, scheduler: &Scheduler, rounds: u64) -> anyhow
         }
     }
     lock.release().await?;
-    let endpoints: std::collections::BTreeSet<&str> = scheduler
-        .targets()
-        .iter()
-        .map(|t| t.endpoint.as_str())
-        .collect();
+    let endpoints: std::collections::BTreeSet<String> = if scheduler.targets().is_empty() {
+        let all = config.models.values().flat_map(|m| &m.endpoints);
+        all.map(|e| e.id().into_string()).collect()
+    } else {
+        let probed = scheduler.targets().iter();
+        probed.map(|t| t.endpoint.clone()).collect()
+    };
     let open: Vec<_> = store
         .alerts(&samewise_store::AlertQuery {
             state: Some(samewise_store::AlertState::Open),
@@ -240,7 +258,7 @@ async fn run_rounds(store: &Store, scheduler: &Scheduler, rounds: u64) -> anyhow
         })
         .await?
         .into_iter()
-        .filter(|a| endpoints.contains(a.endpoint.as_str()))
+        .filter(|a| endpoints.contains(&a.endpoint))
         .collect();
     outln!(
         "{rounds} round(s): {stored} run(s) stored, {} open alert(s)",

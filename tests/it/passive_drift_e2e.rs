@@ -2,7 +2,9 @@
 //! of its tool calls (arguments that are not JSON). The gateway's request records reach the
 //! store, the passive detector's sweep flags that endpoint (and only it), and with
 //! `on_drift = "exclude"` the alert poller stops traffic to it; resolving the alert brings
-//! the traffic back.
+//! the traffic back. And without a reference backend: a real `samewise serve` whose `[probes]`
+//! names none runs the passive sweep alone, flags the corrupting endpoint from its own traffic,
+//! and resolves alerts after the `[probes.alerts]` quiet period it sets.
 
 use std::time::Duration;
 
@@ -14,6 +16,9 @@ use samewise_proxy::{AppState, Config};
 use samewise_store::testing::TestDb;
 use samewise_store::{Backend, RecordQuery, RecordWriter, RecordWriterConfig};
 use samewise_testkit::{Behavior, MockUpstream, ToolCall};
+
+use crate::common::probes::alerts;
+use crate::common::{create_key, run_ok, spawn_listening};
 
 fn tool_body() -> serde_json::Value {
     serde_json::json!({
@@ -190,6 +195,124 @@ async fn tool_call_corruption_is_flagged_from_traffic_and_excluded() -> Result<(
     let _ = stop_tx.send(());
     server.await??;
     writer.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+    Ok(())
+}
+
+/// Without `[probes.reference]` the gateway probes nothing but still watches its traffic: the
+/// passive sweep flags `b` (a fifth of its tool calls cut short) and not `a`, and the quiet
+/// sweep resolves, per `[probes.alerts] quiet_period_ms` (10 minutes here, not the default
+/// hour), an alert last seen 20 minutes ago and keeps one seen 5 minutes ago.
+#[tokio::test]
+async fn without_a_reference_the_passive_sweep_still_flags_from_traffic() -> Result<()> {
+    let a = MockUpstream::builder()
+        .name("a")
+        .default_behavior(good())
+        .start()
+        .await?;
+    let b = MockUpstream::builder()
+        .name("b")
+        .behaviors((0..2000).map(|i| if i % 5 == 0 { corrupt() } else { good() }))
+        .default_behavior(good())
+        .start()
+        .await?;
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    let cfg = dir.path().join("samewise.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\
+             [providers.a]\nbase_url = \"{}\"\n[providers.b]\nbase_url = \"{}\"\n\
+             [models.smol]\npolicy = \"weighted\"\n\
+             [[models.smol.endpoints]]\nprovider = \"a\"\nmodel = \"m\"\n\
+             [[models.smol.endpoints]]\nprovider = \"b\"\nmodel = \"m\"\n\
+             [probes]\nsweep_interval_ms = 200\nlock_retry_ms = 500\n\
+             [probes.alerts]\nquiet_period_ms = 600000\n",
+            data.display(),
+            a.base_url(),
+            b.base_url()
+        ),
+    )?;
+    let check = run_ok(
+        &["config".as_ref(), "check".as_ref(), cfg.as_os_str()],
+        dir.path(),
+    )?;
+    ensure!(
+        check.contains("probes: 0 model(s), reference none (passive detectors and alerts only)"),
+        "{check}"
+    );
+    let key = create_key(&cfg, dir.path(), "e2e", false)?;
+    // two alerts of another model's endpoint, last seen 20 and 5 minutes ago
+    let now = samewise_store::now_ms();
+    let (stale, fresh) = {
+        let store = samewise_store::Store::connect(None, &data).await?;
+        let mut ids = Vec::new();
+        for (kind, minutes) in [("unfaithful", 20), ("changed", 5)] {
+            let alert = samewise_store::NewAlert {
+                model: "old".to_owned(),
+                endpoint: "x/old".to_owned(),
+                kind: kind.to_owned(),
+                summary: format!("seen {minutes} minutes ago"),
+                evidence: serde_json::json!({}),
+                now_ms: now - minutes * 60_000,
+            };
+            ids.push(store.upsert_alert(&alert).await?.0.id);
+        }
+        store.close().await;
+        (ids[0], ids[1])
+    };
+    let cfg_s = cfg.to_str().context("path")?;
+    let (gw, url) = spawn_listening(&["serve", "--config", cfg_s], dir.path())?;
+    let http = reqwest::Client::new();
+    for _ in 0..400 {
+        let resp = http
+            .post(format!("{url}/v1/chat/completions"))
+            .bearer_auth(&key)
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&tool_body())?)
+            .send()
+            .await?;
+        ensure!(resp.status() == 200, "status {}", resp.status());
+        resp.bytes().await?;
+    }
+    let (to_a, to_b) = (a.request_count(), b.request_count());
+    ensure!(to_a >= 100 && to_b >= 100, "split a {to_a}, b {to_b}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let all = loop {
+        let all = alerts(&data).await?;
+        if all.iter().any(|x| x.kind == "passive") {
+            break all;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no passive alert within 60 s: {all:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let passive: Vec<&str> = all
+        .iter()
+        .filter(|x| x.kind == "passive")
+        .map(|x| x.endpoint.as_str())
+        .collect();
+    ensure!(passive == ["b/m"], "passive alerts on {passive:?}");
+    let state = |id: i64| {
+        all.iter()
+            .find(|x| x.id == id)
+            .map(|x| (x.resolved_ms.is_some(), x.resolved_by))
+    };
+    ensure!(
+        state(stale) == Some((true, Some(samewise_store::Resolver::Quiet))),
+        "the alert seen 20 minutes ago: {:?}",
+        state(stale)
+    );
+    ensure!(
+        state(fresh) == Some((false, None)),
+        "the alert seen 5 minutes ago: {:?}",
+        state(fresh)
+    );
+    ensure!(gw.stop()?.success(), "the gateway did not exit cleanly");
     a.shutdown().await;
     b.shutdown().await;
     Ok(())

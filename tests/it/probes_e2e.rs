@@ -215,10 +215,18 @@ fn config_check_validates_the_probes_tables() -> Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
 
+    // the model's probes without the reference they score against
+    let (head, rest) = good.split_once("[probes.reference]").context("no reference")?;
+    let detectors = rest.find("[probes.detectors]").context("no detectors")?;
+    let unreferenced = format!("{head}{}", &rest[detectors..]);
     for (bad, key) in [
         (
             good.replace("backend = \"in_process\"", "backend = \"gpu\""),
             "probes.reference.backend",
+        ),
+        (
+            unreferenced,
+            "probes.reference: missing (the reference backend the probes of models.smol score against)",
         ),
         (
             good.replace("items_per_round = 1", "items_per_round = 1\ncadence = 3"),

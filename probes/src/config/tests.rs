@@ -22,10 +22,10 @@ model = "/m/smol.gguf"
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         c.reference,
-        ReferenceConfig::InProcess {
+        Some(ReferenceConfig::InProcess {
             model: "/m/smol.gguf".into(),
             threads: 2
-        }
+        })
     );
     let m = &c.models["smol"];
     assert_eq!(
@@ -92,10 +92,10 @@ tokenizer = "/m/smol.gguf"
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         c.reference,
-        ReferenceConfig::Remote {
+        Some(ReferenceConfig::Remote {
             url: "http://127.0.0.1:8081".into(),
             tokenizer: "/m/smol.gguf".into()
-        }
+        })
     );
     assert_eq!(c.ladder, Some("l.json".into()));
     let c = parse(
@@ -115,10 +115,10 @@ jitter = 0.0
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(
         c.reference,
-        ReferenceConfig::External {
+        Some(ReferenceConfig::External {
             flavour: ExternalFlavour::Sglang,
             ..
-        }
+        })
     ));
     assert_eq!(
         c.models["q"].kinds,
@@ -190,6 +190,10 @@ fn errors_name_the_key() {
             "models.a.probes",
         ),
         ("[models.a.probes]\n", "probes"),
+        (
+            "[probes]\nsweep_interval_ms = 500\n[models.a.probes]\n",
+            "probes.reference: missing (the reference backend the probes of models.a score against)",
+        ),
     ];
     for (src, want) in cases {
         match parse(src) {
@@ -197,6 +201,24 @@ fn errors_name_the_key() {
             Err(e) => assert!(e.to_string().contains(want), "{src:?}: {e} lacks {want:?}"),
         }
     }
+}
+
+/// `[probes]` without a reference: no model is probed; the sweep's settings, the detectors'
+/// and the alerts' tables are kept (the scheduler runs the passive and quiet sweeps only).
+#[test]
+fn without_a_reference_only_the_sweeps_are_configured() {
+    let c = parse(
+        "[probes]\nsweep_interval_ms = 500\n[probes.alerts]\nquiet_period_ms = 600000\n\
+         [probes.detectors]\npassive_min_requests = 20\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.reference, None);
+    assert!(c.models.is_empty());
+    assert_eq!(c.sweep_interval, Duration::from_millis(500));
+    assert!(c.detectors.contains_key("alerts") && c.detectors.contains_key("passive_min_requests"));
+    // an empty [probes] is the passive detectors with every default
+    let c = parse("[probes]\n").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((c.reference, c.models.len()), (None, 0));
 }
 
 #[test]
@@ -235,10 +257,10 @@ model = "~/.cache/samewise/models/smol.gguf"
     if let Some(home) = home {
         assert_eq!(
             c.reference,
-            ReferenceConfig::InProcess {
+            Some(ReferenceConfig::InProcess {
                 model: home.join(".cache/samewise/models/smol.gguf"),
                 threads: 2
-            }
+            })
         );
         assert_eq!(c.ladder, Some(home.join("ladders/smol.json")));
     }

@@ -55,7 +55,7 @@ async fn truncation_is_flagged_and_faithful_endpoints_are_not() -> Result<()> {
     let s = Scheduler::new(
         cfg,
         db.store.clone(),
-        reference,
+        Some(reference),
         Some(detectors),
         vec![
             target(&exact, "exact/smol"),

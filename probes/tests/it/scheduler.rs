@@ -36,7 +36,7 @@ async fn scheduler_stores_runs_with_noise_pairs_and_respects_the_budget() -> Res
     let s = Scheduler::new(
         cfg,
         db.store.clone(),
-        reference,
+        Some(reference),
         None,
         vec![target(&url, "engine/smol")],
     )?;
@@ -115,7 +115,7 @@ async fn standby_scheduler_takes_over_when_the_lock_is_freed() -> Result<()> {
     let s = Arc::new(Scheduler::new(
         cfg,
         db.store.clone(),
-        reference,
+        Some(reference),
         None,
         vec![target(&url, "engine/smol")],
     )?);
@@ -249,7 +249,7 @@ async fn a_mid_run_switch_raises_a_changed_alert() -> Result<()> {
     let s = Scheduler::new(
         cfg,
         db.store.clone(),
-        reference,
+        Some(reference),
         Some(detectors.clone()),
         vec![target(&switching, "switching/smol")],
     )?;
@@ -336,7 +336,7 @@ async fn a_hung_endpoint_stalls_no_other_and_times_out() -> Result<()> {
         let s = Scheduler::new(
             Arc::new(cfg),
             db.store.clone(),
-            Arc::clone(&reference),
+            Some(Arc::clone(&reference)),
             None,
             vec![target(&hung, "hung/smol"), target(&healthy, "engine/smol")],
         )?;
