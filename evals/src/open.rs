@@ -74,6 +74,15 @@ impl Opener {
         self.endpoints.keys().map(String::as_str)
     }
 
+    /// The other configured endpoints of `endpoint`'s model, by label (none for an unknown one).
+    pub fn peers<'a>(&'a self, endpoint: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        let model = self.endpoints.get(endpoint);
+        self.endpoints
+            .iter()
+            .filter(move |(label, m)| Some(*m) == model && label.as_str() != endpoint)
+            .map(|(label, _)| label.as_str())
+    }
+
     /// Checks `req` and builds the job's row (`now_ms` its creation time).
     pub fn prepare(&self, req: &OpenRequest, now_ms: i64) -> Result<NewEvalJob, EvalsError> {
         let model = self

@@ -12,6 +12,11 @@
 //! job. A job the opener refuses (an endpoint or baseline this config does not know) is
 //! logged once per alert and suite, not on every poll.
 //!
+//! Jobs run against the reference; without one (no `[evals] reference_url`), against a peer: the
+//! first other endpoint of the alert's model on which no alert is active (none: nothing is
+//! opened, logged once). Only the alert's own jobs answer it then (a shared job is a reference
+//! job).
+//!
 //! A degraded verdict raises an [`KIND_EVAL_DEGRADED`] alert (the worker does), which routing
 //! honours. The watcher holds it — confirms it once it was last seen `hold_every` ago (every
 //! poll by default; the gateway passes a quarter of the alerts' quiet period), so its quiet
@@ -205,7 +210,7 @@ impl AlertWatcher {
             };
             let own = self.store.eval_jobs(Some(a.id), None, JOBS_READ).await?;
             let answering = answering(a, &own, endpoint_jobs, cooldown);
-            let new = self.open_suites(a, &answering).await?;
+            let new = self.open_suites(a, &answering, &active).await?;
             for j in new.iter().rev() {
                 endpoint_jobs.insert(0, j.clone());
             }
@@ -226,12 +231,33 @@ impl AlertWatcher {
         Ok(opened)
     }
 
+    /// The baseline of the jobs alert `a` opens: the reference when one is configured (None),
+    /// else a peer — the first endpoint of `a`'s model (by label) on which no alert in `active`
+    /// is; an error when there is none.
+    fn baseline_for(&self, a: &Alert, active: &[Alert]) -> Result<Option<String>, EvalsError> {
+        if self.opener.config().reference_url.is_some() {
+            return Ok(None);
+        }
+        self.opener
+            .peers(&a.endpoint)
+            .find(|p| !active.iter().any(|x| x.endpoint == *p))
+            .map(|p| Some(p.to_owned()))
+            .ok_or_else(|| {
+                EvalsError::UnknownBaseline(format!(
+                    "no reference ([evals] reference_url) and no other endpoint of model {} without an active alert to compare {} with",
+                    a.model, a.endpoint
+                ))
+            })
+    }
+
     /// Opens the suites alert `a` maps to that none of the jobs `answering` it runs or ran
-    /// (a failed one gave no verdict: its suite is opened again); returns the jobs opened.
+    /// (a failed one gave no verdict: its suite is opened again), against
+    /// [`Self::baseline_for`]; returns the jobs opened.
     async fn open_suites(
         &self,
         a: &Alert,
         answering: &[EvalJob],
+        active: &[Alert],
     ) -> Result<Vec<EvalJob>, EvalsError> {
         let config = self.opener.config();
         let mut opened = Vec::new();
@@ -250,18 +276,19 @@ impl AlertWatcher {
             if let Some(n) = config.max_items {
                 params.insert("max_items".to_owned(), n.into());
             }
-            let req = OpenRequest {
-                endpoint: a.endpoint.clone(),
-                suite: SuiteRef::Named(suite.clone()),
-                baseline: None,
-                params,
-                alert_id: Some(a.id),
+            let opening = async {
+                let req = OpenRequest {
+                    endpoint: a.endpoint.clone(),
+                    suite: SuiteRef::Named(suite.clone()),
+                    baseline: self.baseline_for(a, active)?,
+                    params,
+                    alert_id: Some(a.id),
+                };
+                self.opener
+                    .open(&self.store, &req, ms(config.cooldown))
+                    .await
             };
-            match self
-                .opener
-                .open(&self.store, &req, ms(config.cooldown))
-                .await
-            {
+            match opening.await {
                 Ok(Some(j)) => {
                     tracing::info!(job = j.id, alert = a.id, suite = %j.suite, endpoint = %j.endpoint, "eval job opened by an alert");
                     opened.push(j);
@@ -540,6 +567,44 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(COOLDOWN_MS as u64 + 50)).await;
         let third = raise(store, ("b/m", "unfaithful"), json!({"bits": 3}), now_ms()).await?;
         ensure!(opened(&w).await? == tool_calls(&third));
+        Ok(())
+    }
+
+    /// Without a reference an alert's suite runs against the first peer of its model with no
+    /// active alert; with none left, nothing is opened (and the refusal is logged once).
+    #[tokio::test]
+    async fn without_a_reference_an_alert_is_answered_against_a_peer_without_alerts() -> Result<()>
+    {
+        let db = TestDb::sqlite().await?;
+        let store = &db.store;
+        let cfg = crate::EvalsConfig::parse(Some(&"cooldown_ms = 0".parse()?), None)?;
+        let endpoints = ["a/m", "b/m", "c/m", "x/other"].map(|e| {
+            let model = e.split('/').nth(1).unwrap_or_default();
+            (e.to_owned(), model.to_owned())
+        });
+        let w = AlertWatcher::new(store.clone(), Opener::new(cfg, endpoints));
+        for (endpoint, peer) in [("b/m", Some("a/m")), ("a/m", Some("c/m")), ("c/m", None)] {
+            let a = raise(
+                store,
+                (endpoint, "unfaithful"),
+                json!({"bits": 4}),
+                now_ms(),
+            )
+            .await?;
+            let jobs = w.poll_once().await?;
+            let got: Vec<(&str, &str)> = jobs
+                .iter()
+                .map(|j| (j.endpoint.as_str(), j.baseline.as_str()))
+                .collect();
+            let expect: Vec<(&str, &str)> = peer.map(|p| (endpoint, p)).into_iter().collect();
+            ensure!(got == expect, "alert on {endpoint}: {got:?}");
+            if peer.is_none() {
+                ensure!(
+                    w.refused_before(a.id, "tool_calls"),
+                    "the refusal was not recorded"
+                );
+            }
+        }
         Ok(())
     }
 

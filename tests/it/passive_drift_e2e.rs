@@ -203,7 +203,8 @@ async fn tool_call_corruption_is_flagged_from_traffic_and_excluded() -> Result<(
 /// Without `[probes.reference]` the gateway probes nothing but still watches its traffic: the
 /// passive sweep flags `b` (a fifth of its tool calls cut short) and not `a`, and the quiet
 /// sweep resolves, per `[probes.alerts] quiet_period_ms` (10 minutes here, not the default
-/// hour), an alert last seen 20 minutes ago and keeps one seen 5 minutes ago.
+/// hour), an alert last seen 20 minutes ago and keeps one seen 5 minutes ago. With no reference
+/// for evals either, the passive alert's `tool_calls` eval runs against the healthy peer.
 #[tokio::test]
 async fn without_a_reference_the_passive_sweep_still_flags_from_traffic() -> Result<()> {
     let a = MockUpstream::builder()
@@ -229,7 +230,8 @@ async fn without_a_reference_the_passive_sweep_still_flags_from_traffic() -> Res
              [[models.smol.endpoints]]\nprovider = \"a\"\nmodel = \"m\"\n\
              [[models.smol.endpoints]]\nprovider = \"b\"\nmodel = \"m\"\n\
              [probes]\nsweep_interval_ms = 200\nlock_retry_ms = 500\n\
-             [probes.alerts]\nquiet_period_ms = 600000\n",
+             [probes.alerts]\nquiet_period_ms = 600000\n\
+             [evals]\nworkers = 1\npoll_ms = 200\nmax_items = 4\nlooks = 1\n",
             data.display(),
             a.base_url(),
             b.base_url()
@@ -311,6 +313,32 @@ async fn without_a_reference_the_passive_sweep_still_flags_from_traffic() -> Res
         state(fresh) == Some((false, None)),
         "the alert seen 5 minutes ago: {:?}",
         state(fresh)
+    );
+    // the passive alert opens its tool_calls eval against the peer without an alert, a/m
+    let store = samewise_store::Store::connect(None, &data).await?;
+    let job = loop {
+        let jobs = store.eval_jobs(None, Some("b/m"), 10).await?;
+        if let Some(j) = jobs
+            .into_iter()
+            .find(|j| j.state == samewise_store::JobState::Succeeded)
+        {
+            break j;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no finished eval job on b/m within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    store.close().await;
+    ensure!(
+        job.suite == "tool_calls" && job.baseline == "a/m" && job.alert_id.is_some(),
+        "{job:?}"
+    );
+    let verdict = job.verdict.as_ref().and_then(|v| v["verdict"].as_str());
+    ensure!(
+        matches!(verdict, Some("degraded" | "equivalent" | "inconclusive")),
+        "{job:?}"
     );
     ensure!(gw.stop()?.success(), "the gateway did not exit cleanly");
     a.shutdown().await;

@@ -216,7 +216,9 @@ fn config_check_validates_the_probes_tables() -> Result<()> {
     );
 
     // the model's probes without the reference they score against
-    let (head, rest) = good.split_once("[probes.reference]").context("no reference")?;
+    let (head, rest) = good
+        .split_once("[probes.reference]")
+        .context("no reference")?;
     let detectors = rest.find("[probes.detectors]").context("no detectors")?;
     let unreferenced = format!("{head}{}", &rest[detectors..]);
     for (bad, key) in [
