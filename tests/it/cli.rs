@@ -190,6 +190,20 @@ fn config_check_accepts_the_example_and_names_bad_keys_with_lines() -> Result<()
         !stdout.contains("~/") && stdout.contains(".cache/samewise/models/"),
         "{stdout}"
     );
+    // the example without reference weights: passive detectors, evals against a peer
+    let out = Command::new(BIN)
+        .args(["config", "check", "examples/passive.toml"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()?;
+    let stdout = String::from_utf8(out.stdout)?;
+    assert!(
+        out.status.success()
+            && stdout
+                .contains("probes: 0 model(s), reference none (passive detectors and alerts only)")
+            && stdout.contains("evals: 1 worker(s), reference none"),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let dir = tempfile::tempdir()?;
     let bad = config("http://127.0.0.1:9/v1", dir.path()).replace(
