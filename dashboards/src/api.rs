@@ -142,13 +142,7 @@ pub async fn alerts(
 
 /// `GET /api/v1/alerts/{id}`.
 pub async fn alert(State(d): State<Dashboards>, _admin: Admin, Path(id): Path<i64>) -> ApiResult {
-    let a = d
-        .inner
-        .store
-        .alert(id)
-        .await?
-        .ok_or_else(|| DashError::NotFound(format!("no alert {id}")))?;
-    to_json(view::AlertView::of(&a))
+    to_json(view::evals::alert_detail(&d, id).await?)
 }
 
 /// `GET /api/v1/evals/{id}`: an eval job with its verdict and every item on both targets.

@@ -39,7 +39,7 @@ const EVAL_JOBS_READ: u32 = 500;
 
 pub mod evals;
 
-pub use evals::{EvalView, Evals};
+pub use evals::Evals;
 
 /// A time range, `[since_ms, until_ms)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

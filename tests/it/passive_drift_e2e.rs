@@ -43,20 +43,50 @@ fn corrupt() -> Behavior {
     )
 }
 
-#[tokio::test]
-async fn tool_call_corruption_is_flagged_from_traffic_and_excluded() -> Result<()> {
+/// Sends `n` tool-call requests to `url` (the chat completions route), one at a time; each
+/// must answer 200.
+async fn send_tool_calls(http: &reqwest::Client, url: &str, key: &str, n: usize) -> Result<()> {
+    for _ in 0..n {
+        let resp = http
+            .post(url)
+            .bearer_auth(key)
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&tool_body())?)
+            .send()
+            .await?;
+        ensure!(resp.status() == 200, "status {}", resp.status());
+        resp.bytes().await?;
+    }
+    Ok(())
+}
+
+/// Two mock providers of one model: `a` always answers a good tool call, `b` a corrupt one
+/// every `corrupt_every`-th answer (of its first 2,000).
+async fn providers(corrupt_every: usize) -> Result<(MockUpstream, MockUpstream)> {
     let a = MockUpstream::builder()
         .name("a")
         .default_behavior(good())
         .start()
         .await?;
-    // b: every tenth answer corrupt
     let b = MockUpstream::builder()
         .name("b")
-        .behaviors((0..1000).map(|i| if i % 10 == 0 { corrupt() } else { good() }))
+        .behaviors((0..2000).map(|i| {
+            if i % corrupt_every == 0 {
+                corrupt()
+            } else {
+                good()
+            }
+        }))
         .default_behavior(good())
         .start()
         .await?;
+    Ok((a, b))
+}
+
+#[tokio::test]
+async fn tool_call_corruption_is_flagged_from_traffic_and_excluded() -> Result<()> {
+    // b: every tenth answer corrupt
+    let (a, b) = providers(10).await?;
     let provider = |name: &str, url: &str| {
         format!(
             "[providers.{name}]\nbase_url = \"{url}\"\nconnect_timeout_ms = 500\nfirst_byte_timeout_ms = 2000\nidle_timeout_ms = 2000\n"
@@ -89,23 +119,7 @@ async fn tool_call_corruption_is_flagged_from_traffic_and_excluded() -> Result<(
     }));
     let watcher = QualityWatcher::spawn(&config, state.clone(), db.store.clone());
     let http = reqwest::Client::new();
-    let send = |n: usize| {
-        let (http, url, key) = (http.clone(), url.clone(), key.clone());
-        async move {
-            for _ in 0..n {
-                let resp = http
-                    .post(&url)
-                    .bearer_auth(&key)
-                    .header("content-type", "application/json")
-                    .body(serde_json::to_vec(&tool_body())?)
-                    .send()
-                    .await?;
-                ensure!(resp.status() == 200, "status {}", resp.status());
-                resp.bytes().await?;
-            }
-            anyhow::Ok(())
-        }
-    };
+    let send = |n: usize| send_tool_calls(&http, &url, &key, n);
 
     send(600).await?;
     let (to_a, to_b) = (a.request_count(), b.request_count());
@@ -207,17 +221,7 @@ async fn tool_call_corruption_is_flagged_from_traffic_and_excluded() -> Result<(
 /// for evals either, the passive alert's `tool_calls` eval runs against the healthy peer.
 #[tokio::test]
 async fn without_a_reference_the_passive_sweep_still_flags_from_traffic() -> Result<()> {
-    let a = MockUpstream::builder()
-        .name("a")
-        .default_behavior(good())
-        .start()
-        .await?;
-    let b = MockUpstream::builder()
-        .name("b")
-        .behaviors((0..2000).map(|i| if i % 5 == 0 { corrupt() } else { good() }))
-        .default_behavior(good())
-        .start()
-        .await?;
+    let (a, b) = providers(5).await?;
     let dir = tempfile::tempdir()?;
     let data = dir.path().join("data");
     let cfg = dir.path().join("samewise.toml");
@@ -268,17 +272,7 @@ async fn without_a_reference_the_passive_sweep_still_flags_from_traffic() -> Res
     let cfg_s = cfg.to_str().context("path")?;
     let (gw, url) = spawn_listening(&["serve", "--config", cfg_s], dir.path())?;
     let http = reqwest::Client::new();
-    for _ in 0..400 {
-        let resp = http
-            .post(format!("{url}/v1/chat/completions"))
-            .bearer_auth(&key)
-            .header("content-type", "application/json")
-            .body(serde_json::to_vec(&tool_body())?)
-            .send()
-            .await?;
-        ensure!(resp.status() == 200, "status {}", resp.status());
-        resp.bytes().await?;
-    }
+    send_tool_calls(&http, &format!("{url}/v1/chat/completions"), &key, 400).await?;
     let (to_a, to_b) = (a.request_count(), b.request_count());
     ensure!(to_a >= 100 && to_b >= 100, "split a {to_a}, b {to_b}");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);

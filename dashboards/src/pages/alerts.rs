@@ -4,11 +4,10 @@
 //! from the store goes through [`esc`].
 
 use std::fmt::Write;
-use std::time::Duration;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Redirect};
-use samewise_store::{Alert, AlertState};
+use samewise_store::AlertState;
 use serde::Deserialize;
 
 use super::{PageResult, html};
@@ -112,7 +111,8 @@ pub async fn alerts(
     Ok(html(page("Alerts", &b)).into_response())
 }
 
-/// `GET /alerts/{id}`: one alert with its evidence.
+/// `GET /alerts/{id}`: one alert with its evidence, the eval jobs that answer it and, for a
+/// verdict's alert, the alerts that hold it.
 pub async fn alert(
     State(d): State<Dashboards>,
     admin: Result<Admin, DashError>,
@@ -120,31 +120,16 @@ pub async fn alert(
 ) -> PageResult {
     let admin = admin?;
     let Path(id) = id?;
-    let a = d
-        .inner
-        .store
-        .alert(id)
-        .await?
-        .ok_or_else(|| DashError::NotFound(format!("no alert {id}")))?;
-    // the jobs that answer it: its own, and its endpoint's of the same incident (as the
-    // alert watcher counts them)
-    let cooldown = d
-        .inner
-        .evals
-        .as_ref()
-        .map_or(samewise_evals::DEFAULT_COOLDOWN, |o| o.config().cooldown);
-    let answering = samewise_evals::jobs_answering(&d.inner.store, &a, cooldown).await?;
-    let held = held_by(&d, &a, cooldown).await?;
-    let a = AlertView::of(&a);
+    let detail = view::evals::alert_detail(&d, id).await?;
+    let a = &detail.alert;
     let evidence = serde_json::to_string_pretty(&a.evidence).unwrap_or_default();
     let mut jobs = String::new();
-    for j in &answering {
+    for j in &detail.eval_jobs {
         let by = match j.alert_id {
             Some(x) if x == id => String::new(),
             Some(x) => format!(" (opened by <a href=\"/alerts/{x}\">alert {x}</a>)"),
             None => " (opened by hand)".to_owned(),
         };
-        let j = view::EvalView::of(j);
         let _ = write!(
             jobs,
             "<li><a href=\"/evals/{}\">{}: {}</a>{by} <span class=\"muted\">{}</span></li>",
@@ -168,23 +153,22 @@ pub async fn alert(
         s = esc(a.state),
         o = esc(&time(a.opened_ms)),
         l = esc(&time(a.last_seen_ms)),
-        r = resolution(&a),
+        held = held_by(detail.held_by.as_deref()),
+        r = resolution(a),
         sum = esc(&a.summary),
         ev = esc(&evidence),
-        f = alert_forms(&a, &admin)
+        f = alert_forms(a, &admin)
     );
     Ok(html(page(&format!("Alert {id}"), &b)).into_response())
 }
 
-/// An active `eval_degraded` alert's "Held by" row: the active alerts its verdict answers,
-/// which keep it from going quiet (empty for other alerts).
-async fn held_by(d: &Dashboards, a: &Alert, cooldown: Duration) -> Result<String, DashError> {
-    if a.kind != samewise_evals::KIND_EVAL_DEGRADED || a.state == AlertState::Resolved {
-        return Ok(String::new());
-    }
-    let holders = samewise_evals::holders(&d.inner.store, a, cooldown).await?;
+/// A verdict's alert's "Held by" row (nothing for other alerts).
+fn held_by(holders: Option<&[view::evals::Holder]>) -> String {
+    let Some(holders) = holders else {
+        return String::new();
+    };
     let mut dd = String::new();
-    for h in &holders {
+    for h in holders {
         let sep = if dd.is_empty() { "" } else { ", " };
         let _ = write!(
             dd,
@@ -199,7 +183,7 @@ async fn held_by(d: &Dashboards, a: &Alert, cooldown: Duration) -> Result<String
             "no active alert: resolved after its quiet period unless a verdict raises it again",
         );
     }
-    Ok(format!("<dt>Held by</dt><dd class=\"held\">{dd}</dd>"))
+    format!("<dt>Held by</dt><dd class=\"held\">{dd}</dd>")
 }
 
 /// A form's CSRF field.

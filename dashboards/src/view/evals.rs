@@ -1,9 +1,13 @@
 //! The overview's "evals" cell: each endpoint's latest eval job per suite, read from the
 //! store's job queue, with its verdict and a one-line summary (pass rates and p-value).
-//! A "degraded" verdict also answers "still works?" (see `view::row`).
+//! A "degraded" verdict also answers "still works?" (see `view::row`). And one alert's
+//! detail: the jobs that answer it and, for a verdict's alert, the alerts that hold it.
 
-use samewise_store::EvalJob;
+use samewise_store::{AlertState, EvalJob};
 use serde::Serialize;
+
+use super::AlertView;
+use crate::{DashError, Dashboards};
 
 /// One eval job as a row shows it: the endpoint's latest job of a suite.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -95,6 +99,66 @@ impl Evals {
             .iter()
             .find(|j| j.verdict.as_deref() == Some("degraded"))
     }
+}
+
+/// An alert that holds a verdict's `eval_degraded` alert.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Holder {
+    /// Its id.
+    pub id: i64,
+    /// Its kind.
+    pub kind: String,
+}
+
+/// One alert as its page and `GET /api/v1/alerts/{id}` show it: the alert, the eval jobs that
+/// answer it (its own, and its endpoint's of the same incident, as the alert watcher counts
+/// them; newest first) and, for an active `eval_degraded` alert, the active alerts that hold it
+/// (empty: none, and it is resolved after its quiet period).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AlertDetail {
+    /// The alert.
+    #[serde(flatten)]
+    pub alert: AlertView,
+    /// The jobs that answer it.
+    pub eval_jobs: Vec<EvalView>,
+    /// None: not an active verdict alert.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<Vec<Holder>>,
+}
+
+/// Alert `id`'s detail; `NotFound` when there is none.
+pub async fn alert_detail(d: &Dashboards, id: i64) -> Result<AlertDetail, DashError> {
+    let store = &d.inner.store;
+    let a = store
+        .alert(id)
+        .await?
+        .ok_or_else(|| DashError::NotFound(format!("no alert {id}")))?;
+    let cooldown = d
+        .inner
+        .evals
+        .as_ref()
+        .map_or(samewise_evals::DEFAULT_COOLDOWN, |o| o.config().cooldown);
+    let answering = samewise_evals::jobs_answering(store, &a, cooldown).await?;
+    let held_by = if a.kind == samewise_evals::KIND_EVAL_DEGRADED && a.state != AlertState::Resolved
+    {
+        let holders = samewise_evals::holders(store, &a, cooldown).await?;
+        Some(
+            holders
+                .into_iter()
+                .map(|h| Holder {
+                    id: h.id,
+                    kind: h.kind,
+                })
+                .collect(),
+        )
+    } else {
+        None
+    };
+    Ok(AlertDetail {
+        alert: AlertView::of(&a),
+        eval_jobs: answering.iter().map(EvalView::of).collect(),
+        held_by,
+    })
 }
 
 /// A job as `GET /api/v1/evals` lists it (and `POST` answers it): the cell's view with its

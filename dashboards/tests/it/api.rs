@@ -218,6 +218,13 @@ async fn alerts_list_ack_resolve() -> Result<()> {
         .json(&format!("/api/v1/alerts/{}", s.unfaithful_alert))
         .await?;
     ensure!(one["kind"] == "unfaithful" && one["evidence"]["equivalent"]["bits"] == 4.2);
+    // the jobs that answer it (w4's job opened by hand); held_by only on a verdict's alert
+    let jobs = one["eval_jobs"].as_array().context("no eval_jobs")?;
+    ensure!(
+        jobs.len() == 1 && jobs[0]["suite"] == "tool_calls" && jobs[0]["state"] == "queued",
+        "{one}"
+    );
+    ensure!(one.get("held_by").is_none(), "{one}");
     ensure!(
         s.get("/api/v1/alerts/999999", Some(&s.admin))
             .await?

@@ -156,6 +156,10 @@ async fn a_verdict_alert_page_names_the_alert_that_holds_it() -> Result<()> {
         x = s.xss_alert
     );
     ensure!(held.contains(&by), "{held}");
+    // the API says the same
+    let api = s.json(&format!("/api/v1/alerts/{}", d.id)).await?;
+    let want = serde_json::json!([{"id": s.xss_alert, "kind": "passive"}]);
+    ensure!(api["held_by"] == want, "{api}");
     // other alerts have no such row
     let other = page(&s, &format!("/alerts/{}", s.xss_alert)).await?;
     ensure!(!other.contains("Held by"), "{other}");
@@ -165,6 +169,8 @@ async fn a_verdict_alert_page_names_the_alert_that_holds_it() -> Result<()> {
         free.contains("<dd class=\"held\">no active alert: resolved after its quiet period"),
         "{free}"
     );
+    let api = s.json(&format!("/api/v1/alerts/{}", d.id)).await?;
+    ensure!(api["held_by"] == serde_json::json!([]), "{api}");
     s.stop().await
 }
 
