@@ -14,8 +14,8 @@
 //!
 //! Jobs run against the reference; without one (no `[evals] reference_url`), against a peer: the
 //! first other endpoint of the alert's model on which no alert is active (none: nothing is
-//! opened, logged once). Only the alert's own jobs answer it then (a shared job is a reference
-//! job).
+//! opened, logged once). A job another alert of the incident opened is shared whatever its
+//! baseline; one opened by hand only against the reference.
 //!
 //! A degraded verdict raises an [`KIND_EVAL_DEGRADED`] alert (the worker does), which routing
 //! honours. The watcher holds it — confirms it once it was last seen `hold_every` ago (every
@@ -61,10 +61,11 @@ pub struct AlertWatcher {
 }
 
 /// The eval jobs that answer alert `a`, newest first: every job it opened, and its
-/// endpoint's jobs against the reference, queued, running or finished with a verdict, that
-/// were opened since `cooldown` (`[evals] cooldown_ms`) before the alert — by another alert
-/// of the same incident or by hand. What the alert watcher goes by, and what the alert's
-/// page and `samewise alerts show` list.
+/// endpoint's jobs, queued, running or finished with a verdict, that were opened since
+/// `cooldown` (`[evals] cooldown_ms`) before the alert by another alert of the same incident
+/// (against the baseline the watcher chose: the reference, or without one a peer) or by hand
+/// against the reference. What the alert watcher goes by, and what the alert's page and
+/// `samewise alerts show` list.
 pub async fn jobs_answering(
     store: &Store,
     a: &Alert,
@@ -85,7 +86,7 @@ fn answering(
     let since = a.opened_ms.saturating_sub(cooldown_ms);
     let shared = endpoint_jobs.iter().filter(|j| {
         j.alert_id != Some(a.id)
-            && j.baseline == REFERENCE
+            && (j.alert_id.is_some() || j.baseline == REFERENCE)
             && j.created_ms >= since
             && matches!(
                 j.state,
@@ -571,18 +572,20 @@ mod tests {
     }
 
     /// Without a reference an alert's suite runs against the first peer of its model with no
-    /// active alert; with none left, nothing is opened (and the refusal is logged once).
+    /// active alert; with none left, nothing is opened (and the refusal is logged once). A
+    /// second alert of an incident shares the first one's job against its peer.
     #[tokio::test]
     async fn without_a_reference_an_alert_is_answered_against_a_peer_without_alerts() -> Result<()>
     {
         let db = TestDb::sqlite().await?;
         let store = &db.store;
-        let cfg = crate::EvalsConfig::parse(Some(&"cooldown_ms = 0".parse()?), None)?;
+        let cfg = crate::EvalsConfig::parse(Some(&"cooldown_ms = 60000".parse()?), None)?;
         let endpoints = ["a/m", "b/m", "c/m", "x/other"].map(|e| {
             let model = e.split('/').nth(1).unwrap_or_default();
             (e.to_owned(), model.to_owned())
         });
         let w = AlertWatcher::new(store.clone(), Opener::new(cfg, endpoints));
+        let mut first = None;
         for (endpoint, peer) in [("b/m", Some("a/m")), ("a/m", Some("c/m")), ("c/m", None)] {
             let a = raise(
                 store,
@@ -604,7 +607,22 @@ mod tests {
                     "the refusal was not recorded"
                 );
             }
+            first = first.or(Some(a));
         }
+        // a second alert of b/m's incident shares the first one's job against a/m
+        let first = first.context("no alert")?;
+        let passive = json!({"signal": "tool_call_errors"});
+        let second = raise(store, ("b/m", "passive"), passive, now_ms()).await?;
+        ensure!(
+            w.poll_once().await?.is_empty(),
+            "the second alert opened its own"
+        );
+        let shared = jobs_answering(store, &second, Duration::from_secs(60)).await?;
+        let by: Vec<(Option<i64>, &str)> = shared
+            .iter()
+            .map(|j| (j.alert_id, j.baseline.as_str()))
+            .collect();
+        ensure!(by == [(Some(first.id), "a/m")], "{by:?}");
         Ok(())
     }
 
