@@ -52,6 +52,7 @@ pub use capture::{CaptureReport, CaptureSource, Capturer, DEFAULT_WINDOW_MS};
 pub use config::{
     DEFAULT_COOLDOWN, EvalsConfig, LongContextConfig, Rule, SuiteFile, is_regression,
 };
+pub use futures_util::future::BoxFuture;
 pub use open::{OpenRequest, Opener, SuiteRef};
 pub use stats::{
     Decision, Paired, Verdict, VerdictParams, decide, decide_all, look_alpha, look_points,
@@ -60,7 +61,7 @@ pub use stats::{
 pub use target::{Answer, REFERENCE, Target, Targets};
 pub use tool_calls::schema_valid;
 pub use watcher::{AlertWatcher, KIND_EVAL_DEGRADED, holders, jobs_answering};
-pub use worker::{Worker, WorkerSettings};
+pub use worker::{RaiseAlert, Worker, WorkerSettings};
 
 /// Everything that can go wrong in an eval.
 #[derive(Debug, thiserror::Error)]

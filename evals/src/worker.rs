@@ -9,14 +9,16 @@
 //! the token budget is spent, then finishes the job with its verdict document, attaches it
 //! to the alert that opened the job and POSTs it to the webhooks; a "degraded" verdict also
 //! raises an `eval_degraded` alert on the endpoint, which routing honours (`on_drift`; the
-//! alert watcher holds it while an alert the job answers stays active). A worker that
+//! alert watcher holds it while an alert the job answers stays active), through the
+//! [`RaiseAlert`] the binary gives (the alerting that tells the alert webhooks of an opening). A worker that
 //! loses its lease stops at once; a cancelled worker stops and leaves its lease to expire.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use samewise_store::{EvalJob, JobState, Lease, Store};
+use futures_util::future::BoxFuture;
+use samewise_store::{EvalJob, JobState, Lease, NewAlert, Store};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -84,6 +86,15 @@ pub struct Worker {
     store: Store,
     targets: Arc<Targets>,
     settings: WorkerSettings,
+    raiser: Option<Arc<dyn RaiseAlert>>,
+}
+
+/// Opens (or refreshes) the `eval_degraded` alert of a degraded verdict. The binary passes the
+/// alerting of `[probes.alerts]`, which tells the alert webhooks of an opening, as it does of
+/// every other alert's; without one the worker writes the alert into the store, telling nobody.
+pub trait RaiseAlert: Send + Sync + std::fmt::Debug {
+    /// Opens `alert`, or refreshes the active one of its endpoint and kind.
+    fn raise<'a>(&'a self, alert: &'a NewAlert) -> BoxFuture<'a, Result<(), String>>;
 }
 
 /// `d` in milliseconds, as the store takes times.
@@ -98,7 +109,14 @@ impl Worker {
             store,
             targets,
             settings,
+            raiser: None,
         }
+    }
+
+    /// Raises a degraded verdict's alert through `raiser` instead of writing it itself.
+    pub fn raising_through(mut self, raiser: Arc<dyn RaiseAlert>) -> Worker {
+        self.raiser = Some(raiser);
+        self
     }
 
     /// Claims and runs jobs until `cancel`. Errors of one job fail that job (or, for a lost
@@ -597,7 +615,16 @@ impl Worker {
                 evidence: json!({"signal": "eval", "job_id": job.id, "suite": job.suite, "verdict": verdict}),
                 now_ms: samewise_store::now_ms(),
             };
-            if let Err(e) = self.store.upsert_alert(&alert).await {
+            let raised = match &self.raiser {
+                Some(r) => r.raise(&alert).await,
+                None => self
+                    .store
+                    .upsert_alert(&alert)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+            };
+            if let Err(e) = raised {
                 tracing::warn!(job = job.id, error = %e, "raising the eval_degraded alert");
             }
         }

@@ -210,15 +210,37 @@ pub fn opener(config: &Config, evals: &EvalsConfig) -> Opener {
 pub struct Running {
     cancel: CancellationToken,
     tracker: TaskTracker,
+    alerting: Arc<Alerting>,
 }
 
 impl Running {
     /// Stops the workers (a job in progress keeps its lease until it expires, then another
-    /// worker resumes it) and waits for them.
+    /// worker resumes it), waits for them and for the alert webhooks they queued.
     pub async fn shutdown(self) {
         self.cancel.cancel();
         self.tracker.close();
         self.tracker.wait().await;
+        self.alerting.shutdown().await;
+    }
+}
+
+/// The workers' way of raising a degraded verdict's alert: the alerting of `[probes.alerts]`,
+/// so the alert webhooks hear of its opening as of every other alert's.
+#[derive(Debug)]
+struct VerdictAlerts {
+    alerting: Arc<Alerting>,
+    store: Store,
+}
+
+impl samewise_evals::RaiseAlert for VerdictAlerts {
+    fn raise<'a>(
+        &'a self,
+        alert: &'a samewise_store::NewAlert,
+    ) -> samewise_evals::BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let raised = self.alerting.raise(&self.store, alert).await;
+            raised.map(drop).map_err(|e| e.to_string())
+        })
     }
 }
 
@@ -233,6 +255,12 @@ pub fn start(
     let targets = Arc::new(targets(config, evals)?);
     let cancel = CancellationToken::new();
     let tracker = TaskTracker::new();
+    let alerts = super::alerts::alerts_config(Some(config))?;
+    let alerting = Arc::new(Alerting::start(&alerts)?);
+    let raiser = Arc::new(VerdictAlerts {
+        alerting: alerting.clone(),
+        store: store.clone(),
+    });
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "local".to_owned());
     for i in 0..workers {
         let id = format!("{host}-{}-{i}", std::process::id());
@@ -240,14 +268,14 @@ pub fn start(
             store.clone(),
             targets.clone(),
             WorkerSettings::from_config(evals, id),
-        );
+        )
+        .raising_through(raiser.clone());
         let c = cancel.clone();
         tracker.spawn(async move { w.run(c).await });
     }
     if watch_alerts {
         // a held verdict's alert is confirmed four times per quiet period, which resolves
         // alerts nobody confirmed
-        let alerts = super::alerts::alerts_config(Some(config))?;
         let quiet = alerts.quiet_period;
         let watcher = AlertWatcher::new(store.clone(), opener(config, evals)).hold_every(quiet / 4);
         let c = cancel.clone();
@@ -255,18 +283,22 @@ pub fn start(
         // the probe scheduler sweeps quiet alerts; without [probes] there is none, and a
         // verdict's alert (from a job opened by hand) would stay until an operator resolved it
         if config.probes.is_none() {
-            let alerting = Alerting::start(&alerts)?;
             let every = quiet.min(Duration::from_secs(60));
-            tracker.spawn(sweep_quiet_alerts(alerting, store, every, cancel.clone()));
+            let sweep = sweep_quiet_alerts(alerting.clone(), store, every, cancel.clone());
+            tracker.spawn(sweep);
         }
     }
-    Ok(Running { cancel, tracker })
+    Ok(Running {
+        cancel,
+        tracker,
+        alerting,
+    })
 }
 
 /// Resolves the alerts nobody confirmed within the quiet period every `every` until
 /// `cancel`, as the probe scheduler's sweep does.
 async fn sweep_quiet_alerts(
-    alerting: Alerting,
+    alerting: Arc<Alerting>,
     store: Store,
     every: Duration,
     cancel: CancellationToken,
@@ -283,7 +315,6 @@ async fn sweep_quiet_alerts(
             () = tokio::time::sleep(every) => {}
         }
     }
-    alerting.shutdown().await;
 }
 
 /// Runs `samewise evals ...`.

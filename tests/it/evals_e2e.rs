@@ -91,18 +91,28 @@ pub(crate) fn evals_run_args(cfg: &Path, args: &[&str]) -> Result<Value> {
     serde_json::from_str(&stdout).with_context(|| format!("not JSON: {stdout}"))
 }
 
-#[test]
-fn tool_calls_corrupt_is_degraded_and_the_reference_equivalent() -> Result<()> {
+/// The degraded verdict's `eval_degraded` alert is told to the alert webhooks
+/// (`[[probes.webhooks]]`, here in a `[probes]` without a reference) like any other opening.
+#[tokio::test]
+async fn tool_calls_corrupt_is_degraded_and_the_reference_equivalent() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let (_good, good_url) = engine("reference", dir.path())?;
     let (_bad, bad_url) = engine("tool-corrupt", dir.path())?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let hook = format!("http://{}/hook", listener.local_addr()?);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let hooks = tokio::spawn(receiver(listener, tx));
     let cfg = config(
         dir.path(),
         &[("good", &good_url), ("bad", &bad_url)],
-        "concurrency = 4",
+        &format!("concurrency = 4\n[probes]\n[[probes.webhooks]]\nurl = \"{hook}\"\n"),
     )?;
+    let run = |args: &'static [&'static str]| {
+        let cfg = cfg.clone();
+        tokio::task::spawn_blocking(move || evals_run(&cfg, args))
+    };
 
-    let job = evals_run(&cfg, &["--endpoint", "bad/smol"])?;
+    let job = run(&["--endpoint", "bad/smol"]).await??;
     let v = &job["verdict"];
     ensure!(job["state"] == "succeeded", "{job:#}");
     ensure!(
@@ -161,15 +171,32 @@ fn tool_calls_corrupt_is_degraded_and_the_reference_equivalent() -> Result<()> {
         sa < sa_base,
         "schema accuracy {sa} not below the reference's {sa_base}"
     );
+    // its alert's opening was delivered to the webhook before `evals run` exited
+    let body = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .context("no alert webhook")?
+        .context("receiver stopped")?;
+    let event: Value = serde_json::from_str(&body)?;
+    ensure!(
+        event["event"] == "opened"
+            && event["alert"]["kind"] == "eval_degraded"
+            && event["alert"]["endpoint"] == "bad/smol",
+        "{event:#}"
+    );
 
     // the twin: the reference's own endpoint (δ = 10 points: 32 items cannot show ±5)
-    let job = evals_run(&cfg, &["--endpoint", "good/smol", "--delta", "0.10"])?;
+    let job = run(&["--endpoint", "good/smol", "--delta", "0.10"]).await??;
     let v = &job["verdict"];
     ensure!(
         v["verdict"] == "equivalent",
         "reference not equivalent: {v:#}"
     );
     ensure!(v["paired"]["suspect_only"] == 0 && v["paired"]["baseline_only"] == 0);
+    ensure!(
+        rx.try_recv().is_err(),
+        "an equivalent verdict raised an alert"
+    );
+    hooks.abort();
     Ok(())
 }
 
