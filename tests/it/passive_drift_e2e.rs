@@ -335,6 +335,14 @@ async fn without_a_reference_the_passive_sweep_still_flags_from_traffic() -> Res
         "{job:?}"
     );
     ensure!(gw.stop()?.success(), "the gateway did not exit cleanly");
+    // `probes run --once` without a reference: no run, one sweep, the open alerts of every
+    // configured endpoint (b's passive alert among them)
+    let once = run_ok(&["probes", "run", "--once", "--config", cfg_s], dir.path())?;
+    ensure!(
+        once.contains("1 round(s): 0 run(s) stored")
+            && once.lines().any(|l| l.contains(" b/m passive: ")),
+        "{once}"
+    );
     a.shutdown().await;
     b.shutdown().await;
     Ok(())
