@@ -119,17 +119,17 @@ fn holding_job<'a>(answering: &'a [EvalJob], endpoint_jobs: &[EvalJob]) -> Optio
         .find(|j| is_degraded(j) && still_degraded(endpoint_jobs, j))
 }
 
-/// The active alerts that hold `d`, an `eval_degraded` alert (what the watcher confirms it
-/// for): those of its model and endpoint with a job answering them (per `cooldown`, as
-/// [`jobs_answering`]) whose degraded verdict no later one ended. Empty for an alert of
-/// another kind, a resolved one, or one nothing holds (it is resolved after its quiet period).
+/// The active alerts that hold `d`, an active `eval_degraded` alert (what the watcher confirms
+/// it for): those of its model and endpoint with a job answering them (per `cooldown`, as
+/// [`jobs_answering`]) whose degraded verdict no later one ended; empty when nothing holds it
+/// (it is resolved after its quiet period). None for an alert of another kind or a resolved one.
 pub async fn holders(
     store: &Store,
     d: &Alert,
     cooldown: Duration,
-) -> Result<Vec<Alert>, StoreError> {
+) -> Result<Option<Vec<Alert>>, StoreError> {
     if d.kind != KIND_EVAL_DEGRADED || d.state == AlertState::Resolved {
-        return Ok(Vec::new());
+        return Ok(None);
     }
     let q = AlertQuery {
         state: None,
@@ -150,7 +150,7 @@ pub async fn holders(
             out.push(a);
         }
     }
-    Ok(out)
+    Ok(Some(out))
 }
 
 fn is_degraded(job: &EvalJob) -> bool {
@@ -411,6 +411,13 @@ mod tests {
             .collect())
     }
 
+    /// The holders of verdict alert `d` (an error for any other).
+    async fn held_by(store: &Store, d: &Alert, cooldown: Duration) -> Result<Vec<Alert>> {
+        holders(store, d, cooldown)
+            .await?
+            .context("not an active verdict alert")
+    }
+
     fn ids(alerts: &[Alert]) -> Vec<i64> {
         alerts.iter().map(|a| a.id).collect()
     }
@@ -459,9 +466,9 @@ mod tests {
         let before = now_ms();
         ensure!(opened(&w).await?.is_empty());
         ensure!(last_seen(store, d.id).await? >= before, "not held");
-        ensure!(ids(&holders(store, &d, Duration::ZERO).await?) == [a.id]);
+        ensure!(ids(&held_by(store, &d, Duration::ZERO).await?) == [a.id]);
         ensure!(
-            holders(store, &a, Duration::ZERO).await?.is_empty(),
+            holders(store, &a, Duration::ZERO).await?.is_none(),
             "not a verdict's alert"
         );
         let swept = store.resolve_quiet_alerts(now_ms() - HOUR_MS).await?;
@@ -474,7 +481,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(5)).await;
         ensure!(opened(&w).await?.is_empty());
         ensure!(last_seen(store, d.id).await? == seen, "held after a pass");
-        let held = holders(store, &d, Duration::ZERO).await?;
+        let held = held_by(store, &d, Duration::ZERO).await?;
         ensure!(held.is_empty(), "held after a pass by {:?}", ids(&held));
 
         // another alert on the endpoint, raised after every job there: its own job; once
@@ -561,7 +568,7 @@ mod tests {
             last_seen(store, d.id).await? >= before,
             "the second alert does not hold it"
         );
-        ensure!(ids(&holders(store, &d, cooldown).await?) == [second.id]);
+        ensure!(ids(&held_by(store, &d, cooldown).await?) == [second.id]);
 
         // a third alert raised well after that job (more than the cooldown) runs its own
         store.resolve_alert(second.id).await?;

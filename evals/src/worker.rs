@@ -10,8 +10,9 @@
 //! to the alert that opened the job and POSTs it to the webhooks; a "degraded" verdict also
 //! raises an `eval_degraded` alert on the endpoint, which routing honours (`on_drift`; the
 //! alert watcher holds it while an alert the job answers stays active), through the
-//! [`RaiseAlert`] the binary gives (the alerting that tells the alert webhooks of an opening). A worker that
-//! loses its lease stops at once; a cancelled worker stops and leaves its lease to expire.
+//! [`RaiseAlert`] the binary gives (the alerting that tells the alert webhooks of an
+//! opening). A worker that loses its lease stops at once; a cancelled worker stops and leaves
+//! its lease to expire.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

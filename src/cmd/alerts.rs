@@ -155,14 +155,8 @@ async fn alerts(
                 .await?
                 .with_context(|| format!("no alert with id {id}"))?;
             let jobs = samewise_evals::jobs_answering(store, &a, cooldown).await?;
-            // a verdict's alert: the active alerts that keep it from going quiet
-            let verdict_alert =
-                a.kind == samewise_evals::KIND_EVAL_DEGRADED && a.state != AlertState::Resolved;
-            let held_by: Vec<(i64, String)> = samewise_evals::holders(store, &a, cooldown)
-                .await?
-                .into_iter()
-                .map(|h| (h.id, h.kind))
-                .collect();
+            // an active verdict's alert: the active alerts that keep it from going quiet
+            let held_by = samewise_evals::holders(store, &a, cooldown).await?;
             let evals: Vec<serde_json::Value> = jobs
                 .iter()
                 .map(|j| {
@@ -179,8 +173,8 @@ async fn alerts(
             if json {
                 let mut v = a.to_json();
                 v["eval_jobs"] = serde_json::Value::Array(evals);
-                if verdict_alert {
-                    v["held_by"] = held_by.iter().map(|(id, _)| *id).collect();
+                if let Some(held_by) = &held_by {
+                    v["held_by"] = held_by.iter().map(|h| h.id).collect();
                 }
                 outln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -203,10 +197,10 @@ async fn alerts(
                 }
                 outln!("summary: {}", a.summary);
                 outln!("evidence: {}", a.evidence);
-                if verdict_alert {
+                if let Some(held_by) = &held_by {
                     let list: Vec<String> = held_by
                         .iter()
-                        .map(|(id, kind)| format!("alert {id} ({kind})"))
+                        .map(|h| format!("alert {} ({})", h.id, h.kind))
                         .collect();
                     if list.is_empty() {
                         outln!(

@@ -3,7 +3,7 @@
 //! A "degraded" verdict also answers "still works?" (see `view::row`). And one alert's
 //! detail: the jobs that answer it and, for a verdict's alert, the alerts that hold it.
 
-use samewise_store::{AlertState, EvalJob};
+use samewise_store::EvalJob;
 use serde::Serialize;
 
 use super::AlertView;
@@ -139,21 +139,17 @@ pub async fn alert_detail(d: &Dashboards, id: i64) -> Result<AlertDetail, DashEr
         .as_ref()
         .map_or(samewise_evals::DEFAULT_COOLDOWN, |o| o.config().cooldown);
     let answering = samewise_evals::jobs_answering(store, &a, cooldown).await?;
-    let held_by = if a.kind == samewise_evals::KIND_EVAL_DEGRADED && a.state != AlertState::Resolved
-    {
-        let holders = samewise_evals::holders(store, &a, cooldown).await?;
-        Some(
+    let held_by = samewise_evals::holders(store, &a, cooldown)
+        .await?
+        .map(|holders| {
             holders
                 .into_iter()
                 .map(|h| Holder {
                     id: h.id,
                     kind: h.kind,
                 })
-                .collect(),
-        )
-    } else {
-        None
-    };
+                .collect()
+        });
     Ok(AlertDetail {
         alert: AlertView::of(&a),
         eval_jobs: answering.iter().map(EvalView::of).collect(),
