@@ -3,10 +3,11 @@
 //! agree. Nothing here renders; everything here is `Serialize`.
 //!
 //! Verdicts per endpoint:
-//! - changed? — "yes" while a `changed` alert is active, "no" when logprob probes ran in the
-//!   range without one, else "unknown";
+//! - changed? — "yes" while a `changed` alert is active, "no" when logprob or fingerprint
+//!   probes ran in the range without one, else "unknown";
 //! - faithful? — "no" while an `unfaithful` alert is active (its evidence carries the
-//!   ladder's "≈ N-bit"), "yes" when logprob probes ran without one, else "unknown";
+//!   ladder's "≈ N-bit"), "yes" when logprob probes ran without one, else "unknown" (saying so
+//!   where only fingerprint probes, which never compare with the weights, ran);
 //! - still works? — "no" when the newest probe run failed or at least half of the range's
 //!   attempts (10 or more) erred, "yes" when either shows it working, else "unknown".
 
@@ -22,8 +23,11 @@ use crate::{Band, DashError, Dashboards, Routing};
 
 /// Logprob probe kinds, whose `kl_mean` the sparkline and the ladder bands show.
 pub const LOGPROB_KINDS: [&str; 2] = ["prompt_logprobs", "completion_logprobs"];
+/// The probe kind that compares an endpoint with its own past only (changed? without a
+/// reference).
+pub const FINGERPRINT_KIND: &str = "fingerprint";
 /// The probe statistics charted on the endpoint page, when present in a run's stats.
-pub const CHARTED_STATS: [&str; 7] = [
+pub const CHARTED_STATS: [&str; 9] = [
     "kl_mean",
     "kl_p99",
     "top1_same",
@@ -31,6 +35,8 @@ pub const CHARTED_STATS: [&str; 7] = [
     "p_value",
     "trigger_f1",
     "mismatch_rate",
+    "own_logprob_mean",
+    "own_top1_logprob_mean",
 ];
 /// Most probe runs read for one chart.
 const MAX_RUNS: u32 = 5_000;
@@ -413,15 +419,23 @@ fn row(
         .filter(|r| LOGPROB_KINDS.contains(&r.kind.as_str()))
         .filter_map(|r| point(r, "kl_mean"))
         .collect();
-    let logprob_runs_in_range = runs.iter().any(|r| {
-        r.ok && r.started_ms >= range.since_ms && LOGPROB_KINDS.contains(&r.kind.as_str())
-    });
+    let ran_in_range = |kinds: &[&str]| {
+        runs.iter()
+            .any(|r| r.ok && r.started_ms >= range.since_ms && kinds.contains(&r.kind.as_str()))
+    };
+    let logprob_runs_in_range = ran_in_range(&LOGPROB_KINDS);
+    let fingerprints_in_range = ran_in_range(&[FINGERPRINT_KIND]);
     let find = |kind: &str| alerts.iter().find(|a| a.kind == kind).copied();
     let changed = match find("changed") {
         Some(a) => alert_verdict("yes", "bad", a),
         None if logprob_runs_in_range => {
             plain("no", "good", "logprob probes ran with no change alarm")
         }
+        None if fingerprints_in_range => plain(
+            "no",
+            "good",
+            "fingerprint probes (the endpoint's own logprobs) ran with no change alarm",
+        ),
         None => plain("unknown", "unknown", "no logprob probe runs in the range"),
     };
     let unfaithful = find("unfaithful");
@@ -441,6 +455,11 @@ fn row(
                 ),
             }
         }
+        None if fingerprints_in_range => plain(
+            "unknown",
+            "unknown",
+            "only fingerprint probes ran: they compare the endpoint with its own past, not with the weights",
+        ),
         None => plain("unknown", "unknown", "no logprob probe runs in the range"),
     };
     let errors = Rate::of(t.errors, t.requests);

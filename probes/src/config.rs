@@ -2,8 +2,9 @@
 //! keeps: the top-level `[probes]` table (reference backend, ladder, scheduler settings) and
 //! each model's `[models.NAME.probes]` table (kinds, schedule, budgets, prompt sets).
 //!
-//! Without `[probes.reference]` no model may have a `probes` table: the scheduler then runs
-//! only its sweeps (the passive detectors over live traffic, which need no weights, and the
+//! Without `[probes.reference]` a model's `probes` table may list only the kinds that need no
+//! weights (`fingerprint`, [`ProbeKind::needs_reference`]); beside them the scheduler runs its
+//! sweeps (the passive detectors over live traffic, which need no weights either, and the
 //! alerts' quiet sweep), with `[probes.detectors]`, `[probes.alerts]` and the webhooks.
 //!
 //! Every table is read with `deny_unknown_fields`; an error names the key at fault
@@ -27,7 +28,7 @@
 //! # external: url, flavour = "vllm" | "sglang", model_name, tokenizer = PATH
 //!
 //! [models.smol.probes]
-//! kinds = ["prompt_logprobs", "completion_logprobs"]
+//! kinds = ["prompt_logprobs", "completion_logprobs"]   # | "samples" | "tool_calls" | "long_context" | "fingerprint"
 //! interval_ms = 300000
 //! intervals_ms = { long_context = 1800000 }  # a kind's own interval (costly kinds less often)
 //! jitter = 0.1                          # ± share of the interval, seeded
@@ -68,16 +69,20 @@ pub enum ProbeKind {
     ToolCalls,
     /// Needle retrieval at doubling lengths, by likelihood; the effective context.
     LongContext,
+    /// The endpoint's own echo logprobs on fixed texts, charted against its own first runs
+    /// (changed? without the weights).
+    Fingerprint,
 }
 
 impl ProbeKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [ProbeKind; 5] = [
+    pub const ALL: [ProbeKind; 6] = [
         ProbeKind::PromptLogprobs,
         ProbeKind::CompletionLogprobs,
         ProbeKind::Samples,
         ProbeKind::ToolCalls,
         ProbeKind::LongContext,
+        ProbeKind::Fingerprint,
     ];
 
     /// The name stored in `ProbeRun::kind`.
@@ -88,7 +93,14 @@ impl ProbeKind {
             ProbeKind::Samples => "samples",
             ProbeKind::ToolCalls => "tool_calls",
             ProbeKind::LongContext => "long_context",
+            ProbeKind::Fingerprint => "fingerprint",
         }
+    }
+
+    /// Whether the kind compares the endpoint with the reference (every kind but
+    /// `fingerprint`, which compares it only with its own past).
+    pub fn needs_reference(self) -> bool {
+        self != ProbeKind::Fingerprint
     }
 }
 
@@ -281,12 +293,28 @@ fn cfg_err(key: &str, msg: impl std::fmt::Display) -> ProbesError {
     ProbesError::Config(format!("{key}: {msg}"))
 }
 
-/// Model `model` has probes but `[probes]` names no reference backend.
-pub(crate) fn missing_reference(model: &str) -> ProbesError {
+/// Model `model` has a probe kind that needs the weights (`kind`) but `[probes]` names no
+/// reference backend.
+pub(crate) fn missing_reference(model: &str, kind: ProbeKind) -> ProbesError {
     cfg_err(
         "probes.reference",
-        format!("missing (the reference backend the probes of models.{model} score against)"),
+        format!(
+            "missing (the reference backend the {} probes of models.{model} score against; without one only \"fingerprint\" probes run)",
+            kind.name()
+        ),
     )
+}
+
+/// The first model and kind of `models` that needs a reference backend, if any.
+pub(crate) fn first_needing_reference<'a>(
+    models: impl IntoIterator<Item = (&'a String, &'a ModelProbes)>,
+) -> Option<(&'a str, ProbeKind)> {
+    models.into_iter().find_map(|(name, m)| {
+        m.kinds
+            .iter()
+            .find(|k| k.needs_reference())
+            .map(|&k| (name.as_str(), k))
+    })
 }
 
 /// serde's message already names the unknown or mistyped field; prefix the table.
@@ -299,16 +327,7 @@ impl ProbesConfig {
     /// name to its raw `probes` table (models without one are not probed).
     pub fn parse(probes: &toml::Table, models: &BTreeMap<String, toml::Table>) -> Result<Self> {
         let raw: RawProbes = from_table(probes, "probes")?;
-        let reference = match &raw.reference {
-            None => {
-                // passive detectors and alerts only: no probe kind runs without the weights
-                if let Some(model) = models.keys().next() {
-                    return Err(missing_reference(model));
-                }
-                None
-            }
-            Some(t) => Some(parse_reference(t)?),
-        };
+        let reference = raw.reference.as_ref().map(parse_reference).transpose()?;
         let noise_pair_every = raw.noise_pair_every.unwrap_or(10);
         if noise_pair_every == 0 {
             return Err(cfg_err("probes.noise_pair_every", "must be at least 1"));
@@ -331,6 +350,12 @@ impl ProbesConfig {
         let mut parsed = BTreeMap::new();
         for (name, table) in models {
             parsed.insert(name.clone(), parse_model(name, table)?);
+        }
+        // without the weights only the kinds that compare an endpoint with its own past run
+        if reference.is_none()
+            && let Some((model, kind)) = first_needing_reference(&parsed)
+        {
+            return Err(missing_reference(model, kind));
         }
         let mut detectors = raw.detectors.unwrap_or_default();
         if let Some(w) = raw.webhooks {

@@ -33,7 +33,10 @@
 //!   ([`changed_chart_config`], `crate::sequential`), which keeps the in-control false-alarm
 //!   rate at the documented `1/cusum_arl0` per chart (without it the probe benchmark
 //!   measured four times that). `cusum_arl0` is per chart: with the three default charts
-//!   of a logprob probe, an endpoint's in-control ARL is about a third of it.
+//!   of a logprob probe, an endpoint's in-control ARL is about a third of it. The same
+//!   charts follow a fingerprint probe's statistics (the endpoint's own echo logprobs on
+//!   fixed texts, no reference: `own_logprob_mean`, `own_top1_logprob_mean`, `own_tokens`),
+//!   with σ at least `fingerprint_min_sd`; faithful? never judges those runs.
 //! - **passive** ([`Detectors::sweep`]): per model, each endpoint's request records of the
 //!   last `passive_window_ms` against the other endpoints': error rate, tool-call error rate
 //!   and repetition-cut rate (two-proportion z, flagged only when the endpoint is worse),
@@ -62,7 +65,9 @@
 //! cusum_baseline_rounds = 30
 //! cusum_min_sd = 1e-6
 //! cusum_baseline_correction = true  # h raised so the estimated baseline keeps cusum_arl0
-//! cusum_statistics = ["kl_mean", "top1_same", "dlogprob_mean", "mmd", "trigger_f1", "effective_context"]
+//! cusum_statistics = ["kl_mean", "top1_same", "dlogprob_mean", "mmd", "trigger_f1", "effective_context",
+//!                     "own_logprob_mean", "own_top1_logprob_mean", "own_tokens"]
+//! fingerprint_min_sd = 1e-3     # least σ of a fingerprint chart (nats per token; tokens)
 //! history_runs = 500
 //! passive_q = 0.01              # Benjamini–Hochberg false-discovery rate
 //! passive_window_ms = 3600000

@@ -50,7 +50,8 @@ pub fn now_ms() -> i64 {
 pub struct Scheduler {
     cfg: Arc<ProbesConfig>,
     store: Store,
-    /// None only when no model is probed (passive detectors and alerts only).
+    /// None only when no probed model has a kind that needs one (fingerprint probes, the
+    /// passive detectors and alerts only).
     reference: Option<Arc<dyn Reference>>,
     detectors: Option<Arc<Detectors>>,
     targets: Vec<Target>,
@@ -85,8 +86,9 @@ pub enum RoundResult {
 
 impl Scheduler {
     /// A scheduler over `targets` (the endpoints of the models that have probes; endpoints of
-    /// other models are ignored). Loads every model's prompt sets. Without a `reference` no
-    /// model may have probes: the scheduler only sweeps (passive detectors, quiet alerts).
+    /// other models are ignored). Loads every model's prompt sets. Without a `reference` only
+    /// fingerprint probes run ([`ProbeKind::needs_reference`]) beside the sweeps (passive
+    /// detectors, quiet alerts).
     pub fn new(
         cfg: Arc<ProbesConfig>,
         store: Store,
@@ -106,9 +108,9 @@ impl Scheduler {
             .filter(|t| cfg.models.contains_key(&t.model))
             .collect();
         if reference.is_none()
-            && let Some(model) = cfg.models.keys().next()
+            && let Some((model, kind)) = crate::config::first_needing_reference(&cfg.models)
         {
-            return Err(crate::config::missing_reference(model));
+            return Err(crate::config::missing_reference(model, kind));
         }
         let reference = reference.map(|r| -> Arc<dyn Reference> {
             match cfg.reference_cache_positions {
@@ -165,11 +167,11 @@ impl Scheduler {
             return Ok(RoundResult::OverBudget { spent });
         }
         let seed = self.cfg.seed ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (kind as u64);
+        if kind.needs_reference() && self.reference.is_none() {
+            return Err(crate::config::missing_reference(&target.model, kind));
+        }
         let ctx = ProbeCtx {
-            reference: self
-                .reference
-                .as_deref()
-                .ok_or_else(|| crate::config::missing_reference(&target.model))?,
+            reference: self.reference.as_deref(),
             cfg: mcfg,
             sets,
             http: &self.http,

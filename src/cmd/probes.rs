@@ -71,7 +71,8 @@ pub fn probes_config(config: &Config) -> anyhow::Result<Option<ProbesConfig>> {
 pub fn reference_label(p: &ProbesConfig) -> String {
     use samewise_probes::ReferenceConfig;
     match &p.reference {
-        None => "none (passive detectors and alerts only)".to_owned(),
+        None if p.models.is_empty() => "none (passive detectors and alerts only)".to_owned(),
+        None => "none (fingerprint probes, passive detectors and alerts)".to_owned(),
         Some(ReferenceConfig::InProcess { model, .. }) => {
             format!("in-process ({})", model.display())
         }

@@ -199,7 +199,7 @@ fn config_check_accepts_the_example_and_names_bad_keys_with_lines() -> Result<()
     assert!(
         out.status.success()
             && stdout
-                .contains("probes: 0 model(s), reference none (passive detectors and alerts only)")
+                .contains("probes: 1 model(s), reference none (fingerprint probes, passive detectors and alerts)")
             && stdout.contains("evals: 1 worker(s), reference none"),
         "{stdout} {}",
         String::from_utf8_lossy(&out.stderr)

@@ -228,7 +228,7 @@ fn config_check_validates_the_probes_tables() -> Result<()> {
         ),
         (
             unreferenced,
-            "probes.reference: missing (the reference backend the probes of models.smol score against)",
+            "probes.reference: missing (the reference backend the prompt_logprobs probes of models.smol score against",
         ),
         (
             good.replace("items_per_round = 1", "items_per_round = 1\ncadence = 3"),

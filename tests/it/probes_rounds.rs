@@ -4,7 +4,8 @@
 //!   8-bit-activation one, unfaithful or changed;
 //! - an endpoint whose engine is replaced mid-run (same address) by one serving 4-bit weights
 //!   raises a "changed" alert from the scheduler inside `samewise serve`, against a baseline
-//!   of its own runs from before the switch.
+//!   of its own runs from before the switch; and so it does without the reference, from
+//!   fingerprint probes alone.
 //!
 //! The test model is `$SAMEWISE_MODEL` if set, else
 //! `~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf`; a missing model fails.
@@ -123,27 +124,33 @@ async fn thirty_two_rounds_never_flag_the_unmodified_or_the_8bit_activation_endp
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_endpoint_switched_to_4bit_weights_mid_run_raises_changed() -> Result<()> {
-    const BASELINE: usize = 5;
-    let dir = tempfile::tempdir()?;
-    let (e_ref, url) = engine("reference", dir.path())?;
-    let listen = url
-        .strip_prefix("http://")
-        .context("engine URL")?
-        .to_owned();
-    let data = dir.path().join("data");
-    let cfg = dir.path().join("samewise.toml");
-    let text = ladder_config(&data, &[("ep", &url)], "interval_ms = 300\njitter = 0.0")?.replace(
-        "[probes.detectors]\n",
-        &format!("[probes.detectors]\ncusum_baseline_rounds = {BASELINE}\n"),
-    );
+/// Cut from the baseline rounds, the alarm, and what came before and after it.
+struct Switched {
+    /// The "changed" alert the switch raised.
+    alert: samewise_store::Alert,
+    /// Every alert stored by the time the gateway stopped.
+    alerts: Vec<samewise_store::Alert>,
+    /// The newest working run before the switch.
+    last_before: i64,
+    /// Every stored run.
+    runs: Vec<ProbeRun>,
+}
+
+/// `samewise serve` with `text` (a gateway config whose one endpoint, `ep`, is the
+/// unmodified engine at `listen`) until its probes have run `BASELINE + 3` working rounds,
+/// then the engine is replaced at the same address by one serving 4-bit weights, and the
+/// gateway runs until a "changed" alert is stored.
+async fn switch_to_4bit(
+    dir: &Path,
+    listen: &str,
+    e_ref: common::Proc,
+    text: &str,
+) -> Result<Switched> {
+    let data = dir.join("data");
+    let cfg = dir.join("samewise.toml");
     std::fs::write(&cfg, text)?;
     let cfg = cfg.to_str().context("path")?.to_owned();
-    let (gw, _) = spawn_listening(
-        &["serve", "--config", &cfg, "--listen", "127.0.0.1:0"],
-        dir.path(),
-    )?;
+    let (gw, _) = spawn_listening(&["serve", "--config", &cfg, "--listen", "127.0.0.1:0"], dir)?;
 
     // the baseline and a few monitored rounds of the unmodified engine: no alert
     let wait = |what: &'static str| (Instant::now() + Duration::from_secs(120), what);
@@ -171,8 +178,8 @@ async fn an_endpoint_switched_to_4bit_weights_mid_run_raises_changed() -> Result
         .context("no run")?;
 
     // the provider swaps in 4-bit weights behind the same address
-    let (e_w4, url_w4) = engine_on("w4", &listen, dir.path())?;
-    ensure!(url_w4 == url, "{url_w4} != {url}");
+    let (e_w4, url_w4) = engine_on("w4", listen, dir)?;
+    ensure!(url_w4 == format!("http://{listen}"), "{url_w4} != {listen}");
     let (deadline, what) = wait("a changed alert after the switch");
     let alert = loop {
         if let Some(a) = alerts(&data)
@@ -187,42 +194,139 @@ async fn an_endpoint_switched_to_4bit_weights_mid_run_raises_changed() -> Result
     };
     ensure!(gw.stop()?.success(), "serve did not exit cleanly");
     e_w4.stop()?;
-
     ensure!(alert.endpoint == "ep/smol", "{alert:?}");
-    let ev = &alert.evidence;
-    let run_id = ev["probe_runs"][0].as_i64().context("probe run id")?;
+    let run_id = alert.evidence["probe_runs"][0]
+        .as_i64()
+        .context("probe run id")?;
     ensure!(
         run_id > last_before,
         "alarm on run #{run_id}, before the switch"
     );
-    let kl = ev["alarms"]
+    Ok(Switched {
+        alert,
+        alerts: alerts(&data).await?,
+        last_before,
+        runs: runs(&data).await?,
+    })
+}
+
+/// The alarm of `statistic` in a changed alert's evidence; checks that its baseline is the
+/// unmodified engine's runs and that it came on the first or second working run after the
+/// switch.
+fn alarm_of<'a>(s: &'a Switched, statistic: &str) -> Result<&'a serde_json::Value> {
+    let ev = &s.alert.evidence;
+    let alarm = ev["alarms"]
         .as_array()
         .context("alarms")?
         .iter()
-        .find(|a| a["statistic"] == "kl_mean")
-        .with_context(|| format!("no kl_mean alarm: {ev}"))?;
-    ensure!(kl["shift"] == "up" && kl["baseline_mean"] == 0.0, "{kl}");
-    let baseline: Vec<i64> = kl["baseline_runs"]
+        .find(|a| a["statistic"] == statistic)
+        .with_context(|| format!("no {statistic} alarm: {ev}"))?;
+    let baseline: Vec<i64> = alarm["baseline_runs"]
         .as_array()
         .context("baseline_runs")?
         .iter()
         .filter_map(serde_json::Value::as_i64)
         .collect();
     ensure!(
-        baseline.len() == BASELINE && baseline.iter().all(|&id| id <= last_before),
-        "the baseline must be the unmodified engine's runs: {baseline:?} (last before #{last_before})"
+        baseline.len() == BASELINE && baseline.iter().all(|&id| id <= s.last_before),
+        "the baseline must be the unmodified engine's runs: {baseline:?} (last before #{})",
+        s.last_before
     );
-    // raised by the first or second working run after the switch
-    let all = runs(&data).await?;
-    let after = rounds_of(&all, "ep/smol")
+    let run_id = ev["probe_runs"][0].as_i64().context("probe run id")?;
+    let after = rounds_of(&s.runs, "ep/smol")
         .into_iter()
-        .filter(|r| r.ok && r.id > last_before && r.id <= run_id)
+        .filter(|r| r.ok && r.id > s.last_before && r.id <= run_id)
         .count();
     ensure!(
         (1..=2).contains(&after),
         "{after} runs after the switch until the alarm"
     );
-    let switched = all.iter().find(|r| r.id == run_id).context("alarm run")?;
+    Ok(alarm)
+}
+
+/// Rounds of the unmodified engine in the changed? baseline of the switch tests.
+const BASELINE: usize = 5;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_switched_to_4bit_weights_mid_run_raises_changed() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (e_ref, url) = engine("reference", dir.path())?;
+    let listen = url.strip_prefix("http://").context("engine URL")?;
+    let text = ladder_config(
+        &dir.path().join("data"),
+        &[("ep", &url)],
+        "interval_ms = 300\njitter = 0.0",
+    )?
+    .replace(
+        "[probes.detectors]\n",
+        &format!("[probes.detectors]\ncusum_baseline_rounds = {BASELINE}\n"),
+    );
+    let s = switch_to_4bit(dir.path(), listen, e_ref, &text).await?;
+    let kl = alarm_of(&s, "kl_mean")?;
+    ensure!(kl["shift"] == "up" && kl["baseline_mean"] == 0.0, "{kl}");
+    let run_id = s.alert.evidence["probe_runs"][0].as_i64().context("run")?;
+    let switched = s
+        .runs
+        .iter()
+        .find(|r| r.id == run_id)
+        .context("alarm run")?;
     ensure!(stat(switched, "kl_mean")? > 0.01, "{}", switched.stats);
+    Ok(())
+}
+
+/// The same switch seen without the weights: a gateway with no `[probes.reference]` whose
+/// only probe is the fingerprint (the endpoint's own echo logprobs on fixed texts) raises
+/// "changed" from the endpoint's own first rounds, and never "unfaithful".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_weights_a_switch_to_4bit_weights_raises_changed_from_fingerprints()
+-> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (e_ref, url) = engine("reference", dir.path())?;
+    let listen = url.strip_prefix("http://").context("engine URL")?;
+    let text = config(
+        &dir.path().join("data"),
+        &[("ep", &url)],
+        "interval_ms = 300\njitter = 0.0",
+    )?;
+    // no reference backend: cut its table, and probe fingerprints only
+    let (head, rest) = text
+        .split_once("[probes.reference]")
+        .context("no reference")?;
+    let rest = &rest[rest.find("[probes.detectors]").context("no detectors")?..];
+    let text = format!("{head}{rest}")
+        .replace("kinds = [\"prompt_logprobs\"]", "kinds = [\"fingerprint\"]")
+        .replace(
+            "[probes.detectors]\n",
+            &format!("[probes.detectors]\ncusum_baseline_rounds = {BASELINE}\n"),
+        );
+    ensure!(!text.contains("in_process"), "{text}");
+    let s = switch_to_4bit(dir.path(), listen, e_ref, &text).await?;
+    let own = alarm_of(&s, "own_logprob_mean")?;
+    ensure!(
+        own["baseline_sd"].as_f64() == Some(1e-3),
+        "the unmodified engine echoes the same logprobs every round: {own}"
+    );
+    let (value, base) = (
+        own["value"].as_f64().context("value")?,
+        own["baseline_mean"].as_f64().context("baseline_mean")?,
+    );
+    ensure!(
+        (value - base).abs() > 5e-3,
+        "4-bit weights moved the mean logprob by only {}",
+        value - base
+    );
+    eprintln!(
+        "fingerprint own_logprob_mean: unmodified {base:.5}, 4-bit {value:.5} (Δ {:+.5} nats/token)",
+        value - base
+    );
+    ensure!(
+        s.runs.iter().all(|r| r.kind == "fingerprint"),
+        "only fingerprint probes run without a reference"
+    );
+    ensure!(
+        s.alerts.iter().all(|a| a.kind == "changed"),
+        "{:#?}",
+        s.alerts
+    );
     Ok(())
 }

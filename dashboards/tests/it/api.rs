@@ -136,6 +136,58 @@ async fn overview_matches_the_store_postgres() -> Result<()> {
     overview_matches_the_store(Backend::Postgres).await
 }
 
+/// An endpoint watched only by fingerprint probes (no reference): changed? is answered from
+/// them, faithful? stays unknown and says why, and the endpoint's own mean logprob is charted.
+#[tokio::test]
+async fn fingerprint_runs_answer_changed_but_not_faithful() -> Result<()> {
+    let s = Server::start().await?;
+    let now = samewise_store::now_ms();
+    for i in 0..3 {
+        s.db.store
+            .insert_probe_run(&samewise_store::ProbeRun {
+                model: "other".to_owned(),
+                endpoint: "x/o".to_owned(),
+                kind: "fingerprint".to_owned(),
+                started_ms: now - 1_800_000 + i * 600_000,
+                finished_ms: now - 1_800_000 + i * 600_000 + 500,
+                ok: true,
+                tokens: 80,
+                stats: serde_json::json!({ "own_logprob_mean": -2.5, "own_top1_logprob_mean": -1.25, "own_tokens": 40 }),
+                ..samewise_store::ProbeRun::default()
+            })
+            .await?;
+    }
+    let o = s.json("/api/v1/overview?range=24h").await?;
+    let x = row(&o, "x/o")?;
+    ensure!(
+        x["changed"]["answer"] == "no"
+            && x["changed"]["why"]
+                .as_str()
+                .is_some_and(|w| w.starts_with("fingerprint probes")),
+        "{}",
+        x["changed"]
+    );
+    ensure!(
+        x["faithful"]["answer"] == "unknown"
+            && x["faithful"]["why"]
+                .as_str()
+                .is_some_and(|w| w.contains("not with the weights")),
+        "{}",
+        x["faithful"]
+    );
+    let ps = s
+        .json("/api/v1/probe-series?endpoint=x/o&range=24h")
+        .await?;
+    let own = ps["series"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|x| x["kind"] == "fingerprint" && x["stat"] == "own_logprob_mean")
+        .with_context(|| format!("no own_logprob_mean series: {ps}"))?;
+    ensure!(own["points"].as_array().map(Vec::len) == Some(3), "{own}");
+    s.stop().await
+}
+
 #[tokio::test]
 async fn series_and_probe_series() -> Result<()> {
     let s = Server::start().await?;

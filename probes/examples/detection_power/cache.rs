@@ -84,7 +84,7 @@ pub(crate) async fn probe_texts(
         ..env.sets.clone()
     };
     let ctx = ProbeCtx {
-        reference: env.reference,
+        reference: Some(env.reference),
         cfg: &cfg,
         sets: &sets,
         http: env.http,

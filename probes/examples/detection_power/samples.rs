@@ -249,7 +249,7 @@ pub(crate) async fn samples_real_rounds(
     let mut rounds = Vec::with_capacity(s.verify_c);
     for round in 0..s.verify_c {
         let ctx = ProbeCtx {
-            reference: env.reference,
+            reference: Some(env.reference),
             cfg: env.cfg,
             sets: env.sets,
             http: env.http,

@@ -192,7 +192,11 @@ fn errors_name_the_key() {
         ("[models.a.probes]\n", "probes"),
         (
             "[probes]\nsweep_interval_ms = 500\n[models.a.probes]\n",
-            "probes.reference: missing (the reference backend the probes of models.a score against)",
+            "probes.reference: missing (the reference backend the prompt_logprobs probes of models.a score against; without one only \"fingerprint\" probes run)",
+        ),
+        (
+            "[probes]\n[models.a.probes]\nkinds = [\"fingerprint\"]\n[models.b.probes]\nkinds = [\"fingerprint\", \"tool_calls\"]\n",
+            "the tool_calls probes of models.b score against",
         ),
     ];
     for (src, want) in cases {
@@ -203,8 +207,8 @@ fn errors_name_the_key() {
     }
 }
 
-/// `[probes]` without a reference: no model is probed; the sweep's settings, the detectors'
-/// and the alerts' tables are kept (the scheduler runs the passive and quiet sweeps only).
+/// `[probes]` without a reference: no model is probed but by fingerprint probes; the sweep's
+/// settings, the detectors' and the alerts' tables are kept.
 #[test]
 fn without_a_reference_only_the_sweeps_are_configured() {
     let c = parse(
@@ -219,6 +223,20 @@ fn without_a_reference_only_the_sweeps_are_configured() {
     // an empty [probes] is the passive detectors with every default
     let c = parse("[probes]\n").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((c.reference, c.models.len()), (None, 0));
+    // fingerprint probes compare an endpoint with its own past: they need no reference
+    let c = parse("[probes]\n[models.a.probes]\nkinds = [\"fingerprint\"]\nitems_per_round = 4\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.reference, None);
+    assert_eq!(c.models["a"].kinds, vec![ProbeKind::Fingerprint]);
+    assert_eq!(c.models["a"].items_per_round, 4);
+    assert!(!ProbeKind::Fingerprint.needs_reference());
+    assert!(
+        ProbeKind::ALL
+            .iter()
+            .filter(|k| k.needs_reference())
+            .count()
+            == 5
+    );
 }
 
 #[test]

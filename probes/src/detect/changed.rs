@@ -115,7 +115,10 @@ impl Detectors {
                     f.floor()
                 }
             });
-            let min_sd = floor.map_or(self.cfg.cusum.min_sd, |f| f.max(self.cfg.cusum.min_sd));
+            let mut min_sd = floor.map_or(self.cfg.cusum.min_sd, |f| f.max(self.cfg.cusum.min_sd));
+            if run.kind == crate::config::ProbeKind::Fingerprint.name() {
+                min_sd = min_sd.max(self.cfg.fingerprint_min_sd);
+            }
             let baseline = baselines.get(key).map_or(&[][..], Vec::as_slice);
             let after = baseline.last().map(|b| (b.started_ms, b.id));
             let (ids, values): (Vec<i64>, Vec<f64>) = baseline

@@ -36,6 +36,11 @@ pub struct DetectorConfig {
     pub cusum_baseline_correction: bool,
     /// Run statistics watched by the CUSUM (those a run lacks are skipped).
     pub cusum_statistics: Vec<String>,
+    /// The least standard deviation the charts of a fingerprint probe's statistics assume
+    /// (nats per token, and tokens for `own_tokens`): an endpoint whose baseline rounds
+    /// echoed the same logprobs every time (a baseline spread of 0) is not flagged later for
+    /// the rounding noise of batching; a shift must be a few times this to alarm.
+    pub fingerprint_min_sd: f64,
     /// Most runs per endpoint and kind read to rebuild a chart (after its fixed baseline) or
     /// a noise floor.
     pub history_runs: u32,
@@ -46,6 +51,9 @@ pub struct DetectorConfig {
     /// Endpoints with fewer records in the window are not tested.
     pub passive_min_requests: u64,
 }
+
+/// The default `fingerprint_min_sd` (nats per token).
+pub const FINGERPRINT_MIN_SD: f64 = 1e-3;
 
 impl Default for DetectorConfig {
     fn default() -> Self {
@@ -71,9 +79,13 @@ impl Default for DetectorConfig {
                 "mmd",
                 "trigger_f1",
                 "effective_context",
+                "own_logprob_mean",
+                "own_top1_logprob_mean",
+                "own_tokens",
             ]
             .map(str::to_owned)
             .to_vec(),
+            fingerprint_min_sd: FINGERPRINT_MIN_SD,
             history_runs: 500,
             passive_q: 0.01,
             passive_window: Duration::from_secs(3_600),
@@ -97,6 +109,7 @@ struct RawDetectors {
     cusum_min_sd: Option<f64>,
     cusum_baseline_correction: Option<bool>,
     cusum_statistics: Option<Vec<String>>,
+    fingerprint_min_sd: Option<f64>,
     history_runs: Option<u32>,
     passive_q: Option<f64>,
     passive_window_ms: Option<u64>,
@@ -179,6 +192,12 @@ impl DetectorConfig {
         }
         if let Some(s) = raw.cusum_statistics {
             c.cusum_statistics = s;
+        }
+        if let Some(sd) = raw.fingerprint_min_sd {
+            if !(sd > 0.0 && sd.is_finite()) {
+                return Err(cfg_err("fingerprint_min_sd", "must be positive"));
+            }
+            c.fingerprint_min_sd = sd;
         }
         if let Some(h) = raw.history_runs {
             if (h as usize) < c.cusum.baseline_rounds + 1 {

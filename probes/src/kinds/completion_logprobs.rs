@@ -12,15 +12,16 @@ use super::{
     positions, usage_tokens, window,
 };
 use crate::align::{AlignMethod, EndpointToken, align};
+use crate::reference::Reference;
 
 /// Runs one completion_logprobs probe.
-pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
+pub async fn run(ctx: &ProbeCtx<'_>, backend: &dyn Reference, target: &Target) -> Outcome {
     let prompts = window(
         &ctx.sets.completion_prompts,
         ctx.round,
         ctx.cfg.items_per_round,
     );
-    let vocab = ctx.reference.vocab();
+    let vocab = backend.vocab();
     let k = ctx.cfg.top_k as usize;
     let mut tokens = 0i64;
     let mut inputs = Vec::new();
@@ -56,7 +57,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
         if ep.is_empty() {
             continue;
         }
-        let prompt_ids = match ctx.reference.render_chat(&messages, None).await {
+        let prompt_ids = match backend.render_chat(&messages, None).await {
             Ok(ids) => ids,
             Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
         };
@@ -76,7 +77,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
         }
         let mut seq = prompt_ids.clone();
         seq.extend_from_slice(&alignment.reference_ids);
-        let scored = match ctx.reference.score(&seq, k).await {
+        let scored = match backend.score(&seq, k).await {
             Ok(s) => s,
             Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
         };

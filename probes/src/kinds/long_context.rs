@@ -26,7 +26,7 @@ use samewise_longctx::{TaskKind, context, score};
 use serde_json::{Map, Value, json};
 
 use super::{Outcome, ProbeCtx, Target, call, diagnose, usage_tokens};
-use crate::reference::SampleRequest;
+use crate::reference::{Reference, SampleRequest};
 
 /// The shortest length tried (tokens).
 pub const START_TOKENS: u32 = 256;
@@ -43,8 +43,8 @@ struct Side {
 }
 
 /// Runs one long_context probe.
-pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
-    let window = match ctx.reference.context_window() {
+pub async fn run(ctx: &ProbeCtx<'_>, backend: &dyn Reference, target: &Target) -> Outcome {
+    let window = match backend.context_window() {
         Some(w) => ctx
             .cfg
             .context_window
@@ -59,7 +59,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
         digits: 5,
         seed: ctx.seed,
     };
-    let groups = match build(ctx, &settings).await {
+    let groups = match build(ctx, backend, &settings).await {
         Ok(g) => g,
         Err(e) => return Outcome::failed(e, 0),
     };
@@ -86,7 +86,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
                 }
             }
         };
-        let reference = match reference_side(ctx, g, generation, margin).await {
+        let reference = match reference_side(backend, ctx.seed, g, generation, margin).await {
             Ok(s) => s,
             Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
         };
@@ -147,12 +147,15 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
 }
 
 /// The round's groups, sized with the reference tokenizer.
-async fn build(ctx: &ProbeCtx<'_>, settings: &Settings) -> Result<Vec<Group>, String> {
+async fn build(
+    ctx: &ProbeCtx<'_>,
+    backend: &dyn Reference,
+    settings: &Settings,
+) -> Result<Vec<Group>, String> {
     let draft = Draft::new(&ctx.sets.haystack, settings).map_err(|e| e.to_string())?;
     let mut counts = std::collections::HashMap::new();
     for t in draft.texts() {
-        let n = ctx
-            .reference
+        let n = backend
             .tokenize(&t, false)
             .await
             .map_err(|e| format!("reference failed: {e}"))?
@@ -229,24 +232,24 @@ async fn endpoint_side(
 
 /// The reference's answers to `g`: its own scores of the same texts (or greedy answers).
 async fn reference_side(
-    ctx: &ProbeCtx<'_>,
+    backend: &dyn Reference,
+    seed: u64,
     g: &Group,
     generation: bool,
     margin: f64,
 ) -> crate::Result<Side> {
-    let vocab = ctx.reference.vocab();
+    let vocab = backend.vocab();
     if generation {
         let mut passed = 0;
         for (p, q) in g.generation_prompts().iter().zip(&g.queries) {
-            let ids = ctx.reference.tokenize(p, true).await?;
-            let out = ctx
-                .reference
+            let ids = backend.tokenize(p, true).await?;
+            let out = backend
                 .sample(&SampleRequest {
                     prompt: ids,
                     n: 1,
                     max_tokens: g.generation_max_tokens() as usize,
                     temperature: 0.0,
-                    seed: ctx.seed,
+                    seed,
                 })
                 .await?;
             if out
@@ -268,10 +271,10 @@ async fn reference_side(
     let mut all_ids = Vec::with_capacity(g.candidates());
     for c in 0..g.candidates() {
         let (text, spans) = g.candidate_prompt(c);
-        all_ids.push(ctx.reference.tokenize(&text, true).await?);
+        all_ids.push(backend.tokenize(&text, true).await?);
         prompts.push((text, spans));
     }
-    let all_scored = ctx.reference.score_many(&all_ids, 0).await?;
+    let all_scored = backend.score_many(&all_ids, 0).await?;
     let mut scores = Vec::with_capacity(g.candidates());
     for (((text, spans), ids), scored) in prompts.iter().zip(&all_ids).zip(all_scored) {
         // byte offsets of the tokens in the text they decode to

@@ -1,5 +1,6 @@
 //! The probe kinds. Each takes one endpoint (called over HTTP exactly as the proxy calls it:
-//! the provider's `base_url`, its API key, the provider's model id), the reference, and the
+//! the provider's `base_url`, its API key, the provider's model id), the reference (but
+//! `fingerprint`), and the
 //! model's probe settings, and returns an [`Outcome`]: ok or the reason it could not run
 //! (an endpoint that refuses logprobs is a finding, not a crash), the probe tokens spent,
 //! aggregate statistics, and compact per-position data where there is any.
@@ -12,6 +13,8 @@
 //! - `tool_calls`: trigger F1 and schema accuracy against the reference's own answers.
 //! - `long_context`: multi-query needle retrieval at doubling lengths, scored by answer
 //!   likelihood on the endpoint and the reference; the effective context.
+//! - `fingerprint`: the endpoint's own echo logprobs on fixed texts, for changed? without a
+//!   reference (the one kind that needs none).
 //! - `diagnose`: fault signatures (shifted logprobs, prompt token counts) the logprob kinds
 //!   write into their statistics as `diagnosis`.
 //!
@@ -32,6 +35,7 @@ use crate::{ProbesError, Result};
 
 mod completion_logprobs;
 mod diagnose;
+mod fingerprint;
 mod long_context;
 mod prompt_logprobs;
 mod samples;
@@ -148,8 +152,9 @@ impl PromptSets {
 
 /// Everything a probe needs besides its target.
 pub struct ProbeCtx<'a> {
-    /// The reference backend.
-    pub reference: &'a dyn Reference,
+    /// The reference backend; None where none is configured (only the kinds that need none,
+    /// [`ProbeKind::needs_reference`], run then).
+    pub reference: Option<&'a dyn Reference>,
     /// The model's settings.
     pub cfg: &'a ModelProbes,
     /// The model's prompt sets.
@@ -222,12 +227,20 @@ pub(crate) fn insert_alignment_stats(
 
 /// Runs one probe of `kind` against `target`.
 pub async fn run(kind: ProbeKind, ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
-    match kind {
-        ProbeKind::PromptLogprobs => prompt_logprobs::run(ctx, target).await,
-        ProbeKind::CompletionLogprobs => completion_logprobs::run(ctx, target).await,
-        ProbeKind::Samples => samples::run(ctx, target).await,
-        ProbeKind::ToolCalls => tool_calls::run(ctx, target).await,
-        ProbeKind::LongContext => long_context::run(ctx, target).await,
+    match (kind, ctx.reference) {
+        (ProbeKind::Fingerprint, _) => fingerprint::run(ctx, target).await,
+        (_, None) => Outcome::failed(
+            format!(
+                "the {} probe needs a reference backend ([probes.reference])",
+                kind.name()
+            ),
+            0,
+        ),
+        (ProbeKind::PromptLogprobs, Some(r)) => prompt_logprobs::run(ctx, r, target).await,
+        (ProbeKind::CompletionLogprobs, Some(r)) => completion_logprobs::run(ctx, r, target).await,
+        (ProbeKind::Samples, Some(r)) => samples::run(ctx, r, target).await,
+        (ProbeKind::ToolCalls, Some(r)) => tool_calls::run(ctx, r, target).await,
+        (ProbeKind::LongContext, Some(r)) => long_context::run(ctx, r, target).await,
     }
 }
 

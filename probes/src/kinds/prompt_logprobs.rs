@@ -12,12 +12,12 @@ use super::{
     positions, usage_tokens, window,
 };
 use crate::align::{AlignMethod, EndpointToken, align_to_text};
-use crate::reference::norm;
+use crate::reference::{Reference, norm};
 
 /// Runs one prompt_logprobs probe.
-pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
+pub async fn run(ctx: &ProbeCtx<'_>, backend: &dyn Reference, target: &Target) -> Outcome {
     let texts = window(&ctx.sets.logprob_texts, ctx.round, ctx.cfg.items_per_round);
-    let vocab = ctx.reference.vocab();
+    let vocab = backend.vocab();
     let k = ctx.cfg.top_k as usize;
     let mut tokens = 0i64;
     let mut inputs = Vec::new();
@@ -30,19 +30,9 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     // the most alternatives any position carried, and how many positions carried any
     let (mut most_top, mut with_top) = (0usize, 0usize);
     for t in &texts {
-        let mut body = json!({"model": target.provider_model, "prompt": t.text, "echo": true, "logprobs": k, "max_tokens": 0, "temperature": 0.0});
-        let answer = match call(ctx, target, "/completions", &body).await {
+        let answer = match echo(ctx, target, &t.text, k).await {
             Ok(v) => v,
-            Err(e) if e.status == Some(400) || e.status == Some(422) => {
-                body["max_tokens"] = json!(1);
-                match call(ctx, target, "/completions", &body).await {
-                    Ok(v) => v,
-                    Err(e) => {
-                        return Outcome::failed(format!("echo logprobs refused: {e}"), tokens);
-                    }
-                }
-            }
-            Err(e) => return Outcome::failed(e.message, tokens),
+            Err(reason) => return Outcome::failed(reason, tokens),
         };
         tokens += usage_tokens(&answer);
         let Some(ep) = parse_echo(&answer, &t.text, k) else {
@@ -63,7 +53,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
         if alignment.method == AlignMethod::Retokenized {
             method = AlignMethod::Retokenized;
         }
-        let scored = match ctx.reference.score(&alignment.reference_ids, k).await {
+        let scored = match backend.score(&alignment.reference_ids, k).await {
             Ok(s) => s,
             Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
         };
@@ -107,12 +97,39 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     logprob_outcome(&inputs, tokens, extra)
 }
 
+/// The endpoint's answer to `text` sent to `/v1/completions` with `echo`, `logprobs: k`,
+/// `max_tokens: 0` and temperature 0; where the endpoint refuses 0 (400 or 422), once more
+/// with `max_tokens: 1` (`parse_echo` drops the generated token). Err: why the probe cannot
+/// run.
+pub(super) async fn echo(
+    ctx: &ProbeCtx<'_>,
+    target: &Target,
+    text: &str,
+    k: usize,
+) -> Result<Value, String> {
+    let mut body = json!({"model": target.provider_model, "prompt": text, "echo": true, "logprobs": k, "max_tokens": 0, "temperature": 0.0});
+    match call(ctx, target, "/completions", &body).await {
+        Ok(v) => Ok(v),
+        Err(e) if e.status == Some(400) || e.status == Some(422) => {
+            body["max_tokens"] = json!(1);
+            call(ctx, target, "/completions", &body)
+                .await
+                .map_err(|e| format!("echo logprobs refused: {e}"))
+        }
+        Err(e) => Err(e.message),
+    }
+}
+
 /// The echoed prompt positions of a legacy completions answer: (position, whether it has a
 /// logprob). None when the answer carries no logprobs at all. Generated tokens (the
 /// `max_tokens: 1` fallback) are dropped: the answer's first `usage.prompt_tokens` tokens are
 /// the prompt; without usage, tokens whose `text_offset` is at or past the prompt's length
 /// (servers count offsets differently around partial characters, so usage comes first).
-fn parse_echo(answer: &Value, prompt: &str, k: usize) -> Option<Vec<(EpPosition, bool)>> {
+pub(super) fn parse_echo(
+    answer: &Value,
+    prompt: &str,
+    k: usize,
+) -> Option<Vec<(EpPosition, bool)>> {
     let lp = answer
         .pointer("/choices/0/logprobs")
         .filter(|v| !v.is_null())?;

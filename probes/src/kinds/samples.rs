@@ -8,10 +8,10 @@ use serde_json::{Map, Value, json};
 
 use super::{Outcome, ProbeCtx, Target, call, usage_tokens, window};
 use crate::mmd::{PermutationConfig, PromptLoglik, PromptSamples, loglik_test, mmd_test};
-use crate::reference::{SampleRequest, mean_loglik};
+use crate::reference::{Reference, SampleRequest, mean_loglik};
 
 /// Runs one samples probe.
-pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
+pub async fn run(ctx: &ProbeCtx<'_>, backend: &dyn Reference, target: &Target) -> Outcome {
     let prompts = window(
         &ctx.sets.completion_prompts,
         ctx.round,
@@ -60,7 +60,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             endpoint.extend(got);
         }
         endpoint.truncate(n);
-        let prompt_ids = match ctx.reference.render_chat(&messages, None).await {
+        let prompt_ids = match backend.render_chat(&messages, None).await {
             Ok(ids) => ids,
             Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
         };
@@ -71,7 +71,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             temperature: 1.0,
             seed: ctx.seed.wrapping_add((pi as u64) << 32),
         };
-        let reference: Vec<String> = match ctx.reference.sample(&req).await {
+        let reference: Vec<String> = match backend.sample(&req).await {
             Ok(s) => s.into_iter().map(|s| s.text).collect(),
             Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
         };
@@ -84,7 +84,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             (&mut ll.reference, &reference),
         ] {
             for s in list {
-                match mean_loglik(ctx.reference, &prompt_ids, s).await {
+                match mean_loglik(backend, &prompt_ids, s).await {
                     Ok(Some(v)) => side.push(v),
                     Ok(None) => {}
                     Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),

@@ -13,10 +13,10 @@ use serde_json::{Map, Value, json};
 
 use super::{Outcome, ProbeCtx, Target, call, usage_tokens, window};
 use crate::prompts::ToolExpectation;
-use crate::reference::SampleRequest;
+use crate::reference::{Reference, SampleRequest};
 
 /// Runs one tool_calls probe.
-pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
+pub async fn run(ctx: &ProbeCtx<'_>, backend: &dyn Reference, target: &Target) -> Outcome {
     let cases = window(
         &ctx.sets.tool_call_prompts,
         ctx.round,
@@ -71,7 +71,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
                     .collect()
             })
             .unwrap_or_default();
-        let prompt = match ctx.reference.render_chat(&messages, Some(&tools)).await {
+        let prompt = match backend.render_chat(&messages, Some(&tools)).await {
             Ok(p) => p,
             Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
         };
@@ -82,7 +82,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
             temperature: 0.0,
             seed: ctx.seed,
         };
-        let ref_text = match ctx.reference.sample(&req).await {
+        let ref_text = match backend.sample(&req).await {
             Ok(mut s) => s.pop().map(|s| s.text).unwrap_or_default(),
             Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
         };

@@ -11,6 +11,7 @@ mod calibrate;
 mod changed;
 mod detectors;
 mod diagnoses;
+mod fingerprint;
 mod long_context;
 mod pipeline;
 mod probes_engine;

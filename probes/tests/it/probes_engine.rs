@@ -249,47 +249,6 @@ async fn long_context_scores_an_unmodified_endpoint_like_the_reference() -> Resu
     Ok(())
 }
 
-/// A double in front of the engine that scales every logprob it returns by `factor` (a
-/// provider whose distribution is sharper than the weights'), or refuses logprobs (400).
-fn shifting_double(upstream: String, factor: f64, refuse: bool) -> axum::Router {
-    let handler = move |path: &'static str| {
-        let upstream = upstream.clone();
-        move |body: Bytes| {
-            let upstream = upstream.clone();
-            async move {
-                if refuse {
-                    return (
-                        axum::http::StatusCode::BAD_REQUEST,
-                        axum::Json(
-                            json!({"error": {"message": "logprobs are not supported by this provider", "type": "invalid_request_error", "param": "logprobs", "code": null}}),
-                        ),
-                    );
-                }
-                let resp = reqwest::Client::new()
-                    .post(format!("{upstream}{path}"))
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-                    .await;
-                let Ok(resp) = resp else {
-                    return (axum::http::StatusCode::BAD_GATEWAY, axum::Json(json!({})));
-                };
-                let bytes = resp.bytes().await.unwrap_or_default();
-                let mut v: Value = serde_json::from_slice(&bytes).unwrap_or_default();
-                scale(&mut v, factor);
-                (axum::http::StatusCode::OK, axum::Json(v))
-            }
-        }
-    };
-    axum::Router::new()
-        .route("/v1/completions", post(handler("/v1/completions")))
-        .route(
-            "/v1/chat/completions",
-            post(handler("/v1/chat/completions")),
-        )
-}
-
-/// Scales every number under a `logprob`-ish key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_of_the_unmodified_engine_are_exact_and_shifted_logprobs_are_caught() -> Result<()> {
     let stop = CancellationToken::new();

@@ -1,7 +1,8 @@
 //! The probe scheduler against the real engine on the test model: it stores runs and noise
 //! pairs within the hourly token budget, one scheduler per database holds the PostgreSQL
 //! advisory lock (a standby takes over when it is freed or its session dies), and a provider
-//! switched mid-run raises a changed alert.
+//! switched mid-run raises a changed alert, with the reference's probes or, without one, with
+//! fingerprints of the endpoint's own logprobs.
 //!
 //! The test model is `$SAMEWISE_MODEL` if set, else
 //! `~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf`; a missing model fails.
@@ -288,6 +289,103 @@ async fn a_mid_run_switch_raises_a_changed_alert() -> Result<()> {
         raised,
         "no changed alert within 3 rounds of the switch: {:?}",
         db.store.alerts(&q).await?
+    );
+    detectors.shutdown().await;
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+/// Without a reference, fingerprint probes alone answer changed?: the scheduler (built with
+/// no reference backend) charts the endpoint's own echo logprobs against its own first
+/// rounds, raises "changed" on the first round after the provider switches, and never
+/// "unfaithful" (nothing is compared with the weights).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_reference_fingerprints_raise_changed_after_a_switch() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let url = engine_server(&stop, &tasks).await?;
+    // one text a round, no noise pairs (no per-position data): 5 rounds exact, then switched
+    let switching = serve(switching_double(url.clone(), 5), &stop, &tasks).await?;
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let cfg = Arc::new(probes_config("kinds = [\"fingerprint\"]\n")?);
+    let det: toml::Table = "cusum_baseline_rounds = 3\nhistory_runs = 30\n".parse()?;
+    let detectors = Arc::new(samewise_probes::detect::Detectors::new(
+        samewise_probes::detect::DetectorConfig::parse(&det)?,
+        None,
+        &samewise_probes::AlertsConfig::default(),
+    )?);
+    let s = Scheduler::new(
+        cfg,
+        db.store.clone(),
+        None,
+        Some(detectors.clone()),
+        vec![target(&switching, "switching/smol")],
+    )?;
+    let q = samewise_store::AlertQuery {
+        state: None,
+        active_only: false,
+        model: None,
+        endpoint: None,
+        limit: 10,
+    };
+    for round in 0..5 {
+        let RoundResult::Stored(runs) = s
+            .run_round(&s.targets()[0], ProbeKind::Fingerprint, round)
+            .await?
+        else {
+            anyhow::bail!("round {round} over budget")
+        };
+        ensure!(
+            runs.len() == 1 && runs[0].ok && runs[0].kind == "fingerprint",
+            "{runs:?}"
+        );
+    }
+    ensure!(
+        db.store.alerts(&q).await?.is_empty(),
+        "alert before the switch: {:?}",
+        db.store.alerts(&q).await?
+    );
+    s.run_round(&s.targets()[0], ProbeKind::Fingerprint, 5)
+        .await?;
+    let alerts = db.store.alerts(&q).await?;
+    let changed = alerts
+        .iter()
+        .find(|a| a.kind == "changed" && a.endpoint == "switching/smol")
+        .with_context(|| format!("no changed alert on the first switched round: {alerts:?}"))?;
+    ensure!(alerts.len() == 1, "{alerts:?}");
+    let alarm = changed.evidence["alarms"]
+        .as_array()
+        .and_then(|a| a.iter().find(|a| a["statistic"] == "own_logprob_mean"))
+        .with_context(|| format!("no own_logprob_mean alarm: {}", changed.evidence))?;
+    // the double sharpens the distribution: the mean logprob of the text falls by 30%
+    let (value, base) = (
+        alarm["value"].as_f64().context("value")?,
+        alarm["baseline_mean"].as_f64().context("baseline_mean")?,
+    );
+    ensure!(
+        alarm["shift"] == "down" && (value - 1.3 * base).abs() < 1e-4 * base.abs(),
+        "{alarm}"
+    );
+    // the baseline of an endpoint that echoes the same logprobs every round has no spread:
+    // its chart assumes fingerprint_min_sd
+    ensure!(alarm["baseline_sd"].as_f64() == Some(1e-3), "{alarm}");
+    ensure!(
+        changed.summary.contains("(fingerprint)"),
+        "{}",
+        changed.summary
+    );
+    // other kinds are refused by a scheduler without a reference, before any request
+    let e = s
+        .run_round(&s.targets()[0], ProbeKind::PromptLogprobs, 6)
+        .await
+        .err()
+        .context("a prompt_logprobs round ran without a reference")?;
+    ensure!(
+        e.to_string()
+            .contains("the prompt_logprobs probes of models.smol"),
+        "{e}"
     );
     detectors.shutdown().await;
     stop.cancel();

@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context, Result};
+use axum::body::Bytes;
+use axum::routing::post;
 use samewise_engine::Tokenizer;
 use samewise_engine::chat::{self, ChatTemplate};
 use samewise_engine::server::{self, ServerState};
@@ -103,9 +105,15 @@ pub fn target(base: &str, label: &str) -> Target {
     }
 }
 
+/// The probes config of these tests, one text or case a round unless `extra` says otherwise.
 pub fn probes_config(extra: &str) -> Result<ProbesConfig> {
+    let items = if extra.contains("items_per_round") {
+        ""
+    } else {
+        "items_per_round = 1\n"
+    };
     let src = format!(
-        "[probes]\nnoise_pair_every = 3\nlock_retry_ms = 200\nsweep_interval_ms = 60000\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"unused\"\n[models.smol.probes]\nitems_per_round = 1\nmax_tokens = 24\ntop_k = 5\nsamples_per_prompt = 3\nsamples_prompts_per_round = 1\npermutations = 99\n{extra}"
+        "[probes]\nnoise_pair_every = 3\nlock_retry_ms = 200\nsweep_interval_ms = 60000\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"unused\"\n[models.smol.probes]\n{items}max_tokens = 24\ntop_k = 5\nsamples_per_prompt = 3\nsamples_prompts_per_round = 1\npermutations = 99\n{extra}"
     );
     Ok(ProbesConfig::from_gateway_toml(&src)?)
 }
@@ -133,12 +141,23 @@ impl Harness {
         kind: ProbeKind,
         t: &Target,
     ) -> kinds::Outcome {
+        self.probe_round(Some(reference), kind, t, 0).await
+    }
+
+    /// Round `round` of `kind` on `t`, with or without a reference.
+    pub async fn probe_round(
+        &self,
+        reference: Option<&dyn Reference>,
+        kind: ProbeKind,
+        t: &Target,
+        round: u64,
+    ) -> kinds::Outcome {
         let ctx = ProbeCtx {
             reference,
             cfg: &self.cfg.models["smol"],
             sets: &self.sets,
             http: &self.http,
-            round: 0,
+            round,
             seed: 7,
         };
         kinds::run(kind, &ctx, t).await
@@ -204,4 +223,44 @@ pub fn scale(v: &mut Value, factor: f64) {
         }
         _ => {}
     }
+}
+
+/// A double in front of the engine that scales every logprob it returns by `factor` (a
+/// provider whose distribution is sharper than the weights'), or refuses logprobs (400).
+pub fn shifting_double(upstream: String, factor: f64, refuse: bool) -> axum::Router {
+    let handler = move |path: &'static str| {
+        let upstream = upstream.clone();
+        move |body: Bytes| {
+            let upstream = upstream.clone();
+            async move {
+                if refuse {
+                    return (
+                        axum::http::StatusCode::BAD_REQUEST,
+                        axum::Json(
+                            json!({"error": {"message": "logprobs are not supported by this provider", "type": "invalid_request_error", "param": "logprobs", "code": null}}),
+                        ),
+                    );
+                }
+                let resp = reqwest::Client::new()
+                    .post(format!("{upstream}{path}"))
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await;
+                let Ok(resp) = resp else {
+                    return (axum::http::StatusCode::BAD_GATEWAY, axum::Json(json!({})));
+                };
+                let bytes = resp.bytes().await.unwrap_or_default();
+                let mut v: Value = serde_json::from_slice(&bytes).unwrap_or_default();
+                scale(&mut v, factor);
+                (axum::http::StatusCode::OK, axum::Json(v))
+            }
+        }
+    };
+    axum::Router::new()
+        .route("/v1/completions", post(handler("/v1/completions")))
+        .route(
+            "/v1/chat/completions",
+            post(handler("/v1/chat/completions")),
+        )
 }

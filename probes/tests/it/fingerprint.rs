@@ -1,0 +1,139 @@
+//! The fingerprint kind against the real engine on the test model, with no reference: it
+//! sends the same texts every round, so an unmodified endpoint's statistics are the same in
+//! any round, and its own mean logprob is the engine's own score of those tokens; a provider
+//! whose logprobs are scaled moves it by the factor and keeps its token count; a refusal is a
+//! finding; without a reference, every other kind fails naming what it lacks.
+//!
+//! The test model is `$SAMEWISE_MODEL` if set, else
+//! `~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf`; a missing model fails.
+
+use anyhow::{Context, Result, ensure};
+use samewise_probes::ProbeKind;
+use samewise_probes::reference::Reference;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::common;
+use common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fingerprint_is_the_endpoints_own_logprobs_on_fixed_texts() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let url = engine_server(&stop, &tasks).await?;
+    let shifted = serve(shifting_double(url.clone(), 1.3, false), &stop, &tasks).await?;
+    let refusing = serve(shifting_double(url.clone(), 1.0, true), &stop, &tasks).await?;
+    let h = Harness::new("kinds = [\"fingerprint\"]\nitems_per_round = 3\n")?;
+    let t = target(&url, "engine/smol");
+
+    let a = h.probe_round(None, ProbeKind::Fingerprint, &t, 0).await;
+    ensure!(a.ok && a.raw.is_none(), "{:?} {}", a.error, a.stats);
+    ensure!(a.tokens > 0, "no probe tokens counted");
+    // any round: the same three texts, the same numbers
+    let later = h.probe_round(None, ProbeKind::Fingerprint, &t, 7).await;
+    ensure!(
+        later.stats == a.stats,
+        "round 7 differs: {} vs {}",
+        later.stats,
+        a.stats
+    );
+    let texts: Vec<&str> = a.stats["texts"]
+        .as_array()
+        .context("texts")?
+        .iter()
+        .filter_map(|t| t["id"].as_str())
+        .collect();
+    let first: Vec<&str> = h.sets.logprob_texts[..3]
+        .iter()
+        .map(|t| t.id.as_str())
+        .collect();
+    ensure!(texts == first, "{texts:?} are not the set's first three");
+
+    // the engine's own scores of the same tokens, read as the kind reads them
+    let reference = in_process()?;
+    let (mut sum, mut n, mut tokens) = (0.0f64, 0usize, 0usize);
+    let (mut top1, mut top_n) = (0.0f64, 0usize);
+    for text in &h.sets.logprob_texts[..3] {
+        let ids = reference.tokenize(&text.text, true).await?;
+        tokens += ids.len();
+        for p in reference.score(&ids, 5).await? {
+            if let Some(lp) = p.logprob {
+                sum += lp;
+                n += 1;
+            }
+            if let Some(best) = p.top.iter().map(|e| e.logprob).reduce(f64::max) {
+                top1 += best;
+                top_n += 1;
+            }
+        }
+    }
+    ensure!(stat(&a, "own_tokens")? == tokens as f64, "{}", a.stats);
+    ensure!(stat(&a, "positions")? == n as f64, "{}", a.stats);
+    let own = stat(&a, "own_logprob_mean")?;
+    ensure!(
+        (own - sum / n as f64).abs() <= 1e-6 * own.abs(),
+        "own_logprob_mean {own} vs the engine's {}",
+        sum / n as f64
+    );
+    ensure!(own < -0.5, "{own}: natural text is not that likely");
+    let own_top1 = stat(&a, "own_top1_logprob_mean")?;
+    ensure!(
+        own_top1 > own && (own_top1 - top1 / top_n as f64).abs() <= 1e-6 * own_top1.abs(),
+        "own_top1_logprob_mean {own_top1} vs the engine's {}",
+        top1 / top_n as f64
+    );
+
+    // a provider serving a sharper distribution: the mean moves by the factor, the tokens stay
+    let s = h
+        .probe_round(
+            None,
+            ProbeKind::Fingerprint,
+            &target(&shifted, "shifted/smol"),
+            0,
+        )
+        .await;
+    ensure!(s.ok, "{:?}", s.error);
+    ensure!(
+        (stat(&s, "own_logprob_mean")? - 1.3 * own).abs() <= 1e-5 * own.abs(),
+        "scaled: {}",
+        s.stats
+    );
+    ensure!(stat(&s, "own_tokens")? == tokens as f64);
+
+    // a provider that refuses logprobs: a finding, not a crash
+    let r = h
+        .probe_round(
+            None,
+            ProbeKind::Fingerprint,
+            &target(&refusing, "refusing/smol"),
+            0,
+        )
+        .await;
+    ensure!(
+        !r.ok
+            && r.error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("echo logprobs refused")),
+        "{:?}",
+        r.error
+    );
+
+    // without a reference every other kind fails at once, naming what it lacks
+    for kind in ProbeKind::ALL.into_iter().filter(|k| k.needs_reference()) {
+        let o = h.probe_round(None, kind, &t, 0).await;
+        let want = format!(
+            "the {} probe needs a reference backend ([probes.reference])",
+            kind.name()
+        );
+        ensure!(
+            !o.ok && o.tokens == 0 && o.error.as_deref() == Some(want.as_str()),
+            "{kind:?}: {:?}",
+            o.error
+        );
+        ensure!(o.stats == Value::Object(Default::default()));
+    }
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
