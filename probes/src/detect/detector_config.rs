@@ -81,6 +81,7 @@ impl Default for DetectorConfig {
                 "effective_context",
                 "own_logprob_mean",
                 "own_top1_logprob_mean",
+                "own_top1_agreement",
                 "own_tokens",
             ]
             .map(str::to_owned)

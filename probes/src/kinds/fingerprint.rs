@@ -7,6 +7,9 @@
 //! - `own_logprob_mean`: the mean logprob of the texts' tokens (the positions that have one);
 //! - `own_top1_logprob_mean`: the mean logprob of each position's most likely alternative
 //!   (its confidence; the positions with alternatives);
+//! - `own_top1_agreement`: the share of those positions whose echoed token is the most
+//!   likely alternative (order-sensitive: logprobs shifted against their tokens keep every
+//!   mean above and collapse this);
 //! - `own_tokens`: how many prompt tokens the endpoint echoed for the texts (a different
 //!   tokenizer or a cut prompt moves it by whole tokens).
 //!
@@ -26,7 +29,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
     let k = ctx.cfg.top_k as usize;
     let mut tokens = 0i64;
     let (mut lp_sum, mut lp_n) = (0.0f64, 0usize);
-    let (mut top1_sum, mut top1_n) = (0.0f64, 0usize);
+    let (mut top1_sum, mut top1_n, mut agree) = (0.0f64, 0usize, 0usize);
     let mut echoed = 0usize;
     let mut per_text = Vec::with_capacity(texts.len());
     for t in &texts {
@@ -51,9 +54,11 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
                 text_sum += p.logprob;
                 text_n += 1;
             }
-            if let Some(best) = p.top.iter().map(|(_, lp)| *lp).reduce(f64::max) {
-                top1_sum += best;
+            // the first of equally likely alternatives, as the endpoint listed them
+            if let Some((best, lp)) = p.top.iter().reduce(|a, b| if b.1 > a.1 { b } else { a }) {
+                top1_sum += lp;
                 top1_n += 1;
+                agree += usize::from(best.text == p.token.text);
             }
         }
         lp_sum += text_sum;
@@ -80,6 +85,10 @@ pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
         stats.insert(
             "own_top1_logprob_mean".into(),
             json!(top1_sum / top1_n as f64),
+        );
+        stats.insert(
+            "own_top1_agreement".into(),
+            json!(agree as f64 / top1_n as f64),
         );
     }
     Outcome::done(tokens, stats)

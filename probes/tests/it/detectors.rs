@@ -416,6 +416,7 @@ fn detector_config_parses_and_names_bad_keys() -> Result<()> {
         cusum_arl0 = 500.0
         passive_q = 0.05
         passive_window_ms = 600000
+        fingerprint_min_sd = 0.005
         [alerts]
         quiet_period_ms = 120000
         [[webhooks]]
@@ -431,6 +432,8 @@ fn detector_config_parses_and_names_bad_keys() -> Result<()> {
         c.cusum.arl0()
     );
     ensure!(c.passive_q == 0.05 && c.passive_window == Duration::from_secs(600));
+    ensure!(c.fingerprint_min_sd == 0.005);
+    ensure!(DetectorConfig::default().fingerprint_min_sd == 1e-3);
     let a = AlertsConfig::parse(&t)?;
     ensure!(a.quiet_period == Duration::from_secs(120) && a.webhooks.len() == 1);
     for (bad, key) in [
@@ -439,6 +442,14 @@ fn detector_config_parses_and_names_bad_keys() -> Result<()> {
         ("metric = \"kl_mean\"", "metric"),
         ("passive_q = 2.0", "passive_q"),
         ("cusum_baseline_rounds = 1", "cusum_baseline_rounds"),
+        (
+            "fingerprint_min_sd = 0.0",
+            "fingerprint_min_sd: must be positive",
+        ),
+        (
+            "fingerprint_min_sd = nan",
+            "fingerprint_min_sd: must be positive",
+        ),
     ] {
         let t: toml::Table = bad.parse()?;
         let err = DetectorConfig::parse(&t)

@@ -1,7 +1,9 @@
 //! The fingerprint kind against the real engine on the test model, with no reference: it
 //! sends the same texts every round, so an unmodified endpoint's statistics are the same in
 //! any round, and its own mean logprob is the engine's own score of those tokens; a provider
-//! whose logprobs are scaled moves it by the factor and keeps its token count; a refusal is a
+//! whose logprobs are scaled moves it by the factor and keeps its token count; one whose echo
+//! logprobs are a position off their tokens keeps every mean but not the top-1 agreement; a
+//! refusal is a
 //! finding; without a reference, every other kind fails naming what it lacks.
 //!
 //! The test model is `$SAMEWISE_MODEL` if set, else
@@ -52,18 +54,23 @@ async fn fingerprint_is_the_endpoints_own_logprobs_on_fixed_texts() -> Result<()
     // the engine's own scores of the same tokens, read as the kind reads them
     let reference = in_process()?;
     let (mut sum, mut n, mut tokens) = (0.0f64, 0usize, 0usize);
-    let (mut top1, mut top_n) = (0.0f64, 0usize);
+    let (mut top1, mut top_n, mut agree) = (0.0f64, 0usize, 0usize);
     for text in &h.sets.logprob_texts[..3] {
         let ids = reference.tokenize(&text.text, true).await?;
         tokens += ids.len();
-        for p in reference.score(&ids, 5).await? {
+        for (p, id) in reference.score(&ids, 5).await?.iter().zip(&ids) {
             if let Some(lp) = p.logprob {
                 sum += lp;
                 n += 1;
             }
-            if let Some(best) = p.top.iter().map(|e| e.logprob).reduce(f64::max) {
-                top1 += best;
+            if let Some(best) = p
+                .top
+                .iter()
+                .reduce(|a, b| if b.logprob > a.logprob { b } else { a })
+            {
+                top1 += best.logprob;
                 top_n += 1;
+                agree += usize::from(best.id == *id);
             }
         }
     }
@@ -83,6 +90,42 @@ async fn fingerprint_is_the_endpoints_own_logprobs_on_fixed_texts() -> Result<()
         top1 / top_n as f64
     );
 
+    let agreement = stat(&a, "own_top1_agreement")?;
+    ensure!(
+        agreement == agree as f64 / top_n as f64 && agreement > 0.3 && agreement < 1.0,
+        "own_top1_agreement {agreement} vs the engine's {agree} of {top_n}"
+    );
+
+    // a provider whose echo logprobs are one position off their tokens: every mean is the
+    // same (the same values, moved), the agreement collapses
+    let shifted_echo = profiled_server(
+        engine()?,
+        samewise_engine::Profile::builtin("shifted-echo").context("no shifted-echo profile")?,
+        &stop,
+        &tasks,
+    )
+    .await?;
+    let off = h
+        .probe_round(
+            None,
+            ProbeKind::Fingerprint,
+            &target(&shifted_echo, "shifted-echo/smol"),
+            0,
+        )
+        .await;
+    ensure!(off.ok, "{:?}", off.error);
+    ensure!(
+        (stat(&off, "own_logprob_mean")? - own).abs() <= 1e-12 * own.abs(),
+        "{}",
+        off.stats
+    );
+    ensure!(
+        stat(&off, "own_top1_agreement")? < agreement / 3.0,
+        "shifted echo keeps agreement {}: {}",
+        stat(&off, "own_top1_agreement")?,
+        off.stats
+    );
+
     // a provider serving a sharper distribution: the mean moves by the factor, the tokens stay
     let s = h
         .probe_round(
@@ -99,6 +142,7 @@ async fn fingerprint_is_the_endpoints_own_logprobs_on_fixed_texts() -> Result<()
         s.stats
     );
     ensure!(stat(&s, "own_tokens")? == tokens as f64);
+    ensure!(stat(&s, "own_top1_agreement")? == agreement, "{}", s.stats);
 
     // a provider that refuses logprobs: a finding, not a crash
     let r = h
