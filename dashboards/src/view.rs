@@ -27,7 +27,7 @@ pub const LOGPROB_KINDS: [&str; 2] = ["prompt_logprobs", "completion_logprobs"];
 /// reference).
 pub const FINGERPRINT_KIND: &str = "fingerprint";
 /// The probe statistics charted on the endpoint page, when present in a run's stats.
-pub const CHARTED_STATS: [&str; 9] = [
+pub const CHARTED_STATS: [&str; 10] = [
     "kl_mean",
     "kl_p99",
     "top1_same",
@@ -37,6 +37,7 @@ pub const CHARTED_STATS: [&str; 9] = [
     "mismatch_rate",
     "own_logprob_mean",
     "own_top1_logprob_mean",
+    "own_chat_logprob_mean",
 ];
 /// Most probe runs read for one chart.
 const MAX_RUNS: u32 = 5_000;

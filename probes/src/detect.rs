@@ -36,7 +36,7 @@
 //!   of a logprob probe, an endpoint's in-control ARL is about a third of it. The same
 //!   charts follow a fingerprint probe's statistics (the endpoint's own echo logprobs on
 //!   fixed texts, no reference: `own_logprob_mean`, `own_top1_logprob_mean`,
-//!   `own_top1_agreement`, `own_tokens`),
+//!   `own_top1_agreement`, `own_tokens`; by greedy chat where echo is refused, `own_chat_*`),
 //!   with σ at least `fingerprint_min_sd`; faithful? never judges those runs.
 //! - **passive** ([`Detectors::sweep`]): per model, each endpoint's request records of the
 //!   last `passive_window_ms` against the other endpoints': error rate, tool-call error rate
@@ -67,7 +67,8 @@
 //! cusum_min_sd = 1e-6
 //! cusum_baseline_correction = true  # h raised so the estimated baseline keeps cusum_arl0
 //! cusum_statistics = ["kl_mean", "top1_same", "dlogprob_mean", "mmd", "trigger_f1", "effective_context",
-//!                     "own_logprob_mean", "own_top1_logprob_mean", "own_top1_agreement", "own_tokens"]
+//!                     "own_logprob_mean", "own_top1_logprob_mean", "own_top1_agreement", "own_tokens",
+//!                     "own_chat_logprob_mean", "own_chat_top1_agreement", "own_chat_tokens"]
 //! fingerprint_min_sd = 1e-3     # least σ of a fingerprint chart (nats per token; tokens)
 //! history_runs = 500
 //! passive_q = 0.01              # Benjamini–Hochberg false-discovery rate
@@ -182,6 +183,7 @@ fn higher_is_better(key: &str) -> bool {
             | "schema_accuracy"
             | "effective_context"
             | "own_top1_agreement"
+            | "own_chat_top1_agreement"
             | "p_value"
     )
 }

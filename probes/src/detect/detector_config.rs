@@ -83,6 +83,9 @@ impl Default for DetectorConfig {
                 "own_top1_logprob_mean",
                 "own_top1_agreement",
                 "own_tokens",
+                "own_chat_logprob_mean",
+                "own_chat_top1_agreement",
+                "own_chat_tokens",
             ]
             .map(str::to_owned)
             .to_vec(),

@@ -1,95 +1,206 @@
-//! fingerprint: the endpoint's own echo logprobs on fixed texts, for changed? without the
-//! weights. Every round sends the same texts (the model's first `items_per_round` logprob
-//! texts, never a rotating window, so that any two rounds are comparable) as
-//! prompt_logprobs sends its texts ([`super::prompt_logprobs::echo`]: `echo`, `logprobs: k`,
-//! `max_tokens` 0, or 1 where 0 is refused), and reduces what comes back to statistics that
-//! the changed? charts follow from the endpoint's own first runs:
-//! - `own_logprob_mean`: the mean logprob of the texts' tokens (the positions that have one);
-//! - `own_top1_logprob_mean`: the mean logprob of each position's most likely alternative
-//!   (its confidence; the positions with alternatives);
-//! - `own_top1_agreement`: the share of those positions whose echoed token is the most
-//!   likely alternative (order-sensitive: logprobs shifted against their tokens keep every
-//!   mean above and collapse this);
-//! - `own_tokens`: how many prompt tokens the endpoint echoed for the texts (a different
-//!   tokenizer or a cut prompt moves it by whole tokens).
+//! fingerprint: the endpoint's own logprobs on fixed inputs, for changed? without the
+//! weights. Every round sends the same inputs (the model's first `items_per_round` texts or
+//! prompts, never a rotating window, so that any two rounds are comparable) and reduces what
+//! comes back to statistics that the changed? charts follow from the endpoint's own first
+//! runs. Two ways of asking, the first that the endpoint answers (`stats.mode`):
+//!
+//! - **echo**: the logprob texts as prompt_logprobs sends them ([`super::prompt_logprobs::echo`]:
+//!   `/v1/completions` with `echo`, `logprobs: k`, `max_tokens` 0, or 1 where 0 is refused):
+//!   - `own_logprob_mean`: the mean logprob of the texts' tokens (the positions that have one);
+//!   - `own_top1_logprob_mean`: the mean logprob of each position's most likely alternative
+//!     (its confidence; the positions with alternatives);
+//!   - `own_top1_agreement`: the share of those positions whose echoed token is the most
+//!     likely alternative (order-sensitive: logprobs shifted against their tokens keep every
+//!     mean above and collapse this);
+//!   - `own_tokens`: how many prompt tokens the endpoint echoed (a different tokenizer or a
+//!     cut prompt moves it by whole tokens).
+//! - **chat**, where echo is refused (400, 404, 422, or an answer without prompt logprobs, as
+//!   most chat-only providers answer): the completion prompts, each a greedy
+//!   `/v1/chat/completions` (temperature 0, a fixed seed, `logprobs`, `top_logprobs: k`,
+//!   `max_tokens` the prompt's, at most the model's), and the same reductions over the
+//!   generated tokens: `own_chat_logprob_mean`, `own_chat_top1_agreement` (1 for an endpoint
+//!   that decodes greedily as asked) and `own_chat_tokens` (tokens generated: a changed model
+//!   says something else). The names differ from echo's, so an endpoint that starts or stops
+//!   refusing echo starts new charts instead of mixing the two.
 //!
 //! Nothing is compared with a reference, so the kind runs where `[probes.reference]` is not
 //! configured, faithful? never judges it, and it keeps no per-position data (no noise-floor
 //! pairs: an endpoint's spread between rounds is measured by its baseline runs, and the
 //! charts' floor is `fingerprint_min_sd`).
 
-use serde_json::{Map, json};
+use serde_json::{Map, Value, json};
 
 use super::prompt_logprobs::{echo, parse_echo};
-use super::{Outcome, ProbeCtx, Target, usage_tokens};
+use super::{EpPosition, Outcome, ProbeCtx, Target, call, chat_positions, usage_tokens};
 
-/// Runs one fingerprint probe.
+/// Runs one fingerprint probe: echo, or chat where echo is refused.
 pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
+    match echo_round(ctx, target).await {
+        Round::Done(o) => o,
+        Round::Refused { reason, tokens } => chat_round(ctx, target, &reason, tokens).await,
+    }
+}
+
+/// The end of an echo round.
+enum Round {
+    Done(Outcome),
+    /// Echo logprobs are refused: ask by chat instead.
+    Refused {
+        reason: String,
+        tokens: i64,
+    },
+}
+
+/// Sums of one side's positions.
+#[derive(Default)]
+struct Sums {
+    logprob: f64,
+    /// Positions with a logprob.
+    n: usize,
+    top1: f64,
+    /// Positions with alternatives.
+    with_top: usize,
+    /// Of those, how many have their own token as the most likely alternative.
+    agree: usize,
+}
+
+impl Sums {
+    /// Adds positions (each with whether it has a logprob); the mean logprob of those added.
+    fn add<'a>(&mut self, positions: impl Iterator<Item = (&'a EpPosition, bool)>) -> Option<f64> {
+        let (mut sum, mut n) = (0.0f64, 0usize);
+        for (p, has) in positions {
+            if has {
+                sum += p.logprob;
+                n += 1;
+            }
+            // the first of equally likely alternatives, as the endpoint listed them
+            if let Some((best, lp)) = p.top.iter().reduce(|a, b| if b.1 > a.1 { b } else { a }) {
+                self.top1 += lp;
+                self.with_top += 1;
+                self.agree += usize::from(best.text == p.token.text);
+            }
+        }
+        self.logprob += sum;
+        self.n += n;
+        (n > 0).then(|| sum / n as f64)
+    }
+
+    /// The mean logprob, the mean top-1 logprob and the top-1 agreement (None without
+    /// positions of each).
+    fn means(&self) -> (Option<f64>, Option<f64>, Option<f64>) {
+        let mean = |x: f64, n: usize| (n > 0).then(|| x / n as f64);
+        (
+            mean(self.logprob, self.n),
+            mean(self.top1, self.with_top),
+            mean(self.agree as f64, self.with_top),
+        )
+    }
+}
+
+async fn echo_round(ctx: &ProbeCtx<'_>, target: &Target) -> Round {
     let texts = super::window(&ctx.sets.logprob_texts, 0, ctx.cfg.items_per_round);
     let k = ctx.cfg.top_k as usize;
     let mut tokens = 0i64;
-    let (mut lp_sum, mut lp_n) = (0.0f64, 0usize);
-    let (mut top1_sum, mut top1_n, mut agree) = (0.0f64, 0usize, 0usize);
+    let mut sums = Sums::default();
     let mut echoed = 0usize;
     let mut per_text = Vec::with_capacity(texts.len());
     for t in &texts {
         let answer = match echo(ctx, target, &t.text, k).await {
             Ok(v) => v,
-            Err(reason) => return Outcome::failed(reason, tokens),
+            Err(f) if f.refused => {
+                return Round::Refused {
+                    reason: f.message,
+                    tokens,
+                };
+            }
+            Err(f) => return Round::Done(Outcome::failed(f.message, tokens)),
         };
         tokens += usage_tokens(&answer);
         let Some(ep) = parse_echo(&answer, &t.text, k) else {
+            return Round::Refused {
+                reason: "the endpoint returned no prompt logprobs for echo + logprobs".into(),
+                tokens,
+            };
+        };
+        if ep.is_empty() {
+            return Round::Done(Outcome::failed(
+                "the endpoint echoed no prompt tokens",
+                tokens,
+            ));
+        }
+        echoed += ep.len();
+        let mean = sums.add(ep.iter().map(|(p, has)| (p, *has)));
+        per_text.push(json!({"id": t.id, "tokens": ep.len(), "logprob_mean": mean}));
+    }
+    let mut stats = Map::new();
+    stats.insert("mode".into(), json!("echo"));
+    stats.insert("texts".into(), json!(per_text));
+    stats.insert("own_tokens".into(), json!(echoed));
+    Round::Done(finish(stats, &sums, "own", k, tokens))
+}
+
+async fn chat_round(ctx: &ProbeCtx<'_>, target: &Target, refused: &str, spent: i64) -> Outcome {
+    let prompts = super::window(&ctx.sets.completion_prompts, 0, ctx.cfg.items_per_round);
+    let k = ctx.cfg.top_k as usize;
+    let mut tokens = spent;
+    let mut sums = Sums::default();
+    let mut generated = 0usize;
+    let mut per_prompt = Vec::with_capacity(prompts.len());
+    for p in &prompts {
+        let body = json!({"model": target.provider_model, "messages": [{"role": "user", "content": p.prompt}],
+                          "temperature": 0.0, "max_tokens": p.max_tokens.min(ctx.cfg.max_tokens), "logprobs": true,
+                          "top_logprobs": k, "frequency_penalty": 0.0, "presence_penalty": 0.0, "seed": 0});
+        let answer = match call(ctx, target, "/chat/completions", &body).await {
+            Ok(v) => v,
+            Err(e) => return Outcome::failed(format!("{refused}; by chat: {e}"), tokens),
+        };
+        tokens += usage_tokens(&answer);
+        let content = answer
+            .pointer("/choices/0/logprobs/content")
+            .and_then(Value::as_array);
+        let Some(ep) = content.and_then(|c| chat_positions(c)) else {
             return Outcome::failed(
-                "the endpoint returned no prompt logprobs for echo + logprobs (refused or unsupported)",
+                format!("{refused}; by chat: no completion logprobs (refused or unsupported)"),
                 tokens,
             );
         };
-        if ep.is_empty() {
-            return Outcome::failed("the endpoint echoed no prompt tokens", tokens);
-        }
-        echoed += ep.len();
-        let (mut text_sum, mut text_n) = (0.0f64, 0usize);
-        for (p, has) in &ep {
-            if *has {
-                text_sum += p.logprob;
-                text_n += 1;
-            }
-            // the first of equally likely alternatives, as the endpoint listed them
-            if let Some((best, lp)) = p.top.iter().reduce(|a, b| if b.1 > a.1 { b } else { a }) {
-                top1_sum += lp;
-                top1_n += 1;
-                agree += usize::from(best.text == p.token.text);
-            }
-        }
-        lp_sum += text_sum;
-        lp_n += text_n;
-        per_text.push(json!({
-            "id": t.id,
-            "tokens": ep.len(),
-            "logprob_mean": (text_n > 0).then(|| text_sum / text_n as f64),
-        }));
-    }
-    if lp_n == 0 {
-        return Outcome::failed(
-            "the endpoint echoed no token with a logprob (refused or unsupported)",
-            tokens,
-        );
+        generated += ep.len();
+        let mean = sums.add(ep.iter().map(|p| (p, true)));
+        per_prompt.push(json!({"id": p.id, "tokens": ep.len(), "logprob_mean": mean}));
     }
     let mut stats = Map::new();
-    stats.insert("texts".into(), json!(per_text));
+    stats.insert("mode".into(), json!("chat"));
+    stats.insert("echo_refused".into(), json!(refused));
+    stats.insert("prompts".into(), json!(per_prompt));
+    stats.insert("own_chat_tokens".into(), json!(generated));
+    finish(stats, &sums, "own_chat", k, tokens)
+}
+
+/// The outcome with the means of `sums` under `prefix` (`own` or `own_chat`); a failure when
+/// no position had a logprob.
+fn finish(
+    mut stats: Map<String, Value>,
+    sums: &Sums,
+    prefix: &str,
+    k: usize,
+    tokens: i64,
+) -> Outcome {
+    let (mean, top1, agreement) = sums.means();
+    let Some(mean) = mean else {
+        return Outcome::failed(
+            "the endpoint returned no token with a logprob (refused or unsupported)",
+            tokens,
+        );
+    };
     stats.insert("top_k".into(), json!(k));
-    stats.insert("own_tokens".into(), json!(echoed));
-    stats.insert("positions".into(), json!(lp_n));
-    stats.insert("own_logprob_mean".into(), json!(lp_sum / lp_n as f64));
-    if top1_n > 0 {
-        stats.insert(
-            "own_top1_logprob_mean".into(),
-            json!(top1_sum / top1_n as f64),
-        );
-        stats.insert(
-            "own_top1_agreement".into(),
-            json!(agree as f64 / top1_n as f64),
-        );
+    stats.insert("positions".into(), json!(sums.n));
+    stats.insert(format!("{prefix}_logprob_mean"), json!(mean));
+    // the chat mode's top-1 logprob is its logprob where it decodes greedily: not charted
+    if let (Some(top1), "own") = (top1, prefix) {
+        stats.insert("own_top1_logprob_mean".into(), json!(top1));
+    }
+    if let Some(a) = agreement {
+        stats.insert(format!("{prefix}_top1_agreement"), json!(a));
     }
     Outcome::done(tokens, stats)
 }

@@ -12,6 +12,7 @@ use super::{
     positions, usage_tokens, window,
 };
 use crate::align::{AlignMethod, EndpointToken, align_to_text};
+use crate::reference::http::HttpFailure;
 use crate::reference::{Reference, norm};
 
 /// Runs one prompt_logprobs probe.
@@ -32,7 +33,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, backend: &dyn Reference, target: &Target) -
     for t in &texts {
         let answer = match echo(ctx, target, &t.text, k).await {
             Ok(v) => v,
-            Err(reason) => return Outcome::failed(reason, tokens),
+            Err(f) => return Outcome::failed(f.message, tokens),
         };
         tokens += usage_tokens(&answer);
         let Some(ep) = parse_echo(&answer, &t.text, k) else {
@@ -99,25 +100,45 @@ pub async fn run(ctx: &ProbeCtx<'_>, backend: &dyn Reference, target: &Target) -
 
 /// The endpoint's answer to `text` sent to `/v1/completions` with `echo`, `logprobs: k`,
 /// `max_tokens: 0` and temperature 0; where the endpoint refuses 0 (400 or 422), once more
-/// with `max_tokens: 1` (`parse_echo` drops the generated token). Err: why the probe cannot
-/// run.
+/// with `max_tokens: 1` (`parse_echo` drops the generated token).
 pub(super) async fn echo(
     ctx: &ProbeCtx<'_>,
     target: &Target,
     text: &str,
     k: usize,
-) -> Result<Value, String> {
+) -> Result<Value, EchoFailure> {
     let mut body = json!({"model": target.provider_model, "prompt": text, "echo": true, "logprobs": k, "max_tokens": 0, "temperature": 0.0});
     match call(ctx, target, "/completions", &body).await {
         Ok(v) => Ok(v),
-        Err(e) if e.status == Some(400) || e.status == Some(422) => {
+        Err(e) if refusal(&e) => {
             body["max_tokens"] = json!(1);
             call(ctx, target, "/completions", &body)
                 .await
-                .map_err(|e| format!("echo logprobs refused: {e}"))
+                .map_err(|e| EchoFailure {
+                    refused: refusal(&e),
+                    message: format!("echo logprobs refused: {e}"),
+                })
         }
-        Err(e) => Err(e.message),
+        Err(e) => Err(EchoFailure {
+            refused: false,
+            message: e.message,
+        }),
     }
+}
+
+/// Why an echo request got no answer to read.
+pub(super) struct EchoFailure {
+    /// The endpoint refused the request as asked (400, 404 or 422): another way of asking
+    /// may work, asking again will not.
+    pub refused: bool,
+    /// Why, for the run's error.
+    pub message: String,
+}
+
+/// Whether a failed request was refused as asked (an endpoint without `/v1/completions`
+/// answers 404).
+fn refusal(e: &HttpFailure) -> bool {
+    matches!(e.status, Some(400 | 404 | 422))
 }
 
 /// The echoed prompt positions of a legacy completions answer: (position, whether it has a

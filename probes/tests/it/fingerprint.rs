@@ -3,16 +3,18 @@
 //! any round, and its own mean logprob is the engine's own score of those tokens; a provider
 //! whose logprobs are scaled moves it by the factor and keeps its token count; one whose echo
 //! logprobs are a position off their tokens keeps every mean but not the top-1 agreement; a
-//! refusal is a
+//! chat-only provider is fingerprinted by greedy chat completions instead; a refusal of both is a
 //! finding; without a reference, every other kind fails naming what it lacks.
 //!
 //! The test model is `$SAMEWISE_MODEL` if set, else
 //! `~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf`; a missing model fails.
 
 use anyhow::{Context, Result, ensure};
+use axum::body::Bytes;
+use axum::routing::post;
 use samewise_probes::ProbeKind;
 use samewise_probes::reference::Reference;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::common;
@@ -144,6 +146,56 @@ async fn fingerprint_is_the_endpoints_own_logprobs_on_fixed_texts() -> Result<()
     ensure!(stat(&s, "own_tokens")? == tokens as f64);
     ensure!(stat(&s, "own_top1_agreement")? == agreement, "{}", s.stats);
 
+    // a chat-only provider (no /v1/completions): greedy chat completions instead
+    let chat_only = serve(chat_only_double(url.clone()), &stop, &tasks).await?;
+    let c = h
+        .probe_round(
+            None,
+            ProbeKind::Fingerprint,
+            &target(&chat_only, "chat/smol"),
+            0,
+        )
+        .await;
+    ensure!(
+        c.ok && c.stats["mode"] == "chat",
+        "{:?} {}",
+        c.error,
+        c.stats
+    );
+    ensure!(
+        c.stats["echo_refused"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("echo logprobs refused")),
+        "{}",
+        c.stats
+    );
+    let prompts: Vec<&str> = c.stats["prompts"]
+        .as_array()
+        .context("prompts")?
+        .iter()
+        .filter_map(|p| p["id"].as_str())
+        .collect();
+    let first: Vec<&str> = h.sets.completion_prompts[..3]
+        .iter()
+        .map(|p| p.id.as_str())
+        .collect();
+    ensure!(prompts == first, "{prompts:?}");
+    // the engine decodes greedily as asked: every generated token is its most likely one
+    ensure!(stat(&c, "own_chat_top1_agreement")? == 1.0, "{}", c.stats);
+    ensure!(stat(&c, "own_chat_tokens")? > 0.0 && stat(&c, "own_chat_logprob_mean")? < 0.0);
+    ensure!(
+        c.stats.get("own_logprob_mean").is_none() && c.stats.get("own_top1_logprob_mean").is_none()
+    );
+    let again = h
+        .probe_round(
+            None,
+            ProbeKind::Fingerprint,
+            &target(&chat_only, "chat/smol"),
+            4,
+        )
+        .await;
+    ensure!(again.stats == c.stats, "{} vs {}", again.stats, c.stats);
+
     // a provider that refuses logprobs: a finding, not a crash
     let r = h
         .probe_round(
@@ -155,9 +207,9 @@ async fn fingerprint_is_the_endpoints_own_logprobs_on_fixed_texts() -> Result<()
         .await;
     ensure!(
         !r.ok
-            && r.error
-                .as_deref()
-                .is_some_and(|e| e.starts_with("echo logprobs refused")),
+            && r.error.as_deref().is_some_and(|e| {
+                e.starts_with("echo logprobs refused") && e.contains("; by chat: ")
+            }),
         "{:?}",
         r.error
     );
@@ -180,4 +232,38 @@ async fn fingerprint_is_the_endpoints_own_logprobs_on_fixed_texts() -> Result<()
     tasks.close();
     tasks.wait().await;
     Ok(())
+}
+
+/// A provider without the legacy completions API (404) that passes chat completions through
+/// to the engine.
+fn chat_only_double(upstream: String) -> axum::Router {
+    axum::Router::new()
+        .route(
+            "/v1/completions",
+            post(|| async {
+                (
+                    axum::http::StatusCode::NOT_FOUND,
+                    axum::Json(json!({"error": {"message": "Not Found", "type": "invalid_request_error", "param": null, "code": null}})),
+                )
+            }),
+        )
+        .route(
+            "/v1/chat/completions",
+            post(move |body: Bytes| {
+                let upstream = upstream.clone();
+                async move {
+                    let resp = reqwest::Client::new()
+                        .post(format!("{upstream}/v1/chat/completions"))
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .send()
+                        .await;
+                    let Ok(resp) = resp else {
+                        return axum::Json(json!({}));
+                    };
+                    let bytes = resp.bytes().await.unwrap_or_default();
+                    axum::Json(serde_json::from_slice::<Value>(&bytes).unwrap_or_default())
+                }
+            }),
+        )
 }
