@@ -37,6 +37,10 @@
 //! kind = "unfaithful"
 //! signal = "effective_context"
 //! suites = ["long_context"]
+//! [[evals.rules]]              # a fingerprint probe's change (no reference needed)
+//! kind = "changed"
+//! signal = '"probe_kind":"fingerprint"'
+//! suites = ["tool_calls"]
 //! ```
 
 use std::time::Duration;
@@ -324,6 +328,12 @@ pub fn default_rules() -> Vec<Rule> {
             signal: Some("effective_context".into()),
             suites: vec!["long_context".into()],
         },
+        // without the weights a fingerprint's change is the first sign: does it still work?
+        Rule {
+            kind: "changed".into(),
+            signal: Some("\"probe_kind\":\"fingerprint\"".into()),
+            suites: vec!["tool_calls".into()],
+        },
     ]
 }
 
@@ -510,6 +520,11 @@ mod tests {
             vec!["tool_calls", "long_context"]
         );
         assert_eq!(c.suites_for("changed", &lc), vec!["long_context"]);
+        let fp = serde_json::json!({"detector": "changed", "probe_kind": "fingerprint", "statistic": "own_logprob_mean"});
+        assert_eq!(c.suites_for("changed", &fp), vec!["tool_calls"]);
+        assert!(c.suites_for("unfaithful", &fp) == vec!["tool_calls"]);
+        let kl = serde_json::json!({"detector": "changed", "probe_kind": "prompt_logprobs", "statistic": "kl_mean"});
+        assert!(c.suites_for("changed", &kl).is_empty());
         assert_eq!(c.long_context, LongContextConfig::default());
     }
 

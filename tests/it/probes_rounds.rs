@@ -134,17 +134,21 @@ struct Switched {
     last_before: i64,
     /// Every stored run.
     runs: Vec<ProbeRun>,
+    /// The eval jobs the alert opened, when asked to wait for one.
+    jobs: Vec<samewise_store::EvalJob>,
 }
 
 /// `samewise serve` with `text` (a gateway config whose one endpoint, `ep`, is the
 /// unmodified engine at `listen`) until its probes have run `BASELINE + 3` working rounds,
 /// then the engine is replaced at the same address by one serving 4-bit weights, and the
-/// gateway runs until a "changed" alert is stored.
+/// gateway runs until a "changed" alert is stored (and, with `wait_job`, until it opened an eval
+/// job).
 async fn switch_to_4bit(
     dir: &Path,
     listen: &str,
     e_ref: common::Proc,
     text: &str,
+    wait_job: bool,
 ) -> Result<Switched> {
     let data = dir.join("data");
     let cfg = dir.join("samewise.toml");
@@ -192,6 +196,18 @@ async fn switch_to_4bit(
         ensure!(Instant::now() < deadline, "{what}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    let mut jobs = Vec::new();
+    if wait_job {
+        let (deadline, what) = wait("an eval job opened by the changed alert");
+        while jobs.is_empty() {
+            ensure!(Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let store = samewise_store::Store::connect(None, &data).await?;
+            let found = store.eval_jobs(Some(alert.id), None, 10).await;
+            store.close().await;
+            jobs = found?;
+        }
+    }
     ensure!(gw.stop()?.success(), "serve did not exit cleanly");
     e_w4.stop()?;
     ensure!(alert.endpoint == "ep/smol", "{alert:?}");
@@ -207,6 +223,7 @@ async fn switch_to_4bit(
         alerts: alerts(&data).await?,
         last_before,
         runs: runs(&data).await?,
+        jobs,
     })
 }
 
@@ -261,7 +278,7 @@ async fn an_endpoint_switched_to_4bit_weights_mid_run_raises_changed() -> Result
         "[probes.detectors]\n",
         &format!("[probes.detectors]\ncusum_baseline_rounds = {BASELINE}\n"),
     );
-    let s = switch_to_4bit(dir.path(), listen, e_ref, &text).await?;
+    let s = switch_to_4bit(dir.path(), listen, e_ref, &text, false).await?;
     let kl = alarm_of(&s, "kl_mean")?;
     ensure!(kl["shift"] == "up" && kl["baseline_mean"] == 0.0, "{kl}");
     let run_id = s.alert.evidence["probe_runs"][0].as_i64().context("run")?;
@@ -276,16 +293,18 @@ async fn an_endpoint_switched_to_4bit_weights_mid_run_raises_changed() -> Result
 
 /// The same switch seen without the weights: a gateway with no `[probes.reference]` whose
 /// only probe is the fingerprint (the endpoint's own echo logprobs on fixed texts) raises
-/// "changed" from the endpoint's own first rounds, and never "unfaithful".
+/// "changed" from the endpoint's own first rounds, never "unfaithful", and the alert opens a
+/// tool_calls eval against the other endpoint (an unmodified engine), the healthy peer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_weights_a_switch_to_4bit_weights_raises_changed_from_fingerprints()
 -> Result<()> {
     let dir = tempfile::tempdir()?;
     let (e_ref, url) = engine("reference", dir.path())?;
     let listen = url.strip_prefix("http://").context("engine URL")?;
+    let (e_peer, peer_url) = engine("reference", dir.path())?;
     let text = config(
         &dir.path().join("data"),
-        &[("ep", &url)],
+        &[("ep", &url), ("peer", &peer_url)],
         "interval_ms = 300\njitter = 0.0",
     )?;
     // no reference backend: cut its table, and probe fingerprints only
@@ -300,7 +319,14 @@ async fn without_the_weights_a_switch_to_4bit_weights_raises_changed_from_finger
             &format!("[probes.detectors]\ncusum_baseline_rounds = {BASELINE}\n"),
         );
     ensure!(!text.contains("in_process"), "{text}");
-    let s = switch_to_4bit(dir.path(), listen, e_ref, &text).await?;
+    let s = switch_to_4bit(dir.path(), listen, e_ref, &text, true).await?;
+    e_peer.stop()?;
+    let job: Vec<(&str, &str, &str)> = s
+        .jobs
+        .iter()
+        .map(|j| (j.endpoint.as_str(), j.suite.as_str(), j.baseline.as_str()))
+        .collect();
+    ensure!(job == [("ep/smol", "tool_calls", "peer/smol")], "{job:?}");
     let own = alarm_of(&s, "own_logprob_mean")?;
     ensure!(
         own["baseline_sd"].as_f64() == Some(1e-3),
@@ -324,7 +350,9 @@ async fn without_the_weights_a_switch_to_4bit_weights_raises_changed_from_finger
         "only fingerprint probes run without a reference"
     );
     ensure!(
-        s.alerts.iter().all(|a| a.kind == "changed"),
+        s.alerts
+            .iter()
+            .all(|a| a.kind == "changed" && a.endpoint == "ep/smol"),
         "{:#?}",
         s.alerts
     );
