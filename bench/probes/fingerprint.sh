@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# changed? without the weights, measured. Not a test: it prints numbers.
+#
+#   bench/probes/fingerprint.sh                 # release build (cargo build --release first)
+#   PROFILE=dev bench/probes/fingerprint.sh     # a debug build
+#
+# Part 1: one `samewise engine serve` per serving profile (PROFILES) of the test model, each
+# fingerprinted ROUNDS times (`samewise probes run --rounds`, no reference, `items_per_round`
+# TEXTS); the table gives each profile's statistics, its shift from the unmodified engine in
+# units of the default `fingerprint_min_sd` (1e-3), and the spread over its rounds.
+# Part 2: the loop. `samewise serve` with no reference, two unmodified engines (`ep`, `peer`),
+# fingerprints every 2 s, a 10-round baseline; after 30 s `ep` is replaced at the same address
+# by a `w4` engine; it prints when the "changed" alert opened (and on which run) and the
+# verdict of the tool_calls eval it opened against the healthiest peer, with the time from the
+# switch.
+# The model: SAMEWISE_MODEL or ~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf.
+# Results land in bench/out/fingerprint-TIMESTAMP/ (table.md, loop.txt, logs). Ports 18100-18120
+# and 18300-18302 on 127.0.0.1.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+OUT=${OUT:-bench/out/fingerprint-$(date -u +%Y%m%dT%H%M%SZ)}
+OUT=$(mkdir -p "$OUT" && cd "$OUT" && pwd)
+BIN=target/${PROFILE:-release}/samewise
+[ "${PROFILE:-release}" = dev ] && BIN=target/debug/samewise
+BIN=$(realpath "$BIN")
+MODEL=${SAMEWISE_MODEL:-$HOME/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+PROFILES=${PROFILES:-reference w8 w6 w5 w4 a8 kv-f16 kv-q8 substitute shifted-echo truncate-512}
+ROUNDS=${ROUNDS:-3}
+TEXTS=${TEXTS:-4}
+PIDS=()
+trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
+
+engine() { # name port profile
+    "$BIN" engine serve --model "$MODEL" --model-name smol --listen "127.0.0.1:$2" --profile "$3" \
+        > "$OUT/engine-$1.log" 2>&1 &
+    PIDS+=($!)
+}
+up() { # port...
+    for port in "$@"; do
+        for _ in $(seq 300); do
+            curl -sf "http://127.0.0.1:$port/healthz" > /dev/null && break
+            sleep 0.5
+        done
+    done
+}
+
+# Part 1
+cfg=$OUT/profiles.toml
+printf '[server]\nlisten = "127.0.0.1:18099"\ndata_dir = "%s/profiles-data"\n\n' "$OUT" > "$cfg"
+port=18100
+ports=()
+for p in $PROFILES; do
+    port=$((port + 1))
+    ports+=("$port")
+    engine "$p" "$port" "$p"
+    printf '[providers.%s]\nbase_url = "http://127.0.0.1:%d/v1"\n' "${p//-/_}" "$port" >> "$cfg"
+done
+printf '\n[models.smol]\npolicy = "weighted"\n' >> "$cfg"
+for p in $PROFILES; do
+    printf '[[models.smol.endpoints]]\nprovider = "%s"\nmodel = "smol"\n' "${p//-/_}" >> "$cfg"
+done
+printf '[models.smol.probes]\nkinds = ["fingerprint"]\nitems_per_round = %d\n\n[probes]\n' "$TEXTS" >> "$cfg"
+up "${ports[@]}"
+"$BIN" probes run --config "$cfg" --rounds "$ROUNDS" > "$OUT/profiles.txt" 2> "$OUT/profiles.log"
+kill "${PIDS[@]}" 2>/dev/null || true
+PIDS=()
+python3 - "$OUT/profiles.txt" > "$OUT/table.md" <<'PY'
+import collections, json, re, sys
+runs = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    m = re.match(r'#\d+ (\S+)/smol fingerprint ok tokens=\d+ (\{.*\})$', line.strip())
+    if m:
+        runs[m.group(1).replace('_', '-')].append(json.loads(m.group(2)))
+keys = ['own_logprob_mean', 'own_top1_logprob_mean', 'own_top1_agreement', 'own_tokens']
+ref = runs['reference'][0]
+print('| profile | ' + ' | '.join(keys) + ' | spread over its rounds |')
+print('|---' * (len(keys) + 2) + '|')
+for p, rs in runs.items():
+    spread = max(abs(r[k] - rs[0][k]) for r in rs for k in keys)
+    cells = []
+    for k in keys:
+        d = rs[0][k] - ref[k]
+        cells.append(f'{rs[0][k]} ({d:+d})' if k == 'own_tokens'
+                     else f'{rs[0][k]:.5f} ({d / 1e-3:+.1f} σ)')
+    print(f'| {p} | ' + ' | '.join(cells) + f' | {spread:.1e} ({len(rs)} rounds) |')
+PY
+cat "$OUT/table.md"
+
+# Part 2
+cfg=$OUT/loop.toml
+cat > "$cfg" <<CFG
+[server]
+listen = "127.0.0.1:18300"
+data_dir = "$OUT/loop-data"
+alert_poll_ms = 1000
+[providers.ep]
+base_url = "http://127.0.0.1:18301/v1"
+[providers.peer]
+base_url = "http://127.0.0.1:18302/v1"
+[models.smol]
+policy = "weighted"
+on_drift = "demote"
+[[models.smol.endpoints]]
+provider = "ep"
+model = "smol"
+[[models.smol.endpoints]]
+provider = "peer"
+model = "smol"
+[models.smol.probes]
+kinds = ["fingerprint"]
+interval_ms = 2000
+jitter = 0.0
+items_per_round = $TEXTS
+[probes]
+lock_retry_ms = 500
+[probes.detectors]
+cusum_baseline_rounds = 10
+[evals]
+workers = 1
+max_items = 24
+CFG
+engine ep 18301 reference
+EP=$!
+engine peer 18302 reference
+up 18301 18302
+"$BIN" serve --config "$cfg" > "$OUT/loop-serve.log" 2>&1 &
+GW=$!
+PIDS+=($GW)
+sleep 30
+kill "$EP"
+wait "$EP" 2> /dev/null || true
+switch_ms=$(date +%s%3N)
+engine ep-w4 18301 w4
+verdict=""
+for _ in $(seq 600); do
+    sleep 1
+    verdict=$("$BIN" evals list --config "$cfg" 2> /dev/null | grep -oE "degraded|equivalent|inconclusive" | head -1 || true)
+    [ -n "$verdict" ] && break
+done
+done_ms=$(date +%s%3N)
+{
+    echo "switch to w4 at $switch_ms ms; verdict ${verdict:-none} $(( (done_ms - switch_ms) / 1000 )) s after it"
+    python3 - "$OUT/loop-data/samewise.db" "$switch_ms" <<'PY'
+import sqlite3, sys
+db, switch = sqlite3.connect(sys.argv[1]), int(sys.argv[2])
+after = db.execute("select id, finished_ms from probe_runs where endpoint = 'ep/smol' and ok and started_ms > ? order by id", (switch,)).fetchall()
+for opened, summary in db.execute("select opened_ms, summary from alerts where kind = 'changed'"):
+    n = sum(1 for _, f in after if f <= opened)
+    print(f"changed alert {(opened - switch) / 1000:.1f} s after the switch, on working run {n} after it: {summary}")
+PY
+    "$BIN" alerts list --config "$cfg"
+    "$BIN" evals list --config "$cfg"
+    "$BIN" evals show 1 --config "$cfg" || true
+} > "$OUT/loop.txt" 2>&1
+cat "$OUT/loop.txt"
