@@ -252,17 +252,8 @@ fn chat_only_double(upstream: String) -> axum::Router {
             post(move |body: Bytes| {
                 let upstream = upstream.clone();
                 async move {
-                    let resp = reqwest::Client::new()
-                        .post(format!("{upstream}/v1/chat/completions"))
-                        .header("content-type", "application/json")
-                        .body(body)
-                        .send()
-                        .await;
-                    let Ok(resp) = resp else {
-                        return axum::Json(json!({}));
-                    };
-                    let bytes = resp.bytes().await.unwrap_or_default();
-                    axum::Json(serde_json::from_slice::<Value>(&bytes).unwrap_or_default())
+                    let v = forward(&upstream, "/v1/chat/completions", body).await;
+                    axum::Json(v.unwrap_or_else(|| json!({})))
                 }
             }),
         )

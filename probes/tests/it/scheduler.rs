@@ -18,7 +18,7 @@ use samewise_probes::reference::Reference;
 use samewise_probes::runner::{RoundResult, Scheduler};
 use samewise_store::testing::TestDb;
 use samewise_store::{Backend, ProbeRunQuery};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::common;
@@ -196,6 +196,19 @@ async fn standby_scheduler_takes_over_when_the_lock_is_freed() -> Result<()> {
     Ok(())
 }
 
+/// Every alert, active or not (at most 10).
+const ALL_ALERTS: samewise_store::AlertQuery = samewise_store::AlertQuery {
+    state: None,
+    active_only: false,
+    model: None,
+    endpoint: None,
+    limit: 10,
+};
+
+async fn all_alerts(store: &samewise_store::Store) -> Result<Vec<samewise_store::Alert>> {
+    Ok(store.alerts(&ALL_ALERTS).await?)
+}
+
 /// A provider that changes what it serves mid-run: the first `after` completions requests
 /// pass through to the engine unchanged, later ones get logprobs scaled by 1.3.
 fn switching_double(upstream: String, after: usize) -> axum::Router {
@@ -206,17 +219,9 @@ fn switching_double(upstream: String, after: usize) -> axum::Router {
             let upstream = upstream.clone();
             let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             async move {
-                let resp = reqwest::Client::new()
-                    .post(format!("{upstream}/v1/completions"))
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-                    .await;
-                let Ok(resp) = resp else {
+                let Some(mut v) = forward(&upstream, "/v1/completions", body).await else {
                     return axum::Json(json!({}));
                 };
-                let bytes = resp.bytes().await.unwrap_or_default();
-                let mut v: Value = serde_json::from_slice(&bytes).unwrap_or_default();
                 if n >= after {
                     scale(&mut v, 1.3);
                 }
@@ -254,21 +259,14 @@ async fn a_mid_run_switch_raises_a_changed_alert() -> Result<()> {
         Some(detectors.clone()),
         vec![target(&switching, "switching/smol")],
     )?;
-    let q = samewise_store::AlertQuery {
-        state: None,
-        active_only: false,
-        model: None,
-        endpoint: None,
-        limit: 10,
-    };
     for round in 0..5 {
         s.run_round(&s.targets()[0], ProbeKind::PromptLogprobs, round)
             .await?;
     }
     ensure!(
-        db.store.alerts(&q).await?.is_empty(),
+        all_alerts(&db.store).await?.is_empty(),
         "alert before the switch: {:?}",
-        db.store.alerts(&q).await?
+        all_alerts(&db.store).await?
     );
     let mut raised = false;
     for round in 5..8 {
@@ -276,7 +274,7 @@ async fn a_mid_run_switch_raises_a_changed_alert() -> Result<()> {
             .await?;
         if db
             .store
-            .alerts(&q)
+            .alerts(&ALL_ALERTS)
             .await?
             .iter()
             .any(|a| a.kind == "changed" && a.endpoint == "switching/smol")
@@ -288,7 +286,7 @@ async fn a_mid_run_switch_raises_a_changed_alert() -> Result<()> {
     ensure!(
         raised,
         "no changed alert within 3 rounds of the switch: {:?}",
-        db.store.alerts(&q).await?
+        all_alerts(&db.store).await?
     );
     detectors.shutdown().await;
     stop.cancel();
@@ -323,13 +321,6 @@ async fn without_a_reference_fingerprints_raise_changed_after_a_switch() -> Resu
         Some(detectors.clone()),
         vec![target(&switching, "switching/smol")],
     )?;
-    let q = samewise_store::AlertQuery {
-        state: None,
-        active_only: false,
-        model: None,
-        endpoint: None,
-        limit: 10,
-    };
     for round in 0..5 {
         let RoundResult::Stored(runs) = s
             .run_round(&s.targets()[0], ProbeKind::Fingerprint, round)
@@ -343,13 +334,13 @@ async fn without_a_reference_fingerprints_raise_changed_after_a_switch() -> Resu
         );
     }
     ensure!(
-        db.store.alerts(&q).await?.is_empty(),
+        all_alerts(&db.store).await?.is_empty(),
         "alert before the switch: {:?}",
-        db.store.alerts(&q).await?
+        all_alerts(&db.store).await?
     );
     s.run_round(&s.targets()[0], ProbeKind::Fingerprint, 5)
         .await?;
-    let alerts = db.store.alerts(&q).await?;
+    let alerts = all_alerts(&db.store).await?;
     let changed = alerts
         .iter()
         .find(|a| a.kind == "changed" && a.endpoint == "switching/smol")

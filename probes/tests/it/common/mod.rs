@@ -241,17 +241,9 @@ pub fn shifting_double(upstream: String, factor: f64, refuse: bool) -> axum::Rou
                         ),
                     );
                 }
-                let resp = reqwest::Client::new()
-                    .post(format!("{upstream}{path}"))
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-                    .await;
-                let Ok(resp) = resp else {
+                let Some(mut v) = forward(&upstream, path, body).await else {
                     return (axum::http::StatusCode::BAD_GATEWAY, axum::Json(json!({})));
                 };
-                let bytes = resp.bytes().await.unwrap_or_default();
-                let mut v: Value = serde_json::from_slice(&bytes).unwrap_or_default();
                 scale(&mut v, factor);
                 (axum::http::StatusCode::OK, axum::Json(v))
             }
@@ -263,4 +255,18 @@ pub fn shifting_double(upstream: String, factor: f64, refuse: bool) -> axum::Rou
             "/v1/chat/completions",
             post(handler("/v1/chat/completions")),
         )
+}
+
+/// A double's pass-through: `body` POSTed to `upstream`'s `path`, the answer read as JSON (null
+/// when it is not); None when the upstream cannot be reached.
+pub async fn forward(upstream: &str, path: &str, body: Bytes) -> Option<Value> {
+    let resp = reqwest::Client::new()
+        .post(format!("{upstream}{path}"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .ok()?;
+    let bytes = resp.bytes().await.unwrap_or_default();
+    Some(serde_json::from_slice(&bytes).unwrap_or_default())
 }
