@@ -69,8 +69,8 @@ pub enum ProbeKind {
     ToolCalls,
     /// Needle retrieval at doubling lengths, by likelihood; the effective context.
     LongContext,
-    /// The endpoint's own echo logprobs on fixed texts, charted against its own first runs
-    /// (changed? without the weights).
+    /// The endpoint's own logprobs on fixed inputs (echo, or greedy chat where echo is
+    /// refused), charted against its own first runs (changed? without the weights).
     Fingerprint,
 }
 

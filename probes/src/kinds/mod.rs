@@ -1,7 +1,6 @@
 //! The probe kinds. Each takes one endpoint (called over HTTP exactly as the proxy calls it:
-//! the provider's `base_url`, its API key, the provider's model id), the reference (but
-//! `fingerprint`), and the
-//! model's probe settings, and returns an [`Outcome`]: ok or the reason it could not run
+//! the provider's `base_url`, its API key, the provider's model id), the reference (every
+//! kind but `fingerprint`), and the model's probe settings, and returns an [`Outcome`]: ok or the reason it could not run
 //! (an endpoint that refuses logprobs is a finding, not a crash), the probe tokens spent,
 //! aggregate statistics, and compact per-position data where there is any.
 //!
@@ -13,8 +12,8 @@
 //! - `tool_calls`: trigger F1 and schema accuracy against the reference's own answers.
 //! - `long_context`: multi-query needle retrieval at doubling lengths, scored by answer
 //!   likelihood on the endpoint and the reference; the effective context.
-//! - `fingerprint`: the endpoint's own echo logprobs on fixed texts, for changed? without a
-//!   reference (the one kind that needs none).
+//! - `fingerprint`: the endpoint's own logprobs on fixed inputs (echo, or greedy chat where
+//!   echo is refused), for changed? without a reference (the one kind that needs none).
 //! - `diagnose`: fault signatures (shifted logprobs, prompt token counts) the logprob kinds
 //!   write into their statistics as `diagnosis`.
 //!
