@@ -7,14 +7,16 @@
 # Part 1: one `samewise engine serve` per serving profile (PROFILES) of the test model, each
 # fingerprinted ROUNDS times (`samewise probes run --rounds`, no reference, `items_per_round`
 # TEXTS); the table gives each profile's statistics, its shift from the unmodified engine in
-# units of the default `fingerprint_min_sd` (1e-3), and the spread over its rounds.
+# units of the default `fingerprint_min_sd` (1e-3), and the spread over its rounds. Then the
+# same for CHAT_PROFILES behind a chat-only API (`[api] refuse_echo = true`), fingerprinted by
+# greedy chat completions.
 # Part 2: the loop. `samewise serve` with no reference, two unmodified engines (`ep`, `peer`),
 # fingerprints every 2 s, a 10-round baseline; after 30 s `ep` is replaced at the same address
 # by a `w4` engine; it prints when the "changed" alert opened (and on which run) and the
 # verdict of the tool_calls eval it opened against the healthiest peer, with the time from the
 # switch.
 # The model: SAMEWISE_MODEL or ~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf.
-# Results land in bench/out/fingerprint-TIMESTAMP/ (table.md, loop.txt, logs). Ports 18100-18120
+# Results land in bench/out/fingerprint-TIMESTAMP/ (table-echo.md, table-chat.md, loop.txt, logs). Ports 18100-18120
 # and 18300-18302 on 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,6 +28,7 @@ BIN=target/${PROFILE:-release}/samewise
 BIN=$(realpath "$BIN")
 MODEL=${SAMEWISE_MODEL:-$HOME/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 PROFILES=${PROFILES:-reference w8 w6 w5 w4 a8 kv-f16 kv-q8 substitute shifted-echo truncate-512}
+CHAT_PROFILES=${CHAT_PROFILES:-reference w8 w6 w5 w4 a8 kv-f16 kv-q8}
 ROUNDS=${ROUNDS:-3}
 TEXTS=${TEXTS:-4}
 PIDS=()
@@ -45,34 +48,39 @@ up() { # port...
     done
 }
 
-# Part 1
-cfg=$OUT/profiles.toml
-printf '[server]\nlisten = "127.0.0.1:18099"\ndata_dir = "%s/profiles-data"\n\n' "$OUT" > "$cfg"
-port=18100
-ports=()
-for p in $PROFILES; do
-    port=$((port + 1))
-    ports+=("$port")
-    engine "$p" "$port" "$p"
-    printf '[providers.%s]\nbase_url = "http://127.0.0.1:%d/v1"\n' "${p//-/_}" "$port" >> "$cfg"
-done
-printf '\n[models.smol]\npolicy = "weighted"\n' >> "$cfg"
-for p in $PROFILES; do
-    printf '[[models.smol.endpoints]]\nprovider = "%s"\nmodel = "smol"\n' "${p//-/_}" >> "$cfg"
-done
-printf '[models.smol.probes]\nkinds = ["fingerprint"]\nitems_per_round = %d\n\n[probes]\n' "$TEXTS" >> "$cfg"
-up "${ports[@]}"
-"$BIN" probes run --config "$cfg" --rounds "$ROUNDS" > "$OUT/profiles.txt" 2> "$OUT/profiles.log"
-kill "${PIDS[@]}" 2>/dev/null || true
-PIDS=()
-python3 - "$OUT/profiles.txt" > "$OUT/table.md" <<'PY'
+# Part 1: fingerprints per profile (`$1`: echo | chat; `$2`...: name=profile pairs, where the
+# profile is a built-in name or a file)
+profiles() {
+    local mode=$1 cfg=$OUT/profiles-$1.toml port=18100 ports=() names=() pair name
+    shift
+    printf '[server]\nlisten = "127.0.0.1:18099"\ndata_dir = "%s/profiles-%s-data"\n\n' "$OUT" "$mode" > "$cfg"
+    for pair in "$@"; do
+        name=${pair%%=*}
+        port=$((port + 1))
+        ports+=("$port")
+        names+=("$name")
+        engine "$mode-$name" "$port" "${pair#*=}"
+        printf '[providers.%s]\nbase_url = "http://127.0.0.1:%d/v1"\n' "${name//-/_}" "$port" >> "$cfg"
+    done
+    printf '\n[models.smol]\npolicy = "weighted"\n' >> "$cfg"
+    for name in "${names[@]}"; do
+        printf '[[models.smol.endpoints]]\nprovider = "%s"\nmodel = "smol"\n' "${name//-/_}" >> "$cfg"
+    done
+    printf '[models.smol.probes]\nkinds = ["fingerprint"]\nitems_per_round = %d\n\n[probes]\n' "$TEXTS" >> "$cfg"
+    up "${ports[@]}"
+    "$BIN" probes run --config "$cfg" --rounds "$ROUNDS" > "$OUT/profiles-$mode.txt" 2> "$OUT/profiles-$mode.log"
+    kill "${PIDS[@]}" 2>/dev/null || true
+    PIDS=()
+    python3 - "$OUT/profiles-$mode.txt" "$mode" <<'PY' | tee "$OUT/table-$mode.md"
 import collections, json, re, sys
 runs = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     m = re.match(r'#\d+ (\S+)/smol fingerprint ok tokens=\d+ (\{.*\})$', line.strip())
     if m:
         runs[m.group(1).replace('_', '-')].append(json.loads(m.group(2)))
-keys = ['own_logprob_mean', 'own_top1_logprob_mean', 'own_top1_agreement', 'own_tokens']
+keys = (['own_logprob_mean', 'own_top1_logprob_mean', 'own_top1_agreement', 'own_tokens']
+        if sys.argv[2] == 'echo' else
+        ['own_chat_logprob_mean', 'own_chat_top1_agreement', 'own_chat_tokens'])
 ref = runs['reference'][0]
 print('| profile | ' + ' | '.join(keys) + ' | spread over its rounds |')
 print('|---' * (len(keys) + 2) + '|')
@@ -81,11 +89,30 @@ for p, rs in runs.items():
     cells = []
     for k in keys:
         d = rs[0][k] - ref[k]
-        cells.append(f'{rs[0][k]} ({d:+d})' if k == 'own_tokens'
+        cells.append(f'{rs[0][k]} ({d:+d})' if k.endswith('tokens')
                      else f'{rs[0][k]:.5f} ({d / 1e-3:+.1f} σ)')
     print(f'| {p} | ' + ' | '.join(cells) + f' | {spread:.1e} ({len(rs)} rounds) |')
 PY
-cat "$OUT/table.md"
+}
+
+echo_pairs=()
+for p in $PROFILES; do echo_pairs+=("$p=$p"); done
+profiles echo "${echo_pairs[@]}"
+
+# the same numerics behind a chat-only API (`[api] refuse_echo`): fingerprinted by greedy chat
+chat_pairs=()
+for p in $CHAT_PROFILES; do
+    f=$OUT/chat-$p.toml
+    printf 'name = "%s-no-echo"\n[api]\nrefuse_echo = true\n' "$p" > "$f"
+    case $p in
+        w[2-8]) printf '[weights]\nbits = %s\ngroup_size = 32\nsymmetric = true\n' "${p#w}" >> "$f" ;;
+        a8) printf '[activations]\nbits = 8\n' >> "$f" ;;
+        kv-q8) printf '[kv_cache]\ndtype = "q8"\n' >> "$f" ;;
+        kv-f16) printf '[kv_cache]\ndtype = "f16"\n' >> "$f" ;;
+    esac
+    chat_pairs+=("$p=$f")
+done
+profiles chat "${chat_pairs[@]}"
 
 # Part 2
 cfg=$OUT/loop.toml

@@ -10,11 +10,9 @@
 //! `~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf`; a missing model fails.
 
 use anyhow::{Context, Result, ensure};
-use axum::body::Bytes;
-use axum::routing::post;
 use samewise_probes::ProbeKind;
 use samewise_probes::reference::Reference;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::common;
@@ -146,8 +144,14 @@ async fn fingerprint_is_the_endpoints_own_logprobs_on_fixed_texts() -> Result<()
     ensure!(stat(&s, "own_tokens")? == tokens as f64);
     ensure!(stat(&s, "own_top1_agreement")? == agreement, "{}", s.stats);
 
-    // a chat-only provider (no /v1/completions): greedy chat completions instead
-    let chat_only = serve(chat_only_double(url.clone()), &stop, &tasks).await?;
+    // a chat-only provider (echo refused): greedy chat completions instead
+    let chat_only = profiled_server(
+        engine()?,
+        samewise_engine::Profile::builtin("no-echo").context("no no-echo profile")?,
+        &stop,
+        &tasks,
+    )
+    .await?;
     let c = h
         .probe_round(
             None,
@@ -232,29 +236,4 @@ async fn fingerprint_is_the_endpoints_own_logprobs_on_fixed_texts() -> Result<()
     tasks.close();
     tasks.wait().await;
     Ok(())
-}
-
-/// A provider without the legacy completions API (404) that passes chat completions through
-/// to the engine.
-fn chat_only_double(upstream: String) -> axum::Router {
-    axum::Router::new()
-        .route(
-            "/v1/completions",
-            post(|| async {
-                (
-                    axum::http::StatusCode::NOT_FOUND,
-                    axum::Json(json!({"error": {"message": "Not Found", "type": "invalid_request_error", "param": null, "code": null}})),
-                )
-            }),
-        )
-        .route(
-            "/v1/chat/completions",
-            post(move |body: Bytes| {
-                let upstream = upstream.clone();
-                async move {
-                    let v = forward(&upstream, "/v1/chat/completions", body).await;
-                    axum::Json(v.unwrap_or_else(|| json!({})))
-                }
-            }),
-        )
 }

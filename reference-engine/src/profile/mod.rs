@@ -232,6 +232,10 @@ pub struct ApiSection {
     /// Refuse `logprobs` (400), as providers without logprob support do.
     #[serde(default)]
     pub refuse_logprobs: bool,
+    /// Refuse `echo` on `/v1/completions` (400), as chat-only providers and OpenAI's newer
+    /// models do; chat logprobs still work.
+    #[serde(default)]
+    pub refuse_echo: bool,
     /// Cap `top_logprobs` at this many silently.
     #[serde(default)]
     pub max_top_logprobs: Option<u32>,
@@ -313,6 +317,7 @@ pub const BUILTIN_NAMES: &[&str] = &[
     "repeat-bug",
     "drop-system",
     "no-logprobs",
+    "no-echo",
     "shifted-echo",
     "flaky",
     "substitute",
@@ -399,6 +404,12 @@ impl Profile {
             "no-logprobs" => {
                 p.api = Some(ApiSection {
                     refuse_logprobs: true,
+                    ..ApiSection::default()
+                })
+            }
+            "no-echo" => {
+                p.api = Some(ApiSection {
+                    refuse_echo: true,
                     ..ApiSection::default()
                 })
             }

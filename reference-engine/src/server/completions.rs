@@ -71,6 +71,7 @@ async fn run(
     refuse_unsupported(&req.extra)?;
     check_stream_options(req.stream, req.stream_options.is_some())?;
     faults.check_logprobs(req.logprobs.is_some())?;
+    faults.check_echo(req.echo == Some(true))?;
     let mut prompts = read_prompts(state, &req.prompt)?;
     let max_tokens = req.max_tokens.map_or(DEFAULT_MAX_TOKENS, |m| m as usize);
     let echo = req.echo.unwrap_or(false);

@@ -278,6 +278,17 @@ impl RequestFaults {
         Ok(())
     }
 
+    /// The 400 of a provider that does not echo prompts, when the request asks it to.
+    pub(crate) fn check_echo(&self, asked: bool) -> Result<(), ApiError> {
+        if asked && self.profile.api.as_ref().is_some_and(|a| a.refuse_echo) {
+            return Err(ApiError::bad_request(
+                "echo is not supported by this model",
+                Some("echo"),
+            ));
+        }
+        Ok(())
+    }
+
     /// `top_logprobs` (or completions' `logprobs`) after the silent cap.
     pub(crate) fn cap_top(&self, k: usize) -> usize {
         match self.profile.api.as_ref().and_then(|a| a.max_top_logprobs) {

@@ -310,7 +310,8 @@ async fn substitute_profile_hides_its_context_everywhere_but_in_the_numbers() ->
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_logprobs_profile_answers_an_openai_400_and_caps_apply() -> anyhow::Result<()> {
+async fn no_logprobs_and_no_echo_profiles_answer_an_openai_400_and_caps_apply() -> anyhow::Result<()>
+{
     let srv = TestServer::start("no-logprobs").await?;
     let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0, "logprobs": true});
     let (status, v) = srv.post("/v1/chat/completions", &chat).await?;
@@ -336,6 +337,24 @@ async fn no_logprobs_profile_answers_an_openai_400_and_caps_apply() -> anyhow::R
     srv.ok("/v1/chat/completions", &plain_chat).await?;
     srv.ok("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 3}))
         .await?;
+    srv.shutdown().await?;
+
+    // a chat-only provider: echo refused, chat logprobs and plain completions served
+    let srv = TestServer::start("no-echo").await?;
+    let echo = json!({"prompt": "Hi there", "max_tokens": 0, "echo": true, "logprobs": 1});
+    let (status, v) = srv.post("/v1/completions", &echo).await?;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(
+        (v["error"]["type"].as_str(), v["error"]["param"].as_str()),
+        (Some("invalid_request_error"), Some("echo"))
+    );
+    let v = srv.ok("/v1/chat/completions", &chat).await?;
+    assert!(v["choices"][0]["logprobs"]["content"].is_array(), "{v}");
+    srv.ok(
+        "/v1/completions",
+        &json!({"prompt": "Hi", "max_tokens": 3, "logprobs": 1}),
+    )
+    .await?;
     srv.shutdown().await?;
 
     // top_logprobs capped silently
