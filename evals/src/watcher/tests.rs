@@ -1,3 +1,7 @@
+//! The alert watcher over a real SQLite store: which alerts open which suites, the jobs an
+//! incident's alerts share, the verdict alerts it holds and confirms, and the peer a job runs
+//! against without a reference.
+
 use super::*;
 use anyhow::{Context, Result, ensure};
 use samewise_store::testing::TestDb;
