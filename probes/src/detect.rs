@@ -343,7 +343,7 @@ impl Detectors {
             .last_operator_resolution(&run.model, &run.endpoint, KIND_CHANGED)
             .await
             .map_err(store_err)?;
-        let baselines = self.baselines(store, run, accepted_ms).await?;
+        let baselines = self.baselines(store, run, &history, accepted_ms).await?;
         match self.changed(run, &history, &floors, accepted_ms, &baselines)? {
             Some(changed::Changed::Alarm(finding)) => {
                 out.push(self.alerting.raise(store, &finding).await?.0);

@@ -17,11 +17,14 @@ impl Detectors {
     /// stored baseline that follows the last accepted change (`accepted_ms`), and for a
     /// statistic without one the first `cusum_baseline_rounds` series runs after that change
     /// that carry it, read from the store (oldest first, whatever `history_runs` holds) and
-    /// stored once there are that many. Until then the baseline is the runs there are.
+    /// stored once there are that many. Until then the baseline is the runs there are. A
+    /// fingerprint's statistics are keyed by its inputs ([`chart_key`]): their first runs are
+    /// those with the run's inputs, from the oldest such run `history` holds.
     pub(super) async fn baselines(
         &self,
         store: &Store,
         run: &ProbeRun,
+        history: &[ProbeRun],
         accepted_ms: Option<i64>,
     ) -> Result<BTreeMap<String, Vec<BaselineRun>>> {
         let rounds = self.cfg.cusum.baseline_rounds;
@@ -33,26 +36,38 @@ impl Detectors {
             .filter(|b| b.after_ms == accepted_ms && b.runs.len() == rounds)
             .map(|b| (b.statistic, b.runs))
             .collect();
+        let inputs = inputs_of(run);
         let missing: Vec<&String> = self
             .cfg
             .cusum_statistics
             .iter()
-            .filter(|key| !out.contains_key(*key) && stat(&run.stats, key).is_some())
+            .filter(|key| {
+                !out.contains_key(&chart_key(key, inputs)) && stat(&run.stats, key).is_some()
+            })
             .collect();
         if missing.is_empty() {
             return Ok(out);
         }
         // twice the rounds: a statistic that a few early runs lack still finds its baseline
         let limit = u32::try_from(rounds.saturating_mul(2)).unwrap_or(u32::MAX);
+        // a fingerprint's runs with these inputs start with the oldest one in the history
+        let from = inputs.and_then(|i| {
+            let first = history.iter().filter(|r| inputs_of(r) == Some(i));
+            first.map(|r| r.started_ms - 1).min()
+        });
+        let after = match (accepted_ms, from) {
+            (Some(a), Some(f)) => Some(a.max(f)),
+            (a, f) => a.or(f),
+        };
         let first = store
-            .first_series_runs(&run.model, &run.endpoint, &run.kind, accepted_ms, limit)
+            .first_series_runs(&run.model, &run.endpoint, &run.kind, after, limit)
             .await
             .map_err(store_err)?;
         for key in missing {
             let runs: Vec<BaselineRun> = first
                 .iter()
                 .filter_map(|r| {
-                    stat(&r.stats, key).map(|value| BaselineRun {
+                    chart_value(r, key, inputs).map(|value| BaselineRun {
                         id: r.id,
                         started_ms: r.started_ms,
                         value,
@@ -66,7 +81,7 @@ impl Detectors {
                         model: run.model.clone(),
                         endpoint: run.endpoint.clone(),
                         kind: run.kind.clone(),
-                        statistic: key.clone(),
+                        statistic: chart_key(key, inputs),
                         after_ms: accepted_ms,
                         runs: runs.clone(),
                         created_ms: samewise_store::now_ms(),
@@ -74,7 +89,7 @@ impl Detectors {
                     .await
                     .map_err(store_err)?;
             }
-            out.insert(key.clone(), runs);
+            out.insert(chart_key(key, inputs), runs);
         }
         Ok(out)
     }
@@ -104,6 +119,7 @@ impl Detectors {
             .collect();
         let (mut alarms, mut held) = (Vec::new(), Vec::new());
         let mut threshold = self.cfg.cusum.h;
+        let inputs = inputs_of(run);
         for key in &self.cfg.cusum_statistics {
             if stat(&run.stats, key).is_none() {
                 continue;
@@ -119,7 +135,9 @@ impl Detectors {
             if run.kind == crate::config::ProbeKind::Fingerprint.name() {
                 min_sd = min_sd.max(self.cfg.fingerprint_min_sd);
             }
-            let baseline = baselines.get(key).map_or(&[][..], Vec::as_slice);
+            let baseline = baselines
+                .get(&chart_key(key, inputs))
+                .map_or(&[][..], Vec::as_slice);
             let after = baseline.last().map(|b| (b.started_ms, b.id));
             let (ids, values): (Vec<i64>, Vec<f64>) = baseline
                 .iter()
@@ -128,7 +146,7 @@ impl Detectors {
                     series
                         .iter()
                         .filter(|r| after.is_none_or(|a| (r.started_ms, r.id) > a))
-                        .filter_map(|r| stat(&r.stats, key).map(|x| (r.id, x))),
+                        .filter_map(|r| chart_value(r, key, inputs).map(|x| (r.id, x))),
                 )
                 .unzip();
             let (chart, observations) = changed_chart(&self.cfg, min_sd, &values)?;
@@ -165,6 +183,7 @@ impl Detectors {
                 "baseline_mean": mean,
                 "baseline_sd": sd,
                 "baseline_runs": baseline_ids,
+                "inputs": inputs,
             });
             if still {
                 held.push(entry);
@@ -228,6 +247,30 @@ impl Detectors {
             Changed::Alarm(finding)
         }))
     }
+}
+
+/// A fingerprint run's inputs (`stats.inputs`: a digest of what it sent), None for the other
+/// kinds.
+fn inputs_of(run: &ProbeRun) -> Option<&str> {
+    run.stats.get("inputs").and_then(serde_json::Value::as_str)
+}
+
+/// The name a statistic's chart and stored baseline go by: `key`, or for a fingerprint
+/// `key@inputs`, so that changing what the fingerprint sends starts new charts from the
+/// runs with the new inputs instead of alarming against the old ones.
+fn chart_key(key: &str, inputs: Option<&str>) -> String {
+    match inputs {
+        Some(i) => format!("{key}@{i}"),
+        None => key.to_owned(),
+    }
+}
+
+/// `key` of run `r` when it belongs on the chart of runs with `inputs`.
+fn chart_value(r: &ProbeRun, key: &str, inputs: Option<&str>) -> Option<f64> {
+    if inputs.is_some() && inputs_of(r) != inputs {
+        return None;
+    }
+    stat(&r.stats, key)
 }
 
 /// What changed? found on a run.

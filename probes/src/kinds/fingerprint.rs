@@ -23,6 +23,10 @@
 //!   says something else). The names differ from echo's, so an endpoint that starts or stops
 //!   refusing echo starts new charts instead of mixing the two.
 //!
+//! `stats.inputs` is a digest of what was sent (the way of asking, `top_k`, each text or prompt
+//! and its `max_tokens`): the changed? charts follow runs with the same inputs only, so
+//! changing `items_per_round` or a prompt set starts new charts instead of raising "changed".
+//!
 //! Nothing is compared with a reference, so the kind runs where `[probes.reference]` is not
 //! configured, faithful? never judges it, and it keeps no per-position data (no noise-floor
 //! pairs: an endpoint's spread between rounds is measured by its baseline runs, and the
@@ -134,6 +138,8 @@ async fn echo_round(ctx: &ProbeCtx<'_>, target: &Target) -> Round {
     }
     let mut stats = Map::new();
     stats.insert("mode".into(), json!("echo"));
+    let sent = texts.iter().map(|t| t.text.as_str());
+    stats.insert("inputs".into(), json!(digest("echo", k, sent)));
     stats.insert("texts".into(), json!(per_text));
     stats.insert("own_tokens".into(), json!(echoed));
     Round::Done(finish(stats, &sums, "own", k, tokens))
@@ -170,10 +176,34 @@ async fn chat_round(ctx: &ProbeCtx<'_>, target: &Target, refused: &str, spent: i
     }
     let mut stats = Map::new();
     stats.insert("mode".into(), json!("chat"));
+    let sent: Vec<String> = prompts
+        .iter()
+        .map(|p| format!("{}\n{}", p.max_tokens.min(ctx.cfg.max_tokens), p.prompt))
+        .collect();
+    stats.insert(
+        "inputs".into(),
+        json!(digest("chat", k, sent.iter().map(String::as_str))),
+    );
     stats.insert("echo_refused".into(), json!(refused));
     stats.insert("prompts".into(), json!(per_prompt));
     stats.insert("own_chat_tokens".into(), json!(generated));
     finish(stats, &sums, "own_chat", k, tokens)
+}
+
+/// 16 hex digits of the SHA-256 of the way of asking, `k` and each input in order.
+fn digest<'a>(mode: &str, k: usize, inputs: impl Iterator<Item = &'a str>) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(format!("{mode} top_k={k}").as_bytes());
+    for i in inputs {
+        // length-prefixed, so that no two lists of inputs hash alike by their joins
+        h.update((i.len() as u64).to_le_bytes());
+        h.update(i.as_bytes());
+    }
+    h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The outcome with the means of `sums` under `prefix` (`own` or `own_chat`); a failure when

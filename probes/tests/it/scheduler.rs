@@ -297,15 +297,17 @@ async fn a_mid_run_switch_raises_a_changed_alert() -> Result<()> {
 
 /// Without a reference, fingerprint probes alone answer changed?: the scheduler (built with
 /// no reference backend) charts the endpoint's own echo logprobs against its own first
-/// rounds, raises "changed" on the first round after the provider switches, and never
-/// "unfaithful" (nothing is compared with the weights).
+/// rounds — a new set of inputs (a second text) starts new charts instead of alarming —,
+/// raises "changed" on the first round after the provider switches, and never "unfaithful"
+/// (nothing is compared with the weights).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_reference_fingerprints_raise_changed_after_a_switch() -> Result<()> {
     let stop = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
     let url = engine_server(&stop, &tasks).await?;
-    // one text a round, no noise pairs (no per-position data): 5 rounds exact, then switched
-    let switching = serve(switching_double(url.clone(), 5), &stop, &tasks).await?;
+    // no noise pairs (no per-position data): 5 rounds of one text and 4 of two exact (13
+    // requests), then switched
+    let switching = serve(switching_double(url.clone(), 13), &stop, &tasks).await?;
     let db = TestDb::new(Backend::Sqlite).await?;
     let cfg = Arc::new(probes_config("kinds = [\"fingerprint\"]\n")?);
     let det: toml::Table = "cusum_baseline_rounds = 3\nhistory_runs = 30\n".parse()?;
@@ -314,13 +316,17 @@ async fn without_a_reference_fingerprints_raise_changed_after_a_switch() -> Resu
         None,
         &samewise_probes::AlertsConfig::default(),
     )?);
-    let s = Scheduler::new(
-        cfg,
-        db.store.clone(),
-        None,
-        Some(detectors.clone()),
-        vec![target(&switching, "switching/smol")],
-    )?;
+    let scheduler = |cfg| {
+        Scheduler::new(
+            cfg,
+            db.store.clone(),
+            None,
+            Some(detectors.clone()),
+            vec![target(&switching, "switching/smol")],
+        )
+    };
+    let s = scheduler(cfg)?;
+    let mut inputs = Vec::new();
     for round in 0..5 {
         let RoundResult::Stored(runs) = s
             .run_round(&s.targets()[0], ProbeKind::Fingerprint, round)
@@ -332,13 +338,34 @@ async fn without_a_reference_fingerprints_raise_changed_after_a_switch() -> Resu
             runs.len() == 1 && runs[0].ok && runs[0].kind == "fingerprint",
             "{runs:?}"
         );
+        inputs.push(runs[0].stats["inputs"].clone());
     }
+    // the operator sends a second text: new inputs, new charts, no alarm
+    let s = scheduler(Arc::new(probes_config(
+        "kinds = [\"fingerprint\"]\nitems_per_round = 2\n",
+    )?))?;
+    for round in 0..4 {
+        let RoundResult::Stored(runs) = s
+            .run_round(&s.targets()[0], ProbeKind::Fingerprint, round)
+            .await?
+        else {
+            anyhow::bail!("round {round} over budget")
+        };
+        inputs.push(runs[0].stats["inputs"].clone());
+    }
+    ensure!(
+        inputs[..5].iter().all(|i| *i == inputs[0])
+            && inputs[5..].iter().all(|i| *i == inputs[5])
+            && inputs[0] != inputs[5]
+            && inputs[0].as_str().is_some_and(|i| i.len() == 16),
+        "{inputs:?}"
+    );
     ensure!(
         all_alerts(&db.store).await?.is_empty(),
         "alert before the switch: {:?}",
         all_alerts(&db.store).await?
     );
-    s.run_round(&s.targets()[0], ProbeKind::Fingerprint, 5)
+    s.run_round(&s.targets()[0], ProbeKind::Fingerprint, 4)
         .await?;
     let alerts = all_alerts(&db.store).await?;
     let changed = alerts
@@ -360,8 +387,29 @@ async fn without_a_reference_fingerprints_raise_changed_after_a_switch() -> Resu
         "{alarm}"
     );
     // the baseline of an endpoint that echoes the same logprobs every round has no spread:
-    // its chart assumes fingerprint_min_sd
+    // its chart assumes fingerprint_min_sd; it is the first 3 runs with the two texts
     ensure!(alarm["baseline_sd"].as_f64() == Some(1e-3), "{alarm}");
+    ensure!(alarm["inputs"] == inputs[5], "{alarm}");
+    let two_texts: Vec<i64> = db
+        .store
+        .probe_runs(&ProbeRunQuery {
+            model: None,
+            endpoint: None,
+            kind: None,
+            since_ms: None,
+            limit: 100,
+        })
+        .await?
+        .iter()
+        .filter(|r| r.stats["inputs"] == inputs[5])
+        .map(|r| r.id)
+        .rev()
+        .take(3)
+        .collect();
+    ensure!(
+        alarm["baseline_runs"] == serde_json::json!(two_texts),
+        "{alarm}"
+    );
     ensure!(
         changed.summary.contains("(fingerprint)"),
         "{}",
