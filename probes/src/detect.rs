@@ -112,8 +112,20 @@ mod passive_sweep;
 
 pub use changed::{changed_chart, changed_chart_config};
 pub use detector_config::DetectorConfig;
-pub use floors::noise_pair_stats;
+pub use floors::{fingerprint_pair_stats, noise_pair_stats};
 use floors::{load_raw, noise_floors, pairs_needing_raw};
+
+/// The statistics of a fingerprint run the changed? charts follow (the endpoint's own logprobs
+/// by echo, then by greedy chat; `crate::kinds` writes them).
+pub const FINGERPRINT_STATS: [&str; 7] = [
+    "own_logprob_mean",
+    "own_top1_logprob_mean",
+    "own_top1_agreement",
+    "own_tokens",
+    "own_chat_logprob_mean",
+    "own_chat_top1_agreement",
+    "own_chat_tokens",
+];
 
 /// Alert kind of the faithful? detector.
 pub const KIND_UNFAITHFUL: &str = "unfaithful";

@@ -2,9 +2,10 @@
 //! model's interval with seeded jitter, within the endpoint's hourly probe-token budget
 //! (`Store::probe_tokens_since`), stores each run (`Store::insert_probe_run`), runs the
 //! "faithful?" and "changed?" detectors after it, and sweeps the passive detectors
-//! periodically. Every `noise_pair_every`-th round of a kind with per-position data (the
-//! first included) is a noise-floor pair: the same probe twice, the second stored with
-//! `repeat_of` and the pair's statistics (`stats.noise_pair`, [`crate::detect::noise_pair_stats`]). The reference's scores are memoized ([`crate::reference::Cached`], `reference_cache_positions`): rounds
+//! periodically. Every `noise_pair_every`-th round of a kind with per-position data, or of a
+//! fingerprint (the first included), is a noise-floor pair: the same probe twice, the second
+//! stored with `repeat_of` and the pair's statistics (`stats.noise_pair`,
+//! [`crate::detect::noise_pair_stats`], [`crate::detect::fingerprint_pair_stats`]). The reference's scores are memoized ([`crate::reference::Cached`], `reference_cache_positions`): rounds
 //! re-send the same sequences, and the reference's answer to one never changes.
 //!
 //! Probe runs are concurrent across endpoints, at most `concurrency` in flight (a semaphore
@@ -181,8 +182,9 @@ impl Scheduler {
         let pair = round.is_multiple_of(u64::from(self.cfg.noise_pair_every));
         let first = self.probe_and_store(&ctx, target, kind, None).await?;
         let mut out = vec![first];
-        // a repeat measures a noise floor only from per-position data (logprob kinds)
-        if pair && out[0].ok && out[0].raw.is_some() {
+        // a repeat measures a noise floor from per-position data (logprob kinds) or, for a
+        // fingerprint, from its statistics
+        if pair && out[0].ok && (out[0].raw.is_some() || kind == ProbeKind::Fingerprint) {
             let second = self
                 .probe_and_store(&ctx, target, kind, Some(&out[0]))
                 .await?;
@@ -237,6 +239,15 @@ impl Scheduler {
                         stats.insert("noise_pair".to_owned(), serde_json::Value::Null);
                     }
                 }
+            }
+        }
+        // a fingerprint's pair: how far its statistics moved between the two
+        if let (Some(first), true) = (repeat_of, run.ok)
+            && kind == ProbeKind::Fingerprint
+        {
+            let pair = crate::detect::fingerprint_pair_stats(&first.stats, &run.stats);
+            if let Some(stats) = run.stats.as_object_mut() {
+                stats.insert("noise_pair".to_owned(), pair);
             }
         }
         if let Some(e) = &run.error {

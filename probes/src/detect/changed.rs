@@ -124,8 +124,11 @@ impl Detectors {
             if stat(&run.stats, key).is_none() {
                 continue;
             }
+            let fingerprint = super::FINGERPRINT_STATS.contains(&key.as_str());
             let floor = floors.get(key.as_str()).and_then(|f| {
-                if higher_is_better(key) {
+                // a fingerprint pair's values are distances (|first − repeat|) whatever the
+                // statistic's direction
+                if higher_is_better(key) && !fingerprint {
                     f.floor_rate().map(|r| 1.0 - r)
                 } else {
                     f.floor()

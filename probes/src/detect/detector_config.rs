@@ -79,16 +79,11 @@ impl Default for DetectorConfig {
                 "mmd",
                 "trigger_f1",
                 "effective_context",
-                "own_logprob_mean",
-                "own_top1_logprob_mean",
-                "own_top1_agreement",
-                "own_tokens",
-                "own_chat_logprob_mean",
-                "own_chat_top1_agreement",
-                "own_chat_tokens",
             ]
+            .into_iter()
+            .chain(super::FINGERPRINT_STATS)
             .map(str::to_owned)
-            .to_vec(),
+            .collect(),
             fingerprint_min_sd: FINGERPRINT_MIN_SD,
             history_runs: 500,
             passive_q: 0.01,

@@ -51,6 +51,30 @@ pub fn noise_pair_stats(first_raw: &[u8], repeat_raw: &[u8]) -> Result<serde_jso
     ))
 }
 
+/// A fingerprint's noise-floor pair's statistics: per statistic of
+/// [`FINGERPRINT_STATS`](super::FINGERPRINT_STATS) both runs have, how far apart they are
+/// (`|first − repeat|`: its own logprobs on the same inputs asked twice). Null when the two
+/// runs sent different inputs.
+pub fn fingerprint_pair_stats(
+    first: &serde_json::Value,
+    repeat: &serde_json::Value,
+) -> serde_json::Value {
+    if first.get("inputs") != repeat.get("inputs") {
+        return serde_json::Value::Null;
+    }
+    serde_json::Value::Object(
+        super::FINGERPRINT_STATS
+            .iter()
+            .filter_map(|&k| {
+                Some((
+                    k.to_owned(),
+                    (stat(first, k)? - stat(repeat, k)?).abs().into(),
+                ))
+            })
+            .collect(),
+    )
+}
+
 /// Noise floors per run-stats key, from the noise-floor pairs in `history` (a run with
 /// `repeat_of` and its first run): the pair's `stats.noise_pair`, or, for a pair stored
 /// without it, the pair's statistics from both runs' raw data. Pairs whose data do not line
@@ -74,7 +98,7 @@ pub(super) fn noise_floors(history: &[ProbeRun]) -> BTreeMap<String, NoiseFloor>
                 continue;
             }
         };
-        for key in FLOOR_KEYS {
+        for &key in FLOOR_KEYS.iter().chain(&super::FINGERPRINT_STATS) {
             if let Some(v) = stat(&pair, key) {
                 // a non-finite value is refused by record() and simply not counted
                 let _ = floors.entry(key.to_owned()).or_default().record(v);

@@ -28,9 +28,10 @@
 //! changing `items_per_round` or a prompt set starts new charts instead of raising "changed".
 //!
 //! Nothing is compared with a reference, so the kind runs where `[probes.reference]` is not
-//! configured, faithful? never judges it, and it keeps no per-position data (no noise-floor
-//! pairs: an endpoint's spread between rounds is measured by its baseline runs, and the
-//! charts' floor is `fingerprint_min_sd`).
+//! configured, faithful? never judges it, and it keeps no per-position data. Its noise-floor
+//! pairs (the same inputs asked twice) store how far each statistic moved
+//! ([`crate::detect::fingerprint_pair_stats`]): the charts' σ is at least the largest recent
+//! distance, and at least `fingerprint_min_sd`.
 
 use serde_json::{Map, Value, json};
 

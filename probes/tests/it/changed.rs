@@ -368,3 +368,64 @@ async fn a_lasting_shift_keeps_one_changed_alert_open_on_postgres_and_sqlite() -
     }
     Ok(())
 }
+
+/// A fingerprint chart's σ is raised by the endpoint's own repeat noise: an endpoint whose
+/// baseline rounds echoed the same numbers (σ 0, so the 1e-3 floor) and that later sits 0.004
+/// off them (within its noise) alarms without noise-floor pairs, and not once its pairs
+/// measured that it varies by 0.01 between identical requests; a real shift (0.1) still
+/// alarms, within 3 rounds.
+#[tokio::test]
+async fn fingerprint_repeat_noise_raises_the_charts_floor() -> Result<()> {
+    let fingerprint = |endpoint: &str, t: i64, mean: f64| samewise_store::ProbeRun {
+        kind: "fingerprint".to_owned(),
+        stats: serde_json::json!({"mode": "echo", "inputs": "00112233aabbccdd", "own_logprob_mean": mean, "own_tokens": 300}),
+        ..logprob_run(endpoint, t, 0.0, 1.0)
+    };
+    let mut raised = Vec::new();
+    for with_pairs in [false, true] {
+        let db = TestDb::new(Backend::Sqlite).await?;
+        let d = detectors(eight_round_baseline(), None)?;
+        let mut t = 0;
+        let mut round = |mean: f64| {
+            t += 1_000;
+            fingerprint("p/f", t, mean)
+        };
+        for _ in 0..8 {
+            let r = store_run(&db.store, &round(-2.0)).await?;
+            ensure!(d.after_run(&db.store, &r).await?.is_empty());
+        }
+        let mut alarms = 0;
+        for i in 0..12 {
+            let r = store_run(&db.store, &round(-1.996)).await?;
+            if i % 4 == 0 && with_pairs {
+                // the repeat of a noise-floor pair, 0.01 off the run it repeats
+                let mut repeat = round(-2.0);
+                repeat.repeat_of = Some(r.id);
+                repeat.stats["noise_pair"] =
+                    serde_json::json!({"own_logprob_mean": 0.01, "own_tokens": 0.0});
+                store_run(&db.store, &repeat).await?;
+            }
+            alarms += d
+                .after_run(&db.store, &r)
+                .await?
+                .iter()
+                .filter(|a| a.kind == "changed")
+                .count();
+        }
+        let mut shift = false;
+        for _ in 0..3 {
+            let shifted = store_run(&db.store, &round(-2.1)).await?;
+            let found = d.after_run(&db.store, &shifted).await?;
+            shift |= found
+                .iter()
+                .any(|a| a.kind == "changed" && a.evidence["alarms"][0]["shift"] == "down");
+        }
+        ensure!(shift, "with_pairs {with_pairs}: a 0.1 shift did not alarm");
+        raised.push(alarms);
+    }
+    ensure!(
+        raised[0] > 0 && raised[1] == 0,
+        "alarms while wobbling, without and with pairs: {raised:?}"
+    );
+    Ok(())
+}

@@ -305,9 +305,9 @@ async fn without_a_reference_fingerprints_raise_changed_after_a_switch() -> Resu
     let stop = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
     let url = engine_server(&stop, &tasks).await?;
-    // no noise pairs (no per-position data): 5 rounds of one text and 4 of two exact (13
-    // requests), then switched
-    let switching = serve(switching_double(url.clone(), 13), &stop, &tasks).await?;
+    // rounds 0 and 3 are noise pairs (noise_pair_every = 3): 5 rounds of one text (7
+    // requests) and 4 of two (12) exact, then switched
+    let switching = serve(switching_double(url.clone(), 19), &stop, &tasks).await?;
     let db = TestDb::new(Backend::Sqlite).await?;
     let cfg = Arc::new(probes_config("kinds = [\"fingerprint\"]\n")?);
     let det: toml::Table = "cusum_baseline_rounds = 3\nhistory_runs = 30\n".parse()?;
@@ -334,10 +334,22 @@ async fn without_a_reference_fingerprints_raise_changed_after_a_switch() -> Resu
         else {
             anyhow::bail!("round {round} over budget")
         };
+        let pair = round % 3 == 0;
         ensure!(
-            runs.len() == 1 && runs[0].ok && runs[0].kind == "fingerprint",
+            runs.len() == 1 + usize::from(pair) && runs[0].ok && runs[0].kind == "fingerprint",
             "{runs:?}"
         );
+        // a noise-floor pair: the same inputs asked twice, the distance of each statistic
+        if pair {
+            let p = &runs[1].stats["noise_pair"];
+            ensure!(
+                runs[1].repeat_of == Some(runs[0].id)
+                    && p["own_logprob_mean"] == 0.0
+                    && p["own_tokens"] == 0.0,
+                "{}",
+                runs[1].stats
+            );
+        }
         inputs.push(runs[0].stats["inputs"].clone());
     }
     // the operator sends a second text: new inputs, new charts, no alarm
@@ -401,7 +413,7 @@ async fn without_a_reference_fingerprints_raise_changed_after_a_switch() -> Resu
         })
         .await?
         .iter()
-        .filter(|r| r.stats["inputs"] == inputs[5])
+        .filter(|r| r.stats["inputs"] == inputs[5] && r.repeat_of.is_none())
         .map(|r| r.id)
         .rev()
         .take(3)
