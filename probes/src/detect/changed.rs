@@ -134,10 +134,12 @@ impl Detectors {
                     f.floor()
                 }
             });
-            let mut min_sd = floor.map_or(self.cfg.cusum.min_sd, |f| f.max(self.cfg.cusum.min_sd));
-            if run.kind == crate::config::ProbeKind::Fingerprint.name() {
-                min_sd = min_sd.max(self.cfg.fingerprint_min_sd);
-            }
+            let least = if fingerprint {
+                self.cfg.cusum.min_sd.max(self.cfg.fingerprint_min_sd)
+            } else {
+                self.cfg.cusum.min_sd
+            };
+            let min_sd = floor.map_or(least, |f| f.max(least));
             let baseline = baselines
                 .get(&chart_key(key, inputs))
                 .map_or(&[][..], Vec::as_slice);
