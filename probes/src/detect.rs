@@ -316,24 +316,7 @@ impl Detectors {
         if !run.ok {
             return Ok(Vec::new());
         }
-        // the statistics only: the raw data (tens of kB a run) is read for the few runs that
-        // need it, below
-        let mut history = store
-            .probe_run_stats(&ProbeRunQuery {
-                model: Some(run.model.clone()),
-                endpoint: Some(run.endpoint.clone()),
-                kind: Some(run.kind.clone()),
-                since_ms: None,
-                limit: self.cfg.history_runs,
-            })
-            .await
-            .map_err(store_err)?;
-        history.reverse(); // oldest first
-        if !history.iter().any(|r| r.id == run.id) {
-            history.push(run.clone());
-        }
-        let pairs = pairs_needing_raw(&history);
-        load_raw(store, &mut history, &pairs).await?;
+        let mut history = self.history(store, run).await?;
         let floors = noise_floors(&history);
         let mut out = Vec::new();
         let mut finding = self.faithful(run, &history, &floors)?;
@@ -349,14 +332,7 @@ impl Detectors {
         if let Some(finding) = finding {
             out.push(self.alerting.raise(store, &finding).await?.0);
         }
-        // an operator's resolution of a "changed" alert accepts the new behaviour: the chart
-        // restarts after it; an auto-resolution after the quiet period accepts nothing
-        let accepted_ms = store
-            .last_operator_resolution(&run.model, &run.endpoint, KIND_CHANGED)
-            .await
-            .map_err(store_err)?;
-        let baselines = self.baselines(store, run, &history, accepted_ms).await?;
-        match self.changed(run, &history, &floors, accepted_ms, &baselines)? {
+        match self.changed_on(store, run, &history, &floors).await? {
             Some(changed::Changed::Alarm(finding)) => {
                 out.push(self.alerting.raise(store, &finding).await?.0);
             }
@@ -374,6 +350,61 @@ impl Detectors {
             None => {}
         }
         Ok(out)
+    }
+
+    /// Whether `run`, stored, would open a "changed" alarm (a chart newly over h, not one held
+    /// since an earlier alarm), by the same charts as [`Self::after_run`], raising nothing. The
+    /// scheduler asks it of a fingerprint run before the run's detectors, so that such an
+    /// alarm is first checked against a noise-floor pair of the same round.
+    pub async fn changed_alarm_pending(&self, store: &Store, run: &ProbeRun) -> Result<bool> {
+        if !run.ok || run.repeat_of.is_some() {
+            return Ok(false);
+        }
+        let history = self.history(store, run).await?;
+        let floors = noise_floors(&history);
+        let found = self.changed_on(store, run, &history, &floors).await?;
+        Ok(matches!(found, Some(changed::Changed::Alarm(_))))
+    }
+
+    /// The endpoint's newest `history_runs` runs of `run`'s kind, oldest first, `run` among
+    /// them: statistics only, with the raw data of the noise-floor pairs that need it (tens of
+    /// kB a run; the rest is read for the few runs that need it, by the caller).
+    async fn history(&self, store: &Store, run: &ProbeRun) -> Result<Vec<ProbeRun>> {
+        let mut history = store
+            .probe_run_stats(&ProbeRunQuery {
+                model: Some(run.model.clone()),
+                endpoint: Some(run.endpoint.clone()),
+                kind: Some(run.kind.clone()),
+                since_ms: None,
+                limit: self.cfg.history_runs,
+            })
+            .await
+            .map_err(store_err)?;
+        history.reverse(); // oldest first
+        if !history.iter().any(|r| r.id == run.id) {
+            history.push(run.clone());
+        }
+        let pairs = pairs_needing_raw(&history);
+        load_raw(store, &mut history, &pairs).await?;
+        Ok(history)
+    }
+
+    /// The changed? finding on `run` over `history`, from its baselines.
+    async fn changed_on(
+        &self,
+        store: &Store,
+        run: &ProbeRun,
+        history: &[ProbeRun],
+        floors: &BTreeMap<String, NoiseFloor>,
+    ) -> Result<Option<changed::Changed>> {
+        // an operator's resolution of a "changed" alert accepts the new behaviour: the chart
+        // restarts after it; an auto-resolution after the quiet period accepts nothing
+        let accepted_ms = store
+            .last_operator_resolution(&run.model, &run.endpoint, KIND_CHANGED)
+            .await
+            .map_err(store_err)?;
+        let baselines = self.baselines(store, run, history, accepted_ms).await?;
+        self.changed(run, history, floors, accepted_ms, &baselines)
     }
 
     /// The faithful? finding for `run`, if it is one.

@@ -5,7 +5,9 @@
 //! periodically. Every `noise_pair_every`-th round of a kind with per-position data, or of a
 //! fingerprint (the first included), is a noise-floor pair: the same probe twice, the second
 //! stored with `repeat_of` and the pair's statistics (`stats.noise_pair`,
-//! [`crate::detect::noise_pair_stats`], [`crate::detect::fingerprint_pair_stats`]). The reference's scores are memoized ([`crate::reference::Cached`], `reference_cache_positions`): rounds
+//! [`crate::detect::noise_pair_stats`], [`crate::detect::fingerprint_pair_stats`]). A
+//! fingerprint run that would open a "changed" alarm is paired at once, before its detectors
+//! run, so the alarm is judged with the endpoint's repeat noise of that moment. The reference's scores are memoized ([`crate::reference::Cached`], `reference_cache_positions`): rounds
 //! re-send the same sequences, and the reference's answer to one never changes.
 //!
 //! Probe runs are concurrent across endpoints, at most `concurrency` in flight (a semaphore
@@ -60,6 +62,8 @@ pub struct Scheduler {
     http: reqwest::Client,
     /// Probe runs in flight across endpoints (`ProbesConfig::concurrency`).
     slots: tokio::sync::Semaphore,
+    /// Endpoints whose fingerprint rounds ask by chat at once (they refused echo).
+    echo_refusals: kinds::EchoRefusals,
     /// Times a standby found the lock held by another process; a test waits for it to
     /// advance before asserting that a standby probed nothing.
     standby_checks: std::sync::atomic::AtomicU64,
@@ -122,6 +126,7 @@ impl Scheduler {
         Ok(Self {
             http: kinds::endpoint_client(cfg.request_timeout),
             slots: tokio::sync::Semaphore::new(cfg.concurrency),
+            echo_refusals: kinds::EchoRefusals::default(),
             cfg,
             store,
             reference,
@@ -178,27 +183,70 @@ impl Scheduler {
             http: &self.http,
             round,
             seed,
+            echo_refusals: Some(&self.echo_refusals),
         };
         let pair = round.is_multiple_of(u64::from(self.cfg.noise_pair_every));
-        let first = self.probe_and_store(&ctx, target, kind, None).await?;
+        let fingerprint = kind == ProbeKind::Fingerprint;
+        // a fingerprint's detectors run after its round's pair, below
+        let first = self
+            .probe_and_store(&ctx, target, kind, None, !fingerprint)
+            .await?;
         let mut out = vec![first];
+        // a fingerprint run that would open a "changed" alarm is first asked again: the pair
+        // measures how far the endpoint's own answers move now, and the charts' σ is at least
+        // that, so an endpoint that merely became noisier since its last pair is not flagged
+        let confirm = fingerprint && !pair && self.alarm_pending(target, &out[0]).await;
         // a repeat measures a noise floor from per-position data (logprob kinds) or, for a
         // fingerprint, from its statistics
-        if pair && out[0].ok && (out[0].raw.is_some() || kind == ProbeKind::Fingerprint) {
+        if (pair || confirm) && out[0].ok && (out[0].raw.is_some() || fingerprint) {
             let second = self
-                .probe_and_store(&ctx, target, kind, Some(&out[0]))
+                .probe_and_store(&ctx, target, kind, Some(&out[0]), true)
                 .await?;
             out.push(second);
+        }
+        if fingerprint {
+            self.detect(target, &out[0]).await;
         }
         Ok(RoundResult::Stored(out))
     }
 
+    /// Whether the detectors would open a "changed" alarm on `run` (false without detectors,
+    /// or when they fail: the run's own detection then reports it).
+    async fn alarm_pending(&self, target: &Target, run: &ProbeRun) -> bool {
+        let Some(d) = &self.detectors else {
+            return false;
+        };
+        d.changed_alarm_pending(&self.store, run)
+            .await
+            .inspect_err(|e| tracing::error!(endpoint = %target.endpoint, error = %e, "changed? preview failed"))
+            .unwrap_or(false)
+    }
+
+    /// Runs the detectors after a stored run.
+    async fn detect(&self, target: &Target, run: &ProbeRun) {
+        let Some(d) = &self.detectors else {
+            return;
+        };
+        match d.after_run(&self.store, run).await {
+            Ok(alerts) if !alerts.is_empty() => {
+                tracing::warn!(endpoint = %target.endpoint, kind = %run.kind, alerts = alerts.len(), "probe run raised alerts");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!(endpoint = %target.endpoint, error = %e, "detectors failed after a probe run")
+            }
+        }
+    }
+
+    /// One probe run, stored (with its noise-floor pair's statistics when it repeats
+    /// `repeat_of`), then, with `detect`, the detectors after it.
     async fn probe_and_store(
         &self,
         ctx: &ProbeCtx<'_>,
         target: &Target,
         kind: ProbeKind,
         repeat_of: Option<&ProbeRun>,
+        detect: bool,
     ) -> Result<ProbeRun> {
         // the semaphore is never closed, so acquiring only waits
         let slot = self.slots.acquire().await.ok();
@@ -254,16 +302,8 @@ impl Scheduler {
             tracing::warn!(endpoint = %target.endpoint, kind = kind.name(), error = %e, "probe could not run");
         }
         run.id = self.store.insert_probe_run(&run).await?;
-        if let Some(d) = &self.detectors {
-            match d.after_run(&self.store, &run).await {
-                Ok(alerts) if !alerts.is_empty() => {
-                    tracing::warn!(endpoint = %target.endpoint, kind = kind.name(), alerts = alerts.len(), "probe run raised alerts");
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::error!(endpoint = %target.endpoint, error = %e, "detectors failed after a probe run")
-                }
-            }
+        if detect {
+            self.detect(target, &run).await;
         }
         Ok(run)
     }

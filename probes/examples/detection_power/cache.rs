@@ -90,6 +90,7 @@ pub(crate) async fn probe_texts(
         http: env.http,
         round: 0,
         seed: 7,
+        echo_refusals: None,
     };
     let o = kinds::run(ProbeKind::PromptLogprobs, &ctx, target).await;
     ensure!(

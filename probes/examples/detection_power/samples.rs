@@ -255,6 +255,7 @@ pub(crate) async fn samples_real_rounds(
             http: env.http,
             round: round as u64,
             seed: mix(s.seed, 0x5A11_0000 + round as u64),
+            echo_refusals: None,
         };
         let o = kinds::run(ProbeKind::Samples, &ctx, target).await;
         ensure!(o.ok, "{}: samples failed: {:?}", target.endpoint, o.error);

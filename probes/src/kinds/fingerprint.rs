@@ -23,6 +23,12 @@
 //!   says something else). The names differ from echo's, so an endpoint that starts or stops
 //!   refusing echo starts new charts instead of mixing the two.
 //!
+//! An endpoint that refused echo is remembered ([`EchoRefusals`], the scheduler's, keyed by
+//! endpoint): for an hour ([`ECHO_RETRY_MS`]) its rounds ask by chat at once instead of
+//! spending two refused requests each (`max_tokens` 0, then 1) on the way there; the first round
+//! after it asks echo again, so a provider that starts serving echo is fingerprinted by it.
+//! Chat-mode stats say which (`echo_asked`) and keep the refusal's words (`echo_refused`).
+//!
 //! `stats.inputs` is a digest of what was sent (the way of asking, `top_k`, each text or prompt
 //! and its `max_tokens`): the changed? charts follow runs with the same inputs only, so
 //! changing `items_per_round` or a prompt set starts new charts instead of raising "changed".
@@ -33,16 +39,74 @@
 //! ([`crate::detect::fingerprint_pair_stats`]): the charts' σ is at least the largest recent
 //! distance, and at least `fingerprint_min_sd`.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use serde_json::{Map, Value, json};
 
 use super::prompt_logprobs::{echo, parse_echo};
 use super::{EpPosition, Outcome, ProbeCtx, Target, call, chat_positions, usage_tokens};
 
-/// Runs one fingerprint probe: echo, or chat where echo is refused.
+/// How long an endpoint's refusal of echo is remembered before echo is asked again.
+pub const ECHO_RETRY_MS: i64 = 3_600_000;
+
+/// Endpoints that refused echo: when, and in what words.
+#[derive(Debug, Default)]
+pub struct EchoRefusals(Mutex<HashMap<String, (i64, String)>>);
+
+impl EchoRefusals {
+    /// The refusal's words when `endpoint` refused echo less than [`ECHO_RETRY_MS`] before
+    /// `now_ms`.
+    pub fn remembered(&self, endpoint: &str, now_ms: i64) -> Option<String> {
+        let map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.get(endpoint)
+            .filter(|(at, _)| now_ms - at < ECHO_RETRY_MS)
+            .map(|(_, reason)| reason.clone())
+    }
+
+    /// Remembers that `endpoint` refused echo at `now_ms`.
+    pub fn record(&self, endpoint: &str, reason: &str, now_ms: i64) {
+        let mut map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.insert(endpoint.to_owned(), (now_ms, reason.to_owned()));
+    }
+
+    /// Forgets `endpoint`'s refusal (it answered echo).
+    pub fn forget(&self, endpoint: &str) {
+        let mut map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.remove(endpoint);
+    }
+}
+
+/// Runs one fingerprint probe: echo, or chat where echo is refused (at once where the
+/// endpoint's refusal is remembered in `ctx.echo_refusals`).
 pub async fn run(ctx: &ProbeCtx<'_>, target: &Target) -> Outcome {
+    let now = crate::runner::now_ms();
+    let memory = ctx.echo_refusals;
+    if let Some(reason) = memory.and_then(|m| m.remembered(&target.endpoint, now)) {
+        return chat_round(ctx, target, &reason, 0, false).await;
+    }
     match echo_round(ctx, target).await {
-        Round::Done(o) => o,
-        Round::Refused { reason, tokens } => chat_round(ctx, target, &reason, tokens).await,
+        Round::Done(o) => {
+            if let (Some(m), true) = (memory, o.ok) {
+                m.forget(&target.endpoint);
+            }
+            o
+        }
+        Round::Refused { reason, tokens } => {
+            if let Some(m) = memory {
+                m.record(&target.endpoint, &reason, now);
+            }
+            chat_round(ctx, target, &reason, tokens, true).await
+        }
     }
 }
 
@@ -146,7 +210,14 @@ async fn echo_round(ctx: &ProbeCtx<'_>, target: &Target) -> Round {
     Round::Done(finish(stats, &sums, "own", k, tokens))
 }
 
-async fn chat_round(ctx: &ProbeCtx<'_>, target: &Target, refused: &str, spent: i64) -> Outcome {
+/// The chat round; `asked`: whether echo was asked (and refused) this round, not remembered.
+async fn chat_round(
+    ctx: &ProbeCtx<'_>,
+    target: &Target,
+    refused: &str,
+    spent: i64,
+    asked: bool,
+) -> Outcome {
     let prompts = super::window(&ctx.sets.completion_prompts, 0, ctx.cfg.items_per_round);
     let k = ctx.cfg.top_k as usize;
     let mut tokens = spent;
@@ -186,6 +257,7 @@ async fn chat_round(ctx: &ProbeCtx<'_>, target: &Target, refused: &str, spent: i
         json!(digest("chat", k, sent.iter().map(String::as_str))),
     );
     stats.insert("echo_refused".into(), json!(refused));
+    stats.insert("echo_asked".into(), json!(asked));
     stats.insert("prompts".into(), json!(per_prompt));
     stats.insert("own_chat_tokens".into(), json!(generated));
     finish(stats, &sums, "own_chat", k, tokens)

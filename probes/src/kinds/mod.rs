@@ -13,7 +13,8 @@
 //! - `long_context`: multi-query needle retrieval at doubling lengths, scored by answer
 //!   likelihood on the endpoint and the reference; the effective context.
 //! - `fingerprint`: the endpoint's own logprobs on fixed inputs (echo, or greedy chat where
-//!   echo is refused), for changed? without a reference (the one kind that needs none).
+//!   echo is refused, and remembered as refused for an hour: [`EchoRefusals`]), for changed?
+//!   without a reference (the one kind that needs none).
 //! - `diagnose`: fault signatures (shifted logprobs, prompt token counts) the logprob kinds
 //!   write into their statistics as `diagnosis`.
 //!
@@ -41,6 +42,7 @@ mod samples;
 mod tool_calls;
 
 pub use diagnose::{different_model, different_model_of};
+pub use fingerprint::{ECHO_RETRY_MS, EchoRefusals};
 
 /// One endpoint to probe.
 #[derive(Clone, PartialEq)]
@@ -164,6 +166,9 @@ pub struct ProbeCtx<'a> {
     pub round: u64,
     /// Seed for endpoint and reference sampling and permutation tests.
     pub seed: u64,
+    /// Endpoints that refused echo, remembered across rounds (the scheduler's); None: every
+    /// fingerprint round asks echo first.
+    pub echo_refusals: Option<&'a EchoRefusals>,
 }
 
 /// What one probe run produced.

@@ -4,7 +4,8 @@
 //! whose logprobs are scaled moves it by the factor and keeps its token count; one whose echo
 //! logprobs are a position off their tokens keeps every mean but not the top-1 agreement; a
 //! chat-only provider is fingerprinted by greedy chat completions instead; a refusal of both is a
-//! finding; without a reference, every other kind fails naming what it lacks.
+//! finding; without a reference, every other kind fails naming what it lacks. The scheduler's
+//! memory of a refusal sends the next rounds to chat at once, until it is an hour old.
 //!
 //! The test model is `$SAMEWISE_MODEL` if set, else
 //! `~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf`; a missing model fails.
@@ -232,6 +233,178 @@ async fn fingerprint_is_the_endpoints_own_logprobs_on_fixed_texts() -> Result<()
         );
         ensure!(o.stats == Value::Object(Default::default()));
     }
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+/// Requests a pass-through has forwarded: (legacy completions, chat completions).
+#[derive(Default)]
+struct Counts {
+    completions: std::sync::atomic::AtomicUsize,
+    chat: std::sync::atomic::AtomicUsize,
+}
+
+impl Counts {
+    fn read(&self) -> (usize, usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.completions.load(Relaxed), self.chat.load(Relaxed))
+    }
+}
+
+/// A pass-through to `upstream` that counts the requests by path and keeps each answer's
+/// status and body.
+fn counting_double(upstream: String, counts: std::sync::Arc<Counts>) -> axum::Router {
+    let handler = move |uri: axum::http::Uri, body: axum::body::Bytes| {
+        let (upstream, counts) = (upstream.clone(), counts.clone());
+        async move {
+            let counter = if uri.path().ends_with("/chat/completions") {
+                &counts.chat
+            } else {
+                &counts.completions
+            };
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Ok(resp) = reqwest::Client::new()
+                .post(format!("{upstream}{}", uri.path()))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+            else {
+                return (axum::http::StatusCode::BAD_GATEWAY, Vec::new());
+            };
+            let status = axum::http::StatusCode::from_u16(resp.status().as_u16())
+                .unwrap_or(axum::http::StatusCode::BAD_GATEWAY);
+            (status, resp.bytes().await.unwrap_or_default().to_vec())
+        }
+    };
+    axum::Router::new().fallback(axum::routing::post(handler))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_of_echo_is_remembered_for_an_hour() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let counts = std::sync::Arc::new(Counts::default());
+    let chat_only = profiled_server(
+        engine()?,
+        samewise_engine::Profile::builtin("no-echo").context("no no-echo profile")?,
+        &stop,
+        &tasks,
+    )
+    .await?;
+    let counted = serve(counting_double(chat_only, counts.clone()), &stop, &tasks).await?;
+    let h = Harness::new("kinds = [\"fingerprint\"]\nitems_per_round = 3\n")?;
+    let memory = samewise_probes::kinds::EchoRefusals::default();
+    let t = target(&counted, "chat/smol");
+    let round = |n| h.probe_round_remembering(None, Some(&memory), ProbeKind::Fingerprint, &t, n);
+
+    // the first round asks echo (max_tokens 0, then 1), is refused and asks by chat
+    let first = round(0).await;
+    ensure!(
+        first.ok && first.stats["mode"] == "chat",
+        "{:?} {}",
+        first.error,
+        first.stats
+    );
+    ensure!(first.stats["echo_asked"] == true, "{}", first.stats);
+    ensure!(
+        counts.read() == (2, 3),
+        "requests (completions, chat): {:?}",
+        counts.read()
+    );
+    let reason = first.stats["echo_refused"]
+        .as_str()
+        .context("echo_refused")?
+        .to_owned();
+    ensure!(reason.starts_with("echo logprobs refused"), "{reason}");
+
+    // the next rounds go to chat at once, with the same charted numbers and the same words
+    let second = round(1).await;
+    ensure!(
+        second.ok && second.stats["echo_asked"] == false,
+        "{:?} {}",
+        second.error,
+        second.stats
+    );
+    ensure!(
+        counts.read() == (2, 6),
+        "requests (completions, chat): {:?}",
+        counts.read()
+    );
+    ensure!(
+        second.stats["echo_refused"] == reason.as_str(),
+        "{}",
+        second.stats
+    );
+    for key in [
+        "inputs",
+        "own_chat_logprob_mean",
+        "own_chat_top1_agreement",
+        "own_chat_tokens",
+    ] {
+        ensure!(
+            second.stats[key] == first.stats[key],
+            "{key}: {} vs {}",
+            second.stats,
+            first.stats
+        );
+    }
+    ensure!(
+        second.tokens == first.tokens,
+        "{} vs {}",
+        second.tokens,
+        first.tokens
+    );
+
+    // an hour on, echo is asked again
+    let now = samewise_probes::runner::now_ms();
+    ensure!(
+        memory
+            .remembered("chat/smol", now + samewise_probes::kinds::ECHO_RETRY_MS)
+            .is_none()
+    );
+    memory.record(
+        "chat/smol",
+        &reason,
+        now - samewise_probes::kinds::ECHO_RETRY_MS,
+    );
+    let third = round(2).await;
+    ensure!(
+        third.ok && third.stats["echo_asked"] == true,
+        "{:?} {}",
+        third.error,
+        third.stats
+    );
+    ensure!(
+        counts.read() == (4, 9),
+        "requests (completions, chat): {:?}",
+        counts.read()
+    );
+    ensure!(
+        memory.remembered("chat/smol", now).is_some(),
+        "the new refusal is not remembered"
+    );
+
+    // an endpoint that answers echo when asked again is forgotten and fingerprinted by echo
+    let url = engine_server(&stop, &tasks).await?;
+    let echoing = target(&url, "engine/smol");
+    let old = now - samewise_probes::kinds::ECHO_RETRY_MS;
+    memory.record("engine/smol", "echo logprobs refused: 404", old);
+    let e = h
+        .probe_round_remembering(None, Some(&memory), ProbeKind::Fingerprint, &echoing, 0)
+        .await;
+    ensure!(
+        e.ok && e.stats["mode"] == "echo",
+        "{:?} {}",
+        e.error,
+        e.stats
+    );
+    ensure!(
+        memory.remembered("engine/smol", old).is_none(),
+        "an answered echo is still remembered as refused"
+    );
     stop.cancel();
     tasks.close();
     tasks.wait().await;

@@ -212,18 +212,28 @@ async fn all_alerts(store: &samewise_store::Store) -> Result<Vec<samewise_store:
 /// A provider that changes what it serves mid-run: the first `after` completions requests
 /// pass through to the engine unchanged, later ones get logprobs scaled by 1.3.
 fn switching_double(upstream: String, after: usize) -> axum::Router {
+    scaling_double(upstream, move |n| if n >= after { 1.3 } else { 1.0 })
+}
+
+/// A provider whose `n`-th completions request (from 0) gets the engine's logprobs scaled by
+/// `factor(n)`.
+fn scaling_double(
+    upstream: String,
+    factor: impl Fn(usize) -> f64 + Clone + Send + Sync + 'static,
+) -> axum::Router {
     let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     axum::Router::new().route(
         "/v1/completions",
         post(move |body: Bytes| {
             let upstream = upstream.clone();
             let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let f = factor(n);
             async move {
                 let Some(mut v) = forward(&upstream, "/v1/completions", body).await else {
                     return axum::Json(json!({}));
                 };
-                if n >= after {
-                    scale(&mut v, 1.3);
+                if f != 1.0 {
+                    scale(&mut v, f);
                 }
                 axum::Json(v)
             }
@@ -377,8 +387,17 @@ async fn without_a_reference_fingerprints_raise_changed_after_a_switch() -> Resu
         "alert before the switch: {:?}",
         all_alerts(&db.store).await?
     );
-    s.run_round(&s.targets()[0], ProbeKind::Fingerprint, 4)
-        .await?;
+    let RoundResult::Stored(runs) = s
+        .run_round(&s.targets()[0], ProbeKind::Fingerprint, 4)
+        .await?
+    else {
+        anyhow::bail!("the switched round over budget")
+    };
+    // the alarm was first checked against a pair of that round: the same numbers again
+    ensure!(
+        runs.len() == 2 && runs[1].stats["noise_pair"]["own_logprob_mean"] == 0.0,
+        "{runs:?}"
+    );
     let alerts = all_alerts(&db.store).await?;
     let changed = alerts
         .iter()
@@ -527,4 +546,103 @@ async fn a_hung_endpoint_stalls_no_other_and_times_out() -> Result<()> {
     tasks.close();
     tasks.wait().await;
     Ok(())
+}
+
+/// An endpoint that became noisier since its last noise-floor pair: its next fingerprint run
+/// off the baseline is asked again before it can alarm, the pair's distance raises the charts'
+/// σ, and nothing is raised; a real shift after that still raises "changed" on its round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fingerprint_alarm_is_confirmed_by_a_pair_of_its_round() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let url = engine_server(&stop, &tasks).await?;
+    // noise_pair_every = 3: 14 exact requests (rounds 0–9; 0, 3, 6 and 9 are pairs), then ±1%
+    // alternating request by request (rounds 10–15), then ×1.5 (round 16)
+    let factor = |n: usize| match n {
+        0..14 => 1.0,
+        14..23 if n.is_multiple_of(2) => 1.01,
+        14..23 => 0.99,
+        _ => 1.5,
+    };
+    let noisy = serve(scaling_double(url, factor), &stop, &tasks).await?;
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let cfg = Arc::new(probes_config("kinds = [\"fingerprint\"]\n")?);
+    // an 8-round baseline: h = 14.1 (corrected for the estimated baseline; 294 for 3 rounds)
+    let det: toml::Table = "cusum_baseline_rounds = 8\nhistory_runs = 40\n".parse()?;
+    let detectors = Arc::new(samewise_probes::detect::Detectors::new(
+        samewise_probes::detect::DetectorConfig::parse(&det)?,
+        None,
+        &samewise_probes::AlertsConfig::default(),
+    )?);
+    let s = Scheduler::new(
+        cfg,
+        db.store.clone(),
+        None,
+        Some(detectors.clone()),
+        vec![target(&noisy, "noisy/smol")],
+    )?;
+    let mut sizes = Vec::new();
+    let mut first_noisy = None;
+    for round in 0..16 {
+        let RoundResult::Stored(runs) = s
+            .run_round(&s.targets()[0], ProbeKind::Fingerprint, round)
+            .await?
+        else {
+            anyhow::bail!("round {round} over budget")
+        };
+        ensure!(runs.iter().all(|r| r.ok), "{runs:?}");
+        sizes.push(runs.len());
+        if round == 10 {
+            first_noisy = Some(runs);
+        }
+    }
+    // the scheduled pairs (every third round) and one confirming pair: the first noisy run,
+    // 1% off an exact baseline (35.7 times fingerprint_min_sd), asked again at −1%
+    ensure!(
+        sizes == [2, 1, 1, 2, 1, 1, 2, 1, 1, 2, 2, 1, 2, 1, 1, 2],
+        "runs a round: {sizes:?}; alerts: {:?}",
+        all_alerts(&db.store).await?
+    );
+    let pair = first_noisy.context("round 10")?;
+    let (a, b) = (
+        stat_of(&pair[0], "own_logprob_mean")?,
+        stat_of(&pair[1], "own_logprob_mean")?,
+    );
+    let distance = pair[1].stats["noise_pair"]["own_logprob_mean"]
+        .as_f64()
+        .context("no pair distance")?;
+    ensure!(
+        pair[1].repeat_of == Some(pair[0].id) && (distance - (a - b).abs()).abs() < 1e-12,
+        "{:?}",
+        pair[1].stats
+    );
+    ensure!(distance > 0.01, "distance {distance}");
+    let alerts = all_alerts(&db.store).await?;
+    ensure!(alerts.is_empty(), "a noisier endpoint flagged: {alerts:?}");
+
+    // a lasting ×1.5 (25 times the pairs' distance): confirmed by its pair (distance 0),
+    // raised on its round
+    let RoundResult::Stored(runs) = s
+        .run_round(&s.targets()[0], ProbeKind::Fingerprint, 16)
+        .await?
+    else {
+        anyhow::bail!("round 16 over budget")
+    };
+    ensure!(runs.len() == 2, "{runs:?}");
+    let alerts = all_alerts(&db.store).await?;
+    ensure!(
+        alerts.len() == 1 && alerts[0].kind == "changed",
+        "{alerts:?}"
+    );
+    detectors.shutdown().await;
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+fn stat_of(run: &samewise_store::ProbeRun, key: &str) -> Result<f64> {
+    run.stats[key]
+        .as_f64()
+        .with_context(|| format!("no {key}: {}", run.stats))
 }

@@ -152,6 +152,20 @@ impl Harness {
         t: &Target,
         round: u64,
     ) -> kinds::Outcome {
+        self.probe_round_remembering(reference, None, kind, t, round)
+            .await
+    }
+
+    /// [`Self::probe_round`] with a memory of endpoints that refused echo, as the scheduler
+    /// keeps one.
+    pub async fn probe_round_remembering(
+        &self,
+        reference: Option<&dyn Reference>,
+        echo_refusals: Option<&kinds::EchoRefusals>,
+        kind: ProbeKind,
+        t: &Target,
+        round: u64,
+    ) -> kinds::Outcome {
         let ctx = ProbeCtx {
             reference,
             cfg: &self.cfg.models["smol"],
@@ -159,6 +173,7 @@ impl Harness {
             http: &self.http,
             round,
             seed: 7,
+            echo_refusals,
         };
         kinds::run(kind, &ctx, t).await
     }
