@@ -15,6 +15,12 @@
 # by a `w4` engine; it prints when the "changed" alert opened (and on which run) and the
 # verdict of the tool_calls eval it opened against the healthiest peer, with the time from the
 # switch.
+# Part 3: an endpoint that turns noisy. `samewise serve` with no reference and one engine,
+# fingerprints every 2 s, a 10-round baseline; after 30 s the engine is replaced at the same
+# address by a `noisy-echo` one (`[api] echo_jitter`, NOISE nats: identical requests, slightly
+# different echo logprobs) for NOISY_S seconds, then by a `w4` engine with the same noise; it
+# prints the runs, repeats and "changed" alerts of each phase and when the w4 switch alarmed.
+# PARTS picks the parts (default "1 2 3").
 # The model: SAMEWISE_MODEL or ~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf.
 # Results land in bench/out/fingerprint-TIMESTAMP/ (table-echo.md, table-chat.md, loop.txt, logs). Ports 18100-18120
 # and 18300-18302 on 127.0.0.1.
@@ -31,6 +37,9 @@ PROFILES=${PROFILES:-reference w8 w6 w5 w4 a8 kv-f16 kv-q8 substitute shifted-ec
 CHAT_PROFILES=${CHAT_PROFILES:-reference w8 w6 w5 w4 a8 kv-f16 kv-q8}
 ROUNDS=${ROUNDS:-3}
 TEXTS=${TEXTS:-4}
+PARTS=${PARTS:-1 2 3}
+NOISE=${NOISE:-0.01}
+NOISY_S=${NOISY_S:-90}
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
 
@@ -95,6 +104,9 @@ for p, rs in runs.items():
 PY
 }
 
+part() { [[ " $PARTS " == *" $1 "* ]]; }
+
+if part 1; then
 echo_pairs=()
 for p in $PROFILES; do echo_pairs+=("$p=$p"); done
 profiles echo "${echo_pairs[@]}"
@@ -113,8 +125,10 @@ for p in $CHAT_PROFILES; do
     chat_pairs+=("$p=$f")
 done
 profiles chat "${chat_pairs[@]}"
+fi
 
 # Part 2
+if part 2; then
 cfg=$OUT/loop.toml
 cat > "$cfg" <<CFG
 [server]
@@ -181,3 +195,64 @@ PY
     "$BIN" evals show 1 --config "$cfg" || true
 } > "$OUT/loop.txt" 2>&1
 cat "$OUT/loop.txt"
+fi
+
+# Part 3
+if part 3; then
+cfg=$OUT/noisy.toml
+cat > "$cfg" <<CFG
+[server]
+listen = "127.0.0.1:18303"
+data_dir = "$OUT/noisy-data"
+[providers.ep]
+base_url = "http://127.0.0.1:18304/v1"
+[models.smol]
+[[models.smol.endpoints]]
+provider = "ep"
+model = "smol"
+[models.smol.probes]
+kinds = ["fingerprint"]
+interval_ms = 2000
+jitter = 0.0
+items_per_round = $TEXTS
+[probes]
+lock_retry_ms = 500
+[probes.detectors]
+cusum_baseline_rounds = 10
+CFG
+printf 'name = "noisy"\n[api]\necho_jitter = %s\n' "$NOISE" > "$OUT/noisy.toml.profile"
+printf 'name = "w4-noisy"\n[api]\necho_jitter = %s\n[weights]\nbits = 4\ngroup_size = 32\nsymmetric = true\n' "$NOISE" > "$OUT/w4-noisy.toml.profile"
+engine quiet 18304 reference
+EP=$!
+up 18304
+"$BIN" serve --config "$cfg" > "$OUT/noisy-serve.log" 2>&1 &
+PIDS+=($!)
+sleep 30
+kill "$EP"; wait "$EP" 2> /dev/null || true
+noisy_ms=$(date +%s%3N)
+engine noisy 18304 "$OUT/noisy.toml.profile"
+EP=$!
+sleep "$NOISY_S"
+kill "$EP"; wait "$EP" 2> /dev/null || true
+w4_ms=$(date +%s%3N)
+engine w4-noisy 18304 "$OUT/w4-noisy.toml.profile"
+sleep 30
+python3 - "$OUT/noisy-data/samewise.db" "$noisy_ms" "$w4_ms" "$NOISE" <<'PY' | tee "$OUT/noisy.txt"
+import json, sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+noisy, w4, noise = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+runs = db.execute("select started_ms, ok, repeat_of, stats from probe_runs order by id").fetchall()
+alerts = db.execute("select opened_ms, summary from alerts where kind = 'changed' order by id").fetchall()
+print(f"echo_jitter {noise} nats; phases: exact until the first switch, noisy for {(w4 - noisy) / 1000:.0f} s, then w4 with the same noise")
+for name, lo, hi in [("exact", 0, noisy), ("noisy", noisy, w4), ("w4 + noise", w4, 1 << 62)]:
+    rs = [r for r in runs if lo <= r[0] < hi and r[1]]
+    first = [r for r in rs if r[2] is None]
+    pairs = [json.loads(r[3]).get("noise_pair") or {} for r in rs if r[2] is not None]
+    opened = [(t, s) for t, s in alerts if lo <= t < hi]
+    dist = max((p.get("own_logprob_mean", 0) for p in pairs), default=0)
+    print(f"- {name}: {len(first)} runs, {len(pairs)} repeats (largest own_logprob_mean distance {dist:.2e}), {len(opened)} changed alerts")
+    for t, s in opened:
+        n = sum(1 for r in first if r[0] <= t)
+        print(f"  {(t - lo) / 1000:.1f} s after the phase began, on its run {n}: {s}")
+PY
+fi

@@ -247,6 +247,14 @@ pub struct ApiSection {
     /// ignores sampling parameters does; a request's seed is still used.
     #[serde(default)]
     pub fixed_temperature: Option<f64>,
+    /// Offset every prompt (echo) logprob by a seeded normal draw with this standard
+    /// deviation (nats; 0 = off): the same request answered twice gives slightly different
+    /// numbers, as batch-dependent kernels of real servers do. One draw per request, position
+    /// and token, so a token's logprob and its entry among the alternatives agree; the
+    /// alternatives are re-sorted and no logprob rises above 0. Tokens and generation are
+    /// untouched.
+    #[serde(default)]
+    pub echo_jitter: f64,
 }
 
 /// `[latency]`: added before the first byte of each response.
@@ -298,6 +306,9 @@ of documents: essays on history and science, source code in Python and Rust, JSO
 recipes, dialogues, poems, worked math problems, news reports, legal clauses, tables and \
 notes.\n\n";
 
+/// The `noisy-echo` profile's `api.echo_jitter` (nats).
+pub const NOISY_ECHO_SD: f64 = 0.01;
+
 /// Names accepted by [`Profile::builtin`].
 pub const BUILTIN_NAMES: &[&str] = &[
     "reference",
@@ -319,6 +330,7 @@ pub const BUILTIN_NAMES: &[&str] = &[
     "no-logprobs",
     "no-echo",
     "shifted-echo",
+    "noisy-echo",
     "flaky",
     "substitute",
 ];
@@ -419,6 +431,12 @@ impl Profile {
                     ..ApiSection::default()
                 })
             }
+            "noisy-echo" => {
+                p.api = Some(ApiSection {
+                    echo_jitter: NOISY_ECHO_SD,
+                    ..ApiSection::default()
+                })
+            }
             "substitute" => {
                 p.substitute = Some(SubstituteSection {
                     context: SUBSTITUTE_CONTEXT.to_owned(),
@@ -516,6 +534,13 @@ impl Profile {
                 ));
             }
         }
+        if let Some(j) = self.api.as_ref().map(|a| a.echo_jitter)
+            && !(j >= 0.0 && j.is_finite())
+        {
+            return Err(format!(
+                "api.echo_jitter must be a non-negative number of nats, not {j}"
+            ));
+        }
         if let Some(t) = self.api.as_ref().and_then(|a| a.fixed_temperature)
             && !(0.0..=2.0).contains(&t)
         {
@@ -610,6 +635,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(hot.contains("api.fixed_temperature"), "{hot}");
+        for bad in ["-0.01", "nan", "inf"] {
+            let e = Profile::from_toml(&format!("[api]\necho_jitter = {bad}\n"), "p.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("api.echo_jitter"), "{bad}: {e}");
+        }
+        let noisy = Profile::builtin("noisy-echo").unwrap();
+        assert_eq!(noisy.api.unwrap().echo_jitter, NOISY_ECHO_SD);
     }
 
     #[test]

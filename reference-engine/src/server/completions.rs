@@ -211,9 +211,14 @@ async fn score_prompts(
         let futs = prompts
             .iter()
             .map(|p| state.inner.backend.score(p.ids.clone(), k.unwrap_or(0)));
-        for r in futures_util::future::join_all(futs).await {
+        for (i, r) in futures_util::future::join_all(futs)
+            .await
+            .into_iter()
+            .enumerate()
+        {
             let mut s = r?;
             faults.shift_echo(&mut s);
+            faults.jitter_echo(i, &mut s);
             scored.push(Some(s));
         }
     } else {

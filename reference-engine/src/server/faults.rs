@@ -45,6 +45,7 @@ const TAG_LATENCY: u64 = 2;
 const TAG_DISCONNECT: u64 = 3;
 const TAG_REPEAT: u64 = 4;
 const TAG_TOOLS: u64 = 5;
+const TAG_JITTER: u64 = 6;
 
 /// The repeat bug starts within the first this-many generated tokens.
 const REPEAT_WINDOW: usize = 16;
@@ -327,6 +328,31 @@ impl RequestFaults {
                 p.logprob = logprob;
                 p.top = top;
             }
+        }
+    }
+
+    /// Offsets prompt `prompt`'s (echo) logprobs by `api.echo_jitter`: one normal draw per
+    /// (position, token), so the token's own logprob and its entry among the alternatives
+    /// move together; alternatives re-sorted (logprob descending, then id); at most 0.
+    pub(crate) fn jitter_echo(&self, prompt: usize, s: &mut ScoredSequence) {
+        let sd = self.profile.api.as_ref().map_or(0.0, |a| a.echo_jitter);
+        if sd == 0.0 {
+            return;
+        }
+        let draw = |pos: usize, token: u32, lp: f32| {
+            let sub = ((prompt as u64) << 48) ^ ((pos as u64) << 20) ^ u64::from(token);
+            let noise = sd * self.rng(TAG_JITTER, sub).normal();
+            (f64::from(lp) + noise).min(0.0) as f32
+        };
+        for (pos, p) in s.positions.iter_mut().enumerate() {
+            if let Some(lp) = p.logprob {
+                p.logprob = Some(draw(pos, p.token, lp));
+            }
+            for a in &mut p.top {
+                a.logprob = draw(pos, a.token, a.logprob);
+            }
+            p.top
+                .sort_by(|a, b| b.logprob.total_cmp(&a.logprob).then(a.token.cmp(&b.token)));
         }
     }
 

@@ -107,7 +107,13 @@ fn reference_and_behaviour_only_profiles_are_the_plain_engine_bit_for_bit() -> a
     let base = plain.score(&seqs, 5)?;
     let prompt = &seqs[0][..40];
     let base_gen = plain.generate(prompt, &greedy(24), &mut |_| true)?;
-    for name in ["reference", "flaky", "truncate-512", "shifted-echo"] {
+    for name in [
+        "reference",
+        "flaky",
+        "truncate-512",
+        "shifted-echo",
+        "noisy-echo",
+    ] {
         let e = engine(name)?;
         assert_eq!(e.profile().name, name);
         for (a, b) in base.iter().zip(&e.score(&seqs, 5)?) {

@@ -218,6 +218,78 @@ async fn shifted_echo_logprobs_are_the_plain_ones_shifted_by_one() -> anyhow::Re
     shifted.shutdown().await
 }
 
+/// `noisy-echo` (`api.echo_jitter` = 0.01 nats): the same echo request answered twice keeps
+/// its tokens and changes its logprobs, each off the plain engine's by a draw of about the
+/// configured sd and mean 0; a token's logprob is its entry among the alternatives; a fresh
+/// server replays the same numbers (seeded by arrival); generation is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noisy_echo_answers_identical_requests_with_seeded_noise() -> anyhow::Result<()> {
+    let plain = TestServer::start("reference").await?;
+    let noisy = TestServer::start("noisy-echo").await?;
+    let text = "The river runs past the old mill, where the miller kept his accounts in a \
+                book bound in red leather. Every autumn the farmers brought their grain, and \
+                every spring the ledger showed who still owed him a sack or two.";
+    let body = json!({"prompt": text, "echo": true, "logprobs": 3, "max_tokens": 0});
+    let p = plain.ok("/v1/completions", &body).await?;
+    let a = noisy.ok("/v1/completions", &body).await?;
+    let b = noisy.ok("/v1/completions", &body).await?;
+    let lp = |v: &Value| v["choices"][0]["logprobs"].clone();
+    assert_eq!(lp(&p)["tokens"], lp(&a)["tokens"]);
+    assert_eq!(lp(&a)["tokens"], lp(&b)["tokens"]);
+    let (pp, pa, pb) = (
+        f64s(&lp(&p)["token_logprobs"]),
+        f64s(&lp(&a)["token_logprobs"]),
+        f64s(&lp(&b)["token_logprobs"]),
+    );
+    assert_ne!(pa, pb, "identical requests, identical numbers");
+    // off the plain engine's: mean about 0, sd about 0.01, where the cap at 0 cannot bite
+    let d: Vec<f64> = pp
+        .iter()
+        .zip(&pa)
+        .filter_map(|(x, y)| Some((*x.as_ref()?, *y.as_ref()?)))
+        .filter(|(x, _)| *x < -0.1)
+        .map(|(x, y)| y - x)
+        .collect();
+    let n = d.len() as f64;
+    assert!(n >= 30.0, "{n} positions");
+    let mean = d.iter().sum::<f64>() / n;
+    let sd = (d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+    assert!((0.006..0.015).contains(&sd), "sd {sd} over {n}");
+    assert!(mean.abs() < 4.0 * 0.01 / n.sqrt(), "mean {mean} over {n}");
+    // the token's own logprob is its entry among the alternatives, when it is one
+    let tokens = lp(&a)["tokens"].as_array().cloned().unwrap_or_default();
+    let tops = lp(&a)["top_logprobs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut listed = 0;
+    for (i, top) in tops.iter().enumerate().skip(1) {
+        let own = tokens[i]
+            .as_str()
+            .and_then(|t| top.get(t))
+            .and_then(Value::as_f64);
+        if let Some(own) = own {
+            assert_eq!(Some(own), pa[i], "position {i}");
+            listed += 1;
+        }
+    }
+    assert!(listed > 10, "{listed} tokens among their alternatives");
+    noisy.shutdown().await?;
+    let replay = TestServer::start("noisy-echo").await?;
+    assert_eq!(
+        replay.ok("/v1/completions", &body).await?["choices"],
+        a["choices"],
+        "a fresh server's first answer"
+    );
+    let generate = json!({"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0, "logprobs": 1});
+    assert_eq!(
+        plain.ok("/v1/completions", &generate).await?["choices"],
+        replay.ok("/v1/completions", &generate).await?["choices"]
+    );
+    plain.shutdown().await?;
+    replay.shutdown().await
+}
+
 /// The `substitute` profile serves these weights behind a hidden context: its echo has the
 /// plain echo's tokens, an unscored first position and the same usage, and every other
 /// logprob is bit for bit what the plain engine gives the prompt's tokens after the context's;
