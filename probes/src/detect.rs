@@ -352,12 +352,21 @@ impl Detectors {
         Ok(out)
     }
 
-    /// Whether `run`, stored, would open a "changed" alarm (a chart newly over h, not one held
-    /// since an earlier alarm), by the same charts as [`Self::after_run`], raising nothing. The
-    /// scheduler asks it of a fingerprint run before the run's detectors, so that such an
-    /// alarm is first checked against a noise-floor pair of the same round.
+    /// Whether `run`, stored, would open a "changed" alert: no such alert is active for its
+    /// endpoint and a chart is newly over h (not held since an earlier alarm), by the same
+    /// charts as [`Self::after_run`], raising nothing. The scheduler asks it of a fingerprint
+    /// run before the run's detectors, so that such an alarm is first checked against a
+    /// noise-floor pair of the same round; an alarm that would only refresh an open alert is
+    /// not (a lasting shift would otherwise pair every round).
     pub async fn changed_alarm_pending(&self, store: &Store, run: &ProbeRun) -> Result<bool> {
         if !run.ok || run.repeat_of.is_some() {
+            return Ok(false);
+        }
+        let active = store
+            .active_alert(&run.model, &run.endpoint, KIND_CHANGED)
+            .await
+            .map_err(store_err)?;
+        if active.is_some() {
             return Ok(false);
         }
         let history = self.history(store, run).await?;

@@ -550,7 +550,8 @@ async fn a_hung_endpoint_stalls_no_other_and_times_out() -> Result<()> {
 
 /// An endpoint that became noisier since its last noise-floor pair: its next fingerprint run
 /// off the baseline is asked again before it can alarm, the pair's distance raises the charts'
-/// σ, and nothing is raised; a real shift after that still raises "changed" on its round.
+/// σ, and nothing is raised; a real shift after that still raises "changed" on its round, and
+/// its next rounds, which only refresh the open alert, are not paired.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fingerprint_alarm_is_confirmed_by_a_pair_of_its_round() -> Result<()> {
     let stop = CancellationToken::new();
@@ -632,6 +633,19 @@ async fn a_fingerprint_alarm_is_confirmed_by_a_pair_of_its_round() -> Result<()>
     let alerts = all_alerts(&db.store).await?;
     ensure!(
         alerts.len() == 1 && alerts[0].kind == "changed",
+        "{alerts:?}"
+    );
+    // the shift lasts: the next round's alarm only refreshes the open alert, unpaired
+    let RoundResult::Stored(runs) = s
+        .run_round(&s.targets()[0], ProbeKind::Fingerprint, 17)
+        .await?
+    else {
+        anyhow::bail!("round 17 over budget")
+    };
+    ensure!(runs.len() == 1, "{runs:?}");
+    let alerts = all_alerts(&db.store).await?;
+    ensure!(
+        alerts.len() == 1 && alerts[0].last_seen_ms > alerts[0].opened_ms,
         "{alerts:?}"
     );
     detectors.shutdown().await;
