@@ -247,12 +247,12 @@ pub struct ApiSection {
     /// ignores sampling parameters does; a request's seed is still used.
     #[serde(default)]
     pub fixed_temperature: Option<f64>,
-    /// Offset every prompt (echo) logprob by a seeded normal draw with this standard
-    /// deviation (nats; 0 = off): the same request answered twice gives slightly different
-    /// numbers, as batch-dependent kernels of real servers do. One draw per request, position
-    /// and token, so a token's logprob and its entry among the alternatives agree; the
-    /// alternatives are re-sorted and no logprob rises above 0. Tokens and generation are
-    /// untouched.
+    /// Logit noise on prompt (echo) logprobs, this standard deviation (nats; 0 = off): at
+    /// each position the listed tokens' logits get a seeded normal draw each (one per request,
+    /// position and token) and the position is renormalized, so the same request answered
+    /// twice gives slightly different numbers, as batch-dependent kernels of real servers do.
+    /// A token's logprob and its entry among the alternatives agree; alternatives are
+    /// re-sorted. Tokens and generation are untouched.
     #[serde(default)]
     pub echo_jitter: f64,
 }

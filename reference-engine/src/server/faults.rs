@@ -331,25 +331,38 @@ impl RequestFaults {
         }
     }
 
-    /// Offsets prompt `prompt`'s (echo) logprobs by `api.echo_jitter`: one normal draw per
-    /// (position, token), so the token's own logprob and its entry among the alternatives
-    /// move together; alternatives re-sorted (logprob descending, then id); at most 0.
+    /// Prompt `prompt`'s (echo) logprobs under `api.echo_jitter`: at each position the listed
+    /// tokens (its alternatives and its own token) get one normal draw each on their logits,
+    /// per (position, token), and the position is renormalized over the whole vocabulary (the
+    /// unlisted tokens' logits kept): `lp' = lp + e − ln(1 + Σ p·(exp(e) − 1))`. So logprobs
+    /// stay at most 0 and a near-certain token stays near 0, as a real server's logit noise
+    /// leaves it; the token's own logprob and its entry among the alternatives move together;
+    /// alternatives are re-sorted (logprob descending, then id).
     pub(crate) fn jitter_echo(&self, prompt: usize, s: &mut ScoredSequence) {
         let sd = self.profile.api.as_ref().map_or(0.0, |a| a.echo_jitter);
         if sd == 0.0 {
             return;
         }
-        let draw = |pos: usize, token: u32, lp: f32| {
+        let draw = |pos: usize, token: u32| {
             let sub = ((prompt as u64) << 48) ^ ((pos as u64) << 20) ^ u64::from(token);
-            let noise = sd * self.rng(TAG_JITTER, sub).normal();
-            (f64::from(lp) + noise).min(0.0) as f32
+            sd * self.rng(TAG_JITTER, sub).normal()
         };
         for (pos, p) in s.positions.iter_mut().enumerate() {
+            // the listed tokens once each: the alternatives, and the own token where it is not
+            // one of them
+            let own_listed = p.top.iter().any(|a| a.token == p.token);
+            let own = p.logprob.filter(|_| !own_listed).map(|lp| (p.token, lp));
+            let listed = p.top.iter().map(|a| (a.token, a.logprob)).chain(own);
+            let moved: f64 = listed
+                .map(|(t, lp)| f64::from(lp).exp() * (draw(pos, t).exp() - 1.0))
+                .sum();
+            let log_z = moved.ln_1p();
+            let shift = |t: u32, lp: f32| (f64::from(lp) + draw(pos, t) - log_z).min(0.0) as f32;
             if let Some(lp) = p.logprob {
-                p.logprob = Some(draw(pos, p.token, lp));
+                p.logprob = Some(shift(p.token, lp));
             }
             for a in &mut p.top {
-                a.logprob = draw(pos, a.token, a.logprob);
+                a.logprob = shift(a.token, a.logprob);
             }
             p.top
                 .sort_by(|a, b| b.logprob.total_cmp(&a.logprob).then(a.token.cmp(&b.token)));

@@ -228,7 +228,8 @@ async fn noisy_echo_answers_identical_requests_with_seeded_noise() -> anyhow::Re
     let noisy = TestServer::start("noisy-echo").await?;
     let text = "The river runs past the old mill, where the miller kept his accounts in a \
                 book bound in red leather. Every autumn the farmers brought their grain, and \
-                every spring the ledger showed who still owed him a sack or two.";
+                every spring the ledger showed who still owed him a sack or two. He counted them \
+                aloud: one, two, three, four, five, six, seven, eight, nine, ten.";
     let body = json!({"prompt": text, "echo": true, "logprobs": 3, "max_tokens": 0});
     let p = plain.ok("/v1/completions", &body).await?;
     let a = noisy.ok("/v1/completions", &body).await?;
@@ -242,20 +243,40 @@ async fn noisy_echo_answers_identical_requests_with_seeded_noise() -> anyhow::Re
         f64s(&lp(&b)["token_logprobs"]),
     );
     assert_ne!(pa, pb, "identical requests, identical numbers");
-    // off the plain engine's: mean about 0, sd about 0.01, where the cap at 0 cannot bite
-    let d: Vec<f64> = pp
+    // off the plain engine's: on unlikely tokens (renormalizing barely moves them) mean about
+    // 0, sd about 0.01; a likely token (p > 0.74) moves a fraction of that, as renormalizing
+    // logit noise leaves it; no logprob above 0
+    let pairs: Vec<(f64, f64)> = pp
         .iter()
         .zip(&pa)
         .filter_map(|(x, y)| Some((*x.as_ref()?, *y.as_ref()?)))
-        .filter(|(x, _)| *x < -0.1)
+        .collect();
+    let d: Vec<f64> = pairs
+        .iter()
+        .filter(|(x, _)| *x < -1.0)
         .map(|(x, y)| y - x)
         .collect();
     let n = d.len() as f64;
-    assert!(n >= 30.0, "{n} positions");
+    assert!(n >= 15.0, "{n} positions");
     let mean = d.iter().sum::<f64>() / n;
     let sd = (d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
-    assert!((0.006..0.015).contains(&sd), "sd {sd} over {n}");
+    assert!((0.005..0.015).contains(&sd), "sd {sd} over {n}");
     assert!(mean.abs() < 4.0 * 0.01 / n.sqrt(), "mean {mean} over {n}");
+    assert!(pairs.iter().all(|(_, y)| *y <= 0.0));
+    let moved = |keep: &dyn Fn(f64) -> bool| {
+        let d: Vec<f64> = pairs
+            .iter()
+            .filter(|(x, _)| keep(*x))
+            .map(|(x, y)| (y - x).abs())
+            .collect();
+        (d.iter().sum::<f64>() / d.len().max(1) as f64, d.len())
+    };
+    let ((likely, n_likely), (unlikely, _)) = (moved(&|x| x > -0.3), moved(&|x| x < -1.0));
+    assert!(n_likely >= 3, "{n_likely} likely tokens in the text");
+    assert!(
+        likely < 0.5 * unlikely,
+        "likely tokens moved {likely}, unlikely {unlikely}"
+    );
     // the token's own logprob is its entry among the alternatives, when it is one
     let tokens = lp(&a)["tokens"].as_array().cloned().unwrap_or_default();
     let tops = lp(&a)["top_logprobs"]
