@@ -253,6 +253,17 @@ for name, lo, hi in [("exact", 0, noisy), ("noisy", noisy, w4), ("w4 + noise", w
     print(f"- {name}: {len(first)} runs, {len(pairs)} repeats (largest own_logprob_mean distance {dist:.2e}), {len(opened)} changed alerts")
     for t, s in opened:
         n = sum(1 for r in first if r[0] <= t)
-        print(f"  {(t - lo) / 1000:.1f} s after the phase began, on its run {n}: {s}")
+        print(f"  {(t - lo) / 1000:.1f} s after the phase began, on its run {n} (the summary is its latest refresh's)")
+    if name == "exact" or not first:
+        continue
+    # per statistic: the phase's mean shift from the first run (the baseline echoed one value),
+    # its run-to-run sd and its pairs' largest distance, in units of fingerprint_min_sd (1e-3)
+    base = json.loads(runs[0][3])
+    for k in ["own_logprob_mean", "own_top1_logprob_mean", "own_top1_agreement"]:
+        v = [json.loads(r[3])[k] for r in first]
+        m = sum(v) / len(v)
+        sd = (sum((x - m) ** 2 for x in v) / max(len(v) - 1, 1)) ** 0.5
+        far = max((p.get(k, 0) for p in pairs), default=0)
+        print(f"  {k}: mean shift {(m - base[k]) / 1e-3:+.1f}, sd {sd / 1e-3:.1f}, largest pair distance {far / 1e-3:.1f}")
 PY
 fi
