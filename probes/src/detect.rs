@@ -352,27 +352,31 @@ impl Detectors {
         Ok(out)
     }
 
-    /// Whether `run`, stored, would open a "changed" alert: no such alert is active for its
-    /// endpoint and a chart is newly over h (not held since an earlier alarm), by the same
-    /// charts as [`Self::after_run`], raising nothing. The scheduler asks it of a fingerprint
-    /// run before the run's detectors, so that such an alarm is first checked against a
-    /// noise-floor pair of the same round; an alarm that would only refresh an open alert is
-    /// not (a lasting shift would otherwise pair every round).
-    pub async fn changed_alarm_pending(&self, store: &Store, run: &ProbeRun) -> Result<bool> {
+    /// Whether `run`, stored, would open an alert: an "unfaithful" finding where no such alert
+    /// is active for its endpoint, or a "changed" alarm (a chart newly over h, not one held
+    /// since an earlier alarm) where no "changed" alert is, by the same detectors as
+    /// [`Self::after_run`], raising nothing. The scheduler asks it of a run whose kind has
+    /// noise-floor pairs before the run's detectors, so that such an alarm is first judged with
+    /// a pair of the same round; an alarm that would only refresh an open alert is not (a
+    /// lasting shift would otherwise pair every round).
+    pub async fn alarm_pending(&self, store: &Store, run: &ProbeRun) -> Result<bool> {
         if !run.ok || run.repeat_of.is_some() {
-            return Ok(false);
-        }
-        let active = store
-            .active_alert(&run.model, &run.endpoint, KIND_CHANGED)
-            .await
-            .map_err(store_err)?;
-        if active.is_some() {
             return Ok(false);
         }
         let history = self.history(store, run).await?;
         let floors = noise_floors(&history);
+        let opens = |kind: &'static str| async move {
+            let active = store
+                .active_alert(&run.model, &run.endpoint, kind)
+                .await
+                .map_err(store_err)?;
+            Ok::<bool, ProbesError>(active.is_none())
+        };
+        if self.faithful(run, &history, &floors)?.is_some() && opens(KIND_UNFAITHFUL).await? {
+            return Ok(true);
+        }
         let found = self.changed_on(store, run, &history, &floors).await?;
-        Ok(matches!(found, Some(changed::Changed::Alarm(_))))
+        Ok(matches!(found, Some(changed::Changed::Alarm(_))) && opens(KIND_CHANGED).await?)
     }
 
     /// The endpoint's newest `history_runs` runs of `run`'s kind, oldest first, `run` among

@@ -5,9 +5,10 @@
 //! periodically. Every `noise_pair_every`-th round of a kind with per-position data, or of a
 //! fingerprint (the first included), is a noise-floor pair: the same probe twice, the second
 //! stored with `repeat_of` and the pair's statistics (`stats.noise_pair`,
-//! [`crate::detect::noise_pair_stats`], [`crate::detect::fingerprint_pair_stats`]). A
-//! fingerprint run that would open a "changed" alarm is paired at once, before its detectors
-//! run, so the alarm is judged with the endpoint's repeat noise of that moment. The reference's scores are memoized ([`crate::reference::Cached`], `reference_cache_positions`): rounds
+//! [`crate::detect::noise_pair_stats`], [`crate::detect::fingerprint_pair_stats`]). A run of
+//! such a kind that would open an alert is paired at once too, and a paired run is judged
+//! after its pair, so an alarm is judged with the endpoint's repeat noise of that moment
+//! ([`crate::detect::Detectors::alarm_pending`]). The reference's scores are memoized ([`crate::reference::Cached`], `reference_cache_positions`): rounds
 //! re-send the same sequences, and the reference's answer to one never changes.
 //!
 //! Probe runs are concurrent across endpoints, at most `concurrency` in flight (a semaphore
@@ -186,39 +187,36 @@ impl Scheduler {
             echo_refusals: Some(&self.echo_refusals),
         };
         let pair = round.is_multiple_of(u64::from(self.cfg.noise_pair_every));
-        let fingerprint = kind == ProbeKind::Fingerprint;
-        // a fingerprint's detectors run after its round's pair, below
+        // the detectors judge the first run after its round's pair, if it has one
         let first = self
-            .probe_and_store(&ctx, target, kind, None, !fingerprint)
+            .probe_and_store(&ctx, target, kind, None, false)
             .await?;
         let mut out = vec![first];
-        // a fingerprint run that would open a "changed" alarm is first asked again: the pair
-        // measures how far the endpoint's own answers move now, and the charts' σ is at least
-        // that, so an endpoint that merely became noisier since its last pair is not flagged
-        let confirm = fingerprint && !pair && self.alarm_pending(target, &out[0]).await;
         // a repeat measures a noise floor from per-position data (logprob kinds) or, for a
-        // fingerprint, from its statistics
-        if (pair || confirm) && out[0].ok && (out[0].raw.is_some() || fingerprint) {
+        // fingerprint, from its statistics: on every `noise_pair_every`-th round, and on a
+        // round whose run would open an alert, so that the alarm is judged against the
+        // endpoint's repeat noise of that moment (a nondeterministic endpoint is not flagged for
+        // noise its last pair did not see)
+        let pairs = out[0].ok && (out[0].raw.is_some() || kind == ProbeKind::Fingerprint);
+        if pairs && (pair || self.alarm_pending(target, &out[0]).await) {
             let second = self
                 .probe_and_store(&ctx, target, kind, Some(&out[0]), true)
                 .await?;
             out.push(second);
         }
-        if fingerprint {
-            self.detect(target, &out[0]).await;
-        }
+        self.detect(target, &out[0]).await;
         Ok(RoundResult::Stored(out))
     }
 
-    /// Whether the detectors would open a "changed" alarm on `run` (false without detectors,
-    /// or when they fail: the run's own detection then reports it).
+    /// Whether the detectors would open an alert on `run` (false without detectors, or when
+    /// they fail: the run's own detection then reports it).
     async fn alarm_pending(&self, target: &Target, run: &ProbeRun) -> bool {
         let Some(d) = &self.detectors else {
             return false;
         };
-        d.changed_alarm_pending(&self.store, run)
+        d.alarm_pending(&self.store, run)
             .await
-            .inspect_err(|e| tracing::error!(endpoint = %target.endpoint, error = %e, "changed? preview failed"))
+            .inspect_err(|e| tracing::error!(endpoint = %target.endpoint, error = %e, "detector preview failed"))
             .unwrap_or(false)
     }
 

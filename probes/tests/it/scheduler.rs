@@ -660,3 +660,73 @@ fn stat_of(run: &samewise_store::ProbeRun, key: &str) -> Result<f64> {
         .as_f64()
         .with_context(|| format!("no {key}: {}", run.stats))
 }
+
+/// A nondeterministic but faithful endpoint (logit noise of 0.3 nats on its echo, KL to the
+/// reference about 0.015 a run, over the 0.005 threshold) is judged on its first round after
+/// that round's noise-floor pair, which measures about twice its KL, and is not flagged; its
+/// next rounds, under the floor, are not paired again. A `w4` endpoint, exact between two
+/// requests, is flagged on its first round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_noisy_faithful_endpoint_is_judged_after_its_pair() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let noisy_profile = samewise_engine::Profile::from_toml("[api]\necho_jitter = 0.3\n", "t")?;
+    let noisy = profiled_server(engine()?, noisy_profile, &stop, &tasks).await?;
+    let w4_profile = samewise_engine::Profile::builtin("w4").context("w4")?;
+    let w4_engine = Arc::new(samewise_engine::Engine::load(
+        &model_path()?,
+        samewise_engine::LoadOptions {
+            threads: 2,
+            profile: w4_profile.clone(),
+            ..samewise_engine::LoadOptions::default()
+        },
+    )?);
+    let w4 = profiled_server(w4_engine, w4_profile, &stop, &tasks).await?;
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let cfg = Arc::new(probes_config("kinds = [\"prompt_logprobs\"]\n")?);
+    let det: toml::Table = "kl_threshold = 0.005\n".parse()?;
+    let detectors = Arc::new(samewise_probes::detect::Detectors::new(
+        samewise_probes::detect::DetectorConfig::parse(&det)?,
+        None,
+        &samewise_probes::AlertsConfig::default(),
+    )?);
+    let reference: Arc<dyn Reference> = Arc::new(in_process()?);
+    let s = Scheduler::new(
+        cfg,
+        db.store.clone(),
+        Some(reference),
+        Some(detectors.clone()),
+        vec![target(&noisy, "noisy/smol"), target(&w4, "w4/smol")],
+    )?;
+    let mut sizes = Vec::new();
+    for round in 0..3 {
+        let RoundResult::Stored(runs) = s
+            .run_round(&s.targets()[0], ProbeKind::PromptLogprobs, round)
+            .await?
+        else {
+            anyhow::bail!("round {round} over budget")
+        };
+        ensure!(runs.iter().all(|r| r.ok), "{runs:?}");
+        let kl = runs[0].stats["kl_mean"].as_f64().context("kl_mean")?;
+        ensure!(kl > 0.005, "round {round}: KL {kl} is under the threshold");
+        sizes.push(runs.len());
+    }
+    ensure!(sizes == [2, 1, 1], "runs a round: {sizes:?}");
+    let alerts = all_alerts(&db.store).await?;
+    ensure!(
+        alerts.is_empty(),
+        "a faithful noisy endpoint flagged: {alerts:?}"
+    );
+    s.run_round(&s.targets()[1], ProbeKind::PromptLogprobs, 0)
+        .await?;
+    let alerts = all_alerts(&db.store).await?;
+    ensure!(
+        alerts.len() == 1 && alerts[0].kind == "unfaithful" && alerts[0].endpoint == "w4/smol",
+        "{alerts:?}"
+    );
+    detectors.shutdown().await;
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
