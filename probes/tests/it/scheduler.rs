@@ -43,12 +43,7 @@ async fn scheduler_stores_runs_with_noise_pairs_and_respects_the_budget() -> Res
     )?;
 
     // round 0 is a noise-floor pair
-    let RoundResult::Stored(runs) = s
-        .run_round(&s.targets()[0], ProbeKind::PromptLogprobs, 0)
-        .await?
-    else {
-        anyhow::bail!("first round over budget")
-    };
+    let runs = stored(&s, 0, ProbeKind::PromptLogprobs, 0).await?;
     ensure!(runs.len() == 2, "noise pair expected, got {}", runs.len());
     ensure!(runs[1].repeat_of == Some(runs[0].id) && runs[0].repeat_of.is_none());
     let stored = db
@@ -255,12 +250,7 @@ async fn a_mid_run_switch_raises_a_changed_alert() -> Result<()> {
     let cfg = Arc::new(probes_config("kinds = [\"prompt_logprobs\"]\n")?);
     let det: toml::Table =
         "cusum_baseline_rounds = 3\nhistory_runs = 30\nkl_threshold = 100.0\n".parse()?;
-    let detectors = samewise_probes::detect::Detectors::new(
-        samewise_probes::detect::DetectorConfig::parse(&det)?,
-        None,
-        &samewise_probes::AlertsConfig::default(),
-    )?;
-    let detectors = Arc::new(detectors);
+    let detectors = detectors_from(&det)?;
     let reference: Arc<dyn Reference> = Arc::new(in_process()?);
     let s = Scheduler::new(
         cfg,
@@ -321,11 +311,7 @@ async fn without_a_reference_fingerprints_raise_changed_after_a_switch() -> Resu
     let db = TestDb::new(Backend::Sqlite).await?;
     let cfg = Arc::new(probes_config("kinds = [\"fingerprint\"]\n")?);
     let det: toml::Table = "cusum_baseline_rounds = 3\nhistory_runs = 30\n".parse()?;
-    let detectors = Arc::new(samewise_probes::detect::Detectors::new(
-        samewise_probes::detect::DetectorConfig::parse(&det)?,
-        None,
-        &samewise_probes::AlertsConfig::default(),
-    )?);
+    let detectors = detectors_from(&det)?;
     let scheduler = |cfg| {
         Scheduler::new(
             cfg,
@@ -338,12 +324,7 @@ async fn without_a_reference_fingerprints_raise_changed_after_a_switch() -> Resu
     let s = scheduler(cfg)?;
     let mut inputs = Vec::new();
     for round in 0..5 {
-        let RoundResult::Stored(runs) = s
-            .run_round(&s.targets()[0], ProbeKind::Fingerprint, round)
-            .await?
-        else {
-            anyhow::bail!("round {round} over budget")
-        };
+        let runs = stored(&s, 0, ProbeKind::Fingerprint, round).await?;
         let pair = round % 3 == 0;
         ensure!(
             runs.len() == 1 + usize::from(pair) && runs[0].ok && runs[0].kind == "fingerprint",
@@ -367,12 +348,7 @@ async fn without_a_reference_fingerprints_raise_changed_after_a_switch() -> Resu
         "kinds = [\"fingerprint\"]\nitems_per_round = 2\n",
     )?))?;
     for round in 0..4 {
-        let RoundResult::Stored(runs) = s
-            .run_round(&s.targets()[0], ProbeKind::Fingerprint, round)
-            .await?
-        else {
-            anyhow::bail!("round {round} over budget")
-        };
+        let runs = stored(&s, 0, ProbeKind::Fingerprint, round).await?;
         inputs.push(runs[0].stats["inputs"].clone());
     }
     ensure!(
@@ -387,12 +363,7 @@ async fn without_a_reference_fingerprints_raise_changed_after_a_switch() -> Resu
         "alert before the switch: {:?}",
         all_alerts(&db.store).await?
     );
-    let RoundResult::Stored(runs) = s
-        .run_round(&s.targets()[0], ProbeKind::Fingerprint, 4)
-        .await?
-    else {
-        anyhow::bail!("the switched round over budget")
-    };
+    let runs = stored(&s, 0, ProbeKind::Fingerprint, 4).await?;
     // the alarm was first checked against a pair of that round: the same numbers again
     ensure!(
         runs.len() == 2 && runs[1].stats["noise_pair"]["own_logprob_mean"] == 0.0,
@@ -570,11 +541,7 @@ async fn a_fingerprint_alarm_is_confirmed_by_a_pair_of_its_round() -> Result<()>
     let cfg = Arc::new(probes_config("kinds = [\"fingerprint\"]\n")?);
     // an 8-round baseline: h = 14.1 (corrected for the estimated baseline; 294 for 3 rounds)
     let det: toml::Table = "cusum_baseline_rounds = 8\nhistory_runs = 40\n".parse()?;
-    let detectors = Arc::new(samewise_probes::detect::Detectors::new(
-        samewise_probes::detect::DetectorConfig::parse(&det)?,
-        None,
-        &samewise_probes::AlertsConfig::default(),
-    )?);
+    let detectors = detectors_from(&det)?;
     let s = Scheduler::new(
         cfg,
         db.store.clone(),
@@ -585,12 +552,7 @@ async fn a_fingerprint_alarm_is_confirmed_by_a_pair_of_its_round() -> Result<()>
     let mut sizes = Vec::new();
     let mut first_noisy = None;
     for round in 0..16 {
-        let RoundResult::Stored(runs) = s
-            .run_round(&s.targets()[0], ProbeKind::Fingerprint, round)
-            .await?
-        else {
-            anyhow::bail!("round {round} over budget")
-        };
+        let runs = stored(&s, 0, ProbeKind::Fingerprint, round).await?;
         ensure!(runs.iter().all(|r| r.ok), "{runs:?}");
         sizes.push(runs.len());
         if round == 10 {
@@ -623,12 +585,7 @@ async fn a_fingerprint_alarm_is_confirmed_by_a_pair_of_its_round() -> Result<()>
 
     // a lasting ×1.5 (25 times the pairs' distance): confirmed by its pair (distance 0),
     // raised on its round
-    let RoundResult::Stored(runs) = s
-        .run_round(&s.targets()[0], ProbeKind::Fingerprint, 16)
-        .await?
-    else {
-        anyhow::bail!("round 16 over budget")
-    };
+    let runs = stored(&s, 0, ProbeKind::Fingerprint, 16).await?;
     ensure!(runs.len() == 2, "{runs:?}");
     let alerts = all_alerts(&db.store).await?;
     ensure!(
@@ -636,12 +593,7 @@ async fn a_fingerprint_alarm_is_confirmed_by_a_pair_of_its_round() -> Result<()>
         "{alerts:?}"
     );
     // the shift lasts: the next round's alarm only refreshes the open alert, unpaired
-    let RoundResult::Stored(runs) = s
-        .run_round(&s.targets()[0], ProbeKind::Fingerprint, 17)
-        .await?
-    else {
-        anyhow::bail!("round 17 over budget")
-    };
+    let runs = stored(&s, 0, ProbeKind::Fingerprint, 17).await?;
     ensure!(runs.len() == 1, "{runs:?}");
     let alerts = all_alerts(&db.store).await?;
     ensure!(
@@ -685,11 +637,7 @@ async fn a_noisy_faithful_endpoint_is_judged_after_its_pair() -> Result<()> {
     let db = TestDb::new(Backend::Sqlite).await?;
     let cfg = Arc::new(probes_config("kinds = [\"prompt_logprobs\"]\n")?);
     let det: toml::Table = "kl_threshold = 0.005\n".parse()?;
-    let detectors = Arc::new(samewise_probes::detect::Detectors::new(
-        samewise_probes::detect::DetectorConfig::parse(&det)?,
-        None,
-        &samewise_probes::AlertsConfig::default(),
-    )?);
+    let detectors = detectors_from(&det)?;
     let reference: Arc<dyn Reference> = Arc::new(in_process()?);
     let s = Scheduler::new(
         cfg,
@@ -700,12 +648,7 @@ async fn a_noisy_faithful_endpoint_is_judged_after_its_pair() -> Result<()> {
     )?;
     let mut sizes = Vec::new();
     for round in 0..3 {
-        let RoundResult::Stored(runs) = s
-            .run_round(&s.targets()[0], ProbeKind::PromptLogprobs, round)
-            .await?
-        else {
-            anyhow::bail!("round {round} over budget")
-        };
+        let runs = stored(&s, 0, ProbeKind::PromptLogprobs, round).await?;
         ensure!(runs.iter().all(|r| r.ok), "{runs:?}");
         let kl = runs[0].stats["kl_mean"].as_f64().context("kl_mean")?;
         ensure!(kl > 0.005, "round {round}: KL {kl} is under the threshold");
@@ -729,4 +672,27 @@ async fn a_noisy_faithful_endpoint_is_judged_after_its_pair() -> Result<()> {
     tasks.close();
     tasks.wait().await;
     Ok(())
+}
+
+/// Detectors from a `[probes.detectors]` table, with no ladder and the default alerts.
+fn detectors_from(det: &toml::Table) -> Result<Arc<samewise_probes::detect::Detectors>> {
+    Ok(Arc::new(samewise_probes::detect::Detectors::new(
+        samewise_probes::detect::DetectorConfig::parse(det)?,
+        None,
+        &samewise_probes::AlertsConfig::default(),
+    )?))
+}
+
+/// The runs `s` stored in `round` of `kind` on its `i`-th target (an error when it was over
+/// budget).
+async fn stored(
+    s: &Scheduler,
+    i: usize,
+    kind: ProbeKind,
+    round: u64,
+) -> Result<Vec<samewise_store::ProbeRun>> {
+    match s.run_round(&s.targets()[i], kind, round).await? {
+        RoundResult::Stored(runs) => Ok(runs),
+        other => anyhow::bail!("round {round} of {kind:?} stored nothing: {other:?}"),
+    }
 }
