@@ -135,11 +135,38 @@ pub const KIND_CHANGED: &str = "changed";
 pub const KIND_PASSIVE: &str = "passive";
 
 /// The detectors with their alerting; built once per scheduler.
+/// What the detectors found on one stored run, not yet raised ([`Detectors::judge`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Judgement {
+    /// The run repeats another (a noise-floor pair).
+    repeat: bool,
+    /// faithful?'s finding.
+    unfaithful: Option<NewAlert>,
+    /// changed?'s finding.
+    changed: Option<changed::Changed>,
+}
+
+impl Judgement {
+    /// Whether raising it would touch no alert.
+    pub fn is_empty(&self) -> bool {
+        self.unfaithful.is_none() && self.changed.is_none()
+    }
+}
+
 #[derive(Debug)]
 pub struct Detectors {
     cfg: DetectorConfig,
     ladder: Option<Ladder>,
     alerting: Alerting,
+}
+
+/// Whether `finding`'s endpoint has no active alert of its kind.
+async fn no_active_alert(store: &Store, finding: &NewAlert) -> Result<bool> {
+    let active = store
+        .active_alert(&finding.model, &finding.endpoint, &finding.kind)
+        .await
+        .map_err(store_err)?;
+    Ok(active.is_none())
 }
 
 fn store_err(e: samewise_store::StoreError) -> ProbesError {
@@ -309,30 +336,51 @@ impl Detectors {
         self.alerting.shutdown().await;
     }
 
-    /// Called after every stored probe run: faithful? and changed?. Returns the alerts the
-    /// run opened or refreshed. A run that could not run (`ok = false`) is no evidence of
-    /// drift and is skipped.
+    /// Called after every stored probe run: faithful? and changed?, judged and raised
+    /// ([`Self::judge`], then [`Self::raise`]). Returns the alerts the run opened or refreshed.
+    /// A run that could not run (`ok = false`) is no evidence of drift and is skipped.
     pub async fn after_run(&self, store: &Store, run: &ProbeRun) -> Result<Vec<Alert>> {
+        let judged = self.judge(store, run).await?;
+        self.raise(store, judged).await
+    }
+
+    /// faithful? and changed? on a stored `run` over the endpoint's stored history, raising
+    /// nothing: what [`Self::raise`] would open, refresh or confirm now. The scheduler judges
+    /// a run once, asks [`Self::opens_alert`] of it, and raises the same judgement unless it
+    /// stores a pair first (the history has then changed: it judges again).
+    pub async fn judge(&self, store: &Store, run: &ProbeRun) -> Result<Judgement> {
         if !run.ok {
-            return Ok(Vec::new());
+            return Ok(Judgement::default());
         }
         let mut history = self.history(store, run).await?;
         let floors = noise_floors(&history);
-        let mut out = Vec::new();
-        let mut finding = self.faithful(run, &history, &floors)?;
+        let mut unfaithful = self.faithful(run, &history, &floors)?;
         // a flagged run names its fault over the runs pooled since the endpoint went over
         // the threshold: their raw data is read only then
-        if finding.is_some() {
+        if unfaithful.is_some() {
             let pooled = pooled_candidates(run, &history);
             if !pooled.is_empty() {
                 load_raw(store, &mut history, &pooled).await?;
-                finding = self.faithful(run, &history, &floors)?;
+                unfaithful = self.faithful(run, &history, &floors)?;
             }
         }
-        if let Some(finding) = finding {
+        let changed = self.changed_on(store, run, &history, &floors).await?;
+        Ok(Judgement {
+            repeat: run.repeat_of.is_some(),
+            unfaithful,
+            changed,
+        })
+    }
+
+    /// Raises what `judged` found: an "unfaithful" finding and a "changed" alarm open an alert
+    /// or refresh the active one; a "changed" chart held out of control since its last alarm
+    /// confirms the active alert (nothing when none is). Returns the alerts opened or touched.
+    pub async fn raise(&self, store: &Store, judged: Judgement) -> Result<Vec<Alert>> {
+        let mut out = Vec::new();
+        if let Some(finding) = judged.unfaithful {
             out.push(self.alerting.raise(store, &finding).await?.0);
         }
-        match self.changed_on(store, run, &history, &floors).await? {
+        match judged.changed {
             Some(changed::Changed::Alarm(finding)) => {
                 out.push(self.alerting.raise(store, &finding).await?.0);
             }
@@ -352,31 +400,25 @@ impl Detectors {
         Ok(out)
     }
 
-    /// Whether `run`, stored, would open an alert: an "unfaithful" finding where no such alert
-    /// is active for its endpoint, or a "changed" alarm (a chart newly over h, not one held
-    /// since an earlier alarm) where no "changed" alert is, by the same detectors as
-    /// [`Self::after_run`], raising nothing. The scheduler asks it of a run whose kind has
-    /// noise-floor pairs before the run's detectors, so that such an alarm is first judged with
-    /// a pair of the same round; an alarm that would only refresh an open alert is not (a
-    /// lasting shift would otherwise pair every round).
-    pub async fn alarm_pending(&self, store: &Store, run: &ProbeRun) -> Result<bool> {
-        if !run.ok || run.repeat_of.is_some() {
+    /// Whether raising `judged` would open an alert: an "unfaithful" finding where no such
+    /// alert is active for its endpoint, or a "changed" alarm (a chart newly over h, not one
+    /// held since an earlier alarm) where no "changed" alert is; never for a repeat. The
+    /// scheduler asks it of a run whose kind has noise-floor pairs, so that such an alarm is
+    /// first judged with a pair of the same round; an alarm that would only refresh an open
+    /// alert is not (a lasting shift would otherwise pair every round).
+    pub async fn opens_alert(&self, store: &Store, judged: &Judgement) -> Result<bool> {
+        if judged.repeat {
             return Ok(false);
         }
-        let history = self.history(store, run).await?;
-        let floors = noise_floors(&history);
-        let opens = |kind: &'static str| async move {
-            let active = store
-                .active_alert(&run.model, &run.endpoint, kind)
-                .await
-                .map_err(store_err)?;
-            Ok::<bool, ProbesError>(active.is_none())
-        };
-        if self.faithful(run, &history, &floors)?.is_some() && opens(KIND_UNFAITHFUL).await? {
+        if let Some(finding) = &judged.unfaithful
+            && no_active_alert(store, finding).await?
+        {
             return Ok(true);
         }
-        let found = self.changed_on(store, run, &history, &floors).await?;
-        Ok(matches!(found, Some(changed::Changed::Alarm(_))) && opens(KIND_CHANGED).await?)
+        match &judged.changed {
+            Some(changed::Changed::Alarm(finding)) => no_active_alert(store, finding).await,
+            _ => Ok(false),
+        }
     }
 
     /// The endpoint's newest `history_runs` runs of `run`'s kind, oldest first, `run` among

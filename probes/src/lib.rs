@@ -91,7 +91,7 @@ pub use align::ReferenceVocab;
 pub use config::{
     ExternalFlavour, ModelProbes, ProbeKind, ProbesConfig, PromptSetPaths, ReferenceConfig,
 };
-pub use detect::{DetectorConfig, Detectors};
+pub use detect::{DetectorConfig, Detectors, Judgement};
 pub use prompts::{
     CompletionPrompt, LogprobText, ToolCallPrompt, ToolDefinitions, ToolExpectation,
 };

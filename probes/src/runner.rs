@@ -8,7 +8,7 @@
 //! [`crate::detect::noise_pair_stats`], [`crate::detect::fingerprint_pair_stats`]). A run of
 //! such a kind that would open an alert is paired at once too, and a paired run is judged
 //! after its pair, so an alarm is judged with the endpoint's repeat noise of that moment
-//! ([`crate::detect::Detectors::alarm_pending`]). The reference's scores are memoized ([`crate::reference::Cached`], `reference_cache_positions`): rounds
+//! ([`crate::detect::Detectors::opens_alert`]); a round without a pair is judged once. The reference's scores are memoized ([`crate::reference::Cached`], `reference_cache_positions`): rounds
 //! re-send the same sequences, and the reference's answer to one never changes.
 //!
 //! Probe runs are concurrent across endpoints, at most `concurrency` in flight (a semaphore
@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{ModelProbes, ProbeKind, ProbesConfig};
-use crate::detect::Detectors;
+use crate::detect::{Detectors, Judgement};
 use crate::kinds::{self, Outcome, ProbeCtx, PromptSets, Target};
 use crate::reference::{Cached, Reference};
 use crate::{ProbesError, Result};
@@ -196,42 +196,62 @@ impl Scheduler {
         // fingerprint, from its statistics: on every `noise_pair_every`-th round, and on a
         // round whose run would open an alert, so that the alarm is judged against the
         // endpoint's repeat noise of that moment (a nondeterministic endpoint is not flagged for
-        // noise its last pair did not see)
+        // noise its last pair did not see). A round without a pair is judged once.
         let pairs = out[0].ok && (out[0].raw.is_some() || kind == ProbeKind::Fingerprint);
-        if pairs && (pair || self.alarm_pending(target, &out[0]).await) {
+        let mut judged = if pairs && pair {
+            None
+        } else {
+            self.judge(target, &out[0]).await
+        };
+        let alarm = pairs && !pair && self.opens_alert(target, judged.as_ref()).await;
+        if pairs && (pair || alarm) {
             let second = self
                 .probe_and_store(&ctx, target, kind, Some(&out[0]), true)
                 .await?;
             out.push(second);
+            judged = self.judge(target, &out[0]).await;
         }
-        self.detect(target, &out[0]).await;
+        self.raise(target, &out[0], judged).await;
         Ok(RoundResult::Stored(out))
     }
 
-    /// Whether the detectors would open an alert on `run` (false without detectors, or when
-    /// they fail: the run's own detection then reports it).
-    async fn alarm_pending(&self, target: &Target, run: &ProbeRun) -> bool {
-        let Some(d) = &self.detectors else {
+    /// The detectors' judgement of a stored run (`None` without detectors, or when they fail:
+    /// logged).
+    async fn judge(&self, target: &Target, run: &ProbeRun) -> Option<Judgement> {
+        let d = self.detectors.as_ref()?;
+        d.judge(&self.store, run)
+            .await
+            .inspect_err(|e| tracing::error!(endpoint = %target.endpoint, kind = %run.kind, error = %e, "detectors failed after a probe run"))
+            .ok()
+    }
+
+    /// Whether raising `judged` would open an alert (false without a judgement, or when the
+    /// store fails: logged).
+    async fn opens_alert(&self, target: &Target, judged: Option<&Judgement>) -> bool {
+        let (Some(d), Some(judged)) = (&self.detectors, judged) else {
             return false;
         };
-        d.alarm_pending(&self.store, run)
+        d.opens_alert(&self.store, judged)
             .await
-            .inspect_err(|e| tracing::error!(endpoint = %target.endpoint, error = %e, "detector preview failed"))
+            .inspect_err(|e| tracing::error!(endpoint = %target.endpoint, error = %e, "reading the active alerts failed"))
             .unwrap_or(false)
     }
 
-    /// Runs the detectors after a stored run.
-    async fn detect(&self, target: &Target, run: &ProbeRun) {
-        let Some(d) = &self.detectors else {
+    /// Raises what the detectors found on `run`.
+    async fn raise(&self, target: &Target, run: &ProbeRun, judged: Option<Judgement>) {
+        let (Some(d), Some(judged)) = (&self.detectors, judged) else {
             return;
         };
-        match d.after_run(&self.store, run).await {
+        if judged.is_empty() {
+            return;
+        }
+        match d.raise(&self.store, judged).await {
             Ok(alerts) if !alerts.is_empty() => {
                 tracing::warn!(endpoint = %target.endpoint, kind = %run.kind, alerts = alerts.len(), "probe run raised alerts");
             }
             Ok(_) => {}
             Err(e) => {
-                tracing::error!(endpoint = %target.endpoint, error = %e, "detectors failed after a probe run")
+                tracing::error!(endpoint = %target.endpoint, error = %e, "raising a probe run's alerts failed")
             }
         }
     }
@@ -301,7 +321,8 @@ impl Scheduler {
         }
         run.id = self.store.insert_probe_run(&run).await?;
         if detect {
-            self.detect(target, &run).await;
+            let judged = self.judge(target, &run).await;
+            self.raise(target, &run, judged).await;
         }
         Ok(run)
     }
