@@ -25,123 +25,40 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
-/// PostgreSQL migrations, in order.
-pub const POSTGRES: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "request records and api keys",
-        sql: include_str!("../migrations/postgres/0001_init.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "probe runs and alerts",
-        sql: include_str!("../migrations/postgres/0002_probes_alerts.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "admin keys and endpoint rollups",
-        sql: include_str!("../migrations/postgres/0003_dashboards.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "eval jobs and results",
-        sql: include_str!("../migrations/postgres/0004_evals.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "rollup labels by time",
-        sql: include_str!("../migrations/postgres/0005_rollup_label_time.sql"),
-    },
-    Migration {
-        version: 6,
-        name: "day rollups and the probe-run summary",
-        sql: include_str!("../migrations/postgres/0006_days_latest_runs.sql"),
-    },
-    Migration {
-        version: 7,
-        name: "captured bodies and regression cases",
-        sql: include_str!("../migrations/postgres/0007_captured_bodies.sql"),
-    },
-    Migration {
-        version: 8,
-        name: "per-key hourly usage",
-        sql: include_str!("../migrations/postgres/0008_key_hours.sql"),
-    },
-    Migration {
-        version: 9,
-        name: "probe-run retention indexes",
-        sql: include_str!("../migrations/postgres/0009_probe_run_retention.sql"),
-    },
-    Migration {
-        version: 10,
-        name: "changed? baselines",
-        sql: include_str!("../migrations/postgres/0010_probe_baselines.sql"),
-    },
-    Migration {
-        version: 11,
-        name: "who resolved an alert",
-        sql: include_str!("../migrations/postgres/0011_alert_resolved_by.sql"),
-    },
-];
+/// Defines [`POSTGRES`] and [`SQLITE`] from one list of (version, name, file): each version
+/// has its statements for both backends, in `migrations/postgres/FILE` and
+/// `migrations/sqlite/FILE`, under the same name.
+macro_rules! migrations {
+    ($($version:literal, $name:literal, $file:literal;)*) => {
+        /// PostgreSQL migrations, in order.
+        pub const POSTGRES: &[Migration] = &[$(Migration {
+            version: $version,
+            name: $name,
+            sql: include_str!(concat!("../migrations/postgres/", $file)),
+        }),*];
 
-/// SQLite migrations, in order (the same versions as [`POSTGRES`]).
-pub const SQLITE: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "request records and api keys",
-        sql: include_str!("../migrations/sqlite/0001_init.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "probe runs and alerts",
-        sql: include_str!("../migrations/sqlite/0002_probes_alerts.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "admin keys and endpoint rollups",
-        sql: include_str!("../migrations/sqlite/0003_dashboards.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "eval jobs and results",
-        sql: include_str!("../migrations/sqlite/0004_evals.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "rollup labels by time",
-        sql: include_str!("../migrations/sqlite/0005_rollup_label_time.sql"),
-    },
-    Migration {
-        version: 6,
-        name: "day rollups and the probe-run summary",
-        sql: include_str!("../migrations/sqlite/0006_days_latest_runs.sql"),
-    },
-    Migration {
-        version: 7,
-        name: "captured bodies and regression cases",
-        sql: include_str!("../migrations/sqlite/0007_captured_bodies.sql"),
-    },
-    Migration {
-        version: 8,
-        name: "per-key hourly usage",
-        sql: include_str!("../migrations/sqlite/0008_key_hours.sql"),
-    },
-    Migration {
-        version: 9,
-        name: "probe-run retention indexes",
-        sql: include_str!("../migrations/sqlite/0009_probe_run_retention.sql"),
-    },
-    Migration {
-        version: 10,
-        name: "changed? baselines",
-        sql: include_str!("../migrations/sqlite/0010_probe_baselines.sql"),
-    },
-    Migration {
-        version: 11,
-        name: "who resolved an alert",
-        sql: include_str!("../migrations/sqlite/0011_alert_resolved_by.sql"),
-    },
-];
+        /// SQLite migrations, in order (the same versions as [`POSTGRES`]).
+        pub const SQLITE: &[Migration] = &[$(Migration {
+            version: $version,
+            name: $name,
+            sql: include_str!(concat!("../migrations/sqlite/", $file)),
+        }),*];
+    };
+}
+
+migrations! {
+    1, "request records and api keys", "0001_init.sql";
+    2, "probe runs and alerts", "0002_probes_alerts.sql";
+    3, "admin keys and endpoint rollups", "0003_dashboards.sql";
+    4, "eval jobs and results", "0004_evals.sql";
+    5, "rollup labels by time", "0005_rollup_label_time.sql";
+    6, "day rollups and the probe-run summary", "0006_days_latest_runs.sql";
+    7, "captured bodies and regression cases", "0007_captured_bodies.sql";
+    8, "per-key hourly usage", "0008_key_hours.sql";
+    9, "probe-run retention indexes", "0009_probe_run_retention.sql";
+    10, "changed? baselines", "0010_probe_baselines.sql";
+    11, "who resolved an alert", "0011_alert_resolved_by.sql";
+}
 
 /// Key of the PostgreSQL advisory lock held while migrating ("samewise" in ASCII, 8 bytes).
 pub const PG_MIGRATION_LOCK: i64 = 0x7361_6d65_7769_7365;

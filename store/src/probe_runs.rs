@@ -189,37 +189,25 @@ impl Store {
 
     /// Probe runs matching `q`, newest first (by start time, then id).
     pub async fn probe_runs(&self, q: &ProbeRunQuery) -> Result<Vec<ProbeRun>, StoreError> {
-        const OP: &str = "reading probe runs";
-        on_pool!(&self.pool, |p| {
-            let mut qb = QueryBuilder::new(format!("SELECT {COLUMNS} FROM probe_runs WHERE 1=1"));
-            if let Some(m) = &q.model {
-                qb.push(" AND model = ").push_bind(m.as_str());
-            }
-            if let Some(e) = &q.endpoint {
-                qb.push(" AND endpoint = ").push_bind(e.as_str());
-            }
-            if let Some(k) = &q.kind {
-                qb.push(" AND kind = ").push_bind(k.as_str());
-            }
-            if let Some(t) = q.since_ms {
-                qb.push(" AND started_ms >= ").push_bind(t);
-            }
-            qb.push(" ORDER BY started_ms DESC, id DESC LIMIT ")
-                .push_bind(i64::from(q.limit));
-            let rows = qb
-                .build()
-                .fetch_all(p)
-                .await
-                .map_err(StoreError::query(OP))?;
-            rows.iter().map(run_from_row).collect()
-        })
+        self.query_probe_runs(q, COLUMNS, "reading probe runs")
+            .await
     }
 
     /// As [`Store::probe_runs`] without the raw per-position data (`raw` is None): the
     /// statistics series that dashboards draw.
     pub async fn probe_run_stats(&self, q: &ProbeRunQuery) -> Result<Vec<ProbeRun>, StoreError> {
-        const OP: &str = "reading probe run statistics";
         let columns = columns_without_raw(self.backend());
+        self.query_probe_runs(q, &columns, "reading probe run statistics")
+            .await
+    }
+
+    /// `columns` of the probe runs matching `q`, newest first.
+    async fn query_probe_runs(
+        &self,
+        q: &ProbeRunQuery,
+        columns: &str,
+        op: &'static str,
+    ) -> Result<Vec<ProbeRun>, StoreError> {
         on_pool!(&self.pool, |p| {
             let mut qb = QueryBuilder::new(format!("SELECT {columns} FROM probe_runs WHERE 1=1"));
             if let Some(m) = &q.model {
@@ -240,7 +228,7 @@ impl Store {
                 .build()
                 .fetch_all(p)
                 .await
-                .map_err(StoreError::query(OP))?;
+                .map_err(StoreError::query(op))?;
             rows.iter().map(run_from_row).collect()
         })
     }
