@@ -146,24 +146,7 @@ pub fn wilson(k: u64, n: u64, level: f64) -> Option<(f64, f64)> {
     Some(((centre - half).max(0.0), (centre + half).min(1.0)))
 }
 
-/// ln C(n, k).
-fn ln_choose(n: u64, k: u64) -> f64 {
-    statrs::function::factorial::ln_binomial(n, k)
-}
-
-/// McNemar's exact test: the two-sided p-value of `b` vs `c` discordant pairs under
-/// Binomial(b + c, ½). 1 when there is no discordant pair.
-pub fn mcnemar_exact(b: u64, c: u64) -> f64 {
-    let n = b + c;
-    if n == 0 {
-        return 1.0;
-    }
-    let m = b.min(c);
-    let tail: f64 = (0..=m)
-        .map(|i| (ln_choose(n, i) - n as f64 * std::f64::consts::LN_2).exp())
-        .sum();
-    (2.0 * tail).min(1.0)
-}
+pub use samewise_toolcheck::vendor::mcnemar_exact;
 
 /// Agresti–Min interval of the paired difference (suspect − baseline) at confidence
 /// `level`; None without items.
@@ -352,17 +335,6 @@ mod tests {
         assert!(lo.abs() < 1e-12 && close(hi, 0.2775, 5e-4), "{lo} {hi}");
         assert_eq!(wilson(0, 0, 0.95), None);
         assert!(close(z_for(0.95), 1.959_964, 1e-5));
-    }
-
-    #[test]
-    fn mcnemar_exact_is_the_binomial_tail() {
-        assert_eq!(mcnemar_exact(0, 0), 1.0);
-        // 10 vs 0: 2 · 0.5^10
-        assert!(close(mcnemar_exact(10, 0), 2.0 * 0.5f64.powi(10), 1e-12));
-        assert!(close(mcnemar_exact(0, 10), 2.0 * 0.5f64.powi(10), 1e-12));
-        // 1 vs 5: 2 · (1 + 6) / 64
-        assert!(close(mcnemar_exact(1, 5), 14.0 / 64.0, 1e-12));
-        assert_eq!(mcnemar_exact(3, 3), 1.0);
     }
 
     #[test]

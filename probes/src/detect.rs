@@ -12,7 +12,12 @@
 //!   map onto the reference vocabulary (`stats.mismatch_rate` above `max_mismatch_rate`)
 //!   is flagged as a different tokenizer. A long_context run is flagged when its effective
 //!   context is one doubling or more below the reference's (evidence: `statistic:
-//!   "effective_context"`, both values, the per-length passes).
+//!   "effective_context"`, both values, the per-length passes). A tool_calls run is flagged
+//!   when its endpoint fails cases the reference passes (a call where one is expected, every
+//!   call valid; none where none is) more often than the reverse: McNemar's exact test over
+//!   each case's newest outcome among the endpoint's tool_calls runs since an operator last
+//!   resolved its "unfaithful" alert, below `tool_calls_alpha` (evidence: `statistic:
+//!   "tool_calls_passes"`, the discordant cases by id, the runs they came from).
 //! - **changed?** ([`Detectors::after_run`]): a two-sided CUSUM per endpoint, probe kind and
 //!   statistic over the endpoint's stored runs, oldest first; its first
 //!   `cusum_baseline_rounds` runs are the baseline, stored apart once complete
@@ -60,6 +65,7 @@
 //! metric = "kl_topk_mean"       # | "dlogprob_mean" | "top1_same" | "topk_overlap"
 //! # kl_threshold = 0.05         # without a ladder: flag mean KL above this
 //! samples_alpha = 0.01              # needs permutations ≥ 2/samples_alpha (default 999)
+//! tool_calls_alpha = 0.01       # McNemar over the tool_calls cases' newest outcomes
 //! max_mismatch_rate = 0.02
 //! cusum_k = 1.0                 # CUSUM allowance (σ units): fastest on a 2σ shift
 //! cusum_arl0 = 1000.0           # in-control average run length (rounds) per chart, two-sided
@@ -103,7 +109,7 @@ use crate::{ProbesError, Result};
 mod diagnosis;
 mod findings;
 use diagnosis::{diagnosed, pooled_candidates, pooled_diagnosis};
-use findings::{long_context_finding, signature_finding, unfaithful};
+use findings::{long_context_finding, signature_finding, tool_calls_finding, unfaithful};
 
 mod changed;
 mod detector_config;
@@ -354,14 +360,23 @@ impl Detectors {
         }
         let mut history = self.history(store, run).await?;
         let floors = noise_floors(&history);
-        let mut unfaithful = self.faithful(run, &history, &floors)?;
+        // a tool_calls finding pools the runs since an operator accepted the endpoint
+        let accepted_ms = if run.kind == "tool_calls" {
+            store
+                .last_operator_resolution(&run.model, &run.endpoint, KIND_UNFAITHFUL)
+                .await
+                .map_err(store_err)?
+        } else {
+            None
+        };
+        let mut unfaithful = self.faithful(run, &history, &floors, accepted_ms)?;
         // a flagged run names its fault over the runs pooled since the endpoint went over
         // the threshold: their raw data is read only then
         if unfaithful.is_some() {
             let pooled = pooled_candidates(run, &history);
             if !pooled.is_empty() {
                 load_raw(store, &mut history, &pooled).await?;
-                unfaithful = self.faithful(run, &history, &floors)?;
+                unfaithful = self.faithful(run, &history, &floors, accepted_ms)?;
             }
         }
         let changed = self.changed_on(store, run, &history, &floors).await?;
@@ -468,11 +483,20 @@ impl Detectors {
         run: &ProbeRun,
         history: &[ProbeRun],
         floors: &BTreeMap<String, NoiseFloor>,
+        accepted_ms: Option<i64>,
     ) -> Result<Option<NewAlert>> {
         match run.kind.as_str() {
             "prompt_logprobs" | "completion_logprobs" => {}
             "samples" => return Ok(self.samples_finding(run)),
             "long_context" => return Ok(long_context_finding(run)),
+            "tool_calls" => {
+                return Ok(tool_calls_finding(
+                    run,
+                    history,
+                    accepted_ms,
+                    self.cfg.tool_calls_alpha,
+                ));
+            }
             _ => return Ok(None),
         }
         if let Some(finding) = self.mismatch_finding(run) {

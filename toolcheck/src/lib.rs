@@ -15,8 +15,10 @@
 //! - [`schema`]: client-supplied JSON Schemas bounded (depth, size) and compiled with
 //!   linear-time regexes.
 //! - [`vendor`]: K2-Vendor-Verifier's numbers over many answers: [`vendor::trigger_f1`]
-//!   (call/no-call decisions against a baseline's; `None` when neither side has a positive)
-//!   and [`vendor::SchemaAccuracy`].
+//!   (call/no-call decisions against a baseline's; `None` when neither side has a positive),
+//!   [`vendor::SchemaAccuracy`], and [`vendor::mcnemar_exact`], the paired test of pass/fail
+//!   outcomes against a baseline's on the same items (the evals' verdicts, the tool_calls
+//!   probe's finding).
 
 //!
 //! The API is the crate root's re-exports (from the private `classify`) and three namespaces.

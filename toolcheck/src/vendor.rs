@@ -42,6 +42,24 @@ impl SchemaAccuracy {
     }
 }
 
+/// McNemar's exact test: the two-sided p-value of `b` vs `c` discordant pairs (items one side
+/// passed and the other failed) under Binomial(b + c, ½); 1 when there is no discordant pair.
+/// The evals' paired verdicts and the tool_calls probe's paired finding both use it.
+pub fn mcnemar_exact(b: u64, c: u64) -> f64 {
+    let n = b + c;
+    if n == 0 {
+        return 1.0;
+    }
+    let m = b.min(c);
+    let tail: f64 = (0..=m)
+        .map(|i| {
+            (statrs::function::factorial::ln_binomial(n, i) - n as f64 * std::f64::consts::LN_2)
+                .exp()
+        })
+        .sum();
+    (2.0 * tail).min(1.0)
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -84,5 +102,20 @@ mod tests {
         acc.add(&tools, &[call("f", "not json")]);
         assert_eq!(acc, SchemaAccuracy { calls: 4, valid: 1 });
         assert_eq!(acc.rate(), Some(0.25));
+    }
+
+    #[test]
+    fn mcnemar_exact_is_the_binomial_tail() {
+        assert_eq!(mcnemar_exact(0, 0), 1.0);
+        // 10 vs 0: 2 · 0.5^10
+        assert!(close_to(mcnemar_exact(10, 0), 2.0 * 0.5f64.powi(10), 1e-12));
+        assert!(close_to(mcnemar_exact(0, 10), 2.0 * 0.5f64.powi(10), 1e-12));
+        // 1 vs 5: 2 · (1 + 6) / 64
+        assert!(close_to(mcnemar_exact(1, 5), 14.0 / 64.0, 1e-12));
+        assert_eq!(mcnemar_exact(3, 3), 1.0);
+    }
+
+    fn close_to(a: f64, b: f64, tol: f64) -> bool {
+        (a - b).abs() <= tol
     }
 }

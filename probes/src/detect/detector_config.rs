@@ -21,6 +21,10 @@ pub struct DetectorConfig {
     pub kl_threshold: Option<f64>,
     /// A samples run is flagged when its p-value is below this.
     pub samples_alpha: f64,
+    /// A tool_calls run is flagged when McNemar's exact test of the cases its endpoint fails
+    /// and the reference passes (each case's newest outcome over the endpoint's recent runs)
+    /// against the reverse is below this.
+    pub tool_calls_alpha: f64,
     /// A logprob run is flagged when more than this share of the endpoint's tokens do not
     /// map onto the reference vocabulary (a different tokenizer is a different model).
     pub max_mismatch_rate: f64,
@@ -66,6 +70,7 @@ impl Default for DetectorConfig {
             metric: Metric::KlTopkMean,
             kl_threshold: None,
             samples_alpha: 0.01,
+            tool_calls_alpha: 0.01,
             max_mismatch_rate: 0.02,
             cusum: CusumConfig {
                 min_sd: 1e-6,
@@ -101,6 +106,7 @@ struct RawDetectors {
     metric: Option<Metric>,
     kl_threshold: Option<f64>,
     samples_alpha: Option<f64>,
+    tool_calls_alpha: Option<f64>,
     max_mismatch_rate: Option<f64>,
     cusum_k: Option<f64>,
     cusum_arl0: Option<f64>,
@@ -159,6 +165,12 @@ impl DetectorConfig {
                 return Err(cfg_err("samples_alpha", "must be in (0, 1)"));
             }
             c.samples_alpha = a;
+        }
+        if let Some(a) = raw.tool_calls_alpha {
+            if !(a > 0.0 && a < 1.0) {
+                return Err(cfg_err("tool_calls_alpha", "must be in (0, 1)"));
+            }
+            c.tool_calls_alpha = a;
         }
         if let Some(m) = raw.max_mismatch_rate {
             if !(0.0..1.0).contains(&m) {

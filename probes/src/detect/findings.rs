@@ -1,6 +1,7 @@
-//! The faithful? findings read from one run's statistics alone, with no threshold or ladder:
-//! a fault signature that is a finding by itself, and the long-context probe's effective
-//! context.
+//! The faithful? findings that need no ladder: a fault signature that is a finding by itself
+//! and the long-context probe's effective context (one run's statistics alone), and the
+//! tool_calls probe's paired pass/fail outcomes against the reference's (pooled per case over
+//! the endpoint's recent runs).
 
 use samewise_store::{NewAlert, ProbeRun};
 
@@ -100,6 +101,92 @@ pub(super) fn long_context_finding(run: &ProbeRun) -> Option<NewAlert> {
             "diagnosis": diagnosis.cloned().unwrap_or(serde_json::Value::Null),
             "p_value": serde_json::Value::Null,
             "probe_runs": [run.id],
+        }),
+    ))
+}
+
+/// The tool_calls probe's paired finding over `history` (the endpoint's tool_calls runs, oldest
+/// first, `run` among them): each case's newest outcome on both sides (`stats.cases` and
+/// `stats.passes`) among the runs that started after `accepted_ms` (an operator's last
+/// resolution of the endpoint's "unfaithful" alert) and not after `run`; flagged when the
+/// endpoint fails more of them where the reference passes than the reverse, at McNemar's
+/// exact p < `alpha`. One outcome per case: a case seen in many rounds is one piece of
+/// evidence, so an endpoint that differs on a single case is never flagged by repetition.
+pub(super) fn tool_calls_finding(
+    run: &ProbeRun,
+    history: &[ProbeRun],
+    accepted_ms: Option<i64>,
+    alpha: f64,
+) -> Option<NewAlert> {
+    use std::collections::BTreeMap;
+    let mut newest: BTreeMap<&str, (bool, bool, i64)> = BTreeMap::new();
+    for r in history.iter().filter(|r| {
+        r.ok && r.kind == run.kind
+            && r.repeat_of.is_none()
+            && r.started_ms <= run.started_ms
+            && accepted_ms.is_none_or(|t| r.started_ms > t)
+    }) {
+        let (Some(cases), Some(passes)) = (
+            r.stats.get("cases").and_then(serde_json::Value::as_array),
+            r.stats.get("passes").and_then(serde_json::Value::as_array),
+        ) else {
+            continue;
+        };
+        for (case, pass) in cases.iter().zip(passes) {
+            let (Some(case), Some(reference), Some(endpoint)) = (
+                case.as_str(),
+                pass.get(0).and_then(serde_json::Value::as_bool),
+                pass.get(1).and_then(serde_json::Value::as_bool),
+            ) else {
+                continue;
+            };
+            newest.insert(case, (reference, endpoint, r.id));
+        }
+    }
+    let lost: Vec<&str> = newest
+        .iter()
+        .filter(|(_, (r, e, _))| *r && !*e)
+        .map(|(c, _)| *c)
+        .collect();
+    let won: Vec<&str> = newest
+        .iter()
+        .filter(|(_, (r, e, _))| !*r && *e)
+        .map(|(c, _)| *c)
+        .collect();
+    let (b, c) = (lost.len() as u64, won.len() as u64);
+    if b <= c {
+        return None;
+    }
+    let p = samewise_toolcheck::vendor::mcnemar_exact(b, c);
+    if p >= alpha {
+        return None;
+    }
+    let both = newest.values().filter(|(r, e, _)| *r && *e).count();
+    let mut runs: Vec<i64> = newest.values().map(|v| v.2).collect();
+    runs.sort_unstable();
+    runs.dedup();
+    let summary = format!(
+        "endpoint {}: tool calls fail where the reference's pass — {b} of {} cases lost, {c} won (McNemar p = {p:.2e}; both pass {both}) over {} tool_calls runs",
+        run.endpoint,
+        newest.len(),
+        runs.len()
+    );
+    Some(unfaithful(
+        run,
+        summary,
+        serde_json::json!({
+            "detector": "faithful",
+            "probe_kind": run.kind,
+            "statistic": "tool_calls_passes",
+            "cases": newest.len(),
+            "lost": lost,
+            "won": won,
+            "both_pass": both,
+            "threshold": alpha,
+            "p_value": p,
+            "schema_accuracy": run.stats.get("schema_accuracy").cloned().unwrap_or(serde_json::Value::Null),
+            "reference_schema_accuracy": run.stats.get("reference_schema_accuracy").cloned().unwrap_or(serde_json::Value::Null),
+            "probe_runs": runs,
         }),
     ))
 }

@@ -6,9 +6,15 @@
 //! calls: undefined, not perfect), and schema accuracy — the share of the endpoint's calls
 //! that the shared checker (`samewise_toolcheck`, the gateway's and the evals' too) finds ok:
 //! a declared name and arguments that validate against its JSON Schema.
+//!
+//! Each case is also judged pass/fail on both sides alike (`passes`, `[reference, endpoint]`
+//! per case, in the order of `cases`): a side passes when it calls a tool exactly when the case
+//! expects a call and every call it makes is ok. faithful? pairs those outcomes over the
+//! endpoint's recent runs (`crate::detect`), so an endpoint whose calls break where the
+//! reference's hold is flagged even when no live traffic offers it tools.
 
 use samewise_toolcheck::vendor::{SchemaAccuracy, trigger_f1};
-use samewise_toolcheck::{ToolCall, ToolSet};
+use samewise_toolcheck::{CallVerdict, ToolCall, ToolSet};
 use serde_json::{Map, Value, json};
 
 use super::{Outcome, ProbeCtx, Target, call, usage_tokens, window};
@@ -25,6 +31,8 @@ pub async fn run(ctx: &ProbeCtx<'_>, backend: &dyn Reference, target: &Target) -
     let mut tokens = 0i64;
     let mut pairs = Vec::new();
     let mut accuracy = SchemaAccuracy::default();
+    let mut ref_accuracy = SchemaAccuracy::default();
+    let mut passes = Vec::new();
     let mut ep_expected = 0usize;
     let mut ref_expected = 0usize;
     for c in &cases {
@@ -49,6 +57,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, backend: &dyn Reference, target: &Target) -
             Err(e) => return Outcome::failed(e.message, tokens),
         };
         tokens += usage_tokens(&answer);
+        let tool_set = ToolSet::from_request_tools(&Value::Array(tools.clone()));
         let ep_calls: Vec<ToolCall> = answer
             .pointer("/choices/0/message/tool_calls")
             .and_then(Value::as_array)
@@ -86,18 +95,31 @@ pub async fn run(ctx: &ProbeCtx<'_>, backend: &dyn Reference, target: &Target) -
             Ok(mut s) => s.pop().map(|s| s.text).unwrap_or_default(),
             Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
         };
-        let ref_called = !samewise_engine::chat::parse_tool_calls(&ref_text)
+        let ref_calls: Vec<ToolCall> = samewise_engine::chat::parse_tool_calls(&ref_text)
             .tool_calls
-            .is_empty();
-        let ep_called = !ep_calls.is_empty();
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| ToolCall {
+                index: u32::try_from(i).unwrap_or(u32::MAX),
+                id: None,
+                name: Some(c.name),
+                arguments: c.arguments,
+            })
+            .collect();
+        let (ref_called, ep_called) = (!ref_calls.is_empty(), !ep_calls.is_empty());
         pairs.push((ref_called, ep_called));
         let want = c.expect == ToolExpectation::Call;
         ep_expected += usize::from(ep_called == want);
         ref_expected += usize::from(ref_called == want);
-        accuracy.add(
-            &ToolSet::from_request_tools(&Value::Array(tools)),
-            &ep_calls,
-        );
+        let pass = |calls: &[ToolCall]| {
+            calls.is_empty() != want
+                && calls
+                    .iter()
+                    .all(|call| tool_set.classify(call) == CallVerdict::Ok)
+        };
+        passes.push([pass(&ref_calls), pass(&ep_calls)]);
+        accuracy.add(&tool_set, &ep_calls);
+        ref_accuracy.add(&tool_set, &ref_calls);
     }
     let n = cases.len().max(1) as f64;
     let mut stats = Map::new();
@@ -108,6 +130,12 @@ pub async fn run(ctx: &ProbeCtx<'_>, backend: &dyn Reference, target: &Target) -
     stats.insert("trigger_f1".into(), json!(trigger_f1(&pairs)));
     stats.insert("schema_accuracy".into(), json!(accuracy.rate()));
     stats.insert("endpoint_calls".into(), json!(accuracy.calls));
+    stats.insert(
+        "reference_schema_accuracy".into(),
+        json!(ref_accuracy.rate()),
+    );
+    stats.insert("reference_calls".into(), json!(ref_accuracy.calls));
+    stats.insert("passes".into(), json!(passes));
     stats.insert(
         "endpoint_triggers".into(),
         json!(pairs.iter().filter(|p| p.1).count()),

@@ -16,4 +16,5 @@ mod long_context;
 mod pipeline;
 mod probes_engine;
 mod scheduler;
+mod tool_calls;
 mod webhooks;

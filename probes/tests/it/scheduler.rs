@@ -685,7 +685,7 @@ fn detectors_from(det: &toml::Table) -> Result<Arc<samewise_probes::detect::Dete
 
 /// The runs `s` stored in `round` of `kind` on its `i`-th target (an error when it was over
 /// budget).
-async fn stored(
+pub(crate) async fn stored(
     s: &Scheduler,
     i: usize,
     kind: ProbeKind,

@@ -105,15 +105,14 @@ pub fn target(base: &str, label: &str) -> Target {
     }
 }
 
-/// The probes config of these tests, one text or case a round unless `extra` says otherwise.
+/// The probes config of these tests, one text or case a round and 24 tokens a generation
+/// unless `extra` says otherwise.
 pub fn probes_config(extra: &str) -> Result<ProbesConfig> {
-    let items = if extra.contains("items_per_round") {
-        ""
-    } else {
-        "items_per_round = 1\n"
-    };
+    let default = |key: &str, line: &'static str| if extra.contains(key) { "" } else { line };
+    let items = default("items_per_round", "items_per_round = 1\n");
+    let max_tokens = default("max_tokens", "max_tokens = 24\n");
     let src = format!(
-        "[probes]\nnoise_pair_every = 3\nlock_retry_ms = 200\nsweep_interval_ms = 60000\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"unused\"\n[models.smol.probes]\n{items}max_tokens = 24\ntop_k = 5\nsamples_per_prompt = 3\nsamples_prompts_per_round = 1\npermutations = 99\n{extra}"
+        "[probes]\nnoise_pair_every = 3\nlock_retry_ms = 200\nsweep_interval_ms = 60000\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"unused\"\n[models.smol.probes]\n{items}{max_tokens}top_k = 5\nsamples_per_prompt = 3\nsamples_prompts_per_round = 1\npermutations = 99\n{extra}"
     );
     Ok(ProbesConfig::from_gateway_toml(&src)?)
 }
