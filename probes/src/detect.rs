@@ -537,8 +537,6 @@ impl Detectors {
                 },
             );
             let evidence = serde_json::json!({
-                "detector": "faithful",
-                "probe_kind": run.kind,
                 "statistic": key,
                 "value": value,
                 "threshold": j.effective_threshold,
@@ -564,8 +562,6 @@ impl Detectors {
                 fmt_num(effective)
             );
             let evidence = serde_json::json!({
-                "detector": "faithful",
-                "probe_kind": run.kind,
                 "statistic": key,
                 "value": value,
                 "threshold": effective,
@@ -612,8 +608,6 @@ impl Detectors {
             run,
             summary,
             serde_json::json!({
-                "detector": "faithful",
-                "probe_kind": run.kind,
                 "statistic": "mismatch_rate",
                 "value": rate,
                 "unmappable": run.stats.get("unmappable").cloned().unwrap_or(serde_json::Value::Null),
@@ -657,8 +651,6 @@ impl Detectors {
             run,
             summary,
             serde_json::json!({
-                "detector": "faithful",
-                "probe_kind": run.kind,
                 "statistic": test.statistic(),
                 "value": run.stats.get(test.statistic()).cloned().unwrap_or(serde_json::Value::Null),
                 "threshold": self.cfg.samples_alpha,

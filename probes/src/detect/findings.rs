@@ -7,8 +7,17 @@ use samewise_store::{NewAlert, ProbeRun};
 
 use super::{KIND_UNFAITHFUL, stat};
 
-/// The `unfaithful` alert `run` raises, with its `summary` and `evidence`.
-pub(super) fn unfaithful(run: &ProbeRun, summary: String, evidence: serde_json::Value) -> NewAlert {
+/// The `unfaithful` alert `run` raises, with its `summary` and `evidence` (to which it adds
+/// `detector: "faithful"` and the run's `probe_kind`).
+pub(super) fn unfaithful(
+    run: &ProbeRun,
+    summary: String,
+    mut evidence: serde_json::Value,
+) -> NewAlert {
+    if let Some(e) = evidence.as_object_mut() {
+        e.insert("detector".into(), "faithful".into());
+        e.insert("probe_kind".into(), run.kind.clone().into());
+    }
     NewAlert {
         model: run.model.clone(),
         endpoint: run.endpoint.clone(),
@@ -35,8 +44,6 @@ pub(super) fn signature_finding(run: &ProbeRun) -> Option<NewAlert> {
         run,
         format!("endpoint {}: {text}", run.endpoint),
         serde_json::json!({
-            "detector": "faithful",
-            "probe_kind": run.kind,
             "statistic": signature,
             "diagnosis": d,
             "p_value": serde_json::Value::Null,
@@ -89,8 +96,6 @@ pub(super) fn long_context_finding(run: &ProbeRun) -> Option<NewAlert> {
         run,
         summary,
         serde_json::json!({
-            "detector": "faithful",
-            "probe_kind": run.kind,
             "statistic": "effective_context",
             "value": v,
             "reference_value": r,
@@ -175,8 +180,6 @@ pub(super) fn tool_calls_finding(
         run,
         summary,
         serde_json::json!({
-            "detector": "faithful",
-            "probe_kind": run.kind,
             "statistic": "tool_calls_passes",
             "cases": newest.len(),
             "lost": lost,
