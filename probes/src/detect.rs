@@ -65,7 +65,7 @@
 //! metric = "kl_topk_mean"       # | "dlogprob_mean" | "top1_same" | "topk_overlap"
 //! # kl_threshold = 0.05         # without a ladder: flag mean KL above this
 //! samples_alpha = 0.01              # needs permutations ≥ 2/samples_alpha (default 999)
-//! tool_calls_alpha = 0.01       # McNemar over the tool_calls cases' newest outcomes
+//! tool_calls_alpha = 0.01       # McNemar over the tool_calls cases' newest outcomes; needs 2·0.5^cases below it
 //! max_mismatch_rate = 0.02
 //! cusum_k = 1.0                 # CUSUM allowance (σ units): fastest on a 2σ shift
 //! cusum_arl0 = 1000.0           # in-control average run length (rounds) per chart, two-sided
@@ -272,6 +272,31 @@ fn check_samples_alpha(cfg: &DetectorConfig, config: &ProbesConfig) -> Result<()
     Ok(())
 }
 
+/// The tool_calls finding's smallest two-sided p is McNemar's with every case lost: a model
+/// whose tool_calls cases are too few to reach `tool_calls_alpha` could never be flagged by
+/// them, which is a configuration error.
+fn check_tool_calls_alpha(cfg: &DetectorConfig, config: &ProbesConfig) -> Result<()> {
+    for (name, m) in &config.models {
+        if !m.kinds.contains(&crate::config::ProbeKind::ToolCalls) {
+            continue;
+        }
+        let cases = crate::kinds::PromptSets::load(&m.prompt_sets)?
+            .tool_call_prompts
+            .len();
+        let smallest = samewise_toolcheck::vendor::mcnemar_exact(cases as u64, 0);
+        if smallest >= cfg.tool_calls_alpha {
+            let needed = (1..=64)
+                .find(|n| samewise_toolcheck::vendor::mcnemar_exact(*n, 0) < cfg.tool_calls_alpha)
+                .unwrap_or(64);
+            return Err(ProbesError::Config(format!(
+                "probes.detectors.tool_calls_alpha = {} can never be reached with the {cases} tool_calls cases of models.{name} (McNemar's smallest two-sided p, every case lost, is 2·0.5^{cases} = {smallest:.4}): use at least {needed} cases or a larger tool_calls_alpha",
+                cfg.tool_calls_alpha,
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl Detectors {
     /// Builds the detectors from the probes config: the `[probes.detectors]`,
     /// `[probes.alerts]` and `[[probes.webhooks]]` keys, and the ladder file if one is
@@ -279,6 +304,7 @@ impl Detectors {
     pub fn from_config(config: &ProbesConfig) -> Result<Detectors> {
         let cfg = DetectorConfig::parse(&config.detectors)?;
         check_samples_alpha(&cfg, config)?;
+        check_tool_calls_alpha(&cfg, config)?;
         let alerts = AlertsConfig::parse(&config.detectors)?;
         let ladder = match &config.ladder {
             None => None,
@@ -299,6 +325,7 @@ impl Detectors {
     pub fn check_config(config: &ProbesConfig) -> Result<()> {
         let cfg = DetectorConfig::parse(&config.detectors)?;
         check_samples_alpha(&cfg, config)?;
+        check_tool_calls_alpha(&cfg, config)?;
         AlertsConfig::parse(&config.detectors)?;
         if let Some(path) = &config.ladder {
             let text = std::fs::read_to_string(path).map_err(|source| ProbesError::Io {

@@ -136,10 +136,18 @@ impl PromptSets {
         {
             return Err(ProbesError::Data("a prompt set is empty".into()));
         }
+        let mut ids = std::collections::BTreeSet::new();
         for c in &tool_call_prompts {
             tools
                 .select(&c.tools)
                 .map_err(|e| ProbesError::Data(format!("tool-call case {}: {e}", c.id)))?;
+            // faithful? pools the cases' outcomes by id
+            if !ids.insert(c.id.as_str()) {
+                return Err(ProbesError::Data(format!(
+                    "tool-call case id {} appears twice",
+                    c.id
+                )));
+            }
         }
         Ok(Self {
             logprob_texts,

@@ -3,7 +3,8 @@
 //! real engine servers through the scheduler: a provider that calls a tool on every chat (a
 //! third-party double speaking OpenAI's protocol) is flagged "unfaithful" naming the cases it
 //! lost, with no live traffic; the unmodified engine never is. Over stored runs: a case seen in
-//! many rounds counts once, and an operator's resolution starts the pool over.
+//! many rounds counts once, and an operator's resolution starts the pool over. In the config: an
+//! alpha the cases cannot reach, and a repeated case id, are errors.
 
 use std::sync::Arc;
 
@@ -209,5 +210,73 @@ async fn each_case_counts_once_and_a_resolution_starts_the_pool_over() -> Result
     )
     .await?;
     ensure!(d.after_run(&db.store, &r).await?.is_empty());
+    Ok(())
+}
+
+/// `samewise config check`: a tool_calls_alpha that the configured cases can never reach (every
+/// case lost gives McNemar's smallest p, 2·0.5^n) is an error naming how many cases it needs,
+/// and two cases with one id (pooled by id) are refused.
+#[test]
+fn an_alpha_the_cases_cannot_reach_and_a_repeated_case_id_are_config_errors() -> Result<()> {
+    use samewise_probes::ProbesConfig;
+    let dir = tempfile::tempdir()?;
+    let cases = dir.path().join("cases.jsonl");
+    let case = |id: &str| {
+        format!(
+            "{{\"id\": \"{id}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hi\"}}], \"tools\": [\"get_weather\"], \"expect\": \"no_call\"}}\n"
+        )
+    };
+    let cfg = |alpha: &str, file: Option<&std::path::Path>| {
+        let sets = file.map_or(String::new(), |f| {
+            format!(
+                "[models.smol.probes.prompt_sets]\ntool_call_prompts = {:?}\n",
+                f.display().to_string()
+            )
+        });
+        ProbesConfig::from_gateway_toml(&format!(
+            "[probes]\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"unused\"\n[probes.detectors]\n{alpha}\n[models.smol.probes]\nkinds = [\"tool_calls\"]\n{sets}"
+        ))
+    };
+    // the 20 shipped cases reach 0.01 (2·0.5^20), not 1e-7
+    Detectors::check_config(&cfg("", None)?)?;
+    let e = Detectors::check_config(&cfg("tool_calls_alpha = 1e-7", None)?)
+        .err()
+        .context("20 cases cannot reach 1e-7")?
+        .to_string();
+    ensure!(
+        e.contains("probes.detectors.tool_calls_alpha = 0.0000001")
+            && e.contains("the 20 tool_calls cases of models.smol")
+            && e.contains("use at least 25 cases"),
+        "{e}"
+    );
+    // six cases cannot reach 0.01 (2·0.5^6 = 0.031); eight can
+    std::fs::write(
+        &cases,
+        (0..6).map(|i| case(&format!("c{i}"))).collect::<String>(),
+    )?;
+    let e = Detectors::check_config(&cfg("", Some(&cases))?)
+        .err()
+        .context("6 cases cannot reach 0.01")?
+        .to_string();
+    ensure!(
+        e.contains("the 6 tool_calls cases") && e.contains("use at least 8 cases"),
+        "{e}"
+    );
+    std::fs::write(
+        &cases,
+        (0..8).map(|i| case(&format!("c{i}"))).collect::<String>(),
+    )?;
+    Detectors::check_config(&cfg("", Some(&cases))?)?;
+    std::fs::write(
+        &cases,
+        (0..8)
+            .map(|i| case(&format!("c{}", i % 7)))
+            .collect::<String>(),
+    )?;
+    let e = Detectors::check_config(&cfg("", Some(&cases))?)
+        .err()
+        .context("a repeated id")?
+        .to_string();
+    ensure!(e.contains("tool-call case id c0 appears twice"), "{e}");
     Ok(())
 }
