@@ -58,6 +58,23 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
+impl ToolCall {
+    /// The calls of a non-streamed chat completion's `message` (`message.tool_calls`, in
+    /// order; none when it has none), taken as [`ToolCallAssembler::push_whole`] takes them.
+    pub fn of_message(message: &Value) -> Vec<ToolCall> {
+        let mut calls = ToolCallAssembler::new();
+        for call in message
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            calls.push_whole(call);
+        }
+        calls.finish()
+    }
+}
+
 /// What one call was found to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallVerdict {
@@ -540,6 +557,13 @@ mod tests {
         let calls = whole.finish();
         assert_eq!(calls[1].index, 1);
         assert_eq!(calls[1].arguments, r#"{"k":1}"#);
+
+        let message = json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "a", "arguments": "{}"}},
+            {"id": "c2", "type": "function", "function": {"name": "b", "arguments": {"k": 1}}}]});
+        assert_eq!(ToolCall::of_message(&message), calls);
+        assert!(ToolCall::of_message(&json!({"role": "assistant", "content": "hi"})).is_empty());
+        assert!(ToolCall::of_message(&json!({"tool_calls": "nonsense"})).is_empty());
     }
 
     /// `^(a+)+\1$` makes a backtracking engine try every split of a run of a's (2^28 of

@@ -14,7 +14,9 @@
 //! `<tool_call>{"name": "NAME", "arguments": ARGS}</tool_call>` per call, calls separated by
 //! a newline ([`CALL_PREFIX`], [`CALL_MID`], [`CALL_SUFFIX`], [`CALL_SEP`]).
 //!
-//! Layout: [`grammar`](crate::constrain::grammar) (nodes and the byte-level pushdown
+//! [`ToolSplitter`] reads forced calls back out of the text, as it is generated.
+//!
+//! Layout: `calls` (the splitter), [`grammar`](crate::constrain::grammar) (nodes and the byte-level pushdown
 //! automaton; `grammar::depth`, the heights that keep every reading completable within its
 //! depth bound; `grammar::props`, an object's property sets as bits), `lexeme` (its string
 //! and number readers), [`schema`] (JSON Schema to nodes), [`vocab`] (the token trie and
@@ -33,7 +35,9 @@
 //! [`CALL_SUFFIX`]: crate::constrain::CALL_SUFFIX
 //! [`CALL_SEP`]: crate::constrain::CALL_SEP
 //! [`vocab`]: crate::constrain::vocab
+//! [`ToolSplitter`]: crate::constrain::ToolSplitter
 
+mod calls;
 pub mod grammar;
 mod lexeme;
 pub mod schema;
@@ -45,6 +49,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+pub use calls::{ToolEvent, ToolSplitter};
 pub use grammar::{Grammar, Node, NodeId, State};
 pub use schema::SchemaError;
 pub use vocab::{TokenSet, TokenTrie};
@@ -85,6 +90,44 @@ pub enum Spec {
 }
 
 impl Spec {
+    /// The tool calls a forced `tool_choice` asks for: the functions of `tools` (OpenAI-shaped
+    /// definitions) named in `only` (every one when None), each with its parameters schema.
+    /// A name outside `^[a-zA-Z0-9_-]{1,64}$` is refused, the message naming it.
+    pub fn forced_tools(
+        tools: &[Value],
+        only: Option<&[&str]>,
+        parallel: bool,
+    ) -> Result<Spec, String> {
+        let mut functions = Vec::new();
+        for t in tools {
+            let Some(name) = t.pointer("/function/name").and_then(Value::as_str) else {
+                continue;
+            };
+            if only.is_some_and(|only| !only.contains(&name)) {
+                continue;
+            }
+            if name.is_empty()
+                || name.len() > 64
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            {
+                return Err(format!(
+                    "function name {name:?} must match ^[a-zA-Z0-9_-]{{1,64}}$"
+                ));
+            }
+            let params = t
+                .pointer("/function/parameters")
+                .filter(|p| !p.is_null())
+                .cloned();
+            functions.push((name.to_owned(), params));
+        }
+        Ok(Spec::Tools {
+            functions,
+            parallel,
+        })
+    }
+
     /// The cache key: canonical JSON of the spec.
     pub fn key(&self) -> String {
         match self {

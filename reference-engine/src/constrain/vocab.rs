@@ -170,6 +170,16 @@ pub struct TokenTrie {
 }
 
 impl TokenTrie {
+    /// The trie of a tokenizer's vocabulary, its stop tokens ending the output (what every
+    /// constrained generation over that tokenizer uses: the server's and the probes').
+    pub fn of_tokenizer(tok: &crate::Tokenizer) -> Self {
+        let entries: Vec<(&[u8], bool)> = (0..tok.vocab_size() as u32)
+            .map(|t| (tok.token_bytes(t).unwrap_or_default(), tok.is_special(t)))
+            .collect();
+        let stops: Vec<u32> = tok.stop_ids().iter().copied().collect();
+        Self::new(&entries, &stops)
+    }
+
     /// A trie over `tokens` (index = id): `(bytes, special)`; special tokens are left out,
     /// `stops` end the output.
     pub fn new(tokens: &[(&[u8], bool)], stops: &[u32]) -> Self {

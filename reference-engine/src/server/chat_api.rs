@@ -26,9 +26,10 @@ use samewise_wire::{
 use serde_json::{Value, json};
 
 use crate::chat::{PromptEnd, TOOL_CALL_OPEN, parse_tool_calls};
+use crate::constrain::{ToolEvent, ToolSplitter};
 use crate::engine::GeneratedToken;
 
-use super::constrained::{ToolEvent, ToolSplitter, plan};
+use super::constrained::plan;
 use super::faults::RequestFaults;
 use super::stream::{
     GenRequest, chat_logprob, check_prompt, check_stream_options, refuse_unsupported, sse_response,
