@@ -38,6 +38,7 @@
 //! samples_prompts_per_round = 6         # the samples kind's own window
 //! samples_per_prompt = 10               # per side and prompt
 //! permutations = 999                    # of the samples kind's two permutation tests
+//! force_tool_calls = true               # tool_calls: call cases sent tool_choice "required"
 //! ```
 //!
 //! The samples defaults (6 prompts × 10 samples, `samples_alpha` 0.01) are the smallest
@@ -208,6 +209,11 @@ pub struct ModelProbes {
     pub permutations: usize,
     /// Longest context the long-context probe tries (tokens).
     pub context_window: u32,
+    /// The tool_calls probe sends its cases that expect a call with `tool_choice:
+    /// "required"` to endpoint and reference alike (`force_tool_calls`, default true), so
+    /// both must answer with calls and the test is whether they are valid; false sends
+    /// every case `"auto"`, for providers that refuse a required tool choice.
+    pub force_tool_calls: bool,
     /// Users' prompt sets (None: the built-in set).
     pub prompt_sets: PromptSetPaths,
 }
@@ -283,6 +289,7 @@ struct RawModelProbes {
     samples_prompts_per_round: Option<usize>,
     permutations: Option<usize>,
     context_window: Option<u32>,
+    force_tool_calls: Option<bool>,
     prompt_sets: Option<PromptSetPaths>,
 }
 
@@ -587,6 +594,7 @@ fn parse_model(name: &str, t: &toml::Table) -> Result<ModelProbes> {
         )?,
         permutations: positive(r.permutations, 999, "permutations")?,
         context_window,
+        force_tool_calls: r.force_tool_calls.unwrap_or(true),
         prompt_sets: r.prompt_sets.unwrap_or_default(),
     })
 }

@@ -44,6 +44,12 @@ model = "/m/smol.gguf"
         ),
         (2, 6, 10, 999)
     );
+    assert!(m.force_tool_calls);
+    let auto = parse(
+        "[probes.reference]\nbackend = \"in_process\"\nmodel = \"m\"\n[models.smol.probes]\nforce_tool_calls = false\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!auto.models["smol"].force_tool_calls);
     assert_eq!(c.noise_pair_every, 10);
     assert_eq!(c.concurrency, 16);
     assert_eq!(c.request_timeout, Duration::from_secs(300));

@@ -1,8 +1,12 @@
 //! tool_calls: cases that should and should not call a tool are sent to the endpoint's
-//! `/v1/chat/completions` with their tools at temperature 0; the reference answers the same
-//! chats greedily (rendered with its template and tools, calls parsed as the engine's server
-//! parses them). Metrics, as Moonshot's vendor verifier reports them: trigger F1 of the
-//! endpoint's call/no-call decisions against the reference's (null when neither side ever
+//! `/v1/chat/completions` with their tools at temperature 0, and to the reference as the same
+//! greedy chat ([`Reference::tool_calls`]). Cases that expect a call are sent with
+//! `tool_choice: "required"` to both (unless the model's `force_tool_calls` is off): both must
+//! answer with calls, the reference's held to the tools' schemas by constrained decoding, so
+//! the test is whether the endpoint's calls are valid too — small models rarely call a tool
+//! unprompted, and without forcing there would be no calls to compare. Cases that expect no
+//! call are sent `"auto"`. Metrics, as Moonshot's vendor verifier reports them: trigger F1 of
+//! the endpoint's call/no-call decisions against the reference's (null when neither side ever
 //! calls: undefined, not perfect), and schema accuracy — the share of the endpoint's calls
 //! that the shared checker (`samewise_toolcheck`, the gateway's and the evals' too) finds ok:
 //! a declared name and arguments that validate against its JSON Schema.
@@ -19,7 +23,7 @@ use serde_json::{Map, Value, json};
 
 use super::{Outcome, ProbeCtx, Target, call, usage_tokens, window};
 use crate::prompts::ToolExpectation;
-use crate::reference::{Reference, SampleRequest};
+use crate::reference::{Reference, ToolCallRequest, tool_chat_body};
 
 /// Runs one tool_calls probe.
 pub async fn run(ctx: &ProbeCtx<'_>, backend: &dyn Reference, target: &Target) -> Outcome {
@@ -50,65 +54,32 @@ pub async fn run(ctx: &ProbeCtx<'_>, backend: &dyn Reference, target: &Target) -
             Ok(m) => m,
             Err(e) => return Outcome::failed(format!("case {}: {e}", c.id), tokens),
         };
-        let body = json!({"model": target.provider_model, "messages": messages, "tools": tools, "temperature": 0.0,
-                          "max_tokens": ctx.cfg.max_tokens, "seed": ctx.seed});
+        let want = c.expect == ToolExpectation::Call;
+        let req = ToolCallRequest {
+            messages,
+            tools,
+            forced: want && ctx.cfg.force_tool_calls,
+            max_tokens: ctx.cfg.max_tokens as usize,
+            seed: ctx.seed,
+        };
+        let mut body = tool_chat_body(&req);
+        body["model"] = target.provider_model.clone().into();
         let answer = match call(ctx, target, "/chat/completions", &body).await {
             Ok(v) => v,
             Err(e) => return Outcome::failed(e.message, tokens),
         };
         tokens += usage_tokens(&answer);
-        let tool_set = ToolSet::from_request_tools(&Value::Array(tools.clone()));
-        let ep_calls: Vec<ToolCall> = answer
-            .pointer("/choices/0/message/tool_calls")
-            .and_then(Value::as_array)
-            .map(|cs| {
-                cs.iter()
-                    .enumerate()
-                    .map(|(i, tc)| ToolCall {
-                        index: u32::try_from(i).unwrap_or(u32::MAX),
-                        id: None,
-                        name: tc
-                            .pointer("/function/name")
-                            .and_then(Value::as_str)
-                            .map(str::to_owned),
-                        arguments: tc
-                            .pointer("/function/arguments")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .to_owned(),
-                    })
-                    .collect()
-            })
+        let tool_set = ToolSet::from_request_tools(&Value::Array(req.tools.clone()));
+        let ep_calls = answer
+            .pointer("/choices/0/message")
+            .map(ToolCall::of_message)
             .unwrap_or_default();
-        let prompt = match backend.render_chat(&messages, Some(&tools)).await {
-            Ok(p) => p,
+        let ref_calls = match backend.tool_calls(&req).await {
+            Ok(calls) => calls,
             Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
         };
-        let req = SampleRequest {
-            prompt,
-            n: 1,
-            max_tokens: ctx.cfg.max_tokens as usize,
-            temperature: 0.0,
-            seed: ctx.seed,
-        };
-        let ref_text = match backend.sample(&req).await {
-            Ok(mut s) => s.pop().map(|s| s.text).unwrap_or_default(),
-            Err(e) => return Outcome::failed(format!("reference failed: {e}"), tokens),
-        };
-        let ref_calls: Vec<ToolCall> = samewise_engine::chat::parse_tool_calls(&ref_text)
-            .tool_calls
-            .into_iter()
-            .enumerate()
-            .map(|(i, c)| ToolCall {
-                index: u32::try_from(i).unwrap_or(u32::MAX),
-                id: None,
-                name: Some(c.name),
-                arguments: c.arguments,
-            })
-            .collect();
         let (ref_called, ep_called) = (!ref_calls.is_empty(), !ep_calls.is_empty());
         pairs.push((ref_called, ep_called));
-        let want = c.expect == ToolExpectation::Call;
         ep_expected += usize::from(ep_called == want);
         ref_expected += usize::from(ref_called == want);
         let pass = |calls: &[ToolCall]| {
@@ -136,6 +107,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, backend: &dyn Reference, target: &Target) -
     );
     stats.insert("reference_calls".into(), json!(ref_accuracy.calls));
     stats.insert("passes".into(), json!(passes));
+    stats.insert("forced_calls".into(), json!(ctx.cfg.force_tool_calls));
     stats.insert(
         "endpoint_triggers".into(),
         json!(pairs.iter().filter(|p| p.1).count()),

@@ -6,17 +6,22 @@
 //! (sequence, top-k) is scored once and served from memory after that, which roughly halves
 //! the CPU a probe round costs.
 //!
-//! Only `score` is memoized; tokenizing and rendering are cheap, and sampling is seeded per
-//! call. The memo holds at most `capacity` scored positions and evicts the least recently used
-//! sequences beyond that; a sequence longer than the whole capacity is never kept.
+//! `score` is memoized, and so are greedy tool-call answers (`tool_calls`: the same cases are
+//! asked on every endpoint of a model, every rotation of the window; a greedy answer is a
+//! function of the chat, the tools, whether calls are forced and the token limit, whatever
+//! the seed). Tokenizing and rendering are cheap, and sampling is seeded per call. The memo
+//! holds at most `capacity` scored positions and evicts the least recently used sequences
+//! beyond that; a sequence longer than the whole capacity is never kept. At most
+//! [`ANSWERS`] tool-call answers are kept, the least recently used evicted first.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use futures_util::future::BoxFuture;
-use serde_json::Value;
+use samewise_toolcheck::ToolCall;
+use serde_json::{Value, json};
 
-use super::{RefPosition, RefSample, Reference, SampleRequest};
+use super::{RefPosition, RefSample, Reference, SampleRequest, ToolCallRequest};
 use crate::Result;
 use crate::align::ReferenceVocab;
 
@@ -31,7 +36,14 @@ pub struct CacheStats {
     pub positions: usize,
     /// Sequences held now.
     pub sequences: usize,
+    /// Tool-call answers served from memory.
+    pub answer_hits: u64,
+    /// Tool-call answers computed by the backend.
+    pub answer_misses: u64,
 }
+
+/// Most greedy tool-call answers kept.
+const ANSWERS: usize = 1024;
 
 struct Entry {
     scored: Arc<Vec<RefPosition>>,
@@ -41,8 +53,15 @@ struct Entry {
 #[derive(Default)]
 struct Memo {
     entries: HashMap<(Vec<u32>, usize), Entry>,
+    /// Greedy tool-call answers by their request's key, with their last use.
+    answers: HashMap<String, (Arc<Vec<ToolCall>>, u64)>,
     clock: u64,
     stats: CacheStats,
+}
+
+/// What a greedy tool-call answer depends on (not the seed).
+fn answer_key(req: &ToolCallRequest) -> String {
+    json!([req.messages, req.tools, req.forced, req.max_tokens]).to_string()
 }
 
 /// A reference backend whose scores are memoized.
@@ -91,6 +110,41 @@ impl Cached {
             memo.stats.misses += 1;
         }
         hit
+    }
+
+    fn answer(&self, key: &str) -> Option<Arc<Vec<ToolCall>>> {
+        let mut memo = self.memo.lock().ok()?;
+        memo.clock += 1;
+        let now = memo.clock;
+        let hit = memo.answers.get_mut(key).map(|(calls, used)| {
+            *used = now;
+            calls.clone()
+        });
+        if hit.is_some() {
+            memo.stats.answer_hits += 1;
+        } else {
+            memo.stats.answer_misses += 1;
+        }
+        hit
+    }
+
+    fn keep_answer(&self, key: String, calls: &[ToolCall]) {
+        let Ok(mut memo) = self.memo.lock() else {
+            return;
+        };
+        memo.clock += 1;
+        let now = memo.clock;
+        if memo.answers.len() >= ANSWERS
+            && !memo.answers.contains_key(&key)
+            && let Some(oldest) = memo
+                .answers
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone())
+        {
+            memo.answers.remove(&oldest);
+        }
+        memo.answers.insert(key, (Arc::new(calls.to_vec()), now));
     }
 
     fn keep(&self, ids: &[u32], top_k: usize, scored: &[RefPosition]) {
@@ -209,5 +263,17 @@ impl Reference for Cached {
 
     fn sample<'a>(&'a self, req: &'a SampleRequest) -> BoxFuture<'a, Result<Vec<RefSample>>> {
         self.inner.sample(req)
+    }
+
+    fn tool_calls<'a>(&'a self, req: &'a ToolCallRequest) -> BoxFuture<'a, Result<Vec<ToolCall>>> {
+        Box::pin(async move {
+            let key = answer_key(req);
+            if let Some(hit) = self.answer(&key) {
+                return Ok(hit.as_ref().clone());
+            }
+            let calls = self.inner.tool_calls(req).await?;
+            self.keep_answer(key, &calls);
+            Ok(calls)
+        })
     }
 }

@@ -8,17 +8,24 @@
 //!   `logprob_start_len: 0`, `top_logprobs_num: k` and `max_new_tokens: 0`; text is tokenized
 //!   with the local tokenizer; SGLang has no chat-tokenize route, so chat rendering is
 //!   refused (the probes that need it report it).
+//! - Forced tool calls, both: `/v1/chat/completions` with `tool_choice: "required"` (their
+//!   guided decoding holds the calls to the tools' schemas); unforced, the chat is rendered
+//!   and sampled as the other backends do.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use samewise_toolcheck::ToolCall;
 use serde_json::{Value, json};
 
 use super::http::{client, post_json};
 use super::remote::ids_of;
-use super::{RefPosition, RefSample, Reference, SampleRequest, norm};
+use super::{
+    RefPosition, RefSample, Reference, SampleRequest, ToolCallRequest, auto_tool_calls,
+    forced_calls_of_answer, norm, tool_chat_body,
+};
 use crate::align::ReferenceVocab;
 use crate::compare::TopEntry;
 use crate::config::ExternalFlavour;
@@ -293,6 +300,18 @@ impl Reference for External {
                 .await
                 .into_iter()
                 .collect()
+        })
+    }
+
+    fn tool_calls<'a>(&'a self, req: &'a ToolCallRequest) -> BoxFuture<'a, Result<Vec<ToolCall>>> {
+        Box::pin(async move {
+            if !req.forced {
+                return auto_tool_calls(self, req).await;
+            }
+            let mut body = tool_chat_body(req);
+            body["model"] = self.model.clone().into();
+            let answer = self.post("/v1/chat/completions", &body).await?;
+            forced_calls_of_answer(&answer)
         })
     }
 }

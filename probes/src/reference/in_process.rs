@@ -1,17 +1,26 @@
 //! The in-process reference: the engine loaded in this process, driven through its batcher
-//! (a worker thread), so scoring and sampling never block the async runtime.
+//! (a worker thread), so scoring and sampling never block the async runtime. Forced tool
+//! calls are generated under the engine's own constrained decoding (the grammar its server
+//! compiles for `tool_choice: "required"`), so they equal a faithful server's bit for bit.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use futures_util::future::BoxFuture;
 use samewise_engine::Tokenizer;
 use samewise_engine::chat::{self, ChatTemplate};
+use samewise_engine::constrain::{
+    Constraint, GrammarCache, SchemaError, Spec, TokenTrie, ToolSplitter,
+};
 use samewise_engine::{Batcher, BatcherHandle, GenEvent};
 use samewise_engine::{Engine, GenerateParams, LoadOptions, SamplingParams};
+use samewise_toolcheck::ToolCall;
 use serde_json::Value;
 
-use super::{RefPosition, RefSample, Reference, SampleRequest, norm};
+use super::{
+    RefPosition, RefSample, Reference, SampleRequest, ToolCallRequest, auto_tool_calls, norm,
+    numbered_calls,
+};
 use crate::align::ReferenceVocab;
 use crate::compare::TopEntry;
 use crate::vocab::EngineVocab;
@@ -25,6 +34,10 @@ pub struct InProcess {
     vocab: Arc<EngineVocab>,
     template: Option<ChatTemplate>,
     n_ctx: usize,
+    /// Tool-call grammars compiled for forced calls.
+    grammars: GrammarCache,
+    /// The vocabulary trie, built on the first forced call.
+    trie: OnceLock<Arc<TokenTrie>>,
 }
 
 impl std::fmt::Debug for InProcess {
@@ -87,11 +100,29 @@ impl InProcess {
             vocab: Arc::new(EngineVocab::new(tokenizer)),
             template,
             n_ctx,
+            grammars: GrammarCache::default(),
+            trie: OnceLock::new(),
         }
     }
 
     fn tokenizer(&self) -> &Tokenizer {
         self.vocab.tokenizer()
+    }
+
+    /// The constraint of forced calls of `tools`, as the engine's server builds it.
+    fn forced_calls(&self, tools: &[Value]) -> Result<Constraint> {
+        let spec = Spec::forced_tools(tools, None, false).map_err(ProbesError::Reference)?;
+        let (grammar, _hit) = self
+            .grammars
+            .get(&spec)
+            .map_err(|SchemaError(m)| ProbesError::Reference(format!("the tools' schemas: {m}")))?;
+        let trie = self
+            .trie
+            .get_or_init(|| Arc::new(TokenTrie::of_tokenizer(self.tokenizer())));
+        Ok(Constraint {
+            grammar,
+            trie: Arc::clone(trie),
+        })
     }
 
     async fn sample_one(
@@ -100,6 +131,7 @@ impl InProcess {
         max_tokens: usize,
         temperature: f64,
         seed: u64,
+        constraint: Option<Constraint>,
     ) -> Result<RefSample> {
         let params = GenerateParams {
             sampling: SamplingParams {
@@ -113,7 +145,10 @@ impl InProcess {
             stop_token_ids: self.tokenizer().stop_ids().iter().copied().collect(),
             ..GenerateParams::default()
         };
-        let mut rx = self.handle.generate(prompt, params).map_err(rerr)?;
+        let mut rx = self
+            .handle
+            .generate_constrained(prompt, params, constraint)
+            .map_err(rerr)?;
         let mut ids = Vec::new();
         let mut logprobs = Vec::new();
         while let Some(ev) = rx.recv().await {
@@ -238,12 +273,30 @@ impl Reference for InProcess {
                     req.max_tokens,
                     req.temperature,
                     req.seed.wrapping_add(i as u64),
+                    None,
                 )
             });
             futures_util::future::join_all(futs)
                 .await
                 .into_iter()
                 .collect()
+        })
+    }
+
+    fn tool_calls<'a>(&'a self, req: &'a ToolCallRequest) -> BoxFuture<'a, Result<Vec<ToolCall>>> {
+        Box::pin(async move {
+            if !req.forced {
+                return auto_tool_calls(self, req).await;
+            }
+            let constraint = self.forced_calls(&req.tools)?;
+            let prompt = self.render_chat(&req.messages, Some(&req.tools)).await?;
+            let answer = self
+                .sample_one(prompt, req.max_tokens, 0.0, req.seed, Some(constraint))
+                .await?;
+            // read as the engine's server reads forced calls: one the limit cut is kept, partial
+            let mut split = ToolSplitter::default();
+            split.push(&answer.text);
+            Ok(numbered_calls(split.calls().iter().cloned()))
         })
     }
 }

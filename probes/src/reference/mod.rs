@@ -4,7 +4,8 @@
 //! host.
 //!
 //! Operations: tokenize text, render a chat to prompt ids, score token ids (per position
-//! the logprob of the actual token and the top-k), and sample. [`Cached`] wraps any backend
+//! the logprob of the actual token and the top-k), sample, and answer a chat with tools
+//! (greedy; with `tool_choice: "required"` the calls are held to the tools' schemas). [`Cached`] wraps any backend
 //! with a bounded memo of scores (the scheduler uses it: probes re-send the same sequences). Logprobs are normalised to
 //! the f32 the engines compute in (widened to f64), so every backend over the same engine
 //! returns the same numbers bit for bit. Nothing here blocks the async runtime: the
@@ -19,6 +20,7 @@
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
+use samewise_toolcheck::ToolCall;
 use serde_json::Value;
 
 use crate::Result;
@@ -72,6 +74,24 @@ pub struct RefSample {
     pub logprobs: Vec<f64>,
 }
 
+/// A chat with tools for the reference to answer greedily (the tool_calls probe's cases).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCallRequest {
+    /// OpenAI-shaped messages.
+    pub messages: Vec<Value>,
+    /// OpenAI-shaped tool definitions.
+    pub tools: Vec<Value>,
+    /// `tool_choice: "required"` and `parallel_tool_calls: false`: the answer is one call of
+    /// one of the tools, held to its parameters schema (the engine's constrained decoding;
+    /// vLLM's and SGLang's guided decoding). Else `"auto"`: the model decides whether to
+    /// call.
+    pub forced: bool,
+    /// Most tokens of the answer.
+    pub max_tokens: usize,
+    /// The seed (the answer is greedy; sent as the endpoint is sent it).
+    pub seed: u64,
+}
+
 /// What every reference backend does.
 pub trait Reference: Send + Sync {
     /// `in_process`, `remote`, or `external`.
@@ -114,6 +134,83 @@ pub trait Reference: Send + Sync {
     }
     /// Samples from the model.
     fn sample<'a>(&'a self, req: &'a SampleRequest) -> BoxFuture<'a, Result<Vec<RefSample>>>;
+    /// The tool calls of the model's greedy answer to a chat with tools (none when it
+    /// answers in text).
+    fn tool_calls<'a>(&'a self, req: &'a ToolCallRequest) -> BoxFuture<'a, Result<Vec<ToolCall>>>;
+}
+
+/// An unforced [`ToolCallRequest`] answered as the engine's server answers `"auto"`: the
+/// chat rendered with the reference's template and tools, one greedy sample, its calls read
+/// in the engine's tools convention.
+pub(crate) async fn auto_tool_calls(
+    reference: &dyn Reference,
+    req: &ToolCallRequest,
+) -> Result<Vec<ToolCall>> {
+    let prompt = reference
+        .render_chat(&req.messages, Some(&req.tools))
+        .await?;
+    let sample = SampleRequest {
+        prompt,
+        n: 1,
+        max_tokens: req.max_tokens,
+        temperature: 0.0,
+        seed: req.seed,
+    };
+    let text = reference
+        .sample(&sample)
+        .await?
+        .pop()
+        .map(|s| s.text)
+        .unwrap_or_default();
+    Ok(calls_in_text(&text))
+}
+
+/// The calls in generated text, in the engine's tools convention
+/// ([`samewise_engine::chat::parse_tool_calls`]).
+fn calls_in_text(text: &str) -> Vec<ToolCall> {
+    numbered_calls(
+        samewise_engine::chat::parse_tool_calls(text)
+            .tool_calls
+            .into_iter()
+            .map(|c| (c.name, c.arguments)),
+    )
+}
+
+/// Calls from (name, arguments) pairs, indexed in order.
+pub(crate) fn numbered_calls(calls: impl IntoIterator<Item = (String, String)>) -> Vec<ToolCall> {
+    calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, arguments))| ToolCall {
+            index: u32::try_from(i).unwrap_or(u32::MAX),
+            id: None,
+            name: Some(name),
+            arguments,
+        })
+        .collect()
+}
+
+/// The calls of a chat completion answering a forced [`ToolCallRequest`]; an answer without
+/// a message is malformed (one with no calls is the server's, and stands).
+pub(crate) fn forced_calls_of_answer(answer: &Value) -> Result<Vec<ToolCall>> {
+    let message = answer.pointer("/choices/0/message").ok_or_else(|| {
+        crate::ProbesError::Reference(
+            "malformed answer from the reference: choices[0].message".into(),
+        )
+    })?;
+    Ok(ToolCall::of_message(message))
+}
+
+/// The body of a chat completion asking for `req` (the remote and external backends; the
+/// probe sends endpoints the same fields).
+pub(crate) fn tool_chat_body(req: &ToolCallRequest) -> Value {
+    let mut body = serde_json::json!({"messages": req.messages, "tools": req.tools, "temperature": 0.0,
+                                      "max_tokens": req.max_tokens, "seed": req.seed});
+    if req.forced {
+        body["tool_choice"] = "required".into();
+        body["parallel_tool_calls"] = false.into();
+    }
+    body
 }
 
 /// Builds the configured backend (loading the model for `in_process`).

@@ -1,16 +1,21 @@
 //! The remote reference: a `samewise engine serve` reached over HTTP — `/v1/score` for
-//! scoring, `/tokenize` for text and chats, `/v1/completions` for samples. Token alignment
-//! uses a local copy of the tokenizer.
+//! scoring, `/tokenize` for text and chats, `/v1/completions` for samples,
+//! `/v1/chat/completions` for forced tool calls. Token alignment uses a local copy of the
+//! tokenizer.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use samewise_toolcheck::ToolCall;
 use serde_json::{Value, json};
 
 use super::http::{client, post_json};
-use super::{RefPosition, RefSample, Reference, SampleRequest, norm};
+use super::{
+    RefPosition, RefSample, Reference, SampleRequest, ToolCallRequest, auto_tool_calls,
+    forced_calls_of_answer, norm, tool_chat_body,
+};
 use crate::align::ReferenceVocab;
 use crate::compare::TopEntry;
 use crate::vocab::EngineVocab;
@@ -180,6 +185,18 @@ impl Reference for Remote {
                 .await
                 .into_iter()
                 .collect()
+        })
+    }
+
+    fn tool_calls<'a>(&'a self, req: &'a ToolCallRequest) -> BoxFuture<'a, Result<Vec<ToolCall>>> {
+        Box::pin(async move {
+            if !req.forced {
+                return auto_tool_calls(self, req).await;
+            }
+            let answer = self
+                .post("/v1/chat/completions", &tool_chat_body(req))
+                .await?;
+            forced_calls_of_answer(&answer)
         })
     }
 }

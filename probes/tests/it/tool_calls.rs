@@ -1,21 +1,27 @@
 //! The tool_calls probe's faithful? finding: each case's pass/fail on both sides (a call exactly
-//! where the case expects one, every call valid) paired over the endpoint's recent runs. Against
-//! real engine servers through the scheduler: a provider that calls a tool on every chat (a
-//! third-party double speaking OpenAI's protocol) is flagged "unfaithful" naming the cases it
-//! lost, with no live traffic; the unmodified engine never is. Over stored runs: a case seen in
-//! many rounds counts once, and an operator's resolution starts the pool over. In the config: an
-//! alpha the cases cannot reach, and a repeated case id, are errors.
+//! where the case expects one, every call valid) paired over the endpoint's recent runs. Cases
+//! that expect a call are forced (`tool_choice: "required"`) on both sides, so the reference's
+//! calls are constrained to the tools' schemas and a provider's broken calls stand out even on a
+//! model that never calls a tool unprompted. Against real engine servers through the scheduler:
+//! the `tool-corrupt` engine and a provider that calls a tool on every chat (a third-party
+//! double speaking OpenAI's protocol) are flagged "unfaithful" naming the cases they lost, with
+//! no live traffic; the unmodified engine never is. Every reference backend forces the same
+//! calls. Over stored runs: a case seen in many rounds counts once, and an operator's
+//! resolution starts the pool over. In the config: an alpha the cases cannot reach, and a
+//! repeated case id, are errors.
 
 use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
 use axum::routing::post;
-use samewise_probes::ProbeKind;
+use samewise_engine::Profile;
 use samewise_probes::detect::{DetectorConfig, Detectors};
-use samewise_probes::reference::Reference;
+use samewise_probes::reference::{Cached, External, Reference, Remote, ToolCallRequest};
 use samewise_probes::runner::Scheduler;
+use samewise_probes::{ExternalFlavour, ProbeKind, ToolExpectation};
 use samewise_store::testing::TestDb;
 use samewise_store::{Backend, ProbeRun, Store};
+use samewise_toolcheck::{CallVerdict, ToolCall, ToolSet};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -51,15 +57,18 @@ fn detectors() -> Result<Arc<Detectors>> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_provider_failing_cases_the_reference_passes_is_flagged() -> Result<()> {
+async fn providers_failing_cases_the_reference_passes_are_flagged() -> Result<()> {
     let stop = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
     let same = engine_server(&stop, &tasks).await?;
+    let corrupt_profile = Profile::builtin("tool-corrupt").context("tool-corrupt")?;
+    let corrupt = profiled_server(engine()?, corrupt_profile, &stop, &tasks).await?;
     let calls = serve(always_calls(), &stop, &tasks).await?;
     let db = TestDb::new(Backend::Sqlite).await?;
-    // every shipped case (20) in two rounds: the 10 that expect a call, then the 10 that do not
+    // every shipped case (20) in two rounds: the 10 that expect a call (forced), then the 10
+    // that do not; 64 tokens a generation, the probes' default
     let cfg = Arc::new(probes_config(
-        "kinds = [\"tool_calls\"]\nitems_per_round = 10\n",
+        "kinds = [\"tool_calls\"]\nitems_per_round = 10\nmax_tokens = 64\n",
     )?);
     let reference: Arc<dyn Reference> = Arc::new(in_process()?);
     let s = Scheduler::new(
@@ -67,67 +76,257 @@ async fn a_provider_failing_cases_the_reference_passes_is_flagged() -> Result<()
         db.store.clone(),
         Some(reference),
         Some(detectors()?),
-        vec![target(&same, "same/smol"), target(&calls, "calls/smol")],
+        vec![
+            target(&same, "same/smol"),
+            target(&corrupt, "corrupt/smol"),
+            target(&calls, "calls/smol"),
+        ],
     )?;
-    let mut runs = Vec::new();
-    for round in 0..2 {
-        for i in 0..2 {
-            let mut r = stored(&s, i, ProbeKind::ToolCalls, round).await?;
-            ensure!(r.len() == 1 && r[0].ok, "{r:?}");
-            runs.push(r.remove(0));
-        }
-    }
     let passes = |r: &ProbeRun| -> Result<Vec<[bool; 2]>> {
         Ok(serde_json::from_value(r.stats["passes"].clone())?)
     };
-    // the unmodified engine answers as the reference does, case by case
-    for r in [&runs[0], &runs[2]] {
+    let alert = async |endpoint: &str| {
+        db.store
+            .active_alert("smol", endpoint, "unfaithful")
+            .await
+            .map_err(anyhow::Error::from)
+    };
+    let mut runs: Vec<Vec<ProbeRun>> = Vec::new();
+    let mut first_alerts = Vec::new();
+    for round in 0..2 {
+        let mut this = Vec::new();
+        for i in 0..3 {
+            let mut r = stored(&s, i, ProbeKind::ToolCalls, round).await?;
+            ensure!(r.len() == 1 && r[0].ok, "{r:?}");
+            this.push(r.remove(0));
+        }
+        runs.push(this);
+        if round == 0 {
+            for endpoint in ["corrupt/smol", "calls/smol"] {
+                let a = alert(endpoint).await?;
+                first_alerts.push(a.with_context(|| format!("{endpoint}: not flagged"))?);
+            }
+        }
+    }
+    // the unmodified engine answers as the reference does, case by case, forced or not
+    for r in [&runs[0][0], &runs[1][0]] {
         ensure!(
             passes(r)?.iter().all(|[a, b]| a == b) && passes(r)?.len() == 10,
             "{}",
             r.stats
         );
     }
+    ensure!(alert("same/smol").await?.is_none());
+    // forced, the reference's calls are constrained to the schemas: every call it completes
+    // within 64 tokens is valid. It passes 8 of the 10 call cases; on the calendar cases the
+    // 135M model writes the title on and on (`"Wedding Wedding ..."`) until the limit cuts
+    // the call (read, as the engine's server reads it, as a call with partial arguments: 8 of
+    // its 10 calls valid), and the unmodified engine's calls are cut alike (above)
+    let call_round = &runs[0][0].stats;
+    let reference_passed: Vec<&str> = passes(&runs[0][0])?
+        .iter()
+        .zip(call_round["cases"].as_array().context("cases")?)
+        .filter(|(p, _)| p[0])
+        .filter_map(|(_, id)| id.as_str())
+        .collect();
+    let k = reference_passed.len();
     ensure!(
-        db.store
-            .active_alert("smol", "same/smol", "unfaithful")
-            .await?
-            .is_none()
+        k == 8
+            && !reference_passed.contains(&"calendar-dentist")
+            && call_round["forced_calls"] == true
+            && call_round["reference_calls"] == 10
+            && call_round["reference_schema_accuracy"] == 0.8
+            && call_round["trigger_f1"] == 1.0,
+        "{call_round}"
     );
-    // the double fails every case: on the call cases the reference fails too (the 135M model
-    // calls no tool unprompted), so round 0 shows nothing; round 1's 10 cases that expect no
-    // call are the reference's and not the double's: 10 lost, 0 won, p = 2 · 0.5^10
+    // tool-corrupt breaks every call: the 8 call cases the reference passes are lost, none
+    // won, flagged after its first round (p = 2 · 0.5^8 = 0.0078); the 10 no-call cases it
+    // answers as the reference does (the model calls no tool unprompted: nothing to corrupt)
     ensure!(
-        passes(&runs[3])?.iter().all(|[a, b]| *a && !*b),
+        passes(&runs[0][1])?.iter().all(|[_, b]| !*b),
         "{}",
-        runs[3].stats
+        runs[0][1].stats
     );
-    let alert = db
-        .store
-        .active_alert("smol", "calls/smol", "unfaithful")
-        .await?
-        .context("the double was not flagged")?;
-    let e = &alert.evidence;
+    ensure!(
+        passes(&runs[1][1])?.iter().all(|[a, b]| *a && *b),
+        "{}",
+        runs[1][1].stats
+    );
+    let mut sorted = reference_passed.clone();
+    sorted.sort_unstable();
+    let a = &first_alerts[0];
+    let e = &a.evidence;
     ensure!(
         e["statistic"] == "tool_calls_passes"
-            && e["lost"].as_array().map(Vec::len) == Some(10)
-            && e["lost"]
-                .as_array()
-                .is_some_and(|l| l.contains(&json!("chat-greeting")))
+            && e["lost"] == json!(sorted)
             && e["won"] == json!([])
-            && e["cases"] == 20
-            && e["p_value"].as_f64() == Some(2.0 * 0.5f64.powi(10))
-            && e["probe_runs"] == json!([runs[1].id, runs[3].id])
+            && e["p_value"]
+                .as_f64()
+                .is_some_and(|p| (p - 2.0 * 0.5f64.powi(8)).abs() < 1e-12)
+            && e["probe_runs"] == json!([runs[0][1].id])
             && e["schema_accuracy"] == 0.0,
         "{e:#}"
     );
     ensure!(
-        alert
-            .summary
-            .starts_with("endpoint calls/smol: tool calls fail where the reference's pass — 10 of 20 cases lost, 0 won"),
+        a.summary.starts_with(
+            "endpoint corrupt/smol: tool calls fail where the reference's pass — 8 of 10 cases lost, 0 won"
+        ),
         "{}",
-        alert.summary
+        a.summary
     );
+    // its no-call round adds 10 cases both pass: the alert stays, its evidence over both runs
+    let now = alert("corrupt/smol").await?.context("resolved")?;
+    ensure!(
+        now.id == a.id
+            && now.evidence["cases"] == 20
+            && now.evidence["probe_runs"] == json!([runs[0][1].id, runs[1][1].id]),
+        "{}",
+        now.evidence
+    );
+    // the double fails every case, forced or not: flagged on its call round too, and its
+    // no-call round is the reference's and not the double's
+    ensure!(
+        passes(&runs[0][2])?.iter().all(|[_, b]| !*b)
+            && passes(&runs[1][2])?.iter().all(|[a, b]| *a && !*b),
+        "{} {}",
+        runs[0][2].stats,
+        runs[1][2].stats
+    );
+    let e = &first_alerts[1].evidence;
+    ensure!(
+        e["lost"] == json!(sorted) && e["probe_runs"] == json!([runs[0][2].id]),
+        "{e}"
+    );
+    let e = alert("calls/smol").await?.context("resolved")?.evidence;
+    ensure!(e["lost"].as_array().map(Vec::len) == Some(18), "{e}");
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+/// A third-party double speaking vLLM's chat protocol, whose guided decoding is the engine
+/// server's: it refuses a request without the served model's name or a required tool choice,
+/// and forwards the rest to the engine at `engine`.
+fn vllm_chat(engine: String) -> axum::Router {
+    axum::Router::new().route(
+        "/v1/chat/completions",
+        post(move |axum::Json(body): axum::Json<Value>| {
+            let url = format!("{engine}/v1/chat/completions");
+            async move {
+                let refuse = |m: &str| {
+                    (
+                        axum::http::StatusCode::BAD_REQUEST,
+                        axum::Json(json!({"error": {"message": m, "type": "BadRequestError"}})),
+                    )
+                };
+                if body["model"] != "smol"
+                    || body["tool_choice"] != "required"
+                    || body["parallel_tool_calls"] != false
+                {
+                    return refuse("expected model smol, tool_choice required, one call");
+                }
+                let answer = async {
+                    let bytes = reqwest::Client::new()
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(body.to_string())
+                        .send()
+                        .await?
+                        .bytes()
+                        .await?;
+                    anyhow::Ok(serde_json::from_slice::<Value>(&bytes)?)
+                };
+                match answer.await {
+                    Ok(v) => (axum::http::StatusCode::OK, axum::Json(v)),
+                    Err(e) => refuse(&e.to_string()),
+                }
+            }
+        }),
+    )
+}
+
+/// The in-process engine, a remote engine server and an external (vLLM-protocol) server force
+/// the same calls on the shipped call cases, each valid for its tools; unforced, the model
+/// calls nothing here. The memo in front of a backend answers a repeated case from memory,
+/// whatever the seed, and asks again when the token limit differs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_reference_backend_forces_the_same_valid_calls() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let url = engine_server(&stop, &tasks).await?;
+    let local: Arc<dyn Reference> = Arc::new(in_process()?);
+    let remote = Remote::new(&url, &model_path()?)?;
+    let vllm = serve(vllm_chat(url.clone()), &stop, &tasks).await?;
+    let external = External::new(&vllm, ExternalFlavour::Vllm, "smol", &model_path()?, None)?;
+    let h = Harness::new("")?;
+    let tools = &h.sets.tools;
+    let call_cases: Vec<_> = h
+        .sets
+        .tool_call_prompts
+        .iter()
+        .filter(|c| c.expect == ToolExpectation::Call)
+        .take(3)
+        .collect();
+    ensure!(call_cases.len() == 3);
+    let memo = Cached::new(local.clone(), 1_000);
+    for c in call_cases {
+        let defs = serde_json::to_value(tools.select(&c.tools)?)?;
+        let req = ToolCallRequest {
+            messages: c
+                .messages
+                .iter()
+                .map(serde_json::to_value)
+                .collect::<serde_json::Result<_>>()?,
+            tools: defs.as_array().context("tools")?.clone(),
+            forced: true,
+            max_tokens: 64,
+            seed: 7,
+        };
+        // what a call is, whoever answered (an engine server also gives each call an id)
+        let shape = |calls: Vec<ToolCall>| -> Vec<(Option<String>, String)> {
+            calls.into_iter().map(|c| (c.name, c.arguments)).collect()
+        };
+        let mine = local.tool_calls(&req).await?;
+        let set = ToolSet::from_request_tools(&defs);
+        ensure!(
+            !mine.is_empty()
+                && mine
+                    .iter()
+                    .all(|call| set.classify(call) == CallVerdict::Ok),
+            "{}: {mine:?}",
+            c.id
+        );
+        ensure!(mine.len() == 1, "{}: one call, not {mine:?}", c.id);
+        let remote_calls = shape(remote.tool_calls(&req).await?);
+        ensure!(
+            remote_calls == shape(mine.clone()),
+            "{}: remote {remote_calls:?}, in-process {mine:?}",
+            c.id
+        );
+        let external_calls = shape(external.tool_calls(&req).await?);
+        ensure!(
+            external_calls == shape(mine.clone()),
+            "{}: external {external_calls:?}",
+            c.id
+        );
+        let auto = ToolCallRequest {
+            forced: false,
+            ..req.clone()
+        };
+        let unforced = local.tool_calls(&auto).await?;
+        ensure!(unforced.is_empty(), "{}: {unforced:?}", c.id);
+        ensure!(remote.tool_calls(&auto).await? == unforced);
+        // the memo: the first answer computed, the same case with another seed from memory
+        ensure!(memo.tool_calls(&req).await? == mine);
+        let reseeded = ToolCallRequest {
+            seed: 8,
+            ..req.clone()
+        };
+        ensure!(memo.tool_calls(&reseeded).await? == mine);
+    }
+    let s = memo.stats();
+    ensure!((s.answer_hits, s.answer_misses) == (3, 3), "{s:?}");
     stop.cancel();
     tasks.close();
     tasks.wait().await;
