@@ -88,6 +88,19 @@ pub enum CallVerdict {
     SchemaMismatch,
 }
 
+impl CallVerdict {
+    /// The verdict's name, as records and dashboards count it (`ok`, `invalid_json`,
+    /// `unknown_name`, `schema_mismatch`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallVerdict::Ok => "ok",
+            CallVerdict::InvalidJson => "invalid_json",
+            CallVerdict::UnknownName => "unknown_name",
+            CallVerdict::SchemaMismatch => "schema_mismatch",
+        }
+    }
+}
+
 /// The finish reason disagrees with the calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishMismatch {

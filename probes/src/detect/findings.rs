@@ -116,7 +116,9 @@ pub(super) fn long_context_finding(run: &ProbeRun) -> Option<NewAlert> {
 /// resolution of the endpoint's "unfaithful" alert) and not after `run`; flagged when the
 /// endpoint fails more of them where the reference passes than the reverse, at McNemar's
 /// exact p < `alpha`. One outcome per case: a case seen in many rounds is one piece of
-/// evidence, so an endpoint that differs on a single case is never flagged by repetition.
+/// evidence, so an endpoint that differs on a single case is never flagged by repetition. The
+/// alert counts why the endpoint failed the cases it lost (`stats.faults`: `no_call`,
+/// `unexpected_call`, or a call's verdict), so it says how the calls broke.
 pub(super) fn tool_calls_finding(
     run: &ProbeRun,
     history: &[ProbeRun],
@@ -124,7 +126,8 @@ pub(super) fn tool_calls_finding(
     alpha: f64,
 ) -> Option<NewAlert> {
     use std::collections::BTreeMap;
-    let mut newest: BTreeMap<&str, (bool, bool, i64)> = BTreeMap::new();
+    // per case: reference passed, endpoint passed, the run, why the endpoint failed
+    let mut newest: BTreeMap<&str, (bool, bool, i64, Option<&str>)> = BTreeMap::new();
     for r in history.iter().filter(|r| {
         r.ok && r.kind == run.kind
             && r.repeat_of.is_none()
@@ -137,7 +140,13 @@ pub(super) fn tool_calls_finding(
         ) else {
             continue;
         };
-        for (case, pass) in cases.iter().zip(passes) {
+        // why each side failed, where the run says (runs before `faults` was kept do not)
+        let faults = r.stats.get("faults").and_then(serde_json::Value::as_array);
+        for (i, (case, pass)) in cases.iter().zip(passes).enumerate() {
+            let fault = faults
+                .and_then(|f| f.get(i))
+                .and_then(|f| f.get(1))
+                .and_then(serde_json::Value::as_str);
             let (Some(case), Some(reference), Some(endpoint)) = (
                 case.as_str(),
                 pass.get(0).and_then(serde_json::Value::as_bool),
@@ -145,17 +154,17 @@ pub(super) fn tool_calls_finding(
             ) else {
                 continue;
             };
-            newest.insert(case, (reference, endpoint, r.id));
+            newest.insert(case, (reference, endpoint, r.id, fault));
         }
     }
     let lost: Vec<&str> = newest
         .iter()
-        .filter(|(_, (r, e, _))| *r && !*e)
+        .filter(|(_, (r, e, _, _))| *r && !*e)
         .map(|(c, _)| *c)
         .collect();
     let won: Vec<&str> = newest
         .iter()
-        .filter(|(_, (r, e, _))| !*r && *e)
+        .filter(|(_, (r, e, _, _))| !*r && *e)
         .map(|(c, _)| *c)
         .collect();
     let (b, c) = (lost.len() as u64, won.len() as u64);
@@ -166,12 +175,25 @@ pub(super) fn tool_calls_finding(
     if p >= alpha {
         return None;
     }
-    let both = newest.values().filter(|(r, e, _)| *r && *e).count();
+    let both = newest.values().filter(|(r, e, _, _)| *r && *e).count();
+    // the endpoint's faults on the cases it lost: a diagnosis (calls broken, calls refused,
+    // calls where none belong), not only a count
+    let mut why: BTreeMap<&str, usize> = BTreeMap::new();
+    for (_, _, _, fault) in newest.values().filter(|(r, e, _, _)| *r && !*e) {
+        *why.entry(fault.unwrap_or("unrecorded")).or_default() += 1;
+    }
+    let mut by_count: Vec<(&str, usize)> = why.iter().map(|(k, n)| (*k, *n)).collect();
+    by_count.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let faults = by_count
+        .iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let mut runs: Vec<i64> = newest.values().map(|v| v.2).collect();
     runs.sort_unstable();
     runs.dedup();
     let summary = format!(
-        "endpoint {}: tool calls fail where the reference's pass — {b} of {} cases lost, {c} won (McNemar p = {p:.2e}; both pass {both}) over {} tool_calls runs",
+        "endpoint {}: tool calls fail where the reference's pass — {b} of {} cases lost, {c} won (McNemar p = {p:.2e}; both pass {both}) over {} tool_calls runs; the endpoint's faults: {faults}",
         run.endpoint,
         newest.len(),
         runs.len()
@@ -184,6 +206,7 @@ pub(super) fn tool_calls_finding(
             "cases": newest.len(),
             "lost": lost,
             "won": won,
+            "lost_faults": why,
             "both_pass": both,
             "threshold": alpha,
             "p_value": p,

@@ -13,7 +13,8 @@
 //!
 //! Each case is also judged pass/fail on both sides alike (`passes`, `[reference, endpoint]`
 //! per case, in the order of `cases`): a side passes when it calls a tool exactly when the case
-//! expects a call and every call it makes is ok. faithful? pairs those outcomes over the
+//! expects a call and every call it makes is ok; `faults`, aligned the same way, says why a side
+//! failed (null where it passed; see `case_fault`). faithful? pairs those outcomes over the
 //! endpoint's recent runs (`crate::detect`), so an endpoint whose calls break where the
 //! reference's hold is flagged even when no live traffic offers it tools.
 
@@ -37,6 +38,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, backend: &dyn Reference, target: &Target) -
     let mut accuracy = SchemaAccuracy::default();
     let mut ref_accuracy = SchemaAccuracy::default();
     let mut passes = Vec::new();
+    let mut why = Vec::new();
     let mut ep_expected = 0usize;
     let mut ref_expected = 0usize;
     for c in &cases {
@@ -82,13 +84,10 @@ pub async fn run(ctx: &ProbeCtx<'_>, backend: &dyn Reference, target: &Target) -
         pairs.push((ref_called, ep_called));
         ep_expected += usize::from(ep_called == want);
         ref_expected += usize::from(ref_called == want);
-        let pass = |calls: &[ToolCall]| {
-            calls.is_empty() != want
-                && calls
-                    .iter()
-                    .all(|call| tool_set.classify(call) == CallVerdict::Ok)
-        };
-        passes.push([pass(&ref_calls), pass(&ep_calls)]);
+        let fault = |calls: &[ToolCall]| case_fault(&tool_set, want, calls);
+        let faults = [fault(&ref_calls), fault(&ep_calls)];
+        passes.push(faults.map(|f| f.is_none()));
+        why.push(faults);
         accuracy.add(&tool_set, &ep_calls);
         ref_accuracy.add(&tool_set, &ref_calls);
     }
@@ -107,6 +106,7 @@ pub async fn run(ctx: &ProbeCtx<'_>, backend: &dyn Reference, target: &Target) -
     );
     stats.insert("reference_calls".into(), json!(ref_accuracy.calls));
     stats.insert("passes".into(), json!(passes));
+    stats.insert("faults".into(), json!(why));
     stats.insert("forced_calls".into(), json!(ctx.cfg.force_tool_calls));
     stats.insert(
         "endpoint_triggers".into(),
@@ -125,4 +125,20 @@ pub async fn run(ctx: &ProbeCtx<'_>, backend: &dyn Reference, target: &Target) -
         json!(ref_expected as f64 / n),
     );
     Outcome::done(tokens, stats)
+}
+
+/// Why a side failed a case, None when it passed: `no_call` (the case expects a call),
+/// `unexpected_call` (it expects none), else the first call that is not ok, by its verdict
+/// (`invalid_json`, `unknown_name`, `schema_mismatch`).
+fn case_fault(tools: &ToolSet, want: bool, calls: &[ToolCall]) -> Option<&'static str> {
+    match (want, calls.is_empty()) {
+        (true, true) => Some("no_call"),
+        (false, false) => Some("unexpected_call"),
+        (false, true) => None,
+        (true, false) => calls
+            .iter()
+            .map(|call| tools.classify(call))
+            .find(|v| *v != CallVerdict::Ok)
+            .map(CallVerdict::as_str),
+    }
 }

@@ -110,8 +110,11 @@ async fn providers_failing_cases_the_reference_passes_are_flagged() -> Result<()
     }
     // the unmodified engine answers as the reference does, case by case, forced or not
     for r in [&runs[0][0], &runs[1][0]] {
+        let faults: Vec<[Option<String>; 2]> = serde_json::from_value(r.stats["faults"].clone())?;
         ensure!(
-            passes(r)?.iter().all(|[a, b]| a == b) && passes(r)?.len() == 10,
+            passes(r)?.iter().all(|[a, b]| a == b)
+                && passes(r)?.len() == 10
+                && faults.iter().all(|[a, b]| a == b),
             "{}",
             r.stats
         );
@@ -167,6 +170,17 @@ async fn providers_failing_cases_the_reference_passes_are_flagged() -> Result<()
             && e["schema_accuracy"] == 0.0,
         "{e:#}"
     );
+    // and says how: each lost case by the endpoint's fault, tool-corrupt's three ways of
+    // breaking a call (a removed required argument is a schema mismatch)
+    let faults = e["lost_faults"].as_object().context("lost_faults")?;
+    ensure!(
+        faults.values().filter_map(Value::as_u64).sum::<u64>() == 8
+            && faults.keys().all(|k| {
+                ["invalid_json", "unknown_name", "schema_mismatch"].contains(&k.as_str())
+            })
+            && faults.len() >= 2,
+        "{e:#}"
+    );
     ensure!(
         a.summary.starts_with(
             "endpoint corrupt/smol: tool calls fail where the reference's pass — 8 of 10 cases lost, 0 won"
@@ -194,11 +208,21 @@ async fn providers_failing_cases_the_reference_passes_are_flagged() -> Result<()
     );
     let e = &first_alerts[1].evidence;
     ensure!(
-        e["lost"] == json!(sorted) && e["probe_runs"] == json!([runs[0][2].id]),
+        e["lost"] == json!(sorted)
+            && e["probe_runs"] == json!([runs[0][2].id])
+            && e["lost_faults"] == json!({"schema_mismatch": 8}),
         "{e}"
     );
-    let e = alert("calls/smol").await?.context("resolved")?.evidence;
-    ensure!(e["lost"].as_array().map(Vec::len) == Some(18), "{e}");
+    let a = alert("calls/smol").await?.context("resolved")?;
+    ensure!(
+        a.evidence["lost"].as_array().map(Vec::len) == Some(18)
+            && a.evidence["lost_faults"] == json!({"schema_mismatch": 8, "unexpected_call": 10})
+            && a.summary
+                .ends_with("the endpoint's faults: unexpected_call 10, schema_mismatch 8"),
+        "{}: {}",
+        a.summary,
+        a.evidence
+    );
     stop.cancel();
     tasks.close();
     tasks.wait().await;
@@ -390,7 +414,9 @@ async fn each_case_counts_once_and_a_resolution_starts_the_pool_over() -> Result
     let alert = last.pop().context("no alert")?;
     ensure!(
         alert.evidence["lost"].as_array().map(Vec::len) == Some(8)
-            && alert.evidence["probe_runs"].as_array().map(Vec::len) == Some(4),
+            && alert.evidence["probe_runs"].as_array().map(Vec::len) == Some(4)
+            // these runs say nothing of why (as runs stored before `faults` was kept)
+            && alert.evidence["lost_faults"] == json!({"unrecorded": 8}),
         "{}",
         alert.evidence
     );
