@@ -3,9 +3,9 @@
 //! that expect a call are forced (`tool_choice: "required"`) on both sides, so the reference's
 //! calls are constrained to the tools' schemas and a provider's broken calls stand out even on a
 //! model that never calls a tool unprompted. Against real engine servers through the scheduler:
-//! the `tool-corrupt` engine and a provider that calls a tool on every chat (a third-party
-//! double speaking OpenAI's protocol) are flagged "unfaithful" naming the cases they lost, with
-//! no live traffic; the unmodified engine never is. Every reference backend forces the same
+//! the `tool-corrupt` engine, a provider that calls a tool on every chat and one that never
+//! does (third-party doubles speaking OpenAI's protocol) are flagged "unfaithful" naming the
+//! cases they lost and how they failed them, with no live traffic; the unmodified engine never is. Every reference backend forces the same
 //! calls. Over stored runs: a case seen in many rounds counts once, and an operator's
 //! resolution starts the pool over. In the config: an alpha the cases cannot reach, and a
 //! repeated case id, are errors.
@@ -30,18 +30,29 @@ use crate::detectors::store_run;
 use crate::scheduler::stored;
 
 /// A provider that answers every chat completion with a call of the first tool offered, with
-/// no arguments (every shipped tool has a required parameter, so the call is never valid).
-fn always_calls() -> axum::Router {
+/// no arguments (every shipped tool has a required parameter, so the call is never valid), or,
+/// `calls` false, one that answers every chat in text whatever `tool_choice` says.
+fn double(calls: bool) -> axum::Router {
     axum::Router::new().route(
         "/v1/chat/completions",
-        post(|axum::Json(body): axum::Json<Value>| async move {
+        post(move |axum::Json(body): axum::Json<Value>| async move {
             let name = body["tools"][0]["function"]["name"].clone();
+            let (finish, message) = if calls {
+                let call = json!({"id": "call_0", "type": "function",
+                                  "function": {"name": name, "arguments": "{}"}});
+                (
+                    "tool_calls",
+                    json!({"role": "assistant", "content": null, "tool_calls": [call]}),
+                )
+            } else {
+                (
+                    "stop",
+                    json!({"role": "assistant", "content": "I can help with that."}),
+                )
+            };
             axum::Json(json!({
                 "id": "chatcmpl-double", "object": "chat.completion", "created": 0, "model": "smol",
-                "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-                    "role": "assistant", "content": null,
-                    "tool_calls": [{"id": "call_0", "type": "function",
-                                    "function": {"name": name, "arguments": "{}"}}]}}],
+                "choices": [{"index": 0, "finish_reason": finish, "message": message}],
                 "usage": {"prompt_tokens": 40, "completion_tokens": 8, "total_tokens": 48}
             }))
         }),
@@ -63,7 +74,8 @@ async fn providers_failing_cases_the_reference_passes_are_flagged() -> Result<()
     let same = engine_server(&stop, &tasks).await?;
     let corrupt_profile = Profile::builtin("tool-corrupt").context("tool-corrupt")?;
     let corrupt = profiled_server(engine()?, corrupt_profile, &stop, &tasks).await?;
-    let calls = serve(always_calls(), &stop, &tasks).await?;
+    let calls = serve(double(true), &stop, &tasks).await?;
+    let text = serve(double(false), &stop, &tasks).await?;
     let db = TestDb::new(Backend::Sqlite).await?;
     // every shipped case (20) in two rounds: the 10 that expect a call (forced), then the 10
     // that do not; 64 tokens a generation, the probes' default
@@ -80,6 +92,7 @@ async fn providers_failing_cases_the_reference_passes_are_flagged() -> Result<()
             target(&same, "same/smol"),
             target(&corrupt, "corrupt/smol"),
             target(&calls, "calls/smol"),
+            target(&text, "text/smol"),
         ],
     )?;
     let passes = |r: &ProbeRun| -> Result<Vec<[bool; 2]>> {
@@ -95,14 +108,14 @@ async fn providers_failing_cases_the_reference_passes_are_flagged() -> Result<()
     let mut first_alerts = Vec::new();
     for round in 0..2 {
         let mut this = Vec::new();
-        for i in 0..3 {
+        for i in 0..4 {
             let mut r = stored(&s, i, ProbeKind::ToolCalls, round).await?;
             ensure!(r.len() == 1 && r[0].ok, "{r:?}");
             this.push(r.remove(0));
         }
         runs.push(this);
         if round == 0 {
-            for endpoint in ["corrupt/smol", "calls/smol"] {
+            for endpoint in ["corrupt/smol", "calls/smol", "text/smol"] {
                 let a = alert(endpoint).await?;
                 first_alerts.push(a.with_context(|| format!("{endpoint}: not flagged"))?);
             }
@@ -222,6 +235,18 @@ async fn providers_failing_cases_the_reference_passes_are_flagged() -> Result<()
         "{}: {}",
         a.summary,
         a.evidence
+    );
+    // a provider that ignores tool_choice and answers in text: the call cases lost as no_call
+    // (tool_choice ignored, not calls broken), the no-call cases passed
+    ensure!(
+        passes(&runs[1][3])?.iter().all(|[a, b]| *a && *b),
+        "{}",
+        runs[1][3].stats
+    );
+    let e = &first_alerts[2].evidence;
+    ensure!(
+        e["lost"] == json!(sorted) && e["lost_faults"] == json!({"no_call": 8}),
+        "{e}"
     );
     stop.cancel();
     tasks.close();
