@@ -45,17 +45,72 @@ pub struct CacheStats {
 /// Most greedy tool-call answers kept.
 const ANSWERS: usize = 1024;
 
-struct Entry {
-    scored: Arc<Vec<RefPosition>>,
-    last_used: u64,
+/// Values by key, each with a weight; once the weights held would pass the capacity the least
+/// recently used go first, and a value heavier than the whole capacity is never kept. Both
+/// memos of [`Cached`] are one of these: scores weighed by positions, answers one each.
+struct Lru<K, V> {
+    /// Each value with its weight and last use.
+    entries: HashMap<K, (Arc<V>, usize, u64)>,
+    /// The weights held.
+    held: usize,
+    clock: u64,
+}
+
+impl<K, V> Default for Lru<K, V> {
+    fn default() -> Self {
+        Self {
+            entries: HashMap::new(),
+            held: 0,
+            clock: 0,
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone, V> Lru<K, V> {
+    fn get<Q>(&mut self, key: &Q) -> Option<Arc<V>>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
+        self.clock += 1;
+        let now = self.clock;
+        self.entries.get_mut(key).map(|(v, _, used)| {
+            *used = now;
+            Arc::clone(v)
+        })
+    }
+
+    fn put(&mut self, key: K, value: V, weight: usize, capacity: usize) {
+        // too heavy, or a concurrent miss stored it first
+        if weight > capacity || self.entries.contains_key(&key) {
+            return;
+        }
+        while self.held + weight > capacity {
+            let Some(oldest) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, (_, _, used))| *used)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            if let Some((_, w, _)) = self.entries.remove(&oldest) {
+                self.held -= w;
+            }
+        }
+        self.clock += 1;
+        self.held += weight;
+        self.entries
+            .insert(key, (Arc::new(value), weight, self.clock));
+    }
 }
 
 #[derive(Default)]
 struct Memo {
-    entries: HashMap<(Vec<u32>, usize), Entry>,
-    /// Greedy tool-call answers by their request's key, with their last use.
-    answers: HashMap<String, (Arc<Vec<ToolCall>>, u64)>,
-    clock: u64,
+    /// Scores by (sequence, top-k), weighed by positions.
+    scores: Lru<(Vec<u32>, usize), Vec<RefPosition>>,
+    /// Greedy tool-call answers by their request's key.
+    answers: Lru<String, Vec<ToolCall>>,
     stats: CacheStats,
 }
 
@@ -98,12 +153,7 @@ impl Cached {
 
     fn lookup(&self, ids: &[u32], top_k: usize) -> Option<Arc<Vec<RefPosition>>> {
         let mut memo = self.memo.lock().ok()?;
-        memo.clock += 1;
-        let now = memo.clock;
-        let hit = memo.entries.get_mut(&(ids.to_vec(), top_k)).map(|e| {
-            e.last_used = now;
-            e.scored.clone()
-        });
+        let hit = memo.scores.get(&(ids.to_vec(), top_k));
         if hit.is_some() {
             memo.stats.hits += 1;
         } else {
@@ -112,14 +162,24 @@ impl Cached {
         hit
     }
 
+    fn keep(&self, ids: &[u32], top_k: usize, scored: &[RefPosition]) {
+        let Ok(mut memo) = self.memo.lock() else {
+            return;
+        };
+        let memo = &mut *memo;
+        memo.scores.put(
+            (ids.to_vec(), top_k),
+            scored.to_vec(),
+            scored.len(),
+            self.capacity,
+        );
+        memo.stats.positions = memo.scores.held;
+        memo.stats.sequences = memo.scores.entries.len();
+    }
+
     fn answer(&self, key: &str) -> Option<Arc<Vec<ToolCall>>> {
         let mut memo = self.memo.lock().ok()?;
-        memo.clock += 1;
-        let now = memo.clock;
-        let hit = memo.answers.get_mut(key).map(|(calls, used)| {
-            *used = now;
-            calls.clone()
-        });
+        let hit = memo.answers.get(key);
         if hit.is_some() {
             memo.stats.answer_hits += 1;
         } else {
@@ -129,59 +189,9 @@ impl Cached {
     }
 
     fn keep_answer(&self, key: String, calls: &[ToolCall]) {
-        let Ok(mut memo) = self.memo.lock() else {
-            return;
-        };
-        memo.clock += 1;
-        let now = memo.clock;
-        if memo.answers.len() >= ANSWERS
-            && !memo.answers.contains_key(&key)
-            && let Some(oldest) = memo
-                .answers
-                .iter()
-                .min_by_key(|(_, (_, used))| *used)
-                .map(|(k, _)| k.clone())
-        {
-            memo.answers.remove(&oldest);
+        if let Ok(mut memo) = self.memo.lock() {
+            memo.answers.put(key, calls.to_vec(), 1, ANSWERS);
         }
-        memo.answers.insert(key, (Arc::new(calls.to_vec()), now));
-    }
-
-    fn keep(&self, ids: &[u32], top_k: usize, scored: &[RefPosition]) {
-        if scored.len() > self.capacity {
-            return;
-        }
-        let Ok(mut memo) = self.memo.lock() else {
-            return;
-        };
-        memo.clock += 1;
-        let now = memo.clock;
-        let key = (ids.to_vec(), top_k);
-        if memo.entries.contains_key(&key) {
-            return; // a concurrent miss stored it first
-        }
-        while memo.stats.positions + scored.len() > self.capacity {
-            let Some(oldest) = memo
-                .entries
-                .iter()
-                .min_by_key(|(_, e)| e.last_used)
-                .map(|(k, _)| k.clone())
-            else {
-                break;
-            };
-            if let Some(e) = memo.entries.remove(&oldest) {
-                memo.stats.positions -= e.scored.len();
-            }
-        }
-        memo.stats.positions += scored.len();
-        memo.entries.insert(
-            key,
-            Entry {
-                scored: Arc::new(scored.to_vec()),
-                last_used: now,
-            },
-        );
-        memo.stats.sequences = memo.entries.len();
     }
 }
 
