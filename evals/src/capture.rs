@@ -24,6 +24,7 @@
 use std::sync::Arc;
 
 use samewise_store::{BodyQuery, CapturedBody, RegressionCase, Store};
+use samewise_toolcheck::bfcl::ActualCall;
 use serde_json::{Map, Value, json};
 
 use crate::EvalsError;
@@ -255,11 +256,7 @@ fn check_for(request: &Value, answer: &Value) -> Result<Value, CaseError> {
         .and_then(Value::as_array)
         .is_some_and(|t| !t.is_empty());
     if tools {
-        let calls = message
-            .get("tool_calls")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
+        let calls = ActualCall::of_message(message);
         let forced = match request.get("tool_choice") {
             Some(Value::String(s)) => s == "required",
             Some(Value::Object(_)) => true,
@@ -270,17 +267,13 @@ fn check_for(request: &Value, answer: &Value) -> Result<Value, CaseError> {
         }
         let mut expected = Vec::with_capacity(calls.len());
         for c in &calls {
-            let name = c.pointer("/function/name").and_then(Value::as_str);
-            let args = c
-                .pointer("/function/arguments")
-                .and_then(Value::as_str)
-                .and_then(|a| serde_json::from_str::<Value>(a).ok());
-            let (Some(name), Some(Value::Object(args))) = (name, args) else {
+            let args = serde_json::from_str::<Value>(&c.arguments).ok();
+            let (false, Some(Value::Object(args))) = (c.name.is_empty(), args) else {
                 return skip("the baseline's own tool call is not a name with a JSON object");
             };
             let allowed: Map<String, Value> =
                 args.into_iter().map(|(k, v)| (k, json!([v]))).collect();
-            expected.push(json!({"name": name, "arguments": allowed}));
+            expected.push(json!({"name": c.name, "arguments": allowed}));
         }
         return Ok(json!({"kind": "tool_call", "calls": expected}));
     }
@@ -353,6 +346,19 @@ mod tests {
         assert_eq!(
             c.ok().map(|c| c["calls"][0]["arguments"].clone()),
             Some(json!({"city": ["Oslo"], "n": [2]}))
+        );
+        // arguments sent as an object are read as the gateway reads them, as their JSON text
+        let object = json!({"tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"city": "Oslo"}}}]});
+        let c = check_for(&req, &answer(object, "tool_calls"));
+        assert_eq!(
+            c.ok().map(|c| c["calls"][0]["arguments"].clone()),
+            Some(json!({"city": ["Oslo"]}))
+        );
+        let nameless =
+            json!({"tool_calls": [{"type": "function", "function": {"arguments": "{}"}}]});
+        assert!(
+            kind(&check_for(&req, &answer(nameless, "tool_calls")))
+                .starts_with("skip: the baseline's own tool call")
         );
         let none = answer(json!({"content": "no"}), "stop");
         assert!(kind(&check_for(&req, &none)).starts_with("skip: the baseline made no tool call"));

@@ -141,26 +141,7 @@ impl Answered {
             ),
             Err(e) => (Value::Null, None, 0, Some(e.to_string())),
         };
-        let calls: Vec<ActualCall> = message
-            .get("tool_calls")
-            .and_then(Value::as_array)
-            .map(|cs| {
-                cs.iter()
-                    .map(|c| ActualCall {
-                        name: c
-                            .pointer("/function/name")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_owned(),
-                        arguments: c
-                            .pointer("/function/arguments")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_owned(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let calls = ActualCall::of_message(&message);
         Answered {
             message,
             finish,
@@ -313,6 +294,44 @@ mod tests {
         let mut failed = record(json!([]));
         failed["answer"] = Value::Null;
         assert_eq!(schema_valid(&failed), None);
+    }
+
+    /// The suite reads an answer's calls as the gateway's records and the probes do: an
+    /// `arguments` sent as a JSON object is that object's text (scored on its content, not
+    /// emptied into a failure), a missing name or arguments is "".
+    #[test]
+    fn answers_are_read_as_the_gateway_reads_them() {
+        let answer = json!({"choices": [{"finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": null, "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{\"n\":1}"}},
+                {"id": "b", "type": "function", "function": {"name": "f", "arguments": {"n": 2}}},
+                {"id": "c", "type": "function", "function": {}}]}}],
+            "usage": {"total_tokens": 9}});
+        let a = Answered::of(Ok(crate::target::Answer {
+            body: answer.clone(),
+            tokens: 9,
+        }));
+        let read: Vec<(&str, &str)> = a
+            .calls
+            .iter()
+            .map(|c| (c.name.as_str(), c.arguments.as_str()))
+            .collect();
+        assert_eq!(read, [("f", r#"{"n":1}"#), ("f", r#"{"n":2}"#), ("", "")]);
+        assert_eq!(a.finish.as_deref(), Some("tool_calls"));
+        let gateway: Vec<String> =
+            samewise_toolcheck::ToolCall::of_message(&answer["choices"][0]["message"])
+                .into_iter()
+                .map(|c| c.arguments)
+                .collect();
+        assert_eq!(
+            gateway,
+            a.calls
+                .iter()
+                .map(|c| c.arguments.clone())
+                .collect::<Vec<_>>()
+        );
+        let failed = Answered::of(Err(EvalsError::UnknownTarget("down".into())));
+        assert!(failed.calls.is_empty() && failed.request_error.is_some());
     }
 
     #[test]

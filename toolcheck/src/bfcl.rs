@@ -19,6 +19,8 @@
 
 use serde_json::{Map, Value};
 
+use crate::ToolCall;
+
 /// What an item tests, which fixes how many calls are right.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Category {
@@ -121,10 +123,25 @@ pub struct ExpectedCall {
 /// One call as the endpoint returned it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActualCall {
-    /// The function's name.
+    /// The function's name ("" when the call names none).
     pub name: String,
     /// The arguments as returned (a JSON text).
     pub arguments: String,
+}
+
+impl ActualCall {
+    /// The calls of a non-streamed chat completion's `message`, read as the gateway and the
+    /// probes read them ([`ToolCall::of_message`]): arguments sent as a JSON value rather
+    /// than a string are that value's JSON text, a missing name is "".
+    pub fn of_message(message: &Value) -> Vec<ActualCall> {
+        ToolCall::of_message(message)
+            .into_iter()
+            .map(|c| ActualCall {
+                name: c.name.unwrap_or_default(),
+                arguments: c.arguments,
+            })
+            .collect()
+    }
 }
 
 fn fail(error: ErrorType, detail: impl Into<String>) -> Failure {
