@@ -12,10 +12,6 @@ use std::sync::Arc;
 use anyhow::{Context, Result, ensure};
 use samewise_engine::Profile;
 use samewise_engine::{Engine, LoadOptions};
-use samewise_probes::AlertsConfig;
-use samewise_probes::detect::{DetectorConfig, Detectors};
-use samewise_probes::reference::Reference;
-use samewise_probes::runner::Scheduler;
 use samewise_store::testing::TestDb;
 use samewise_store::{AlertQuery, Backend, ProbeRunQuery};
 use tokio_util::sync::CancellationToken;
@@ -43,20 +39,11 @@ async fn truncation_is_flagged_and_faithful_endpoints_are_not() -> Result<()> {
     let a8 = profiled_server(a8.clone(), a8.profile().clone(), &stop, &tasks).await?;
 
     let db = TestDb::new(Backend::Sqlite).await?;
-    let cfg = Arc::new(probes_config(
-        "kinds = [\"long_context\"]\ncontext_window = 512\n",
-    )?);
-    let detectors = Arc::new(Detectors::new(
-        DetectorConfig::default(),
-        None,
-        &AlertsConfig::default(),
-    )?);
-    let reference: Arc<dyn Reference> = Arc::new(in_process()?);
-    let s = Scheduler::new(
-        cfg,
-        db.store.clone(),
-        Some(reference),
-        Some(detectors),
+    let s = scheduler(
+        probes_config("kinds = [\"long_context\"]\ncontext_window = 512\n")?,
+        &db,
+        Some(reference()?),
+        Some(detectors("")?),
         vec![
             target(&exact, "exact/smol"),
             target(&trunc, "trunc/smol"),

@@ -14,7 +14,6 @@ use anyhow::{Context, Result, ensure};
 use axum::body::Bytes;
 use axum::routing::post;
 use samewise_probes::ProbeKind;
-use samewise_probes::reference::Reference;
 use samewise_probes::runner::{RoundResult, Scheduler};
 use samewise_store::testing::TestDb;
 use samewise_store::{Backend, ProbeRunQuery};
@@ -30,14 +29,11 @@ async fn scheduler_stores_runs_with_noise_pairs_and_respects_the_budget() -> Res
     let tasks = tokio_util::task::TaskTracker::new();
     let url = engine_server(&stop, &tasks).await?;
     let db = TestDb::new(Backend::Sqlite).await?;
-    let cfg = Arc::new(probes_config(
-        "kinds = [\"prompt_logprobs\"]\ntoken_budget_per_hour = 400\n",
-    )?);
-    let reference: Arc<dyn Reference> = Arc::new(in_process()?);
-    let s = Scheduler::new(
+    let cfg = probes_config("kinds = [\"prompt_logprobs\"]\ntoken_budget_per_hour = 400\n")?;
+    let s = scheduler(
         cfg,
-        db.store.clone(),
-        Some(reference),
+        &db,
+        Some(reference()?),
         None,
         vec![target(&url, "engine/smol")],
     )?;
@@ -104,14 +100,11 @@ async fn standby_scheduler_takes_over_when_the_lock_is_freed() -> Result<()> {
     let tasks = tokio_util::task::TaskTracker::new();
     let url = engine_server(&stop, &tasks).await?;
     let db = TestDb::new(Backend::Postgres).await?;
-    let cfg = Arc::new(probes_config(
-        "kinds = [\"prompt_logprobs\"]\ninterval_ms = 300\njitter = 0.0\n",
-    )?);
-    let reference: Arc<dyn Reference> = Arc::new(in_process()?);
-    let s = Arc::new(Scheduler::new(
+    let cfg = probes_config("kinds = [\"prompt_logprobs\"]\ninterval_ms = 300\njitter = 0.0\n")?;
+    let s = Arc::new(scheduler(
         cfg,
-        db.store.clone(),
-        Some(reference),
+        &db,
+        Some(reference()?),
         None,
         vec![target(&url, "engine/smol")],
     )?);
@@ -247,15 +240,13 @@ async fn a_mid_run_switch_raises_a_changed_alert() -> Result<()> {
     // all answered exactly; from round 5 on the provider has switched
     let switching = serve(switching_double(url.clone(), 7), &stop, &tasks).await?;
     let db = TestDb::new(Backend::Sqlite).await?;
-    let cfg = Arc::new(probes_config("kinds = [\"prompt_logprobs\"]\n")?);
-    let det: toml::Table =
-        "cusum_baseline_rounds = 3\nhistory_runs = 30\nkl_threshold = 100.0\n".parse()?;
-    let detectors = detectors_from(&det)?;
-    let reference: Arc<dyn Reference> = Arc::new(in_process()?);
-    let s = Scheduler::new(
+    let cfg = probes_config("kinds = [\"prompt_logprobs\"]\n")?;
+    let detectors =
+        detectors("cusum_baseline_rounds = 3\nhistory_runs = 30\nkl_threshold = 100.0\n")?;
+    let s = scheduler(
         cfg,
-        db.store.clone(),
-        Some(reference),
+        &db,
+        Some(reference()?),
         Some(detectors.clone()),
         vec![target(&switching, "switching/smol")],
     )?;
@@ -309,19 +300,17 @@ async fn without_a_reference_fingerprints_raise_changed_after_a_switch() -> Resu
     // requests) and 4 of two (12) exact, then switched
     let switching = serve(switching_double(url.clone(), 19), &stop, &tasks).await?;
     let db = TestDb::new(Backend::Sqlite).await?;
-    let cfg = Arc::new(probes_config("kinds = [\"fingerprint\"]\n")?);
-    let det: toml::Table = "cusum_baseline_rounds = 3\nhistory_runs = 30\n".parse()?;
-    let detectors = detectors_from(&det)?;
-    let scheduler = |cfg| {
-        Scheduler::new(
-            cfg,
-            db.store.clone(),
+    let detectors = detectors("cusum_baseline_rounds = 3\nhistory_runs = 30\n")?;
+    let without_reference = |probes: &str| -> Result<Scheduler> {
+        scheduler(
+            probes_config(probes)?,
+            &db,
             None,
             Some(detectors.clone()),
             vec![target(&switching, "switching/smol")],
         )
     };
-    let s = scheduler(cfg)?;
+    let s = without_reference("kinds = [\"fingerprint\"]\n")?;
     let mut inputs = Vec::new();
     for round in 0..5 {
         let runs = stored(&s, 0, ProbeKind::Fingerprint, round).await?;
@@ -344,9 +333,7 @@ async fn without_a_reference_fingerprints_raise_changed_after_a_switch() -> Resu
         inputs.push(runs[0].stats["inputs"].clone());
     }
     // the operator sends a second text: new inputs, new charts, no alarm
-    let s = scheduler(Arc::new(probes_config(
-        "kinds = [\"fingerprint\"]\nitems_per_round = 2\n",
-    )?))?;
+    let s = without_reference("kinds = [\"fingerprint\"]\nitems_per_round = 2\n")?;
     for round in 0..4 {
         let runs = stored(&s, 0, ProbeKind::Fingerprint, round).await?;
         inputs.push(runs[0].stats["inputs"].clone());
@@ -466,15 +453,15 @@ async fn a_hung_endpoint_stalls_no_other_and_times_out() -> Result<()> {
     let tasks = tokio_util::task::TaskTracker::new();
     let healthy = engine_server(&stop, &tasks).await?;
     let hung = hung_endpoint(&stop).await?;
-    let reference: Arc<dyn Reference> = Arc::new(in_process()?);
+    let reference = reference()?;
     for slots in [2, 1] {
         let db = TestDb::new(Backend::Sqlite).await?;
         let mut cfg = probes_config("kinds = [\"prompt_logprobs\"]\n")?;
         cfg.concurrency = slots;
         cfg.request_timeout = Duration::from_secs(8);
-        let s = Scheduler::new(
-            Arc::new(cfg),
-            db.store.clone(),
+        let s = scheduler(
+            cfg,
+            &db,
             Some(Arc::clone(&reference)),
             None,
             vec![target(&hung, "hung/smol"), target(&healthy, "engine/smol")],
@@ -538,13 +525,12 @@ async fn a_fingerprint_alarm_is_confirmed_by_a_pair_of_its_round() -> Result<()>
     };
     let noisy = serve(scaling_double(url, factor), &stop, &tasks).await?;
     let db = TestDb::new(Backend::Sqlite).await?;
-    let cfg = Arc::new(probes_config("kinds = [\"fingerprint\"]\n")?);
+    let cfg = probes_config("kinds = [\"fingerprint\"]\n")?;
     // an 8-round baseline: h = 14.1 (corrected for the estimated baseline; 294 for 3 rounds)
-    let det: toml::Table = "cusum_baseline_rounds = 8\nhistory_runs = 40\n".parse()?;
-    let detectors = detectors_from(&det)?;
-    let s = Scheduler::new(
+    let detectors = detectors("cusum_baseline_rounds = 8\nhistory_runs = 40\n")?;
+    let s = scheduler(
         cfg,
-        db.store.clone(),
+        &db,
         None,
         Some(detectors.clone()),
         vec![target(&noisy, "noisy/smol")],
@@ -635,14 +621,12 @@ async fn a_noisy_faithful_endpoint_is_judged_after_its_pair() -> Result<()> {
     )?);
     let w4 = profiled_server(w4_engine, w4_profile, &stop, &tasks).await?;
     let db = TestDb::new(Backend::Sqlite).await?;
-    let cfg = Arc::new(probes_config("kinds = [\"prompt_logprobs\"]\n")?);
-    let det: toml::Table = "kl_threshold = 0.005\n".parse()?;
-    let detectors = detectors_from(&det)?;
-    let reference: Arc<dyn Reference> = Arc::new(in_process()?);
-    let s = Scheduler::new(
+    let cfg = probes_config("kinds = [\"prompt_logprobs\"]\n")?;
+    let detectors = detectors("kl_threshold = 0.005\n")?;
+    let s = scheduler(
         cfg,
-        db.store.clone(),
-        Some(reference),
+        &db,
+        Some(reference()?),
         Some(detectors.clone()),
         vec![target(&noisy, "noisy/smol"), target(&w4, "w4/smol")],
     )?;
@@ -672,15 +656,6 @@ async fn a_noisy_faithful_endpoint_is_judged_after_its_pair() -> Result<()> {
     tasks.close();
     tasks.wait().await;
     Ok(())
-}
-
-/// Detectors from a `[probes.detectors]` table, with no ladder and the default alerts.
-fn detectors_from(det: &toml::Table) -> Result<Arc<samewise_probes::detect::Detectors>> {
-    Ok(Arc::new(samewise_probes::detect::Detectors::new(
-        samewise_probes::detect::DetectorConfig::parse(det)?,
-        None,
-        &samewise_probes::AlertsConfig::default(),
-    )?))
 }
 
 /// The runs `s` stored in `round` of `kind` on its `i`-th target (an error when it was over

@@ -10,14 +10,11 @@
 //! resolution starts the pool over. In the config: an alpha the cases cannot reach, and a
 //! repeated case id, are errors.
 
-use std::sync::Arc;
-
 use anyhow::{Context, Result, ensure};
 use axum::routing::post;
 use samewise_engine::Profile;
-use samewise_probes::detect::{DetectorConfig, Detectors};
+use samewise_probes::detect::Detectors;
 use samewise_probes::reference::{Cached, External, Reference, Remote, ToolCallRequest};
-use samewise_probes::runner::Scheduler;
 use samewise_probes::{ExternalFlavour, ProbeKind, ToolExpectation};
 use samewise_store::testing::TestDb;
 use samewise_store::{Backend, ProbeRun, Store};
@@ -59,14 +56,6 @@ fn double(calls: bool) -> axum::Router {
     )
 }
 
-fn detectors() -> Result<Arc<Detectors>> {
-    Ok(Arc::new(Detectors::new(
-        DetectorConfig::default(),
-        None,
-        &samewise_probes::AlertsConfig::default(),
-    )?))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn providers_failing_cases_the_reference_passes_are_flagged() -> Result<()> {
     let stop = CancellationToken::new();
@@ -79,15 +68,11 @@ async fn providers_failing_cases_the_reference_passes_are_flagged() -> Result<()
     let db = TestDb::new(Backend::Sqlite).await?;
     // every shipped case (20) in two rounds: the 10 that expect a call (forced), then the 10
     // that do not; 64 tokens a generation, the probes' default
-    let cfg = Arc::new(probes_config(
-        "kinds = [\"tool_calls\"]\nitems_per_round = 10\nmax_tokens = 64\n",
-    )?);
-    let reference: Arc<dyn Reference> = Arc::new(in_process()?);
-    let s = Scheduler::new(
-        cfg,
-        db.store.clone(),
-        Some(reference),
-        Some(detectors()?),
+    let s = scheduler(
+        probes_config("kinds = [\"tool_calls\"]\nitems_per_round = 10\nmax_tokens = 64\n")?,
+        &db,
+        Some(reference()?),
+        Some(detectors("")?),
         vec![
             target(&same, "same/smol"),
             target(&corrupt, "corrupt/smol"),
@@ -304,7 +289,7 @@ async fn every_reference_backend_forces_the_same_valid_calls() -> Result<()> {
     let stop = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
     let url = engine_server(&stop, &tasks).await?;
-    let local: Arc<dyn Reference> = Arc::new(in_process()?);
+    let local = reference()?;
     let remote = Remote::new(&url, &model_path()?)?;
     let vllm = serve(vllm_chat(url.clone()), &stop, &tasks).await?;
     let external = External::new(&vllm, ExternalFlavour::Vllm, "smol", &model_path()?, None)?;
@@ -413,7 +398,7 @@ async fn outcome_run(
 #[tokio::test]
 async fn each_case_counts_once_and_a_resolution_starts_the_pool_over() -> Result<()> {
     let db = TestDb::new(Backend::Sqlite).await?;
-    let d = detectors()?;
+    let d = detectors("")?;
     // one case lost in every one of 12 rounds: one piece of evidence, never flagged
     for i in 0..12 {
         let r = outcome_run(

@@ -1,6 +1,7 @@
 //! Helpers shared by the probe tests that run the real engine on the test model: the model,
 //! one engine per test binary, the in-process reference, engine servers on 127.0.0.1:0,
-//! probe targets and configs, and reading a probe outcome's statistics.
+//! probe targets and configs, schedulers and detectors, and reading a probe outcome's
+//! statistics.
 
 #![allow(dead_code)]
 
@@ -14,9 +15,12 @@ use samewise_engine::Tokenizer;
 use samewise_engine::chat::{self, ChatTemplate};
 use samewise_engine::server::{self, ServerState};
 use samewise_engine::{Engine, LoadOptions, Profile};
+use samewise_probes::detect::{DetectorConfig, Detectors};
 use samewise_probes::kinds::{self, ProbeCtx, PromptSets, Target};
 use samewise_probes::reference::{Cached, InProcess, Reference};
-use samewise_probes::{ProbeKind, ProbesConfig};
+use samewise_probes::runner::Scheduler;
+use samewise_probes::{AlertsConfig, ProbeKind, ProbesConfig};
+use samewise_store::testing::TestDb;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -115,6 +119,39 @@ pub fn probes_config(extra: &str) -> Result<ProbesConfig> {
         "[probes]\nnoise_pair_every = 3\nlock_retry_ms = 200\nsweep_interval_ms = 60000\n[probes.reference]\nbackend = \"in_process\"\nmodel = \"unused\"\n[models.smol.probes]\n{items}{max_tokens}top_k = 5\nsamples_per_prompt = 3\nsamples_prompts_per_round = 1\npermutations = 99\n{extra}"
     );
     Ok(ProbesConfig::from_gateway_toml(&src)?)
+}
+
+/// The in-process reference, as a scheduler takes it.
+pub fn reference() -> Result<Arc<dyn Reference>> {
+    Ok(Arc::new(in_process()?))
+}
+
+/// Detectors from `[probes.detectors]` keys (`""`: the defaults), with no ladder and the
+/// default alerts.
+pub fn detectors(keys: &str) -> Result<Arc<Detectors>> {
+    let table: toml::Table = keys.parse()?;
+    Ok(Arc::new(Detectors::new(
+        DetectorConfig::parse(&table)?,
+        None,
+        &AlertsConfig::default(),
+    )?))
+}
+
+/// A scheduler over `targets` storing in `db`, as `samewise serve` makes one.
+pub fn scheduler(
+    cfg: ProbesConfig,
+    db: &TestDb,
+    reference: Option<Arc<dyn Reference>>,
+    detectors: Option<Arc<Detectors>>,
+    targets: Vec<Target>,
+) -> Result<Scheduler> {
+    Ok(Scheduler::new(
+        Arc::new(cfg),
+        db.store.clone(),
+        reference,
+        detectors,
+        targets,
+    )?)
 }
 
 pub struct Harness {
