@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use samewise_store::{ProbeRun, Store};
+use samewise_store::{ProbeRun, ProbeRunQuery, Store};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -42,6 +42,11 @@ use crate::reference::{Cached, Reference};
 use crate::{ProbesError, Result};
 
 const HOUR_MS: i64 = 3_600_000;
+
+/// The most stored fingerprint runs of an endpoint read for a refusal of echo (an hour of them
+/// at a round a minute, each with its noise pair, with room to spare); where more were stored
+/// within the hour, an older refusal is not found and echo is asked once.
+const ECHO_RECALL_RUNS: u32 = 500;
 
 /// Milliseconds since the Unix epoch (wall clock: stored times).
 pub fn now_ms() -> i64 {
@@ -177,6 +182,9 @@ impl Scheduler {
         if kind.needs_reference() && self.reference.is_none() {
             return Err(crate::config::missing_reference(&target.model, kind));
         }
+        if kind == ProbeKind::Fingerprint && self.echo_refusals.first_recall(&target.endpoint) {
+            self.recall_echo_refusal(target).await;
+        }
         let ctx = ProbeCtx {
             reference: self.reference.as_deref(),
             cfg: mcfg,
@@ -213,6 +221,29 @@ impl Scheduler {
         }
         self.raise(target, &out[0], judged).await;
         Ok(RoundResult::Stored(out))
+    }
+
+    /// Reads `target`'s fingerprint runs of the last [`kinds::ECHO_RETRY_MS`] for a refusal of
+    /// echo that an earlier process met ([`kinds::EchoRefusals::recall`]). A failed read is
+    /// logged, and echo is asked as if nothing were stored.
+    async fn recall_echo_refusal(&self, target: &Target) {
+        let q = ProbeRunQuery {
+            endpoint: Some(target.endpoint.clone()),
+            kind: Some(ProbeKind::Fingerprint.name().to_owned()),
+            since_ms: Some(now_ms() - kinds::ECHO_RETRY_MS),
+            limit: ECHO_RECALL_RUNS,
+            ..ProbeRunQuery::default()
+        };
+        match self.store.probe_runs(&q).await {
+            Ok(runs) => {
+                if self.echo_refusals.recall(&target.endpoint, &runs) {
+                    tracing::info!(endpoint = %target.endpoint, "fingerprints ask by chat: the endpoint refused echo within the hour (stored runs)");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(endpoint = %target.endpoint, error = %e, "reading stored fingerprint runs for a refusal of echo failed; echo will be asked")
+            }
+        }
     }
 
     /// The detectors' judgement of a stored run (`None` without detectors, or when they fail:

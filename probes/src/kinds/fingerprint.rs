@@ -28,6 +28,9 @@
 //! spending two refused requests each (`max_tokens` 0, then 1) on the way there; the first round
 //! after it asks echo again, so a provider that starts serving echo is fingerprinted by it.
 //! Chat-mode stats say which (`echo_asked`) and keep the refusal's words (`echo_refused`).
+//! The memory outlives the process: a scheduler's first fingerprint round of an endpoint
+//! recalls the refusal from its stored runs ([`EchoRefusals::recall`]), so a restarted gateway
+//! does not ask every chat-only provider for echo again.
 //!
 //! `stats.inputs` is a digest of what was sent (the way of asking, `top_k`, each text or prompt
 //! and its `max_tokens`): the changed? charts follow runs with the same inputs only, so
@@ -39,7 +42,7 @@
 //! ([`crate::detect::fingerprint_pair_stats`]): the charts' σ is at least the largest recent
 //! distance, and at least `fingerprint_min_sd`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use serde_json::{Map, Value, json};
@@ -52,38 +55,71 @@ pub const ECHO_RETRY_MS: i64 = 3_600_000;
 
 /// Endpoints that refused echo: when, and in what words.
 #[derive(Debug, Default)]
-pub struct EchoRefusals(Mutex<HashMap<String, (i64, String)>>);
+pub struct EchoRefusals {
+    refused: Mutex<HashMap<String, (i64, String)>>,
+    /// Endpoints whose stored runs have been read for a refusal (once each).
+    recalled: Mutex<HashSet<String>>,
+}
 
 impl EchoRefusals {
+    /// Whether `endpoint`'s stored runs are still to be read for a refusal: true the first
+    /// time an endpoint is asked about, false after.
+    pub fn first_recall(&self, endpoint: &str) -> bool {
+        lock(&self.recalled).insert(endpoint.to_owned())
+    }
+
+    /// Recalls `endpoint`'s refusal from its stored fingerprint runs (`runs`, in any order):
+    /// the newest run that asked echo decides. A chat-mode run that asked
+    /// echo was refused then, in its `echo_refused` words; an echo-mode run means echo was
+    /// answered since. Runs that did not ask (the memory sent them to chat) say nothing.
+    /// Returns whether a refusal was remembered.
+    pub fn recall(&self, endpoint: &str, runs: &[samewise_store::ProbeRun]) -> bool {
+        let mut asked: Vec<&samewise_store::ProbeRun> = runs
+            .iter()
+            .filter(|r| {
+                r.endpoint == endpoint
+                    && r.kind == "fingerprint"
+                    && (r.stats["mode"] == "echo"
+                        || (r.stats["mode"] == "chat" && r.stats["echo_asked"] == true))
+            })
+            .collect();
+        asked.sort_by_key(|r| std::cmp::Reverse((r.started_ms, r.id)));
+        let Some(newest) = asked.first() else {
+            return false;
+        };
+        match newest.stats["echo_refused"].as_str() {
+            Some(reason) if newest.stats["mode"] == "chat" => {
+                self.record(endpoint, reason, newest.started_ms);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The refusal's words when `endpoint` refused echo less than [`ECHO_RETRY_MS`] before
     /// `now_ms`.
     pub fn remembered(&self, endpoint: &str, now_ms: i64) -> Option<String> {
-        let map = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.get(endpoint)
+        lock(&self.refused)
+            .get(endpoint)
             .filter(|(at, _)| now_ms - at < ECHO_RETRY_MS)
             .map(|(_, reason)| reason.clone())
     }
 
     /// Remembers that `endpoint` refused echo at `now_ms`.
     pub fn record(&self, endpoint: &str, reason: &str, now_ms: i64) {
-        let mut map = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.insert(endpoint.to_owned(), (now_ms, reason.to_owned()));
+        lock(&self.refused).insert(endpoint.to_owned(), (now_ms, reason.to_owned()));
     }
 
     /// Forgets `endpoint`'s refusal (it answered echo).
     pub fn forget(&self, endpoint: &str) {
-        let mut map = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.remove(endpoint);
+        lock(&self.refused).remove(endpoint);
     }
+}
+
+/// The lock's guard, poisoned or not (the maps stay whole: each change is one insert or
+/// remove).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Runs one fingerprint probe: echo, or chat where echo is refused (at once where the

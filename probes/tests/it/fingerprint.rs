@@ -5,7 +5,8 @@
 //! logprobs are a position off their tokens keeps every mean but not the top-1 agreement; a
 //! chat-only provider is fingerprinted by greedy chat completions instead; a refusal of both is a
 //! finding; without a reference, every other kind fails naming what it lacks. The scheduler's
-//! memory of a refusal sends the next rounds to chat at once, until it is an hour old.
+//! memory of a refusal sends the next rounds to chat at once, until it is an hour old, and a
+//! restarted scheduler recalls it from the stored runs.
 //!
 //! The test model is `$SAMEWISE_MODEL` if set, else
 //! `~/.cache/samewise/models/SmolLM2-135M-Instruct.Q4_1.gguf`; a missing model fails.
@@ -13,10 +14,13 @@
 use anyhow::{Context, Result, ensure};
 use samewise_probes::ProbeKind;
 use samewise_probes::reference::Reference;
+use samewise_store::Backend;
+use samewise_store::testing::TestDb;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::common;
+use crate::scheduler::stored;
 use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -405,6 +409,102 @@ async fn a_refusal_of_echo_is_remembered_for_an_hour() -> Result<()> {
         memory.remembered("engine/smol", old).is_none(),
         "an answered echo is still remembered as refused"
     );
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    Ok(())
+}
+
+/// A refusal of echo outlives the process: a scheduler started on the same database (a gateway
+/// restarted) recalls it from the stored runs and asks by chat at once, in the stored words. A
+/// stored refusal over an hour old, or one followed by an answered echo, is not recalled: echo
+/// is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_scheduler_recalls_a_stored_refusal_of_echo() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let counts = std::sync::Arc::new(Counts::default());
+    let chat_only = profiled_server(
+        engine()?,
+        samewise_engine::Profile::builtin("no-echo").context("no no-echo profile")?,
+        &stop,
+        &tasks,
+    )
+    .await?;
+    let counted = serve(counting_double(chat_only, counts.clone()), &stop, &tasks).await?;
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let labels = ["chat/smol", "old/smol", "back/smol"];
+    let start = || {
+        scheduler(
+            probes_config("kinds = [\"fingerprint\"]\n")?,
+            &db,
+            None,
+            None,
+            labels.iter().map(|l| target(&counted, l)).collect(),
+        )
+    };
+    // round 1 has no noise pair: echo asked (max_tokens 0, then 1), refused, one chat
+    let refused = stored(&start()?, 0, ProbeKind::Fingerprint, 1)
+        .await?
+        .remove(0);
+    ensure!(
+        refused.stats["mode"] == "chat" && refused.stats["echo_asked"] == true,
+        "{}",
+        refused.stats
+    );
+    ensure!(counts.read() == (2, 1), "requests: {:?}", counts.read());
+
+    // a restart: the new scheduler's first round asks by chat at once
+    let recalled = stored(&start()?, 0, ProbeKind::Fingerprint, 2)
+        .await?
+        .remove(0);
+    ensure!(
+        recalled.ok
+            && recalled.stats["echo_asked"] == false
+            && recalled.stats["echo_refused"] == refused.stats["echo_refused"],
+        "{}",
+        recalled.stats
+    );
+    ensure!(counts.read() == (2, 2), "requests: {:?}", counts.read());
+
+    // two more histories: old/smol refused an hour and a minute ago; back/smol refused half an
+    // hour ago and answered echo since (a real echo round, on the unmodified engine)
+    let now = samewise_probes::runner::now_ms();
+    let refused_at = |endpoint: &str, minutes_ago: i64| samewise_store::ProbeRun {
+        endpoint: endpoint.into(),
+        started_ms: now - minutes_ago * 60_000,
+        finished_ms: now - minutes_ago * 60_000 + 1_000,
+        ..refused.clone()
+    };
+    db.store
+        .insert_probe_run(&refused_at("old/smol", 61))
+        .await?;
+    let echoing = engine_server(&stop, &tasks).await?;
+    let echoed = scheduler(
+        probes_config("kinds = [\"fingerprint\"]\n")?,
+        &db,
+        None,
+        None,
+        vec![target(&echoing, "back/smol")],
+    )?;
+    let answered = stored(&echoed, 0, ProbeKind::Fingerprint, 1)
+        .await?
+        .remove(0);
+    ensure!(answered.stats["mode"] == "echo", "{}", answered.stats);
+    // (stored after the echo round, dated before it)
+    db.store
+        .insert_probe_run(&refused_at("back/smol", 30))
+        .await?;
+    let s = start()?;
+    for (i, label) in labels.iter().enumerate().skip(1) {
+        let run = stored(&s, i, ProbeKind::Fingerprint, 2).await?.remove(0);
+        ensure!(
+            run.stats["echo_asked"] == true,
+            "{label}: echo not asked: {}",
+            run.stats
+        );
+    }
+    ensure!(counts.read() == (6, 4), "requests: {:?}", counts.read());
     stop.cancel();
     tasks.close();
     tasks.wait().await;
