@@ -116,7 +116,10 @@ pub(super) fn long_context_finding(run: &ProbeRun) -> Option<NewAlert> {
 /// resolution of the endpoint's "unfaithful" alert) and not after `run`; flagged when the
 /// endpoint fails more of them where the reference passes than the reverse, at McNemar's
 /// exact p < `alpha`. One outcome per case: a case seen in many rounds is one piece of
-/// evidence, so an endpoint that differs on a single case is never flagged by repetition. The
+/// evidence, so an endpoint that differs on a single case is never flagged by repetition. Only
+/// runs asked as `run` was are pooled (`stats.forced_calls`, false where a run predates it): a
+/// case's outcome under `tool_choice: "required"` and under `"auto"` are different questions,
+/// so flipping `force_tool_calls` starts the pool over, as a resolution does. The
 /// alert counts why the endpoint failed the cases it lost (`stats.faults`: `no_call`,
 /// `unexpected_call`, or a call's verdict), so it says how the calls broke.
 pub(super) fn tool_calls_finding(
@@ -128,9 +131,16 @@ pub(super) fn tool_calls_finding(
     use std::collections::BTreeMap;
     // per case: reference passed, endpoint passed, the run, why the endpoint failed
     let mut newest: BTreeMap<&str, (bool, bool, i64, Option<&str>)> = BTreeMap::new();
+    let forced = |r: &ProbeRun| {
+        r.stats
+            .get("forced_calls")
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false)
+    };
     for r in history.iter().filter(|r| {
         r.ok && r.kind == run.kind
             && r.repeat_of.is_none()
+            && forced(r) == forced(run)
             && r.started_ms <= run.started_ms
             && accepted_ms.is_none_or(|t| r.started_ms > t)
     }) {

@@ -375,6 +375,25 @@ async fn outcome_run(
     t: i64,
     outcomes: &[(&str, bool, bool)],
 ) -> Result<ProbeRun> {
+    asked_run(store, endpoint, t, outcomes, None).await
+}
+
+/// [`outcome_run`], its cases asked with `tool_choice: "required"` where they expect a call
+/// (`Some(true)`), with `"auto"` (`Some(false)`), or before runs said which (`None`).
+async fn asked_run(
+    store: &Store,
+    endpoint: &str,
+    t: i64,
+    outcomes: &[(&str, bool, bool)],
+    forced: Option<bool>,
+) -> Result<ProbeRun> {
+    let mut stats = json!({
+        "cases": outcomes.iter().map(|o| o.0).collect::<Vec<_>>(),
+        "passes": outcomes.iter().map(|o| [o.1, o.2]).collect::<Vec<_>>(),
+    });
+    if let Some(f) = forced {
+        stats["forced_calls"] = json!(f);
+    }
     let run = ProbeRun {
         id: 0,
         model: "smol".into(),
@@ -385,10 +404,7 @@ async fn outcome_run(
         ok: true,
         error: None,
         tokens: 100,
-        stats: json!({
-            "cases": outcomes.iter().map(|o| o.0).collect::<Vec<_>>(),
-            "passes": outcomes.iter().map(|o| [o.1, o.2]).collect::<Vec<_>>(),
-        }),
+        stats,
         raw: None,
         repeat_of: None,
     };
@@ -445,6 +461,63 @@ async fn each_case_counts_once_and_a_resolution_starts_the_pool_over() -> Result
     )
     .await?;
     ensure!(d.after_run(&db.store, &r).await?.is_empty());
+    Ok(())
+}
+
+/// Outcomes asked under `tool_choice: "required"` and under `"auto"` are not pooled: after the
+/// operator flips `force_tool_calls`, the pool starts over with the new way of asking, and a
+/// case counts again once it has been asked that way.
+#[tokio::test]
+async fn flipping_force_tool_calls_starts_the_pool_over() -> Result<()> {
+    let db = TestDb::new(Backend::Sqlite).await?;
+    let d = detectors("")?;
+    let lost: Vec<String> = (0..8).map(|i| format!("c{i}")).collect();
+    let losing = |cases: &[String]| -> Vec<(String, bool, bool)> {
+        cases.iter().map(|c| (c.clone(), true, false)).collect()
+    };
+    let run = |t: i64, cases: &[String], forced: Option<bool>| {
+        let outcomes = losing(cases);
+        let store = db.store.clone();
+        async move {
+            let o: Vec<(&str, bool, bool)> = outcomes
+                .iter()
+                .map(|(c, r, e)| (c.as_str(), *r, *e))
+                .collect();
+            asked_run(&store, "p/flip", t, &o, forced).await
+        }
+    };
+    // six cases lost while forced (p = 0.031: not flagged), and runs from before the key
+    // (unforced) are not pooled with them either
+    ensure!(
+        d.after_run(&db.store, &run(0, &lost[..2], None).await?)
+            .await?
+            .is_empty()
+    );
+    for (i, pair) in lost[..6].chunks(2).enumerate() {
+        let r = run(1_000 * (i as i64 + 1), pair, Some(true)).await?;
+        ensure!(
+            d.after_run(&db.store, &r).await?.is_empty(),
+            "forced run {i}"
+        );
+    }
+    // the operator flips to "auto": two more lost cases are two, not eight
+    let r = run(10_000, &lost[6..], Some(false)).await?;
+    ensure!(
+        d.after_run(&db.store, &r).await?.is_empty(),
+        "pooled across the flip"
+    );
+    // asked again the new way, the other six are lost too: eight, flagged (2 · 0.5^8)
+    let mut last = Vec::new();
+    for (i, pair) in lost[..6].chunks(2).enumerate() {
+        let r = run(11_000 + 1_000 * i as i64, pair, Some(false)).await?;
+        last = d.after_run(&db.store, &r).await?;
+        ensure!((i < 2) == last.is_empty(), "auto run {i}: {last:?}");
+    }
+    ensure!(
+        last[0].evidence["lost"].as_array().map(Vec::len) == Some(8),
+        "{}",
+        last[0].evidence
+    );
     Ok(())
 }
 
