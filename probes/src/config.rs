@@ -26,6 +26,8 @@
 //! threads = 2
 //! # remote: url = "http://127.0.0.1:8081" (a `samewise engine serve`), tokenizer = PATH
 //! # external: url, flavour = "vllm" | "sglang", model_name, tokenizer = PATH
+//! #   (SGLang: chats are rendered with the chat template of PATH, a GGUF file or a Hugging
+//! #   Face directory, or the directory of a tokenizer.json)
 //!
 //! [models.smol.probes]
 //! kinds = ["prompt_logprobs", "completion_logprobs"]   # | "samples" | "tool_calls" | "long_context" | "fingerprint"

@@ -1,7 +1,9 @@
 //! The engine's tokenizer as the probes' [`ReferenceVocab`]: token ids by their bytes or
 //! display text, the reference tokenization, and token bytes; plus loading a tokenizer from
 //! a local file (GGUF, Hugging Face directory, or `tokenizer.json`) for the remote and
-//! external reference backends, which align tokens locally.
+//! external reference backends, which align tokens locally, and the model's chat template
+//! beside it for a backend whose server cannot render chats (SGLang); and rendering a chat
+//! with a template, as the in-process reference does.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -9,6 +11,8 @@ use std::sync::Arc;
 
 use samewise_engine::GgufFile;
 use samewise_engine::Tokenizer;
+use samewise_engine::chat::{self, ChatTemplate};
+use serde_json::Value;
 
 use crate::align::ReferenceVocab;
 use crate::{ProbesError, Result};
@@ -92,6 +96,48 @@ impl EngineVocab {
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.tokenizer
     }
+}
+
+/// The chat template of the model at `path` (a GGUF file, a Hugging Face directory, or a
+/// `tokenizer.json` whose directory holds the template, as Hugging Face lays them out),
+/// compiled with `tokenizer`'s bos and eos texts; why not, where there is none or it does not
+/// compile.
+pub fn load_chat_template(
+    path: &Path,
+    tokenizer: &Tokenizer,
+) -> std::result::Result<ChatTemplate, String> {
+    let shown = path.display();
+    let src = if path.is_dir() {
+        chat::template_from_hf_dir(path)
+    } else if path.extension().is_some_and(|e| e == "json") {
+        chat::template_from_hf_dir(path.parent().unwrap_or(Path::new(".")))
+    } else {
+        GgufFile::open(path).map(|g| chat::template_from_gguf(&g))
+    }
+    .map_err(|e| format!("reading the chat template of {shown}: {e}"))?
+    .ok_or_else(|| {
+        format!(
+            "{shown} holds no chat template (give the model's GGUF file or Hugging Face directory)"
+        )
+    })?;
+    ChatTemplate::new(
+        &src,
+        tokenizer.bos_token().unwrap_or_default(),
+        tokenizer.eos_token().unwrap_or_default(),
+    )
+    .map_err(|e| format!("the chat template of {shown}: {e}"))
+}
+
+/// `messages` (with `tools`) rendered by `template` with the generation prompt, and tokenized
+/// as the template's text stands (no special tokens added: the template writes its own).
+pub fn render_chat_ids(
+    template: &ChatTemplate,
+    tokenizer: &Tokenizer,
+    messages: &[Value],
+    tools: Option<&[Value]>,
+) -> samewise_engine::Result<Vec<u32>> {
+    let text = template.render(messages, tools, true, None)?;
+    tokenizer.encode(&text, false)
 }
 
 impl ReferenceVocab for EngineVocab {

@@ -6,8 +6,10 @@
 //!   `/tokenize` for text and chats; samples from `/v1/completions`.
 //! - SGLang: scoring is `/generate` on `input_ids` with `return_logprob`,
 //!   `logprob_start_len: 0`, `top_logprobs_num: k` and `max_new_tokens: 0`; text is tokenized
-//!   with the local tokenizer; SGLang has no chat-tokenize route, so chat rendering is
-//!   refused (the probes that need it report it).
+//!   with the local tokenizer; SGLang has no chat-tokenize route, so chats are rendered
+//!   locally with the model's own chat template (from the GGUF file or Hugging Face directory
+//!   given as the tokenizer, as the in-process reference renders them), and where that has
+//!   none, rendering is refused with the reason (the probes that need it report it).
 //! - Forced tool calls, both: `/v1/chat/completions` with `tool_choice: "required"` (their
 //!   guided decoding holds the calls to the tools' schemas); unforced, the chat is rendered
 //!   and sampled as the other backends do.
@@ -17,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use samewise_engine::chat::ChatTemplate;
 use samewise_toolcheck::ToolCall;
 use serde_json::{Value, json};
 
@@ -29,7 +32,7 @@ use super::{
 use crate::align::ReferenceVocab;
 use crate::compare::TopEntry;
 use crate::config::ExternalFlavour;
-use crate::vocab::EngineVocab;
+use crate::vocab::{EngineVocab, load_chat_template, render_chat_ids};
 use crate::{ProbesError, Result};
 
 /// A vLLM or SGLang server.
@@ -40,6 +43,9 @@ pub struct External {
     key: Option<String>,
     http: reqwest::Client,
     vocab: Arc<EngineVocab>,
+    /// The model's chat template, for SGLang, or why there is none (vLLM renders chats on its
+    /// server: not loaded).
+    template: std::result::Result<ChatTemplate, String>,
 }
 
 impl std::fmt::Debug for External {
@@ -72,13 +78,19 @@ impl External {
         tokenizer: &Path,
         key: Option<String>,
     ) -> Result<Self> {
+        let vocab = Arc::new(EngineVocab::load(tokenizer)?);
+        let template = match flavour {
+            ExternalFlavour::Sglang => load_chat_template(tokenizer, vocab.tokenizer()),
+            ExternalFlavour::Vllm => Err("a vLLM reference renders chats on its server".into()),
+        };
         Ok(Self {
             url: url.trim_end_matches('/').to_owned(),
             flavour,
             model: model.to_owned(),
             key,
             http: client(Duration::from_secs(600)),
-            vocab: Arc::new(EngineVocab::load(tokenizer)?),
+            vocab,
+            template,
         })
     }
 
@@ -245,9 +257,17 @@ impl Reference for External {
                     let v = self.post("/tokenize", &body).await?;
                     ids_of(v.get("tokens"), "tokens")
                 }
-                ExternalFlavour::Sglang => Err(ProbesError::Reference(
-                    "an SGLang reference cannot render chats (no chat tokenize route)".into(),
-                )),
+                ExternalFlavour::Sglang => match &self.template {
+                    Ok(t) => render_chat_ids(t, self.vocab.tokenizer(), messages, tools).map_err(
+                        |source| ProbesError::Engine {
+                            context: "rendering a chat for the SGLang reference".into(),
+                            source,
+                        },
+                    ),
+                    Err(why) => Err(ProbesError::Reference(format!(
+                        "the SGLang reference renders chats with the model's own template (SGLang has no chat tokenize route): {why}"
+                    ))),
+                },
             }
         })
     }

@@ -23,7 +23,7 @@ use super::{
 };
 use crate::align::ReferenceVocab;
 use crate::compare::TopEntry;
-use crate::vocab::EngineVocab;
+use crate::vocab::{EngineVocab, render_chat_ids};
 use crate::{ProbesError, Result};
 
 /// The engine in this process.
@@ -204,8 +204,7 @@ impl Reference for InProcess {
             let t = self.template.as_ref().ok_or_else(|| {
                 ProbesError::Reference("the reference model has no chat template".into())
             })?;
-            let text = t.render(messages, tools, true, None).map_err(rerr)?;
-            self.tokenizer().encode(&text, false).map_err(rerr)
+            render_chat_ids(t, self.tokenizer(), messages, tools).map_err(rerr)
         })
     }
 

@@ -1,6 +1,7 @@
 //! The reference client and the probe kinds against the real engine on the test model,
-//! over real HTTP on 127.0.0.1: the in-process, remote and external (a vLLM-protocol double
-//! backed by the engine) backends agree bit for bit; an unmodified engine endpoint probed
+//! over real HTTP on 127.0.0.1: the in-process, remote and external (vLLM- and
+//! SGLang-protocol doubles backed by the engine; SGLang's chats rendered locally with the
+//! model's template) backends agree bit for bit; an unmodified engine endpoint probed
 //! against the in-process reference scores KL exactly 0; an endpoint whose logprobs are
 //! shifted (a third-party double in front of the engine) scores a large statistic; a
 //! refusal is a finding (the scheduler is in `scheduler.rs`).
@@ -192,12 +193,56 @@ async fn external_sglang_scores_agree_with_in_process() -> Result<()> {
         sglang.score(&ids, 4).await? == local.score(&ids, 4).await?,
         "SGLang scores differ"
     );
-    // SGLang has no chat-tokenize route: a clear error, not a wrong answer
-    let e = sglang
-        .render_chat(&[json!({"role": "user", "content": "hi"})], None)
-        .await;
+    // SGLang has no chat-tokenize route: chats are rendered with the model's own template, as
+    // the in-process reference renders them, from the GGUF or from the Hugging Face files
+    // beside a tokenizer.json
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../reference-engine/tests/fixtures/smollm2/tokenizer.json");
+    let hf = External::new(&url, ExternalFlavour::Sglang, "smol", &fixture, None)?;
+    let tools = [
+        json!({"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}),
+    ];
+    let chats = [
+        vec![json!({"role": "user", "content": "hi"})],
+        vec![
+            json!({"role": "system", "content": "Answer in one word."}),
+            json!({"role": "user", "content": "Weather in Oslo?"}),
+        ],
+    ];
+    for chat in &chats {
+        for t in [None, Some(&tools[..])] {
+            let want = local.render_chat(chat, t).await?;
+            ensure!(sglang.render_chat(chat, t).await? == want, "{chat:?} {t:?}");
+            ensure!(hf.render_chat(chat, t).await? == want, "{chat:?} {t:?}");
+        }
+    }
+    // so a chat-only endpoint is judged against SGLang as against the in-process engine
+    let same = target(&engine_server(&stop, &tasks).await?, "engine/smol");
+    let h = Harness::new("")?;
+    let by_sglang = h.probe(&sglang, ProbeKind::CompletionLogprobs, &same).await;
+    let by_engine = h.probe(&local, ProbeKind::CompletionLogprobs, &same).await;
+    ensure!(by_sglang.ok, "{:?}", by_sglang.error);
     ensure!(
-        e.as_ref().is_err_and(|e| e.to_string().contains("SGLang")),
+        by_sglang.stats == by_engine.stats && stat(&by_sglang, "kl_p99")? == 0.0,
+        "{} vs {}",
+        by_sglang.stats,
+        by_engine.stats
+    );
+    // a tokenizer.json with no template beside it: refused, saying why
+    let bare = tempfile::tempdir()?;
+    std::fs::copy(&fixture, bare.path().join("tokenizer.json"))?;
+    let lone = External::new(
+        &url,
+        ExternalFlavour::Sglang,
+        "smol",
+        &bare.path().join("tokenizer.json"),
+        None,
+    )?;
+    let e = lone.render_chat(&chats[0], None).await;
+    ensure!(
+        e.as_ref()
+            .is_err_and(|e| e.to_string().contains("holds no chat template")),
         "{e:?}"
     );
     stop.cancel();
