@@ -144,16 +144,48 @@ fn vllm_double(engine: Arc<Engine>) -> Result<axum::Router> {
         ))
 }
 
-/// A third-party double speaking SGLang's `/generate` protocol for scoring
-/// (`return_logprob`, `logprob_start_len: 0`, `top_logprobs_num`), computing with the engine.
-fn sglang_double(engine: Arc<Engine>) -> axum::Router {
+/// A third-party double speaking SGLang's `/generate` protocol, computing with the engine:
+/// scoring (`return_logprob`, `logprob_start_len: 0`, `top_logprobs_num`, `max_new_tokens`
+/// 0) and sampling (`sampling_params`: `max_new_tokens`, `temperature`, `sampling_seed`; the
+/// generated tokens' logprobs in `meta_info.output_token_logprobs`), stopping where the
+/// model's tokenizer says a turn ends, as SGLang does.
+fn sglang_double(engine: Arc<Engine>, tokenizer: Arc<samewise_engine::Tokenizer>) -> axum::Router {
     axum::Router::new().route(
         "/generate",
         post(move |body: Bytes| {
-            let engine = engine.clone();
+            let (engine, tokenizer) = (engine.clone(), tokenizer.clone());
             async move {
                 let v: Value = serde_json::from_slice(&body).unwrap_or_default();
                 let ids: Vec<u32> = v["input_ids"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64().map(|n| n as u32)).collect()).unwrap_or_default();
+                let sp = &v["sampling_params"];
+                let new = sp["max_new_tokens"].as_u64().unwrap_or(0) as usize;
+                if new > 0 {
+                    let params = samewise_engine::GenerateParams {
+                        sampling: samewise_engine::SamplingParams {
+                            temperature: sp["temperature"].as_f64().unwrap_or(1.0) as f32,
+                            top_p: 1.0,
+                            top_k: 0,
+                            seed: sp["sampling_seed"].as_u64(),
+                            ..samewise_engine::SamplingParams::default()
+                        },
+                        max_tokens: new,
+                        stop_token_ids: tokenizer.stop_ids().iter().copied().collect(),
+                        ..samewise_engine::GenerateParams::default()
+                    };
+                    let generated = tokio::task::spawn_blocking(move || {
+                        let mut out = Vec::new();
+                        engine
+                            .generate(&ids, &params, &mut |t| {
+                                out.push((t.token, t.logprob));
+                                true
+                            })
+                            .map(|_| (tokenizer.decode(&out.iter().map(|t| t.0).collect::<Vec<_>>(), true), out))
+                    })
+                    .await;
+                    let Ok(Ok((Ok(text), out))) = generated else { return axum::Json(json!({"error": {"message": "generation failed"}})) };
+                    let lps: Vec<Value> = out.iter().map(|(id, lp)| json!([f64::from(*lp), id, null])).collect();
+                    return axum::Json(json!({"text": text, "meta_info": {"output_token_logprobs": lps, "completion_tokens": out.len()}}));
+                }
                 let k = v["top_logprobs_num"].as_u64().unwrap_or(0) as usize;
                 let scored = tokio::task::spawn_blocking(move || engine.score(&[ids], k)).await;
                 let Ok(Ok(mut scored)) = scored else { return axum::Json(json!({"error": {"message": "scoring failed"}})) };
@@ -177,7 +209,12 @@ fn sglang_double(engine: Arc<Engine>) -> axum::Router {
 async fn external_sglang_scores_agree_with_in_process() -> Result<()> {
     let stop = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
-    let url = serve(sglang_double(engine()?), &stop, &tasks).await?;
+    let url = serve(
+        sglang_double(engine()?, Arc::new(tokenizer_and_template()?.0)),
+        &stop,
+        &tasks,
+    )
+    .await?;
     let sglang = External::new(&url, ExternalFlavour::Sglang, "smol", &model_path()?, None)?;
     let local = in_process()?;
     let ids = local
@@ -228,6 +265,20 @@ async fn external_sglang_scores_agree_with_in_process() -> Result<()> {
         "{} vs {}",
         by_sglang.stats,
         by_engine.stats
+    );
+    // and sampled on SGLang as in this process: the same texts and logprobs, seed by seed
+    let prompt = local.render_chat(&chats[1], None).await?;
+    let req = SampleRequest {
+        prompt,
+        n: 2,
+        max_tokens: 12,
+        temperature: 0.8,
+        seed: 5,
+    };
+    let (there, here) = (sglang.sample(&req).await?, local.sample(&req).await?);
+    ensure!(
+        there == here && here.len() == 2 && here.iter().all(|s| s.logprobs.len() == 12),
+        "{there:?} vs {here:?}"
     );
     // a tokenizer.json with no template beside it: refused, saying why
     let bare = tempfile::tempdir()?;
