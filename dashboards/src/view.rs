@@ -27,13 +27,15 @@ pub const LOGPROB_KINDS: [&str; 2] = ["prompt_logprobs", "completion_logprobs"];
 /// reference).
 pub const FINGERPRINT_KIND: &str = "fingerprint";
 /// The probe statistics charted on the endpoint page, when present in a run's stats.
-pub const CHARTED_STATS: [&str; 10] = [
+pub const CHARTED_STATS: [&str; 12] = [
     "kl_mean",
     "kl_p99",
     "top1_same",
     "topk_overlap",
     "p_value",
     "trigger_f1",
+    "schema_accuracy",
+    "reference_schema_accuracy",
     "mismatch_rate",
     "own_logprob_mean",
     "own_top1_logprob_mean",

@@ -244,6 +244,25 @@ async fn series_and_probe_series() -> Result<()> {
         "{none}"
     );
 
+    // the tool_calls probe's schema accuracy, the endpoint's beside the reference's
+    let tools = s
+        .json("/api/v1/probe-series?endpoint=tool/m&kind=tool_calls&range=24h")
+        .await?;
+    let value = |stat: &str| {
+        tools["series"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|x| x["stat"] == stat)
+            .and_then(|x| x["points"][0]["v"].as_f64())
+    };
+    ensure!(
+        value("schema_accuracy") == Some(0.72)
+            && value("reference_schema_accuracy") == Some(1.0)
+            && value("trigger_f1") == Some(0.9),
+        "{tools}"
+    );
+
     let e = s.json("/api/v1/endpoint?endpoint=tool/m&range=24h").await?;
     ensure!(
         e["tool_errors_by_kind"]["unknown_name"] == 10,

@@ -127,6 +127,21 @@ impl Server {
                     .await?;
             }
         }
+        // a tool_calls probe run: the endpoint's calls valid for their schemas 72% of the
+        // time, the reference's always
+        db.store
+            .insert_probe_run(&ProbeRun {
+                model: "m".to_owned(),
+                endpoint: "tool/m".to_owned(),
+                kind: "tool_calls".to_owned(),
+                started_ms: now - 600_000,
+                finished_ms: now - 599_000,
+                ok: true,
+                tokens: 900,
+                stats: serde_json::json!({ "trigger_f1": 0.9, "schema_accuracy": 0.72, "reference_schema_accuracy": 1.0 }),
+                ..ProbeRun::default()
+            })
+            .await?;
         let (unfaithful, _) = db
             .store
             .upsert_alert(&NewAlert {

@@ -32,6 +32,11 @@ async fn refreshed_families_hold_the_store_values() -> Result<()> {
         .parse()
         .unwrap_or(-1.0);
     ensure!((v - 0.08 * 1.5).abs() < 1e-9, "{kl}");
+    // the tool_calls probe's schema accuracy
+    ensure!(
+        text.contains("samewise_probe_statistic{model=\"m\",endpoint=\"tool/m\",kind=\"tool_calls\",stat=\"schema_accuracy\"} 0.72"),
+        "{text}"
+    );
     ensure!(
         text.contains(&format!(
             "samewise_probe_runs_total{{model=\"m\",endpoint=\"w4/m\",kind=\"prompt_logprobs\",outcome=\"ok\"}} {RUNS}"
