@@ -286,19 +286,29 @@ fn counting_double(upstream: String, counts: std::sync::Arc<Counts>) -> axum::Ro
     axum::Router::new().fallback(axum::routing::post(handler))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refusal_of_echo_is_remembered_for_an_hour() -> Result<()> {
-    let stop = CancellationToken::new();
-    let tasks = tokio_util::task::TaskTracker::new();
+/// A chat-only endpoint (the engine under the `no-echo` profile) behind [`counting_double`]:
+/// its URL and its request counts.
+async fn counted_chat_only(
+    stop: &CancellationToken,
+    tasks: &tokio_util::task::TaskTracker,
+) -> Result<(String, std::sync::Arc<Counts>)> {
     let counts = std::sync::Arc::new(Counts::default());
     let chat_only = profiled_server(
         engine()?,
         samewise_engine::Profile::builtin("no-echo").context("no no-echo profile")?,
-        &stop,
-        &tasks,
+        stop,
+        tasks,
     )
     .await?;
-    let counted = serve(counting_double(chat_only, counts.clone()), &stop, &tasks).await?;
+    let counted = serve(counting_double(chat_only, counts.clone()), stop, tasks).await?;
+    Ok((counted, counts))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_of_echo_is_remembered_for_an_hour() -> Result<()> {
+    let stop = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let (counted, counts) = counted_chat_only(&stop, &tasks).await?;
     let h = Harness::new("kinds = [\"fingerprint\"]\nitems_per_round = 3\n")?;
     let memory = samewise_probes::kinds::EchoRefusals::default();
     let t = target(&counted, "chat/smol");
@@ -423,15 +433,7 @@ async fn a_refusal_of_echo_is_remembered_for_an_hour() -> Result<()> {
 async fn a_restarted_scheduler_recalls_a_stored_refusal_of_echo() -> Result<()> {
     let stop = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
-    let counts = std::sync::Arc::new(Counts::default());
-    let chat_only = profiled_server(
-        engine()?,
-        samewise_engine::Profile::builtin("no-echo").context("no no-echo profile")?,
-        &stop,
-        &tasks,
-    )
-    .await?;
-    let counted = serve(counting_double(chat_only, counts.clone()), &stop, &tasks).await?;
+    let (counted, counts) = counted_chat_only(&stop, &tasks).await?;
     let db = TestDb::new(Backend::Sqlite).await?;
     let labels = ["chat/smol", "old/smol", "back/smol"];
     let start = || {
