@@ -10,12 +10,17 @@
 //!   locally with the model's own chat template (from the GGUF file or Hugging Face directory
 //!   given as the tokenizer, as the in-process reference renders them), and where that has
 //!   none, rendering is refused with the reason (the probes that need it report it).
-//! - Forced tool calls, both: `/v1/chat/completions` with `tool_choice: "required"` (their
-//!   guided decoding holds the calls to the tools' schemas); unforced, the chat is rendered
-//!   and sampled as the other backends do.
+//! - Tool calls, both: `/v1/chat/completions`, forced with `tool_choice: "required"` (their
+//!   guided decoding holds the calls to the tools' schemas), unforced with `"auto"`, so the
+//!   calls are read by the server's own tool parser for the model it serves (our engine's
+//!   parser knows the Hermes `<tool_call>` form and bare JSON, not every model's). A server
+//!   that refuses `"auto"` with a 400 (vLLM without `--enable-auto-tool-choice`, SGLang
+//!   without `--tool-call-parser`) is remembered as refusing, and its unforced chats are
+//!   rendered and sampled as the in-process backend's are.
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -23,11 +28,11 @@ use samewise_engine::chat::ChatTemplate;
 use samewise_toolcheck::ToolCall;
 use serde_json::{Value, json};
 
-use super::http::{client, post_json};
+use super::http::{HttpFailure, client, post_json};
 use super::remote::ids_of;
 use super::{
     RefPosition, RefSample, Reference, SampleRequest, ToolCallRequest, auto_tool_calls,
-    forced_calls_of_answer, norm, tool_chat_body,
+    calls_of_answer, norm, tool_chat_body,
 };
 use crate::align::ReferenceVocab;
 use crate::compare::TopEntry;
@@ -46,6 +51,9 @@ pub struct External {
     /// The model's chat template, for SGLang, or why there is none (vLLM renders chats on its
     /// server: not loaded).
     template: std::result::Result<ChatTemplate, String>,
+    /// The server refused `tool_choice: "auto"` (a 400): unforced chats are rendered and
+    /// sampled instead.
+    auto_refused: AtomicBool,
 }
 
 impl std::fmt::Debug for External {
@@ -55,6 +63,13 @@ impl std::fmt::Debug for External {
             .field("flavour", &self.flavour)
             .field("model", &self.model)
             .finish_non_exhaustive()
+    }
+}
+
+fn http_error(e: HttpFailure) -> ProbesError {
+    ProbesError::ReferenceHttp {
+        message: e.message,
+        source: e.source,
     }
 }
 
@@ -91,10 +106,15 @@ impl External {
             http: client(Duration::from_secs(600)),
             vocab,
             template,
+            auto_refused: AtomicBool::new(false),
         })
     }
 
     async fn post(&self, path: &str, body: &Value) -> Result<Value> {
+        self.post_raw(path, body).await.map_err(http_error)
+    }
+
+    async fn post_raw(&self, path: &str, body: &Value) -> std::result::Result<Value, HttpFailure> {
         post_json(
             &self.http,
             &format!("{}{path}", self.url),
@@ -102,10 +122,25 @@ impl External {
             body,
         )
         .await
-        .map_err(|e| ProbesError::ReferenceHttp {
-            message: e.message,
-            source: e.source,
-        })
+    }
+
+    /// An unforced chat with tools, by the server's chat API with `tool_choice: "auto"`; where
+    /// the server refuses that (400; remembered), rendered and sampled.
+    async fn auto_calls(&self, req: &ToolCallRequest) -> Result<Vec<ToolCall>> {
+        if !self.auto_refused.load(Ordering::Relaxed) {
+            let mut body = tool_chat_body(req);
+            body["model"] = self.model.clone().into();
+            body["tool_choice"] = "auto".into();
+            match self.post_raw("/v1/chat/completions", &body).await {
+                Ok(answer) => return calls_of_answer(&answer),
+                Err(e) if e.status == Some(400) => {
+                    tracing::info!(url = %self.url, error = %e.message, "the external reference refuses tool_choice \"auto\": unforced tool calls are rendered and sampled");
+                    self.auto_refused.store(true, Ordering::Relaxed);
+                }
+                Err(e) => return Err(http_error(e)),
+            }
+        }
+        auto_tool_calls(self, req).await
     }
 
     async fn score_vllm(&self, ids: &[u32], top_k: usize) -> Result<Vec<RefPosition>> {
@@ -326,12 +361,12 @@ impl Reference for External {
     fn tool_calls<'a>(&'a self, req: &'a ToolCallRequest) -> BoxFuture<'a, Result<Vec<ToolCall>>> {
         Box::pin(async move {
             if !req.forced {
-                return auto_tool_calls(self, req).await;
+                return self.auto_calls(req).await;
             }
             let mut body = tool_chat_body(req);
             body["model"] = self.model.clone().into();
             let answer = self.post("/v1/chat/completions", &body).await?;
-            forced_calls_of_answer(&answer)
+            calls_of_answer(&answer)
         })
     }
 }

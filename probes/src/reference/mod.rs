@@ -190,9 +190,9 @@ pub(crate) fn numbered_calls(calls: impl IntoIterator<Item = (String, String)>) 
         .collect()
 }
 
-/// The calls of a chat completion answering a forced [`ToolCallRequest`]; an answer without
-/// a message is malformed (one with no calls is the server's, and stands).
-pub(crate) fn forced_calls_of_answer(answer: &Value) -> Result<Vec<ToolCall>> {
+/// The calls of a chat completion answering a [`ToolCallRequest`]; an answer without a
+/// message is malformed (one with no calls is the server's, and stands).
+pub(crate) fn calls_of_answer(answer: &Value) -> Result<Vec<ToolCall>> {
     let message = answer.pointer("/choices/0/message").ok_or_else(|| {
         crate::ProbesError::Reference(
             "malformed answer from the reference: choices[0].message".into(),

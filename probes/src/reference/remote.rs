@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::http::{client, post_json};
 use super::{
     RefPosition, RefSample, Reference, SampleRequest, ToolCallRequest, auto_tool_calls,
-    forced_calls_of_answer, norm, tool_chat_body,
+    calls_of_answer, norm, tool_chat_body,
 };
 use crate::align::ReferenceVocab;
 use crate::compare::TopEntry;
@@ -196,7 +196,7 @@ impl Reference for Remote {
             let answer = self
                 .post("/v1/chat/completions", &tool_chat_body(req))
                 .await?;
-            forced_calls_of_answer(&answer)
+            calls_of_answer(&answer)
         })
     }
 }

@@ -10,7 +10,11 @@
 //! resolution starts the pool over. In the config: an alpha the cases cannot reach, and a
 //! repeated case id, are errors.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use anyhow::{Context, Result, ensure};
+use axum::body::Bytes;
 use axum::routing::post;
 use samewise_engine::Profile;
 use samewise_probes::detect::Detectors;
@@ -239,50 +243,58 @@ async fn providers_failing_cases_the_reference_passes_are_flagged() -> Result<()
     Ok(())
 }
 
-/// A third-party double speaking vLLM's chat protocol, whose guided decoding is the engine
-/// server's: it refuses a request without the served model's name or a required tool choice,
-/// and forwards the rest to the engine at `engine`.
-fn vllm_chat(engine: String) -> axum::Router {
-    axum::Router::new().route(
-        "/v1/chat/completions",
-        post(move |axum::Json(body): axum::Json<Value>| {
-            let url = format!("{engine}/v1/chat/completions");
-            async move {
-                let refuse = |m: &str| {
-                    (
-                        axum::http::StatusCode::BAD_REQUEST,
-                        axum::Json(json!({"error": {"message": m, "type": "BadRequestError"}})),
-                    )
-                };
-                if body["model"] != "smol"
-                    || body["tool_choice"] != "required"
-                    || body["parallel_tool_calls"] != false
-                {
-                    return refuse("expected model smol, tool_choice required, one call");
+/// A third-party double speaking vLLM's protocol, whose guided decoding and tool parser are
+/// the engine server's at `engine`: its chat completions refuse a request without the served
+/// model's name, take `tool_choice: "required"` for one call and, with `auto`, `"auto"` (as
+/// vLLM started with `--enable-auto-tool-choice`; without, a 400 in vLLM's words), counting
+/// those in `asked_auto`; `/tokenize` and `/v1/completions` pass through.
+fn vllm_chat(engine: String, auto: bool, asked_auto: Arc<AtomicUsize>) -> axum::Router {
+    let chat_engine = engine.clone();
+    let pass = move |path: &'static str| {
+        let engine = engine.clone();
+        post(move |body: Bytes| {
+            let engine = engine.clone();
+            async move { axum::Json(forward(&engine, path, body).await.unwrap_or_default()) }
+        })
+    };
+    axum::Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(move |axum::Json(body): axum::Json<Value>| {
+                let url = format!("{chat_engine}/v1/chat/completions");
+                let asked_auto = asked_auto.clone();
+                async move {
+                    let refuse = |m: &str| {
+                        (
+                            axum::http::StatusCode::BAD_REQUEST,
+                            axum::Json(json!({"error": {"message": m, "type": "BadRequestError"}})),
+                        )
+                    };
+                    let forced = body["tool_choice"] == "required" && body["parallel_tool_calls"] == false;
+                    if body["model"] != "smol" || !(forced || body["tool_choice"] == "auto") {
+                        return refuse("expected model smol, and tool_choice required (one call) or auto");
+                    }
+                    if body["tool_choice"] == "auto" {
+                        asked_auto.fetch_add(1, Ordering::Relaxed);
+                        if !auto {
+                            return refuse("\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
+                        }
+                    }
+                    match forward(&url, "", Bytes::from(body.to_string())).await {
+                        Some(v) => (axum::http::StatusCode::OK, axum::Json(v)),
+                        None => refuse("the engine cannot be reached"),
+                    }
                 }
-                let answer = async {
-                    let bytes = reqwest::Client::new()
-                        .post(&url)
-                        .header("content-type", "application/json")
-                        .body(body.to_string())
-                        .send()
-                        .await?
-                        .bytes()
-                        .await?;
-                    anyhow::Ok(serde_json::from_slice::<Value>(&bytes)?)
-                };
-                match answer.await {
-                    Ok(v) => (axum::http::StatusCode::OK, axum::Json(v)),
-                    Err(e) => refuse(&e.to_string()),
-                }
-            }
-        }),
-    )
+            }),
+        )
+        .route("/tokenize", pass("/tokenize"))
+        .route("/v1/completions", pass("/v1/completions"))
 }
 
 /// The in-process engine, a remote engine server and an external (vLLM-protocol) server force
 /// the same calls on the shipped call cases, each valid for its tools; unforced, the model
-/// calls nothing here. The memo in front of a backend answers a repeated case from memory,
+/// calls nothing here, asked by the external server's chat API with `tool_choice: "auto"`, or
+/// rendered and sampled where the server refuses that (asked once, remembered). The memo in front of a backend answers a repeated case from memory,
 /// whatever the seed, and asks again when the token limit differs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_reference_backend_forces_the_same_valid_calls() -> Result<()> {
@@ -291,8 +303,28 @@ async fn every_reference_backend_forces_the_same_valid_calls() -> Result<()> {
     let url = engine_server(&stop, &tasks).await?;
     let local = reference()?;
     let remote = Remote::new(&url, &model_path()?)?;
-    let vllm = serve(vllm_chat(url.clone()), &stop, &tasks).await?;
+    let (asked_auto, asked_refusing) =
+        (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let vllm = serve(
+        vllm_chat(url.clone(), true, asked_auto.clone()),
+        &stop,
+        &tasks,
+    )
+    .await?;
     let external = External::new(&vllm, ExternalFlavour::Vllm, "smol", &model_path()?, None)?;
+    let refusing = serve(
+        vllm_chat(url.clone(), false, asked_refusing.clone()),
+        &stop,
+        &tasks,
+    )
+    .await?;
+    let no_auto = External::new(
+        &refusing,
+        ExternalFlavour::Vllm,
+        "smol",
+        &model_path()?,
+        None,
+    )?;
     let h = Harness::new("")?;
     let tools = &h.sets.tools;
     let call_cases: Vec<_> = h
@@ -351,6 +383,10 @@ async fn every_reference_backend_forces_the_same_valid_calls() -> Result<()> {
         let unforced = local.tool_calls(&auto).await?;
         ensure!(unforced.is_empty(), "{}: {unforced:?}", c.id);
         ensure!(remote.tool_calls(&auto).await? == unforced);
+        // the external server answers "auto" itself (its tool parser reads the calls); one
+        // that refuses "auto" is rendered and sampled instead
+        ensure!(external.tool_calls(&auto).await? == unforced);
+        ensure!(no_auto.tool_calls(&auto).await? == unforced);
         // the memo: the first answer computed, the same case with another seed from memory
         ensure!(memo.tool_calls(&req).await? == mine);
         let reseeded = ToolCallRequest {
@@ -361,6 +397,14 @@ async fn every_reference_backend_forces_the_same_valid_calls() -> Result<()> {
     }
     let s = memo.stats();
     ensure!((s.answer_hits, s.answer_misses) == (3, 3), "{s:?}");
+    // "auto" asked of the external server for each case; of the refusing one once, remembered
+    ensure!(
+        (
+            asked_auto.load(Ordering::Relaxed),
+            asked_refusing.load(Ordering::Relaxed)
+        ) == (3, 1),
+        "{asked_auto:?} {asked_refusing:?}"
+    );
     stop.cancel();
     tasks.close();
     tasks.wait().await;
