@@ -125,7 +125,8 @@ impl External {
     }
 
     /// An unforced chat with tools, by the server's chat API with `tool_choice: "auto"`; where
-    /// the server refuses that (400; remembered), rendered and sampled.
+    /// the server refuses that (a 400 whose message speaks of tools; remembered), rendered and
+    /// sampled.
     async fn auto_calls(&self, req: &ToolCallRequest) -> Result<Vec<ToolCall>> {
         if !self.auto_refused.load(Ordering::Relaxed) {
             let mut body = tool_chat_body(req);
@@ -133,7 +134,9 @@ impl External {
             body["tool_choice"] = "auto".into();
             match self.post_raw("/v1/chat/completions", &body).await {
                 Ok(answer) => return calls_of_answer(&answer),
-                Err(e) if e.status == Some(400) => {
+                // a refusal of the tool choice, not of this chat (a 400 for a prompt too long
+                // is the case's and says nothing of "auto")
+                Err(e) if e.status == Some(400) && e.message.to_lowercase().contains("tool") => {
                     tracing::info!(url = %self.url, error = %e.message, "the external reference refuses tool_choice \"auto\": unforced tool calls are rendered and sampled");
                     self.auto_refused.store(true, Ordering::Relaxed);
                 }

@@ -276,6 +276,9 @@ fn vllm_chat(engine: String, auto: bool, asked_auto: Arc<AtomicUsize>) -> axum::
                     }
                     if body["tool_choice"] == "auto" {
                         asked_auto.fetch_add(1, Ordering::Relaxed);
+                        if body["max_tokens"] == 0 {
+                            return refuse("max_tokens must be at least 1, got 0.");
+                        }
                         if !auto {
                             return refuse("\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
                         }
@@ -387,6 +390,17 @@ async fn every_reference_backend_forces_the_same_valid_calls() -> Result<()> {
         // that refuses "auto" is rendered and sampled instead
         ensure!(external.tool_calls(&auto).await? == unforced);
         ensure!(no_auto.tool_calls(&auto).await? == unforced);
+        // a 400 about the chat, not the tool choice, is that chat's error, and not remembered
+        let zero = ToolCallRequest {
+            max_tokens: 0,
+            ..auto.clone()
+        };
+        let e = external.tool_calls(&zero).await;
+        ensure!(
+            e.as_ref()
+                .is_err_and(|e| e.to_string().contains("max_tokens must be at least 1")),
+            "{e:?}"
+        );
         // the memo: the first answer computed, the same case with another seed from memory
         ensure!(memo.tool_calls(&req).await? == mine);
         let reseeded = ToolCallRequest {
@@ -397,12 +411,13 @@ async fn every_reference_backend_forces_the_same_valid_calls() -> Result<()> {
     }
     let s = memo.stats();
     ensure!((s.answer_hits, s.answer_misses) == (3, 3), "{s:?}");
-    // "auto" asked of the external server for each case; of the refusing one once, remembered
+    // "auto" asked of the external server twice a case (the second refused, and asked again
+    // next case); of the refusing one once, remembered
     ensure!(
         (
             asked_auto.load(Ordering::Relaxed),
             asked_refusing.load(Ordering::Relaxed)
-        ) == (3, 1),
+        ) == (6, 1),
         "{asked_auto:?} {asked_refusing:?}"
     );
     stop.cancel();
