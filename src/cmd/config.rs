@@ -56,6 +56,9 @@ pub fn run(args: ConfigArgs) -> anyhow::Result<()> {
                     p.models.len(),
                     super::probes::reference_label(p)
                 );
+                if let Some(problem) = samewise_probes::reference::chat_rendering_problem(p) {
+                    outln!("  note: {problem}");
+                }
             }
             for (name, p) in &config.providers {
                 if let Some(var) = &p.api_key_env

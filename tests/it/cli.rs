@@ -541,3 +541,48 @@ fn engine_serve_device_errors_are_clear() -> Result<()> {
     assert!(!stderr.contains("panicked"), "{stderr}");
     Ok(())
 }
+
+/// `config check` with an SGLang reference, which renders chats with the chat template beside
+/// its tokenizer: where there is none, a note says which probes will fail (not an error: the
+/// kinds that score token ids still run); with one, no note.
+#[test]
+fn config_check_says_when_an_sglang_reference_cannot_render_chats() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("reference-engine/tests/fixtures/smollm2/tokenizer.json");
+    let lone = dir.path().join("lone");
+    std::fs::create_dir(&lone)?;
+    std::fs::copy(&fixture, lone.join("tokenizer.json"))?;
+    let check = |tokenizer: &std::path::Path| -> Result<String> {
+        let cfg = format!(
+            "{}[probes]\n[probes.reference]\nbackend = \"external\"\nurl = \"http://127.0.0.1:9\"\n\
+             flavour = \"sglang\"\nmodel_name = \"smol\"\ntokenizer = {:?}\n\
+             [models.smol.probes]\nkinds = [\"prompt_logprobs\", \"completion_logprobs\"]\n",
+            config("http://127.0.0.1:9/v1", dir.path()),
+            tokenizer.display().to_string()
+        );
+        let path = write(dir.path(), "sglang.toml", &cfg)?;
+        let out = Command::new(BIN)
+            .args(["config", "check"])
+            .arg(&path)
+            .output()?;
+        let stdout = String::from_utf8(out.stdout)?;
+        ensure!(
+            out.status.success() && stdout.contains("reference external Sglang"),
+            "{stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(stdout)
+    };
+    let without = check(&lone.join("tokenizer.json"))?;
+    ensure!(
+        without.contains(
+            "note: the SGLang reference renders chats with the model's template, and cannot: "
+        ) && without.contains("holds no chat template")
+            && without.contains("these probes will fail: smol: completion_logprobs"),
+        "{without}"
+    );
+    let with = check(&fixture)?;
+    ensure!(!with.contains("note: the SGLang reference"), "{with}");
+    Ok(())
+}
