@@ -105,6 +105,14 @@ impl ProbeKind {
     pub fn needs_reference(self) -> bool {
         self != ProbeKind::Fingerprint
     }
+
+    /// Whether the kind has the reference render chats ([`Reference::render_chat`]: the
+    /// completion prompts of completion_logprobs and samples).
+    ///
+    /// [`Reference::render_chat`]: crate::reference::Reference::render_chat
+    pub fn renders_chats(self) -> bool {
+        matches!(self, ProbeKind::CompletionLogprobs | ProbeKind::Samples)
+    }
 }
 
 /// Which server speaks for an external reference.

@@ -110,6 +110,15 @@ impl External {
         })
     }
 
+    /// Why this reference cannot render chats (an SGLang one whose tokenizer path holds no
+    /// usable chat template); None where it can, or where its server renders them (vLLM).
+    pub fn chat_rendering_problem(&self) -> Option<&str> {
+        match (self.flavour, &self.template) {
+            (ExternalFlavour::Sglang, Err(why)) => Some(why),
+            _ => None,
+        }
+    }
+
     async fn post(&self, path: &str, body: &Value) -> Result<Value> {
         self.post_raw(path, body).await.map_err(http_error)
     }

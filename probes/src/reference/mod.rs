@@ -215,13 +215,14 @@ pub(crate) fn tool_chat_body(req: &ToolCallRequest) -> Value {
 
 /// Why the configured reference cannot render the chats that the configured kinds send it, told
 /// without starting anything (`samewise config check`): an SGLang reference renders chats here
-/// from its `tokenizer` path's chat template, and completion_logprobs and samples need one.
-/// None when it can, or nothing needs it (the other backends render on their server or from
-/// the model file they load).
+/// from its `tokenizer` path's chat template ([`External::chat_rendering_problem`]). None when
+/// it can, or no kind needs it (the other backends render on their server or from the model
+/// file they load).
 pub fn chat_rendering_problem(cfg: &crate::ProbesConfig) -> Option<String> {
-    use crate::ProbeKind;
     let Some(ReferenceConfig::External {
-        flavour: crate::ExternalFlavour::Sglang,
+        url,
+        flavour: flavour @ crate::ExternalFlavour::Sglang,
+        model_name,
         tokenizer,
         ..
     }) = &cfg.reference
@@ -234,17 +235,17 @@ pub fn chat_rendering_problem(cfg: &crate::ProbesConfig) -> Option<String> {
         .flat_map(|(name, m)| {
             m.kinds
                 .iter()
-                .filter(|k| matches!(k, ProbeKind::CompletionLogprobs | ProbeKind::Samples))
+                .filter(|k| k.renders_chats())
                 .map(move |k| format!("{name}: {}", k.name()))
         })
         .collect();
     if needing.is_empty() {
         return None;
     }
-    let why = crate::vocab::EngineVocab::load(tokenizer)
-        .map_err(|e| e.to_string())
-        .and_then(|v| crate::vocab::load_chat_template(tokenizer, v.tokenizer()).map(|_| ()))
-        .err()?;
+    let why = match External::new(url, *flavour, model_name, tokenizer, None) {
+        Ok(r) => r.chat_rendering_problem()?.to_owned(),
+        Err(e) => e.to_string(),
+    };
     Some(format!(
         "the SGLang reference renders chats with the model's template, and cannot: {why}; these probes will fail: {}",
         needing.join(", ")
